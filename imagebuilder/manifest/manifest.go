@@ -1,0 +1,173 @@
+// Package manifest describes a built golden image: the Manifest written next
+// to it (sizes, hashes, versions, packages) and the block map of its raw
+// form, the ranges that hold data, so that laying can fetch and write only
+// those (like bmaptool's .bmap).
+package manifest
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/kilnhq/kiln/internal/errdefs"
+)
+
+// Formats of the image file a manifest points at.
+const (
+	FormatRaw    = "raw"
+	FormatRawZst = "raw.zst"
+)
+
+// Range is a run of bytes of the raw image that holds data. Everything
+// outside the ranges of a block map reads as zero.
+type Range struct {
+	Offset uint64 `json:"offset"`
+	Length uint64 `json:"length"`
+	// SHA256 is the lowercase hex sha256 of the Length bytes at Offset.
+	SHA256 string `json:"sha256"`
+}
+
+// End returns the offset one past the range's last byte.
+func (r Range) End() uint64 { return r.Offset + r.Length }
+
+// Manifest is the description of one golden image, stored as JSON next to
+// it (image.json).
+type Manifest struct {
+	// Tag is <os><ver>-k8s<ver>-<yyyymmdd>, e.g. debian12-k8s1.34.4-20261202.
+	Tag string `json:"tag"`
+	// Format of the published file: "raw" or "raw.zst".
+	Format string `json:"format"`
+
+	RawSize   uint64 `json:"rawSize"`
+	RawSHA256 string `json:"rawSha256"`
+	// CompressedSize and CompressedSHA256 describe the raw.zst file, when
+	// one was produced.
+	CompressedSize   uint64 `json:"compressedSize,omitempty"`
+	CompressedSHA256 string `json:"compressedSha256,omitempty"`
+
+	// BlockSize is the granularity of BlockMap.
+	BlockSize int     `json:"blockSize,omitempty"`
+	BlockMap  []Range `json:"blockMap,omitempty"`
+
+	OSVersion         string    `json:"osVersion,omitempty"`
+	KernelVersion     string    `json:"kernelVersion,omitempty"`
+	KubernetesVersion string    `json:"kubernetesVersion,omitempty"`
+	AgentVersion      string    `json:"agentVersion,omitempty"`
+	Packages          []Package `json:"packages,omitempty"`
+	BuildDate         time.Time `json:"buildDate"`
+}
+
+// Package is one installed OS package of the image.
+type Package struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+}
+
+// DataSize returns the number of bytes the block map covers.
+func (m *Manifest) DataSize() uint64 {
+	var n uint64
+	for _, r := range m.BlockMap {
+		n += r.Length
+	}
+	return n
+}
+
+// Validate checks that the manifest is self-consistent: a known format, a
+// raw size and hash, and a block map of sorted, non-overlapping ranges
+// inside the raw size. It returns an errdefs.InvalidArgument error.
+func (m *Manifest) Validate() error {
+	switch m.Format {
+	case FormatRaw, FormatRawZst:
+	default:
+		return errdefs.InvalidArgument("manifest %q: format %q: want %q or %q", m.Tag, m.Format, FormatRaw, FormatRawZst)
+	}
+	if m.RawSize == 0 || len(m.RawSHA256) != 64 {
+		return errdefs.InvalidArgument("manifest %q: raw size and sha256 are required", m.Tag)
+	}
+	if m.Format == FormatRawZst && len(m.CompressedSHA256) != 64 {
+		return errdefs.InvalidArgument("manifest %q: format raw.zst needs compressedSha256", m.Tag)
+	}
+	return ValidateRanges(m.BlockMap, m.RawSize)
+}
+
+// ValidateRanges checks that ranges are sorted, non-empty, non-overlapping,
+// carry a sha256 and end within size. It returns an errdefs.InvalidArgument
+// error naming the first bad range.
+func ValidateRanges(ranges []Range, size uint64) error {
+	var prevEnd uint64
+	for i, r := range ranges {
+		switch {
+		case r.Length == 0:
+			return errdefs.InvalidArgument("block map range %d (offset %d): empty", i, r.Offset)
+		case i > 0 && r.Offset < prevEnd:
+			return errdefs.InvalidArgument("block map range %d (offset %d): overlaps or is out of order", i, r.Offset)
+		case r.End() < r.Offset || r.End() > size:
+			return errdefs.InvalidArgument("block map range %d (offset %d, length %d): beyond image size %d", i, r.Offset, r.Length, size)
+		case len(r.SHA256) != 64:
+			return errdefs.InvalidArgument("block map range %d (offset %d): sha256 %q is not 64 hex digits", i, r.Offset, r.SHA256)
+		}
+		prevEnd = r.End()
+	}
+	return nil
+}
+
+// Write stores m as indented JSON at path atomically: it writes a temporary
+// file in the same directory, syncs it and renames it over path, so a
+// reader sees the old manifest or the new one, never a part.
+func Write(path string, m *Manifest) error {
+	data, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return fmt.Errorf("manifest %q: encode: %w", path, err)
+	}
+	data = append(data, '\n')
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("manifest %q: %w", path, err)
+	}
+	defer os.Remove(tmp.Name()) // no-op after the rename
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("manifest %q: write: %w", path, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("manifest %q: sync: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("manifest %q: close: %w", path, err)
+	}
+	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
+		return fmt.Errorf("manifest %q: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("manifest %q: rename: %w", path, err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync() // make the rename durable where the platform allows it
+		d.Close()
+	}
+	return nil
+}
+
+// Read loads and validates the manifest at path. A missing file is an
+// errdefs.NotFound error; a malformed one is errdefs.InvalidArgument.
+func Read(path string) (*Manifest, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, errdefs.NotFound("manifest %q: no such file", path)
+		}
+		return nil, fmt.Errorf("manifest %q: %w", path, err)
+	}
+	var m Manifest
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, errdefs.InvalidArgument("manifest %q: decode: %v", path, err)
+	}
+	if err := m.Validate(); err != nil {
+		return nil, fmt.Errorf("manifest %q: %w", path, err)
+	}
+	return &m, nil
+}
