@@ -1,0 +1,156 @@
+package validation
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+
+	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
+)
+
+// Observed is what the store holds that a resource is checked against.
+// The controller fills in what it knows; zero fields skip their rules.
+type Observed struct {
+	// Current is the stored object of the same kind and name; nil when
+	// the resource is new.
+	Current *controllerv1.Resource
+	// ControlPlaneVersion is the version of the control plane of the
+	// cluster a MachineDeployment or Machine belongs to (the ControlPlane's
+	// spec.version, else the Cluster's spec.kubernetesVersion); "" when
+	// not known.
+	ControlPlaneVersion string
+	// Networks are the host and lab networks (agent-reported addresses and
+	// routes, the lab bridge) that a Cluster's pod and service CIDRs must
+	// not overlap.
+	Networks []netip.Prefix
+}
+
+// maxKubeletSkew is how many minors a kubelet may trail the API server
+// (Kubernetes version skew policy since v1.28).
+const maxKubeletSkew = 3
+
+// ValidateAgainst checks the rules of r that depend on stored objects:
+// no minor version skipped or rolled back on a Cluster or ControlPlane,
+// workers never newer than (nor too far behind) their control plane, a
+// Cluster's CIDRs clear of the host networks and unchanged once created,
+// and Machines immutable. It returns nil or an errdefs.InvalidArgument
+// error listing every problem. It assumes Validate(r) passed and does no
+// I/O.
+func ValidateAgainst(r *controllerv1.Resource, o Observed) error {
+	kind, name := KindName(r)
+	var p problems
+	switch x := r.GetKind().(type) {
+	case *controllerv1.Resource_Cluster:
+		s := x.Cluster.GetSpec()
+		cur := o.Current.GetCluster().GetSpec()
+		if o.Current.GetCluster() != nil {
+			checkVersionChange(&p, "spec.kubernetesVersion", cur.GetKubernetesVersion(), s.GetKubernetesVersion())
+			if cur.GetPodCidr() != "" && cur.GetPodCidr() != s.GetPodCidr() {
+				p.add("spec.podCidr", "cannot change from %s to %s on an existing cluster: every node and the CNI use it; create a new Cluster instead", cur.GetPodCidr(), s.GetPodCidr())
+			}
+			if cur.GetServiceCidr() != "" && cur.GetServiceCidr() != s.GetServiceCidr() {
+				p.add("spec.serviceCidr", "cannot change from %s to %s on an existing cluster: the API server's certificate and every Service use it; create a new Cluster instead", cur.GetServiceCidr(), s.GetServiceCidr())
+			}
+		}
+		checkNetworks(&p, "spec.podCidr", s.GetPodCidr(), o.Networks)
+		checkNetworks(&p, "spec.serviceCidr", s.GetServiceCidr(), o.Networks)
+	case *controllerv1.Resource_ControlPlane:
+		if cur := o.Current.GetControlPlane(); cur != nil {
+			checkVersionChange(&p, "spec.version", cur.GetSpec().GetVersion(), x.ControlPlane.GetSpec().GetVersion())
+		}
+	case *controllerv1.Resource_MachineDeployment:
+		checkWorkerSkew(&p, x.MachineDeployment.GetSpec().GetVersion(), o.ControlPlaneVersion)
+	case *controllerv1.Resource_Machine:
+		if cur := o.Current.GetMachine(); cur != nil && !proto.Equal(cur.GetSpec(), x.Machine.GetSpec()) {
+			p.add("spec", "a Machine is immutable: a new image or version makes a new Machine on a reimaged host; change the owning ControlPlane or MachineDeployment instead")
+		}
+		if x.Machine.GetSpec().GetRole() == "worker" {
+			checkWorkerSkew(&p, x.Machine.GetSpec().GetVersion(), o.ControlPlaneVersion)
+		}
+	}
+	return p.err(kind, name)
+}
+
+// checkVersionChange refuses a change of version that skips a minor,
+// goes back a minor or changes the major. Patch changes are free.
+func checkVersionChange(p *problems, field, from, to string) {
+	if from == "" || to == "" || from == to {
+		return
+	}
+	f, err1 := ParseVersion(from)
+	t, err2 := ParseVersion(to)
+	if err1 != nil || err2 != nil {
+		return
+	}
+	switch {
+	case f.Major != t.Major:
+		p.add(field, "%s -> %s changes the major version: not supported", f, t)
+	case t.Minor > f.Minor+1:
+		skipped := make([]string, 0, t.Minor-f.Minor-1)
+		for m := f.Minor + 1; m < t.Minor; m++ {
+			skipped = append(skipped, Version{Major: f.Major, Minor: m}.MinorString())
+		}
+		p.add(field, "%s -> %s skips %s; upgrade one minor at a time (apply %s.x first)",
+			f.MinorString(), t.MinorString(), strings.Join(skipped, ", "), skipped[0])
+	case t.Minor < f.Minor:
+		p.add(field, "%s -> %s is a downgrade: kubeadm cannot downgrade a control plane; keep %s or build a new cluster", f, t, f)
+	}
+}
+
+// checkWorkerSkew refuses a worker version newer than the control plane
+// or more than maxKubeletSkew minors behind it.
+func checkWorkerSkew(p *problems, version, cpVersion string) {
+	if version == "" || cpVersion == "" {
+		return
+	}
+	w, err1 := ParseVersion(version)
+	c, err2 := ParseVersion(cpVersion)
+	if err1 != nil || err2 != nil {
+		return
+	}
+	switch {
+	case w.Major != c.Major || w.Minor > c.Minor || (w.Minor == c.Minor && w.Patch > c.Patch):
+		p.add("spec.version", "%s is newer than the control plane's %s: a kubelet is never newer than its API server; upgrade the ControlPlane first", w, c)
+	case c.Minor-w.Minor > maxKubeletSkew:
+		p.add("spec.version", "%s is %d minors behind the control plane's %s: a kubelet may trail its API server by at most %d; use %s or newer",
+			w, c.Minor-w.Minor, c, maxKubeletSkew, Version{Major: c.Major, Minor: c.Minor - maxKubeletSkew}.MinorString())
+	}
+}
+
+// checkNetworks refuses a CIDR that overlaps any of the host networks.
+func checkNetworks(p *problems, field, cidr string, networks []netip.Prefix) {
+	if cidr == "" || len(networks) == 0 {
+		return
+	}
+	pfx, err := netip.ParsePrefix(cidr)
+	if err != nil {
+		return
+	}
+	for _, n := range networks {
+		if pfx.Overlaps(n) {
+			p.add(field, "%s overlaps host network %s: pods and services would shadow real addresses; pick a range no host uses, e.g. %s", pfx, n, suggestion(field, networks))
+			return
+		}
+	}
+}
+
+// suggestion picks a conventional range that overlaps none of networks.
+func suggestion(field string, networks []netip.Prefix) string {
+	candidates := []string{"10.244.0.0/16", "172.20.0.0/16", "192.168.128.0/17", "10.96.0.0/12", "100.64.0.0/16"}
+	if field == "spec.serviceCidr" {
+		candidates = []string{"10.96.0.0/12", "172.21.0.0/16", "192.168.64.0/18", "100.65.0.0/16"}
+	}
+next:
+	for _, c := range candidates {
+		pfx := netip.MustParsePrefix(c)
+		for _, n := range networks {
+			if pfx.Overlaps(n) {
+				continue next
+			}
+		}
+		return c
+	}
+	return fmt.Sprintf("a private range outside %v", networks)
+}
