@@ -196,9 +196,13 @@ func TestValidate(t *testing.T) {
 		{"md unavailable over 100", md(func(m *typesv1.MachineDeployment) { m.Spec.Strategy.MaxUnavailable = "150%" }), []string{`spec.strategy.maxUnavailable: "150%" is not a count or a percentage`}},
 		{"md unavailable negative", md(func(m *typesv1.MachineDeployment) { m.Spec.Strategy.MaxUnavailable = "-1" }), []string{`"-1" is not a count or a percentage`}},
 		{"md both zero", md(func(m *typesv1.MachineDeployment) { m.Spec.Strategy.MaxSurge = "0" }), []string{"spec.strategy: maxSurge and maxUnavailable are both zero"}},
-		{"md both zero percent", md(func(m *typesv1.MachineDeployment) { m.Spec.Strategy.MaxSurge, m.Spec.Strategy.MaxUnavailable = "0%", "0%" }), []string{"are both zero"}},
+		{"md both zero percent", md(func(m *typesv1.MachineDeployment) {
+			m.Spec.Strategy.MaxSurge, m.Spec.Strategy.MaxUnavailable = "0%", "0%"
+		}), []string{"are both zero"}},
 		{"md defaults ok", md(func(m *typesv1.MachineDeployment) { m.Spec.Strategy = nil }), nil},
-		{"md on delete both zero ok", md(func(m *typesv1.MachineDeployment) { m.Spec.Strategy = &typesv1.RolloutStrategy{Type: "OnDelete", MaxSurge: "0"} }), nil},
+		{"md on delete both zero ok", md(func(m *typesv1.MachineDeployment) {
+			m.Spec.Strategy = &typesv1.RolloutStrategy{Type: "OnDelete", MaxSurge: "0"}
+		}), nil},
 		{"md strategy type", md(func(m *typesv1.MachineDeployment) { m.Spec.Strategy.Type = "Recreate" }), []string{`spec.strategy.type: "Recreate" is not supported: use RollingUpdate or OnDelete`}},
 		{"md drain timeout", md(func(m *typesv1.MachineDeployment) { m.Spec.Strategy.NodeDrainTimeout = "5 minutes" }), []string{`spec.strategy.nodeDrainTimeout: "5 minutes" is not a duration: use a Go duration such as 90s`}},
 		{"md drain timeout zero ok", md(func(m *typesv1.MachineDeployment) { m.Spec.Strategy.NodeDrainTimeout = "0s" }), nil},
