@@ -1,0 +1,193 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+
+	"github.com/kilnhq/kiln/internal/errdefs"
+)
+
+// EmbeddedConfig configures an etcd member run inside the controller.
+type EmbeddedConfig struct {
+	// DataDir holds the member's WAL and database. Required.
+	DataDir string
+	// ClientURL is where clients connect, e.g. "http://127.0.0.1:2379".
+	// Empty picks a free loopback port.
+	ClientURL string
+	// PeerURL is where other members connect. Empty picks a free loopback
+	// port.
+	PeerURL string
+	// Name names the member; default "kiln".
+	Name string
+	// InitialCluster lists the members of a new cluster as
+	// "name=peerURL,name=peerURL"; empty means a cluster of this member
+	// alone. Ignored when DataDir already holds a member.
+	InitialCluster string
+	// ClusterToken keeps separate clusters started from the same
+	// InitialCluster apart; default "kiln".
+	ClusterToken string
+	// HeartbeatInterval and ElectionTimeout tune raft; defaults 100ms and
+	// 1s (etcd's). Raise both on slow or shared machines.
+	HeartbeatInterval time.Duration
+	ElectionTimeout   time.Duration
+	// ReadyTimeout bounds the wait for the member to join a cluster with a
+	// leader; default 60s.
+	ReadyTimeout time.Duration
+	// Logger receives Kiln's own messages about the member. etcd's own
+	// logging goes to stderr at level error, or info when Logger is
+	// enabled for debug.
+	Logger *slog.Logger
+}
+
+// Embedded is an etcd member running in this process.
+type Embedded struct {
+	etcd      *embed.Etcd
+	clientURL string
+	log       *slog.Logger
+}
+
+// StartEmbedded starts an etcd member and blocks until it serves clients
+// (its cluster has a leader) or cfg.ReadyTimeout or ctx ends.
+//
+// Members of a new multi-member cluster must be started concurrently: none
+// becomes ready before a quorum of them runs. It returns an Unavailable
+// error on timeout and wraps etcd's own error when the member cannot start
+// (for example a port in use or a data directory of another cluster).
+func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
+	if cfg.DataDir == "" {
+		return nil, errdefs.InvalidArgument("embedded etcd: empty data directory")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("component", "etcd")
+	if cfg.Name == "" {
+		cfg.Name = "kiln"
+	}
+	if cfg.ClusterToken == "" {
+		cfg.ClusterToken = "kiln"
+	}
+	if cfg.ReadyTimeout <= 0 {
+		cfg.ReadyTimeout = 60 * time.Second
+	}
+	var err error
+	if cfg.ClientURL == "" {
+		if cfg.ClientURL, err = FreeLoopbackURL(); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.PeerURL == "" {
+		if cfg.PeerURL, err = FreeLoopbackURL(); err != nil {
+			return nil, err
+		}
+	}
+	curl, err := url.Parse(cfg.ClientURL)
+	if err != nil {
+		return nil, errdefs.InvalidArgument("embedded etcd: client URL %q: %w", cfg.ClientURL, err)
+	}
+	purl, err := url.Parse(cfg.PeerURL)
+	if err != nil {
+		return nil, errdefs.InvalidArgument("embedded etcd: peer URL %q: %w", cfg.PeerURL, err)
+	}
+	if cfg.InitialCluster == "" {
+		cfg.InitialCluster = cfg.Name + "=" + cfg.PeerURL
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("embedded etcd: %w", err)
+	}
+
+	ec := embed.NewConfig()
+	ec.Name = cfg.Name
+	ec.Dir = cfg.DataDir
+	ec.ListenClientUrls = []url.URL{*curl}
+	ec.AdvertiseClientUrls = []url.URL{*curl}
+	ec.ListenPeerUrls = []url.URL{*purl}
+	ec.AdvertisePeerUrls = []url.URL{*purl}
+	ec.InitialCluster = cfg.InitialCluster
+	ec.InitialClusterToken = cfg.ClusterToken
+	ec.ClusterState = embed.ClusterStateFlagNew
+	if cfg.HeartbeatInterval > 0 {
+		ec.TickMs = uint(cfg.HeartbeatInterval.Milliseconds())
+	}
+	if cfg.ElectionTimeout > 0 {
+		ec.ElectionMs = uint(cfg.ElectionTimeout.Milliseconds())
+	}
+	// Keep an hour of history for watchers to resume from, then compact,
+	// so the database does not grow without bound.
+	ec.AutoCompactionMode = "periodic"
+	ec.AutoCompactionRetention = "1h"
+	ec.Logger = "zap"
+	ec.LogOutputs = []string{"stderr"}
+	ec.LogLevel = "error"
+	if log.Enabled(ctx, slog.LevelDebug) {
+		ec.LogLevel = "info"
+	}
+
+	e, err := embed.StartEtcd(ec)
+	if err != nil {
+		return nil, fmt.Errorf("embedded etcd %q in %s: %w", cfg.Name, cfg.DataDir, err)
+	}
+	timer := time.NewTimer(cfg.ReadyTimeout)
+	defer timer.Stop()
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		return nil, fmt.Errorf("embedded etcd %q: %w", cfg.Name, err)
+	case <-timer.C:
+		e.Server.Stop()
+		e.Close()
+		return nil, errdefs.Unavailable("embedded etcd %q: not ready after %v (cluster %s has no quorum?)", cfg.Name, cfg.ReadyTimeout, cfg.InitialCluster)
+	case <-ctx.Done():
+		e.Server.Stop()
+		e.Close()
+		return nil, fmt.Errorf("embedded etcd %q: %w", cfg.Name, ctx.Err())
+	}
+	log.Info("etcd member ready", "name", cfg.Name, "client_url", cfg.ClientURL, "peer_url", cfg.PeerURL, "data_dir", cfg.DataDir)
+	return &Embedded{etcd: e, clientURL: cfg.ClientURL, log: log}, nil
+}
+
+// Endpoints returns the client URLs to pass to clientv3.
+func (e *Embedded) Endpoints() []string { return []string{e.clientURL} }
+
+// Close stops the member and waits for it to release its ports and data
+// directory.
+func (e *Embedded) Close() {
+	e.etcd.Close()
+	<-e.etcd.Server.StopNotify()
+	e.log.Info("etcd member stopped")
+}
+
+// FreeLoopbackURL returns "http://127.0.0.1:<port>" for a port that was free
+// a moment ago. Another process may take it before it is used; that shows
+// as an address-in-use error at start.
+func FreeLoopbackURL() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("pick a free loopback port: %w", err)
+	}
+	defer l.Close()
+	return "http://" + l.Addr().String(), nil
+}
+
+// InitialCluster formats members (name → peer URL, in order) as etcd's
+// --initial-cluster value.
+func InitialCluster(names, peerURLs []string) string {
+	var b strings.Builder
+	for i := range names {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(names[i] + "=" + peerURLs[i])
+	}
+	return b.String()
+}

@@ -1,0 +1,333 @@
+// Package store keeps the controller's state in etcd: resources as protobuf
+// under /kiln/v1/<kind>/<name> with optimistic concurrency on the key's mod
+// revision, watches that drive reconciles, and secrets sealed with AES-GCM
+// under /kiln/v1/secrets/<path>.
+//
+// One code path (clientv3) serves both the default single-member etcd
+// embedded in the controller (StartEmbedded) and an external cluster given
+// with --etcd-endpoints.
+package store
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/seal"
+)
+
+// Prefix is the root of every key Kiln writes.
+const Prefix = "/kiln/v1/"
+
+// secretsKind is the key segment of sealed secrets; no resource kind may
+// use it.
+const secretsKind = "secrets"
+
+// Store reads and writes Kiln's resources in etcd. It is safe for
+// concurrent use.
+type Store struct {
+	client *clientv3.Client
+	sealer *seal.Sealer
+	log    *slog.Logger
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithSealer sets the Sealer that PutSecret and GetSecret use. Without
+// one, they return FailedPrecondition.
+func WithSealer(s *seal.Sealer) Option { return func(st *Store) { st.sealer = s } }
+
+// WithLogger sets the logger.
+func WithLogger(l *slog.Logger) Option { return func(st *Store) { st.log = l } }
+
+// New returns a Store over client. The Store does not own client: close it
+// yourself after the Store's last use.
+func New(client *clientv3.Client, opts ...Option) *Store {
+	s := &Store{client: client}
+	for _, o := range opts {
+		o(s)
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	s.log = s.log.With("component", "store")
+	return s
+}
+
+// Client returns the etcd client, for election and maintenance.
+func (s *Store) Client() *clientv3.Client { return s.client }
+
+// Key returns the etcd key of a resource: /kiln/v1/<kind>/<name>.
+func Key(kind, name string) string { return Prefix + kind + "/" + name }
+
+// Item is one resource returned by List.
+type Item struct {
+	Name string
+	// Rev is the resource's mod revision, the value Update and Delete
+	// expect.
+	Rev int64
+	Msg proto.Message
+}
+
+// ListOptions pages a List.
+type ListOptions struct {
+	// Limit is the most items to return; 0 means all.
+	Limit int64
+	// Continue is the token a previous List returned to get the next page.
+	Continue string
+}
+
+var marshal = proto.MarshalOptions{Deterministic: true}
+
+// Create stores m as a new resource and returns its revision. It returns
+// AlreadyExists when the resource exists.
+func (s *Store) Create(ctx context.Context, kind, name string, m proto.Message) (int64, error) {
+	key, err := resourceKey(kind, name)
+	if err != nil {
+		return 0, err
+	}
+	val, err := marshal.Marshal(m)
+	if err != nil {
+		return 0, errdefs.InvalidArgument("create %s: encode: %w", key, err)
+	}
+	resp, err := s.client.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, string(val))).
+		Commit()
+	if err != nil {
+		return 0, etcdErr(ctx, "create "+key, err)
+	}
+	if !resp.Succeeded {
+		return 0, errdefs.AlreadyExists("%s %q already exists", kind, name)
+	}
+	return resp.Header.Revision, nil
+}
+
+// Get reads a resource into into and returns its revision. It returns
+// NotFound when it does not exist.
+func (s *Store) Get(ctx context.Context, kind, name string, into proto.Message) (int64, error) {
+	key, err := resourceKey(kind, name)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := s.client.Get(ctx, key)
+	if err != nil {
+		return 0, etcdErr(ctx, "get "+key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return 0, errdefs.NotFound("%s %q not found", kind, name)
+	}
+	kv := resp.Kvs[0]
+	if err := proto.Unmarshal(kv.Value, into); err != nil {
+		return 0, fmt.Errorf("get %s: decode: %w", key, err)
+	}
+	return kv.ModRevision, nil
+}
+
+// Update replaces a resource if its revision is still expectRev and
+// returns the new revision. It returns NotFound when the resource does not
+// exist and Conflict when it changed since expectRev was read. expectRev 0
+// updates whatever revision is stored (the resource must still exist).
+func (s *Store) Update(ctx context.Context, kind, name string, m proto.Message, expectRev int64) (int64, error) {
+	key, err := resourceKey(kind, name)
+	if err != nil {
+		return 0, err
+	}
+	if expectRev < 0 {
+		return 0, errdefs.InvalidArgument("update %s: negative revision %d", key, expectRev)
+	}
+	val, err := marshal.Marshal(m)
+	if err != nil {
+		return 0, errdefs.InvalidArgument("update %s: encode: %w", key, err)
+	}
+	cmp := clientv3.Compare(clientv3.ModRevision(key), "=", expectRev)
+	if expectRev == 0 {
+		cmp = clientv3.Compare(clientv3.CreateRevision(key), ">", 0)
+	}
+	resp, err := s.client.Txn(ctx).
+		If(cmp).
+		Then(clientv3.OpPut(key, string(val))).
+		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
+		Commit()
+	if err != nil {
+		return 0, etcdErr(ctx, "update "+key, err)
+	}
+	if !resp.Succeeded {
+		return 0, mismatch(resp, kind, name, expectRev)
+	}
+	return resp.Header.Revision, nil
+}
+
+// Delete removes a resource if its revision is still expectRev (0 deletes
+// any revision). It returns NotFound when the resource does not exist and
+// Conflict when it changed since expectRev was read.
+func (s *Store) Delete(ctx context.Context, kind, name string, expectRev int64) error {
+	key, err := resourceKey(kind, name)
+	if err != nil {
+		return err
+	}
+	cmp := clientv3.Compare(clientv3.ModRevision(key), "=", expectRev)
+	if expectRev == 0 {
+		cmp = clientv3.Compare(clientv3.CreateRevision(key), ">", 0)
+	}
+	resp, err := s.client.Txn(ctx).
+		If(cmp).
+		Then(clientv3.OpDelete(key)).
+		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
+		Commit()
+	if err != nil {
+		return etcdErr(ctx, "delete "+key, err)
+	}
+	if !resp.Succeeded {
+		return mismatch(resp, kind, name, expectRev)
+	}
+	return nil
+}
+
+// mismatch explains a failed compare: the key is absent, or its revision
+// differs.
+func mismatch(resp *clientv3.TxnResponse, kind, name string, expectRev int64) error {
+	if len(resp.Responses) == 0 || len(resp.Responses[0].GetResponseRange().Kvs) == 0 {
+		return errdefs.NotFound("%s %q not found", kind, name)
+	}
+	got := resp.Responses[0].GetResponseRange().Kvs[0].ModRevision
+	return errdefs.Conflict("%s %q was modified: stored revision %d, expected %d; read it again and retry", kind, name, got, expectRev)
+}
+
+// List returns the resources of a kind in name order, decoding each with a
+// message from newMsg. With opts.Limit > 0 it returns at most that many and
+// a non-empty next token while more remain; pass it as opts.Continue.
+// Every page of one listing reads the same revision, so a listing is a
+// consistent snapshot; a token older than the compaction window fails with
+// FailedPrecondition (start the listing again).
+func (s *Store) List(ctx context.Context, kind string, newMsg func() proto.Message, opts ListOptions) ([]Item, string, error) {
+	if err := checkKind(kind); err != nil {
+		return nil, "", err
+	}
+	prefix := Prefix + kind + "/"
+	start := prefix
+	var rev int64
+	if opts.Continue != "" {
+		r, after, err := decodeContinue(opts.Continue)
+		if err != nil {
+			return nil, "", err
+		}
+		rev = r
+		start = prefix + after + "\x00"
+	}
+	getOpts := []clientv3.OpOption{
+		clientv3.WithRange(clientv3.GetPrefixRangeEnd(prefix)),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend),
+	}
+	if opts.Limit > 0 {
+		getOpts = append(getOpts, clientv3.WithLimit(opts.Limit))
+	}
+	if rev > 0 {
+		getOpts = append(getOpts, clientv3.WithRev(rev))
+	}
+	resp, err := s.client.Get(ctx, start, getOpts...)
+	if err != nil {
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			return nil, "", errdefs.FailedPrecondition("list %s: continue token expired (revision %d compacted); list again from the start", kind, rev)
+		}
+		return nil, "", etcdErr(ctx, "list "+prefix, err)
+	}
+	if rev == 0 {
+		rev = resp.Header.Revision
+	}
+	items := make([]Item, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		name := strings.TrimPrefix(string(kv.Key), prefix)
+		m := newMsg()
+		if err := proto.Unmarshal(kv.Value, m); err != nil {
+			return nil, "", fmt.Errorf("list %s: decode %q: %w", kind, name, err)
+		}
+		items = append(items, Item{Name: name, Rev: kv.ModRevision, Msg: m})
+	}
+	var next string
+	if resp.More && len(items) > 0 {
+		next = encodeContinue(rev, items[len(items)-1].Name)
+	}
+	return items, next, nil
+}
+
+// A continue token is base64url("<rev>/<last name>").
+func encodeContinue(rev int64, after string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(rev, 10) + "/" + after))
+}
+
+func decodeContinue(tok string) (int64, string, error) {
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil {
+		return 0, "", errdefs.InvalidArgument("malformed continue token")
+	}
+	revs, after, ok := strings.Cut(string(b), "/")
+	rev, err := strconv.ParseInt(revs, 10, 64)
+	if !ok || err != nil || rev <= 0 || after == "" {
+		return 0, "", errdefs.InvalidArgument("malformed continue token")
+	}
+	return rev, after, nil
+}
+
+// resourceKey validates kind and name and returns the key.
+func resourceKey(kind, name string) (string, error) {
+	if err := checkKind(kind); err != nil {
+		return "", err
+	}
+	if err := checkName(name); err != nil {
+		return "", err
+	}
+	return Key(kind, name), nil
+}
+
+// checkKind accepts lower-case kinds of letters, digits and '-'.
+func checkKind(kind string) error {
+	if kind == "" {
+		return errdefs.InvalidArgument("empty kind")
+	}
+	if kind == secretsKind {
+		return errdefs.InvalidArgument("kind %q is reserved for sealed secrets", kind)
+	}
+	for _, r := range kind {
+		if (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '-' {
+			return errdefs.InvalidArgument("kind %q: character %q not allowed (want a-z, 0-9, -)", kind, r)
+		}
+	}
+	return nil
+}
+
+// checkName accepts names of 1 to 253 printable ASCII characters without
+// '/' or spaces.
+func checkName(name string) error {
+	if name == "" {
+		return errdefs.InvalidArgument("empty name")
+	}
+	if len(name) > 253 {
+		return errdefs.InvalidArgument("name of %d bytes is too long (max 253)", len(name))
+	}
+	for _, r := range name {
+		if r <= ' ' || r > '~' || r == '/' {
+			return errdefs.InvalidArgument("name %q: character %q not allowed", name, r)
+		}
+	}
+	return nil
+}
+
+// etcdErr classifies an etcd client error: the caller's own cancellation
+// passes through; everything else means etcd could not answer.
+func etcdErr(ctx context.Context, op string, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("%s: %w", op, ctx.Err())
+	}
+	return errdefs.Unavailable("%s: etcd: %w", op, err)
+}
