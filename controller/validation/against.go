@@ -35,8 +35,8 @@ const maxKubeletSkew = 3
 // no minor version skipped or rolled back on a Cluster or ControlPlane,
 // workers never newer than (nor too far behind) their control plane, a
 // Cluster's CIDRs clear of the host networks and unchanged once created,
-// and Machines immutable. It returns nil or an errdefs.InvalidArgument
-// error listing every problem. It assumes Validate(r) passed and does no
+// and Machines immutable. It returns nil or an *Error (class
+// errdefs.InvalidArgument) listing every problem. It assumes Validate(r) passed and does no
 // I/O.
 func ValidateAgainst(r *controllerv1.Resource, o Observed) error {
 	kind, name := KindName(r)

@@ -21,28 +21,58 @@ import (
 // APIVersion is the only apiVersion resources carry.
 const APIVersion = "kiln.dev/v1"
 
-// problems collects the findings for one resource.
-type problems []string
-
-func (p *problems) add(field, format string, args ...any) {
-	*p = append(*p, field+": "+fmt.Sprintf(format, args...))
+// FieldError is one problem with one field of a resource.
+type FieldError struct {
+	// Field is the path in YAML spelling: "spec.podCidr",
+	// "spec.unhealthyConditions[0].timeout".
+	Field string
+	// Message says what is wrong and how to fix it.
+	Message string
 }
 
-// err returns nil when there are no problems, else one InvalidArgument
-// error naming the resource and listing every problem.
+// Error is the error Validate and ValidateAgainst return: every problem
+// of one resource. It is of class errdefs.ErrInvalidArgument.
+type Error struct {
+	Kind, Name string
+	Fields     []FieldError
+}
+
+// Error returns `Kind "name" is invalid: field: message; field: message`.
+func (e *Error) Error() string {
+	name := e.Name
+	if name == "" {
+		name = "(unnamed)"
+	}
+	parts := make([]string, len(e.Fields))
+	for i, f := range e.Fields {
+		parts[i] = f.Field + ": " + f.Message
+	}
+	return fmt.Sprintf("%s %q is invalid: %s", e.Kind, name, strings.Join(parts, "; "))
+}
+
+// Is makes errdefs.IsInvalidArgument(e) true.
+func (e *Error) Is(target error) bool { return target == errdefs.ErrInvalidArgument }
+
+// problems collects the findings for one resource.
+type problems []FieldError
+
+func (p *problems) add(field, format string, args ...any) {
+	*p = append(*p, FieldError{Field: field, Message: fmt.Sprintf(format, args...)})
+}
+
+// err returns nil when there are no problems, else an *Error naming the
+// resource and listing every problem.
 func (p problems) err(kind, name string) error {
 	if len(p) == 0 {
 		return nil
 	}
-	if name == "" {
-		name = "(unnamed)"
-	}
-	return errdefs.InvalidArgument("%s %q is invalid: %s", kind, name, strings.Join(p, "; "))
+	return &Error{Kind: kind, Name: name, Fields: p}
 }
 
 // Validate checks r on its own: names, formats, ranges and the rules of
-// each kind. It returns nil or an errdefs.InvalidArgument error listing
-// every problem of r. It does no I/O.
+// each kind. It returns nil or an *Error (class errdefs.InvalidArgument)
+// listing every problem of r; a Resource with no kind set is a plain
+// InvalidArgument error. It does no I/O.
 func Validate(r *controllerv1.Resource) error {
 	kind, name := KindName(r)
 	var p problems

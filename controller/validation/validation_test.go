@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/errgrpc"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
@@ -382,5 +383,23 @@ func TestKindName(t *testing.T) {
 	_ = ValidateAgainst(r, Observed{ControlPlaneVersion: "v1.30.0"})
 	if !proto.Equal(before, r) {
 		t.Errorf("Validate modified its argument")
+	}
+}
+
+func TestErrorFieldsAndGRPC(t *testing.T) {
+	err := Validate(cp(func(c *typesv1.ControlPlane) { c.Spec.Replicas, c.Spec.RolloutMaxSurge = 4, 3 }))
+	var verr *Error
+	require.ErrorAs(t, err, &verr)
+	var fields []string
+	for _, f := range verr.Fields {
+		fields = append(fields, f.Field)
+	}
+	if got, want := strings.Join(fields, ","), "spec.replicas,spec.rolloutMaxSurge"; got != want {
+		t.Errorf("Validate(cp).Fields = %s, want %s", got, want)
+	}
+	// The message survives the gRPC edge with its class.
+	back := errgrpc.FromGRPC(errgrpc.ToGRPC(err))
+	if !errdefs.IsInvalidArgument(back) || back.Error() != err.Error() {
+		t.Errorf("FromGRPC(ToGRPC(%q)) = %q, want the same InvalidArgument message", err, back)
 	}
 }
