@@ -1,0 +1,274 @@
+// Package identity keeps an enrolled agent's identity on disk: its private
+// key, the certificate the controller issued for its host, the controller's
+// CA and where the controller is. It builds the TLS configurations the agent
+// serves and dials with.
+//
+// Layout under the data directory:
+//
+//	agent.key        the agent's private key (0600)
+//	agent.crt        its certificate, role agent, CommonName = host
+//	ca.crt           the controller CA, pinned by hash at enrollment
+//	controller.json  {"address": ..., "caHash": ..., "host": ...}
+//
+// Every file is written atomically (temporary file, fsync, rename).
+package identity
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+
+	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/pki"
+)
+
+// File names under the data directory.
+const (
+	KeyFile        = "agent.key"
+	CertFile       = "agent.crt"
+	CAFile         = "ca.crt"
+	ControllerFile = "controller.json"
+)
+
+// Controller is where the agent's controller is and how it is trusted.
+type Controller struct {
+	Address string `json:"address"`
+	CAHash  string `json:"caHash"`
+	Host    string `json:"host"`
+}
+
+// Files is an identity as it is stored.
+type Files struct {
+	KeyPEM, CertPEM, CAPEM []byte
+	Controller             Controller
+}
+
+// Identity is a loaded identity. Its certificate can be replaced while
+// servers and clients use it (rotation).
+type Identity struct {
+	Controller Controller
+	CA         *x509.Certificate
+	cert       atomic.Pointer[tls.Certificate]
+}
+
+// Save validates f (key matches certificate, certificate is an agent
+// certificate for f.Controller.Host issued by the CA) and writes it under
+// dir, creating dir (0700) when missing. The controller file is written
+// last, so an identity is complete once it exists. Errors: InvalidArgument
+// for an inconsistent identity, I/O errors.
+func Save(dir string, f Files) (*Identity, error) {
+	id, err := parse(f)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("identity: %w", err)
+	}
+	ctl, err := json.MarshalIndent(f.Controller, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("identity: %w", err)
+	}
+	for _, w := range []struct {
+		name string
+		data []byte
+		mode os.FileMode
+	}{
+		{KeyFile, f.KeyPEM, 0o600},
+		{CertFile, f.CertPEM, 0o644},
+		{CAFile, f.CAPEM, 0o644},
+		{ControllerFile, append(ctl, '\n'), 0o644},
+	} {
+		if err := WriteFileAtomic(filepath.Join(dir, w.name), w.data, w.mode); err != nil {
+			return nil, fmt.Errorf("identity: %w", err)
+		}
+	}
+	return id, nil
+}
+
+// Exists reports whether dir holds a (complete) identity.
+func Exists(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, ControllerFile))
+	return err == nil
+}
+
+// Load reads the identity under dir. Errors: NotFound when the agent is not
+// enrolled, InvalidArgument when the files are inconsistent, I/O errors.
+func Load(dir string) (*Identity, error) {
+	var f Files
+	b, err := os.ReadFile(filepath.Join(dir, ControllerFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, errdefs.NotFound("agent is not enrolled: no %s in %s (run kiln-agent enroll)", ControllerFile, dir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("identity: %w", err)
+	}
+	if err := json.Unmarshal(b, &f.Controller); err != nil {
+		return nil, errdefs.InvalidArgument("identity: %s: %v", filepath.Join(dir, ControllerFile), err)
+	}
+	for _, r := range []struct {
+		name string
+		dst  *[]byte
+	}{{KeyFile, &f.KeyPEM}, {CertFile, &f.CertPEM}, {CAFile, &f.CAPEM}} {
+		data, err := os.ReadFile(filepath.Join(dir, r.name))
+		if err != nil {
+			return nil, fmt.Errorf("identity: %w", err)
+		}
+		*r.dst = data
+	}
+	return parse(f)
+}
+
+func parse(f Files) (*Identity, error) {
+	ca, err := pki.ParseCertificatePEM(f.CAPEM)
+	if err != nil {
+		return nil, errdefs.InvalidArgument("identity: CA: %v", err)
+	}
+	if !ca.IsCA {
+		return nil, errdefs.InvalidArgument("identity: CA certificate %q is not a CA", ca.Subject.CommonName)
+	}
+	if f.Controller.CAHash != "" && pki.Hash(ca) != f.Controller.CAHash {
+		return nil, errdefs.InvalidArgument("identity: CA hash %s does not match the pinned %s", pki.Hash(ca), f.Controller.CAHash)
+	}
+	cert, err := tls.X509KeyPair(f.CertPEM, f.KeyPEM)
+	if err != nil {
+		return nil, errdefs.InvalidArgument("identity: certificate and key: %v", err)
+	}
+	leaf := cert.Leaf
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool(ca), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		return nil, errdefs.InvalidArgument("identity: certificate %q is not issued by the controller CA: %v", leaf.Subject.CommonName, err)
+	}
+	role, name, err := pki.Identity(leaf)
+	if err != nil {
+		return nil, errdefs.InvalidArgument("identity: %v", err)
+	}
+	if role != pki.RoleAgent {
+		return nil, errdefs.InvalidArgument("identity: certificate %q has role %s, want agent", name, role)
+	}
+	if f.Controller.Host != "" && name != f.Controller.Host {
+		return nil, errdefs.InvalidArgument("identity: certificate names host %q, want %q", name, f.Controller.Host)
+	}
+	id := &Identity{Controller: f.Controller, CA: ca}
+	id.Controller.Host = name
+	id.cert.Store(&cert)
+	return id, nil
+}
+
+// Host is the host named by the agent's certificate.
+func (id *Identity) Host() string { return id.Controller.Host }
+
+// Certificate returns the current certificate.
+func (id *Identity) Certificate() *tls.Certificate { return id.cert.Load() }
+
+// SetCertificate replaces the certificate (after a renewal); connections
+// made from then on use it.
+func (id *Identity) SetCertificate(c *tls.Certificate) { id.cert.Store(c) }
+
+// ServerTLS is the configuration of the agent API: it presents the agent
+// certificate and verifies any client certificate against the controller
+// CA. A client without a certificate completes the handshake, so that the
+// authorization interceptor can refuse it with a clear error; no method is
+// served to it.
+func (id *Identity) ServerTLS() *tls.Config {
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return id.cert.Load(), nil
+		},
+		ClientAuth: tls.VerifyClientCertIfGiven,
+		ClientCAs:  pool(id.CA),
+	}
+}
+
+// ClientTLS is the configuration for calling the controller: it presents
+// the agent certificate and accepts only a server certificate issued by the
+// controller CA with the controller role. The server's name is not checked
+// against the dialled address (the CA is private to Kiln and pinned; the
+// role is what proves it is the controller).
+func (id *Identity) ClientTLS() *tls.Config {
+	roots := pool(id.CA)
+	return &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return id.cert.Load(), nil
+		},
+		InsecureSkipVerify: true, // verified below, against the pinned CA only
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			return VerifyController(cs.PeerCertificates, roots)
+		},
+	}
+}
+
+// VerifyController checks that chain's leaf is issued by a CA in roots for
+// server use and carries the controller role. It returns a
+// PermissionDenied error otherwise.
+func VerifyController(chain []*x509.Certificate, roots *x509.CertPool) error {
+	if len(chain) == 0 {
+		return errdefs.PermissionDenied("controller presented no certificate")
+	}
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := chain[0].Verify(x509.VerifyOptions{
+		Roots:         roots,
+		Intermediates: inter,
+		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}); err != nil {
+		return errdefs.PermissionDenied("controller certificate %q: %v", chain[0].Subject.CommonName, err)
+	}
+	role, name, err := pki.Identity(chain[0])
+	if err != nil {
+		return errdefs.PermissionDenied("controller certificate: %v", err)
+	}
+	if role != pki.RoleController {
+		return errdefs.PermissionDenied("peer %q has role %s, not controller", name, role)
+	}
+	return nil
+}
+
+func pool(ca *x509.Certificate) *x509.CertPool {
+	p := x509.NewCertPool()
+	p.AddCert(ca)
+	return p
+}
+
+// WriteFileAtomic writes data to path with mode: a temporary file in the
+// same directory, fsync, rename, fsync of the directory. A reader sees the
+// old or the new content, never a mix.
+func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	defer os.Remove(tmp.Name()) // no-op after the rename
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write %s: fsync: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}

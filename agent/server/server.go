@@ -1,0 +1,336 @@
+// Package server is the agent's gRPC API (kiln.agent.v1.Agent): a thin
+// adapter that validates requests, calls the host operations behind small
+// interfaces, runs long operations through the operation journal and maps
+// errors to gRPC codes. Only a client certificate with the controller role
+// may call it (UnaryAuthz, StreamAuthz).
+//
+// An operation whose implementation is not wired into this build returns
+// Unimplemented (errdefs.NotSupported) with the method's name, never a
+// pretended success.
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"log/slog"
+	"net"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/kilnhq/kiln/agent/journal"
+	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/errgrpc"
+	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+// Emit reports progress of a long operation (journal.Emit).
+type Emit = func(*agentv1.OperationEvent)
+
+// Facter reports the host's facts.
+type Facter interface {
+	Facts(ctx context.Context) (*typesv1.Facts, error)
+}
+
+// FactsFunc adapts a function to Facter (host.Facts with a root bound).
+type FactsFunc func(ctx context.Context) (*typesv1.Facts, error)
+
+// Facts calls f.
+func (f FactsFunc) Facts(ctx context.Context) (*typesv1.Facts, error) { return f(ctx) }
+
+// Preparer makes the OS ready for Kubernetes.
+type Preparer interface {
+	Prepare(ctx context.Context, req *agentv1.PrepareRequest, emit Emit) (*agentv1.PrepareResult, error)
+}
+
+// Preflighter checks the host against a cluster.
+type Preflighter interface {
+	Preflight(ctx context.Context, req *agentv1.PreflightRequest) (*agentv1.PreflightReport, error)
+}
+
+// Kubeadm runs kubeadm init, join and reset.
+type Kubeadm interface {
+	Init(ctx context.Context, req *agentv1.KubeadmInitRequest, emit Emit) (*agentv1.KubeadmInitResult, error)
+	Join(ctx context.Context, req *agentv1.KubeadmJoinRequest, emit Emit) error
+	Reset(ctx context.Context, req *agentv1.KubeadmResetRequest, emit Emit) error
+}
+
+// Prober checks the node's health.
+type Prober interface {
+	Probe(ctx context.Context, req *agentv1.ProbeRequest) (*agentv1.ProbeResponse, error)
+}
+
+// ImageLayer streams a golden image onto a disk.
+type ImageLayer interface {
+	LayImage(ctx context.Context, req *agentv1.LayImageRequest, emit Emit) (*agentv1.LayImageResult, error)
+}
+
+// Wiper wipes a disk.
+type Wiper interface {
+	Wipe(ctx context.Context, req *agentv1.WipeRequest, emit Emit) error
+}
+
+// IdentityWriter writes the host's identity into a laid image.
+type IdentityWriter interface {
+	WriteIdentity(ctx context.Context, req *agentv1.WriteIdentityRequest) error
+}
+
+// Rebooter reboots or powers off the host. Reboot must return before the
+// host goes down, so that the controller receives the answer.
+type Rebooter interface {
+	Reboot(ctx context.Context, req *agentv1.RebootRequest) error
+}
+
+// Options are the implementations the service calls. Journal is required;
+// any other field may be nil, and its methods then return Unimplemented.
+type Options struct {
+	Journal        *journal.Journal
+	Facts          Facter
+	Preparer       Preparer
+	Preflighter    Preflighter
+	Kubeadm        Kubeadm
+	Prober         Prober
+	ImageLayer     ImageLayer
+	Wiper          Wiper
+	IdentityWriter IdentityWriter
+	Rebooter       Rebooter
+	Log            *slog.Logger
+}
+
+// Service implements agentv1.AgentServer.
+type Service struct {
+	agentv1.UnimplementedAgentServer
+	o   Options
+	log *slog.Logger
+}
+
+var _ agentv1.AgentServer = (*Service)(nil)
+
+// New returns the Agent service over o.
+func New(o Options) *Service {
+	log := o.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Service{o: o, log: log.With("component", "agent-api")}
+}
+
+// NewGRPCServer returns a gRPC server with the Agent service registered,
+// serving TLS with tlsConf (identity.ServerTLS) behind the authorization
+// interceptors.
+func NewGRPCServer(tlsConf *tls.Config, svc *Service) *grpc.Server {
+	s := grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(tlsConf)),
+		grpc.ChainUnaryInterceptor(UnaryAuthz),
+		grpc.ChainStreamInterceptor(StreamAuthz),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	)
+	agentv1.RegisterAgentServer(s, svc)
+	return s
+}
+
+// Serve serves s on lis until ctx is done, then stops gracefully.
+func Serve(ctx context.Context, s *grpc.Server, lis net.Listener) error {
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			s.GracefulStop()
+		case <-done:
+		}
+	}()
+	err := s.Serve(lis)
+	close(done)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+func notWired(method string) error {
+	return errgrpc.ToGRPC(errdefs.NotSupported("%s is not available in this agent build", method))
+}
+
+// Facts reports the host's facts.
+func (s *Service) Facts(ctx context.Context, _ *agentv1.FactsRequest) (*agentv1.FactsResponse, error) {
+	if s.o.Facts == nil {
+		return nil, notWired("Facts")
+	}
+	f, err := s.o.Facts.Facts(ctx)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return &agentv1.FactsResponse{Facts: f}, nil
+}
+
+// Preflight checks the host against a cluster.
+func (s *Service) Preflight(ctx context.Context, req *agentv1.PreflightRequest) (*agentv1.PreflightReport, error) {
+	if s.o.Preflighter == nil {
+		return nil, notWired("Preflight")
+	}
+	if req.GetCluster() == nil {
+		return nil, errgrpc.ToGRPC(errdefs.InvalidArgument("preflight: cluster is required"))
+	}
+	rep, err := s.o.Preflighter.Preflight(ctx, req)
+	return rep, errgrpc.ToGRPC(err)
+}
+
+// Probe checks the node's health.
+func (s *Service) Probe(ctx context.Context, req *agentv1.ProbeRequest) (*agentv1.ProbeResponse, error) {
+	if s.o.Prober == nil {
+		return nil, notWired("Probe")
+	}
+	resp, err := s.o.Prober.Probe(ctx, req)
+	return resp, errgrpc.ToGRPC(err)
+}
+
+// WriteIdentity writes the host's identity into a laid image.
+func (s *Service) WriteIdentity(ctx context.Context, req *agentv1.WriteIdentityRequest) (*agentv1.WriteIdentityResponse, error) {
+	if s.o.IdentityWriter == nil {
+		return nil, notWired("WriteIdentity")
+	}
+	if req.GetTarget() == "" || req.GetHostname() == "" {
+		return nil, errgrpc.ToGRPC(errdefs.InvalidArgument("write identity: target and hostname are required"))
+	}
+	if err := s.o.IdentityWriter.WriteIdentity(ctx, req); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return &agentv1.WriteIdentityResponse{}, nil
+}
+
+// Reboot reboots or powers off the host.
+func (s *Service) Reboot(ctx context.Context, req *agentv1.RebootRequest) (*agentv1.RebootResponse, error) {
+	if s.o.Rebooter == nil {
+		return nil, notWired("Reboot")
+	}
+	s.log.Warn("reboot requested", "power_off", req.GetPowerOff())
+	if err := s.o.Rebooter.Reboot(ctx, req); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return &agentv1.RebootResponse{}, nil
+}
+
+// Prepare runs (or re-attaches to) a prepare operation.
+func (s *Service) Prepare(req *agentv1.PrepareRequest, stream agentv1.Agent_PrepareServer) error {
+	if s.o.Preparer == nil {
+		return notWired("Prepare")
+	}
+	return s.operation(stream.Context(), "prepare", req.GetOperationId(), stream.Send, func(ctx context.Context, emit journal.Emit) error {
+		res, err := s.o.Preparer.Prepare(ctx, req, emit)
+		if err != nil {
+			return err
+		}
+		emit(&agentv1.OperationEvent{Message: "prepared", Result: &agentv1.OperationEvent_Prepare{Prepare: res}})
+		return nil
+	})
+}
+
+// KubeadmInit runs (or re-attaches to) kubeadm init.
+func (s *Service) KubeadmInit(req *agentv1.KubeadmInitRequest, stream agentv1.Agent_KubeadmInitServer) error {
+	if s.o.Kubeadm == nil {
+		return notWired("KubeadmInit")
+	}
+	if req.GetCluster().GetKubernetesVersion() == "" {
+		return errgrpc.ToGRPC(errdefs.InvalidArgument("kubeadm init: cluster.kubernetes_version is required (never looked up)"))
+	}
+	return s.operation(stream.Context(), "kubeadm-init", req.GetOperationId(), stream.Send, func(ctx context.Context, emit journal.Emit) error {
+		res, err := s.o.Kubeadm.Init(ctx, req, emit)
+		if err != nil {
+			return err
+		}
+		emit(&agentv1.OperationEvent{Message: "initialized", Result: &agentv1.OperationEvent_KubeadmInit{KubeadmInit: res}})
+		return nil
+	})
+}
+
+// KubeadmJoin runs (or re-attaches to) kubeadm join.
+func (s *Service) KubeadmJoin(req *agentv1.KubeadmJoinRequest, stream agentv1.Agent_KubeadmJoinServer) error {
+	if s.o.Kubeadm == nil {
+		return notWired("KubeadmJoin")
+	}
+	var missing []string
+	for _, f := range []struct{ name, v string }{
+		{"api_server_endpoint", req.GetApiServerEndpoint()},
+		{"token", req.GetToken()},
+		{"ca_hash", req.GetCaHash()},
+		{"cluster.kubernetes_version", req.GetCluster().GetKubernetesVersion()},
+	} {
+		if f.v == "" {
+			missing = append(missing, f.name)
+		}
+	}
+	if len(missing) > 0 {
+		return errgrpc.ToGRPC(errdefs.InvalidArgument("kubeadm join: %s required", strings.Join(missing, ", ")))
+	}
+	return s.operation(stream.Context(), "kubeadm-join", req.GetOperationId(), stream.Send, func(ctx context.Context, emit journal.Emit) error {
+		return s.o.Kubeadm.Join(ctx, req, emit)
+	})
+}
+
+// KubeadmReset runs (or re-attaches to) kubeadm reset.
+func (s *Service) KubeadmReset(req *agentv1.KubeadmResetRequest, stream agentv1.Agent_KubeadmResetServer) error {
+	if s.o.Kubeadm == nil {
+		return notWired("KubeadmReset")
+	}
+	return s.operation(stream.Context(), "kubeadm-reset", req.GetOperationId(), stream.Send, func(ctx context.Context, emit journal.Emit) error {
+		return s.o.Kubeadm.Reset(ctx, req, emit)
+	})
+}
+
+// LayImage runs (or re-attaches to) the laying of an image.
+func (s *Service) LayImage(req *agentv1.LayImageRequest, stream agentv1.Agent_LayImageServer) error {
+	if s.o.ImageLayer == nil {
+		return notWired("LayImage")
+	}
+	switch {
+	case req.GetUrl() == "" || req.GetTarget() == "":
+		return errgrpc.ToGRPC(errdefs.InvalidArgument("lay image: url and target are required"))
+	case req.GetSha256() == "" && req.GetRawSha256() == "":
+		return errgrpc.ToGRPC(errdefs.InvalidArgument("lay image: sha256 is required: an image is never laid unverified"))
+	case req.GetFormat() != "" && req.GetFormat() != "raw" && req.GetFormat() != "raw.zst":
+		return errgrpc.ToGRPC(errdefs.InvalidArgument("lay image: format %q: want raw or raw.zst", req.GetFormat()))
+	}
+	return s.operation(stream.Context(), "lay-image", req.GetOperationId(), stream.Send, func(ctx context.Context, emit journal.Emit) error {
+		res, err := s.o.ImageLayer.LayImage(ctx, req, emit)
+		if err != nil {
+			return err
+		}
+		emit(&agentv1.OperationEvent{Message: "image laid and verified", Result: &agentv1.OperationEvent_LayImage{LayImage: res}})
+		return nil
+	})
+}
+
+// Wipe runs (or re-attaches to) the wiping of a disk.
+func (s *Service) Wipe(req *agentv1.WipeRequest, stream agentv1.Agent_WipeServer) error {
+	if s.o.Wiper == nil {
+		return notWired("Wipe")
+	}
+	if req.GetTarget() == "" {
+		return errgrpc.ToGRPC(errdefs.InvalidArgument("wipe: target is required"))
+	}
+	return s.operation(stream.Context(), "wipe", req.GetOperationId(), stream.Send, func(ctx context.Context, emit journal.Emit) error {
+		return s.o.Wiper.Wipe(ctx, req, emit)
+	})
+}
+
+// Operation re-attaches to an operation by id.
+func (s *Service) Operation(req *agentv1.OperationRequest, stream agentv1.Agent_OperationServer) error {
+	if req.GetOperationId() == "" {
+		return errgrpc.ToGRPC(errdefs.InvalidArgument("operation: operation_id is required"))
+	}
+	return errgrpc.ToGRPC(s.o.Journal.Follow(stream.Context(), req.GetOperationId(), stream.Send))
+}
+
+// operation starts fn in the journal as id (a fresh id when empty) and
+// streams its events. A failed operation is a FAILED terminal event, not
+// an RPC error; RPC errors are for calls that could not start or follow.
+func (s *Service) operation(ctx context.Context, kind, id string, send journal.Send, fn journal.Func) error {
+	if id == "" {
+		id = journal.NewID()
+	}
+	return errgrpc.ToGRPC(s.o.Journal.Start(ctx, kind, id, fn, send))
+}
