@@ -1,0 +1,116 @@
+package bmc
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/errdefs"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+// ConditionBMCReachable is the condition type a BMC reports for its host.
+const ConditionBMCReachable = "BMCReachable"
+
+// Reasons of the BMCReachable condition.
+const (
+	ReasonNotContacted = "NotContacted"
+	ReasonReachable    = "Reachable"
+	ReasonCallFailed   = "CallFailed"
+	ReasonCircuitOpen  = "CircuitOpen"
+)
+
+// breaker is a per-BMC circuit breaker: after threshold consecutive failed
+// calls it rejects calls for cooldown, then lets one trial call through;
+// the trial's success closes it, its failure re-opens it.
+type breaker struct {
+	threshold int
+	cooldown  time.Duration
+
+	failures    int
+	last        string
+	openUntil   time.Time
+	lastSuccess time.Time
+	contacted   bool
+}
+
+// errors that say nothing about the BMC's health do not count.
+func countsAsFailure(err error) bool {
+	return !errdefs.IsInvalidArgument(err) && !errdefs.IsNotSupported(err)
+}
+
+// allow returns an Unavailable error while the circuit is open.
+func (b *BMC) allow() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	br := &b.brk
+	if br.failures < br.threshold {
+		return nil
+	}
+	if b.opts.Now().Before(br.openUntil) {
+		return errdefs.Unavailable("%s", b.circuitMessageLocked())
+	}
+	// Half-open: this call is the trial (calls are serialised per BMC).
+	return nil
+}
+
+func (b *BMC) circuitMessageLocked() string {
+	return fmt.Sprintf("circuit open for bmc %s: %d consecutive failures, last: %s",
+		b.opts.Name, b.brk.failures, b.brk.last)
+}
+
+// record updates the breaker with a call's outcome.
+func (b *BMC) record(err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	br := &b.brk
+	br.contacted = true
+	if err == nil {
+		br.failures, br.last = 0, ""
+		br.lastSuccess = b.opts.Now()
+		return
+	}
+	if !countsAsFailure(err) {
+		return
+	}
+	br.failures++
+	br.last = err.Error()
+	if br.failures >= br.threshold {
+		br.openUntil = b.opts.Now().Add(br.cooldown)
+	}
+}
+
+// Condition returns the BMCReachable condition for the host: Unknown
+// before the first call, True after a successful call, False with reason
+// CallFailed after failures, and False with reason CircuitOpen while the
+// breaker rejects calls. Set it on the Host with conditions.Set.
+func (b *BMC) Condition() *typesv1.Condition {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	br := &b.brk
+	switch {
+	case !br.contacted:
+		return conditions.New(ConditionBMCReachable, conditions.Unknown, ReasonNotContacted,
+			fmt.Sprintf("bmc %s has not been contacted yet", b.opts.Name))
+	case br.failures == 0:
+		return conditions.New(ConditionBMCReachable, conditions.True, ReasonReachable,
+			fmt.Sprintf("bmc %s answered at %s", b.opts.Name, br.lastSuccess.UTC().Format(time.RFC3339)))
+	case br.failures >= br.threshold:
+		c := conditions.New(ConditionBMCReachable, conditions.False, ReasonCircuitOpen,
+			fmt.Sprintf("%s; next try after %s", b.circuitMessageLocked(), br.openUntil.UTC().Format(time.RFC3339)))
+		c.Severity = "Error"
+		return c
+	default:
+		c := conditions.New(ConditionBMCReachable, conditions.False, ReasonCallFailed,
+			fmt.Sprintf("bmc %s: %d consecutive failures, last: %s", b.opts.Name, br.failures, br.last))
+		c.Severity = "Warning"
+		return c
+	}
+}
+
+// CircuitOpen reports whether calls are currently rejected.
+func (b *BMC) CircuitOpen() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.brk.failures >= b.brk.threshold && b.opts.Now().Before(b.brk.openUntil)
+}

@@ -1,0 +1,215 @@
+package bmc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/stmcginnis/gofish/common"
+
+	"github.com/kilnhq/kiln/internal/errdefs"
+)
+
+// do runs one operation: circuit check, per-BMC slot, global slot,
+// attempts with backoff, all under a deadline. The operation runs in its
+// own goroutine so that do returns when ctx ends even if a provider does
+// not honour ctx (bmclib's Redfish provider bounds requests only by the
+// HTTP client timeout); the BMC's slot stays taken until that goroutine
+// has finished, so a late request never overlaps the next operation.
+func (b *BMC) do(ctx context.Context, op string, fn func(context.Context) error) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, b.opts.Timeout)
+		defer cancel()
+	}
+
+	select {
+	case b.slot <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("bmc %s: %s: waiting for the previous operation: %w", b.opts.Name, op, ctx.Err())
+	}
+	releaseSlot := func() { <-b.slot }
+
+	if err := b.allow(); err != nil {
+		releaseSlot()
+		return err
+	}
+	if b.lim != nil {
+		if err := b.lim.acquire(ctx); err != nil {
+			releaseSlot()
+			return fmt.Errorf("bmc %s: %s: waiting for a global slot: %w", b.opts.Name, op, err)
+		}
+	}
+
+	b.mu.Lock()
+	b.stats.Calls++
+	b.inFlight++
+	b.stats.MaxInFlight = max(b.stats.MaxInFlight, b.inFlight)
+	b.mu.Unlock()
+
+	done := make(chan error, 1)
+	go func() {
+		err := b.attempts(ctx, op, fn)
+		b.mu.Lock()
+		b.inFlight--
+		b.mu.Unlock()
+		if b.lim != nil {
+			b.lim.release()
+		}
+		releaseSlot()
+		done <- err
+	}()
+
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		err = fmt.Errorf("bmc %s: %s: %w", b.opts.Name, op, ctx.Err())
+	}
+	b.record(err)
+	if err != nil {
+		b.log.Warn("bmc call failed", "op", op, "error", err)
+	}
+	return err
+}
+
+// attempts runs fn until it succeeds, fails permanently, runs out of
+// attempts or of time.
+func (b *BMC) attempts(ctx context.Context, op string, fn func(context.Context) error) error {
+	var last error
+	for attempt := 0; ; attempt++ {
+		b.mu.Lock()
+		b.stats.Attempts++
+		b.mu.Unlock()
+
+		actx, cancel := context.WithTimeout(ctx, b.opts.AttemptTimeout)
+		err := fn(actx)
+		attemptTimedOut := actx.Err() != nil && ctx.Err() == nil
+		cancel()
+		if err == nil {
+			return nil
+		}
+		last = b.classify(op, err, attemptTimedOut)
+		if !retryable(last) || attempt+1 >= b.opts.MaxAttempts || ctx.Err() != nil {
+			break
+		}
+		b.mu.Lock()
+		delay := b.opts.Backoff.Delay(attempt, b.rng)
+		b.mu.Unlock()
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < delay {
+			break
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return last
+		}
+	}
+	b.mu.Lock()
+	b.stats.Failures++
+	b.mu.Unlock()
+	return last
+}
+
+func retryable(err error) bool {
+	return errdefs.IsUnavailable(err)
+}
+
+// classify turns a provider error into an errdefs-classed error with the
+// password redacted from its text. The provider error itself is not
+// wrapped (its text may carry what a BMC echoed back); only ctx errors
+// are.
+func (b *BMC) classify(op string, err error, attemptTimedOut bool) error {
+	msg := redact(err.Error(), b.ep.Password)
+	prefix := fmt.Sprintf("bmc %s: %s", b.opts.Name, op)
+
+	// Our own errors (drivers, waitPower) keep their class.
+	switch {
+	case errdefs.IsUnavailable(err):
+		if errors.Is(err, context.DeadlineExceeded) {
+			return errdefs.Unavailable("%s: %s: %w", prefix, msg, context.DeadlineExceeded)
+		}
+		return errdefs.Unavailable("%s: %s", prefix, msg)
+	case errdefs.IsNotSupported(err):
+		return errdefs.NotSupported("%s: %s", prefix, msg)
+	case errdefs.IsInvalidArgument(err):
+		return errdefs.InvalidArgument("%s: %s", prefix, msg)
+	case errdefs.IsNotFound(err):
+		return errdefs.NotFound("%s: %s", prefix, msg)
+	case errdefs.IsFailedPrecondition(err):
+		return errdefs.FailedPrecondition("%s: %s", prefix, msg)
+	case errdefs.IsPermissionDenied(err):
+		return errdefs.PermissionDenied("%s: %s", prefix, msg)
+	}
+
+	var rf *common.Error
+	if errors.As(err, &rf) {
+		code := rf.HTTPReturnedStatusCode
+		switch {
+		case code == 401 || code == 403:
+			return errdefs.PermissionDenied("%s: http %d: %s", prefix, code, msg)
+		case code == 404:
+			return errdefs.NotFound("%s: http %d: %s", prefix, code, msg)
+		case code == 429 || code >= 500:
+			return errdefs.Unavailable("%s: http %d: %s", prefix, code, msg)
+		case code >= 400:
+			return errdefs.InvalidArgument("%s: http %d: %s", prefix, code, msg)
+		}
+	}
+	if attemptTimedOut || errors.Is(err, context.DeadlineExceeded) {
+		return errdefs.Unavailable("%s: attempt timed out: %s: %w", prefix, msg, context.DeadlineExceeded)
+	}
+	if errors.Is(err, context.Canceled) {
+		return fmt.Errorf("%s: %s: %w", prefix, msg, context.Canceled)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return errdefs.Unavailable("%s: %s", prefix, msg)
+	}
+	lower := strings.ToLower(msg)
+	switch {
+	case strings.Contains(lower, "rakp 2 hmac is invalid"), strings.Contains(lower, "unauthorized name"),
+		strings.Contains(lower, "401 unauthorized"), strings.Contains(lower, "invalid username or password"):
+		return errdefs.PermissionDenied("%s: %s", prefix, msg)
+	case strings.Contains(lower, "is not supported by this service"), strings.Contains(lower, "invalid boot device"),
+		strings.Contains(lower, "not a supported media type"), strings.Contains(lower, "does not support"):
+		return errdefs.NotSupported("%s: %s", prefix, msg)
+	case strings.Contains(lower, "no matching redfish system"):
+		return errdefs.NotFound("%s: %s", prefix, msg)
+	}
+	// Everything else (ipmitool session errors, odd BMC answers) is treated
+	// as transient: a retry costs little and the breaker bounds it.
+	return errdefs.Unavailable("%s: %s", prefix, msg)
+}
+
+// redact replaces every occurrence of secret in s.
+func redact(s, secret string) string {
+	if secret == "" {
+		return s
+	}
+	return strings.ReplaceAll(s, secret, "<redacted>")
+}
+
+// redactErr rebuilds err with the secret removed, keeping its errdefs
+// class.
+func redactErr(err error, secret string) error {
+	if err == nil || secret == "" || !strings.Contains(err.Error(), secret) {
+		return err
+	}
+	msg := redact(err.Error(), secret)
+	switch {
+	case errdefs.IsInvalidArgument(err):
+		return errdefs.InvalidArgument("%s", msg)
+	case errdefs.IsFailedPrecondition(err):
+		return errdefs.FailedPrecondition("%s", msg)
+	}
+	return errdefs.Unavailable("%s", msg)
+}

@@ -1,0 +1,406 @@
+package bmc
+
+import (
+	"context"
+	"crypto/tls"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	bmclibredfish "github.com/bmc-toolbox/bmclib/v2/providers/redfish"
+	"github.com/go-logr/logr"
+	"github.com/stmcginnis/gofish"
+	rf "github.com/stmcginnis/gofish/redfish"
+
+	"github.com/kilnhq/kiln/internal/errdefs"
+)
+
+// redfishDriver drives a Redfish BMC. Power, boot and virtual media go
+// through bmclib's gofish provider (pinned: no other provider is
+// registered or probed), opened for one operation and closed after it, so
+// the provider's HTTP timeout follows each call's deadline. Inventory and
+// capabilities are read with gofish directly in one pass.
+//
+// bmclib v2.3.5 picks a system by Name. A chassis whose systems share one
+// Name (a bladed enclosure) cannot be addressed that way, so for such a
+// SystemID every operation talks to gofish directly with the system's
+// @odata.id.
+type redfishDriver struct {
+	ep                 Endpoint
+	scheme, host, port string
+	transport          *http.Transport
+
+	mu       sync.Mutex
+	resolved bool
+	sysName  string // Name passed to bmclib ("" when the BMC has one system)
+	sysPath  string // the system's @odata.id
+	direct   bool   // use gofish directly for system operations
+}
+
+var _ driver = (*redfishDriver)(nil)
+
+func newRedfishDriver(ep Endpoint, opts Options) (*redfishDriver, error) {
+	scheme, host, port, err := splitRedfishAddress(ep.Address)
+	if err != nil {
+		return nil, err
+	}
+	tr := &http.Transport{
+		Proxy:               nil, // a BMC network is never proxied
+		TLSHandshakeTimeout: 10 * time.Second,
+		TLSClientConfig: &tls.Config{
+			InsecureSkipVerify: ep.InsecureSkipVerify, //nolint:gosec // operator's choice per host
+			RootCAs:            opts.RootCAs,
+			MinVersion:         tls.VersionTLS12,
+		},
+		MaxIdleConnsPerHost: 1,
+		IdleConnTimeout:     30 * time.Second,
+	}
+	return &redfishDriver{ep: ep, scheme: scheme, host: host, port: port, transport: tr}, nil
+}
+
+func (d *redfishDriver) base() string { return d.scheme + "://" + d.host + ":" + d.port }
+
+// httpClient is fresh per operation: bmclib sets its Timeout from the
+// operation's deadline.
+func (d *redfishDriver) httpClient() *http.Client { return &http.Client{Transport: d.transport} }
+
+// connect opens a gofish session bound to ctx; the caller must Logout.
+func (d *redfishDriver) connect(ctx context.Context) (*gofish.APIClient, error) {
+	return gofish.ConnectContext(ctx, gofish.ClientConfig{
+		Endpoint:   d.base(),
+		Username:   d.ep.Username,
+		Password:   d.ep.Password,
+		Insecure:   d.ep.InsecureSkipVerify,
+		HTTPClient: d.httpClient(),
+	})
+}
+
+// resolve finds the system to drive, once.
+func (d *redfishDriver) resolve(ctx context.Context, c *gofish.APIClient) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.resolved {
+		return nil
+	}
+	systems, err := c.Service.Systems()
+	if err != nil {
+		return err
+	}
+	if len(systems) == 0 {
+		return errdefs.NotFound("the bmc lists no systems")
+	}
+	var pick *rf.ComputerSystem
+	if d.ep.SystemID == "" {
+		if len(systems) > 1 {
+			ids := make([]string, 0, len(systems))
+			for _, s := range systems {
+				ids = append(ids, s.ID)
+			}
+			return errdefs.InvalidArgument("the bmc has %d systems (%s): set the host's system id", len(systems), strings.Join(ids, ", "))
+		}
+		pick = systems[0]
+	} else {
+		for _, s := range systems {
+			if s.ID == d.ep.SystemID {
+				pick = s
+			}
+		}
+		if pick == nil {
+			ids := make([]string, 0, len(systems))
+			for _, s := range systems {
+				ids = append(ids, s.ID)
+			}
+			return errdefs.NotFound("no system with id %q (systems: %s)", d.ep.SystemID, strings.Join(ids, ", "))
+		}
+	}
+	sameName := 0
+	for _, s := range systems {
+		if s.Name == pick.Name {
+			sameName++
+		}
+	}
+	d.sysPath = pick.ODataID
+	d.direct = sameName > 1
+	if len(systems) > 1 {
+		d.sysName = pick.Name
+	}
+	d.resolved = true
+	return nil
+}
+
+// withGofish runs fn with a gofish session and the resolved system.
+func (d *redfishDriver) withGofish(ctx context.Context, fn func(*gofish.APIClient, *rf.ComputerSystem) error) error {
+	c, err := d.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer c.Logout()
+	if err := d.resolve(ctx, c); err != nil {
+		return err
+	}
+	sys, err := rf.GetComputerSystem(c, d.sysPath)
+	if err != nil {
+		return err
+	}
+	return fn(c, sys)
+}
+
+// withBmclib runs fn with bmclib's gofish provider opened for this
+// operation, unless the system must be driven directly (then it returns
+// direct=true and does nothing).
+func (d *redfishDriver) withBmclib(ctx context.Context, fn func(*bmclibredfish.Conn) error) (direct bool, err error) {
+	d.mu.Lock()
+	resolved := d.resolved
+	d.mu.Unlock()
+	if !resolved {
+		c, err := d.connect(ctx)
+		if err != nil {
+			return false, err
+		}
+		err = d.resolve(ctx, c)
+		c.Logout()
+		if err != nil {
+			return false, err
+		}
+	}
+	d.mu.Lock()
+	direct, name := d.direct, d.sysName
+	d.mu.Unlock()
+	if direct {
+		return true, nil
+	}
+	conn := bmclibredfish.New(d.scheme+"://"+d.host, d.ep.Username, d.ep.Password, logr.Discard(),
+		bmclibredfish.WithPort(d.port),
+		bmclibredfish.WithHttpClient(d.httpClient()),
+		bmclibredfish.WithSystemName(name))
+	if err := conn.Open(ctx); err != nil {
+		return false, err
+	}
+	defer conn.Close(ctx)
+	return false, fn(conn)
+}
+
+func (d *redfishDriver) powerState(ctx context.Context) (string, error) {
+	var state string
+	direct, err := d.withBmclib(ctx, func(c *bmclibredfish.Conn) error {
+		var err error
+		state, err = c.PowerStateGet(ctx)
+		return err
+	})
+	if direct {
+		err = d.withGofish(ctx, func(_ *gofish.APIClient, sys *rf.ComputerSystem) error {
+			state = string(sys.PowerState)
+			return nil
+		})
+	}
+	return state, err
+}
+
+func (d *redfishDriver) setPower(ctx context.Context, action string) error {
+	direct, err := d.withBmclib(ctx, func(c *bmclibredfish.Conn) error {
+		ok, err := c.PowerSet(ctx, action)
+		if err != nil {
+			return err
+		}
+		if !ok && action == "soft" {
+			// bmclib v2.3.5 bug: SetPowerState("soft") returns false even
+			// when the BMC accepted the GracefulShutdown. The caller
+			// verifies by reading the power state (waitPower).
+			return nil
+		}
+		if !ok {
+			return errdefs.Unavailable("the bmc did not accept power %s", action)
+		}
+		return nil
+	})
+	if !direct {
+		return err
+	}
+	return d.withGofish(ctx, func(_ *gofish.APIClient, sys *rf.ComputerSystem) error {
+		switch action {
+		case "on":
+			if sys.PowerState == rf.OnPowerState {
+				return nil
+			}
+			return sys.Reset(rf.OnResetType)
+		case "off":
+			if sys.PowerState == rf.OffPowerState {
+				return nil
+			}
+			return sys.Reset(rf.ForceOffResetType)
+		case "soft":
+			if sys.PowerState == rf.OffPowerState {
+				return nil
+			}
+			return sys.Reset(rf.GracefulShutdownResetType)
+		}
+		return errdefs.InvalidArgument("power action %q", action)
+	})
+}
+
+var redfishTargets = map[string]rf.BootSourceOverrideTarget{
+	BootPXE:   rf.PxeBootSourceOverrideTarget,
+	BootDisk:  rf.HddBootSourceOverrideTarget,
+	BootCDROM: rf.CdBootSourceOverrideTarget,
+}
+
+func (d *redfishDriver) setBoot(ctx context.Context, device string, persistent, efi bool) error {
+	direct, err := d.withBmclib(ctx, func(c *bmclibredfish.Conn) error {
+		ok, err := c.BootDeviceSet(ctx, device, persistent, efi)
+		if err == nil && !ok {
+			return errdefs.Unavailable("the bmc did not accept boot device %s", device)
+		}
+		return err
+	})
+	if !direct {
+		return err
+	}
+	return d.withGofish(ctx, func(_ *gofish.APIClient, sys *rf.ComputerSystem) error {
+		b := rf.Boot{
+			BootSourceOverrideTarget:  redfishTargets[device],
+			BootSourceOverrideEnabled: rf.OnceBootSourceOverrideEnabled,
+			BootSourceOverrideMode:    rf.LegacyBootSourceOverrideMode,
+		}
+		if persistent {
+			b.BootSourceOverrideEnabled = rf.ContinuousBootSourceOverrideEnabled
+		}
+		if efi {
+			b.BootSourceOverrideMode = rf.UEFIBootSourceOverrideMode
+		}
+		return sys.SetBoot(b)
+	})
+}
+
+func (d *redfishDriver) bootPersistent(ctx context.Context) (bool, error) {
+	var persistent bool
+	err := d.withGofish(ctx, func(_ *gofish.APIClient, sys *rf.ComputerSystem) error {
+		persistent = sys.Boot.BootSourceOverrideEnabled == rf.ContinuousBootSourceOverrideEnabled
+		return nil
+	})
+	return persistent, err
+}
+
+func (d *redfishDriver) setMedia(ctx context.Context, url string) error {
+	direct, err := d.withBmclib(ctx, func(c *bmclibredfish.Conn) error {
+		ok, err := c.SetVirtualMedia(ctx, string(rf.CDMediaType), url)
+		if err == nil && !ok {
+			return errdefs.Unavailable("the bmc did not accept the virtual media request")
+		}
+		return err
+	})
+	if !direct {
+		return err
+	}
+	return d.withGofish(ctx, func(c *gofish.APIClient, sys *rf.ComputerSystem) error {
+		slots, err := mediaSlots(c, sys)
+		if err != nil {
+			return err
+		}
+		for _, vm := range slots {
+			if !isCD(vm) {
+				continue
+			}
+			if vm.Inserted && vm.SupportsMediaEject {
+				if err := vm.EjectMedia(); err != nil {
+					return err
+				}
+			}
+			if url == "" {
+				return nil
+			}
+			if !vm.SupportsMediaInsert {
+				continue
+			}
+			return vm.InsertMedia(url, true, true)
+		}
+		return errdefs.NotSupported("no virtual CD slot accepts InsertMedia")
+	})
+}
+
+func isCD(vm *rf.VirtualMedia) bool {
+	return slices.Contains(vm.MediaTypes, rf.CDMediaType) || slices.Contains(vm.MediaTypes, rf.DVDMediaType)
+}
+
+// managersOf returns the managers of sys: its ManagedBy links, else the
+// service's only manager.
+func managersOf(c *gofish.APIClient, sys *rf.ComputerSystem) ([]*rf.Manager, error) {
+	ms, err := sys.ManagedBy()
+	if err == nil && len(ms) > 0 {
+		return ms, nil
+	}
+	all, err := c.Service.Managers()
+	if err != nil {
+		return nil, err
+	}
+	if len(all) == 1 {
+		return all, nil
+	}
+	return nil, nil
+}
+
+// mediaSlots lists virtual media at the manager first, then at the system
+// (both are valid Redfish locations; bmclib looks in the same order).
+func mediaSlots(c *gofish.APIClient, sys *rf.ComputerSystem) ([]*rf.VirtualMedia, error) {
+	ms, err := managersOf(c, sys)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range ms {
+		vms, err := m.VirtualMedia()
+		if err == nil && len(vms) > 0 {
+			return vms, nil
+		}
+	}
+	vms, err := sys.VirtualMedia()
+	if err != nil {
+		return nil, nil //nolint:nilerr // no virtual media is an answer, not a failure
+	}
+	return vms, nil
+}
+
+func (d *redfishDriver) inventory(ctx context.Context) (Inventory, error) {
+	var inv Inventory
+	err := d.withGofish(ctx, func(c *gofish.APIClient, sys *rf.ComputerSystem) error {
+		inv.Manufacturer, inv.Model, inv.SerialNumber = sys.Manufacturer, sys.Model, sys.SerialNumber
+		nics, err := sys.EthernetInterfaces()
+		if err != nil {
+			return err
+		}
+		for _, n := range nics {
+			mac := strings.ToLower(n.MACAddress)
+			if mac != "" && !slices.Contains(inv.MACs, mac) {
+				inv.MACs = append(inv.MACs, mac)
+			}
+		}
+		ms, err := managersOf(c, sys)
+		if err != nil {
+			return err
+		}
+		if len(ms) > 0 {
+			inv.BMCFirmware = ms[0].FirmwareVersion
+		}
+		return nil
+	})
+	return inv, err
+}
+
+func (d *redfishDriver) mediaSlots(ctx context.Context) ([]MediaSlot, error) {
+	var out []MediaSlot
+	err := d.withGofish(ctx, func(c *gofish.APIClient, sys *rf.ComputerSystem) error {
+		slots, err := mediaSlots(c, sys)
+		if err != nil {
+			return err
+		}
+		for _, vm := range slots {
+			ms := MediaSlot{ID: vm.ID, Inserted: vm.Inserted, Insertable: vm.SupportsMediaInsert, Image: vm.Image}
+			for _, t := range vm.MediaTypes {
+				ms.Types = append(ms.Types, string(t))
+			}
+			out = append(out, ms)
+		}
+		return nil
+	})
+	return out, err
+}
