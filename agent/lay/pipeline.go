@@ -1,0 +1,432 @@
+package lay
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/kilnhq/kiln/internal/errdefs"
+	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
+)
+
+// chunk is one buffer moving through the pipeline fetch → hash → write.
+// Buffers come from the Layer's pool and go back to it after writing, and
+// the channels between stages hold at most depth chunks each, so memory
+// stays bounded whatever the image size.
+type chunk struct {
+	buf *[]byte
+	n   int
+	off int64 // where the bytes go on the target
+	rng int   // block map: index of the range the bytes belong to
+	end bool  // block map: the last chunk of its range
+}
+
+func (c chunk) data() []byte { return (*c.buf)[:c.n] }
+
+// group runs the stages and keeps the first error; a failing stage
+// cancels the others.
+type group struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+	err    error
+}
+
+func newGroup(ctx context.Context) *group {
+	g := &group{}
+	g.ctx, g.cancel = context.WithCancel(ctx)
+	return g
+}
+
+func (g *group) go_(f func(ctx context.Context) error) {
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		if err := f(g.ctx); err != nil {
+			g.once.Do(func() { g.err = err; g.cancel() })
+		}
+	}()
+}
+
+func (g *group) wait() error {
+	g.wg.Wait()
+	g.cancel()
+	return g.err
+}
+
+// send passes c on unless ctx ended.
+func send(ctx context.Context, out chan<- chunk, c chunk) error {
+	select {
+	case out <- c:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// produce reads r into pooled buffers, filling each, and sends them in
+// order with their target offsets starting at 0. It closes out.
+func (l *Layer) produce(ctx context.Context, r io.Reader, out chan<- chunk, what string) error {
+	defer close(out)
+	var off int64
+	for {
+		b := l.getBuf()
+		n, err := io.ReadFull(r, *b)
+		if n > 0 {
+			if serr := send(ctx, out, chunk{buf: b, n: n, off: off}); serr != nil {
+				return serr
+			}
+			off += int64(n)
+		} else {
+			l.putBuf(b)
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return nil
+		}
+		if err != nil {
+			if cerr := ctx.Err(); cerr != nil {
+				return cerr
+			}
+			return fmt.Errorf("%s: %w", what, err)
+		}
+	}
+}
+
+// chanReader reads the chunks of a channel as a stream, returning each
+// buffer to the pool once consumed.
+type chanReader struct {
+	ctx context.Context
+	l   *Layer
+	in  <-chan chunk
+	cur chunk
+	pos int
+}
+
+func (r *chanReader) Read(p []byte) (int, error) {
+	for r.cur.buf == nil || r.pos == r.cur.n {
+		if r.cur.buf != nil {
+			r.l.putBuf(r.cur.buf)
+			r.cur.buf = nil
+		}
+		select {
+		case c, ok := <-r.in:
+			if !ok {
+				return 0, io.EOF
+			}
+			r.cur, r.pos = c, 0
+		case <-r.ctx.Done():
+			return 0, r.ctx.Err()
+		}
+	}
+	n := copy(p, r.cur.data()[r.pos:])
+	r.pos += n
+	return n, nil
+}
+
+// writer writes chunks at their offsets, skipping all-zero blocks when
+// the target reads as zeros already.
+type writer struct {
+	t         *target
+	skipZeros bool
+	blockSize int
+	zero      []byte
+	written   int64 // bytes actually written
+	end       int64 // one past the last byte seen
+}
+
+func newWriter(t *target, skipZeros bool, blockSize int) *writer {
+	return &writer{t: t, skipZeros: skipZeros, blockSize: blockSize, zero: make([]byte, blockSize)}
+}
+
+func (w *writer) writeAt(b []byte, off int64) error {
+	w.end = max(w.end, off+int64(len(b)))
+	if !w.skipZeros {
+		return w.put(b, off)
+	}
+	run := -1 // start of the current run of data blocks
+	for i := 0; i < len(b); i += w.blockSize {
+		blk := b[i:min(i+w.blockSize, len(b))]
+		if bytes.Equal(blk, w.zero[:len(blk)]) {
+			if run >= 0 {
+				if err := w.put(b[run:i], off+int64(run)); err != nil {
+					return err
+				}
+				run = -1
+			}
+		} else if run < 0 {
+			run = i
+		}
+	}
+	if run >= 0 {
+		return w.put(b[run:], off+int64(run))
+	}
+	return nil
+}
+
+func (w *writer) put(b []byte, off int64) error {
+	if _, err := w.t.f.WriteAt(b, off); err != nil {
+		return fmt.Errorf("target %q: write %d bytes at %d: %w", w.t.path, len(b), off, err)
+	}
+	w.written += int64(len(b))
+	return nil
+}
+
+// drain writes every chunk of in, returning buffers to the pool.
+func (l *Layer) drain(ctx context.Context, w *writer, in <-chan chunk) error {
+	for {
+		select {
+		case c, ok := <-in:
+			if !ok {
+				return nil
+			}
+			err := w.writeAt(c.data(), c.off)
+			l.putBuf(c.buf)
+			if err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// layStream lays the object at url: fetch → hash (of the fetched bytes) →
+// [zstd decode] → write, each stage in its own goroutine.
+func (l *Layer) layStream(ctx context.Context, t *target, url, format, wantSum string, rawSize int64, zeroed bool, rep *reporter, log *slog.Logger) (*agentv1.LayImageResult, error) {
+	var fetched atomic.Int64
+	s := l.newStream(ctx, log, url, 0, -1, false, &fetched)
+	s.note = rep.note
+	s.onTotal = func(n int64) { rep.setTotal(uint64(n)) }
+	if format == FormatRaw && rawSize > 0 {
+		rep.setTotal(uint64(rawSize))
+	}
+	rep.step(StepFetch, 0)
+
+	g := newGroup(ctx)
+	s.ctx = g.ctx
+	fetchedCh := make(chan chunk, l.depth)
+	hashedCh := make(chan chunk, l.depth)
+	h := sha256.New()
+	w := newWriter(t, zeroed, l.blockSize)
+
+	var fetchErr error // the cause, when a later stage fails because of it
+	g.go_(func(ctx context.Context) error {
+		defer s.Close()
+		fetchErr = l.produce(ctx, s, fetchedCh, "fetch")
+		return fetchErr
+	})
+	g.go_(func(ctx context.Context) error { return hashStage(ctx, h, fetchedCh, hashedCh, rep) })
+	if format == FormatRawZst {
+		decodedCh := make(chan chunk, l.depth)
+		g.go_(func(ctx context.Context) error {
+			dec, err := zstd.NewReader(&chanReader{ctx: ctx, l: l, in: hashedCh}, zstd.WithDecoderConcurrency(2), zstd.WithDecoderLowmem(false))
+			if err != nil {
+				close(decodedCh)
+				return fmt.Errorf("zstd: %w", err)
+			}
+			defer dec.Close()
+			return l.produce(ctx, dec, decodedCh, "zstd decode")
+		})
+		g.go_(func(ctx context.Context) error { return l.drain(ctx, w, decodedCh) })
+	} else {
+		g.go_(func(ctx context.Context) error { return l.drain(ctx, w, hashedCh) })
+	}
+	if err := g.wait(); err != nil {
+		// A broken stream makes the decoder fail too: report the cause.
+		if fetchErr != nil && !errors.Is(fetchErr, context.Canceled) {
+			err = fetchErr
+		}
+		return nil, fmt.Errorf("lay %q: %w", t.path, err)
+	}
+	if s.end >= 0 && s.off < s.end {
+		return nil, errdefs.Unavailable("lay %q: stream truncated at %d of %d bytes", t.path, s.off, s.end)
+	}
+	rep.step(StepVerify, uint64(s.off))
+	got := hex.EncodeToString(h.Sum(nil))
+	if !strings.EqualFold(got, wantSum) {
+		return nil, errdefs.FailedPrecondition("lay %q: sha256 mismatch: got %s want %s (%d bytes fetched)", t.path, got, strings.ToLower(wantSum), s.off)
+	}
+	if rawSize > 0 && w.end != rawSize {
+		return nil, errdefs.FailedPrecondition("lay %q: image is %d bytes, want raw_size %d", t.path, w.end, rawSize)
+	}
+	if !t.block && w.end > t.size {
+		// Zero blocks at the tail were skipped: give the file its size.
+		if err := t.f.Truncate(w.end); err != nil {
+			return nil, fmt.Errorf("target %q: set size: %w", t.path, err)
+		}
+		t.size = w.end
+	}
+	return &agentv1.LayImageResult{BytesWritten: uint64(w.written), BytesFetched: uint64(fetched.Load()), Sha256: got}, nil
+}
+
+// hashStage hashes each chunk in order and passes it on.
+func hashStage(ctx context.Context, h hash.Hash, in <-chan chunk, out chan<- chunk, rep *reporter) error {
+	defer close(out)
+	for {
+		select {
+		case c, ok := <-in:
+			if !ok {
+				return nil
+			}
+			h.Write(c.data())
+			rep.add(c.n)
+			if err := send(ctx, out, c); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// fetchGroup is a run of block-map ranges fetched with one request; the
+// holes between them are smaller than the coalesce gap and are read and
+// thrown away.
+type fetchGroup struct {
+	first, last int // indexes of ranges
+	start, end  int64
+}
+
+func coalesce(ranges []*agentv1.BlockRange, gap int64) []fetchGroup {
+	var out []fetchGroup
+	for i, r := range ranges {
+		off, end := int64(r.GetOffset()), int64(r.GetOffset()+r.GetLength())
+		if n := len(out); n > 0 && off-out[n-1].end <= gap {
+			out[n-1].last, out[n-1].end = i, end
+			continue
+		}
+		out = append(out, fetchGroup{first: i, last: i, start: off, end: end})
+	}
+	return out
+}
+
+// layMap lays the ranges of a block map: fetch (one request per group) →
+// hash and verify each range → write. Holes are never fetched (beyond the
+// small gaps inside a group), hashed or written.
+func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequest, zeroed bool, rep *reporter, log *slog.Logger) (*agentv1.LayImageResult, error) {
+	ranges := req.GetBlockMap()
+	var total uint64
+	for _, r := range ranges {
+		total += r.GetLength()
+	}
+	rep.setTotal(total)
+	rep.step(StepFetch, 0)
+	groups := coalesce(ranges, l.gap)
+	log.Info("laying with a block map", "ranges", len(ranges), "requests", len(groups), "dataBytes", total, "rawSize", req.GetRawSize())
+
+	var fetched atomic.Int64
+	g := newGroup(ctx)
+	fetchedCh := make(chan chunk, l.depth)
+	verifiedCh := make(chan chunk, l.depth)
+	w := newWriter(t, zeroed, l.blockSize)
+
+	g.go_(func(ctx context.Context) error {
+		defer close(fetchedCh)
+		for _, fg := range groups {
+			s := l.newStream(ctx, log, req.GetUrl(), fg.start, fg.end, true, &fetched)
+			s.note = rep.note
+			err := l.fetchGroup(ctx, s, ranges, fg, fetchedCh)
+			s.Close()
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	g.go_(func(ctx context.Context) error { return verifyStage(ctx, ranges, fetchedCh, verifiedCh, rep) })
+	g.go_(func(ctx context.Context) error { return l.drain(ctx, w, verifiedCh) })
+	if err := g.wait(); err != nil {
+		if errors.Is(err, errRangeIgnored) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("lay %q: %w", t.path, err)
+	}
+	return &agentv1.LayImageResult{BytesWritten: uint64(w.written), BytesFetched: uint64(fetched.Load()), Sha256: strings.ToLower(req.GetRawSha256())}, nil
+}
+
+// fetchGroup reads one group's response: the ranges into chunks, the
+// gaps into nothing.
+func (l *Layer) fetchGroup(ctx context.Context, s *stream, ranges []*agentv1.BlockRange, fg fetchGroup, out chan<- chunk) error {
+	pos := fg.start
+	for i := fg.first; i <= fg.last; i++ {
+		r := ranges[i]
+		off, end := int64(r.GetOffset()), int64(r.GetOffset()+r.GetLength())
+		if gap := off - pos; gap > 0 {
+			if _, err := io.CopyN(io.Discard, s, gap); err != nil {
+				return rangeFetchError(s, i, r, err)
+			}
+		}
+		for off < end {
+			b := l.getBuf()
+			n := min(int64(len(*b)), end-off)
+			if _, err := io.ReadFull(s, (*b)[:n]); err != nil {
+				l.putBuf(b)
+				return rangeFetchError(s, i, r, err)
+			}
+			if err := send(ctx, out, chunk{buf: b, n: int(n), off: off, rng: i, end: off+n == end}); err != nil {
+				return err
+			}
+			off += n
+		}
+		pos = end
+	}
+	return nil
+}
+
+func rangeFetchError(s *stream, i int, r *agentv1.BlockRange, err error) error {
+	if errors.Is(err, errRangeIgnored) || s.ctx.Err() != nil {
+		return err
+	}
+	if err == io.EOF || err == io.ErrUnexpectedEOF {
+		err = errdefs.Unavailable("stream truncated at %d of %d bytes", s.off, s.end)
+	}
+	return fmt.Errorf("range %d (offset %d, length %d): %w", i, r.GetOffset(), r.GetLength(), err)
+}
+
+// verifyStage hashes each range as its chunks pass and fails on the first
+// range whose sha256 is not the map's.
+func verifyStage(ctx context.Context, ranges []*agentv1.BlockRange, in <-chan chunk, out chan<- chunk, rep *reporter) error {
+	defer close(out)
+	h := sha256.New()
+	cur := -1
+	for {
+		select {
+		case c, ok := <-in:
+			if !ok {
+				if cur >= 0 && cur != len(ranges)-1 {
+					return fmt.Errorf("block map: stopped after range %d of %d", cur, len(ranges))
+				}
+				return nil
+			}
+			if c.rng != cur {
+				h.Reset()
+				cur = c.rng
+			}
+			h.Write(c.data())
+			rep.add(c.n)
+			if c.end {
+				r := ranges[c.rng]
+				if got := hex.EncodeToString(h.Sum(nil)); !strings.EqualFold(got, r.GetSha256()) {
+					return errdefs.FailedPrecondition("range %d (offset %d, length %d): sha256 mismatch: got %s want %s", c.rng, r.GetOffset(), r.GetLength(), got, strings.ToLower(r.GetSha256()))
+				}
+			}
+			if err := send(ctx, out, c); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}

@@ -1,0 +1,130 @@
+package lay
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/kilnhq/kiln/internal/errdefs"
+)
+
+const mib = 1 << 20
+
+// target is an open disk: a block device or a regular file.
+type target struct {
+	f     *os.File
+	path  string
+	block bool
+	size  int64
+}
+
+// openTarget opens path for writing. A missing path is created as a
+// regular file when create is set, except under /dev, where a missing
+// device is an errdefs.NotFound error (and not a file on a tmpfs). A block
+// device is opened exclusively on Linux, so a mounted disk is refused.
+func openTarget(path string, create bool) (*target, error) {
+	fi, err := os.Stat(path)
+	if os.IsNotExist(err) {
+		if !create || strings.HasPrefix(filepath.Clean(path), "/dev/") {
+			return nil, errdefs.NotFound("target %q: no such device or file", path)
+		}
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("target %q: create: %w", path, err)
+		}
+		return &target{f: f, path: path}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("target %q: %w", path, err)
+	}
+	t := &target{path: path}
+	mode := fi.Mode()
+	flags := os.O_RDWR
+	switch {
+	case mode.IsRegular():
+	case mode&os.ModeDevice != 0 && mode&os.ModeCharDevice == 0:
+		t.block = true
+		flags = blockOpenFlags
+	default:
+		return nil, errdefs.InvalidArgument("target %q: not a block device or regular file (%v)", path, mode.Type())
+	}
+	if t.f, err = os.OpenFile(path, flags, 0); err != nil {
+		if os.IsPermission(err) {
+			return nil, errdefs.PermissionDenied("target %q: %v", path, err)
+		}
+		return nil, fmt.Errorf("target %q: open (in use or mounted?): %w", path, err)
+	}
+	if t.size, err = t.f.Seek(0, io.SeekEnd); err != nil {
+		t.f.Close()
+		return nil, fmt.Errorf("target %q: size: %w", path, err)
+	}
+	return t, nil
+}
+
+func (t *target) Close() error { return t.f.Close() }
+
+// zero writes n zero bytes at off.
+func (t *target) zero(ctx context.Context, off, n int64) error {
+	buf := make([]byte, min(n, mib))
+	for n > 0 {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		k := min(n, int64(len(buf)))
+		if _, err := t.f.WriteAt(buf[:k], off); err != nil {
+			return fmt.Errorf("target %q: zero at %d: %w", t.path, off, err)
+		}
+		off += k
+		n -= k
+	}
+	return nil
+}
+
+// invalidate zeroes the first MiB, so that a target whose laying failed
+// holds no partition table and does not boot.
+func (t *target) invalidate() error {
+	size, err := t.f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return err
+	}
+	if err := t.zero(context.Background(), 0, min(size, mib)); err != nil {
+		return err
+	}
+	return t.f.Sync()
+}
+
+// Offsets of the btrfs superblock mirrors, which lie outside the first and
+// last MiB.
+var btrfsMirrors = []int64{64 << 20, 256 << 30}
+
+// wipeSignatures zeroes the first and last MiB and the btrfs mirrors, then
+// syncs and asks the kernel to re-read the partition table.
+func (t *target) wipeSignatures(ctx context.Context) error {
+	size, err := t.f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return fmt.Errorf("target %q: size: %w", t.path, err)
+	}
+	if err := t.zero(ctx, 0, min(size, mib)); err != nil {
+		return err
+	}
+	if tail := max(size-mib, 0); size > 0 {
+		if err := t.zero(ctx, tail, size-tail); err != nil {
+			return err
+		}
+	}
+	for _, off := range btrfsMirrors {
+		if off+4096 <= size {
+			if err := t.zero(ctx, off, 4096); err != nil {
+				return err
+			}
+		}
+	}
+	if err := t.f.Sync(); err != nil {
+		return fmt.Errorf("target %q: fsync: %w", t.path, err)
+	}
+	t.rereadPartitions()
+	return nil
+}
