@@ -51,7 +51,10 @@ func testLayer(t *testing.T, opts ...Option) *Layer {
 
 type tWriter struct{ t *testing.T }
 
-func (w tWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
 
 // makeImage returns size bytes that look like a disk image: random data
 // with runs of zero blocks, and a zero tail.
