@@ -1,0 +1,161 @@
+package manifest
+
+import (
+	"bytes"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/kilnhq/kiln/internal/errdefs"
+	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
+)
+
+// Object returns the message r holds (a *typesv1.Host, ...) with
+// apiVersion and kind filled in when the stored object lacks them. The
+// result is a copy. An empty Resource is InvalidArgument.
+func Object(r *controllerv1.Resource) (proto.Message, error) {
+	od := r.ProtoReflect().Descriptor().Oneofs().ByName("kind")
+	fd := r.ProtoReflect().WhichOneof(od)
+	if fd == nil {
+		return nil, errdefs.InvalidArgument("resource holds no object")
+	}
+	m := proto.Clone(r.ProtoReflect().Get(fd).Message().Interface())
+	pm := m.ProtoReflect()
+	fields := pm.Descriptor().Fields()
+	if f := fields.ByName("api_version"); f != nil && pm.Get(f).String() == "" {
+		pm.Set(f, protoreflect.ValueOfString(APIVersion))
+	}
+	if f := fields.ByName("kind"); f != nil && pm.Get(f).String() == "" {
+		pm.Set(f, protoreflect.ValueOfString(string(pm.Descriptor().Name())))
+	}
+	return m, nil
+}
+
+// Marshal returns r as one YAML document: apiVersion, kind, metadata,
+// spec and status in that order, fields in declaration order with their
+// JSON names, unset fields left out. Decode reads it back.
+func Marshal(r *controllerv1.Resource) ([]byte, error) {
+	m, err := Object(r)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(messageNode(m.ProtoReflect())); err != nil {
+		return nil, fmt.Errorf("manifest: encode yaml: %w", err)
+	}
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("manifest: encode yaml: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// MarshalAll returns resources as a YAML stream, documents separated by
+// "---".
+func MarshalAll(rs []*controllerv1.Resource) ([]byte, error) {
+	var parts [][]byte
+	for _, r := range rs {
+		b, err := Marshal(r)
+		if err != nil {
+			return nil, err
+		}
+		parts = append(parts, b)
+	}
+	return bytes.Join(parts, []byte("---\n")), nil
+}
+
+// MarshalJSON returns the object r holds as indented protojson.
+func MarshalJSON(r *controllerv1.Resource) ([]byte, error) {
+	m, err := Object(r)
+	if err != nil {
+		return nil, err
+	}
+	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("manifest: encode json: %w", err)
+	}
+	return append(b, '\n'), nil
+}
+
+func messageNode(m protoreflect.Message) *yaml.Node {
+	n := &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
+	fields := m.Descriptor().Fields()
+	for i := 0; i < fields.Len(); i++ {
+		fd := fields.Get(i)
+		if !m.Has(fd) {
+			continue
+		}
+		v := m.Get(fd)
+		var vn *yaml.Node
+		switch {
+		case fd.IsList():
+			l := v.List()
+			vn = &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq"}
+			for j := 0; j < l.Len(); j++ {
+				vn.Content = append(vn.Content, scalarNode(fd, l.Get(j)))
+			}
+		case fd.IsMap():
+			mp := v.Map()
+			keys := make([]string, 0, mp.Len())
+			mp.Range(func(k protoreflect.MapKey, _ protoreflect.Value) bool {
+				keys = append(keys, k.String())
+				return true
+			})
+			sort.Strings(keys)
+			vn = &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map"}
+			for _, k := range keys {
+				val := mp.Get(protoreflect.ValueOfString(k).MapKey())
+				vn.Content = append(vn.Content, strNode(k), scalarNode(fd.MapValue(), val))
+			}
+		default:
+			vn = scalarNode(fd, v)
+		}
+		n.Content = append(n.Content, strNode(fd.JSONName()), vn)
+	}
+	return n
+}
+
+func scalarNode(fd protoreflect.FieldDescriptor, v protoreflect.Value) *yaml.Node {
+	switch fd.Kind() {
+	case protoreflect.MessageKind, protoreflect.GroupKind:
+		if fd.Message().FullName() == "google.protobuf.Timestamp" {
+			ts, _ := v.Message().Interface().(*timestamppb.Timestamp)
+			return strNode(ts.AsTime().UTC().Format(time.RFC3339))
+		}
+		return messageNode(v.Message())
+	case protoreflect.StringKind:
+		return strNode(v.String())
+	case protoreflect.BoolKind:
+		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: strconv.FormatBool(v.Bool())}
+	case protoreflect.EnumKind:
+		if ev := fd.Enum().Values().ByNumber(v.Enum()); ev != nil {
+			return strNode(string(ev.Name()))
+		}
+		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: strconv.Itoa(int(v.Enum()))}
+	case protoreflect.FloatKind, protoreflect.DoubleKind:
+		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!float", Value: strconv.FormatFloat(v.Float(), 'g', -1, 64)}
+	case protoreflect.BytesKind:
+		return strNode(fmt.Sprintf("%x", v.Bytes()))
+	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind, protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
+		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: strconv.FormatUint(v.Uint(), 10)}
+	}
+	return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: strconv.FormatInt(v.Int(), 10)}
+}
+
+// strNode is a string scalar; multi-line strings (PEM) are literal blocks.
+func strNode(s string) *yaml.Node {
+	n := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s}
+	if strings.Contains(s, "\n") {
+		n.Style = yaml.LiteralStyle
+	}
+	return n
+}

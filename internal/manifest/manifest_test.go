@@ -1,0 +1,280 @@
+package manifest
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kilnhq/kiln/controller/validation"
+	"github.com/kilnhq/kiln/internal/errdefs"
+	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+const goodCluster = `apiVersion: kiln.dev/v1
+kind: Cluster
+metadata:
+  name: lab
+  labels:
+    upgrade-wave: 1
+spec:
+  kubernetesVersion: v1.34.4
+  podCidr: 10.244.0.0/16
+  serviceCidr: 10.96.0.0/12
+`
+
+func TestDecodeGood(t *testing.T) {
+	docs, err := Decode("lab.yaml", []byte(goodCluster+"---\n---\n"+`apiVersion: kiln.dev/v1
+kind: MachineDeployment
+metadata: {name: lab-workers}
+spec:
+  cluster: lab
+  replicas: 2
+  strategy:
+    maxSurge: 1
+    maxUnavailable: 25%
+status:
+  replicas: 7
+`))
+	require.NoError(t, err)
+	require.Len(t, docs, 2)
+
+	c := docs[0].Resource.GetCluster()
+	want := &typesv1.Cluster{ApiVersion: APIVersion, Kind: "Cluster",
+		Metadata: &typesv1.ObjectMeta{Name: "lab", Labels: map[string]string{"upgrade-wave": "1"}},
+		Spec:     &typesv1.ClusterSpec{KubernetesVersion: "v1.34.4", PodCidr: "10.244.0.0/16", ServiceCidr: "10.96.0.0/12"}}
+	if !proto.Equal(c, want) {
+		t.Errorf("Decode(cluster) = %v, want %v", c, want)
+	}
+	md := docs[1].Resource.GetMachineDeployment()
+	if got := md.GetSpec().GetStrategy().GetMaxSurge(); got != "1" {
+		t.Errorf("Decode(md).spec.strategy.maxSurge = %q, want \"1\"", got)
+	}
+	if md.GetStatus() != nil {
+		t.Errorf("Decode(md).status = %v, want nil (status is ignored)", md.GetStatus())
+	}
+	if docs[1].Line != 13 {
+		t.Errorf("Decode(md).Line = %d, want 13", docs[1].Line)
+	}
+}
+
+func TestDecodeErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		in   string
+		want []string // lines of the error, exactly
+	}{
+		{"unknown field with suggestion", strings.Replace(goodCluster, "podCidr", "podCIDR", 1),
+			[]string{"f.yaml:9: spec.podCIDR: unknown field (did you mean podCidr?)"}},
+		{"proto name suggests json name", strings.Replace(goodCluster, "podCidr", "pod_cidr", 1),
+			[]string{"f.yaml:9: spec.pod_cidr: unknown field (did you mean podCidr?)"}},
+		{"unknown field without suggestion", goodCluster + "  flavour: large\n",
+			[]string{"f.yaml:11: spec.flavour: unknown field: ClusterSpec has ccmManifest, certificateRenewalDays, cloudProvider, cniManifest, controlPlaneEndpoint, dnsDomain, kubernetesVersion, paused, podCidr, serviceCidr"}},
+		{"wrong type int for string", strings.Replace(goodCluster, "v1.34.4", "1.34", 1),
+			[]string{`f.yaml:8: spec.kubernetesVersion: want a string, got the number 1.34: quote it ("1.34")`}},
+		{"wrong type string for int", "apiVersion: kiln.dev/v1\nkind: ControlPlane\nmetadata:\n  name: cp\nspec:\n  cluster: lab\n  replicas: three\n",
+			[]string{`f.yaml:7: spec.replicas: want an integer, got "three"`}},
+		{"wrong type list for bool", "apiVersion: kiln.dev/v1\nkind: Host\nmetadata:\n  name: h\nspec:\n  bmc: {protocol: none}\n  online: [yes]\n",
+			[]string{"f.yaml:7: spec.online: want true or false, got a list"}},
+		{"wrong type scalar for message", "apiVersion: kiln.dev/v1\nkind: Host\nmetadata:\n  name: h\nspec:\n  bmc: redfish\n",
+			[]string{`f.yaml:6: spec.bmc: want a mapping of fields, got "redfish"`}},
+		{"int32 out of range", "apiVersion: kiln.dev/v1\nkind: ControlPlane\nmetadata:\n  name: cp\nspec:\n  cluster: lab\n  replicas: 9999999999\n",
+			[]string{"f.yaml:7: spec.replicas: 9999999999 is out of range for a 32-bit integer"}},
+		{"int for non int-or-percent string", "apiVersion: kiln.dev/v1\nkind: HealthCheck\nmetadata:\n  name: hc\nspec:\n  cluster: lab\n  nodeStartupTimeout: 10\n",
+			[]string{`f.yaml:7: spec.nodeStartupTimeout: want a string, got the number 10: quote it ("10")`}},
+		{"list element", "apiVersion: kiln.dev/v1\nkind: HealthCheck\nmetadata:\n  name: hc\nspec:\n  cluster: lab\n  unhealthyConditions:\n    - type: Ready\n      statuss: \"False\"\n",
+			[]string{"f.yaml:9: spec.unhealthyConditions[0].statuss: unknown field (did you mean status?)"}},
+		{"duplicate field", goodCluster + "  podCidr: 10.245.0.0/16\n",
+			[]string{"f.yaml:11: spec.podCidr: duplicate field (first at line 9)"}},
+		{"unknown kind", strings.Replace(goodCluster, "kind: Cluster", "kind: Clustr", 1),
+			[]string{`f.yaml:2: kind: unknown kind "Clustr" (did you mean Cluster?)`}},
+		{"missing kind", strings.Replace(goodCluster, "kind: Cluster\n", "", 1),
+			[]string{"f.yaml:1: kind: required: one of Host, Image, Cluster, ControlPlane, MachineDeployment, Machine, HealthCheck"}},
+		{"bad api version", strings.Replace(goodCluster, "kiln.dev/v1", "kiln.dev/v1beta1", 1),
+			[]string{`f.yaml:1: apiVersion: "kiln.dev/v1beta1" is not served: use kiln.dev/v1`}},
+		{"unknown top-level key", goodCluster + "specs: {}\n",
+			[]string{"f.yaml:11: specs: unknown field (did you mean spec?)"}},
+		{"missing spec", "apiVersion: kiln.dev/v1\nkind: Image\nmetadata:\n  name: img\n",
+			[]string{"f.yaml:1: spec: required"}},
+		{"not a mapping", "- a\n- b\n",
+			[]string{"f.yaml:1: a document must be a mapping with apiVersion, kind, metadata and spec"}},
+		{"syntax error", "apiVersion: kiln.dev/v1\nkind: Host\nmetadata:\n  name: [h\n",
+			[]string{"f.yaml:4: invalid YAML: did not find expected ',' or ']'"}},
+		{"syntax error in a block", "apiVersion: kiln.dev/v1\nkind: Host\nmetadata:\n  labels:\n    - x\n    y: 2\n",
+			[]string{"f.yaml:5: invalid YAML: did not find expected '-' indicator"}},
+		{"scanner error", "apiVersion: kiln.dev/v1\nkind: Host\nmetadata:\n  name: a: b\n",
+			[]string{"f.yaml:4: invalid YAML: mapping values are not allowed in this context"}},
+		{"several problems in several documents", strings.Replace(goodCluster, "podCidr", "podCIDR", 1) + "---\n" + strings.Replace(goodCluster, "serviceCidr", "servicecidr", 1),
+			[]string{"f.yaml:9: spec.podCIDR: unknown field (did you mean podCidr?)", "f.yaml:21: spec.servicecidr: unknown field (did you mean serviceCidr?)"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			docs, err := Decode("f.yaml", []byte(tt.in))
+			if err == nil {
+				t.Fatalf("Decode(%q) = %d docs, nil error, want %q", tt.name, len(docs), tt.want)
+			}
+			if !errdefs.IsInvalidArgument(err) {
+				t.Errorf("Decode(%q) error class = %v, want InvalidArgument", tt.name, err)
+			}
+			if got, want := err.Error(), strings.Join(tt.want, "\n"); got != want {
+				t.Errorf("Decode(%q) = %q, want %q", tt.name, got, want)
+			}
+			if docs != nil {
+				t.Errorf("Decode(%q) returned %d documents with an error, want none", tt.name, len(docs))
+			}
+		})
+	}
+}
+
+func TestLoadValidationLines(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "lab.yaml")
+	in := strings.Replace(goodCluster, "10.244.0.0/16", "10.244.1.0/16", 1) + "---\napiVersion: kiln.dev/v1\nkind: ControlPlane\nmetadata:\n  name: cp\nspec:\n  cluster: lab\n  replicas: 2\n"
+	require.NoError(t, os.WriteFile(p, []byte(in), 0o644))
+	_, err := Load(nil, p)
+	require.Error(t, err)
+	want := p + `:9: spec.podCidr: "10.244.1.0/16" has host bits set: use 10.244.0.0/16` + "\n" +
+		p + ":18: spec.replicas: 2 is even: an even number of control-plane members cannot keep etcd quorum better than one less: use 1, 3 or 5"
+	if err.Error() != want {
+		t.Errorf("Load(%q) = %q, want %q", p, err, want)
+	}
+}
+
+func TestLoadDirectoryAllOrNothing(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "a.yaml"), []byte(goodCluster), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("not yaml: ["), 0o644))
+	docs, err := Load(nil, dir)
+	require.NoError(t, err)
+	require.Len(t, docs, 1)
+
+	// One bad file among good ones: nothing comes back.
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "b.yml"), []byte(strings.Replace(goodCluster, "name: lab", "name: Lab", 1)), 0o644))
+	docs, err = Load(nil, dir)
+	if err == nil || docs != nil {
+		t.Fatalf("Load(dir with a bad file) = %d docs, %v, want no docs and an error", len(docs), err)
+	}
+	if want := filepath.Join(dir, "b.yml") + `:4: metadata.name: "Lab" is not a DNS-1123 name`; !strings.Contains(err.Error(), want) {
+		t.Errorf("Load(dir) = %q, want it to contain %q", err, want)
+	}
+
+	// The same resource twice.
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "b.yml"), []byte(goodCluster), 0o644))
+	_, err = Load(nil, dir)
+	if want := filepath.Join(dir, "b.yml") + ":1: Cluster/lab is also defined at " + filepath.Join(dir, "a.yaml") + ":1"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("Load(dir with a duplicate) = %v, want %q", err, want)
+	}
+
+	// Standard input.
+	docs, err = Load(strings.NewReader(goodCluster), "-")
+	require.NoError(t, err)
+	if len(docs) != 1 || docs[0].File != "-" {
+		t.Errorf("Load(stdin) = %v, want one document from -", docs)
+	}
+
+	if _, err := Load(nil, t.TempDir()); err == nil || !strings.Contains(err.Error(), "holds no *.yaml or *.yml files") {
+		t.Errorf("Load(empty dir) = %v, want an error naming the empty directory", err)
+	}
+}
+
+// TestExamples parses and validates every file in examples/: what we show
+// users must apply.
+func TestExamples(t *testing.T) {
+	docs, err := Load(nil, "../../examples")
+	require.NoError(t, err)
+	kinds := map[string]int{}
+	for _, d := range docs {
+		kind, _ := validation.KindName(d.Resource)
+		kinds[kind]++
+	}
+	want := map[string]int{"Host": 3, "Image": 1, "Cluster": 2, "ControlPlane": 2, "MachineDeployment": 2, "HealthCheck": 1}
+	for k, n := range want {
+		if kinds[k] != n {
+			t.Errorf("Load(examples) has %d %s, want %d", kinds[k], k, n)
+		}
+	}
+	for _, f := range []string{"host-redfish.yaml", "host-ipmi.yaml", "host-byoh.yaml", "image.yaml", "cluster.yaml", "lab-cluster.yaml"} {
+		if _, err := os.Stat(filepath.Join("../../examples", f)); err != nil {
+			t.Errorf("examples/%s: %v", f, err)
+		}
+	}
+}
+
+func TestMarshalRoundTrip(t *testing.T) {
+	docs, err := Load(nil, "../../examples")
+	require.NoError(t, err)
+	for _, d := range docs {
+		b, err := Marshal(d.Resource)
+		require.NoError(t, err)
+		back, err := Decode("out.yaml", b)
+		require.NoError(t, err, "output:\n%s", b)
+		require.Len(t, back, 1)
+		if !proto.Equal(back[0].Resource, d.Resource) {
+			t.Errorf("Decode(Marshal(%s)) = %v, want %v\n%s", d.Summary(), back[0].Resource, d.Resource, b)
+		}
+	}
+}
+
+func TestMarshalOrderAndStatus(t *testing.T) {
+	md := &typesv1.MachineDeployment{
+		Metadata: &typesv1.ObjectMeta{Name: "w", Generation: 3, Labels: map[string]string{"b": "2", "a": "1"}},
+		Spec:     &typesv1.MachineDeploymentSpec{Cluster: "lab", Replicas: 2, Strategy: &typesv1.RolloutStrategy{MaxSurge: "1"}},
+		Status: &typesv1.MachineDeploymentStatus{Replicas: 2, Conditions: []*typesv1.Condition{
+			{Type: "Ready", Status: "True", Reason: "AllReady", Message: "line one\nline two"},
+		}},
+	}
+	b, err := Marshal(&controllerv1.Resource{Kind: &controllerv1.Resource_MachineDeployment{MachineDeployment: md}})
+	require.NoError(t, err)
+	want := `apiVersion: kiln.dev/v1
+kind: MachineDeployment
+metadata:
+  name: w
+  labels:
+    a: "1"
+    b: "2"
+  generation: 3
+spec:
+  cluster: lab
+  replicas: 2
+  strategy:
+    maxSurge: "1"
+status:
+  replicas: 2
+  conditions:
+    - type: Ready
+      status: "True"
+      reason: AllReady
+      message: |-
+        line one
+        line two
+`
+	if string(b) != want {
+		t.Errorf("Marshal(md) =\n%s\nwant\n%s", b, want)
+	}
+	j, err := MarshalJSON(&controllerv1.Resource{Kind: &controllerv1.Resource_MachineDeployment{MachineDeployment: md}})
+	require.NoError(t, err)
+	if !strings.Contains(string(j), `"maxSurge": "1"`) || !strings.HasPrefix(string(j), "{\n  \"apiVersion\": \"kiln.dev/v1\"") {
+		t.Errorf("MarshalJSON(md) = %s, want indented protojson starting with apiVersion", j)
+	}
+}
+
+func TestSuggest(t *testing.T) {
+	names := []string{"podCidr", "serviceCidr", "dnsDomain", "kubernetesVersion"}
+	tests := []struct{ key, want string }{
+		{"podCIDR", "podCidr"},
+		{"pod_cidr", "podCidr"},
+		{"kubernetesVerison", "kubernetesVersion"},
+		{"dnsdomain", "dnsDomain"},
+		{"flavour", ""},
+		{"x", ""},
+	}
+	for _, tt := range tests {
+		if got := suggest(tt.key, names); got != tt.want {
+			t.Errorf("suggest(%q) = %q, want %q", tt.key, got, tt.want)
+		}
+	}
+}
