@@ -287,4 +287,3 @@ func decodeDocument(file string, n *yaml.Node, errs *Error) *Document {
 	d.Resource = r
 	return d
 }
-
