@@ -50,7 +50,10 @@ func logger(t testing.TB) *slog.Logger {
 
 type tWriter struct{ t testing.TB }
 
-func (w tWriter) Write(b []byte) (int, error) { w.t.Log(strings.TrimSpace(string(b))); return len(b), nil }
+func (w tWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(b)))
+	return len(b), nil
+}
 
 func items(res *agentv1.PrepareResult) []string {
 	var out []string
