@@ -56,18 +56,18 @@ func dialSystemd(ctx context.Context, root string) (Units, error) {
 
 // What Prepare sets up.
 var (
-	// Modules come first: the bridge sysctls exist only with br_netfilter.
-	Modules = []string{"br_netfilter", "overlay"}
-	Sysctls = []Sysctl{
+	// modules come first: the bridge sysctls exist only with br_netfilter.
+	modules = []string{"br_netfilter", "overlay"}
+	sysctls = []setting{
 		{"net.ipv4.ip_forward", "1"},
 		{"net.bridge.bridge-nf-call-iptables", "1"},
 		{"net.bridge.bridge-nf-call-ip6tables", "1"},
 	}
-	UnitsToEnable = []string{"containerd.service", "kubelet.service"}
+	unitsToEnable = []string{"containerd.service", "kubelet.service"}
 )
 
-// Sysctl is a kernel parameter and the value Prepare wants.
-type Sysctl struct{ Key, Value string }
+// setting is a kernel parameter and the value Prepare wants.
+type setting struct{ Key, Value string }
 
 // Preparer prepares the host under a root.
 type Preparer struct {
@@ -97,7 +97,7 @@ func New(root string, run Runner, log *slog.Logger, opts ...Option) *Preparer {
 // Prepare makes the host ready for Kubernetes, reporting each step to
 // progress (may be nil), and returns what it changed.
 //
-// Sysctls under net/ are per network namespace: Prepare sets them in the
+// sysctls under net/ are per network namespace: Prepare sets them in the
 // namespace of the calling thread. Without systemd (no D-Bus), enabling
 // and restarting units is skipped and said so through progress; that is
 // not a failure and not a change. It blocks until done.
@@ -173,9 +173,9 @@ func (s *step) swap() error {
 }
 
 func (s *step) modules() error {
-	s.progress("kernel modules: " + strings.Join(Modules, ", "))
+	s.progress("kernel modules: " + strings.Join(modules, ", "))
 	release := readTrim(filepath.Join(s.p.root, "proc/sys/kernel/osrelease"))
-	for _, m := range Modules {
+	for _, m := range modules {
 		before, after, err := kmod.Ensure(s.ctx, s.p.root, release, s.p.run, m)
 		if err != nil {
 			return err
@@ -184,13 +184,13 @@ func (s *step) modules() error {
 			s.change("module "+m, string(before), string(after))
 		}
 	}
-	return s.persist(kmod.PersistFile, func() (bool, error) { return kmod.Persist(s.p.root, Modules) })
+	return s.persist(kmod.PersistFile, func() (bool, error) { return kmod.Persist(s.p.root, modules) })
 }
 
 func (s *step) sysctls() error {
 	s.progress("sysctls")
 	want := map[string]string{}
-	for _, sc := range Sysctls {
+	for _, sc := range sysctls {
 		want[sc.Key] = sc.Value
 		cur, err := sysctl.Get(s.p.root, sc.Key)
 		if err != nil {
@@ -248,7 +248,7 @@ func (s *step) containerd(config, driver string) error {
 func (s *step) units() error {
 	u, err := s.p.dialUnits(s.ctx, s.p.root)
 	if errdefs.IsNotSupported(err) {
-		msg := fmt.Sprintf("units: skipped enabling %s: %v", strings.Join(UnitsToEnable, ", "), err)
+		msg := fmt.Sprintf("units: skipped enabling %s: %v", strings.Join(unitsToEnable, ", "), err)
 		if s.restartContainerd {
 			msg += "; restart containerd yourself to apply its new config"
 		}
@@ -260,7 +260,7 @@ func (s *step) units() error {
 		return fmt.Errorf("systemd: %w", err)
 	}
 	defer u.Close()
-	for _, unit := range UnitsToEnable {
+	for _, unit := range unitsToEnable {
 		s.progress("units: enable " + unit)
 		changed, err := u.Enable(s.ctx, unit)
 		if err != nil {

@@ -131,7 +131,7 @@ func TestPrepareInNamespace(t *testing.T) {
 	}
 	mods, err := os.ReadFile(filepath.Join(root, kmod.PersistFile))
 	require.NoError(t, err)
-	for _, m := range Modules {
+	for _, m := range modules {
 		if !strings.Contains(string(mods), m+"\n") {
 			t.Errorf("%s = %q, want %s listed", kmod.PersistFile, mods, m)
 		}
@@ -151,7 +151,7 @@ func TestPrepareInNamespace(t *testing.T) {
 	if !slices.ContainsFunc(progress, func(s string) bool { return strings.Contains(s, "no systemd D-Bus at") }) {
 		t.Errorf("Prepare() progress = %q, want a note that units were skipped for lack of systemd D-Bus", progress)
 	}
-	// Modules are built in or loaded here: modprobe never ran; no swap
+	// modules are built in or loaded here: modprobe never ran; no swap
 	// was active, so no swapoff either.
 	for _, l := range run.Lines() {
 		if strings.HasPrefix(l, "modprobe") {
