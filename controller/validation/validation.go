@@ -168,9 +168,6 @@ func checkHost(p *problems, s *typesv1.HostSpec) {
 	default:
 		p.add("spec.bmc.protocol", "%q is not supported: use redfish, ipmi or none", proto)
 	}
-	if bmc.GetPasswordSet() {
-		p.add("spec.bmc.passwordSet", "is output only: remove it (set spec.bmc.password instead)")
-	}
 	if mac := s.GetBootMac(); mac != "" {
 		if msg := macAddress(mac); msg != "" {
 			p.add("spec.bootMac", "%q %s", mac, msg)

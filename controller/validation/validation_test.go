@@ -146,7 +146,9 @@ func TestValidate(t *testing.T) {
 		{"ipmi bad host", host(func(h *typesv1.Host) { h.Spec.Bmc.Protocol, h.Spec.Bmc.Address = "ipmi", "10.0.0.5:abc" }), []string{`has port "abc"`}},
 		{"none ok", host(func(h *typesv1.Host) { h.Spec.Bmc = &typesv1.BMCSpec{Protocol: "none"} }), nil},
 		{"none with address", host(func(h *typesv1.Host) { h.Spec.Bmc.Protocol = "none" }), []string{"spec.bmc.address: must be empty for protocol none", "spec.bmc: username and password are unused"}},
-		{"password set is output", host(func(h *typesv1.Host) { h.Spec.Bmc.PasswordSet = true }), []string{"spec.bmc.passwordSet: is output only"}},
+		// passwordSet is output only; it is accepted (and ignored by the
+		// controller) so that `kilnctl get -o yaml` output applies again.
+		{"password set is accepted", host(func(h *typesv1.Host) { h.Spec.Bmc.PasswordSet = true }), nil},
 		{"boot mac bad", host(func(h *typesv1.Host) { h.Spec.BootMac = "52:54:00" }), []string{`spec.bootMac: "52:54:00" is not a MAC address`}},
 		{"boot mode bad", host(func(h *typesv1.Host) { h.Spec.BootMode = "bios" }), []string{`spec.bootMode: "bios" is not supported: use uefi or legacy`}},
 
