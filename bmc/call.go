@@ -15,6 +15,10 @@ import (
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
+// lateResultGrace is how long do waits, after ctx ends, for the
+// operation's own error.
+const lateResultGrace = 100 * time.Millisecond
+
 // do runs one operation: circuit check, per-BMC slot, global slot,
 // attempts with backoff, all under a deadline. The operation runs in its
 // own goroutine so that do returns when ctx ends even if a provider does
@@ -69,7 +73,15 @@ func (b *BMC) do(ctx context.Context, op string, fn func(context.Context) error)
 	select {
 	case err = <-done:
 	case <-ctx.Done():
-		err = fmt.Errorf("bmc %s: %s: %w", b.opts.Name, op, ctx.Err())
+		// The operation sees the same ctx; give it a moment to return its
+		// own, more telling error (e.g. "still reports off").
+		t := time.NewTimer(lateResultGrace)
+		select {
+		case err = <-done:
+		case <-t.C:
+			err = fmt.Errorf("bmc %s: %s: %w", b.opts.Name, op, ctx.Err())
+		}
+		t.Stop()
 	}
 	b.record(err)
 	if err != nil {

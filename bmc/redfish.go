@@ -374,6 +374,7 @@ func (d *redfishDriver) inventory(ctx context.Context) (Inventory, error) {
 				inv.MACs = append(inv.MACs, mac)
 			}
 		}
+		slices.Sort(inv.MACs)
 		ms, err := managersOf(c, sys)
 		if err != nil {
 			return err
@@ -400,6 +401,7 @@ func (d *redfishDriver) mediaSlots(ctx context.Context) ([]MediaSlot, error) {
 			}
 			out = append(out, ms)
 		}
+		slices.SortFunc(out, func(a, b MediaSlot) int { return strings.Compare(a.ID, b.ID) })
 		return nil
 	})
 	return out, err

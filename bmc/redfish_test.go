@@ -1,0 +1,283 @@
+package bmc_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kilnhq/kiln/bmc"
+	"github.com/kilnhq/kiln/e2e/lab/machine"
+	"github.com/kilnhq/kiln/e2e/lab/redfish"
+	"github.com/kilnhq/kiln/internal/backoff"
+	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/errdefs"
+)
+
+const (
+	testUser     = "kiln-admin"
+	testPassword = "s3cret-Pa55word!"
+)
+
+// fastOpts keep retries and polls short so fault tests finish quickly.
+func fastOpts(name string) bmc.Options {
+	return bmc.Options{
+		Name:           name,
+		AttemptTimeout: 2 * time.Second,
+		MaxAttempts:    4,
+		Backoff:        backoff.Policy{Base: 20 * time.Millisecond, Max: 200 * time.Millisecond, Factor: 2, Jitter: 0.2},
+		PollInterval:   20 * time.Millisecond,
+	}
+}
+
+func startEmulator(t *testing.T, cfg redfish.Config) *redfish.BMC {
+	t.Helper()
+	if cfg.Username == "" {
+		cfg.Username, cfg.Password = testUser, testPassword
+	}
+	e, err := redfish.New(cfg)
+	require.NoError(t, err)
+	e.Start()
+	t.Cleanup(e.Close)
+	return e
+}
+
+func oneSystem(m machine.Machine) []redfish.System {
+	return []redfish.System{{
+		ID: "437XR1138R2", Name: "WebFrontEnd483", Manufacturer: "Contoso", Model: "3500",
+		SerialNumber: "437XR1138R2", MACs: []string{"12:44:6A:3B:04:11", "12:44:6a:3b:88:90"}, Machine: m,
+	}}
+}
+
+func dialEmulator(t *testing.T, e *redfish.BMC, opts bmc.Options) *bmc.BMC {
+	t.Helper()
+	b, err := bmc.Dial(context.Background(), bmc.Endpoint{
+		Protocol: bmc.ProtocolRedfish, Address: e.URL(), Username: testUser, Password: testPassword,
+	}, opts)
+	require.NoError(t, err)
+	return b
+}
+
+func ctxTimeout(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestRedfishPowerBootMedia(t *testing.T) {
+	m := &machine.Memory{}
+	e := startEmulator(t, redfish.Config{Systems: oneSystem(m)})
+	b := dialEmulator(t, e, fastOpts("rack1-u1"))
+	ctx := ctxTimeout(t, 30*time.Second)
+
+	require.Equal(t, conditions.Unknown, b.Condition().GetStatus())
+
+	state, err := b.PowerState(ctx)
+	require.NoError(t, err)
+	if state != bmc.PowerOff {
+		t.Fatalf("PowerState() = %q, want %q", state, bmc.PowerOff)
+	}
+
+	require.NoError(t, b.InsertVirtualMedia(ctx, "http://127.0.0.1:9/agent.iso"))
+	if got := m.Media(); got != "http://127.0.0.1:9/agent.iso" {
+		t.Fatalf("after InsertVirtualMedia machine media = %q", got)
+	}
+	require.NoError(t, b.SetBootDevice(ctx, bmc.BootCDROM, false, true))
+	target, enabled, mode := e.BootOverride("437XR1138R2")
+	if target != "Cd" || enabled != "Once" || mode != "UEFI" {
+		t.Fatalf("boot override = %s/%s/%s, want Cd/Once/UEFI", target, enabled, mode)
+	}
+
+	require.NoError(t, b.PowerOn(ctx))
+	if !m.State() || m.BootSource() != machine.BootCD {
+		t.Fatalf("after PowerOn machine: %v, want on from cd", m)
+	}
+	// The one-time override is consumed by the power-on.
+	if target, enabled, _ := e.BootOverride("437XR1138R2"); enabled != "Disabled" || target != "None" {
+		t.Fatalf("override after power on = %s/%s, want None/Disabled", target, enabled)
+	}
+	require.NoError(t, bmc.VerifyBoot(bmc.BootCDROM, "virtualmedia"))
+
+	require.NoError(t, b.EjectVirtualMedia(ctx))
+	if got := m.Media(); got != "" {
+		t.Fatalf("after EjectVirtualMedia machine media = %q, want empty", got)
+	}
+
+	// Power cycle: off then on from disk (no override left).
+	require.NoError(t, b.PowerCycle(ctx))
+	if !m.State() || m.BootSource() != machine.BootDisk {
+		t.Fatalf("after PowerCycle machine: %v, want on from disk", m)
+	}
+	ev := m.Events()
+	require.GreaterOrEqual(t, len(ev), 2)
+	if got := ev[len(ev)-2].String() + " " + ev[len(ev)-1].String(); got != "off on:disk" {
+		t.Fatalf("PowerCycle machine events end with %q, want %q", got, "off on:disk")
+	}
+
+	require.NoError(t, b.PowerSoft(ctx))
+	if m.State() {
+		t.Fatalf("after PowerSoft machine is on")
+	}
+	require.NoError(t, b.PowerOff(ctx))
+
+	inv, err := b.Inventory(ctx)
+	require.NoError(t, err)
+	if inv.Model != "3500" || inv.SerialNumber != "437XR1138R2" || inv.BMCFirmware != "1.45.455b66-rev4" {
+		t.Fatalf("Inventory() = %+v", inv)
+	}
+	if strings.Join(inv.MACs, ",") != "12:44:6a:3b:04:11,12:44:6a:3b:88:90" {
+		t.Fatalf("Inventory().MACs = %v", inv.MACs)
+	}
+
+	caps, err := b.Capabilities(ctx)
+	require.NoError(t, err)
+	if !caps.VirtualMedia || caps.BootOnce != bmc.BootOnceHonoured {
+		t.Fatalf("Capabilities() = %+v, want virtual media and boot once honoured", caps)
+	}
+
+	c := b.Condition()
+	if c.GetStatus() != conditions.True || c.GetReason() != bmc.ReasonReachable {
+		t.Fatalf("Condition() = %v, want True/Reachable", c)
+	}
+	if st := e.Stats(); st.Sessions != 0 {
+		t.Fatalf("emulator has %d open sessions after the calls, want 0 (sessions leak)", st.Sessions)
+	}
+}
+
+func TestRedfishCapabilities(t *testing.T) {
+	t.Run("no virtual media, once becomes continuous", func(t *testing.T) {
+		m := &machine.Memory{}
+		e := startEmulator(t, redfish.Config{Systems: oneSystem(m), NoVirtualMedia: true, OnceBecomesContinuous: true})
+		b := dialEmulator(t, e, fastOpts("odd-bmc"))
+		ctx := ctxTimeout(t, 30*time.Second)
+		require.NoError(t, b.SetBootDevice(ctx, bmc.BootPXE, false, true))
+		caps, err := b.Capabilities(ctx)
+		require.NoError(t, err)
+		if caps.VirtualMedia || caps.BootOnce != bmc.BootOnceIgnored {
+			t.Fatalf("Capabilities() = %+v, want no virtual media, boot once ignored", caps)
+		}
+		err = b.InsertVirtualMedia(ctx, "http://127.0.0.1:9/a.iso")
+		if err == nil {
+			t.Fatalf("InsertVirtualMedia on a bmc without virtual media = nil, want error")
+		}
+	})
+}
+
+func TestRedfishFaults(t *testing.T) {
+	t.Run("5xx burst is retried", func(t *testing.T) {
+		m := &machine.Memory{}
+		e := startEmulator(t, redfish.Config{Systems: oneSystem(m)})
+		b := dialEmulator(t, e, fastOpts("burst"))
+		e.FailNext(2, 503)
+		require.NoError(t, b.PowerOn(ctxTimeout(t, 20*time.Second)))
+		if !m.State() {
+			t.Fatalf("machine off after PowerOn through a 5xx burst")
+		}
+		if st := b.Stats(); st.Attempts < 2 {
+			t.Fatalf("Stats().Attempts = %d, want >= 2 (a retry)", st.Attempts)
+		}
+	})
+
+	t.Run("5xx forever reports unavailable", func(t *testing.T) {
+		m := &machine.Memory{}
+		e := startEmulator(t, redfish.Config{Systems: oneSystem(m)})
+		b := dialEmulator(t, e, fastOpts("broken"))
+		e.FailNext(1000, 500)
+		_, err := b.PowerState(ctxTimeout(t, 20*time.Second))
+		if !errdefs.IsUnavailable(err) {
+			t.Fatalf("PowerState() error = %v, want Unavailable", err)
+		}
+		if st := b.Stats(); st.Attempts != 4 {
+			t.Fatalf("Stats().Attempts = %d, want 4", st.Attempts)
+		}
+		c := b.Condition()
+		if c.GetStatus() != conditions.False || c.GetReason() != bmc.ReasonCallFailed {
+			t.Fatalf("Condition() = %v, want False/CallFailed", c)
+		}
+	})
+
+	t.Run("latency past the deadline returns by the deadline", func(t *testing.T) {
+		m := &machine.Memory{}
+		e := startEmulator(t, redfish.Config{Systems: oneSystem(m)})
+		opts := fastOpts("slow")
+		opts.AttemptTimeout = 10 * time.Second
+		b := dialEmulator(t, e, opts)
+		e.SetLatency(time.Minute)
+		const deadline = 700 * time.Millisecond
+		ctx := ctxTimeout(t, deadline)
+		start := time.Now()
+		err := b.PowerOn(ctx)
+		elapsed := time.Since(start)
+		require.Error(t, err)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("PowerOn() error = %v, want it to wrap context.DeadlineExceeded", err)
+		}
+		// A bound, not a benchmark: the call must not hang past its deadline.
+		if elapsed > deadline+2*time.Second {
+			t.Fatalf("PowerOn() returned after %v, deadline was %v", elapsed, deadline)
+		}
+	})
+
+	t.Run("session limit is transient", func(t *testing.T) {
+		m := &machine.Memory{}
+		e := startEmulator(t, redfish.Config{Systems: oneSystem(m)})
+		b := dialEmulator(t, e, fastOpts("full"))
+		e.SetMaxSessions(0)
+		_, err := b.PowerState(ctxTimeout(t, 10*time.Second))
+		if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "503") {
+			t.Fatalf("PowerState() with no free session: error = %v, want Unavailable http 503", err)
+		}
+		e.ClearFaults()
+		_, err = b.PowerState(ctxTimeout(t, 10*time.Second))
+		require.NoError(t, err)
+	})
+
+	t.Run("lagging power state is waited for", func(t *testing.T) {
+		m := &machine.Memory{}
+		e := startEmulator(t, redfish.Config{Systems: oneSystem(m)})
+		b := dialEmulator(t, e, fastOpts("laggy"))
+		e.SetPowerLag(300 * time.Millisecond)
+		require.NoError(t, b.PowerOn(ctxTimeout(t, 10*time.Second)))
+		state, err := b.PowerState(ctxTimeout(t, 10*time.Second))
+		require.NoError(t, err)
+		if state != bmc.PowerOn {
+			t.Fatalf("PowerState() after PowerOn with lag = %q, want on", state)
+		}
+	})
+
+	t.Run("lying power state is a clear error", func(t *testing.T) {
+		m := &machine.Memory{}
+		e := startEmulator(t, redfish.Config{Systems: oneSystem(m)})
+		b := dialEmulator(t, e, fastOpts("liar"))
+		e.SetPowerLies(true)
+		err := b.PowerOn(ctxTimeout(t, time.Second))
+		if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "still reports off") {
+			t.Fatalf("PowerOn() with a lying bmc: error = %v, want Unavailable ... still reports off", err)
+		}
+		if !m.State() {
+			t.Fatalf("machine is off: the power-on did not reach it")
+		}
+	})
+
+	t.Run("wrong password is permission denied and not retried", func(t *testing.T) {
+		m := &machine.Memory{}
+		e := startEmulator(t, redfish.Config{Systems: oneSystem(m)})
+		b, err := bmc.Dial(context.Background(), bmc.Endpoint{
+			Protocol: bmc.ProtocolRedfish, Address: e.URL(), Username: testUser, Password: "wrong-" + testPassword,
+		}, fastOpts("badcreds"))
+		require.NoError(t, err)
+		_, err = b.PowerState(ctxTimeout(t, 10*time.Second))
+		if !errdefs.IsPermissionDenied(err) {
+			t.Fatalf("PowerState() with a wrong password: error = %v, want PermissionDenied", err)
+		}
+		if strings.Contains(err.Error(), testPassword) {
+			t.Fatalf("error %q contains the password", err)
+		}
+		if st := b.Stats(); st.Attempts != 1 {
+			t.Fatalf("Stats().Attempts = %d, want 1", st.Attempts)
+		}
+	})
+}
