@@ -8,9 +8,12 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
@@ -52,6 +55,7 @@ type Embedded struct {
 	etcd      *embed.Etcd
 	clientURL string
 	log       *slog.Logger
+	closing   *atomic.Bool
 }
 
 // StartEmbedded starts an etcd member and blocks until it serves clients
@@ -125,15 +129,19 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	// so the database does not grow without bound.
 	ec.AutoCompactionMode = "periodic"
 	ec.AutoCompactionRetention = "1h"
-	ec.Logger = "zap"
-	ec.LogOutputs = []string{"stderr"}
-	ec.LogLevel = "error"
+	// etcd logs through zap; send its errors (everything from info up
+	// when the logger is at debug) to our slog logger instead of stderr.
+	closing := new(atomic.Bool)
+	minLevel := zapcore.ErrorLevel
 	if log.Enabled(ctx, slog.LevelDebug) {
-		ec.LogLevel = "info"
+		minLevel = zapcore.InfoLevel
 	}
+	ec.Logger = "zap"
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.New(&slogCore{log: log, min: minLevel, closing: closing}))
 
 	e, err := embed.StartEtcd(ec)
 	if err != nil {
+		closing.Store(true)
 		return nil, fmt.Errorf("embedded etcd %q in %s: %w", cfg.Name, cfg.DataDir, err)
 	}
 	timer := time.NewTimer(cfg.ReadyTimeout)
@@ -141,19 +149,20 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	select {
 	case <-e.Server.ReadyNotify():
 	case err := <-e.Err():
+		closing.Store(true)
 		e.Close()
 		return nil, fmt.Errorf("embedded etcd %q: %w", cfg.Name, err)
 	case <-timer.C:
-		e.Server.Stop()
+		closing.Store(true)
 		e.Close()
 		return nil, errdefs.Unavailable("embedded etcd %q: not ready after %v (cluster %s has no quorum?)", cfg.Name, cfg.ReadyTimeout, cfg.InitialCluster)
 	case <-ctx.Done():
-		e.Server.Stop()
+		closing.Store(true)
 		e.Close()
 		return nil, fmt.Errorf("embedded etcd %q: %w", cfg.Name, ctx.Err())
 	}
 	log.Info("etcd member ready", "name", cfg.Name, "client_url", cfg.ClientURL, "peer_url", cfg.PeerURL, "data_dir", cfg.DataDir)
-	return &Embedded{etcd: e, clientURL: cfg.ClientURL, log: log}, nil
+	return &Embedded{etcd: e, clientURL: cfg.ClientURL, log: log, closing: closing}, nil
 }
 
 // Endpoints returns the client URLs to pass to clientv3.
@@ -162,6 +171,7 @@ func (e *Embedded) Endpoints() []string { return []string{e.clientURL} }
 // Close stops the member and waits for it to release its ports and data
 // directory.
 func (e *Embedded) Close() {
+	e.closing.Store(true)
 	e.etcd.Close()
 	<-e.etcd.Server.StopNotify()
 	e.log.Info("etcd member stopped")
