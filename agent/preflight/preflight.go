@@ -1,0 +1,431 @@
+// Package preflight checks a host against a cluster before kubeadm runs,
+// without changing anything: kubeadm's own checks that matter for Kiln
+// plus those kubeadm no longer makes (br_netfilter present and set, pod
+// and service CIDRs clear of the host's networks, containerd and the
+// kubelet agreeing on the cgroup driver, the runtime socket answering,
+// the pinned Kubernetes version installed).
+//
+// Every check says what is wrong and how to fix it. The report fails when
+// any check of severity ERROR fails; WARNING checks are advice.
+package preflight
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/kilnhq/kiln/host"
+	"github.com/kilnhq/kiln/host/containerd"
+	"github.com/kilnhq/kiln/host/kmod"
+	"github.com/kilnhq/kiln/host/netcheck"
+	"github.com/kilnhq/kiln/host/ports"
+	"github.com/kilnhq/kiln/host/swap"
+	"github.com/kilnhq/kiln/host/sysctl"
+	"github.com/kilnhq/kiln/internal/errdefs"
+	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
+)
+
+// Paths under the root that the checks read.
+const (
+	RuntimeSocket = "run/containerd/containerd.sock"
+	KubeletConfig = "var/lib/kubelet/config.yaml"
+)
+
+// Check names, stable for callers that look for one.
+const (
+	CheckIPForward      = "ip_forward"
+	CheckBrNetfilter    = "br_netfilter"
+	CheckBridgeNF       = "bridge-nf-call-iptables"
+	CheckPodCIDR        = "pod-cidr"
+	CheckServiceCIDR    = "service-cidr"
+	CheckCgroupDriver   = "cgroup-driver"
+	CheckRuntimeSocket  = "runtime-socket"
+	CheckPorts          = "ports"
+	CheckSwap           = "swap"
+	CheckKubeadmVersion = "kubeadm-version"
+	CheckKubeletVersion = "kubelet-version"
+)
+
+// Runner runs a host command (command.Exec in production).
+type Runner interface {
+	Run(ctx context.Context, name string, args ...string) ([]byte, error)
+}
+
+// Checker runs the checks on the host under a root.
+type Checker struct {
+	root     string
+	run      Runner
+	log      *slog.Logger
+	networks func() (addrs, routes []netcheck.Network, err error)
+	busy     func([]int) ([]int, error)
+	// timeout bounds each probe that may hang (a binary's version, the
+	// runtime socket).
+	timeout time.Duration
+}
+
+// New returns a Checker for the host whose filesystem is at root ("/" in
+// production). Network checks (addresses, routes, ports, sysctls under
+// net/) see the calling thread's network namespace.
+func New(root string, run Runner, log *slog.Logger) *Checker {
+	return &Checker{
+		root:     root,
+		run:      run,
+		log:      log.With("component", "preflight"),
+		networks: netcheck.HostNetworks,
+		busy:     ports.Busy,
+		timeout:  5 * time.Second,
+	}
+}
+
+// Run checks the host against cluster and returns the report; it changes
+// nothing. A check that cannot read what it needs fails with the reason.
+// It blocks until all checks ran.
+//
+// It returns an InvalidArgument error when cluster is nil.
+func (c *Checker) Run(ctx context.Context, cluster *agentv1.ClusterConfig) (*agentv1.PreflightReport, error) {
+	if cluster == nil {
+		return nil, errdefs.InvalidArgument("preflight: no cluster config")
+	}
+	kubelet := c.kubeletConfig()
+	checks := []*agentv1.Check{
+		c.ipForward(),
+		c.brNetfilter(),
+		c.bridgeNF(),
+	}
+	checks = append(checks, c.cidrs(cluster)...)
+	checks = append(checks,
+		c.cgroupDriver(cluster, kubelet),
+		c.runtimeSocket(ctx),
+		c.ports(cluster),
+		c.swap(kubelet),
+	)
+	checks = append(checks, c.versions(ctx, cluster)...)
+
+	r := &agentv1.PreflightReport{Checks: checks, Passed: true}
+	for _, ch := range checks {
+		if !ch.Passed && ch.Severity == agentv1.Severity_SEVERITY_ERROR {
+			r.Passed = false
+		}
+		if !ch.Passed {
+			c.log.WarnContext(ctx, "check failed", "check", ch.Name, "severity", ch.Severity.String(), "message", ch.Message)
+		}
+	}
+	c.log.InfoContext(ctx, "preflight done", "passed", r.Passed, "checks", len(checks))
+	return r, nil
+}
+
+func pass(name, msg string) *agentv1.Check {
+	return &agentv1.Check{Name: name, Passed: true, Severity: agentv1.Severity_SEVERITY_INFO, Message: msg}
+}
+
+func fail(name string, sev agentv1.Severity, msg, fix string) *agentv1.Check {
+	return &agentv1.Check{Name: name, Passed: false, Severity: sev, Message: msg, Fix: fix}
+}
+
+const errorSev = agentv1.Severity_SEVERITY_ERROR
+
+// flannelNote explains why the bridge checks matter even though kubeadm
+// passes without them.
+const flannelNote = "kubeadm no longer checks this; without it bridged pod traffic bypasses iptables, Service IPs do not work across the bridge and Flannel crash-loops while the node says Ready"
+
+func (c *Checker) ipForward() *agentv1.Check {
+	v, err := sysctl.Get(c.root, "net.ipv4.ip_forward")
+	fix := "sysctl -w net.ipv4.ip_forward=1 and persist it in /etc/sysctl.d (kiln Prepare does both)"
+	switch {
+	case err != nil:
+		return fail(CheckIPForward, errorSev, fmt.Sprintf("cannot read net.ipv4.ip_forward: %v", err), fix)
+	case v != "1":
+		return fail(CheckIPForward, errorSev, fmt.Sprintf("net.ipv4.ip_forward is %s, want 1: the node cannot route pod traffic", v), fix)
+	}
+	return pass(CheckIPForward, "net.ipv4.ip_forward is 1")
+}
+
+func (c *Checker) brNetfilter() *agentv1.Check {
+	release := readTrim(filepath.Join(c.root, "proc/sys/kernel/osrelease"))
+	st, err := kmod.Status(c.root, release, "br_netfilter")
+	fix := "modprobe br_netfilter and list it in /etc/modules-load.d (kiln Prepare does both)"
+	switch {
+	case err != nil:
+		return fail(CheckBrNetfilter, errorSev, fmt.Sprintf("cannot tell whether br_netfilter is loaded: %v", err), fix)
+	case !st.Available():
+		return fail(CheckBrNetfilter, errorSev, "kernel module br_netfilter is not loaded: "+flannelNote, fix)
+	}
+	return pass(CheckBrNetfilter, "br_netfilter is "+string(st))
+}
+
+func (c *Checker) bridgeNF() *agentv1.Check {
+	v, err := sysctl.Get(c.root, "net.bridge.bridge-nf-call-iptables")
+	fix := "modprobe br_netfilter; sysctl -w net.bridge.bridge-nf-call-iptables=1 and persist it in /etc/sysctl.d (kiln Prepare does both)"
+	switch {
+	case errdefs.IsNotFound(err):
+		return fail(CheckBridgeNF, errorSev, "net.bridge.bridge-nf-call-iptables does not exist (br_netfilter missing): "+flannelNote, fix)
+	case err != nil:
+		return fail(CheckBridgeNF, errorSev, fmt.Sprintf("cannot read net.bridge.bridge-nf-call-iptables: %v", err), fix)
+	case v != "1":
+		return fail(CheckBridgeNF, errorSev, fmt.Sprintf("net.bridge.bridge-nf-call-iptables is %s, want 1: %s", v, flannelNote), fix)
+	}
+	return pass(CheckBridgeNF, "net.bridge.bridge-nf-call-iptables is 1")
+}
+
+func (c *Checker) cidrs(cluster *agentv1.ClusterConfig) []*agentv1.Check {
+	addrs, routes, nerr := c.networks()
+	var out []*agentv1.Check
+	for _, x := range []struct{ name, what, cidr, other string }{
+		{CheckPodCIDR, "pod CIDR", cluster.GetPodCidr(), cluster.GetServiceCidr()},
+		{CheckServiceCIDR, "service CIDR", cluster.GetServiceCidr(), ""},
+	} {
+		if x.cidr == "" {
+			out = append(out, pass(x.name, "no "+x.what+" given"))
+			continue
+		}
+		fix := fmt.Sprintf("choose a %s that no host address or route uses (the cluster's spec), or remove the conflicting route from the host", x.what)
+		if nerr != nil {
+			out = append(out, fail(x.name, errorSev, fmt.Sprintf("cannot list host addresses and routes: %v", nerr), fix))
+			continue
+		}
+		ov, err := netcheck.Overlaps(x.cidr, addrs, routes)
+		if err != nil {
+			out = append(out, fail(x.name, errorSev, fmt.Sprintf("%s %q: %v", x.what, x.cidr, err), "give a CIDR such as 10.244.0.0/16"))
+			continue
+		}
+		if len(ov) > 0 {
+			var s []string
+			for _, o := range ov {
+				s = append(s, o.String())
+			}
+			out = append(out, fail(x.name, errorSev, fmt.Sprintf("%s %s overlaps host %s: pod and service traffic would be routed into the host's network", x.what, x.cidr, strings.Join(s, ", ")), fix))
+			continue
+		}
+		if x.other != "" {
+			if both, err := netcheck.CIDRsOverlap(x.cidr, x.other); err == nil && both {
+				out = append(out, fail(x.name, errorSev, fmt.Sprintf("pod CIDR %s overlaps service CIDR %s", x.cidr, x.other), "choose disjoint pod and service CIDRs"))
+				continue
+			}
+		}
+		out = append(out, pass(x.name, fmt.Sprintf("%s %s is clear of the host's addresses and routes", x.what, x.cidr)))
+	}
+	return out
+}
+
+// kubeletConfiguration is the part of the kubelet's config file read here.
+type kubeletConfiguration struct {
+	CgroupDriver string `json:"cgroupDriver"`
+	FailSwapOn   *bool  `json:"failSwapOn"`
+	present      bool
+	err          error
+}
+
+func (c *Checker) kubeletConfig() kubeletConfiguration {
+	b, err := os.ReadFile(filepath.Join(c.root, KubeletConfig))
+	if errors.Is(err, fs.ErrNotExist) {
+		return kubeletConfiguration{}
+	}
+	var k kubeletConfiguration
+	if err == nil {
+		err = yaml.Unmarshal(b, &k)
+	}
+	k.present, k.err = true, err
+	return k
+}
+
+func (c *Checker) cgroupDriver(cluster *agentv1.ClusterConfig, k kubeletConfiguration) *agentv1.Check {
+	want, from := cluster.GetCgroupDriver(), "the cluster config"
+	if want == "" {
+		want, from = containerd.DriverSystemd, "kubeadm's default"
+	}
+	if k.present {
+		if k.err != nil {
+			return fail(CheckCgroupDriver, errorSev, fmt.Sprintf("cannot read /%s: %v", KubeletConfig, k.err), "fix or remove the kubelet config")
+		}
+		// The KubeletConfiguration default is cgroupfs.
+		want, from = k.CgroupDriver, "/"+KubeletConfig
+		if want == "" {
+			want = containerd.DriverCgroupfs
+		}
+	}
+	cfg := filepath.Join(c.root, containerd.DefaultConfig)
+	sc, _, err := containerd.ReadSystemdCgroup(cfg)
+	got, gotFrom := containerd.Driver(sc), "/"+containerd.DefaultConfig
+	switch {
+	case errdefs.IsNotFound(err):
+		got, gotFrom = containerd.DriverCgroupfs, "containerd's default (no config file)"
+	case err != nil:
+		return fail(CheckCgroupDriver, errorSev, fmt.Sprintf("cannot read containerd's cgroup driver: %v", err), "fix /"+containerd.DefaultConfig)
+	}
+	if got != want {
+		return fail(CheckCgroupDriver, errorSev,
+			fmt.Sprintf("containerd uses the %s cgroup driver (%s) but the kubelet uses %s (%s): pods fail to start or are killed", got, gotFrom, want, from),
+			fmt.Sprintf("set SystemdCgroup = %v for the runc runtime in /%s and restart containerd (kiln Prepare with cgroup_driver %q does it)", want == containerd.DriverSystemd, containerd.DefaultConfig, want))
+	}
+	return pass(CheckCgroupDriver, fmt.Sprintf("containerd and the kubelet both use the %s cgroup driver", want))
+}
+
+func (c *Checker) runtimeSocket(ctx context.Context) *agentv1.Check {
+	sock := filepath.Join(c.root, RuntimeSocket)
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", sock)
+	if err != nil {
+		return fail(CheckRuntimeSocket, errorSev, fmt.Sprintf("container runtime socket /%s does not answer: %v", RuntimeSocket, err), "start containerd: systemctl enable --now containerd")
+	}
+	conn.Close()
+	return pass(CheckRuntimeSocket, fmt.Sprintf("container runtime socket /%s answers", RuntimeSocket))
+}
+
+func (c *Checker) ports(cluster *agentv1.ClusterConfig) *agentv1.Check {
+	want := ports.ControlPlane
+	if cluster.GetRole() == "worker" {
+		want = ports.Worker
+	}
+	busy, err := c.busy(want)
+	if err != nil {
+		return fail(CheckPorts, errorSev, fmt.Sprintf("cannot check ports: %v", err), "")
+	}
+	if len(busy) > 0 {
+		return fail(CheckPorts, errorSev, fmt.Sprintf("ports in use: %s", joinInts(busy)),
+			"stop what listens there (ss -ltnp), or run kubeadm reset if an old cluster still runs on this host")
+	}
+	return pass(CheckPorts, "ports free: "+joinInts(want))
+}
+
+func (c *Checker) swap(k kubeletConfiguration) *agentv1.Check {
+	active, err := swap.Active(c.root)
+	fix := "swapoff -a and comment out swap in /etc/fstab (kiln Prepare does both)"
+	if err != nil {
+		return fail(CheckSwap, errorSev, fmt.Sprintf("cannot read /proc/swaps: %v", err), fix)
+	}
+	if len(active) == 0 {
+		return pass(CheckSwap, "swap is off")
+	}
+	msg := "swap is on (" + strings.Join(active, ", ") + ")"
+	if k.present && k.FailSwapOn != nil && !*k.FailSwapOn {
+		return fail(CheckSwap, agentv1.Severity_SEVERITY_WARNING, msg+": the kubelet allows it (failSwapOn: false) but memory limits are less predictable", fix)
+	}
+	return fail(CheckSwap, errorSev, msg+": the kubelet refuses to start with swap on", fix)
+}
+
+func (c *Checker) versions(ctx context.Context, cluster *agentv1.ClusterConfig) []*agentv1.Check {
+	pinned := cluster.GetKubernetesVersion()
+	if pinned != "" && !strings.HasPrefix(pinned, "v") {
+		pinned = "v" + pinned
+	}
+	pv, perr := parseVersion(pinned)
+	var out []*agentv1.Check
+	for _, name := range []string{"kubeadm", "kubelet"} {
+		check := name + "-version"
+		fix := fmt.Sprintf("install %s %s in /usr/bin (the golden image pins it)", name, pinned)
+		if perr != nil {
+			out = append(out, fail(check, errorSev, fmt.Sprintf("the cluster's kubernetes_version %q is not a pinned version: %v", cluster.GetKubernetesVersion(), perr), "pin an exact version such as v1.34.4"))
+			continue
+		}
+		path := host.FindKubeBinary(c.root, name)
+		if path == "" {
+			out = append(out, fail(check, errorSev, name+" is not installed", fix))
+			continue
+		}
+		got := c.binaryVersion(ctx, name, path)
+		if got == pinned {
+			out = append(out, pass(check, fmt.Sprintf("%s %s as pinned", name, got)))
+			continue
+		}
+		gv, err := parseVersion(got)
+		if err != nil {
+			out = append(out, fail(check, errorSev, fmt.Sprintf("%s at %s reports no usable version (%q)", name, strings.TrimPrefix(path, c.root), got), fix))
+			continue
+		}
+		if name == "kubeadm" {
+			out = append(out, fail(check, errorSev, fmt.Sprintf("kubeadm is %s, the cluster pins %s", got, pinned), fix))
+			continue
+		}
+		// The kubelet may lag the control plane by up to three minors and
+		// must never be newer.
+		switch {
+		case gv.newerThan(pv):
+			out = append(out, fail(check, errorSev, fmt.Sprintf("kubelet %s is newer than the control plane %s: the version skew policy forbids it", got, pinned), fix))
+		case gv.major != pv.major || pv.minor-gv.minor > 3:
+			out = append(out, fail(check, errorSev, fmt.Sprintf("kubelet %s is more than three minor versions older than %s", got, pinned), fix))
+		default:
+			out = append(out, fail(check, agentv1.Severity_SEVERITY_WARNING, fmt.Sprintf("kubelet %s differs from the pinned %s (within the supported skew)", got, pinned), fix))
+		}
+	}
+	return out
+}
+
+func (c *Checker) binaryVersion(ctx context.Context, name, path string) string {
+	args := []string{"--version"}
+	if name == "kubeadm" {
+		args = []string{"version", "-o", "short"}
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	out, err := c.run.Run(ctx, path, args...)
+	if err != nil {
+		c.log.WarnContext(ctx, "version query failed", "binary", name, "error", err)
+		return ""
+	}
+	return host.KubeVersion(string(out))
+}
+
+type semver struct{ major, minor, patch int }
+
+func (a semver) newerThan(b semver) bool {
+	if a.major != b.major {
+		return a.major > b.major
+	}
+	if a.minor != b.minor {
+		return a.minor > b.minor
+	}
+	return a.patch > b.patch
+}
+
+// parseVersion parses "v1.34.4" (a pre-release or build suffix is
+// ignored).
+func parseVersion(v string) (semver, error) {
+	s, ok := strings.CutPrefix(v, "v")
+	if !ok {
+		return semver{}, fmt.Errorf("want vMAJOR.MINOR.PATCH")
+	}
+	if i := strings.IndexAny(s, "-+"); i >= 0 {
+		s = s[:i]
+	}
+	parts := strings.Split(s, ".")
+	if len(parts) != 3 {
+		return semver{}, fmt.Errorf("want vMAJOR.MINOR.PATCH")
+	}
+	var n [3]int
+	for i, p := range parts {
+		x, err := strconv.Atoi(p)
+		if err != nil || x < 0 {
+			return semver{}, fmt.Errorf("want vMAJOR.MINOR.PATCH")
+		}
+		n[i] = x
+	}
+	return semver{n[0], n[1], n[2]}, nil
+}
+
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ", ")
+}
+
+func readTrim(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}

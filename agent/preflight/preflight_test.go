@@ -1,0 +1,384 @@
+package preflight
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
+
+	"github.com/kilnhq/kiln/agent/prep"
+	"github.com/kilnhq/kiln/host/command"
+	"github.com/kilnhq/kiln/host/containerd"
+	"github.com/kilnhq/kiln/host/netcheck"
+	"github.com/kilnhq/kiln/host/netnstest"
+	"github.com/kilnhq/kiln/host/sysctl"
+	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
+)
+
+const pinned = "v1.34.4"
+
+func write(t testing.TB, path, content string, mode os.FileMode) {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
+	require.NoError(t, os.WriteFile(path, []byte(content), mode))
+}
+
+func logger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, nil))
+}
+
+type tWriter struct{ t testing.TB }
+
+func (w tWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(b)))
+	return len(b), nil
+}
+
+// installKube puts kubeadm and kubelet scripts that print their versions
+// under root/usr/bin (no real kubeadm binary is built on these machines).
+func installKube(t testing.TB, root, kubeadm, kubelet string) {
+	write(t, filepath.Join(root, "usr/bin/kubeadm"), "#!/bin/sh\n[ \"$1 $2 $3\" = \"version -o short\" ] || exit 2\necho "+kubeadm+"\n", 0o755)
+	write(t, filepath.Join(root, "usr/bin/kubelet"), "#!/bin/sh\n[ \"$1\" = \"--version\" ] || exit 2\necho Kubernetes "+kubelet+"\n", 0o755)
+}
+
+func cluster() *agentv1.ClusterConfig {
+	return &agentv1.ClusterConfig{
+		Name:              "lab",
+		KubernetesVersion: pinned,
+		PodCidr:           "10.244.0.0/16",
+		ServiceCidr:       "10.96.0.0/12",
+		CgroupDriver:      "systemd",
+		Role:              "control-plane",
+	}
+}
+
+func byName(r *agentv1.PreflightReport) map[string]*agentv1.Check {
+	m := map[string]*agentv1.Check{}
+	for _, c := range r.GetChecks() {
+		m[c.Name] = c
+	}
+	return m
+}
+
+// preparedHost is a fresh network namespace and a root (the running
+// kernel's /proc and /sys, a temporary /etc, /usr/bin and /run) that kiln
+// Prepare has made ready, with the pinned kubeadm and kubelet installed
+// and a runtime socket that answers.
+func preparedHost(t *testing.T) (*netnstest.NS, string) {
+	ns := netnstest.New(t)
+	if _, err := sysctl.Get("/", "net.bridge.bridge-nf-call-iptables"); err != nil {
+		t.Skipf("kernel has no bridge-nf-call-iptables (br_netfilter not available): %v", err)
+	}
+	root := shortTempDir(t)
+	require.NoError(t, os.Symlink("/proc", filepath.Join(root, "proc")))
+	require.NoError(t, os.Symlink("/sys", filepath.Join(root, "sys")))
+	write(t, filepath.Join(root, containerd.DefaultConfig), "version = 2\n", 0o644)
+	installKube(t, root, pinned, pinned)
+	serveSocket(t, filepath.Join(root, RuntimeSocket))
+	var err error
+	ns.Do(t, func() {
+		_, err = prep.New(root, &command.Recorder{}, logger(t)).Prepare(context.Background(), &agentv1.PrepareRequest{CgroupDriver: "systemd"}, nil)
+	})
+	require.NoError(t, err)
+	return ns, root
+}
+
+// shortTempDir is a temporary directory with a path short enough for
+// unix sockets under it (t.TempDir embeds the test name).
+func shortTempDir(t testing.TB) string {
+	dir, err := os.MkdirTemp("", "kiln-pf")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// serveSocket answers connections on a unix socket until the test ends,
+// standing in for containerd's socket.
+func serveSocket(t testing.TB, path string) {
+	require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
+	l, err := net.Listen("unix", path)
+	require.NoError(t, err)
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+}
+
+func run(t *testing.T, ns *netnstest.NS, root string, cfg *agentv1.ClusterConfig) *agentv1.PreflightReport {
+	var r *agentv1.PreflightReport
+	var err error
+	ns.Do(t, func() {
+		r, err = New(root, command.Exec{}, logger(t)).Run(context.Background(), cfg)
+	})
+	require.NoError(t, err)
+	for _, c := range r.Checks {
+		t.Logf("%-24s passed=%-5v %-16s %s | fix: %s", c.Name, c.Passed, c.Severity, c.Message, c.Fix)
+	}
+	return r
+}
+
+func TestPreflightPreparedHostPasses(t *testing.T) {
+	ns, root := preparedHost(t)
+	r := run(t, ns, root, cluster())
+	for _, c := range r.Checks {
+		if !c.Passed {
+			t.Errorf("Run() check %s failed on a prepared host: %s", c.Name, c.Message)
+		}
+	}
+	if !r.Passed {
+		t.Errorf("Run() passed = false on a prepared host, want true")
+	}
+	if len(r.Checks) != 11 {
+		t.Errorf("Run() ran %d checks, want 11", len(r.Checks))
+	}
+}
+
+// TestPreflightFindsProblems breaks one thing at a time on a prepared host
+// and expects exactly that check to fail, naming the problem and the fix.
+func TestPreflightFindsProblems(t *testing.T) {
+	tests := []struct {
+		name     string
+		breakIt  func(t *testing.T, ns *netnstest.NS, root string, cfg *agentv1.ClusterConfig)
+		check    string
+		message  []string
+		fix      string
+		severity agentv1.Severity
+	}{
+		{
+			name: "ip_forward off",
+			breakIt: func(t *testing.T, ns *netnstest.NS, root string, _ *agentv1.ClusterConfig) {
+				ns.Do(t, func() { require.NoError(t, sysctl.Set("/", "net.ipv4.ip_forward", "0")) })
+			},
+			check:   CheckIPForward,
+			message: []string{"net.ipv4.ip_forward is 0, want 1"},
+			fix:     "sysctl -w net.ipv4.ip_forward=1",
+		},
+		{
+			name: "bridge-nf-call-iptables off",
+			breakIt: func(t *testing.T, ns *netnstest.NS, root string, _ *agentv1.ClusterConfig) {
+				ns.Do(t, func() { require.NoError(t, sysctl.Set("/", "net.bridge.bridge-nf-call-iptables", "0")) })
+			},
+			check:   CheckBridgeNF,
+			message: []string{"is 0, want 1", "kubeadm no longer checks this", "Flannel crash-loops"},
+			fix:     "bridge-nf-call-iptables=1",
+		},
+		{
+			name: "pod CIDR over a host route",
+			breakIt: func(t *testing.T, ns *netnstest.NS, root string, _ *agentv1.ClusterConfig) {
+				br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "kiln0"}}
+				require.NoError(t, ns.Netlink.LinkAdd(br))
+				link, err := ns.Netlink.LinkByName("kiln0")
+				require.NoError(t, err)
+				require.NoError(t, ns.Netlink.LinkSetUp(link))
+				_, dst, _ := net.ParseCIDR("10.244.0.0/16")
+				require.NoError(t, ns.Netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: dst}))
+			},
+			check:   CheckPodCIDR,
+			message: []string{"pod CIDR 10.244.0.0/16 overlaps host route 10.244.0.0/16 dev kiln0"},
+			fix:     "choose a pod CIDR",
+		},
+		{
+			name: "service CIDR over a host address",
+			breakIt: func(t *testing.T, ns *netnstest.NS, root string, _ *agentv1.ClusterConfig) {
+				lo, err := ns.Netlink.LinkByName("lo")
+				require.NoError(t, err)
+				addr, _ := netlink.ParseAddr("10.100.0.1/32")
+				require.NoError(t, ns.Netlink.AddrAdd(lo, addr))
+			},
+			check:   CheckServiceCIDR,
+			message: []string{"service CIDR 10.96.0.0/12 overlaps host address 10.100.0.1/32 dev lo"},
+			fix:     "choose a service CIDR",
+		},
+		{
+			name: "containerd on cgroupfs, kubelet on systemd",
+			breakIt: func(t *testing.T, _ *netnstest.NS, root string, _ *agentv1.ClusterConfig) {
+				_, _, err := containerd.WriteSystemdCgroup(filepath.Join(root, containerd.DefaultConfig), false)
+				require.NoError(t, err)
+			},
+			check:   CheckCgroupDriver,
+			message: []string{"containerd uses the cgroupfs cgroup driver", "the kubelet uses systemd"},
+			fix:     "SystemdCgroup = true",
+		},
+		{
+			name: "kubelet config says cgroupfs, containerd systemd",
+			breakIt: func(t *testing.T, _ *netnstest.NS, root string, _ *agentv1.ClusterConfig) {
+				write(t, filepath.Join(root, KubeletConfig), "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\n", 0o644)
+			},
+			check:   CheckCgroupDriver,
+			message: []string{"containerd uses the systemd cgroup driver", "kubelet uses cgroupfs (/var/lib/kubelet/config.yaml)"},
+			fix:     "SystemdCgroup = false",
+		},
+		{
+			name: "runtime socket silent",
+			breakIt: func(t *testing.T, _ *netnstest.NS, root string, _ *agentv1.ClusterConfig) {
+				require.NoError(t, os.Remove(filepath.Join(root, RuntimeSocket)))
+			},
+			check:   CheckRuntimeSocket,
+			message: []string{"run/containerd/containerd.sock does not answer"},
+			fix:     "start containerd",
+		},
+		{
+			name: "API server port taken",
+			breakIt: func(t *testing.T, ns *netnstest.NS, root string, _ *agentv1.ClusterConfig) {
+				ns.Do(t, func() {
+					l, err := net.Listen("tcp", "127.0.0.1:6443")
+					require.NoError(t, err)
+					t.Cleanup(func() { l.Close() })
+				})
+			},
+			check:   CheckPorts,
+			message: []string{"ports in use: 6443"},
+			fix:     "kubeadm reset",
+		},
+		{
+			name: "kubeadm not the pinned version",
+			breakIt: func(t *testing.T, _ *netnstest.NS, root string, _ *agentv1.ClusterConfig) {
+				installKube(t, root, "v1.34.3", pinned)
+			},
+			check:   CheckKubeadmVersion,
+			message: []string{"kubeadm is v1.34.3, the cluster pins v1.34.4"},
+			fix:     "install kubeadm v1.34.4",
+		},
+		{
+			name: "kubelet newer than the control plane",
+			breakIt: func(t *testing.T, _ *netnstest.NS, root string, _ *agentv1.ClusterConfig) {
+				installKube(t, root, pinned, "v1.35.0")
+			},
+			check:   CheckKubeletVersion,
+			message: []string{"kubelet v1.35.0 is newer than the control plane v1.34.4"},
+			fix:     "install kubelet v1.34.4",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ns, root := preparedHost(t)
+			cfg := cluster()
+			tt.breakIt(t, ns, root, cfg)
+			r := run(t, ns, root, cfg)
+			if r.Passed {
+				t.Errorf("Run() passed = true, want false")
+			}
+			for _, c := range r.Checks {
+				if c.Name != tt.check && !c.Passed {
+					t.Errorf("Run() check %s failed (%s), want only %s to fail", c.Name, c.Message, tt.check)
+				}
+			}
+			c := byName(r)[tt.check]
+			require.NotNil(t, c, "check %s in report", tt.check)
+			if c.Passed || c.Severity != agentv1.Severity_SEVERITY_ERROR {
+				t.Errorf("Run() check %s = passed %v severity %v, want failed ERROR", tt.check, c.Passed, c.Severity)
+			}
+			for _, m := range tt.message {
+				if !strings.Contains(c.Message, m) {
+					t.Errorf("Run() check %s message = %q, want it to say %q", tt.check, c.Message, m)
+				}
+			}
+			if !strings.Contains(c.Fix, tt.fix) {
+				t.Errorf("Run() check %s fix = %q, want it to say %q", tt.check, c.Fix, tt.fix)
+			}
+		})
+	}
+}
+
+// fileHost is a root made only of files, with network checks answered by
+// the given functions: for checks that need no namespace.
+func fileHost(t *testing.T, kubeadm, kubelet string) (*Checker, string) {
+	root := shortTempDir(t)
+	serveSocket(t, filepath.Join(root, RuntimeSocket))
+	write(t, filepath.Join(root, "proc/sys/net/ipv4/ip_forward"), "1\n", 0o644)
+	write(t, filepath.Join(root, "proc/sys/net/bridge/bridge-nf-call-iptables"), "1\n", 0o644)
+	write(t, filepath.Join(root, "proc/swaps"), "Filename\tType\tSize\tUsed\tPriority\n", 0o644)
+	write(t, filepath.Join(root, containerd.DefaultConfig), "version = 3\n[plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.runc.options]\nSystemdCgroup = true\n", 0o644)
+	if kubeadm != "" {
+		installKube(t, root, kubeadm, kubelet)
+	}
+	c := New(root, command.Exec{}, logger(t))
+	c.networks = func() ([]netcheck.Network, []netcheck.Network, error) { return nil, nil, nil }
+	c.busy = func([]int) ([]int, error) { return nil, nil }
+	return c, root
+}
+
+func TestVersionSkew(t *testing.T) {
+	tests := []struct {
+		kubeadm, kubelet string
+		check            string
+		passed           bool
+		severity         agentv1.Severity
+		message          string
+	}{
+		{pinned, pinned, CheckKubeletVersion, true, agentv1.Severity_SEVERITY_INFO, "kubelet v1.34.4 as pinned"},
+		{pinned, "v1.33.7", CheckKubeletVersion, false, agentv1.Severity_SEVERITY_WARNING, "within the supported skew"},
+		{pinned, "v1.31.0", CheckKubeletVersion, false, agentv1.Severity_SEVERITY_WARNING, "within the supported skew"},
+		{pinned, "v1.30.14", CheckKubeletVersion, false, agentv1.Severity_SEVERITY_ERROR, "more than three minor versions older"},
+		{pinned, "v1.34.5", CheckKubeletVersion, false, agentv1.Severity_SEVERITY_ERROR, "newer than the control plane"},
+		{"v1.35.0", pinned, CheckKubeadmVersion, false, agentv1.Severity_SEVERITY_ERROR, "kubeadm is v1.35.0, the cluster pins v1.34.4"},
+		{"", "", CheckKubeadmVersion, false, agentv1.Severity_SEVERITY_ERROR, "kubeadm is not installed"},
+		{"", "", CheckKubeletVersion, false, agentv1.Severity_SEVERITY_ERROR, "kubelet is not installed"},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("kubeadm %s kubelet %s", tt.kubeadm, tt.kubelet), func(t *testing.T) {
+			c, _ := fileHost(t, tt.kubeadm, tt.kubelet)
+			r, err := c.Run(context.Background(), cluster())
+			require.NoError(t, err)
+			got := byName(r)[tt.check]
+			require.NotNil(t, got)
+			if got.Passed != tt.passed || got.Severity != tt.severity || !strings.Contains(got.Message, tt.message) {
+				t.Errorf("Run() check %s = %v %v %q, want %v %v containing %q", tt.check, got.Passed, got.Severity, got.Message, tt.passed, tt.severity, tt.message)
+			}
+			wantPassed := tt.severity != agentv1.Severity_SEVERITY_ERROR
+			if r.Passed != wantPassed {
+				t.Errorf("Run() report passed = %v, want %v", r.Passed, wantPassed)
+			}
+		})
+	}
+}
+
+func TestSwapAndConfigErrors(t *testing.T) {
+	c, root := fileHost(t, pinned, pinned)
+	swaps := "Filename\tType\tSize\tUsed\tPriority\n/swapfile\tfile\t1048572\t0\t-2\n"
+	write(t, filepath.Join(root, "proc/swaps"), swaps, 0o644)
+
+	r, err := c.Run(context.Background(), cluster())
+	require.NoError(t, err)
+	if s := byName(r)[CheckSwap]; s.Passed || s.Severity != agentv1.Severity_SEVERITY_ERROR || !strings.Contains(s.Message, "/swapfile") {
+		t.Errorf("Run() swap check with swap on = %v, want a failed ERROR naming /swapfile", s)
+	}
+
+	write(t, filepath.Join(root, KubeletConfig), "cgroupDriver: systemd\nfailSwapOn: false\n", 0o644)
+	r, err = c.Run(context.Background(), cluster())
+	require.NoError(t, err)
+	if s := byName(r)[CheckSwap]; s.Passed || s.Severity != agentv1.Severity_SEVERITY_WARNING {
+		t.Errorf("Run() swap check with failSwapOn false = %v, want a WARNING", s)
+	}
+
+	cfg := cluster()
+	cfg.PodCidr = "10.96.0.0/16"
+	r, err = c.Run(context.Background(), cfg)
+	require.NoError(t, err)
+	if p := byName(r)[CheckPodCIDR]; p.Passed || !strings.Contains(p.Message, "overlaps service CIDR") {
+		t.Errorf("Run() pod CIDR inside the service CIDR = %v, want a failed check", p)
+	}
+	cfg.PodCidr = "10.244.0.0"
+	r, err = c.Run(context.Background(), cfg)
+	require.NoError(t, err)
+	if p := byName(r)[CheckPodCIDR]; p.Passed {
+		t.Errorf("Run() pod CIDR %q = %v, want a failed check", cfg.PodCidr, p)
+	}
+
+	if _, err := c.Run(context.Background(), nil); err == nil {
+		t.Errorf("Run(nil) error = nil, want InvalidArgument")
+	}
+}
