@@ -245,3 +245,41 @@ func presented(chain []*x509.Certificate) string {
 func IsPinMismatch(err error) bool {
 	return errdefs.IsPermissionDenied(err) && strings.Contains(err.Error(), "CA hash mismatch")
 }
+
+// Kernel command line keys of boot media (PXE, ISO): the controller, the
+// per-boot token, the CA pin and the host name.
+const (
+	CmdlineController = "kiln.controller"
+	CmdlineToken      = "kiln.token"
+	CmdlineCAHash     = "kiln.ca_hash"
+	CmdlineHost       = "kiln.host"
+)
+
+// FromCmdline fills the controller address, token, CA hash and host of o
+// from a kernel command line (kiln.controller=... kiln.token=...
+// kiln.ca_hash=... kiln.host=...); fields already set in o are kept.
+func FromCmdline(o Options, cmdline string) Options {
+	for _, f := range strings.Fields(cmdline) {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			continue
+		}
+		var dst *string
+		switch k {
+		case CmdlineController:
+			dst = &o.ControllerAddr
+		case CmdlineToken:
+			dst = &o.Token
+		case CmdlineCAHash:
+			dst = &o.CAHash
+		case CmdlineHost:
+			dst = &o.Host
+		default:
+			continue
+		}
+		if *dst == "" {
+			*dst = v
+		}
+	}
+	return o
+}

@@ -207,3 +207,15 @@ func TestUnreachable(t *testing.T) {
 		t.Errorf("Enroll(%q) = %v, want Unavailable", addr, err)
 	}
 }
+
+func TestFromCmdline(t *testing.T) {
+	cmdline := "console=ttyS0 kiln.boot=pxe kiln.controller=https://10.0.0.1:7443 kiln.token=abcdef.0123456789abcdef kiln.ca_hash=sha256:00ff kiln.host=rack1-07 quiet"
+	got := enroll.FromCmdline(enroll.Options{Host: "flag-host"}, cmdline)
+	want := enroll.Options{ControllerAddr: "https://10.0.0.1:7443", Token: token, CAHash: "sha256:00ff", Host: "flag-host"}
+	if got.ControllerAddr != want.ControllerAddr || got.Token != want.Token || got.CAHash != want.CAHash || got.Host != want.Host {
+		t.Errorf("FromCmdline(%q) = %+v, want %+v", cmdline, got, want)
+	}
+	if got := enroll.Address("https://10.0.0.1:7443/"); got != "10.0.0.1:7443" {
+		t.Errorf("Address(%q) = %q, want %q", "https://10.0.0.1:7443/", got, "10.0.0.1:7443")
+	}
+}

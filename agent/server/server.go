@@ -286,13 +286,9 @@ func (s *Service) LayImage(req *agentv1.LayImageRequest, stream agentv1.Agent_La
 	if s.o.ImageLayer == nil {
 		return notWired("LayImage")
 	}
-	switch {
-	case req.GetUrl() == "" || req.GetTarget() == "":
+	// The image layer validates the rest (hashes, format, block map).
+	if req.GetUrl() == "" || req.GetTarget() == "" {
 		return errgrpc.ToGRPC(errdefs.InvalidArgument("lay image: url and target are required"))
-	case req.GetSha256() == "" && req.GetRawSha256() == "":
-		return errgrpc.ToGRPC(errdefs.InvalidArgument("lay image: sha256 is required: an image is never laid unverified"))
-	case req.GetFormat() != "" && req.GetFormat() != "raw" && req.GetFormat() != "raw.zst":
-		return errgrpc.ToGRPC(errdefs.InvalidArgument("lay image: format %q: want raw or raw.zst", req.GetFormat()))
 	}
 	return s.operation(stream.Context(), "lay-image", req.GetOperationId(), stream.Send, func(ctx context.Context, emit journal.Emit) error {
 		res, err := s.o.ImageLayer.LayImage(ctx, req, emit)

@@ -1,0 +1,281 @@
+// Command kiln-agent is Kiln's host daemon: it enrolls the host with a
+// controller (enroll), serves the agent API over mTLS and sends heartbeats
+// (run), and prints the host's facts (facts). See docs/agent.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/kilnhq/kiln/agent/enroll"
+	"github.com/kilnhq/kiln/agent/heartbeat"
+	"github.com/kilnhq/kiln/agent/identity"
+	"github.com/kilnhq/kiln/agent/journal"
+	"github.com/kilnhq/kiln/agent/server"
+	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/version"
+	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
+)
+
+const (
+	defaultDataDir = "/var/lib/kiln-agent"
+	defaultListen  = ":7441"
+)
+
+func main() {
+	if err := newRoot().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "kiln-agent:", err)
+		os.Exit(1)
+	}
+}
+
+type globals struct {
+	dataDir  string
+	root     string
+	logLevel string
+}
+
+func (g *globals) logger() *slog.Logger {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(g.logLevel)); err != nil {
+		level = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+func newRoot() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:           "kiln-agent",
+		Short:         "Kiln host agent: enrollment, agent API, heartbeats",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&g.dataDir, "data-dir", defaultDataDir, "directory of the agent's identity and operation journal")
+	root.PersistentFlags().StringVar(&g.root, "root", "/", "root of the host's filesystem")
+	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "debug, info, warn or error")
+	root.AddCommand(newEnroll(g), newRun(g), newFacts(g), newVersion())
+	return root
+}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+type enrollFlags struct {
+	controller, token, tokenFile, caHash, host string
+	installUnit                                bool
+	unitPath, listen                           string
+}
+
+func (f *enrollFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.controller, "controller", "", "controller API address, host:port (https:// accepted)")
+	cmd.Flags().StringVar(&f.token, "token", "", "one-time enrollment token <id>.<secret> (or KILN_TOKEN)")
+	cmd.Flags().StringVar(&f.tokenFile, "token-file", "", "read the enrollment token from this file")
+	cmd.Flags().StringVar(&f.caHash, "ca-hash", "", "pin of the controller CA, sha256:<hex> (kilnctl token create prints it)")
+	cmd.Flags().StringVar(&f.host, "host", "", "host name to enroll as (default: the token's host, or this machine's hostname)")
+}
+
+func (f *enrollFlags) options(g *globals, log *slog.Logger) (enroll.Options, error) {
+	tok := f.token
+	if tok == "" && f.tokenFile != "" {
+		b, err := os.ReadFile(f.tokenFile)
+		if err != nil {
+			return enroll.Options{}, fmt.Errorf("--token-file: %w", err)
+		}
+		tok = strings.TrimSpace(string(b))
+	}
+	if tok == "" {
+		tok = os.Getenv("KILN_TOKEN")
+	}
+	return enroll.Options{
+		ControllerAddr: f.controller,
+		Token:          tok,
+		CAHash:         f.caHash,
+		Host:           f.host,
+		DataDir:        g.dataDir,
+		Log:            log,
+	}, nil
+}
+
+func newEnroll(g *globals) *cobra.Command {
+	f := &enrollFlags{}
+	cmd := &cobra.Command{
+		Use:   "enroll --controller ADDR --token TOKEN --ca-hash sha256:...",
+		Short: "Enroll this host with a controller and store the agent's identity",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := signalContext()
+			defer cancel()
+			log := g.logger()
+			o, err := f.options(g, log)
+			if err != nil {
+				return err
+			}
+			o.Facts = gatherFacts(ctx, g.root, log)
+			id, err := enroll.Enroll(ctx, o)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "enrolled as host %q with controller %s; identity in %s\n", id.Host(), id.Controller.Address, g.dataDir)
+			if f.installUnit {
+				return installUnit(ctx, cmd.OutOrStdout(), f.unitPath, unitOptions{DataDir: g.dataDir, Listen: f.listen, Root: g.root}, log)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "start the agent with: kiln-agent run --data-dir %s\n", g.dataDir)
+			return nil
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().BoolVar(&f.installUnit, "install-unit", false, "write, enable and start the kiln-agent systemd unit")
+	cmd.Flags().StringVar(&f.unitPath, "unit-path", "/etc/systemd/system/kiln-agent.service", "where --install-unit writes the unit")
+	cmd.Flags().StringVar(&f.listen, "listen", defaultListen, "agent API address the installed unit listens on")
+	return cmd
+}
+
+func newRun(g *globals) *cobra.Command {
+	f := &enrollFlags{}
+	var listen, advertise string
+	var hbInterval time.Duration
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Serve the agent API and send heartbeats to the controller",
+		Long: "Serve the agent API over mTLS and send heartbeats to the controller.\n\n" +
+			"When the data directory holds no identity yet, run enrolls first with\n" +
+			"--controller/--token/--ca-hash or, on boot media, with kiln.controller=,\n" +
+			"kiln.token=, kiln.ca_hash= and kiln.host= from the kernel command line.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := signalContext()
+			defer cancel()
+			log := g.logger()
+			id, err := identity.Load(g.dataDir)
+			if errdefs.IsNotFound(err) {
+				id, err = enrollAtBoot(ctx, g, f, log)
+			}
+			if err != nil {
+				return err
+			}
+			return run(ctx, g, id, listen, advertise, hbInterval, log)
+		},
+	}
+	f.register(cmd)
+	cmd.Flags().StringVar(&listen, "listen", defaultListen, "address of the agent API")
+	cmd.Flags().StringVar(&advertise, "advertise", "", "agent API address to tell the controller (default: the listen address, or the local IP towards the controller)")
+	cmd.Flags().DurationVar(&hbInterval, "heartbeat-interval", heartbeat.DefaultInterval, "heartbeat interval until the controller names one")
+	return cmd
+}
+
+// enrollAtBoot enrolls from flags or the kernel command line when the
+// agent has no identity yet (boot media).
+func enrollAtBoot(ctx context.Context, g *globals, f *enrollFlags, log *slog.Logger) (*identity.Identity, error) {
+	o, err := f.options(g, log)
+	if err != nil {
+		return nil, err
+	}
+	if cmdline, err := os.ReadFile(filepath.Join(g.root, "proc/cmdline")); err == nil {
+		o = enroll.FromCmdline(o, string(cmdline))
+	}
+	if o.ControllerAddr == "" || o.Token == "" || o.CAHash == "" {
+		return nil, errdefs.FailedPrecondition("agent is not enrolled (no identity in %s): run kiln-agent enroll, or pass --controller, --token and --ca-hash", g.dataDir)
+	}
+	o.Facts = gatherFacts(ctx, g.root, log)
+	return enroll.Enroll(ctx, o)
+}
+
+func run(ctx context.Context, g *globals, id *identity.Identity, listen, advertise string, interval time.Duration, log *slog.Logger) error {
+	j, err := journal.Open(filepath.Join(g.dataDir, "operations"), log)
+	if err != nil {
+		return err
+	}
+	defer j.Close()
+
+	lis, err := net.Listen("tcp", listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", listen, err)
+	}
+	svc := server.New(services(g.root, j, log))
+	gs := server.NewGRPCServer(id.ServerTLS(), svc)
+
+	la := &heartbeat.LocalAddr{}
+	conn, err := grpc.NewClient(id.Controller.Address,
+		grpc.WithTransportCredentials(credentials.NewTLS(id.ClientTLS())),
+		grpc.WithContextDialer(la.Dialer()))
+	if err != nil {
+		lis.Close()
+		return fmt.Errorf("controller %s: %w", id.Controller.Address, err)
+	}
+	defer conn.Close()
+	adv := heartbeat.Advertise(lis.Addr().String(), la)
+	if advertise != "" {
+		adv = func() string { return advertise }
+	}
+	hb := heartbeat.New(heartbeat.Options{
+		Client:   controllerv1.NewAgentsClient(conn),
+		Address:  adv,
+		Facts:    facter{root: g.root},
+		Version:  version.Version,
+		Interval: interval,
+		Log:      log,
+	})
+
+	log.Info("agent serving", "listen", lis.Addr().String(), "host", id.Host(), "controller", id.Controller.Address, "version", version.Version)
+	hbDone := make(chan struct{})
+	go func() {
+		defer close(hbDone)
+		_ = hb.Run(ctx)
+	}()
+	err = server.Serve(ctx, gs, lis)
+	<-hbDone
+	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return fmt.Errorf("serve: %w", err)
+	}
+	log.Info("agent stopped")
+	return nil
+}
+
+func newFacts(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "facts",
+		Short: "Print this host's facts as JSON",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := signalContext()
+			defer cancel()
+			f, err := facter{root: g.root}.Facts(ctx)
+			if err != nil {
+				return err
+			}
+			b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(f)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), string(b))
+			return nil
+		},
+	}
+}
+
+func newVersion() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the agent's version",
+		Args:  cobra.NoArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintln(cmd.OutOrStdout(), version.Version)
+		},
+	}
+}
