@@ -1,0 +1,172 @@
+// Package api is the gRPC edge of the controller: thin adapters that check
+// requests, call the domain services (resources, enrollment) and map their
+// errors to gRPC status codes. Who may call what is decided before these
+// handlers run, by package authz.
+package api
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/kilnhq/kiln/controller/authz"
+	"github.com/kilnhq/kiln/controller/enrollment"
+	"github.com/kilnhq/kiln/controller/events"
+	"github.com/kilnhq/kiln/controller/resources"
+	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/errgrpc"
+	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
+)
+
+// Register registers the three controller services on srv.
+func Register(srv *grpc.Server, res *resources.Service, enr *enrollment.Service, ev *events.Recorder) {
+	controllerv1.RegisterResourcesServer(srv, &resourcesServer{res: res, enr: enr, events: ev})
+	controllerv1.RegisterEnrollmentServer(srv, &enrollmentServer{enr: enr})
+	controllerv1.RegisterAgentsServer(srv, &agentsServer{enr: enr})
+}
+
+type resourcesServer struct {
+	controllerv1.UnimplementedResourcesServer
+	res    *resources.Service
+	enr    *enrollment.Service
+	events *events.Recorder
+}
+
+func (s *resourcesServer) Apply(ctx context.Context, req *controllerv1.ApplyRequest) (*controllerv1.ApplyResponse, error) {
+	if len(req.GetResources()) == 0 {
+		return nil, errgrpc.ToGRPC(errdefs.InvalidArgument("apply: no resources"))
+	}
+	results, err := s.res.Apply(ctx, req.GetResources(), req.GetDryRun())
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return &controllerv1.ApplyResponse{Results: results}, nil
+}
+
+func (s *resourcesServer) Get(ctx context.Context, req *controllerv1.GetRequest) (*controllerv1.Resource, error) {
+	r, err := s.res.Get(ctx, req.GetKind(), req.GetName())
+	return r, errgrpc.ToGRPC(err)
+}
+
+func (s *resourcesServer) List(ctx context.Context, req *controllerv1.ListRequest) (*controllerv1.ListResponse, error) {
+	items, next, err := s.res.List(ctx, req.GetKind(), req.GetLabelSelector(), req.GetLimit(), req.GetContinue())
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return &controllerv1.ListResponse{Items: items, Continue: next}, nil
+}
+
+func (s *resourcesServer) Delete(ctx context.Context, req *controllerv1.DeleteRequest) (*controllerv1.DeleteResponse, error) {
+	if err := s.res.Delete(ctx, req.GetKind(), req.GetName()); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return &controllerv1.DeleteResponse{}, nil
+}
+
+func (s *resourcesServer) Watch(req *controllerv1.WatchRequest, stream controllerv1.Resources_WatchServer) error {
+	err := s.res.Watch(stream.Context(), req.GetKind(), req.GetName(), stream.Send)
+	if err != nil && stream.Context().Err() != nil {
+		return nil // the client went away
+	}
+	return errgrpc.ToGRPC(err)
+}
+
+func (s *resourcesServer) ListEvents(ctx context.Context, req *controllerv1.ListEventsRequest) (*controllerv1.ListEventsResponse, error) {
+	kind := req.GetObjectKind()
+	if kind != "" {
+		k, err := resources.LookupKind(kind)
+		if err != nil {
+			return nil, errgrpc.ToGRPC(err)
+		}
+		kind = k.Plural
+	} else if req.GetObjectName() != "" {
+		return nil, errgrpc.ToGRPC(errdefs.InvalidArgument("list events: object_name needs object_kind"))
+	}
+	evs, err := s.events.List(ctx, kind, req.GetObjectName(), req.GetLimit())
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return &controllerv1.ListEventsResponse{Events: evs}, nil
+}
+
+func (s *resourcesServer) CreateToken(ctx context.Context, req *controllerv1.CreateTokenRequest) (*controllerv1.CreateTokenResponse, error) {
+	var ttl time.Duration
+	if req.GetTtl() != "" {
+		d, err := time.ParseDuration(req.GetTtl())
+		if err != nil || d <= 0 {
+			return nil, errgrpc.ToGRPC(errdefs.InvalidArgument("create token: ttl %q is not a positive Go duration such as 30m or 2h", req.GetTtl()))
+		}
+		ttl = d
+	}
+	tok, expires, err := s.enr.CreateToken(ctx, ttl, req.GetHost(), req.GetDescription())
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return &controllerv1.CreateTokenResponse{
+		Token:   tok.String(),
+		Expires: timestamppb.New(expires),
+		CaHash:  s.enr.CAHash(),
+	}, nil
+}
+
+type enrollmentServer struct {
+	controllerv1.UnimplementedEnrollmentServer
+	enr *enrollment.Service
+}
+
+func (s *enrollmentServer) Enroll(ctx context.Context, req *controllerv1.EnrollRequest) (*controllerv1.EnrollResponse, error) {
+	res, err := s.enr.Enroll(ctx, enrollment.EnrollRequest{
+		Token:  req.GetToken(),
+		CSRDER: req.GetCsrDer(),
+		Host:   req.GetHost(),
+		Facts:  req.GetFacts(),
+	})
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return &controllerv1.EnrollResponse{CertificatePem: res.CertPEM, CaPem: res.CAPEM, Host: res.Host}, nil
+}
+
+type agentsServer struct {
+	controllerv1.UnimplementedAgentsServer
+	enr *enrollment.Service
+}
+
+// host is the caller's host, from its certificate only.
+func agentHost(ctx context.Context) (string, error) {
+	c := authz.CallerFrom(ctx)
+	if c.Role != authz.RoleAgent || c.Name == "" {
+		return "", errdefs.PermissionDenied("only agent certificates may call the Agents service")
+	}
+	return c.Name, nil
+}
+
+func (s *agentsServer) Heartbeat(ctx context.Context, req *controllerv1.HeartbeatRequest) (*controllerv1.HeartbeatResponse, error) {
+	host, err := agentHost(ctx)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	interval, err := s.enr.Heartbeat(ctx, host, enrollment.HeartbeatRequest{
+		AgentAddress: req.GetAgentAddress(),
+		Facts:        req.GetFacts(),
+		Version:      req.GetVersion(),
+	})
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return &controllerv1.HeartbeatResponse{Host: host, IntervalSeconds: int32(interval / time.Second)}, nil
+}
+
+func (s *agentsServer) Renew(ctx context.Context, req *controllerv1.RenewRequest) (*controllerv1.RenewResponse, error) {
+	host, err := agentHost(ctx)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	certPEM, err := s.enr.Renew(ctx, host, req.GetCsrDer())
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	return &controllerv1.RenewResponse{CertificatePem: certPEM}, nil
+}

@@ -1,0 +1,435 @@
+// Package controller is the Kiln controller daemon: it keeps its state in
+// etcd (embedded by default), holds the CA that agents and operators trust,
+// serves the Resources, Enrollment and Agents gRPC services over mutual TLS
+// on every replica, and runs the reconcilers on the one replica that wins
+// the leader election.
+package controller
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/kilnhq/kiln/controller/api"
+	"github.com/kilnhq/kiln/controller/authz"
+	"github.com/kilnhq/kiln/controller/election"
+	"github.com/kilnhq/kiln/controller/enrollment"
+	"github.com/kilnhq/kiln/controller/events"
+	"github.com/kilnhq/kiln/controller/kilnconfig"
+	"github.com/kilnhq/kiln/controller/resources"
+	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/pki"
+	"github.com/kilnhq/kiln/internal/seal"
+)
+
+// Defaults of Config.
+const (
+	DefaultListenAddr        = ":7443"
+	DefaultElectionTTL       = 5 * time.Second
+	DefaultReconcileInterval = 5 * time.Second
+	// DefaultAgentSilence is how long an agent may miss heartbeats before
+	// its Host is marked AgentReachable=False (three heartbeats).
+	DefaultAgentSilence = 3 * enrollment.DefaultHeartbeatInterval
+	// AdminConfigName is the admin kilnconfig written into DataDir.
+	AdminConfigName = "kilnconfig-admin.yaml"
+	// serverCertTTL and clientCertTTL are the validity of the controller's
+	// own certificate and of operator certificates.
+	serverCertTTL = 365 * 24 * time.Hour
+	clientCertTTL = 365 * 24 * time.Hour
+)
+
+// Config configures a controller replica.
+type Config struct {
+	// DataDir holds the embedded etcd, the sealing key and the admin
+	// kilnconfig. Required.
+	DataDir string
+	// ListenAddr is the gRPC API address (DefaultListenAddr). Port 0 picks
+	// a free port; Addr reports it.
+	ListenAddr string
+	// ServerNames are extra DNS names or IPs for the server certificate,
+	// besides localhost, loopback, the host name and the listen address.
+	ServerNames []string
+	// EtcdEndpoints are the client URLs of an external etcd cluster;
+	// empty runs a single-member etcd embedded in DataDir/etcd.
+	EtcdEndpoints []string
+	// SecretKeyFile is the AES-256 key sealing secrets at rest (default
+	// DataDir/secret.key, created when missing). Replicas sharing one etcd
+	// must use the same key.
+	SecretKeyFile string
+	// ID names this replica in the leader election (default: host name
+	// and process id).
+	ID string
+	// Clock is the time source (time.Now).
+	Clock func() time.Time
+	// ElectionTTL is the leader lease; a crashed leader is replaced after
+	// about this long (DefaultElectionTTL).
+	ElectionTTL time.Duration
+	// ReconcileInterval is how often the leader's reconcilers run
+	// (DefaultReconcileInterval).
+	ReconcileInterval time.Duration
+	// HeartbeatInterval is the interval agents are told to use.
+	HeartbeatInterval time.Duration
+	// AgentSilence is how long an agent may be silent before its Host gets
+	// AgentReachable=False (DefaultAgentSilence).
+	AgentSilence time.Duration
+}
+
+// Controller is one controller replica.
+type Controller struct {
+	cfg Config
+	log *slog.Logger
+
+	ready    chan struct{}
+	mu       sync.Mutex
+	addr     string
+	ca       *pki.CA
+	store    *store.Store
+	elector  *election.Elector
+	enroll   *enrollment.Service
+	sealer   *seal.Sealer
+	adminCfg string
+}
+
+// New checks cfg and returns a controller ready to Run. It returns
+// InvalidArgument for an unusable configuration and FailedPrecondition
+// when the sealing key file exists but is unusable.
+func New(cfg Config, log *slog.Logger) (*Controller, error) {
+	if cfg.DataDir == "" {
+		return nil, errdefs.InvalidArgument("controller: data directory is required")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.ListenAddr == "" {
+		cfg.ListenAddr = DefaultListenAddr
+	}
+	if cfg.SecretKeyFile == "" {
+		cfg.SecretKeyFile = filepath.Join(cfg.DataDir, "secret.key")
+	}
+	if cfg.ID == "" {
+		h, _ := os.Hostname()
+		cfg.ID = fmt.Sprintf("%s-%d", h, os.Getpid())
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.ElectionTTL <= 0 {
+		cfg.ElectionTTL = DefaultElectionTTL
+	}
+	if cfg.ReconcileInterval <= 0 {
+		cfg.ReconcileInterval = DefaultReconcileInterval
+	}
+	if cfg.HeartbeatInterval <= 0 {
+		cfg.HeartbeatInterval = enrollment.DefaultHeartbeatInterval
+	}
+	if cfg.AgentSilence <= 0 {
+		cfg.AgentSilence = 3 * cfg.HeartbeatInterval
+	}
+	if _, _, err := net.SplitHostPort(cfg.ListenAddr); err != nil {
+		return nil, errdefs.InvalidArgument("controller: listen address %q: %v", cfg.ListenAddr, err)
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("controller: data directory: %w", err)
+	}
+	sealer, err := seal.LoadOrCreateKey(cfg.SecretKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("controller: secret key: %w", err)
+	}
+	return &Controller{
+		cfg:    cfg,
+		log:    log.With("component", "controller", "id", cfg.ID),
+		ready:  make(chan struct{}),
+		sealer: sealer,
+	}, nil
+}
+
+// Ready is closed once the API serves.
+func (c *Controller) Ready() <-chan struct{} { return c.ready }
+
+// Addr is the API's listen address; valid after Ready.
+func (c *Controller) Addr() string { c.mu.Lock(); defer c.mu.Unlock(); return c.addr }
+
+// CA is the controller's certificate authority; valid after Ready.
+func (c *Controller) CA() *pki.CA { c.mu.Lock(); defer c.mu.Unlock(); return c.ca }
+
+// Store is the controller's store; valid after Ready until Run returns.
+func (c *Controller) Store() *store.Store { c.mu.Lock(); defer c.mu.Unlock(); return c.store }
+
+// AdminConfigPath is the admin kilnconfig file; valid after Ready.
+func (c *Controller) AdminConfigPath() string { return filepath.Join(c.cfg.DataDir, AdminConfigName) }
+
+// IsLeader reports whether this replica runs the reconcilers now.
+func (c *Controller) IsLeader() bool {
+	c.mu.Lock()
+	e := c.elector
+	c.mu.Unlock()
+	return e != nil && e.IsLeader()
+}
+
+// CreateToken makes an enrollment token as the CreateToken RPC does;
+// valid after Ready.
+func (c *Controller) CreateToken(ctx context.Context, ttl time.Duration, host, description string) (string, time.Time, error) {
+	c.mu.Lock()
+	e := c.enroll
+	c.mu.Unlock()
+	if e == nil {
+		return "", time.Time{}, errdefs.Unavailable("controller is not running")
+	}
+	t, exp, err := e.CreateToken(ctx, ttl, host, description)
+	return t.String(), exp, err
+}
+
+// Run starts etcd (or connects to it), loads or creates the CA, writes the
+// admin kilnconfig, serves the API and campaigns for leadership until ctx
+// ends. It returns nil after ctx ends and a shutdown, or the error that
+// stopped it.
+func (c *Controller) Run(ctx context.Context) error {
+	client, closeEtcd, err := c.openEtcd(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeEtcd()
+	st := store.New(client, store.WithSealer(c.sealer), store.WithLogger(c.log))
+
+	ca, err := loadOrCreateCA(ctx, st, c.sealer, c.cfg.Clock())
+	if err != nil {
+		return fmt.Errorf("controller: %w", err)
+	}
+	c.log.Info("controller CA ready", "ca_hash", ca.Hash())
+
+	lis, err := net.Listen("tcp", c.cfg.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("controller: listen on %s: %w", c.cfg.ListenAddr, err)
+	}
+	defer lis.Close()
+	addr := lis.Addr().String()
+	serverTLS, err := c.serverTLS(ca, addr)
+	if err != nil {
+		return err
+	}
+	if err := c.writeAdminConfig(ca, clientAddr(addr)); err != nil {
+		return err
+	}
+
+	rec := events.New(client, events.DefaultTTL, c.cfg.Clock, c.log)
+	res := resources.New(st, rec, c.cfg.Clock, c.log)
+	enr := enrollment.New(st, ca, rec, enrollment.Config{
+		HeartbeatInterval: c.cfg.HeartbeatInterval,
+		Clock:             c.cfg.Clock,
+	}, c.log)
+	az := authz.New(func(cert *x509.Certificate) (string, string, error) {
+		role, name, err := pki.Identity(cert)
+		return string(role), name, err
+	})
+	srv := grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(serverTLS)),
+		grpc.ChainUnaryInterceptor(az.Unary),
+		grpc.ChainStreamInterceptor(az.Stream),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+	)
+	api.Register(srv, res, enr, rec)
+	elector := election.New(client, election.DefaultPrefix, c.cfg.ID, int(c.cfg.ElectionTTL/time.Second), c.log)
+
+	c.mu.Lock()
+	c.addr, c.ca, c.store, c.elector, c.enroll = addr, ca, st, elector, enr
+	c.mu.Unlock()
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(lis) }()
+	c.log.Info("controller API serving", "addr", addr, "ca_hash", ca.Hash(), "admin_config", c.AdminConfigPath())
+	close(c.ready)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = elector.Run(ctx, func(lctx context.Context) {
+			c.log.Info("leading: reconcilers started")
+			c.reconcile(lctx, st, rec)
+			c.log.Info("reconcilers stopped")
+		})
+	}()
+
+	select {
+	case <-ctx.Done():
+		err = nil
+	case err = <-serveErr:
+		err = fmt.Errorf("controller: serve: %w", err)
+	}
+	cancel()
+	wg.Wait() // resigns leadership before etcd goes away
+	stopped := make(chan struct{})
+	go func() { srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		srv.Stop()
+	}
+	c.log.Info("controller stopped")
+	return err
+}
+
+// etcdURLFile records the client URL of the embedded etcd while the
+// controller runs, for `kiln-controller operator-cert`.
+const etcdURLFile = "etcd.url"
+
+// openEtcd connects to the external etcd or starts the embedded one.
+func (c *Controller) openEtcd(ctx context.Context) (*clientv3.Client, func(), error) {
+	if len(c.cfg.EtcdEndpoints) > 0 {
+		cl, err := dialEtcd(c.cfg.EtcdEndpoints)
+		if err != nil {
+			return nil, nil, err
+		}
+		c.log.Info("using external etcd", "endpoints", strings.Join(c.cfg.EtcdEndpoints, ","))
+		return cl, func() { cl.Close() }, nil
+	}
+	emb, err := store.StartEmbedded(ctx, store.EmbeddedConfig{
+		DataDir: filepath.Join(c.cfg.DataDir, "etcd"),
+		Logger:  c.log,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("controller: %w", err)
+	}
+	urlFile := filepath.Join(c.cfg.DataDir, etcdURLFile)
+	if err := os.WriteFile(urlFile, []byte(strings.Join(emb.Endpoints(), ",")), 0o600); err != nil {
+		emb.Close()
+		return nil, nil, fmt.Errorf("controller: %w", err)
+	}
+	cl, err := dialEtcd(emb.Endpoints())
+	if err != nil {
+		emb.Close()
+		return nil, nil, err
+	}
+	return cl, func() {
+		cl.Close()
+		os.Remove(urlFile)
+		emb.Close()
+	}, nil
+}
+
+func dialEtcd(endpoints []string) (*clientv3.Client, error) {
+	cl, err := store.Dial(endpoints, nil)
+	if err != nil {
+		return nil, errdefs.Unavailable("controller: %w", err)
+	}
+	return cl, nil
+}
+
+// serverTLS issues the controller's certificate for this start and
+// returns the server TLS configuration: TLS 1.3, client certificates
+// verified against the CA when presented (Enrollment is called without).
+func (c *Controller) serverTLS(ca *pki.CA, addr string) (*tls.Config, error) {
+	names := []string{"localhost", "127.0.0.1", "::1"}
+	if h, err := os.Hostname(); err == nil && h != "" {
+		names = append(names, h)
+	}
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		if ip := net.ParseIP(host); ip == nil || !ip.IsUnspecified() {
+			names = append(names, host)
+		}
+	}
+	names = append(names, c.cfg.ServerNames...)
+	certPEM, keyPEM, err := ca.Issue(pki.RoleController, pki.ControllerName, dedupe(names), serverCertTTL, c.cfg.Clock())
+	if err != nil {
+		return nil, fmt.Errorf("controller: server certificate: %w", err)
+	}
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("controller: server certificate: %w", err)
+	}
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{pair},
+		ClientAuth:   tls.VerifyClientCertIfGiven,
+		ClientCAs:    ca.Pool(),
+	}, nil
+}
+
+// clientAddr turns a listen address into one a local client can dial.
+func clientAddr(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// writeAdminConfig writes DataDir/kilnconfig-admin.yaml on first start;
+// later starts keep its certificate and only correct the server address.
+func (c *Controller) writeAdminConfig(ca *pki.CA, server string) error {
+	path := c.AdminConfigPath()
+	if old, err := kilnconfig.Load(path); err == nil && old.CA == string(ca.CertPEM()) {
+		if old.Server == server {
+			return nil
+		}
+		old.Server = server
+		return kilnconfig.Write(path, old)
+	}
+	cfg, err := clientConfig(ca, pki.RoleAdmin, "admin", server, c.cfg.Clock())
+	if err != nil {
+		return err
+	}
+	if err := kilnconfig.Write(path, cfg); err != nil {
+		return err
+	}
+	c.log.Info("admin kilnconfig written", "path", path)
+	return nil
+}
+
+// clientConfig issues a client certificate with role for name.
+func clientConfig(ca *pki.CA, role pki.Role, name, server string, now time.Time) (*kilnconfig.Config, error) {
+	if role == pki.RoleAgent || role == pki.RoleController {
+		return nil, errdefs.InvalidArgument("role %q is not an operator role: want reader, operator or admin", role)
+	}
+	certPEM, keyPEM, err := ca.Issue(role, name, nil, clientCertTTL, now)
+	if err != nil {
+		return nil, err
+	}
+	return &kilnconfig.Config{Server: server, CA: string(ca.CertPEM()), Cert: string(certPEM), Key: string(keyPEM)}, nil
+}
+
+// WriteClientConfig issues a certificate with role (reader, operator or
+// admin) for name and writes a kilnconfig for it to path; valid after
+// Ready.
+func (c *Controller) WriteClientConfig(role, name, path string) error {
+	r, err := pki.ParseRole(role)
+	if err != nil {
+		return err
+	}
+	cfg, err := clientConfig(c.CA(), r, name, clientAddr(c.Addr()), c.cfg.Clock())
+	if err != nil {
+		return err
+	}
+	return kilnconfig.Write(path, cfg)
+}
+
+func dedupe(in []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range in {
+		if s != "" && !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	return out
+}

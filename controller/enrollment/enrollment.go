@@ -1,0 +1,425 @@
+// Package enrollment turns one-time tokens into agent identities. An
+// operator creates a token (CreateToken); an agent presents it with a CSR
+// for its own key (Enroll) and receives a certificate naming its host; the
+// enrolled agent then keeps its Host alive with heartbeats (Heartbeat) and
+// renews its certificate before expiry (Renew).
+//
+// Only the sha256 of a token's secret is stored. A token is used exactly
+// once: it is marked used with a compare-and-swap on its etcd revision, so
+// of two concurrent enrollments with one token only one wins.
+package enrollment
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/kilnhq/kiln/controller/events"
+	"github.com/kilnhq/kiln/controller/liveness"
+	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/pki"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+// TokensKind is the store kind of enrollment tokens.
+const TokensKind = "tokens"
+
+// HostsKind is the store kind of hosts.
+const HostsKind = "hosts"
+
+// ConditionAgentReachable is the Host condition that says whether the
+// agent's heartbeats arrive.
+const ConditionAgentReachable = liveness.ConditionAgentReachable
+
+// Defaults.
+const (
+	DefaultTokenTTL          = time.Hour
+	DefaultCertTTL           = 30 * 24 * time.Hour
+	DefaultHeartbeatInterval = 10 * time.Second
+)
+
+// Store is what enrollment needs of the store.
+type Store interface {
+	Create(ctx context.Context, kind, name string, m proto.Message) (int64, error)
+	Get(ctx context.Context, kind, name string, into proto.Message) (int64, error)
+	Update(ctx context.Context, kind, name string, m proto.Message, expectRev int64) (int64, error)
+}
+
+// Signer signs agent CSRs (*pki.CA).
+type Signer interface {
+	SignCSR(csrDER []byte, role pki.Role, name string, ttl time.Duration, now time.Time, opts ...pki.SignOption) ([]byte, error)
+	CertPEM() []byte
+	Hash() string
+}
+
+var _ Signer = (*pki.CA)(nil)
+
+// Recorder records events.
+type Recorder interface {
+	Record(ctx context.Context, kind, name, typ, reason, message string)
+}
+
+var _ Recorder = (*events.Recorder)(nil)
+
+// Config tunes a Service.
+type Config struct {
+	// CertTTL is the validity of agent certificates (DefaultCertTTL).
+	CertTTL time.Duration
+	// HeartbeatInterval is what agents are told (DefaultHeartbeatInterval).
+	HeartbeatInterval time.Duration
+	// Clock is the time source (time.Now).
+	Clock func() time.Time
+}
+
+// Service implements token creation, enrollment and heartbeats.
+type Service struct {
+	store  Store
+	ca     Signer
+	events Recorder
+	cfg    Config
+	log    *slog.Logger
+}
+
+// New returns a Service.
+func New(st Store, ca Signer, rec Recorder, cfg Config, log *slog.Logger) *Service {
+	if cfg.CertTTL <= 0 {
+		cfg.CertTTL = DefaultCertTTL
+	}
+	if cfg.HeartbeatInterval <= 0 {
+		cfg.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	return &Service{store: st, ca: ca, events: rec, cfg: cfg, log: log.With("component", "enrollment")}
+}
+
+// CreateToken makes a one-time token valid for ttl (DefaultTokenTTL when
+// 0), bound to host when host is not empty. The returned token is shown
+// once; only its hash is stored.
+func (s *Service) CreateToken(ctx context.Context, ttl time.Duration, host, description string) (Token, time.Time, error) {
+	if ttl < 0 {
+		return Token{}, time.Time{}, errdefs.InvalidArgument("token ttl %v is negative", ttl)
+	}
+	if ttl == 0 {
+		ttl = DefaultTokenTTL
+	}
+	if host != "" {
+		if err := checkHostName(host); err != nil {
+			return Token{}, time.Time{}, err
+		}
+	}
+	now := s.cfg.Clock()
+	expires := now.Add(ttl)
+	for range 3 {
+		t, err := NewToken()
+		if err != nil {
+			return Token{}, time.Time{}, fmt.Errorf("create token: %w", err)
+		}
+		rec := &typesv1.EnrollmentToken{
+			Id:           t.ID,
+			SecretSha256: t.SecretHash(),
+			Host:         host,
+			Expires:      timestamppb.New(expires),
+			Created:      timestamppb.New(now),
+			Description:  description,
+		}
+		_, err = s.store.Create(ctx, TokensKind, t.ID, rec)
+		if errdefs.IsAlreadyExists(err) {
+			continue // an id collision: draw again
+		}
+		if err != nil {
+			return Token{}, time.Time{}, fmt.Errorf("create token: %w", err)
+		}
+		s.log.Info("enrollment token created", "token_id", t.ID, "host", host, "expires", expires)
+		return t, expires, nil
+	}
+	return Token{}, time.Time{}, errdefs.Unavailable("create token: could not draw an unused token id")
+}
+
+// EnrollRequest is what an agent sends.
+type EnrollRequest struct {
+	Token  string
+	CSRDER []byte
+	// Host is the host name asked for; empty means the token's host or
+	// the facts' hostname.
+	Host  string
+	Facts *typesv1.Facts
+}
+
+// EnrollResult is the agent's new identity.
+type EnrollResult struct {
+	Host    string
+	CertPEM []byte
+	CAPEM   []byte
+}
+
+// Enroll checks the token, signs the CSR with role agent for the host,
+// consumes the token and registers the host. It returns PermissionDenied
+// for an unknown, wrong, expired, used or differently-bound token (the
+// message never contains the secret), InvalidArgument for a malformed
+// token, CSR or host name.
+func (s *Service) Enroll(ctx context.Context, req EnrollRequest) (*EnrollResult, error) {
+	tok, err := ParseToken(req.Token)
+	if err != nil {
+		return nil, err
+	}
+	rec := &typesv1.EnrollmentToken{}
+	rev, err := s.store.Get(ctx, TokensKind, tok.ID, rec)
+	if errdefs.IsNotFound(err) {
+		return nil, errdefs.PermissionDenied("enrollment token %s is not valid", tok.ID)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("enroll: %w", err)
+	}
+	if !tok.matches(rec.GetSecretSha256()) {
+		return nil, errdefs.PermissionDenied("enrollment token %s is not valid", tok.ID)
+	}
+	now := s.cfg.Clock()
+	if rec.GetUsed() {
+		return nil, errdefs.PermissionDenied("enrollment token %s was already used: create a new one", tok.ID)
+	}
+	if !now.Before(rec.GetExpires().AsTime()) {
+		return nil, errdefs.PermissionDenied("enrollment token %s expired at %s: create a new one", tok.ID, rec.GetExpires().AsTime().UTC().Format(time.RFC3339))
+	}
+	host := req.Host
+	if host == "" {
+		host = rec.GetHost()
+	}
+	if host == "" {
+		host = req.Facts.GetHostname()
+	}
+	if rec.GetHost() != "" && host != rec.GetHost() {
+		return nil, errdefs.PermissionDenied("enrollment token %s is bound to host %q, not %q", tok.ID, rec.GetHost(), host)
+	}
+	if host == "" {
+		return nil, errdefs.InvalidArgument("enroll: no host name: the token is not bound to a host and neither host nor facts.hostname is set")
+	}
+	if err := checkHostName(host); err != nil {
+		return nil, err
+	}
+
+	// Sign before consuming the token, so a bad CSR does not burn it.
+	certPEM, err := s.ca.SignCSR(req.CSRDER, pki.RoleAgent, host, s.cfg.CertTTL, now, pki.WithHosts(agentSANs(host, req.Facts)...))
+	if err != nil {
+		return nil, fmt.Errorf("enroll host %q: %w", host, err)
+	}
+	rec.Used = true
+	if _, err := s.store.Update(ctx, TokensKind, tok.ID, rec, rev); err != nil {
+		if errdefs.IsConflict(err) || errdefs.IsNotFound(err) {
+			return nil, errdefs.PermissionDenied("enrollment token %s was already used: create a new one", tok.ID)
+		}
+		return nil, fmt.Errorf("enroll host %q: consume token: %w", host, err)
+	}
+	cert, err := parseCert(certPEM)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.register(ctx, host, req.Facts, cert, now); err != nil {
+		return nil, fmt.Errorf("enroll host %q: %w", host, err)
+	}
+	s.log.Info("agent enrolled", "host", host, "token_id", tok.ID, "serial", cert.SerialNumber.Text(16))
+	s.events.Record(ctx, HostsKind, host, events.Normal, "Enrolled", fmt.Sprintf("agent enrolled with token %s, certificate serial %s", tok.ID, cert.SerialNumber.Text(16)))
+	return &EnrollResult{Host: host, CertPEM: certPEM, CAPEM: s.ca.CertPEM()}, nil
+}
+
+// register creates the Host (state Registering) or records the new
+// agent identity and facts on an existing one.
+func (s *Service) register(ctx context.Context, host string, facts *typesv1.Facts, cert *x509.Certificate, now time.Time) error {
+	return s.updateHost(ctx, host, true, func(h *typesv1.Host) {
+		if h.Status == nil {
+			h.Status = &typesv1.HostStatus{}
+		}
+		if h.Status.State == typesv1.HostState_HOST_STATE_UNSPECIFIED {
+			h.Status.State = typesv1.HostState_HOST_STATE_REGISTERING
+		}
+		if facts != nil {
+			h.Status.Facts = facts
+		}
+		if h.Status.Agent == nil {
+			h.Status.Agent = &typesv1.AgentStatus{}
+		}
+		h.Status.Agent.CertificateSerial = cert.SerialNumber.Text(16)
+		h.Status.Agent.CertificateNotAfter = timestamppb.New(cert.NotAfter)
+		if facts != nil {
+			h.Status.Agent.Mode = facts.GetAgentMode()
+			h.Status.Agent.BootSource = facts.GetBootSource()
+		}
+	}, now)
+}
+
+// maxRetries bounds compare-and-swap retries of status updates.
+const maxRetries = 10
+
+// updateHost applies fn to the stored Host and writes it back with a
+// compare-and-swap, retrying on conflict. With create, a missing Host is
+// created.
+func (s *Service) updateHost(ctx context.Context, host string, create bool, fn func(*typesv1.Host), now time.Time) error {
+	for range maxRetries {
+		h := &typesv1.Host{}
+		rev, err := s.store.Get(ctx, HostsKind, host, h)
+		if errdefs.IsNotFound(err) && create {
+			h = &typesv1.Host{
+				ApiVersion: "kiln.dev/v1",
+				Kind:       "Host",
+				Metadata: &typesv1.ObjectMeta{
+					Name:              host,
+					Generation:        1,
+					Uid:               newUID(),
+					CreationTimestamp: timestamppb.New(now),
+				},
+				Spec: &typesv1.HostSpec{Bmc: &typesv1.BMCSpec{Protocol: "none"}},
+			}
+			fn(h)
+			_, err = s.store.Create(ctx, HostsKind, host, h)
+			if errdefs.IsAlreadyExists(err) {
+				continue
+			}
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		fn(h)
+		_, err = s.store.Update(ctx, HostsKind, host, h, rev)
+		if errdefs.IsConflict(err) {
+			continue
+		}
+		return err
+	}
+	return errdefs.Unavailable("host %q: too many concurrent updates", host)
+}
+
+// HeartbeatRequest is what an enrolled agent reports.
+type HeartbeatRequest struct {
+	AgentAddress string
+	Facts        *typesv1.Facts
+	Version      string
+}
+
+// Heartbeat records that the agent of host is alive, at its address, with
+// these facts, and returns the interval until the next heartbeat. host
+// must come from the caller's certificate. It returns NotFound when the
+// Host was deleted (the agent must enroll again).
+func (s *Service) Heartbeat(ctx context.Context, host string, req HeartbeatRequest) (time.Duration, error) {
+	now := s.cfg.Clock()
+	var becameReachable bool
+	err := s.updateHost(ctx, host, false, func(h *typesv1.Host) {
+		if h.Status == nil {
+			h.Status = &typesv1.HostStatus{}
+		}
+		if h.Status.Agent == nil {
+			h.Status.Agent = &typesv1.AgentStatus{}
+		}
+		a := h.Status.Agent
+		a.Address = req.AgentAddress
+		a.LastHeartbeat = timestamppb.New(now)
+		a.Version = req.Version
+		if req.Facts != nil {
+			h.Status.Facts = req.Facts
+			a.Mode = req.Facts.GetAgentMode()
+			a.BootSource = req.Facts.GetBootSource()
+		}
+		var changed bool
+		h.Status.Conditions, changed = conditions.Set(h.Status.Conditions,
+			conditions.New(ConditionAgentReachable, conditions.True, "HeartbeatReceived", "agent at "+req.AgentAddress+" sends heartbeats"), now)
+		becameReachable = changed
+	}, now)
+	if errdefs.IsNotFound(err) {
+		return 0, errdefs.NotFound("host %q is not registered (deleted?): enroll the agent again", host)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("heartbeat of host %q: %w", host, err)
+	}
+	if becameReachable {
+		s.events.Record(ctx, HostsKind, host, events.Normal, "AgentReachable", "agent heartbeats arrive from "+req.AgentAddress)
+	}
+	return s.cfg.HeartbeatInterval, nil
+}
+
+// Renew signs a fresh agent certificate for host (from the caller's
+// certificate) and records its serial.
+func (s *Service) Renew(ctx context.Context, host string, csrDER []byte) ([]byte, error) {
+	now := s.cfg.Clock()
+	h := &typesv1.Host{}
+	if _, err := s.store.Get(ctx, HostsKind, host, h); err != nil {
+		return nil, fmt.Errorf("renew host %q: %w", host, err)
+	}
+	certPEM, err := s.ca.SignCSR(csrDER, pki.RoleAgent, host, s.cfg.CertTTL, now, pki.WithHosts(agentSANs(host, h.GetStatus().GetFacts())...))
+	if err != nil {
+		return nil, fmt.Errorf("renew host %q: %w", host, err)
+	}
+	cert, err := parseCert(certPEM)
+	if err != nil {
+		return nil, err
+	}
+	err = s.updateHost(ctx, host, false, func(h *typesv1.Host) {
+		if h.Status == nil {
+			h.Status = &typesv1.HostStatus{}
+		}
+		if h.Status.Agent == nil {
+			h.Status.Agent = &typesv1.AgentStatus{}
+		}
+		h.Status.Agent.CertificateSerial = cert.SerialNumber.Text(16)
+		h.Status.Agent.CertificateNotAfter = timestamppb.New(cert.NotAfter)
+	}, now)
+	if err != nil {
+		return nil, fmt.Errorf("renew host %q: %w", host, err)
+	}
+	s.events.Record(ctx, HostsKind, host, events.Normal, "CertificateRenewed", "certificate serial "+cert.SerialNumber.Text(16))
+	return certPEM, nil
+}
+
+// agentSANs are the names an agent's certificate serves under: its host
+// name and the addresses it reports.
+func agentSANs(host string, facts *typesv1.Facts) []string {
+	sans := []string{host}
+	for _, nic := range facts.GetNics() {
+		for _, a := range nic.GetAddresses() {
+			if p, err := netip.ParsePrefix(a); err == nil {
+				sans = append(sans, p.Addr().String())
+			} else if ip, err := netip.ParseAddr(a); err == nil {
+				sans = append(sans, ip.String())
+			}
+		}
+	}
+	return sans
+}
+
+func parseCert(certPEM []byte) (*x509.Certificate, error) {
+	b, _ := pem.Decode(certPEM)
+	if b == nil {
+		return nil, fmt.Errorf("signed certificate is not PEM")
+	}
+	return x509.ParseCertificate(b.Bytes)
+}
+
+// checkHostName accepts DNS-1123 labels joined by dots, as Host names.
+func checkHostName(name string) error {
+	if len(name) > 253 {
+		return errdefs.InvalidArgument("host name of %d characters is too long (max 253)", len(name))
+	}
+	for _, label := range strings.Split(name, ".") {
+		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' {
+			return errdefs.InvalidArgument("host name %q is not a lowercase DNS name such as rack1-01", name)
+		}
+		for _, r := range label {
+			if (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '-' {
+				return errdefs.InvalidArgument("host name %q is not a lowercase DNS name such as rack1-01", name)
+			}
+		}
+	}
+	return nil
+}
+
+// CAHash is the hash of the CA agents must pin ("sha256:...").
+func (s *Service) CAHash() string { return s.ca.Hash() }

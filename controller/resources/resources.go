@@ -1,0 +1,451 @@
+// Package resources is the domain behind the Resources API: apply with
+// created/configured/unchanged results, get, list with label selectors and
+// paging, delete and watch, over the store. It owns the rules every kind
+// shares: apiVersion and kind are set by the controller, generation bumps
+// only when spec changes, status is the controller's, and a Host's BMC
+// password is moved into a sealed secret and never returned.
+package resources
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"strconv"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/kilnhq/kiln/controller/events"
+	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/controller/validation"
+	"github.com/kilnhq/kiln/internal/errdefs"
+	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+// Store is what the service needs of the store.
+type Store interface {
+	Create(ctx context.Context, kind, name string, m proto.Message) (int64, error)
+	Get(ctx context.Context, kind, name string, into proto.Message) (int64, error)
+	Update(ctx context.Context, kind, name string, m proto.Message, expectRev int64) (int64, error)
+	Delete(ctx context.Context, kind, name string, expectRev int64) error
+	List(ctx context.Context, kind string, newMsg func() proto.Message, opts store.ListOptions) ([]store.Item, string, error)
+	Watch(ctx context.Context, kind string, fromRev int64) <-chan store.WatchEvent
+	PutSecret(ctx context.Context, path string, plaintext []byte) error
+	GetSecret(ctx context.Context, path string) ([]byte, error)
+	DeleteSecret(ctx context.Context, path string) error
+}
+
+var _ Store = (*store.Store)(nil)
+
+// Recorder records events.
+type Recorder interface {
+	Record(ctx context.Context, kind, name, typ, reason, message string)
+}
+
+var _ Recorder = (*events.Recorder)(nil)
+
+// Action is the result of applying one resource.
+const (
+	Created    = "created"
+	Configured = "configured"
+	Unchanged  = "unchanged"
+)
+
+// BMCSecretPath is the sealed secret holding a host's BMC password.
+func BMCSecretPath(host string) string { return "bmc/" + host }
+
+// Service implements the Resources API's domain.
+type Service struct {
+	store  Store
+	events Recorder
+	clock  func() time.Time
+	log    *slog.Logger
+}
+
+// New returns a Service.
+func New(st Store, rec Recorder, clock func() time.Time, log *slog.Logger) *Service {
+	if clock == nil {
+		clock = time.Now
+	}
+	return &Service{store: st, events: rec, clock: clock, log: log.With("component", "resources")}
+}
+
+// maxConflictRetries bounds Apply's retries when a reconciler writes the
+// same object between Apply's read and write.
+const maxConflictRetries = 5
+
+// Apply creates or updates each resource in order and reports what it did.
+// It stops at the first error, which is InvalidArgument for a resource
+// that fails validation (nothing of that resource is stored), Conflict when
+// metadata.resourceVersion is set and stale, Unavailable when etcd cannot
+// answer. With dryRun nothing is stored and the results say what would
+// happen.
+func (s *Service) Apply(ctx context.Context, objs []*controllerv1.Resource, dryRun bool) ([]*controllerv1.ApplyResult, error) {
+	results := make([]*controllerv1.ApplyResult, 0, len(objs))
+	for _, r := range objs {
+		if err := validation.Validate(r); err != nil {
+			return results, err
+		}
+		k, obj, err := Unwrap(r)
+		if err != nil {
+			return results, err
+		}
+		name := Meta(obj).GetName()
+		var action string
+		for attempt := 0; ; attempt++ {
+			action, err = s.applyOne(ctx, k, proto.Clone(obj), dryRun)
+			if !errdefs.IsConflict(err) || Meta(obj).GetResourceVersion() != "" || attempt >= maxConflictRetries {
+				break
+			}
+		}
+		if err != nil {
+			return results, fmt.Errorf("apply %s %q: %w", k.Name, name, err)
+		}
+		results = append(results, &controllerv1.ApplyResult{Kind: k.Name, Name: name, Action: action})
+		if !dryRun && action != Unchanged {
+			s.events.Record(ctx, k.Plural, name, events.Normal, "Applied", k.Name+" "+action)
+		}
+	}
+	return results, nil
+}
+
+func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRun bool) (string, error) {
+	md := Meta(obj)
+	name := md.GetName()
+	wantRV := md.GetResourceVersion()
+	clearStatus(obj)
+	password, err := s.takeBMCPassword(obj)
+	if err != nil {
+		return "", err
+	}
+
+	cur := k.New()
+	rev, err := s.store.Get(ctx, k.Plural, name, cur)
+	exists := err == nil
+	if err != nil && !errdefs.IsNotFound(err) {
+		return "", err
+	}
+	if wantRV != "" {
+		if !exists {
+			return "", errdefs.NotFound("%s %q does not exist but metadata.resourceVersion %s was given", k.Name, name, wantRV)
+		}
+		if wantRV != strconv.FormatInt(rev, 10) {
+			return "", errdefs.Conflict("%s %q was modified: resourceVersion is %d, not %s; get it again and retry", k.Name, name, rev, wantRV)
+		}
+	}
+	var observed validation.Observed
+	if exists {
+		observed.Current = k.Wrap(cur)
+	}
+	observed.ControlPlaneVersion = s.controlPlaneVersion(ctx, obj)
+	if err := validation.ValidateAgainst(k.Wrap(obj), observed); err != nil {
+		return "", err
+	}
+
+	pwChanged, err := s.passwordChanged(ctx, k, name, password)
+	if err != nil {
+		return "", err
+	}
+
+	if !exists {
+		setHeader(obj, k)
+		md.ResourceVersion = ""
+		md.Generation = 1
+		md.Uid = newUID()
+		md.CreationTimestamp = timestamppb.New(s.clock())
+		md.DeletionTimestamp = nil
+		markPasswordSet(obj, password != "")
+		if dryRun {
+			return Created, nil
+		}
+		if password != "" {
+			if err := s.store.PutSecret(ctx, BMCSecretPath(name), []byte(password)); err != nil {
+				return "", err
+			}
+		}
+		if _, err := s.store.Create(ctx, k.Plural, name, obj); err != nil {
+			return "", err
+		}
+		return Created, nil
+	}
+
+	// The stored object keeps its identity, status and bookkeeping; only
+	// spec, labels and annotations come from the user.
+	next := proto.Clone(cur)
+	nmd := Meta(next)
+	markPasswordSet(obj, password != "" || passwordSet(cur))
+	specChanged := !specEqual(cur, obj)
+	metaChanged := !maps.Equal(nmd.GetLabels(), md.GetLabels()) || !maps.Equal(nmd.GetAnnotations(), md.GetAnnotations())
+	headerChanged := !headerOK(cur, k)
+	if !specChanged && !metaChanged && !pwChanged && !headerChanged {
+		return Unchanged, nil
+	}
+	setHeader(next, k)
+	setSpec(next, obj)
+	nmd.Labels = md.GetLabels()
+	nmd.Annotations = md.GetAnnotations()
+	nmd.ResourceVersion = ""
+	if specChanged || pwChanged {
+		nmd.Generation++
+	}
+	if dryRun {
+		return Configured, nil
+	}
+	if pwChanged {
+		if err := s.store.PutSecret(ctx, BMCSecretPath(name), []byte(password)); err != nil {
+			return "", err
+		}
+	}
+	if _, err := s.store.Update(ctx, k.Plural, name, next, rev); err != nil {
+		return "", err
+	}
+	return Configured, nil
+}
+
+// takeBMCPassword removes the write-only password from a Host and returns
+// it.
+func (s *Service) takeBMCPassword(obj proto.Message) (string, error) {
+	h, ok := obj.(*typesv1.Host)
+	if !ok || h.GetSpec().GetBmc() == nil {
+		return "", nil
+	}
+	pw := h.Spec.Bmc.Password
+	h.Spec.Bmc.Password = ""
+	h.Spec.Bmc.PasswordSet = false
+	return pw, nil
+}
+
+// passwordChanged reports whether password differs from the one stored
+// for a Host ("" never counts as a change: applying a Host without a
+// password keeps the stored one).
+func (s *Service) passwordChanged(ctx context.Context, k Kind, name, password string) (bool, error) {
+	if k.Plural != "hosts" || password == "" {
+		return false, nil
+	}
+	old, err := s.store.GetSecret(ctx, BMCSecretPath(name))
+	if errdefs.IsNotFound(err) || errdefs.IsPermissionDenied(err) {
+		// Unreadable under this key (a key file was replaced): overwrite.
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return !bytes.Equal(old, []byte(password)), nil
+}
+
+func markPasswordSet(obj proto.Message, set bool) {
+	if h, ok := obj.(*typesv1.Host); ok && h.GetSpec().GetBmc() != nil {
+		h.Spec.Bmc.PasswordSet = set
+	}
+}
+
+func passwordSet(obj proto.Message) bool {
+	h, ok := obj.(*typesv1.Host)
+	return ok && h.GetSpec().GetBmc().GetPasswordSet()
+}
+
+func headerOK(obj proto.Message, k Kind) bool {
+	r := obj.ProtoReflect()
+	return r.Get(field(obj, "api_version")).String() == APIVersion && r.Get(field(obj, "kind")).String() == k.Name
+}
+
+// controlPlaneVersion finds the control plane version of the cluster a
+// MachineDeployment or Machine belongs to, for the version skew rules.
+// Lookup failures leave it empty (the rule is skipped), never fail Apply.
+func (s *Service) controlPlaneVersion(ctx context.Context, obj proto.Message) string {
+	var cluster string
+	switch o := obj.(type) {
+	case *typesv1.MachineDeployment:
+		cluster = o.GetSpec().GetCluster()
+	case *typesv1.Machine:
+		if o.GetSpec().GetRole() == "control-plane" {
+			return ""
+		}
+		cluster = o.GetSpec().GetCluster()
+	default:
+		return ""
+	}
+	if cluster == "" {
+		return ""
+	}
+	items, _, err := s.store.List(ctx, "controlplanes", func() proto.Message { return &typesv1.ControlPlane{} }, store.ListOptions{})
+	if err == nil {
+		for _, it := range items {
+			if cp := it.Msg.(*typesv1.ControlPlane); cp.GetSpec().GetCluster() == cluster && cp.GetSpec().GetVersion() != "" {
+				return cp.GetSpec().GetVersion()
+			}
+		}
+	}
+	c := &typesv1.Cluster{}
+	if _, err := s.store.Get(ctx, "clusters", cluster, c); err == nil {
+		return c.GetSpec().GetKubernetesVersion()
+	}
+	return ""
+}
+
+// Get returns one resource. It returns NotFound when there is none and
+// InvalidArgument for an unknown kind.
+func (s *Service) Get(ctx context.Context, kind, name string) (*controllerv1.Resource, error) {
+	k, err := LookupKind(kind)
+	if err != nil {
+		return nil, err
+	}
+	if name == "" {
+		return nil, errdefs.InvalidArgument("get %s: name is required", k.Plural)
+	}
+	obj := k.New()
+	rev, err := s.store.Get(ctx, k.Plural, name, obj)
+	if err != nil {
+		return nil, err
+	}
+	finish(obj, k, rev)
+	return k.Wrap(obj), nil
+}
+
+// finish prepares a stored object for the API: header, resource version,
+// and never a password.
+func finish(obj proto.Message, k Kind, rev int64) {
+	setHeader(obj, k)
+	Meta(obj).ResourceVersion = strconv.FormatInt(rev, 10)
+	if h, ok := obj.(*typesv1.Host); ok && h.GetSpec().GetBmc() != nil {
+		h.Spec.Bmc.Password = ""
+	}
+}
+
+// maxPage is the most items one List call reads from etcd at a time.
+const maxPage = 500
+
+// List returns resources of kind whose labels match every key=value of
+// selector, in name order. With limit > 0 it returns at most limit and a
+// continue token while more may remain.
+func (s *Service) List(ctx context.Context, kind string, selector map[string]string, limit int64, cont string) ([]*controllerv1.Resource, string, error) {
+	k, err := LookupKind(kind)
+	if err != nil {
+		return nil, "", err
+	}
+	if limit < 0 {
+		return nil, "", errdefs.InvalidArgument("list %s: negative limit %d", k.Plural, limit)
+	}
+	var out []*controllerv1.Resource
+	for {
+		// A page never reaches past the limit, so a listing that fills up
+		// does so at a page's end, where the store's token resumes.
+		page := int64(maxPage)
+		if limit > 0 {
+			page = min(page, limit-int64(len(out)))
+		}
+		items, next, err := s.store.List(ctx, k.Plural, k.New, store.ListOptions{Limit: page, Continue: cont})
+		if err != nil {
+			return nil, "", err
+		}
+		for _, it := range items {
+			if !matches(Meta(it.Msg).GetLabels(), selector) {
+				continue
+			}
+			finish(it.Msg, k, it.Rev)
+			out = append(out, k.Wrap(it.Msg))
+		}
+		if next == "" || (limit > 0 && int64(len(out)) >= limit) {
+			return out, next, nil
+		}
+		cont = next
+	}
+}
+
+func matches(labels, selector map[string]string) bool {
+	for k, v := range selector {
+		got, ok := labels[k]
+		if !ok || got != v {
+			return false
+		}
+	}
+	return true
+}
+
+// Delete removes a resource (and a Host's sealed BMC password). It returns
+// NotFound when there is none.
+func (s *Service) Delete(ctx context.Context, kind, name string) error {
+	k, err := LookupKind(kind)
+	if err != nil {
+		return err
+	}
+	if name == "" {
+		return errdefs.InvalidArgument("delete %s: name is required", k.Plural)
+	}
+	if err := s.store.Delete(ctx, k.Plural, name, 0); err != nil {
+		return err
+	}
+	if k.Plural == "hosts" {
+		if err := s.store.DeleteSecret(ctx, BMCSecretPath(name)); err != nil && !errdefs.IsNotFound(err) {
+			s.log.Warn("bmc secret of deleted host not removed", "host", name, "err", err)
+		}
+	}
+	s.events.Record(ctx, k.Plural, name, events.Normal, "Deleted", k.Name+" deleted")
+	return nil
+}
+
+// Watch calls fn for every change of resources of kind (only name, when
+// set) from now on, until ctx ends or fn returns an error. Type is
+// "ADDED", "MODIFIED" or "DELETED"; a deleted resource carries only its
+// kind and name.
+func (s *Service) Watch(ctx context.Context, kind, name string, fn func(*controllerv1.WatchEvent) error) error {
+	k, err := LookupKind(kind)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// The store reports puts without saying whether they created the
+	// object: a put is ADDED when its object was created after the watch
+	// began and is seen here for the first time.
+	start := s.clock()
+	seen := map[string]bool{}
+	for ev := range s.store.Watch(ctx, k.Plural, 0) {
+		if ev.Err != nil {
+			return ev.Err
+		}
+		if name != "" && ev.Name != name {
+			continue
+		}
+		obj := k.New()
+		typ := "DELETED"
+		if ev.Type == store.EventPut {
+			if err := proto.Unmarshal(ev.Value, obj); err != nil {
+				return fmt.Errorf("watch %s: decode %q: %w", k.Plural, ev.Name, err)
+			}
+			typ = "MODIFIED"
+			if !seen[ev.Name] && !Meta(obj).GetCreationTimestamp().AsTime().Before(start) {
+				typ = "ADDED"
+			}
+			seen[ev.Name] = true
+			finish(obj, k, ev.Rev)
+		} else {
+			delete(seen, ev.Name)
+			Meta(obj).Name = ev.Name
+			setHeader(obj, k)
+		}
+		if err := fn(&controllerv1.WatchEvent{Type: typ, Resource: k.Wrap(obj)}); err != nil {
+			return err
+		}
+	}
+	if err := ctx.Err(); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+func newUID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b)
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
