@@ -17,8 +17,10 @@ import (
 // which module, with which flags, and what it leaves behind on failure). It
 // writes a small distinct file for every binary and can fail any build.
 type fakeGo struct {
-	t         *testing.T
+	t         testing.TB
 	kubeGoMod string
+	// pad, when set, is appended to every written binary (benchmarks).
+	pad []byte
 
 	mu        sync.Mutex
 	calls     []Cmd
@@ -27,7 +29,7 @@ type fakeGo struct {
 
 var _ Runner = (*fakeGo)(nil)
 
-func newFakeGo(t *testing.T) *fakeGo {
+func newFakeGo(t testing.TB) *fakeGo {
 	p, err := filepath.Abs("testdata/kubernetes-v1.34.4.go.mod")
 	if err != nil {
 		t.Fatal(err)
@@ -58,13 +60,13 @@ func (f *fakeGo) Run(ctx context.Context, c Cmd) error {
 			fmt.Fprintln(c.Stderr, "compile: injected failure")
 			return errors.New("exit status 1")
 		}
-		return os.WriteFile(out, []byte("built "+a[len(a)-1]+" in "+filepath.Base(c.Dir)), 0o755)
+		return os.WriteFile(out, append([]byte("built "+a[len(a)-1]+" in "+filepath.Base(c.Dir)), f.pad...), 0o755)
 	case a[0] == "install":
 		gobin := envValue(c.Env, "GOBIN")
 		if fail == CoreDNS {
 			return errors.New("exit status 1")
 		}
-		return os.WriteFile(filepath.Join(gobin, "coredns"), []byte("built "+a[len(a)-1]), 0o755)
+		return os.WriteFile(filepath.Join(gobin, "coredns"), append([]byte("built "+a[len(a)-1]), f.pad...), 0o755)
 	default:
 		f.t.Errorf("fake go: unexpected command go %s", strings.Join(a, " "))
 		return errors.New("unexpected")
