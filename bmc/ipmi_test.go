@@ -18,7 +18,7 @@ import (
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
-func requireIPMITools(t *testing.T) {
+func requireIPMITools(t testing.TB) {
 	t.Helper()
 	for _, tool := range []string{"ipmi_sim", "ipmitool"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -35,7 +35,7 @@ type ipmiHost struct {
 
 // startIPMIHosts starts n ipmi_sim BMCs, each driving a process machine
 // running `sleep 3600`.
-func startIPMIHosts(t *testing.T, n int, opts bmc.Options) []ipmiHost {
+func startIPMIHosts(t testing.TB, n int, opts bmc.Options) []ipmiHost {
 	t.Helper()
 	requireIPMITools(t)
 	ctx := ctxTimeout(t, 2*time.Minute)

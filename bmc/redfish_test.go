@@ -61,7 +61,7 @@ func dialEmulator(t *testing.T, e *redfish.BMC, opts bmc.Options) *bmc.BMC {
 	return b
 }
 
-func ctxTimeout(t *testing.T, d time.Duration) context.Context {
+func ctxTimeout(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
