@@ -1,0 +1,96 @@
+package store
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+// The benchmarks run against a single-member embedded etcd in a temporary
+// directory, as the default controller does; each write is an fsynced raft
+// commit.
+
+func BenchmarkCreate(b *testing.B) {
+	s, _ := newStore(b)
+	ctx := testCtx(b)
+	i := 0
+	for b.Loop() {
+		name := fmt.Sprintf("host-%06d", i)
+		if _, err := s.Create(ctx, "hosts", name, host(name, "52:54:00:00:00:01")); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}
+
+func BenchmarkGet(b *testing.B) {
+	s, _ := newStore(b)
+	ctx := testCtx(b)
+	_, err := s.Create(ctx, "hosts", "rack1-01", host("rack1-01", "52:54:00:00:00:01"))
+	require.NoError(b, err)
+	var h typesv1.Host
+	for b.Loop() {
+		if _, err := s.Get(ctx, "hosts", "rack1-01", &h); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkUpdate(b *testing.B) {
+	s, _ := newStore(b)
+	ctx := testCtx(b)
+	h := host("rack1-01", "52:54:00:00:00:01")
+	rev, err := s.Create(ctx, "hosts", "rack1-01", h)
+	require.NoError(b, err)
+	for b.Loop() {
+		h.Metadata.Generation++
+		if rev, err = s.Update(ctx, "hosts", "rack1-01", h, rev); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkPutSecret(b *testing.B) {
+	s, _ := newStore(b)
+	ctx := testCtx(b)
+	pw := []byte("bmc-password-0f3c9a")
+	for b.Loop() {
+		if err := s.PutSecret(ctx, "bmc/rack1-01", pw); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkList1000 lists 1000 hosts in pages of 100.
+func BenchmarkList1000(b *testing.B) {
+	s, _ := newStore(b)
+	ctx := testCtx(b)
+	for i := range 1000 {
+		name := fmt.Sprintf("host-%04d", i)
+		_, err := s.Create(ctx, "hosts", name, host(name, "52:54:00:00:00:01"))
+		require.NoError(b, err)
+	}
+	newHost := func() proto.Message { return &typesv1.Host{} }
+	for b.Loop() {
+		n := 0
+		opts := ListOptions{Limit: 100}
+		for {
+			items, next, err := s.List(ctx, "hosts", newHost, opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			n += len(items)
+			if next == "" {
+				break
+			}
+			opts.Continue = next
+		}
+		if n != 1000 {
+			b.Fatalf("listed %d, want 1000", n)
+		}
+	}
+}
