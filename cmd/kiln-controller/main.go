@@ -1,0 +1,160 @@
+// Command kiln-controller is the Kiln controller daemon: API server, etcd
+// store (embedded by default), CA and reconcilers. See docs/controller.md.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kilnhq/kiln/controller"
+	"github.com/kilnhq/kiln/internal/version"
+)
+
+func main() {
+	if err := rootCmd().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "kiln-controller:", err)
+		os.Exit(1)
+	}
+}
+
+type common struct {
+	dataDir       string
+	etcdEndpoints string
+	secretKeyFile string
+	logLevel      string
+}
+
+func (c *common) bind(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&c.dataDir, "data-dir", "/var/lib/kiln-controller", "directory of the embedded etcd, the secret key and the admin kilnconfig")
+	cmd.Flags().StringVar(&c.etcdEndpoints, "etcd-endpoints", "", "comma-separated client URLs of an external etcd cluster (empty: embedded etcd in --data-dir)")
+	cmd.Flags().StringVar(&c.secretKeyFile, "secret-key-file", "", "AES-256 key sealing secrets at rest (default <data-dir>/secret.key; all replicas must share it)")
+	cmd.Flags().StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+}
+
+func (c *common) config() controller.Config {
+	cfg := controller.Config{DataDir: c.dataDir, SecretKeyFile: c.secretKeyFile}
+	for _, e := range strings.Split(c.etcdEndpoints, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			cfg.EtcdEndpoints = append(cfg.EtcdEndpoints, e)
+		}
+	}
+	return cfg
+}
+
+func (c *common) logger() (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(c.logLevel)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: %w", c.logLevel, err)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})), nil
+}
+
+func rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "kiln-controller",
+		Short:         "Kiln controller: API, store, CA and reconcilers",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(runCmd(), operatorCertCmd(), versionCmd())
+	return root
+}
+
+func runCmd() *cobra.Command {
+	var (
+		c           common
+		listen      string
+		id          string
+		serverNames []string
+		electionTTL time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the controller",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := c.logger()
+			if err != nil {
+				return err
+			}
+			cfg := c.config()
+			cfg.ListenAddr = listen
+			cfg.ID = id
+			cfg.ServerNames = serverNames
+			cfg.ElectionTTL = electionTTL
+			ctl, err := controller.New(cfg, log)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			go func() {
+				select {
+				case <-ctl.Ready():
+					fmt.Fprintf(cmd.OutOrStdout(), "kiln-controller %s serving on %s\nCA hash: %s\nadmin kilnconfig: %s\n",
+						version.Version, ctl.Addr(), ctl.CA().Hash(), ctl.AdminConfigPath())
+				case <-ctx.Done():
+				}
+			}()
+			return ctl.Run(ctx)
+		},
+	}
+	c.bind(cmd)
+	cmd.Flags().StringVar(&listen, "listen", controller.DefaultListenAddr, "gRPC API address (host:port)")
+	cmd.Flags().StringVar(&id, "id", "", "replica name in the leader election (default <hostname>-<pid>)")
+	cmd.Flags().StringSliceVar(&serverNames, "server-name", nil, "extra DNS names or IPs for the API certificate (repeatable)")
+	cmd.Flags().DurationVar(&electionTTL, "election-ttl", controller.DefaultElectionTTL, "leader lease; a crashed leader is replaced after about this long")
+	return cmd
+}
+
+func operatorCertCmd() *cobra.Command {
+	var (
+		c                    common
+		role, name, out, srv string
+	)
+	cmd := &cobra.Command{
+		Use:   "operator-cert --role reader|operator|admin --name NAME -o FILE",
+		Short: "Issue an operator certificate and write a kilnconfig for it",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := c.logger()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			if err := controller.WriteOperatorConfig(ctx, c.config(), controller.OperatorCertRequest{
+				Role: role, Name: name, Server: srv, Out: out,
+			}, log); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s (role %s, name %s)\n", out, role, name)
+			return nil
+		},
+	}
+	c.bind(cmd)
+	cmd.Flags().StringVar(&role, "role", "", "reader, operator or admin")
+	cmd.Flags().StringVar(&name, "name", "", "operator name (certificate identity)")
+	cmd.Flags().StringVarP(&out, "output", "o", "", "kilnconfig file to write")
+	cmd.Flags().StringVar(&srv, "server", "", "API address to write (default: the admin kilnconfig's)")
+	_ = cmd.MarkFlagRequired("role")
+	_ = cmd.MarkFlagRequired("name")
+	_ = cmd.MarkFlagRequired("output")
+	return cmd
+}
+
+func versionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Run: func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintln(cmd.OutOrStdout(), version.Version)
+		},
+	}
+}

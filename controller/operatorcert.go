@@ -1,0 +1,150 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kilnhq/kiln/controller/kilnconfig"
+	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/pki"
+	"github.com/kilnhq/kiln/internal/seal"
+)
+
+// OperatorCertRequest asks for a kilnconfig for an operator.
+type OperatorCertRequest struct {
+	// Role is "reader", "operator" or "admin".
+	Role string
+	// Name is the operator's identity (certificate CommonName).
+	Name string
+	// Server is the API address written into the file; empty takes it
+	// from the admin kilnconfig in DataDir, else from ListenAddr.
+	Server string
+	// Out is the file to write (mode 0600).
+	Out string
+}
+
+// WriteOperatorConfig issues an operator certificate from the CA stored in
+// the controller's etcd and writes a kilnconfig for it. It works while the
+// controller runs (through its embedded etcd's client URL, or the external
+// etcd) and while it is stopped (it then starts the embedded etcd itself).
+//
+// It returns InvalidArgument for a bad role or name, FailedPrecondition
+// when the data directory holds no CA yet (start the controller once) and
+// PermissionDenied when the CA key does not open with cfg's secret key.
+func WriteOperatorConfig(ctx context.Context, cfg Config, req OperatorCertRequest, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	role, err := pki.ParseRole(req.Role)
+	if err != nil {
+		return err
+	}
+	if role != pki.RoleReader && role != pki.RoleOperator && role != pki.RoleAdmin {
+		return errdefs.InvalidArgument("role %q is not an operator role: want reader, operator or admin", role)
+	}
+	if req.Name == "" {
+		return errdefs.InvalidArgument("operator name is required")
+	}
+	if req.Out == "" {
+		return errdefs.InvalidArgument("output file is required")
+	}
+	if cfg.DataDir == "" {
+		return errdefs.InvalidArgument("data directory is required")
+	}
+	keyFile := cfg.SecretKeyFile
+	if keyFile == "" {
+		keyFile = filepath.Join(cfg.DataDir, "secret.key")
+	}
+	if _, err := os.Stat(keyFile); err != nil {
+		return errdefs.FailedPrecondition("secret key %s: %v (start the controller once first)", keyFile, err)
+	}
+	sealer, err := seal.LoadOrCreateKey(keyFile)
+	if err != nil {
+		return err
+	}
+	client, closeFn, err := operatorEtcd(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	st := store.New(client, store.WithSealer(sealer))
+	ca, err := loadCA(ctx, st)
+	if errdefs.IsNotFound(err) {
+		return errdefs.FailedPrecondition("no CA in the controller's etcd: start the controller once first")
+	}
+	if err != nil {
+		return err
+	}
+	server := req.Server
+	if server == "" {
+		if admin, err := kilnconfig.Load(filepath.Join(cfg.DataDir, AdminConfigName)); err == nil {
+			server = admin.Server
+		} else {
+			listen := cfg.ListenAddr
+			if listen == "" {
+				listen = DefaultListenAddr
+			}
+			server = clientAddr(listen)
+		}
+	}
+	clock := cfg.Clock
+	if clock == nil {
+		clock = time.Now
+	}
+	kc, err := clientConfig(ca, role, req.Name, server, clock())
+	if err != nil {
+		return err
+	}
+	if err := kilnconfig.Write(req.Out, kc); err != nil {
+		return err
+	}
+	log.Info("operator kilnconfig written", "role", role, "name", req.Name, "path", req.Out, "server", server)
+	return nil
+}
+
+// operatorEtcd reaches the controller's etcd: the external endpoints, the
+// running controller's embedded member, or an embedded member started
+// here when the controller is stopped.
+func operatorEtcd(ctx context.Context, cfg Config, log *slog.Logger) (*clientv3.Client, func(), error) {
+	if len(cfg.EtcdEndpoints) > 0 {
+		cl, err := dialEtcd(cfg.EtcdEndpoints)
+		if err != nil {
+			return nil, nil, err
+		}
+		return cl, func() { cl.Close() }, nil
+	}
+	if b, err := os.ReadFile(filepath.Join(cfg.DataDir, etcdURLFile)); err == nil {
+		eps := strings.Split(strings.TrimSpace(string(b)), ",")
+		if cl, err := dialEtcd(eps); err == nil {
+			pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			_, err := cl.Get(pctx, "/kiln/v1/pki/ca.crt")
+			cancel()
+			if err == nil {
+				return cl, func() { cl.Close() }, nil
+			}
+			cl.Close()
+		}
+	}
+	emb, err := store.StartEmbedded(ctx, store.EmbeddedConfig{
+		DataDir:      filepath.Join(cfg.DataDir, "etcd"),
+		Logger:       log,
+		ReadyTimeout: 20 * time.Second,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("open the controller's embedded etcd (is the controller running with another data directory?): %w", err)
+	}
+	cl, err := dialEtcd(emb.Endpoints())
+	if err != nil {
+		emb.Close()
+		return nil, nil, err
+	}
+	return cl, func() { cl.Close(); emb.Close() }, nil
+}
