@@ -2,6 +2,7 @@ package manifest
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strconv"
@@ -47,6 +48,12 @@ func Marshal(r *controllerv1.Resource) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	return MarshalMessage(m)
+}
+
+// MarshalMessage returns any message (a spec, a status) as YAML with the
+// rules of Marshal. An empty message is "{}\n".
+func MarshalMessage(m proto.Message) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := yaml.NewEncoder(&buf)
 	enc.SetIndent(2)
@@ -79,11 +86,18 @@ func MarshalJSON(r *controllerv1.Resource) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(m)
+	b, err := protojson.Marshal(m)
 	if err != nil {
 		return nil, fmt.Errorf("manifest: encode json: %w", err)
 	}
-	return append(b, '\n'), nil
+	// protojson varies its whitespace on purpose; give scripts and diffs
+	// a stable form.
+	var out bytes.Buffer
+	if err := json.Indent(&out, b, "", "  "); err != nil {
+		return nil, fmt.Errorf("manifest: encode json: %w", err)
+	}
+	out.WriteByte('\n')
+	return out.Bytes(), nil
 }
 
 func messageNode(m protoreflect.Message) *yaml.Node {
@@ -154,8 +168,14 @@ func scalarNode(fd protoreflect.FieldDescriptor, v protoreflect.Value) *yaml.Nod
 // strNode is a string scalar; multi-line strings (PEM) are literal blocks.
 func strNode(s string) *yaml.Node {
 	n := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: s}
-	if strings.Contains(s, "\n") {
+	switch {
+	case strings.Contains(s, "\n"):
 		n.Style = yaml.LiteralStyle
+	case yaml11Bool[strings.ToLower(s)]:
+		// YAML 1.1 readers (and people) take these for booleans.
+		n.Style = yaml.DoubleQuotedStyle
 	}
 	return n
 }
+
+var yaml11Bool = map[string]bool{"y": true, "yes": true, "n": true, "no": true, "on": true, "off": true}

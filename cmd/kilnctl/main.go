@@ -1,0 +1,24 @@
+// Command kilnctl is the Kiln CLI: apply, get, describe, delete and watch
+// resources, create enrollment tokens. The commands live in
+// cmd/kilnctl/internal/cli.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/kilnhq/kiln/cmd/kilnctl/internal/cli"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := cli.Run(ctx, cli.Options{}, os.Args[1:])
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		os.Exit(1)
+	}
+}
