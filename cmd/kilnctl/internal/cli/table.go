@@ -94,7 +94,9 @@ var columns = map[string][]column{
 			cp := r.GetControlPlane()
 			return fmt.Sprintf("%d/%d", cp.GetStatus().GetReadyReplicas(), cp.GetSpec().GetReplicas())
 		}),
-		col("UPDATED", func(r *controllerv1.Resource) string { return itoa(r.GetControlPlane().GetStatus().GetUpdatedReplicas()) }),
+		col("UPDATED", func(r *controllerv1.Resource) string {
+			return itoa(r.GetControlPlane().GetStatus().GetUpdatedReplicas())
+		}),
 		col("VERSION", func(r *controllerv1.Resource) string { return dash(r.GetControlPlane().GetSpec().GetVersion()) }),
 		ageCol,
 		wideCol("IMAGE", func(r *controllerv1.Resource) string { return dash(r.GetControlPlane().GetSpec().GetImage()) }),
@@ -107,7 +109,9 @@ var columns = map[string][]column{
 			md := r.GetMachineDeployment()
 			return fmt.Sprintf("%d/%d", md.GetStatus().GetReadyReplicas(), md.GetSpec().GetReplicas())
 		}),
-		col("UPDATED", func(r *controllerv1.Resource) string { return itoa(r.GetMachineDeployment().GetStatus().GetUpdatedReplicas()) }),
+		col("UPDATED", func(r *controllerv1.Resource) string {
+			return itoa(r.GetMachineDeployment().GetStatus().GetUpdatedReplicas())
+		}),
 		col("UNAVAILABLE", func(r *controllerv1.Resource) string {
 			return itoa(r.GetMachineDeployment().GetStatus().GetUnavailableReplicas())
 		}),
@@ -137,9 +141,13 @@ var columns = map[string][]column{
 	"HealthCheck": {
 		nameCol(),
 		col("CLUSTER", func(r *controllerv1.Resource) string { return r.GetHealthCheck().GetSpec().GetCluster() }),
-		col("EXPECTED", func(r *controllerv1.Resource) string { return itoa(r.GetHealthCheck().GetStatus().GetExpectedMachines()) }),
+		col("EXPECTED", func(r *controllerv1.Resource) string {
+			return itoa(r.GetHealthCheck().GetStatus().GetExpectedMachines())
+		}),
 		col("HEALTHY", func(r *controllerv1.Resource) string { return itoa(r.GetHealthCheck().GetStatus().GetCurrentHealthy()) }),
-		col("MAX-UNHEALTHY", func(r *controllerv1.Resource) string { return orDefault(r.GetHealthCheck().GetSpec().GetMaxUnhealthy(), "100%") }),
+		col("MAX-UNHEALTHY", func(r *controllerv1.Resource) string {
+			return orDefault(r.GetHealthCheck().GetSpec().GetMaxUnhealthy(), "100%")
+		}),
 		ageCol,
 		wideCol("REMEDIATIONS-ALLOWED", func(r *controllerv1.Resource) string {
 			return itoa(r.GetHealthCheck().GetStatus().GetRemediationsAllowed())
