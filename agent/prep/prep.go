@@ -2,7 +2,8 @@
 // in fstab), the kernel modules br_netfilter and overlay available and
 // persisted, the sysctls ip_forward and bridge-nf-call-ip{,6}tables set
 // and persisted, containerd's SystemdCgroup matched to the kubelet's
-// cgroup driver, and the containerd and kubelet units enabled.
+// cgroup driver (and verified in the running containerd), and the
+// containerd and kubelet units enabled.
 //
 // Prepare is idempotent: it only changes what differs, returns a
 // before/after list of what it changed, and a second run on a prepared
@@ -18,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/kilnhq/kiln/host/containerd"
 	"github.com/kilnhq/kiln/host/kmod"
@@ -75,6 +77,8 @@ type Preparer struct {
 	run       Runner
 	log       *slog.Logger
 	dialUnits DialUnits
+	// queryTimeout bounds the CRI query of the running containerd.
+	queryTimeout time.Duration
 }
 
 // Option configures a Preparer.
@@ -87,7 +91,7 @@ func WithUnits(d DialUnits) Option { return func(p *Preparer) { p.dialUnits = d 
 // New returns a Preparer for the host whose filesystem is at root ("/" in
 // production; /proc and /sys are read under it too).
 func New(root string, run Runner, log *slog.Logger, opts ...Option) *Preparer {
-	p := &Preparer{root: root, run: run, log: log.With("component", "prep"), dialUnits: dialSystemd}
+	p := &Preparer{root: root, run: run, log: log.With("component", "prep"), dialUnits: dialSystemd, queryTimeout: 10 * time.Second}
 	for _, o := range opts {
 		o(p)
 	}
@@ -97,10 +101,14 @@ func New(root string, run Runner, log *slog.Logger, opts ...Option) *Preparer {
 // Prepare makes the host ready for Kubernetes, reporting each step to
 // progress (may be nil), and returns what it changed.
 //
-// sysctls under net/ are per network namespace: Prepare sets them in the
-// namespace of the calling thread. Without systemd (no D-Bus), enabling
-// and restarting units is skipped and said so through progress; that is
-// not a failure and not a change. It blocks until done.
+// Sysctls under net/ are per network namespace: Prepare sets them in the
+// namespace of the calling thread. containerd's cgroup driver is verified
+// from the running daemon over CRI, not from the file: with systemd,
+// Prepare restarts containerd when its config changed or the running
+// value differs. Without systemd (no D-Bus), enabling and restarting
+// units is skipped and said so through progress; that is not a failure
+// and not a change (Preflight then reports a containerd that still runs
+// with the other driver). It blocks until done.
 //
 // It returns an InvalidArgument error for an unknown cgroup driver, and an
 // error naming the step for anything that fails (a module that cannot be
@@ -118,12 +126,18 @@ func (p *Preparer) Prepare(ctx context.Context, req *agentv1.PrepareRequest, pro
 		return nil, errdefs.InvalidArgument("cgroup driver %q: want %q or %q", driver, containerd.DriverSystemd, containerd.DriverCgroupfs)
 	}
 	s := &step{ctx: ctx, p: p, progress: progress, res: &agentv1.PrepareResult{}}
+	defer func() {
+		if s.unitsConn != nil {
+			s.unitsConn.Close()
+		}
+	}()
 	for _, f := range []func() error{
 		s.swap,
 		s.modules,
 		s.sysctls,
 		func() error { return s.containerd(req.GetContainerdConfig(), driver) },
 		s.units,
+		func() error { return s.verifyContainerd(driver) },
 	} {
 		if err := ctx.Err(); err != nil {
 			return s.res, fmt.Errorf("prepare: %w", err)
@@ -143,8 +157,10 @@ type step struct {
 	p        *Preparer
 	progress func(string)
 	res      *agentv1.PrepareResult
-	// restartContainerd is set when its config changed.
-	restartContainerd bool
+	// configChanged is set when containerd's config file changed.
+	configChanged bool
+	// unitsConn is the service manager, nil without systemd.
+	unitsConn Units
 }
 
 func (s *step) change(item, before, after string) {
@@ -240,7 +256,7 @@ func (s *step) containerd(config, driver string) error {
 	}
 	if changed {
 		s.change("containerd SystemdCgroup", before, fmt.Sprint(want))
-		s.restartContainerd = true
+		s.configChanged = true
 	}
 	return nil
 }
@@ -248,18 +264,14 @@ func (s *step) containerd(config, driver string) error {
 func (s *step) units() error {
 	u, err := s.p.dialUnits(s.ctx, s.p.root)
 	if errdefs.IsNotSupported(err) {
-		msg := fmt.Sprintf("units: skipped enabling %s: %v", strings.Join(unitsToEnable, ", "), err)
-		if s.restartContainerd {
-			msg += "; restart containerd yourself to apply its new config"
-		}
 		s.p.log.WarnContext(s.ctx, "no systemd: units not enabled", "error", err)
-		s.progress(msg)
+		s.progress(fmt.Sprintf("units: skipped enabling %s: %v", strings.Join(unitsToEnable, ", "), err))
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("systemd: %w", err)
 	}
-	defer u.Close()
+	s.unitsConn = u
 	for _, unit := range unitsToEnable {
 		s.progress("units: enable " + unit)
 		changed, err := u.Enable(s.ctx, unit)
@@ -270,12 +282,63 @@ func (s *step) units() error {
 			s.change("unit "+unit, "disabled", "enabled")
 		}
 	}
-	if s.restartContainerd {
-		s.progress("units: restart containerd.service")
-		if err := u.Restart(s.ctx, "containerd.service"); err != nil {
+	return nil
+}
+
+// verifyContainerd makes sure the running containerd uses driver: its
+// config file is read only at start, so a running daemon may still use
+// the old value. With systemd it restarts containerd when the config
+// changed or the running value differs; without systemd it says what to
+// do. A containerd that is not running is not verified (Preflight's
+// runtime-socket check fails for it).
+func (s *step) verifyContainerd(driver string) error {
+	const unit = "containerd.service"
+	sock := filepath.Join(s.p.root, containerd.DefaultSocket)
+	query := func() (containerd.Running, error) {
+		ctx, cancel := context.WithTimeout(s.ctx, s.p.queryTimeout)
+		defer cancel()
+		return containerd.Query(ctx, sock)
+	}
+	restart := func(before string) error {
+		s.progress("units: restart " + unit)
+		if err := s.unitsConn.Restart(s.ctx, unit); err != nil {
 			return err
 		}
-		s.change("unit containerd.service", "running with the old config", "restarted")
+		s.change("unit "+unit, before, "restarted")
+		return nil
+	}
+	if s.configChanged && s.unitsConn != nil {
+		if err := restart("running with the old config"); err != nil {
+			return err
+		}
+	}
+	r, err := query()
+	if errdefs.IsUnavailable(err) {
+		s.progress("containerd: not running, its cgroup driver is not verified")
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("verify containerd: %w", err)
+	}
+	if r.Driver() == driver {
+		s.progress("containerd: running with the " + driver + " cgroup driver")
+		return nil
+	}
+	if s.unitsConn == nil {
+		s.p.log.WarnContext(s.ctx, "containerd runs with another cgroup driver", "running", r.Driver(), "want", driver)
+		s.progress(fmt.Sprintf("containerd: runs with the %s cgroup driver, its config says %s: restart containerd to apply (no systemd to do it)", r.Driver(), driver))
+		return nil
+	}
+	if !s.configChanged {
+		if err := restart("running with the " + r.Driver() + " cgroup driver"); err != nil {
+			return err
+		}
+		if r, err = query(); err != nil {
+			return fmt.Errorf("verify containerd after restart: %w", err)
+		}
+	}
+	if r.Driver() != driver {
+		return errdefs.FailedPrecondition("containerd runs with the %s cgroup driver after a restart, want %s: is %s its config?", r.Driver(), driver, sock)
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kilnhq/kiln/host/command"
 	"github.com/kilnhq/kiln/host/containerd"
+	"github.com/kilnhq/kiln/host/containerd/containerdtest"
 	"github.com/kilnhq/kiln/host/kmod"
 	"github.com/kilnhq/kiln/host/netnstest"
 	"github.com/kilnhq/kiln/host/sysctl"
@@ -367,4 +368,83 @@ func BenchmarkPrepareNoop(b *testing.B) {
 			}
 		}
 	})
+}
+
+// labUnits restarts a real containerd the way systemd would, for hosts
+// whose containerd the test runs; enabling units is recorded.
+type labUnits struct {
+	d        *containerdtest.Daemon
+	restarts int
+}
+
+func (l *labUnits) Enable(context.Context, string) (bool, error) { return false, nil }
+func (l *labUnits) Restart(_ context.Context, unit string) error {
+	if unit != "containerd.service" {
+		return fmt.Errorf("unexpected restart of %s", unit)
+	}
+	l.restarts++
+	l.d.Restart()
+	return nil
+}
+func (l *labUnits) Close() error { return nil }
+
+// TestPrepareVerifiesRunningContainerd runs Debian's containerd on the
+// cgroupfs driver and asks Prepare for systemd: Prepare edits the config,
+// restarts containerd and reads the new driver back over CRI; the second
+// run finds nothing to do. Without systemd, a containerd still running
+// the old driver is reported, not hidden.
+func TestPrepareVerifiesRunningContainerd(t *testing.T) {
+	d := containerdtest.New(t)
+	ns := netnstest.New(t)
+	ctx := context.Background()
+	require.NoError(t, os.Symlink("/proc", filepath.Join(d.Root, "proc")))
+	require.NoError(t, os.Symlink("/sys", filepath.Join(d.Root, "sys")))
+	_, _, err := containerd.WriteSystemdCgroup(d.Config, false)
+	require.NoError(t, err)
+	d.Start()
+
+	// No systemd: the file changes, the running daemon does not, and
+	// Prepare says so.
+	var progress []string
+	ns.Do(t, func() {
+		_, err = New(d.Root, &command.Recorder{}, logger(t)).Prepare(ctx, &agentv1.PrepareRequest{CgroupDriver: "systemd"}, func(s string) { progress = append(progress, s) })
+	})
+	require.NoError(t, err)
+	want := "containerd: runs with the cgroupfs cgroup driver, its config says systemd: restart containerd to apply"
+	if !slices.ContainsFunc(progress, func(s string) bool { return strings.HasPrefix(s, want) }) {
+		t.Errorf("Prepare() without systemd progress = %q, want %q", progress, want)
+	}
+
+	// With a service manager: the stale daemon is restarted and verified.
+	units := &labUnits{d: d}
+	p := New(d.Root, &command.Recorder{}, logger(t), WithUnits(func(context.Context, string) (Units, error) { return units, nil }))
+	var first, second *agentv1.PrepareResult
+	var err2 error
+	ns.Do(t, func() {
+		first, err = p.Prepare(ctx, &agentv1.PrepareRequest{CgroupDriver: "systemd"}, nil)
+		second, err2 = p.Prepare(ctx, &agentv1.PrepareRequest{CgroupDriver: "systemd"}, nil)
+	})
+	require.NoError(t, err)
+	require.NoError(t, err2)
+	require.Equal(t, []string{"unit containerd.service: running with the cgroupfs cgroup driver -> restarted"}, items(first))
+	if second.Changed || units.restarts != 1 {
+		t.Errorf("second Prepare() = changed %v %q after %d restarts, want no change and 1 restart", second.Changed, items(second), units.restarts)
+	}
+	r, err := containerd.Query(ctx, d.Socket)
+	require.NoError(t, err)
+	if r.Driver() != containerd.DriverSystemd {
+		t.Errorf("running containerd after Prepare = %s, want systemd", r.Driver())
+	}
+
+	// The kubelet moves to cgroupfs: config and daemon follow in one run.
+	ns.Do(t, func() {
+		first, err = p.Prepare(ctx, &agentv1.PrepareRequest{CgroupDriver: "cgroupfs"}, nil)
+	})
+	require.NoError(t, err)
+	require.Equal(t, []string{"containerd SystemdCgroup: true -> false", "unit containerd.service: running with the old config -> restarted"}, items(first))
+	r, err = containerd.Query(ctx, d.Socket)
+	require.NoError(t, err)
+	if r.Driver() != containerd.DriverCgroupfs {
+		t.Errorf("running containerd after Prepare(cgroupfs) = %s, want cgroupfs", r.Driver())
+	}
 }
