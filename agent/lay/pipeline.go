@@ -183,6 +183,24 @@ func (w *writer) put(b []byte, off int64) error {
 	return nil
 }
 
+// seqWriter writes a stream at consecutive offsets of the target.
+type seqWriter struct {
+	ctx context.Context
+	w   *writer
+	off int64
+}
+
+func (s *seqWriter) Write(p []byte) (int, error) {
+	if err := s.ctx.Err(); err != nil {
+		return 0, err
+	}
+	if err := s.w.writeAt(p, s.off); err != nil {
+		return 0, err
+	}
+	s.off += int64(len(p))
+	return len(p), nil
+}
+
 // drain writes every chunk of in, returning buffers to the pool.
 func (l *Layer) drain(ctx context.Context, w *writer, in <-chan chunk) error {
 	for {
@@ -229,17 +247,22 @@ func (l *Layer) layStream(ctx context.Context, t *target, url, format, wantSum s
 	})
 	g.go_(func(ctx context.Context) error { return hashStage(ctx, h, fetchedCh, hashedCh, rep) })
 	if format == FormatRawZst {
-		decodedCh := make(chan chunk, l.depth)
+		// The decoder decodes ahead in its own goroutines and hands each
+		// decoded block straight to the writer, saving a copy.
 		g.go_(func(ctx context.Context) error {
-			dec, err := zstd.NewReader(&chanReader{ctx: ctx, l: l, in: hashedCh}, zstd.WithDecoderConcurrency(2), zstd.WithDecoderLowmem(false))
+			dec, err := zstd.NewReader(&chanReader{ctx: ctx, l: l, in: hashedCh}, zstd.WithDecoderConcurrency(2))
 			if err != nil {
-				close(decodedCh)
 				return fmt.Errorf("zstd: %w", err)
 			}
 			defer dec.Close()
-			return l.produce(ctx, dec, decodedCh, "zstd decode")
+			if _, err := dec.WriteTo(&seqWriter{ctx: ctx, w: w}); err != nil {
+				if cerr := ctx.Err(); cerr != nil {
+					return cerr
+				}
+				return fmt.Errorf("zstd decode: %w", err)
+			}
+			return nil
 		})
-		g.go_(func(ctx context.Context) error { return l.drain(ctx, w, decodedCh) })
 	} else {
 		g.go_(func(ctx context.Context) error { return l.drain(ctx, w, hashedCh) })
 	}

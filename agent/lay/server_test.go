@@ -38,7 +38,7 @@ type imageServer struct {
 	srv *httptest.Server
 }
 
-func newImageServer(t *testing.T, data []byte, configure func(*imageServer)) *imageServer {
+func newImageServer(t testing.TB, data []byte, configure func(*imageServer)) *imageServer {
 	t.Helper()
 	s := &imageServer{data: data}
 	if configure != nil {
