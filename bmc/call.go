@@ -2,6 +2,7 @@ package bmc
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -174,6 +175,10 @@ func (b *BMC) classify(op string, err error, attemptTimedOut bool) error {
 		case code >= 400:
 			return errdefs.InvalidArgument("%s: http %d: %s", prefix, code, msg)
 		}
+	}
+	var cve *tls.CertificateVerificationError
+	if errors.As(err, &cve) {
+		return errdefs.FailedPrecondition("%s: the bmc's tls certificate is not trusted (set root CAs or insecure skip verify): %s", prefix, msg)
 	}
 	if attemptTimedOut || errors.Is(err, context.DeadlineExceeded) {
 		return errdefs.Unavailable("%s: attempt timed out: %s: %w", prefix, msg, context.DeadlineExceeded)

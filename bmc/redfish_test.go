@@ -281,3 +281,31 @@ func TestRedfishFaults(t *testing.T) {
 		}
 	})
 }
+
+func TestRedfishTLS(t *testing.T) {
+	m := &machine.Memory{}
+	e := startEmulator(t, redfish.Config{Systems: oneSystem(m), TLS: true})
+	ep := bmc.Endpoint{Protocol: bmc.ProtocolRedfish, Address: e.URL(), Username: testUser, Password: testPassword}
+
+	trusted := fastOpts("tls-trusted")
+	trusted.RootCAs = e.RootCAs()
+	b, err := bmc.Dial(context.Background(), ep, trusted)
+	require.NoError(t, err)
+	require.NoError(t, b.PowerOn(ctxTimeout(t, 20*time.Second)))
+
+	b, err = bmc.Dial(context.Background(), ep, fastOpts("tls-untrusted"))
+	require.NoError(t, err)
+	_, err = b.PowerState(ctxTimeout(t, 20*time.Second))
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "not trusted") {
+		t.Fatalf("PowerState() against an untrusted certificate: error = %v, want FailedPrecondition not trusted", err)
+	}
+
+	ep.InsecureSkipVerify = true
+	b, err = bmc.Dial(context.Background(), ep, fastOpts("tls-insecure"))
+	require.NoError(t, err)
+	state, err := b.PowerState(ctxTimeout(t, 20*time.Second))
+	require.NoError(t, err)
+	if state != bmc.PowerOn {
+		t.Fatalf("PowerState() = %q, want on", state)
+	}
+}

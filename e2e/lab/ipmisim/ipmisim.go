@@ -74,6 +74,9 @@ func (s *Sim) Addr() string { return fmt.Sprintf("127.0.0.1:%d", s.opts.Port) }
 // Port is the UDP port.
 func (s *Sim) Port() int { return s.opts.Port }
 
+// Dir is the directory holding the configuration, state and socket.
+func (s *Sim) Dir() string { return s.opts.Dir }
+
 // PID is ipmi_sim's process ID.
 func (s *Sim) PID() int { return s.cmd.Process.Pid }
 

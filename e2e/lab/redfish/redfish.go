@@ -15,6 +15,8 @@ package redfish
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -203,6 +205,22 @@ func (b *BMC) URL() string {
 		return ""
 	}
 	return b.srv.URL
+}
+
+// RootCAs returns a pool that trusts the emulator's certificate (nil
+// unless Config.TLS).
+func (b *BMC) RootCAs() *x509.CertPool {
+	if b.srv == nil || b.srv.Certificate() == nil {
+		return nil
+	}
+	p := x509.NewCertPool()
+	p.AddCert(b.srv.Certificate())
+	return p
+}
+
+// TLSConfig is a client TLS configuration that trusts the emulator.
+func (b *BMC) TLSConfig() *tls.Config {
+	return &tls.Config{RootCAs: b.RootCAs(), MinVersion: tls.VersionTLS12}
 }
 
 // Addr is host:port of the listener once started.

@@ -1,0 +1,194 @@
+package redfish_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kilnhq/kiln/e2e/lab/machine"
+	"github.com/kilnhq/kiln/e2e/lab/redfish"
+)
+
+type client struct {
+	t     *testing.T
+	base  string
+	token string
+	http  *http.Client
+}
+
+func (c *client) do(method, path, body string) (*http.Response, map[string]any) {
+	c.t.Helper()
+	req, err := http.NewRequest(method, c.base+path, strings.NewReader(body))
+	require.NoError(c.t, err)
+	if c.token != "" {
+		req.Header.Set("X-Auth-Token", c.token)
+	}
+	resp, err := c.http.Do(req)
+	require.NoError(c.t, err)
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var v map[string]any
+	_ = json.Unmarshal(b, &v)
+	return resp, v
+}
+
+func newEmulator(t *testing.T, tls bool) (*redfish.BMC, *machine.Memory, *client) {
+	m := &machine.Memory{}
+	e, err := redfish.New(redfish.Config{
+		Username: "admin", Password: "pw", TLS: tls, MaxSessions: 2,
+		Systems: []redfish.System{{ID: "S1", Machine: m}},
+	})
+	require.NoError(t, err)
+	e.Start()
+	t.Cleanup(e.Close)
+	hc := http.DefaultClient
+	if tls {
+		hc = &http.Client{Transport: &http.Transport{TLSClientConfig: e.TLSConfig()}}
+	}
+	return e, m, &client{t: t, base: e.URL(), http: hc}
+}
+
+func TestSessionsAndAuth(t *testing.T) {
+	for _, tls := range []bool{false, true} {
+		e, _, c := newEmulator(t, tls)
+		if resp, _ := c.do("GET", "/redfish/v1/", ""); resp.StatusCode != 200 {
+			t.Fatalf("GET service root = %d, want 200 without auth", resp.StatusCode)
+		}
+		if resp, _ := c.do("GET", "/redfish/v1/Systems/S1", ""); resp.StatusCode != 401 {
+			t.Fatalf("GET system without auth = %d, want 401", resp.StatusCode)
+		}
+		if resp, _ := c.do("POST", "/redfish/v1/SessionService/Sessions", `{"UserName":"admin","Password":"nope"}`); resp.StatusCode != 401 {
+			t.Fatalf("login with a wrong password = %d, want 401", resp.StatusCode)
+		}
+		var locs []string
+		for range 2 {
+			resp, _ := c.do("POST", "/redfish/v1/SessionService/Sessions", `{"UserName":"admin","Password":"pw"}`)
+			require.Equal(t, 201, resp.StatusCode)
+			c.token = resp.Header.Get("X-Auth-Token")
+			locs = append(locs, resp.Header.Get("Location"))
+		}
+		resp, body := c.do("POST", "/redfish/v1/SessionService/Sessions", `{"UserName":"admin","Password":"pw"}`)
+		if resp.StatusCode != 503 || !strings.Contains(toJSON(body), "SessionLimitExceeded") {
+			t.Fatalf("third login with MaxSessions 2 = %d %v, want 503 SessionLimitExceeded", resp.StatusCode, body)
+		}
+		if resp, _ := c.do("GET", "/redfish/v1/Systems/S1", ""); resp.StatusCode != 200 {
+			t.Fatalf("GET system with a session = %d, want 200", resp.StatusCode)
+		}
+		for _, l := range locs {
+			if resp, _ := c.do("DELETE", strings.TrimPrefix(l, c.base), ""); resp.StatusCode != 204 {
+				t.Fatalf("DELETE %s = %d, want 204", l, resp.StatusCode)
+			}
+		}
+		if resp, _ := c.do("GET", "/redfish/v1/Systems/S1", ""); resp.StatusCode != 401 {
+			t.Fatalf("GET with a deleted session = %d, want 401", resp.StatusCode)
+		}
+		if s := e.Stats(); s.Sessions != 0 {
+			t.Fatalf("Stats().Sessions = %d, want 0", s.Sessions)
+		}
+	}
+}
+
+func toJSON(v any) string { b, _ := json.Marshal(v); return string(b) }
+
+func login(c *client) {
+	resp, _ := c.do("POST", "/redfish/v1/SessionService/Sessions", `{"UserName":"admin","Password":"pw"}`)
+	require.Equal(c.t, 201, resp.StatusCode)
+	c.token = resp.Header.Get("X-Auth-Token")
+}
+
+func TestBootOverrideOnceIsConsumed(t *testing.T) {
+	e, m, c := newEmulator(t, false)
+	login(c)
+	tests := []struct {
+		patch    string
+		wantBoot string
+		wantLeft string // BootSourceOverrideEnabled after the power-on
+	}{
+		{`{"Boot":{"BootSourceOverrideTarget":"Pxe","BootSourceOverrideEnabled":"Once"}}`, machine.BootPXE, "Disabled"},
+		{`{"Boot":{"BootSourceOverrideTarget":"Cd","BootSourceOverrideEnabled":"Continuous"}}`, machine.BootCD, "Continuous"},
+		{`{"Boot":{"BootSourceOverrideEnabled":"Disabled"}}`, machine.BootDisk, "Disabled"},
+	}
+	for _, tt := range tests {
+		resp, _ := c.do("PATCH", "/redfish/v1/Systems/S1", tt.patch)
+		require.Equal(t, 204, resp.StatusCode, tt.patch)
+		resp, _ = c.do("POST", "/redfish/v1/Systems/S1/Actions/ComputerSystem.Reset", `{"ResetType":"On"}`)
+		require.Equal(t, 204, resp.StatusCode)
+		_, enabled, _ := e.BootOverride("S1")
+		if m.BootSource() != tt.wantBoot || enabled != tt.wantLeft {
+			t.Errorf("PATCH %s then On: booted %q, override left %q; want %q, %q", tt.patch, m.BootSource(), enabled, tt.wantBoot, tt.wantLeft)
+		}
+		resp, _ = c.do("POST", "/redfish/v1/Systems/S1/Actions/ComputerSystem.Reset", `{"ResetType":"ForceOff"}`)
+		require.Equal(t, 204, resp.StatusCode)
+	}
+	if resp, _ := c.do("PATCH", "/redfish/v1/Systems/S1", `{"Boot":{"BootSourceOverrideTarget":"Floppy"}}`); resp.StatusCode != 400 {
+		t.Fatalf("PATCH target Floppy = %d, want 400", resp.StatusCode)
+	}
+	if resp, _ := c.do("POST", "/redfish/v1/Systems/S1/Actions/ComputerSystem.Reset", `{"ResetType":"Explode"}`); resp.StatusCode != 400 {
+		t.Fatalf("Reset Explode = %d, want 400", resp.StatusCode)
+	}
+}
+
+func TestFaults(t *testing.T) {
+	e, m, c := newEmulator(t, false)
+	login(c)
+	e.FailNext(2, 503)
+	for i := range 2 {
+		if resp, _ := c.do("GET", "/redfish/v1/Systems/S1", ""); resp.StatusCode != 503 {
+			t.Fatalf("request %d in a 5xx burst = %d, want 503", i, resp.StatusCode)
+		}
+	}
+	if resp, _ := c.do("GET", "/redfish/v1/Systems/S1", ""); resp.StatusCode != 200 {
+		t.Fatalf("request after the burst = %d, want 200", resp.StatusCode)
+	}
+
+	e.SetPowerLies(true)
+	resp, _ := c.do("POST", "/redfish/v1/Systems/S1/Actions/ComputerSystem.Reset", `{"ResetType":"On"}`)
+	require.Equal(t, 204, resp.StatusCode)
+	_, sys := c.do("GET", "/redfish/v1/Systems/S1", "")
+	if sys["PowerState"] != "Off" || !m.State() {
+		t.Fatalf("lying bmc: PowerState %v, machine on %v; want Off reported while on", sys["PowerState"], m.State())
+	}
+	e.ClearFaults()
+	_, sys = c.do("GET", "/redfish/v1/Systems/S1", "")
+	if sys["PowerState"] != "On" {
+		t.Fatalf("after ClearFaults PowerState = %v, want On", sys["PowerState"])
+	}
+}
+
+func TestMockupHandler(t *testing.T) {
+	dir := "/work/shared/fixtures/redfish-mockups/public-tower"
+	if d := os.Getenv("KILN_REDFISH_MOCKUPS"); d != "" {
+		dir = filepath.Join(d, "public-tower")
+	}
+	if _, err := os.Stat(dir); err != nil {
+		t.Skip("DMTF mockups not found: set KILN_REDFISH_MOCKUPS")
+	}
+	srv := httptest.NewServer(redfish.MockupHandler(dir))
+	t.Cleanup(srv.Close)
+	c := &client{t: t, base: srv.URL, http: http.DefaultClient}
+	for path, want := range map[string]string{
+		"/redfish/v1/":                               "RootService",
+		"/redfish/v1/Systems/437XR1238R2":            "437XR1238R2",
+		"/redfish/v1/Managers/BMC/VirtualMedia/CD1/": "CD1",
+	} {
+		resp, body := c.do("GET", path, "")
+		if resp.StatusCode != 200 || body["Id"] != want {
+			t.Errorf("GET %s = %d Id %v, want 200 Id %s", path, resp.StatusCode, body["Id"], want)
+		}
+	}
+	for _, path := range []string{"/redfish/v1/Systems/nope", "/redfish/v1/../../etc/passwd", "/etc"} {
+		if resp, _ := c.do("GET", path, ""); resp.StatusCode != 404 {
+			t.Errorf("GET %s = %d, want 404", path, resp.StatusCode)
+		}
+	}
+	if resp, _ := c.do("PATCH", "/redfish/v1/Systems/437XR1238R2", `{}`); resp.StatusCode != 405 {
+		t.Errorf("PATCH on a mockup = %d, want 405", resp.StatusCode)
+	}
+}
