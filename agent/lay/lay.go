@@ -204,6 +204,14 @@ func (l *Layer) lay(ctx context.Context, t *target, req *agentv1.LayImageRequest
 		log.Info(note)
 		rep.note(note)
 	}
+	if !zeroed && t.block && t.size > rawSize {
+		// Without a discard, a stale backup GPT header at the end of the
+		// disk would outlive the new image.
+		tail := max(rawSize, t.size-mib)
+		if err := t.zero(ctx, tail, t.size-tail); err != nil {
+			return nil, err
+		}
+	}
 
 	var res *agentv1.LayImageResult
 	if len(req.GetBlockMap()) > 0 {

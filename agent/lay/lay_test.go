@@ -587,3 +587,39 @@ func TestLayProgress(t *testing.T) {
 		t.Errorf("mid fetch progress = %v, want an ETA", mid)
 	}
 }
+
+// When the target cannot discard (a block device without discard support),
+// nothing may be skipped: the target must still equal the image, old data
+// gone, in both modes.
+func TestLayWithoutDiscard(t *testing.T) {
+	img, src := sparseImage(t, 4<<20, 256<<10, 1<<20)
+	ranges, err := manifest.BlockMap(context.Background(), src, 4096)
+	require.NoError(t, err)
+	srv := newImageServer(t, img, nil)
+	l := testLayer(t)
+	log := slog.New(slog.DiscardHandler)
+	lays := map[string]func(tg *target) error{
+		"stream": func(tg *target) error {
+			_, err := l.layStream(context.Background(), tg, srv.url(), FormatRaw, hexsum(img), int64(len(img)), false, newReporter(nil, time.Now, 0), log)
+			return err
+		},
+		"block map": func(tg *target) error {
+			req := &agentv1.LayImageRequest{Url: srv.url(), BlockMap: toBlockMap(ranges), RawSize: uint64(len(img))}
+			_, err := l.layMap(context.Background(), tg, req, false, newReporter(nil, time.Now, 0), log)
+			return err
+		},
+	}
+	for name, lay := range lays {
+		t.Run(name, func(t *testing.T) {
+			dst := tempTarget(t)
+			require.NoError(t, os.WriteFile(dst, bytes.Repeat([]byte{0xAB}, len(img)), 0o600))
+			tg, err := openTarget(dst, false)
+			require.NoError(t, err)
+			defer tg.Close()
+			require.NoError(t, lay(tg))
+			if got := fileSum(t, dst); got != hexsum(img) {
+				t.Errorf("lay %s without discard: target sha256 = %s, want %s (old data left in the holes?)", name, got, hexsum(img))
+			}
+		})
+	}
+}

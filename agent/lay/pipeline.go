@@ -183,6 +183,10 @@ func (w *writer) put(b []byte, off int64) error {
 	return nil
 }
 
+// maxZstdWindow bounds the decoder's memory: 128 MiB is the window of
+// `zstd --long` (27); images compressed with a larger window are refused.
+const maxZstdWindow = 1 << 27
+
 // seqWriter writes a stream at consecutive offsets of the target.
 type seqWriter struct {
 	ctx context.Context
@@ -250,7 +254,7 @@ func (l *Layer) layStream(ctx context.Context, t *target, url, format, wantSum s
 		// The decoder decodes ahead in its own goroutines and hands each
 		// decoded block straight to the writer, saving a copy.
 		g.go_(func(ctx context.Context) error {
-			dec, err := zstd.NewReader(&chanReader{ctx: ctx, l: l, in: hashedCh}, zstd.WithDecoderConcurrency(2))
+			dec, err := zstd.NewReader(&chanReader{ctx: ctx, l: l, in: hashedCh}, zstd.WithDecoderConcurrency(2), zstd.WithDecoderMaxWindow(maxZstdWindow))
 			if err != nil {
 				return fmt.Errorf("zstd: %w", err)
 			}
@@ -375,6 +379,22 @@ func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequ
 			return nil, err
 		}
 		return nil, fmt.Errorf("lay %q: %w", t.path, err)
+	}
+	if !zeroed {
+		// The target cannot discard: the holes still hold old data.
+		var holes int64
+		pos := int64(0)
+		for _, r := range append(ranges, &agentv1.BlockRange{Offset: req.GetRawSize()}) {
+			if gap := int64(r.GetOffset()) - pos; gap > 0 {
+				if err := t.zero(ctx, pos, gap); err != nil {
+					return nil, err
+				}
+				holes += gap
+			}
+			pos = int64(r.GetOffset() + r.GetLength())
+		}
+		w.written += holes
+		rep.note(fmt.Sprintf("wrote zeros over the %d bytes of holes, as the target cannot discard", holes))
 	}
 	return &agentv1.LayImageResult{BytesWritten: uint64(w.written), BytesFetched: uint64(fetched.Load()), Sha256: strings.ToLower(req.GetRawSha256())}, nil
 }
