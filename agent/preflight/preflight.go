@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -68,6 +67,7 @@ type Checker struct {
 	log      *slog.Logger
 	networks func() (addrs, routes []netcheck.Network, err error)
 	busy     func([]int) ([]int, error)
+	query    func(ctx context.Context, socket string) (containerd.Running, error)
 	// timeout bounds each probe that may hang (a binary's version, the
 	// runtime socket).
 	timeout time.Duration
@@ -83,6 +83,7 @@ func New(root string, run Runner, log *slog.Logger) *Checker {
 		log:      log.With("component", "preflight"),
 		networks: netcheck.HostNetworks,
 		busy:     ports.Busy,
+		query:    containerd.Query,
 		timeout:  5 * time.Second,
 	}
 }
@@ -97,6 +98,9 @@ func (c *Checker) Run(ctx context.Context, cluster *agentv1.ClusterConfig) (*age
 		return nil, errdefs.InvalidArgument("preflight: no cluster config")
 	}
 	kubelet := c.kubeletConfig()
+	qctx, cancel := context.WithTimeout(ctx, c.timeout)
+	running, qerr := c.query(qctx, filepath.Join(c.root, RuntimeSocket))
+	cancel()
 	checks := []*agentv1.Check{
 		c.ipForward(),
 		c.brNetfilter(),
@@ -104,8 +108,8 @@ func (c *Checker) Run(ctx context.Context, cluster *agentv1.ClusterConfig) (*age
 	}
 	checks = append(checks, c.cidrs(cluster)...)
 	checks = append(checks,
-		c.cgroupDriver(cluster, kubelet),
-		c.runtimeSocket(ctx),
+		c.cgroupDriver(cluster, kubelet, running, qerr),
+		c.runtimeSocket(running, qerr),
 		c.ports(cluster),
 		c.swap(kubelet),
 	)
@@ -238,7 +242,7 @@ func (c *Checker) kubeletConfig() kubeletConfiguration {
 	return k
 }
 
-func (c *Checker) cgroupDriver(cluster *agentv1.ClusterConfig, k kubeletConfiguration) *agentv1.Check {
+func (c *Checker) cgroupDriver(cluster *agentv1.ClusterConfig, k kubeletConfiguration, running containerd.Running, qerr error) *agentv1.Check {
 	want, from := cluster.GetCgroupDriver(), "the cluster config"
 	if want == "" {
 		want, from = containerd.DriverSystemd, "kubeadm's default"
@@ -255,32 +259,39 @@ func (c *Checker) cgroupDriver(cluster *agentv1.ClusterConfig, k kubeletConfigur
 	}
 	cfg := filepath.Join(c.root, containerd.DefaultConfig)
 	sc, _, err := containerd.ReadSystemdCgroup(cfg)
-	got, gotFrom := containerd.Driver(sc), "/"+containerd.DefaultConfig
+	file, fileFrom := containerd.Driver(sc), "/"+containerd.DefaultConfig
 	switch {
 	case errdefs.IsNotFound(err):
-		got, gotFrom = containerd.DriverCgroupfs, "containerd's default (no config file)"
+		file, fileFrom = containerd.DriverCgroupfs, "containerd's default (no config file)"
 	case err != nil:
 		return fail(CheckCgroupDriver, errorSev, fmt.Sprintf("cannot read containerd's cgroup driver: %v", err), "fix /"+containerd.DefaultConfig)
 	}
-	if got != want {
-		return fail(CheckCgroupDriver, errorSev,
-			fmt.Sprintf("containerd uses the %s cgroup driver (%s) but the kubelet uses %s (%s): pods fail to start or are killed", got, gotFrom, want, from),
-			fmt.Sprintf("set SystemdCgroup = %v for the runc runtime in /%s and restart containerd (kiln Prepare with cgroup_driver %q does it)", want == containerd.DriverSystemd, containerd.DefaultConfig, want))
+	// What counts is what the running containerd uses; the file only
+	// when containerd does not answer.
+	got, gotFrom := file, fileFrom
+	if qerr == nil {
+		got, gotFrom = running.Driver(), "the running containerd"
 	}
-	return pass(CheckCgroupDriver, fmt.Sprintf("containerd and the kubelet both use the %s cgroup driver", want))
+	if got != want {
+		msg := fmt.Sprintf("containerd uses the %s cgroup driver (%s) but the kubelet uses %s (%s): pods fail to start or are killed", got, gotFrom, want, from)
+		fix := fmt.Sprintf("set SystemdCgroup = %v for the runc runtime in /%s and restart containerd (kiln Prepare with cgroup_driver %q does it)", want == containerd.DriverSystemd, containerd.DefaultConfig, want)
+		if file == want {
+			msg += fmt.Sprintf("; its config file says %s but containerd was not restarted since", file)
+			fix = "restart containerd: systemctl restart containerd"
+		}
+		return fail(CheckCgroupDriver, errorSev, msg, fix)
+	}
+	return pass(CheckCgroupDriver, fmt.Sprintf("containerd (%s) and the kubelet both use the %s cgroup driver", gotFrom, want))
 }
 
-func (c *Checker) runtimeSocket(ctx context.Context) *agentv1.Check {
-	sock := filepath.Join(c.root, RuntimeSocket)
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", sock)
-	if err != nil {
-		return fail(CheckRuntimeSocket, errorSev, fmt.Sprintf("container runtime socket /%s does not answer: %v", RuntimeSocket, err), "start containerd: systemctl enable --now containerd")
+func (c *Checker) runtimeSocket(running containerd.Running, qerr error) *agentv1.Check {
+	if qerr != nil {
+		return fail(CheckRuntimeSocket, errorSev, fmt.Sprintf("container runtime socket /%s does not answer: %v", RuntimeSocket, qerr), "start containerd: systemctl enable --now containerd")
 	}
-	conn.Close()
-	return pass(CheckRuntimeSocket, fmt.Sprintf("container runtime socket /%s answers", RuntimeSocket))
+	if !running.RuntimeReady {
+		return fail(CheckRuntimeSocket, errorSev, fmt.Sprintf("containerd %s answers on /%s but its runtime is not ready", running.Version, RuntimeSocket), "read containerd's log: journalctl -u containerd")
+	}
+	return pass(CheckRuntimeSocket, fmt.Sprintf("containerd %s answers CRI on /%s", running.Version, RuntimeSocket))
 }
 
 func (c *Checker) ports(cluster *agentv1.ClusterConfig) *agentv1.Check {

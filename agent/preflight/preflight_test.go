@@ -16,9 +16,11 @@ import (
 	"github.com/kilnhq/kiln/agent/prep"
 	"github.com/kilnhq/kiln/host/command"
 	"github.com/kilnhq/kiln/host/containerd"
+	"github.com/kilnhq/kiln/host/containerd/containerdtest"
 	"github.com/kilnhq/kiln/host/netcheck"
 	"github.com/kilnhq/kiln/host/netnstest"
 	"github.com/kilnhq/kiln/host/sysctl"
+	"github.com/kilnhq/kiln/internal/errdefs"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 )
 
@@ -67,54 +69,35 @@ func byName(r *agentv1.PreflightReport) map[string]*agentv1.Check {
 	return m
 }
 
+// labUnits restarts the test's containerd the way systemd would.
+type labUnits struct{ d *containerdtest.Daemon }
+
+func (l labUnits) Enable(context.Context, string) (bool, error) { return false, nil }
+func (l labUnits) Restart(context.Context, string) error        { l.d.Restart(); return nil }
+func (l labUnits) Close() error                                 { return nil }
+
 // preparedHost is a fresh network namespace and a root (the running
-// kernel's /proc and /sys, a temporary /etc, /usr/bin and /run) that kiln
-// Prepare has made ready, with the pinned kubeadm and kubelet installed
-// and a runtime socket that answers.
-func preparedHost(t *testing.T) (*netnstest.NS, string) {
+// kernel's /proc and /sys, a temporary /etc, /usr/bin and /run) with a
+// real containerd running under it, that kiln Prepare has made ready, with
+// the pinned kubeadm and kubelet installed.
+func preparedHost(t *testing.T) (*netnstest.NS, string, *containerdtest.Daemon) {
+	d := containerdtest.New(t)
 	ns := netnstest.New(t)
 	if _, err := sysctl.Get("/", "net.bridge.bridge-nf-call-iptables"); err != nil {
 		t.Skipf("kernel has no bridge-nf-call-iptables (br_netfilter not available): %v", err)
 	}
-	root := shortTempDir(t)
+	root := d.Root
 	require.NoError(t, os.Symlink("/proc", filepath.Join(root, "proc")))
 	require.NoError(t, os.Symlink("/sys", filepath.Join(root, "sys")))
-	write(t, filepath.Join(root, containerd.DefaultConfig), "version = 2\n", 0o644)
 	installKube(t, root, pinned, pinned)
-	serveSocket(t, filepath.Join(root, RuntimeSocket))
+	d.Start()
 	var err error
 	ns.Do(t, func() {
-		_, err = prep.New(root, &command.Recorder{}, logger(t)).Prepare(context.Background(), &agentv1.PrepareRequest{CgroupDriver: "systemd"}, nil)
+		p := prep.New(root, &command.Recorder{}, logger(t), prep.WithUnits(func(context.Context, string) (prep.Units, error) { return labUnits{d}, nil }))
+		_, err = p.Prepare(context.Background(), &agentv1.PrepareRequest{CgroupDriver: "systemd"}, nil)
 	})
 	require.NoError(t, err)
-	return ns, root
-}
-
-// shortTempDir is a temporary directory with a path short enough for
-// unix sockets under it (t.TempDir embeds the test name).
-func shortTempDir(t testing.TB) string {
-	dir, err := os.MkdirTemp("", "kiln-pf")
-	require.NoError(t, err)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
-// serveSocket answers connections on a unix socket until the test ends,
-// standing in for containerd's socket.
-func serveSocket(t testing.TB, path string) {
-	require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
-	l, err := net.Listen("unix", path)
-	require.NoError(t, err)
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	return ns, root, d
 }
 
 func run(t *testing.T, ns *netnstest.NS, root string, cfg *agentv1.ClusterConfig) *agentv1.PreflightReport {
@@ -131,7 +114,7 @@ func run(t *testing.T, ns *netnstest.NS, root string, cfg *agentv1.ClusterConfig
 }
 
 func TestPreflightPreparedHostPasses(t *testing.T) {
-	ns, root := preparedHost(t)
+	ns, root, _ := preparedHost(t)
 	r := run(t, ns, root, cluster())
 	for _, c := range r.Checks {
 		if !c.Passed {
@@ -151,7 +134,7 @@ func TestPreflightPreparedHostPasses(t *testing.T) {
 func TestPreflightFindsProblems(t *testing.T) {
 	tests := []struct {
 		name     string
-		breakIt  func(t *testing.T, ns *netnstest.NS, root string, cfg *agentv1.ClusterConfig)
+		breakIt  func(t *testing.T, ns *netnstest.NS, root string, d *containerdtest.Daemon)
 		check    string
 		message  []string
 		fix      string
@@ -159,7 +142,7 @@ func TestPreflightFindsProblems(t *testing.T) {
 	}{
 		{
 			name: "ip_forward off",
-			breakIt: func(t *testing.T, ns *netnstest.NS, root string, _ *agentv1.ClusterConfig) {
+			breakIt: func(t *testing.T, ns *netnstest.NS, root string, _ *containerdtest.Daemon) {
 				ns.Do(t, func() { require.NoError(t, sysctl.Set("/", "net.ipv4.ip_forward", "0")) })
 			},
 			check:   CheckIPForward,
@@ -168,7 +151,7 @@ func TestPreflightFindsProblems(t *testing.T) {
 		},
 		{
 			name: "bridge-nf-call-iptables off",
-			breakIt: func(t *testing.T, ns *netnstest.NS, root string, _ *agentv1.ClusterConfig) {
+			breakIt: func(t *testing.T, ns *netnstest.NS, root string, _ *containerdtest.Daemon) {
 				ns.Do(t, func() { require.NoError(t, sysctl.Set("/", "net.bridge.bridge-nf-call-iptables", "0")) })
 			},
 			check:   CheckBridgeNF,
@@ -177,7 +160,7 @@ func TestPreflightFindsProblems(t *testing.T) {
 		},
 		{
 			name: "pod CIDR over a host route",
-			breakIt: func(t *testing.T, ns *netnstest.NS, root string, _ *agentv1.ClusterConfig) {
+			breakIt: func(t *testing.T, ns *netnstest.NS, root string, _ *containerdtest.Daemon) {
 				br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "kiln0"}}
 				require.NoError(t, ns.Netlink.LinkAdd(br))
 				link, err := ns.Netlink.LinkByName("kiln0")
@@ -192,7 +175,7 @@ func TestPreflightFindsProblems(t *testing.T) {
 		},
 		{
 			name: "service CIDR over a host address",
-			breakIt: func(t *testing.T, ns *netnstest.NS, root string, _ *agentv1.ClusterConfig) {
+			breakIt: func(t *testing.T, ns *netnstest.NS, root string, _ *containerdtest.Daemon) {
 				lo, err := ns.Netlink.LinkByName("lo")
 				require.NoError(t, err)
 				addr, _ := netlink.ParseAddr("10.100.0.1/32")
@@ -204,17 +187,29 @@ func TestPreflightFindsProblems(t *testing.T) {
 		},
 		{
 			name: "containerd on cgroupfs, kubelet on systemd",
-			breakIt: func(t *testing.T, _ *netnstest.NS, root string, _ *agentv1.ClusterConfig) {
-				_, _, err := containerd.WriteSystemdCgroup(filepath.Join(root, containerd.DefaultConfig), false)
+			breakIt: func(t *testing.T, _ *netnstest.NS, root string, d *containerdtest.Daemon) {
+				_, _, err := containerd.WriteSystemdCgroup(d.Config, false)
 				require.NoError(t, err)
+				d.Restart()
 			},
 			check:   CheckCgroupDriver,
-			message: []string{"containerd uses the cgroupfs cgroup driver", "the kubelet uses systemd"},
+			message: []string{"containerd uses the cgroupfs cgroup driver (the running containerd)", "the kubelet uses systemd"},
 			fix:     "SystemdCgroup = true",
 		},
 		{
+			name: "containerd not restarted after its config changed",
+			breakIt: func(t *testing.T, _ *netnstest.NS, root string, d *containerdtest.Daemon) {
+				write(t, filepath.Join(root, KubeletConfig), "cgroupDriver: cgroupfs\n", 0o644)
+				_, _, err := containerd.WriteSystemdCgroup(d.Config, false)
+				require.NoError(t, err)
+			},
+			check:   CheckCgroupDriver,
+			message: []string{"containerd uses the systemd cgroup driver (the running containerd)", "its config file says cgroupfs but containerd was not restarted"},
+			fix:     "systemctl restart containerd",
+		},
+		{
 			name: "kubelet config says cgroupfs, containerd systemd",
-			breakIt: func(t *testing.T, _ *netnstest.NS, root string, _ *agentv1.ClusterConfig) {
+			breakIt: func(t *testing.T, _ *netnstest.NS, root string, _ *containerdtest.Daemon) {
 				write(t, filepath.Join(root, KubeletConfig), "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\n", 0o644)
 			},
 			check:   CheckCgroupDriver,
@@ -223,8 +218,8 @@ func TestPreflightFindsProblems(t *testing.T) {
 		},
 		{
 			name: "runtime socket silent",
-			breakIt: func(t *testing.T, _ *netnstest.NS, root string, _ *agentv1.ClusterConfig) {
-				require.NoError(t, os.Remove(filepath.Join(root, RuntimeSocket)))
+			breakIt: func(t *testing.T, _ *netnstest.NS, root string, d *containerdtest.Daemon) {
+				d.Stop()
 			},
 			check:   CheckRuntimeSocket,
 			message: []string{"run/containerd/containerd.sock does not answer"},
@@ -232,7 +227,7 @@ func TestPreflightFindsProblems(t *testing.T) {
 		},
 		{
 			name: "API server port taken",
-			breakIt: func(t *testing.T, ns *netnstest.NS, root string, _ *agentv1.ClusterConfig) {
+			breakIt: func(t *testing.T, ns *netnstest.NS, root string, _ *containerdtest.Daemon) {
 				ns.Do(t, func() {
 					l, err := net.Listen("tcp", "127.0.0.1:6443")
 					require.NoError(t, err)
@@ -245,7 +240,7 @@ func TestPreflightFindsProblems(t *testing.T) {
 		},
 		{
 			name: "kubeadm not the pinned version",
-			breakIt: func(t *testing.T, _ *netnstest.NS, root string, _ *agentv1.ClusterConfig) {
+			breakIt: func(t *testing.T, _ *netnstest.NS, root string, _ *containerdtest.Daemon) {
 				installKube(t, root, "v1.34.3", pinned)
 			},
 			check:   CheckKubeadmVersion,
@@ -254,7 +249,7 @@ func TestPreflightFindsProblems(t *testing.T) {
 		},
 		{
 			name: "kubelet newer than the control plane",
-			breakIt: func(t *testing.T, _ *netnstest.NS, root string, _ *agentv1.ClusterConfig) {
+			breakIt: func(t *testing.T, _ *netnstest.NS, root string, _ *containerdtest.Daemon) {
 				installKube(t, root, pinned, "v1.35.0")
 			},
 			check:   CheckKubeletVersion,
@@ -264,10 +259,9 @@ func TestPreflightFindsProblems(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ns, root := preparedHost(t)
-			cfg := cluster()
-			tt.breakIt(t, ns, root, cfg)
-			r := run(t, ns, root, cfg)
+			ns, root, d := preparedHost(t)
+			tt.breakIt(t, ns, root, d)
+			r := run(t, ns, root, cluster())
 			if r.Passed {
 				t.Errorf("Run() passed = true, want false")
 			}
@@ -293,11 +287,11 @@ func TestPreflightFindsProblems(t *testing.T) {
 	}
 }
 
-// fileHost is a root made only of files, with network checks answered by
-// the given functions: for checks that need no namespace.
+// fileHost is a root made only of files, with the network checks and the
+// containerd query answered by stand-ins that tests may replace to inject
+// faults: for checks that need neither root nor a namespace.
 func fileHost(t *testing.T, kubeadm, kubelet string) (*Checker, string) {
-	root := shortTempDir(t)
-	serveSocket(t, filepath.Join(root, RuntimeSocket))
+	root := t.TempDir()
 	write(t, filepath.Join(root, "proc/sys/net/ipv4/ip_forward"), "1\n", 0o644)
 	write(t, filepath.Join(root, "proc/sys/net/bridge/bridge-nf-call-iptables"), "1\n", 0o644)
 	write(t, filepath.Join(root, "proc/swaps"), "Filename\tType\tSize\tUsed\tPriority\n", 0o644)
@@ -308,6 +302,9 @@ func fileHost(t *testing.T, kubeadm, kubelet string) (*Checker, string) {
 	c := New(root, command.Exec{}, logger(t))
 	c.networks = func() ([]netcheck.Network, []netcheck.Network, error) { return nil, nil, nil }
 	c.busy = func([]int) ([]int, error) { return nil, nil }
+	c.query = func(context.Context, string) (containerd.Running, error) {
+		return containerd.Running{Version: "1.6.20", RuntimeName: "runc", SystemdCgroup: true, RuntimeReady: true}, nil
+	}
 	return c, root
 }
 
@@ -380,5 +377,49 @@ func TestSwapAndConfigErrors(t *testing.T) {
 
 	if _, err := c.Run(context.Background(), nil); err == nil {
 		t.Errorf("Run(nil) error = nil, want InvalidArgument")
+	}
+}
+
+func TestRuntimeFaults(t *testing.T) {
+	tests := []struct {
+		name        string
+		query       func(context.Context, string) (containerd.Running, error)
+		wantRuntime string
+		wantCgroup  bool
+	}{
+		{
+			name: "containerd down: the cgroup check falls back to the file",
+			query: func(context.Context, string) (containerd.Running, error) {
+				return containerd.Running{}, errdefs.Unavailable("connection refused")
+			},
+			wantRuntime: "does not answer: connection refused",
+			wantCgroup:  true,
+		},
+		{
+			name: "runtime not ready",
+			query: func(context.Context, string) (containerd.Running, error) {
+				return containerd.Running{Version: "1.6.20", SystemdCgroup: true}, nil
+			},
+			wantRuntime: "runtime is not ready",
+			wantCgroup:  true,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, _ := fileHost(t, pinned, pinned)
+			c.query = tt.query
+			r, err := c.Run(context.Background(), cluster())
+			require.NoError(t, err)
+			rt := byName(r)[CheckRuntimeSocket]
+			if rt.Passed || !strings.Contains(rt.Message, tt.wantRuntime) {
+				t.Errorf("Run() runtime check = %v, want failed with %q", rt, tt.wantRuntime)
+			}
+			if cg := byName(r)[CheckCgroupDriver]; cg.Passed != tt.wantCgroup {
+				t.Errorf("Run() cgroup check = %v, want passed %v", cg, tt.wantCgroup)
+			}
+			if r.Passed {
+				t.Errorf("Run() passed = true with a failed runtime, want false")
+			}
+		})
 	}
 }
