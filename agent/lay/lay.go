@@ -57,6 +57,7 @@ type Layer struct {
 	bufSize    int
 	blockSize  int
 	gap        int64
+	stall      time.Duration
 	interval   time.Duration
 	now        func() time.Time
 	depth      int
@@ -92,6 +93,10 @@ func WithBlockSize(n int) Option { return func(l *Layer) { l.blockSize = n } }
 // fetches every range on its own.
 func WithCoalesceGap(n int64) Option { return func(l *Layer) { l.gap = n } }
 
+// WithStallTimeout sets how long a connection may deliver no data before
+// it is dropped and the stream resumed elsewhere in it. Default 30s.
+func WithStallTimeout(d time.Duration) Option { return func(l *Layer) { l.stall = d } }
+
 // WithProgressInterval sets the least time between two progress reports
 // of the same step. Default 250ms.
 func WithProgressInterval(d time.Duration) Option { return func(l *Layer) { l.interval = d } }
@@ -108,6 +113,7 @@ func New(log *slog.Logger, opts ...Option) *Layer {
 		bufSize:   1 << 20,
 		blockSize: 4096,
 		gap:       256 << 10,
+		stall:     30 * time.Second,
 		interval:  250 * time.Millisecond,
 		now:       time.Now,
 		depth:     4,

@@ -623,3 +623,19 @@ func TestLayWithoutDiscard(t *testing.T) {
 		})
 	}
 }
+
+func TestLayResumesStalledConnection(t *testing.T) {
+	img := makeImage(2<<20, 14)
+	srv, calls := stallServer(t, img)
+	dst := tempTarget(t)
+	_, err := testLayer(t, WithStallTimeout(100*time.Millisecond)).Lay(context.Background(), &agentv1.LayImageRequest{
+		Url: srv.URL + "/image.raw", Sha256: hexsum(img), Target: dst,
+	}, nil)
+	require.NoError(t, err)
+	if got := fileSum(t, dst); got != hexsum(img) {
+		t.Errorf("Lay(stalled server): target sha256 = %s, want %s", got, hexsum(img))
+	}
+	if n := calls.Load(); n != 2 {
+		t.Errorf("Lay(stalled server) made %d requests, want 2 (the stalled one, then a resume)", n)
+	}
+}

@@ -119,3 +119,23 @@ func (w *faultWriter) Write(p []byte) (int, error) {
 	w.s.sent.Add(int64(n))
 	return n, err
 }
+
+// stallServer sends the first half of the image and then stops sending,
+// without closing, on its first response; later responses serve Range
+// requests normally.
+func stallServer(t testing.TB, data []byte) (*httptest.Server, *atomic.Int64) {
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+			w.WriteHeader(http.StatusOK)
+			w.Write(data[:len(data)/2])
+			w.(http.Flusher).Flush()
+			<-r.Context().Done() // stalled until the client gives up
+			return
+		}
+		http.ServeContent(w, r, "image.raw", time.Unix(1700000000, 0), bytes.NewReader(data))
+	}))
+	t.Cleanup(srv.Close)
+	return srv, &calls
+}

@@ -44,9 +44,12 @@ type stream struct {
 	total  int64 // size of the whole object; -1 until known
 
 	body       io.ReadCloser
-	validator  string // ETag or Last-Modified of the first answer
-	failures   int    // consecutive broken attempts
-	progressed bool   // bytes arrived since the last open
+	cancelReq  context.CancelFunc
+	watchdog   *time.Timer // cancels the request when no byte arrives for l.stall
+	stalled    atomic.Bool // the watchdog fired
+	validator  string      // ETag or Last-Modified of the first answer
+	failures   int         // consecutive broken attempts
+	progressed bool        // bytes arrived since the last open
 	lastErr    error
 	requests   int
 
@@ -64,12 +67,59 @@ func (l *Layer) newStream(ctx context.Context, log *slog.Logger, url string, sta
 }
 
 func (s *stream) Close() error {
+	var err error
 	if s.body != nil {
-		err := s.body.Close()
+		err = s.body.Close()
 		s.body = nil
-		return err
 	}
-	return nil
+	s.endRequest()
+	return err
+}
+
+// startRequest returns the context of one request, cancelled by the
+// watchdog when no byte arrives for the stall timeout.
+func (s *stream) startRequest() context.Context {
+	s.endRequest()
+	ctx, cancel := context.WithCancel(s.ctx)
+	s.cancelReq = cancel
+	s.stalled.Store(false)
+	s.watchdog = time.AfterFunc(s.l.stall, func() {
+		s.stalled.Store(true)
+		cancel()
+	})
+	return ctx
+}
+
+func (s *stream) endRequest() {
+	if s.watchdog != nil {
+		s.watchdog.Stop()
+		s.watchdog = nil
+	}
+	if s.cancelReq != nil {
+		s.cancelReq()
+		s.cancelReq = nil
+	}
+}
+
+// bodyRead reads under the watchdog: only the time spent waiting for the
+// server counts, not the time the pipeline takes to ask for more.
+func (s *stream) bodyRead(r io.Reader, p []byte) (int, error) {
+	s.watchdog.Reset(s.l.stall)
+	n, err := r.Read(p)
+	s.watchdog.Stop()
+	return n, err
+}
+
+type readFunc func([]byte) (int, error)
+
+func (f readFunc) Read(p []byte) (int, error) { return f(p) }
+
+// stallErr replaces the error of a request the watchdog cancelled.
+func (s *stream) stallErr(err error) error {
+	if s.stalled.Load() && s.ctx.Err() == nil {
+		return fmt.Errorf("no data for %v", s.l.stall)
+	}
+	return err
 }
 
 func (s *stream) Read(p []byte) (int, error) {
@@ -86,7 +136,7 @@ func (s *stream) Read(p []byte) (int, error) {
 		if s.end >= 0 && int64(len(p)) > s.end-s.off {
 			p = p[:s.end-s.off]
 		}
-		n, err := s.body.Read(p)
+		n, err := s.bodyRead(s.body, p)
 		s.off += int64(n)
 		s.fetched.Add(int64(n))
 		if n > 0 {
@@ -108,6 +158,7 @@ func (s *stream) Read(p []byte) (int, error) {
 		if cerr := s.ctx.Err(); cerr != nil {
 			return n, cerr
 		}
+		err = s.stallErr(err)
 		s.lastErr = err
 		if s.progressed {
 			s.failures = 1
@@ -146,7 +197,7 @@ func (s *stream) open() error {
 			}
 		}
 		s.progressed = false
-		req, err := retryablehttp.NewRequestWithContext(s.ctx, http.MethodGet, s.url, nil)
+		req, err := retryablehttp.NewRequestWithContext(s.startRequest(), http.MethodGet, s.url, nil)
 		if err != nil {
 			return errdefs.InvalidArgument("url %q: %v", redactURL(s.url), err)
 		}
@@ -163,9 +214,15 @@ func (s *stream) open() error {
 		}
 		s.requests++
 		resp, err := s.l.client.Do(req)
+		s.watchdog.Stop()
 		if err != nil {
 			if cerr := s.ctx.Err(); cerr != nil {
 				return cerr
+			}
+			if s.stalled.Load() { // no answer in time: counts as a broken attempt
+				s.lastErr = s.stallErr(err)
+				s.failures++
+				continue
 			}
 			return s.giveUp(err)
 		}
@@ -194,14 +251,15 @@ func (s *stream) open() error {
 				}
 				s.note(fmt.Sprintf("server ignored the Range request (answered 200): restarting the stream from byte 0 and discarding the %d bytes already received", s.off))
 				s.log.Warn("server ignored Range; restarting the stream from byte 0", "discard", s.off)
-				n, err := io.CopyN(io.Discard, resp.Body, s.off)
+				body := resp.Body
+				n, err := io.CopyN(io.Discard, readFunc(func(p []byte) (int, error) { return s.bodyRead(body, p) }), s.off)
 				s.fetched.Add(n)
 				if err != nil {
 					resp.Body.Close()
 					if cerr := s.ctx.Err(); cerr != nil {
 						return cerr
 					}
-					s.lastErr = fmt.Errorf("re-reading the first %d bytes: %w", s.off, err)
+					s.lastErr = fmt.Errorf("re-reading the first %d bytes: %w", s.off, s.stallErr(err))
 					s.failures++
 					continue
 				}
