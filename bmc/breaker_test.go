@@ -3,6 +3,7 @@ package bmc_test
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -152,5 +153,42 @@ func TestPasswordNeverInErrors(t *testing.T) {
 	}
 	if c := b.Condition(); strings.Contains(c.GetMessage(), testPassword) {
 		t.Errorf("Condition() message contains the password: %q", c.GetMessage())
+	}
+}
+
+// syncBuffer is a log sink safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestPasswordNeverLogged(t *testing.T) {
+	srv := echoServer(t)
+	var logs syncBuffer
+	opts := fastOpts("echo-logged")
+	opts.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	b, err := bmc.Dial(context.Background(), bmc.Endpoint{
+		Protocol: bmc.ProtocolRedfish, Address: srv.URL, Username: testUser, Password: testPassword,
+	}, opts)
+	require.NoError(t, err)
+	require.Error(t, b.PowerOn(ctxTimeout(t, 10*time.Second)))
+	out := logs.String()
+	if !strings.Contains(out, "bmc call failed") {
+		t.Fatalf("no failure logged; logs: %q", out)
+	}
+	if strings.Contains(out, testPassword) {
+		t.Fatalf("logs contain the password: %q", out)
 	}
 }
