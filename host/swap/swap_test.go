@@ -20,14 +20,14 @@ func write(t *testing.T, path, content string, mode os.FileMode) {
 func TestOff(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
-	write(t, filepath.Join(root, "proc/swaps"), "Filename\tType\tSize\tUsed\tPriority\n/swapfile\tfile\t1048572\t0\t-2\n", 0o444)
+	write(t, filepath.Join(root, "proc/swaps"), "Filename\tType\tSize\tUsed\tPriority\n/swapfile\tfile\t1048572\t0\t-2\n", 0o644)
 	r := &command.Recorder{}
 	was, err := Off(ctx, root, r)
 	require.NoError(t, err)
 	require.Equal(t, []string{"/swapfile"}, was)
 	require.Equal(t, []string{"swapoff -a"}, r.Lines())
 
-	write(t, filepath.Join(root, "proc/swaps"), "Filename\tType\tSize\tUsed\tPriority\n", 0o444)
+	write(t, filepath.Join(root, "proc/swaps"), "Filename\tType\tSize\tUsed\tPriority\n", 0o644)
 	r = &command.Recorder{}
 	was, err = Off(ctx, root, r)
 	require.NoError(t, err)
