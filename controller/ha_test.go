@@ -1,0 +1,302 @@
+package controller_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kilnhq/kiln/controller/election"
+	"github.com/kilnhq/kiln/controller/kilnconfig"
+	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/errgrpc"
+	"github.com/kilnhq/kiln/internal/seal"
+	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+)
+
+// buildController builds cmd/kiln-controller into dir.
+func buildController(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "kiln-controller")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/kilnhq/kiln/cmd/kiln-controller")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "go build kiln-controller: %s", out)
+	return bin
+}
+
+// etcdCluster starts n embedded etcd members on loopback.
+func etcdCluster(ctx context.Context, t *testing.T, n int) []*store.Embedded {
+	t.Helper()
+	names := make([]string, n)
+	peers := make([]string, n)
+	clients := make([]string, n)
+	for i := range n {
+		var err error
+		names[i] = fmt.Sprintf("m%d", i)
+		peers[i], err = store.FreeLoopbackURL()
+		require.NoError(t, err)
+		clients[i], err = store.FreeLoopbackURL()
+		require.NoError(t, err)
+	}
+	initial := store.InitialCluster(names, peers)
+	dir := t.TempDir()
+	members := make([]*store.Embedded, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			members[i], errs[i] = store.StartEmbedded(ctx, store.EmbeddedConfig{
+				DataDir:        filepath.Join(dir, names[i]),
+				Name:           names[i],
+				ClientURL:      clients[i],
+				PeerURL:        peers[i],
+				InitialCluster: initial,
+				ClusterToken:   "kiln-ha-test",
+				// Generous raft timing: two shared cores also build and
+				// run two controllers.
+				HeartbeatInterval: 200 * time.Millisecond,
+				ElectionTimeout:   2 * time.Second,
+			})
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		require.NoError(t, errs[i], "etcd member %s", names[i])
+	}
+	t.Cleanup(func() {
+		for _, m := range members {
+			if m != nil {
+				m.Close()
+			}
+		}
+	})
+	return members
+}
+
+// process is a kiln-controller child process.
+type process struct {
+	id      string
+	cmd     *exec.Cmd
+	addr    string
+	dataDir string
+	stderr  string
+}
+
+func startProcess(t *testing.T, bin, id, keyFile string, endpoints []string) *process {
+	t.Helper()
+	dataDir := t.TempDir()
+	p := &process{id: id, dataDir: dataDir, stderr: filepath.Join(dataDir, "stderr.log")}
+	errf, err := os.Create(p.stderr)
+	require.NoError(t, err)
+	defer errf.Close()
+	p.cmd = exec.Command(bin, "run",
+		"--data-dir", dataDir,
+		"--listen", "127.0.0.1:0",
+		"--etcd-endpoints", strings.Join(endpoints, ","),
+		"--secret-key-file", keyFile,
+		"--id", id,
+		"--election-ttl", "2s",
+	)
+	p.cmd.Stderr = errf
+	stdout, err := p.cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, p.cmd.Start())
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		_ = p.cmd.Wait()
+		if t.Failed() {
+			b, _ := os.ReadFile(p.stderr)
+			t.Logf("controller %s stderr:\n%s", id, b)
+		}
+	})
+	addrc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), "kiln-controller "); ok {
+				if _, after, ok := strings.Cut(a, " serving on "); ok {
+					addrc <- after
+				}
+			}
+		}
+	}()
+	select {
+	case p.addr = <-addrc:
+	case <-time.After(90 * time.Second):
+		b, _ := os.ReadFile(p.stderr)
+		t.Fatalf("controller %s did not serve within 90s; stderr:\n%s", id, b)
+	}
+	return p
+}
+
+// resources dials the process's API with its own admin kilnconfig.
+func (p *process) resources(t *testing.T) controllerv1.ResourcesClient {
+	t.Helper()
+	cfg, err := kilnconfig.Load(filepath.Join(p.dataDir, "kilnconfig-admin.yaml"))
+	require.NoError(t, err)
+	tc, err := cfg.TLS()
+	require.NoError(t, err)
+	conn, err := grpc.NewClient(p.addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	return controllerv1.NewResourcesClient(conn)
+}
+
+// eventually retries op while it fails with Unavailable (etcd electing a
+// new leader), until ctx ends. No timing assertion: ctx bounds it.
+func eventually(ctx context.Context, t *testing.T, what string, op func(ctx context.Context) error) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := errgrpc.FromGRPC(op(octx))
+		cancel()
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil || !(errdefs.IsUnavailable(err) || errdefs.IsNotFound(err) || strings.Contains(err.Error(), "deadline")) {
+			t.Fatalf("%s: %v (attempt %d)", what, err, attempt)
+		}
+		t.Logf("%s: attempt %d: %v; retrying", what, attempt, err)
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestHAFailover runs a three-member etcd and two kiln-controller
+// processes on it, kills the leading controller with SIGKILL, and checks
+// that the other takes over and the API keeps serving; then it stops one
+// etcd member and checks the controller still serves reads and writes.
+func TestHAFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("HA failover builds the controller and runs a three-member etcd: skipped with -short")
+	}
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("go toolchain not on PATH: cannot build kiln-controller")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	bin := buildController(t, t.TempDir())
+	members := etcdCluster(ctx, t, 3)
+	var endpoints []string
+	for _, m := range members {
+		endpoints = append(endpoints, m.Endpoints()...)
+	}
+	keyFile := filepath.Join(t.TempDir(), "secret.key")
+	_, err := seal.LoadOrCreateKey(keyFile)
+	require.NoError(t, err)
+
+	procs := map[string]*process{}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for _, id := range []string{"c1", "c2"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := startProcess(t, bin, id, keyFile, endpoints)
+			mu.Lock()
+			procs[id] = p
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	require.Len(t, procs, 2)
+
+	client, err := store.Dial(endpoints, nil)
+	require.NoError(t, err)
+	defer client.Close()
+	observer := election.New(client, election.DefaultPrefix, "observer", 1, nil)
+	var leaderID string
+	eventually(ctx, t, "find leader", func(ctx context.Context) error {
+		leaderID, err = observer.Leader(ctx)
+		return err
+	})
+	require.Contains(t, procs, leaderID)
+	leader := procs[leaderID]
+	var standby *process
+	for id, p := range procs {
+		if id != leaderID {
+			standby = p
+		}
+	}
+	t.Logf("leader %s (pid %d), stand-by %s", leaderID, leader.cmd.Process.Pid, standby.id)
+
+	// Both replicas serve the API and share one CA and one store.
+	_, err = leader.resources(t).Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{host("ha-01", "pw-ha-01")}})
+	require.NoError(t, err)
+	sb := standby.resources(t)
+	got, err := sb.Get(ctx, &controllerv1.GetRequest{Kind: "hosts", Name: "ha-01"})
+	require.NoError(t, err)
+	require.Equal(t, "ha-01", got.GetHost().GetMetadata().GetName())
+
+	// kill -9 the leader: no resignation, its lease must expire.
+	killed := time.Now()
+	require.NoError(t, leader.cmd.Process.Signal(syscall.SIGKILL))
+	_ = leader.cmd.Wait()
+	// The stand-by leads once its campaign returns and it logs so.
+	for !strings.Contains(readFile(t, standby.stderr), "leading: reconcilers started") {
+		require.NoError(t, ctx.Err(), "stand-by %s never started its reconcilers", standby.id)
+		time.Sleep(20 * time.Millisecond)
+	}
+	takeover := time.Since(killed)
+	t.Logf("takeover after SIGKILL of the leader: %v (election TTL 2s)", takeover.Round(time.Millisecond))
+	id, err := observer.Leader(ctx)
+	require.NoError(t, err)
+	if id != standby.id {
+		t.Errorf("election leader after failover = %q, want %q", id, standby.id)
+	}
+
+	_, err = sb.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{host("ha-02", "")}})
+	require.NoError(t, err, "Apply through the surviving controller")
+	list, err := sb.List(ctx, &controllerv1.ListRequest{Kind: "hosts"})
+	require.NoError(t, err)
+	if len(list.GetItems()) != 2 {
+		t.Errorf("List after failover = %d hosts, want 2", len(list.GetItems()))
+	}
+
+	// Lose one of three etcd members: quorum stays, the controller serves.
+	lost := time.Now()
+	members[0].Close()
+	members[0] = nil
+	eventually(ctx, t, "apply with one etcd member down", func(ctx context.Context) error {
+		_, err := sb.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{host("ha-03", "")}})
+		return err
+	})
+	eventually(ctx, t, "list with one etcd member down", func(ctx context.Context) error {
+		list, err = sb.List(ctx, &controllerv1.ListRequest{Kind: "hosts"})
+		return err
+	})
+	t.Logf("apply and list served %v after losing an etcd member", time.Since(lost).Round(time.Millisecond))
+	if len(list.GetItems()) != 3 {
+		t.Errorf("List with one etcd member down = %d hosts, want 3", len(list.GetItems()))
+	}
+	eventually(ctx, t, "leader with one etcd member down", func(ctx context.Context) error {
+		id, err := observer.Leader(ctx)
+		if err == nil && id != standby.id {
+			return fmt.Errorf("leader is %q, want %q", id, standby.id)
+		}
+		return err
+	})
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return string(b)
+}
