@@ -222,3 +222,15 @@ func TestFactsNetwork(t *testing.T) {
 		t.Errorf("Facts().Routes = %v, want 198.51.100.0/24 via 192.0.2.1 dev kiln0", f.Routes)
 	}
 }
+
+// BenchmarkFacts measures one Facts call on this machine, including
+// running whichever of kubeadm, kubelet and kubectl are installed for
+// their versions (that dominates when any is).
+func BenchmarkFacts(b *testing.B) {
+	ctx := context.Background()
+	for b.Loop() {
+		if _, err := Facts(ctx, "/"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

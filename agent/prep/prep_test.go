@@ -448,3 +448,27 @@ func TestPrepareVerifiesRunningContainerd(t *testing.T) {
 		t.Errorf("running containerd after Prepare(cgroupfs) = %s, want cgroupfs", r.Driver())
 	}
 }
+
+// BenchmarkPrepareNoopWithContainerd is BenchmarkPrepareNoop on a host
+// whose containerd runs (Debian's, under a temporary root): each run also
+// asks containerd for its effective cgroup driver over CRI.
+func BenchmarkPrepareNoopWithContainerd(b *testing.B) {
+	d := containerdtest.New(b)
+	ns := netnstest.New(b)
+	ctx := context.Background()
+	require.NoError(b, os.Symlink("/proc", filepath.Join(d.Root, "proc")))
+	require.NoError(b, os.Symlink("/sys", filepath.Join(d.Root, "sys")))
+	d.Start()
+	p := New(d.Root, &command.Recorder{}, slog.New(slog.DiscardHandler), WithUnits(func(context.Context, string) (Units, error) { return &labUnits{d: d}, nil }))
+	ns.Do(b, func() {
+		_, err := p.Prepare(ctx, &agentv1.PrepareRequest{}, nil)
+		require.NoError(b, err)
+		b.ResetTimer()
+		for b.Loop() {
+			res, err := p.Prepare(ctx, &agentv1.PrepareRequest{}, nil)
+			if err != nil || res.Changed {
+				b.Fatalf("Prepare() = %v, %v, want no change", res, err)
+			}
+		}
+	})
+}
