@@ -175,19 +175,22 @@ func TestFactsMissingOSRelease(t *testing.T) {
 	}
 }
 
-// TestFactsNetwork makes a namespace with a bridge NIC (this kernel has no
-// dummy or veth drivers; bridge is built in), an address and the
-// route it implies, and checks that Facts reports all three.
+// TestFactsNetwork makes a namespace with a veth pair, an address and a
+// route via a gateway, and checks that Facts reports the NIC, its address
+// and both routes.
 func TestFactsNetwork(t *testing.T) {
 	ns := netnstest.New(t)
 	mac, _ := net.ParseMAC("02:00:00:00:4b:01")
-	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "kiln0", HardwareAddr: mac, MTU: 1400}}
-	require.NoError(t, ns.Netlink.LinkAdd(br))
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "kiln0", HardwareAddr: mac, MTU: 1400}, PeerName: "kiln1"}
+	require.NoError(t, ns.Netlink.LinkAdd(veth))
 	link, err := ns.Netlink.LinkByName("kiln0")
+	require.NoError(t, err)
+	peer, err := ns.Netlink.LinkByName("kiln1")
 	require.NoError(t, err)
 	addr, err := netlink.ParseAddr("192.0.2.10/24")
 	require.NoError(t, err)
 	require.NoError(t, ns.Netlink.AddrAdd(link, addr))
+	require.NoError(t, ns.Netlink.LinkSetUp(peer))
 	require.NoError(t, ns.Netlink.LinkSetUp(link))
 	_, gwNet, _ := net.ParseCIDR("198.51.100.0/24")
 	require.NoError(t, ns.Netlink.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Dst: gwNet, Gw: net.ParseIP("192.0.2.1")}))
@@ -201,8 +204,8 @@ func TestFactsNetwork(t *testing.T) {
 	i := slices.IndexFunc(f.Nics, func(n *typesv1.NIC) bool { return n.Name == "kiln0" })
 	require.GreaterOrEqual(t, i, 0, "Facts().Nics = %v, want kiln0", f.Nics)
 	nic := f.Nics[i]
-	if nic.Mac != "02:00:00:00:4b:01" || nic.Mtu != 1400 || !nic.Up || nic.Driver != "bridge" {
-		t.Errorf("Facts() NIC = %v, want mac 02:00:00:00:4b:01 mtu 1400 up driver bridge", nic)
+	if nic.Mac != "02:00:00:00:4b:01" || nic.Mtu != 1400 || !nic.Up || nic.Driver != "veth" {
+		t.Errorf("Facts() NIC = %v, want mac 02:00:00:00:4b:01 mtu 1400 up driver veth", nic)
 	}
 	if !slices.Contains(nic.Addresses, "192.0.2.10/24") {
 		t.Errorf("Facts() NIC addresses = %v, want 192.0.2.10/24", nic.Addresses)
