@@ -17,6 +17,7 @@ import (
 	"github.com/kilnhq/kiln/host/command"
 	"github.com/kilnhq/kiln/host/containerd"
 	"github.com/kilnhq/kiln/host/containerd/containerdtest"
+	"github.com/kilnhq/kiln/host/kmod"
 	"github.com/kilnhq/kiln/host/netcheck"
 	"github.com/kilnhq/kiln/host/netnstest"
 	"github.com/kilnhq/kiln/host/sysctl"
@@ -83,8 +84,11 @@ func (l labUnits) Close() error                                 { return nil }
 func preparedHost(t *testing.T) (*netnstest.NS, string, *containerdtest.Daemon) {
 	d := containerdtest.New(t)
 	ns := netnstest.New(t)
-	if _, err := sysctl.Get("/", "net.bridge.bridge-nf-call-iptables"); err != nil {
-		t.Skipf("kernel has no bridge-nf-call-iptables (br_netfilter not available): %v", err)
+	release, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	for _, m := range []string{"br_netfilter", "overlay"} {
+		if st, _ := kmod.Status("/", strings.TrimSpace(string(release)), m); !st.Available() {
+			t.Skipf("kernel module %s is not loaded on this machine; these tests do not load modules", m)
+		}
 	}
 	root := d.Root
 	require.NoError(t, os.Symlink("/proc", filepath.Join(root, "proc")))

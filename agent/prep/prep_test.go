@@ -83,6 +83,7 @@ func TestPrepareInNamespace(t *testing.T) {
 		hostBefore[k] = v
 	}
 
+	requireModules(t)
 	run := &command.Recorder{}
 	p := New(root, run, logger(t))
 	var first, second *agentv1.PrepareResult
@@ -165,6 +166,20 @@ func TestPrepareInNamespace(t *testing.T) {
 		require.NoError(t, err)
 		if got != hostBefore[k] {
 			t.Errorf("host %s = %q after Prepare in a namespace, want unchanged %q", k, got, hostBefore[k])
+		}
+	}
+}
+
+// requireModules skips the test when a module Prepare needs is not
+// already available on the host: tests do not load modules into the
+// machine's kernel (the QEMU lab tests the modprobe path).
+func requireModules(t testing.TB) {
+	release, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	for _, m := range modules {
+		st, err := kmod.Status("/", strings.TrimSpace(string(release)), m)
+		require.NoError(t, err)
+		if !st.Available() {
+			t.Skipf("kernel module %s is not loaded on this machine; this test does not load modules", m)
 		}
 	}
 }
@@ -349,6 +364,7 @@ func BenchmarkPrepareNoop(b *testing.B) {
 	do := func(fn func()) { fn() }
 	if os.Geteuid() == 0 {
 		ns := netnstest.New(b)
+		requireModules(b)
 		root = liveRoot(b)
 		run = &command.Recorder{}
 		do = func(fn func()) { ns.Do(b, fn) }
@@ -396,6 +412,7 @@ func (l *labUnits) Close() error { return nil }
 func TestPrepareVerifiesRunningContainerd(t *testing.T) {
 	d := containerdtest.New(t)
 	ns := netnstest.New(t)
+	requireModules(t)
 	ctx := context.Background()
 	require.NoError(t, os.Symlink("/proc", filepath.Join(d.Root, "proc")))
 	require.NoError(t, os.Symlink("/sys", filepath.Join(d.Root, "sys")))
@@ -455,6 +472,7 @@ func TestPrepareVerifiesRunningContainerd(t *testing.T) {
 func BenchmarkPrepareNoopWithContainerd(b *testing.B) {
 	d := containerdtest.New(b)
 	ns := netnstest.New(b)
+	requireModules(b)
 	ctx := context.Background()
 	require.NoError(b, os.Symlink("/proc", filepath.Join(d.Root, "proc")))
 	require.NoError(b, os.Symlink("/sys", filepath.Join(d.Root, "sys")))
