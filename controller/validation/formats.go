@@ -86,6 +86,8 @@ func labelName(s string) bool {
 	return true
 }
 
+const errCredentialsInURL = "carries credentials: put them in spec.bmc.username and spec.bmc.password instead"
+
 // redfishAddress accepts a URL with scheme https, http, redfish+https or
 // redfish+http and a host, or a bare host[:port] (https is assumed).
 func redfishAddress(a string) string {
@@ -98,6 +100,9 @@ func redfishAddress(a string) string {
 	u, err := url.Parse(a)
 	if err != nil {
 		return "is not a URL: use a URL such as https://10.0.0.5"
+	}
+	if u.User != nil {
+		return errCredentialsInURL
 	}
 	switch u.Scheme {
 	case "https", "http", "redfish+https", "redfish+http":
@@ -113,7 +118,7 @@ func redfishAddress(a string) string {
 		}
 	}
 	if u.User != nil {
-		return "carries credentials: put them in spec.bmc.username and spec.bmc.password instead"
+		return errCredentialsInURL
 	}
 	return ""
 }

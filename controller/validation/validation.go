@@ -156,7 +156,10 @@ func checkHost(p *problems, s *typesv1.HostSpec) {
 	case "redfish":
 		if bmc.GetAddress() == "" {
 			p.add("spec.bmc.address", "required for protocol redfish: a URL such as https://10.0.0.5")
-		} else if msg := redfishAddress(bmc.GetAddress()); msg != "" {
+		} else if msg := redfishAddress(bmc.GetAddress()); msg == errCredentialsInURL {
+			// Do not echo an address that carries a password.
+			p.add("spec.bmc.address", "%s", msg)
+		} else if msg != "" {
 			p.add("spec.bmc.address", "%q %s", bmc.GetAddress(), msg)
 		}
 	case "ipmi":

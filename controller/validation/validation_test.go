@@ -259,6 +259,13 @@ func TestValidateNeverShowsPassword(t *testing.T) {
 	if strings.Contains(err.Error(), "hunter2-secret") {
 		t.Errorf("Validate() = %q, want no password in the message", err)
 	}
+	for _, addr := range []string{"https://root:hunter2-secret@10.0.0.5", "ftp://root:hunter2-secret@10.0.0.5:99999"} {
+		err = Validate(host(func(h *typesv1.Host) { h.Spec.Bmc.Address = addr }))
+		require.Error(t, err)
+		if strings.Contains(err.Error(), "hunter2-secret") || !strings.Contains(err.Error(), "spec.bmc.address: carries credentials") {
+			t.Errorf("Validate(address %q) = %q, want a credentials error without the password", addr, err)
+		}
+	}
 }
 
 func TestValidateAgainst(t *testing.T) {

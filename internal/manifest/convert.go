@@ -11,6 +11,11 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
+// secretFields are never quoted in error messages.
+var secretFields = map[protoreflect.FullName]bool{
+	"kiln.types.v1.BMCSpec.password": true,
+}
+
 // converter walks YAML nodes along a message descriptor, checking names
 // and types, and produces the JSON value protojson expects.
 type converter struct {
@@ -98,6 +103,11 @@ func (c *converter) mapValue(n *yaml.Node, fd protoreflect.FieldDescriptor, path
 // singular field).
 func (c *converter) single(n *yaml.Node, fd protoreflect.FieldDescriptor, path string) (any, bool) {
 	tag := n.ShortTag()
+	if secretFields[fd.FullName()] && (n.Kind != yaml.ScalarNode || (tag != "!!str" && tag != "!!null")) {
+		// Never echo a secret, even a mistyped one.
+		c.fail(n, path, "want a string: quote the value")
+		return nil, false
+	}
 	if fd.Kind() != protoreflect.MessageKind && fd.Kind() != protoreflect.GroupKind && n.Kind != yaml.ScalarNode {
 		c.fail(n, path, "want %s, got %s", want(fd), describe(n))
 		return nil, false

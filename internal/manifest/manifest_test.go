@@ -86,6 +86,8 @@ func TestDecodeErrors(t *testing.T) {
 			[]string{"f.yaml:7: spec.replicas: 9999999999 is out of range for a 32-bit integer"}},
 		{"int for non int-or-percent string", "apiVersion: kiln.dev/v1\nkind: HealthCheck\nmetadata:\n  name: hc\nspec:\n  cluster: lab\n  nodeStartupTimeout: 10\n",
 			[]string{`f.yaml:7: spec.nodeStartupTimeout: want a string, got the number 10: quote it ("10")`}},
+		{"mistyped password is not echoed", "apiVersion: kiln.dev/v1\nkind: Host\nmetadata:\n  name: h\nspec:\n  bmc:\n    protocol: ipmi\n    password: 98765431\n",
+			[]string{"f.yaml:8: spec.bmc.password: want a string: quote the value"}},
 		{"list element", "apiVersion: kiln.dev/v1\nkind: HealthCheck\nmetadata:\n  name: hc\nspec:\n  cluster: lab\n  unhealthyConditions:\n    - type: Ready\n      statuss: \"False\"\n",
 			[]string{"f.yaml:9: spec.unhealthyConditions[0].statuss: unknown field (did you mean status?)"}},
 		{"duplicate field", goodCluster + "  podCidr: 10.245.0.0/16\n",
