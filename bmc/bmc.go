@@ -27,6 +27,7 @@ import (
 
 	"github.com/kilnhq/kiln/internal/backoff"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
 // Protocols an Endpoint may use.
@@ -65,8 +66,21 @@ type Endpoint struct {
 	InsecureSkipVerify bool
 }
 
+// EndpointFromSpec converts a Host's BMC spec. The spec's password must
+// already be decrypted by the caller.
+func EndpointFromSpec(s *typesv1.BMCSpec) Endpoint {
+	return Endpoint{
+		Protocol:           s.GetProtocol(),
+		Address:            s.GetAddress(),
+		Username:           s.GetUsername(),
+		Password:           s.GetPassword(),
+		SystemID:           s.GetSystemId(),
+		InsecureSkipVerify: s.GetInsecureSkipVerify(),
+	}
+}
+
 // String describes the endpoint without its credentials.
-func (e Endpoint) String() string { return e.Protocol + "://" + e.Address }
+func (e Endpoint) String() string { return e.Protocol + " " + e.Address }
 
 // Options tune a BMC. The zero value is usable.
 type Options struct {
@@ -594,11 +608,11 @@ func splitIPMIAddress(addr string) (host, port string, err error) {
 	if a == "" {
 		return "", "", errdefs.InvalidArgument("ipmi address is empty")
 	}
-	if h, p, err := net.SplitHostPort(a); err == nil {
-		return h, p, nil
-	}
 	if strings.Contains(a, "/") {
 		return "", "", errdefs.InvalidArgument("ipmi address %q: want host[:port]", addr)
+	}
+	if h, p, err := net.SplitHostPort(a); err == nil {
+		return h, p, nil
 	}
 	return a, "623", nil
 }

@@ -1,6 +1,8 @@
 package bmc
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -34,9 +36,11 @@ type breaker struct {
 	contacted   bool
 }
 
-// errors that say nothing about the BMC's health do not count.
+// countsAsFailure is false for errors that say nothing about the BMC's
+// health: bad input, unsupported operations, and calls the caller
+// cancelled.
 func countsAsFailure(err error) bool {
-	return !errdefs.IsInvalidArgument(err) && !errdefs.IsNotSupported(err)
+	return !errdefs.IsInvalidArgument(err) && !errdefs.IsNotSupported(err) && !errors.Is(err, context.Canceled)
 }
 
 // allow returns an Unavailable error while the circuit is open.
@@ -64,13 +68,13 @@ func (b *BMC) record(err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	br := &b.brk
+	if err != nil && !countsAsFailure(err) {
+		return
+	}
 	br.contacted = true
 	if err == nil {
 		br.failures, br.last = 0, ""
 		br.lastSuccess = b.opts.Now()
-		return
-	}
-	if !countsAsFailure(err) {
 		return
 	}
 	br.failures++

@@ -219,6 +219,29 @@ func TestRedfishFaults(t *testing.T) {
 		if elapsed > deadline+2*time.Second {
 			t.Fatalf("PowerOn() returned after %v, deadline was %v", elapsed, deadline)
 		}
+		c := b.Condition()
+		if c.GetStatus() != conditions.False || !strings.Contains(c.GetMessage(), "deadline exceeded") {
+			t.Fatalf("Condition() = %v, want False naming the deadline", c)
+		}
+		if m.State() {
+			t.Fatalf("machine powered on although every answer came after the deadline")
+		}
+	})
+
+	t.Run("caller cancellation does not count against the bmc", func(t *testing.T) {
+		m := &machine.Memory{}
+		e := startEmulator(t, redfish.Config{Systems: oneSystem(m)})
+		b := dialEmulator(t, e, fastOpts("cancelled"))
+		e.SetLatency(time.Minute)
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(200*time.Millisecond, cancel)
+		err := b.PowerOn(ctx)
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("PowerOn() cancelled: error = %v, want context.Canceled", err)
+		}
+		if c := b.Condition(); c.GetStatus() != conditions.Unknown {
+			t.Fatalf("Condition() after a cancelled call = %v, want Unknown", c)
+		}
 	})
 
 	t.Run("session limit is transient", func(t *testing.T) {
@@ -229,6 +252,10 @@ func TestRedfishFaults(t *testing.T) {
 		_, err := b.PowerState(ctxTimeout(t, 10*time.Second))
 		if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "503") {
 			t.Fatalf("PowerState() with no free session: error = %v, want Unavailable http 503", err)
+		}
+		c := b.Condition()
+		if c.GetReason() != bmc.ReasonCallFailed || !strings.Contains(c.GetMessage(), "SessionLimitExceeded") {
+			t.Fatalf("Condition() = %v, want CallFailed naming SessionLimitExceeded", c)
 		}
 		e.ClearFaults()
 		_, err = b.PowerState(ctxTimeout(t, 10*time.Second))
