@@ -5,8 +5,9 @@
 // DMTF public-rackmount1 mockup. Each emulated system drives a
 // machine.Machine, so a power-on through Redfish really starts the lab host.
 //
-// Faults can be injected per BMC with Go methods: added latency, bursts of
-// 5xx answers, a session limit, and a power state that lags or lies.
+// Faults can be injected per BMC with Go methods or the admin HTTP API
+// (AdminPath): added latency, bursts of 5xx answers, a session limit, and a
+// power state that lags or lies.
 //
 // The package also serves the DMTF mockup trees read-only (MockupHandler)
 // for parser tests.
@@ -323,6 +324,10 @@ func (b *BMC) BootOverride(systemID string) (target, enabled, mode string) {
 
 // ServeHTTP applies the injected faults, then routes the request.
 func (b *BMC) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == AdminPath {
+		b.serveAdmin(w, r)
+		return
+	}
 	b.mu.Lock()
 	b.stats.Requests++
 	b.inFlight++

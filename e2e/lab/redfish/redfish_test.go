@@ -192,3 +192,35 @@ func TestMockupHandler(t *testing.T) {
 		t.Errorf("PATCH on a mockup = %d, want 405", resp.StatusCode)
 	}
 }
+
+func TestAdminAPI(t *testing.T) {
+	e, _, c := newEmulator(t, false)
+	req := func(method, body, user, pw string) (int, redfish.Faults) {
+		r, err := http.NewRequest(method, c.base+redfish.AdminPath, strings.NewReader(body))
+		require.NoError(t, err)
+		r.SetBasicAuth(user, pw)
+		resp, err := http.DefaultClient.Do(r)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var f redfish.Faults
+		_ = json.NewDecoder(resp.Body).Decode(&f)
+		return resp.StatusCode, f
+	}
+	if code, _ := req("PATCH", `{"failNext":1}`, "admin", "nope"); code != 401 {
+		t.Fatalf("admin PATCH with a wrong password = %d, want 401", code)
+	}
+	code, f := req("PATCH", `{"failNext":2,"failStatus":502,"powerLies":true}`, "admin", "pw")
+	if code != 200 || *f.FailNext != 2 || *f.FailStatus != 502 || !*f.PowerLies {
+		t.Fatalf("admin PATCH = %d %+v", code, f)
+	}
+	if resp, _ := c.do("GET", "/redfish/v1/", ""); resp.StatusCode != 502 {
+		t.Fatalf("GET after failNext=2 via the admin API = %d, want 502", resp.StatusCode)
+	}
+	code, f = req("DELETE", "", "admin", "pw")
+	if code != 200 || *f.FailNext != 0 || *f.PowerLies {
+		t.Fatalf("admin DELETE = %d %+v, want faults cleared", code, f)
+	}
+	if st := e.Stats(); st.Requests != 1 {
+		t.Fatalf("Stats().Requests = %d, want 1 (admin calls are not counted)", st.Requests)
+	}
+}
