@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kilnhq/kiln/controller/authz"
@@ -66,6 +67,14 @@ func (s *resourcesServer) Delete(ctx context.Context, req *controllerv1.DeleteRe
 }
 
 func (s *resourcesServer) Watch(req *controllerv1.WatchRequest, stream controllerv1.Resources_WatchServer) error {
+	if _, err := resources.LookupKind(req.GetKind()); err != nil {
+		return errgrpc.ToGRPC(err)
+	}
+	// Headers tell the client the watch is accepted before any change
+	// arrives.
+	if err := stream.SendHeader(metadata.MD{}); err != nil {
+		return err
+	}
 	err := s.res.Watch(stream.Context(), req.GetKind(), req.GetName(), stream.Send)
 	if err != nil && stream.Context().Err() != nil {
 		return nil // the client went away

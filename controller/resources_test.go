@@ -1,0 +1,303 @@
+package controller_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+
+	"github.com/kilnhq/kiln/controller"
+	"github.com/kilnhq/kiln/controller/controllertest"
+	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/pki"
+	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+func TestListSelectorAndPaging(t *testing.T) {
+	ctx := context.Background()
+	env := controllertest.Start(t)
+	rc := resourcesClient(t, env, "admin")
+	var objs []*controllerv1.Resource
+	for i := range 25 {
+		h := host(fmt.Sprintf("page-%02d", i), "")
+		rack := "r1"
+		if i%3 == 0 {
+			rack = "r2"
+		}
+		h.GetHost().Metadata.Labels = map[string]string{"rack": rack}
+		objs = append(objs, h)
+	}
+	_, err := rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: objs})
+	require.NoError(t, err)
+
+	tests := []struct {
+		name     string
+		selector map[string]string
+		limit    int64
+		want     int
+	}{
+		{"all in one page", nil, 0, 25},
+		{"all in pages of 10", nil, 10, 25},
+		{"all in pages of 1", nil, 1, 25},
+		{"rack r2 in pages of 4", map[string]string{"rack": "r2"}, 4, 9},
+		{"rack r1 unpaged", map[string]string{"rack": "r1"}, 0, 16},
+		{"no match", map[string]string{"rack": "r9"}, 5, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var names []string
+			cont := ""
+			for pages := 0; ; pages++ {
+				require.Less(t, pages, 100, "paging does not end")
+				resp, err := rc.List(ctx, &controllerv1.ListRequest{Kind: "hosts", LabelSelector: tt.selector, Limit: tt.limit, Continue: cont})
+				require.NoError(t, err)
+				if tt.limit > 0 && int64(len(resp.GetItems())) > tt.limit {
+					t.Errorf("List(limit %d) returned %d items", tt.limit, len(resp.GetItems()))
+				}
+				for _, it := range resp.GetItems() {
+					if v, ok := tt.selector["rack"]; ok && it.GetHost().GetMetadata().GetLabels()["rack"] != v {
+						t.Errorf("List(%v) returned %s with labels %v", tt.selector, it.GetHost().GetMetadata().GetName(), it.GetHost().GetMetadata().GetLabels())
+					}
+					names = append(names, it.GetHost().GetMetadata().GetName())
+				}
+				if cont = resp.GetContinue(); cont == "" {
+					break
+				}
+			}
+			if len(names) != tt.want {
+				t.Errorf("List(%v, limit %d) = %d items, want %d", tt.selector, tt.limit, len(names), tt.want)
+			}
+			if !sort.StringsAreSorted(names) {
+				t.Errorf("List(%v, limit %d) not in name order: %v", tt.selector, tt.limit, names)
+			}
+			seen := map[string]bool{}
+			for _, n := range names {
+				if seen[n] {
+					t.Errorf("List(%v, limit %d) returned %s twice", tt.selector, tt.limit, n)
+				}
+				seen[n] = true
+			}
+		})
+	}
+
+	_, err = rc.List(ctx, &controllerv1.ListRequest{Kind: "gadgets"})
+	if code(err) != codes.InvalidArgument {
+		t.Errorf("List(gadgets) = %v, want InvalidArgument", err)
+	}
+}
+
+func TestApplyRefusesInvalidAndStale(t *testing.T) {
+	ctx := context.Background()
+	env := controllertest.Start(t)
+	rc := resourcesClient(t, env, "admin")
+
+	bad := host("Not_A_Name", "")
+	_, err := rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{bad}})
+	if code(err) != codes.InvalidArgument {
+		t.Errorf("Apply(invalid name) = %v, want InvalidArgument", err)
+	}
+	_, err = rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{{}}})
+	if code(err) != codes.InvalidArgument {
+		t.Errorf("Apply(empty resource) = %v, want InvalidArgument", err)
+	}
+
+	_, err = rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{host("stale-01", "")}})
+	require.NoError(t, err)
+	stale := host("stale-01", "")
+	stale.GetHost().Metadata.ResourceVersion = "1"
+	stale.GetHost().Spec.RootDiskHint = "/dev/sdc"
+	_, err = rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{stale}})
+	if code(err) != codes.Aborted {
+		t.Errorf("Apply with stale resourceVersion = %v, want Aborted (conflict)", err)
+	}
+
+	dry := host("dry-01", "pw")
+	resp, err := rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{dry}, DryRun: true})
+	require.NoError(t, err)
+	if resp.GetResults()[0].GetAction() != "created" {
+		t.Errorf("dry-run Apply action = %q, want created", resp.GetResults()[0].GetAction())
+	}
+	_, err = rc.Get(ctx, &controllerv1.GetRequest{Kind: "hosts", Name: "dry-01"})
+	if code(err) != codes.NotFound {
+		t.Errorf("Get after dry-run Apply = %v, want NotFound", err)
+	}
+	_, err = env.Store().GetSecret(ctx, "bmc/dry-01")
+	if err == nil {
+		t.Errorf("dry-run Apply stored a BMC secret")
+	}
+}
+
+func TestDeleteRemovesHostAndSecret(t *testing.T) {
+	ctx := context.Background()
+	env := controllertest.Start(t)
+	rc := resourcesClient(t, env, "operator")
+	_, err := rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{host("del-01", "pw")}})
+	require.NoError(t, err)
+	_, err = rc.Delete(ctx, &controllerv1.DeleteRequest{Kind: "hosts", Name: "del-01"})
+	require.NoError(t, err)
+	_, err = rc.Get(ctx, &controllerv1.GetRequest{Kind: "hosts", Name: "del-01"})
+	if code(err) != codes.NotFound {
+		t.Errorf("Get after Delete = %v, want NotFound", err)
+	}
+	if _, err := env.Store().GetSecret(ctx, "bmc/del-01"); err == nil {
+		t.Errorf("BMC secret of deleted host still stored")
+	}
+	_, err = rc.Delete(ctx, &controllerv1.DeleteRequest{Kind: "hosts", Name: "del-01"})
+	if code(err) != codes.NotFound {
+		t.Errorf("second Delete = %v, want NotFound", err)
+	}
+}
+
+func TestWatch(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	env := controllertest.Start(t)
+	rc := resourcesClient(t, env, "reader")
+	admin := resourcesClient(t, env, "admin")
+
+	stream, err := rc.Watch(ctx, &controllerv1.WatchRequest{Kind: "hosts"})
+	require.NoError(t, err)
+	// The stream is established once the server has sent headers.
+	_, err = stream.Header()
+	require.NoError(t, err)
+	// Give the server's etcd watch a moment to be created: the store
+	// watch starts from "now", so a write racing its creation could be
+	// missed. Retry the write until the watch sees it instead of sleeping.
+	got := make(chan *controllerv1.WatchEvent, 16)
+	go func() {
+		for {
+			ev, err := stream.Recv()
+			if err != nil {
+				close(got)
+				return
+			}
+			got <- ev
+		}
+	}()
+	var first *controllerv1.WatchEvent
+	for i := 0; first == nil; i++ {
+		require.Less(t, i, 50, "watch saw nothing")
+		name := fmt.Sprintf("watch-%02d", i)
+		_, err = admin.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{host(name, "pw")}})
+		require.NoError(t, err)
+		select {
+		case first = <-got:
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	if first.GetType() != "ADDED" {
+		t.Errorf("first watch event type = %q, want ADDED", first.GetType())
+	}
+	name := first.GetResource().GetHost().GetMetadata().GetName()
+	if first.GetResource().GetHost().GetSpec().GetBmc().GetPassword() != "" {
+		t.Errorf("watch event carries a BMC password")
+	}
+	// Drain the adds of any retried writes.
+	for len(got) > 0 {
+		<-got
+	}
+	changed := host(name, "")
+	changed.GetHost().Spec.RootDiskHint = "/dev/nvme0n1"
+	_, err = admin.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{changed}})
+	require.NoError(t, err)
+	_, err = admin.Delete(ctx, &controllerv1.DeleteRequest{Kind: "hosts", Name: name})
+	require.NoError(t, err)
+	var types []string
+	for len(types) < 2 {
+		select {
+		case ev := <-got:
+			if ev.GetResource().GetHost().GetMetadata().GetName() == name {
+				types = append(types, ev.GetType())
+			}
+		case <-ctx.Done():
+			t.Fatalf("watch events for %s: got %v before timeout", name, types)
+		}
+	}
+	if types[0] != "MODIFIED" || types[1] != "DELETED" {
+		t.Errorf("watch events after apply and delete = %v, want [MODIFIED DELETED]", types)
+	}
+}
+
+func TestSilentAgentMarkedUnreachable(t *testing.T) {
+	ctx := context.Background()
+	var now atomic.Pointer[time.Time]
+	t0 := time.Now()
+	now.Store(&t0)
+	env := controllertest.Start(t,
+		controllertest.WithClock(func() time.Time { return *now.Load() }),
+		controllertest.WithConfig(func(c *controller.Config) {
+			c.ReconcileInterval = 100 * time.Millisecond
+			c.HeartbeatInterval = 10 * time.Second
+		}))
+	a, err := enroll(ctx, t, env, env.Token(t, "quiet-01", time.Hour), "quiet-01")
+	require.NoError(t, err)
+	agents := controllerv1.NewAgentsClient(env.DialCert(t, a.certPEM, a.keyPEM))
+	hb, err := agents.Heartbeat(ctx, &controllerv1.HeartbeatRequest{AgentAddress: "127.0.0.1:7444"})
+	require.NoError(t, err)
+	if hb.GetIntervalSeconds() != 10 {
+		t.Errorf("Heartbeat interval = %d, want 10", hb.GetIntervalSeconds())
+	}
+	rc := resourcesClient(t, env, "reader")
+	get := func() *typesv1.Host {
+		r, err := rc.Get(ctx, &controllerv1.GetRequest{Kind: "hosts", Name: "quiet-01"})
+		require.NoError(t, err)
+		return r.GetHost()
+	}
+	require.True(t, conditions.IsTrue(get().GetStatus().GetConditions(), "AgentReachable"))
+
+	// 31 s of silence with an allowed silence of 3 heartbeats (30 s).
+	later := t0.Add(31 * time.Second)
+	now.Store(&later)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c := conditions.Get(get().GetStatus().GetConditions(), "AgentReachable")
+		if c.GetStatus() == conditions.False {
+			if c.GetReason() != "HeartbeatMissed" {
+				t.Errorf("AgentReachable reason = %q, want HeartbeatMissed", c.GetReason())
+			}
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "host never marked AgentReachable=False")
+		time.Sleep(50 * time.Millisecond)
+	}
+	// A heartbeat brings it back.
+	_, err = agents.Heartbeat(ctx, &controllerv1.HeartbeatRequest{AgentAddress: "127.0.0.1:7444"})
+	require.NoError(t, err)
+	if !conditions.IsTrue(get().GetStatus().GetConditions(), "AgentReachable") {
+		t.Errorf("AgentReachable not True after a new heartbeat")
+	}
+	evs, err := rc.ListEvents(ctx, &controllerv1.ListEventsRequest{ObjectKind: "Host", ObjectName: "quiet-01"})
+	require.NoError(t, err)
+	var reasons []string
+	for _, e := range evs.GetEvents() {
+		reasons = append(reasons, e.GetReason())
+	}
+	require.Contains(t, reasons, "HeartbeatMissed")
+	require.Contains(t, reasons, "Enrolled")
+}
+
+func TestRenew(t *testing.T) {
+	ctx := context.Background()
+	env := controllertest.Start(t)
+	a, err := enroll(ctx, t, env, env.Token(t, "renew-01", time.Hour), "renew-01")
+	require.NoError(t, err)
+	_, csr, err := pki.NewKeyAndCSR("renew-01")
+	require.NoError(t, err)
+	resp, err := controllerv1.NewAgentsClient(env.DialCert(t, a.certPEM, a.keyPEM)).Renew(ctx, &controllerv1.RenewRequest{CsrDer: csr})
+	require.NoError(t, err)
+	cert := parseCert(t, resp.GetCertificatePem())
+	role, name, err := pki.Identity(cert)
+	require.NoError(t, err)
+	if role != pki.RoleAgent || name != "renew-01" {
+		t.Errorf("renewed certificate identity = %s/%s, want agent/renew-01", role, name)
+	}
+	if cert.SerialNumber.Cmp(parseCert(t, a.certPEM).SerialNumber) == 0 {
+		t.Errorf("renewed certificate has the old serial")
+	}
+}
