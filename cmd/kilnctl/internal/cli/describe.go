@@ -28,7 +28,7 @@ A host stuck in a phase says why here: every phase has a condition and its
 last error.`,
 		Example:   "  kilnctl describe host rack1-01",
 		Args:      cobra.ExactArgs(2),
-		ValidArgs: kindArgs(),
+		ValidArgsFunction: a.completeKindName,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			k, err := lookupKind(args[0])
 			if err != nil {

@@ -130,6 +130,17 @@ func TestEndToEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("shell completion of names", func(t *testing.T) {
+		out := mustKilnctl(t, admin, "__complete", "describe", "cp", "")
+		if !strings.HasPrefix(out, "lab-cp\nprod-eu1-cp\n:4\n") {
+			t.Errorf("kilnctl __complete describe cp '' = %q, want the control plane names", out)
+		}
+		out = mustKilnctl(t, admin, "__complete", "get", "")
+		if !strings.HasPrefix(out, "hosts\nimages\nclusters\ncontrolplanes\n") {
+			t.Errorf("kilnctl __complete get '' = %q, want the kinds", out)
+		}
+	})
+
 	t.Run("dry run stores nothing", func(t *testing.T) {
 		p := filepath.Join(t.TempDir(), "cp.yaml")
 		require.NoError(t, os.WriteFile(p, []byte("apiVersion: kiln.dev/v1\nkind: ControlPlane\nmetadata:\n  name: lab-cp\nspec:\n  cluster: lab\n  replicas: 3\n  version: v1.34.4\n"), 0o644))

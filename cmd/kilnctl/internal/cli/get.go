@@ -55,7 +55,7 @@ kilnctl apply takes (plus status); BMC passwords are never shown.`,
   kilnctl get hosts -l rack=rack1
   kilnctl get cluster lab -o yaml`,
 		Args:      cobra.RangeArgs(1, 2),
-		ValidArgs: kindArgs(),
+		ValidArgsFunction: a.completeKindName,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			k, err := lookupKind(args[0])
 			if err != nil {
@@ -164,7 +164,7 @@ func (a *app) deleteCommand() *cobra.Command {
 		Long:      "Delete resources. A Host that carries a Machine is deprovisioned and wiped by the controller before it goes.",
 		Example:   "  kilnctl delete host rack1-01",
 		Args:      cobra.MinimumNArgs(2),
-		ValidArgs: kindArgs(),
+		ValidArgsFunction: a.completeKindName,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			k, err := lookupKind(args[0])
 			if err != nil {
@@ -199,7 +199,7 @@ func (a *app) watchCommand() *cobra.Command {
 interrupted. Each line starts with ADDED, MODIFIED or DELETED.`,
 		Example:   "  kilnctl watch hosts",
 		Args:      cobra.RangeArgs(1, 2),
-		ValidArgs: kindArgs(),
+		ValidArgsFunction: a.completeKindName,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			k, err := lookupKind(args[0])
 			if err != nil {

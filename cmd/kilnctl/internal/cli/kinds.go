@@ -3,7 +3,10 @@ package cli
 import (
 	"strings"
 
+	"github.com/spf13/cobra"
+
 	"github.com/kilnhq/kiln/internal/errdefs"
+	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 )
 
 // kind is a resource kind as kilnctl names it on the command line.
@@ -62,4 +65,34 @@ func kindArgs() []string {
 		out = append(out, k.Aliases[1])
 	}
 	return out
+}
+
+// completeKindName completes KIND, then NAME from the controller (when a
+// config is at hand; errors complete nothing).
+func (a *app) completeKindName(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+	if len(args) == 0 {
+		return kindArgs(), cobra.ShellCompDirectiveNoFileComp
+	}
+	if len(args) > 1 && cmd.Name() != "delete" {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	k, err := lookupKind(args[0])
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	c, err := a.client(cmd.Context())
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	ctx, cancel := a.call(cmd.Context())
+	defer cancel()
+	resp, err := c.List(ctx, &controllerv1.ListRequest{Kind: k.Name, Limit: 500})
+	if err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	names := make([]string, 0, len(resp.GetItems()))
+	for _, r := range resp.GetItems() {
+		names = append(names, metaOf(r).GetName())
+	}
+	return names, cobra.ShellCompDirectiveNoFileComp
 }
