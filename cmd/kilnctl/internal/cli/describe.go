@@ -26,8 +26,8 @@ func (a *app) describeCommand() *cobra.Command {
 conditions (type, status, reason, message, age) and its recent events.
 A host stuck in a phase says why here: every phase has a condition and its
 last error.`,
-		Example:   "  kilnctl describe host rack1-01",
-		Args:      cobra.ExactArgs(2),
+		Example:           "  kilnctl describe host rack1-01",
+		Args:              cobra.ExactArgs(2),
 		ValidArgsFunction: a.completeKindName,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			k, err := lookupKind(args[0])

@@ -54,7 +54,7 @@ kilnctl apply takes (plus status); BMC passwords are never shown.`,
 		Example: `  kilnctl get hosts -o wide
   kilnctl get hosts -l rack=rack1
   kilnctl get cluster lab -o yaml`,
-		Args:      cobra.RangeArgs(1, 2),
+		Args:              cobra.RangeArgs(1, 2),
 		ValidArgsFunction: a.completeKindName,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			k, err := lookupKind(args[0])
@@ -159,11 +159,11 @@ func (a *app) print(out, errOut io.Writer, k kind, items []*controllerv1.Resourc
 
 func (a *app) deleteCommand() *cobra.Command {
 	return &cobra.Command{
-		Use:       "delete KIND NAME [NAME...]",
-		Short:     "Delete resources",
-		Long:      "Delete resources. A Host that carries a Machine is deprovisioned and wiped by the controller before it goes.",
-		Example:   "  kilnctl delete host rack1-01",
-		Args:      cobra.MinimumNArgs(2),
+		Use:               "delete KIND NAME [NAME...]",
+		Short:             "Delete resources",
+		Long:              "Delete resources. A Host that carries a Machine is deprovisioned and wiped by the controller before it goes.",
+		Example:           "  kilnctl delete host rack1-01",
+		Args:              cobra.MinimumNArgs(2),
 		ValidArgsFunction: a.completeKindName,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			k, err := lookupKind(args[0])
@@ -197,8 +197,8 @@ func (a *app) watchCommand() *cobra.Command {
 		Short: "Print resources as they change, until interrupted",
 		Long: `Print resources of a kind (or one of them) as they change, until
 interrupted. Each line starts with ADDED, MODIFIED or DELETED.`,
-		Example:   "  kilnctl watch hosts",
-		Args:      cobra.RangeArgs(1, 2),
+		Example:           "  kilnctl watch hosts",
+		Args:              cobra.RangeArgs(1, 2),
 		ValidArgsFunction: a.completeKindName,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			k, err := lookupKind(args[0])
