@@ -32,6 +32,10 @@ const Prefix = "/kiln/v1/"
 // use it.
 const secretsKind = "secrets"
 
+// electionKind holds controller election keys (package election); no
+// resource kind may use it.
+const electionKind = "election"
+
 // Store reads and writes Kiln's resources in etcd. It is safe for
 // concurrent use.
 type Store struct {
@@ -295,8 +299,8 @@ func checkKind(kind string) error {
 	if kind == "" {
 		return errdefs.InvalidArgument("empty kind")
 	}
-	if kind == secretsKind {
-		return errdefs.InvalidArgument("kind %q is reserved for sealed secrets", kind)
+	if kind == secretsKind || kind == electionKind {
+		return errdefs.InvalidArgument("kind %q is reserved", kind)
 	}
 	for _, r := range kind {
 		if (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '-' {
