@@ -103,6 +103,39 @@ func Load(path string) (*Config, error) {
 	return &c, nil
 }
 
+// Write writes c to path with mode 0600 (it holds a private key),
+// replacing any file there atomically. The directory must exist.
+func Write(path string, c *Config) error {
+	b, err := yaml.Marshal(c)
+	if err != nil {
+		return fmt.Errorf("kilnconfig: %w", err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".kilnconfig-*")
+	if err != nil {
+		return fmt.Errorf("kilnconfig: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(0o600); err != nil {
+		tmp.Close()
+		return fmt.Errorf("kilnconfig: %w", err)
+	}
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return fmt.Errorf("kilnconfig: write %s: %w", path, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("kilnconfig: write %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("kilnconfig: write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("kilnconfig: %w", err)
+	}
+	return nil
+}
+
 // TLS returns a client TLS configuration that trusts only the config's CA
 // and presents its certificate. Bad PEM is errdefs.InvalidArgument.
 func (c *Config) TLS() (*tls.Config, error) {

@@ -158,3 +158,25 @@ func TestTLSErrorsHideKey(t *testing.T) {
 		t.Errorf("TLS() = %v, want InvalidArgument without key material", err)
 	}
 }
+
+func TestWriteLoad(t *testing.T) {
+	p := newTestPKI(t)
+	path := filepath.Join(t.TempDir(), "kc.yaml")
+	want := &Config{Server: "127.0.0.1:7443", CA: string(p.ca.CertPEM()), Cert: string(p.userCert), Key: string(p.userKey)}
+	require.NoError(t, Write(path, want))
+	st, err := os.Stat(path)
+	require.NoError(t, err)
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("Write() mode = %v, want 0600", st.Mode().Perm())
+	}
+	got, err := Load(path)
+	require.NoError(t, err)
+	want.Path = path
+	if *got != *want {
+		t.Errorf("Load(Write(c)) = %+v, want %+v", got, want)
+	}
+	// The controller's reader agrees on the format too.
+	if _, err := ctrlkilnconfig.Load(path); err != nil {
+		t.Errorf("controller/kilnconfig.Load(Write(c)) = %v", err)
+	}
+}
