@@ -2,10 +2,13 @@ package store
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
@@ -88,6 +91,11 @@ func (s *Store) watch(ctx context.Context, kind string, next int64, ch chan<- Wa
 				return
 			}
 			if err := resp.Err(); err != nil {
+				if permanent(err) {
+					cancel()
+					send(ctx, ch, WatchEvent{Err: errdefs.FailedPrecondition("watch %s: %w", kind, err)})
+					return
+				}
 				s.log.Warn("watch interrupted, re-establishing", "kind", kind, "next_rev", next, "err", err)
 				break
 			}
@@ -135,4 +143,20 @@ func send(ctx context.Context, ch chan<- WatchEvent, ev WatchEvent) bool {
 	case <-ctx.Done():
 		return false
 	}
+}
+
+// permanent reports whether a watch error will not go away by watching
+// again (authentication or permission problems, a malformed request, a watch
+// etcd cancelled with a reason).
+func permanent(err error) bool {
+	code := status.Code(err)
+	var ee interface{ Code() codes.Code }
+	if errors.As(err, &ee) { // etcd's rpctypes.EtcdError
+		code = ee.Code()
+	}
+	switch code {
+	case codes.PermissionDenied, codes.Unauthenticated, codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
+		return true
+	}
+	return false
 }

@@ -194,13 +194,7 @@ func (ca *CA) CertPEM() []byte { return append([]byte(nil), ca.certPEM...) }
 
 // KeyPEM returns the CA private key in PEM (EC PRIVATE KEY). It is a secret:
 // store it sealed (package seal), never log it.
-func (ca *CA) KeyPEM() ([]byte, error) {
-	der, err := x509.MarshalECPrivateKey(ca.key)
-	if err != nil {
-		return nil, fmt.Errorf("marshal CA key: %w", err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), nil
-}
+func (ca *CA) KeyPEM() ([]byte, error) { return marshalKey(ca.key) }
 
 // Hash returns the CA's pin, "sha256:<hex>" (see Hash).
 func (ca *CA) Hash() string { return Hash(ca.cert) }

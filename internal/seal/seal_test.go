@@ -146,3 +146,32 @@ func BenchmarkSeal1KiB(b *testing.B) {
 		}
 	}
 }
+
+// TestLoadOrCreateKeyConcurrentStarts checks that two processes starting
+// at once on an empty directory end up with one and the same key.
+func TestLoadOrCreateKeyConcurrentStarts(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "seal.key")
+	const n = 8
+	sealers := make([]*Sealer, n)
+	errs := make([]error, n)
+	done := make(chan int)
+	for i := range n {
+		go func() {
+			sealers[i], errs[i] = LoadOrCreateKey(path)
+			done <- i
+		}()
+	}
+	for range n {
+		<-done
+	}
+	for i := range n {
+		require.NoError(t, errs[i], "starter %d", i)
+	}
+	sealed, err := sealers[0].Seal([]byte("x"), nil)
+	require.NoError(t, err)
+	for i := 1; i < n; i++ {
+		if _, err := sealers[i].Open(sealed, nil); err != nil {
+			t.Errorf("starter %d has a different key: Open() = %v", i, err)
+		}
+	}
+}
