@@ -66,16 +66,27 @@ func (d *redfishDriver) base() string { return d.scheme + "://" + d.host + ":" +
 // operation's deadline.
 func (d *redfishDriver) httpClient() *http.Client { return &http.Client{Transport: d.transport} }
 
-// connect opens a gofish session bound to ctx; the caller must Logout.
+// connect opens a gofish session; the caller must Logout. Like bmclib's
+// provider, each request is bounded by the time left until ctx's deadline
+// rather than by ctx itself, so that the Logout after a call cut short by
+// its deadline still reaches the BMC instead of leaking the session (BMCs
+// allow few). do() returns to the caller at the deadline regardless.
 func (d *redfishDriver) connect(ctx context.Context) (*gofish.APIClient, error) {
-	return gofish.ConnectContext(ctx, gofish.ClientConfig{
+	hc := d.httpClient()
+	if dl, ok := ctx.Deadline(); ok {
+		hc.Timeout = max(time.Until(dl), minRequestTimeout)
+	}
+	return gofish.ConnectContext(context.WithoutCancel(ctx), gofish.ClientConfig{
 		Endpoint:   d.base(),
 		Username:   d.ep.Username,
 		Password:   d.ep.Password,
 		Insecure:   d.ep.InsecureSkipVerify,
-		HTTPClient: d.httpClient(),
+		HTTPClient: hc,
 	})
 }
+
+// minRequestTimeout bounds a request (a Logout) sent after the deadline.
+const minRequestTimeout = 2 * time.Second
 
 // resolve finds the system to drive, once.
 func (d *redfishDriver) resolve(ctx context.Context, c *gofish.APIClient) error {

@@ -336,3 +336,25 @@ func TestRedfishTLS(t *testing.T) {
 		t.Fatalf("PowerState() = %q, want on", state)
 	}
 }
+
+func TestRedfishNoSessionLeakAfterDeadline(t *testing.T) {
+	m := &machine.Memory{}
+	e := startEmulator(t, redfish.Config{Systems: oneSystem(m)})
+	opts := fastOpts("leaky")
+	opts.MaxAttempts = 1
+	b := dialEmulator(t, e, opts)
+	_, err := b.Inventory(ctxTimeout(t, 10*time.Second)) // resolve the system first
+	require.NoError(t, err)
+
+	e.SetLatency(150 * time.Millisecond)
+	for _, call := range []func(context.Context) error{
+		func(ctx context.Context) error { _, err := b.Inventory(ctx); return err },
+		func(ctx context.Context) error { _, err := b.PowerState(ctx); return err },
+	} {
+		// The login succeeds, the deadline passes during the next requests.
+		err := call(ctxTimeout(t, 250*time.Millisecond))
+		require.Error(t, err)
+	}
+	require.Eventually(t, func() bool { return e.Stats().Sessions == 0 }, 15*time.Second, 50*time.Millisecond,
+		"sessions left open on the bmc after calls cut short by their deadline: %d", e.Stats().Sessions)
+}
