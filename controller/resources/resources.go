@@ -149,11 +149,6 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 		return "", err
 	}
 
-	pwChanged, err := s.passwordChanged(ctx, k, name, password)
-	if err != nil {
-		return "", err
-	}
-
 	if !exists {
 		setHeader(obj, k)
 		md.ResourceVersion = ""
@@ -176,6 +171,10 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 		return Created, nil
 	}
 
+	pwChanged, err := s.passwordChanged(ctx, k, name, password)
+	if err != nil {
+		return "", err
+	}
 	// The stored object keeps its identity, status and bookkeeping; only
 	// spec, labels and annotations come from the user.
 	next := proto.Clone(cur)
