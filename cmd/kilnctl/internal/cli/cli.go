@@ -168,6 +168,8 @@ func (a *app) rpcError(what string, err error) error {
 	switch {
 	case errdefs.IsPermissionDenied(e):
 		return fmt.Errorf("%s: %w\nhint: %s", what, e, a.roleHint())
+	case errdefs.IsConflict(e):
+		return fmt.Errorf("%s: %w\nhint: the file names a metadata.resourceVersion and the object changed since; get it again, or remove resourceVersion to apply over the change", what, e)
 	case errdefs.IsUnavailable(e):
 		server := ""
 		if a.cfg != nil {

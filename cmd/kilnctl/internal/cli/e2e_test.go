@@ -99,6 +99,17 @@ func TestEndToEnd(t *testing.T) {
 			t.Errorf("kilnctl apply -f <get -o yaml output> = %q, want unchanged", got)
 		}
 
+		// Once the object changed, the stale resourceVersion is refused.
+		require.NoError(t, os.WriteFile(p, []byte(strings.Replace(out, "rootDiskHint: /dev/vda", "rootDiskHint: /dev/vdb", 1)), 0o600))
+		if got := mustKilnctl(t, admin, "apply", "-f", p); got != "host/rack1-01 configured\n" {
+			t.Errorf("kilnctl apply -f <edited get output> = %q, want configured", got)
+		}
+		_, err = kilnctl(t, admin, "apply", "-f", p)
+		if !errdefs.IsConflict(err) || !strings.Contains(err.Error(), "hint: the file names a metadata.resourceVersion") {
+			t.Errorf("kilnctl apply -f <stale get output> = %v, want Conflict with a hint", err)
+		}
+		mustKilnctl(t, admin, "apply", "-f", filepath.Join(examplesDir, "host-redfish.yaml"))
+
 		// JSON of one object, and of a list.
 		js := mustKilnctl(t, admin, "get", "cp", "lab-cp", "-o", "json")
 		if !strings.Contains(js, `"kind": "ControlPlane"`) || !strings.Contains(js, `"replicas": 1`) {
