@@ -358,3 +358,50 @@ func TestRedfishNoSessionLeakAfterDeadline(t *testing.T) {
 	require.Eventually(t, func() bool { return e.Stats().Sessions == 0 }, 15*time.Second, 50*time.Millisecond,
 		"sessions left open on the bmc after calls cut short by their deadline: %d", e.Stats().Sessions)
 }
+
+// TestRedfishMultiSystem drives systems of one emulated chassis by id: a
+// system with a unique Name goes through bmclib, blades that share a Name
+// through gofish directly.
+func TestRedfishMultiSystem(t *testing.T) {
+	ms := map[string]*machine.Memory{"NODE1": {}, "BLADE1": {}, "BLADE2": {}}
+	e := startEmulator(t, redfish.Config{Systems: []redfish.System{
+		{ID: "NODE1", Name: "Compute Node", Model: "N1", Machine: ms["NODE1"]},
+		{ID: "BLADE1", Name: "Bladed System", Model: "SX1000", Machine: ms["BLADE1"]},
+		{ID: "BLADE2", Name: "Bladed System", Model: "SX1000", Machine: ms["BLADE2"]},
+	}})
+	for _, id := range []string{"NODE1", "BLADE2"} {
+		t.Run(id, func(t *testing.T) {
+			b, err := bmc.Dial(context.Background(), bmc.Endpoint{
+				Protocol: bmc.ProtocolRedfish, Address: e.URL(), Username: testUser, Password: testPassword, SystemID: id,
+			}, fastOpts(id))
+			require.NoError(t, err)
+			ctx := ctxTimeout(t, 30*time.Second)
+			require.NoError(t, b.InsertVirtualMedia(ctx, "http://127.0.0.1:9/"+id+".iso"))
+			require.NoError(t, b.SetBootDevice(ctx, bmc.BootCDROM, false, true))
+			require.NoError(t, b.PowerOn(ctx))
+			m := ms[id]
+			if !m.State() || m.BootSource() != machine.BootCD || m.Media() != "http://127.0.0.1:9/"+id+".iso" {
+				t.Fatalf("system %s after insert, boot cd, power on: %v", id, m)
+			}
+			caps, err := b.Capabilities(ctx)
+			require.NoError(t, err)
+			if !caps.VirtualMedia || caps.BootOnce != bmc.BootOnceHonoured {
+				t.Fatalf("Capabilities(%s) = %+v", id, caps)
+			}
+			require.NoError(t, b.EjectVirtualMedia(ctx))
+			require.NoError(t, b.PowerCycle(ctx))
+			if !m.State() || m.BootSource() != machine.BootDisk || m.Media() != "" {
+				t.Fatalf("system %s after eject and power cycle: %v", id, m)
+			}
+			require.NoError(t, b.PowerSoft(ctx))
+			if m.State() {
+				t.Fatalf("system %s on after PowerSoft", id)
+			}
+		})
+	}
+	for _, id := range []string{"BLADE1"} {
+		if ev := ms[id].Events(); len(ev) != 0 {
+			t.Fatalf("system %s was never addressed but saw %v", id, ev)
+		}
+	}
+}
