@@ -349,7 +349,9 @@ func (c *Controller) serverTLS(ca *pki.CA, addr string) (*tls.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("controller: server certificate: %w", err)
 	}
-	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	// Serve the CA in the chain: an enrolling agent has no roots yet and
+	// finds the CA it pinned by hash there (pki.VerifyPinned).
+	pair, err := tls.X509KeyPair(append(certPEM, ca.CertPEM()...), keyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("controller: server certificate: %w", err)
 	}
