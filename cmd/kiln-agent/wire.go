@@ -6,6 +6,7 @@ import (
 
 	"github.com/kilnhq/kiln/agent/journal"
 	"github.com/kilnhq/kiln/agent/lay"
+	"github.com/kilnhq/kiln/agent/preflight"
 	"github.com/kilnhq/kiln/agent/prep"
 	"github.com/kilnhq/kiln/agent/server"
 	"github.com/kilnhq/kiln/host"
@@ -16,17 +17,18 @@ import (
 )
 
 // services builds the agent API's implementations. Operations that have
-// no implementation yet (Preflight, Kubeadm*, Probe, WriteIdentity,
+// no implementation yet (Kubeadm*, Probe, WriteIdentity,
 // Reboot) are left nil: the API answers Unimplemented for them.
 func services(root string, j *journal.Journal, log *slog.Logger) server.Options {
 	layer := lay.New(log)
 	return server.Options{
-		Journal:    j,
-		Facts:      facter{root: root},
-		Preparer:   preparer{p: prep.New(root, command.Exec{}, log)},
-		ImageLayer: imageLayer{l: layer},
-		Wiper:      wiper{l: layer},
-		Log:        log,
+		Journal:     j,
+		Facts:       facter{root: root},
+		Preparer:    preparer{p: prep.New(root, command.Exec{}, log)},
+		Preflighter: preflighter{c: preflight.New(root, command.Exec{}, log)},
+		ImageLayer:  imageLayer{l: layer},
+		Wiper:       wiper{l: layer},
+		Log:         log,
 	}
 }
 
@@ -59,6 +61,12 @@ func (p preparer) Prepare(ctx context.Context, req *agentv1.PrepareRequest, emit
 	return p.p.Prepare(ctx, req, func(msg string) {
 		emit(&agentv1.OperationEvent{Message: msg})
 	})
+}
+
+type preflighter struct{ c *preflight.Checker }
+
+func (p preflighter) Preflight(ctx context.Context, req *agentv1.PreflightRequest) (*agentv1.PreflightReport, error) {
+	return p.c.Run(ctx, req.GetCluster())
 }
 
 type imageLayer struct{ l *lay.Layer }

@@ -1,0 +1,208 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/kilnhq/kiln/agent/identity"
+	"github.com/kilnhq/kiln/controller"
+	"github.com/kilnhq/kiln/controller/controllertest"
+	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/pki"
+	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
+	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+// kilnAgent runs the kiln-agent command line and returns its output.
+func kilnAgent(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	cmd := newRoot()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs(args)
+	err := cmd.Execute()
+	return out.String(), err
+}
+
+func getHost(t *testing.T, rc controllerv1.ResourcesClient, name string) *typesv1.Host {
+	t.Helper()
+	r, err := rc.Get(context.Background(), &controllerv1.GetRequest{Kind: "Host", Name: name})
+	require.NoError(t, err, "Get Host %q", name)
+	return r.GetHost()
+}
+
+// waitFor polls cond until it holds, failing the test after a minute.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestEnrollAndRun: a token becomes an enrolled agent whose Host appears
+// with facts, whose heartbeats keep it updated, and whose API the
+// controller (and only the controller) can call at the advertised address.
+func TestEnrollAndRun(t *testing.T) {
+	env := controllertest.Start(t, controllertest.WithConfig(func(c *controller.Config) {
+		c.HeartbeatInterval = time.Second
+	}))
+	rc := controllerv1.NewResourcesClient(env.Dial(t, env.AdminConfigPath))
+	dataDir := filepath.Join(t.TempDir(), "kiln-agent")
+
+	// A wrong pin: the controller never sees the token, so the token
+	// still works afterwards.
+	tok := env.Token(t, "", time.Hour)
+	wrongPin := "sha256:" + strings.Repeat("ab", 32)
+	_, err := kilnAgent(t, "enroll", "--controller", env.Addr, "--token", tok, "--ca-hash", wrongPin, "--host", "node-1", "--data-dir", dataDir)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "CA hash mismatch: controller presented "+env.CAHash+", expected "+wrongPin+" (check --ca-hash)")
+	require.False(t, identity.Exists(dataDir))
+
+	out, err := kilnAgent(t, "enroll", "--controller", env.Addr, "--token", tok, "--ca-hash", env.CAHash, "--host", "node-1", "--data-dir", dataDir)
+	require.NoError(t, err, out)
+	require.Contains(t, out, `enrolled as host "node-1"`)
+	require.NotContains(t, out, tok, "the token must not be printed")
+
+	h := getHost(t, rc, "node-1")
+	if h.GetStatus().GetFacts().GetKernel() == "" || h.GetStatus().GetFacts().GetCpuCount() == 0 {
+		t.Errorf("Host node-1 facts = %v, want this machine's facts", h.GetStatus().GetFacts())
+	}
+
+	// The same token again: refused.
+	_, err = kilnAgent(t, "enroll", "--controller", env.Addr, "--token", tok, "--ca-hash", env.CAHash, "--host", "node-2", "--data-dir", t.TempDir())
+	if !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), "already used") {
+		t.Errorf("enroll with a used token = %v, want PermissionDenied ... already used", err)
+	}
+	// An expired token: refused.
+	expired := env.Token(t, "", time.Nanosecond)
+	_, err = kilnAgent(t, "enroll", "--controller", env.Addr, "--token", expired, "--ca-hash", env.CAHash, "--host", "node-3", "--data-dir", t.TempDir())
+	if !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), "expired") {
+		t.Errorf("enroll with an expired token = %v, want PermissionDenied ... expired", err)
+	}
+
+	// Run the agent: heartbeats arrive and keep arriving.
+	id, err := identity.Load(dataDir)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	g := &globals{dataDir: dataDir, root: "/", logLevel: "info"}
+	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	go func() { done <- run(ctx, g, id, "127.0.0.1:0", "", time.Second, log) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+
+	var first *typesv1.AgentStatus
+	waitFor(t, "a first heartbeat", func() bool {
+		first = getHost(t, rc, "node-1").GetStatus().GetAgent()
+		return first.GetLastHeartbeat() != nil && first.GetAddress() != ""
+	})
+	waitFor(t, "a second heartbeat", func() bool {
+		a := getHost(t, rc, "node-1").GetStatus().GetAgent()
+		return a.GetLastHeartbeat().AsTime().After(first.GetLastHeartbeat().AsTime())
+	})
+
+	// The controller calls the agent at the advertised address.
+	certPEM, keyPEM, err := env.Controller.CA().Issue(pki.RoleController, pki.ControllerName, nil, time.Hour, time.Now())
+	require.NoError(t, err)
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	require.NoError(t, err)
+	conf := &tls.Config{RootCAs: env.Controller.CA().Pool(), Certificates: []tls.Certificate{pair}, ServerName: "node-1"}
+	conn, err := grpc.NewClient(first.GetAddress(), grpc.WithTransportCredentials(credentials.NewTLS(conf)))
+	require.NoError(t, err)
+	defer conn.Close()
+	resp, err := agentv1.NewAgentClient(conn).Facts(context.Background(), &agentv1.FactsRequest{})
+	require.NoError(t, err, "Facts from the agent at %s", first.GetAddress())
+	require.NotEmpty(t, resp.GetFacts().GetKernel())
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func TestRenderUnit(t *testing.T) {
+	unit, err := renderUnit(unitOptions{Exec: "/usr/local/bin/kiln-agent", DataDir: "/var/lib/kiln-agent", Listen: ":7441", Root: "/"})
+	require.NoError(t, err)
+	want := "ExecStart=/usr/local/bin/kiln-agent run --data-dir /var/lib/kiln-agent --listen :7441\n"
+	if !strings.Contains(string(unit), want) {
+		t.Errorf("renderUnit() = %s, want a line %q", unit, want)
+	}
+}
+
+// BenchmarkIdleRSS builds kiln-agent as released (-trimpath -ldflags
+// "-s -w"), enrolls it with a real controller, runs `kiln-agent run` and
+// reports its binary size and its resident memory after 5 s idle (a few
+// heartbeats in). Run with: go test -run '^$' -bench IdleRSS -benchtime 1x ./cmd/kiln-agent
+func BenchmarkIdleRSS(b *testing.B) {
+	dir := b.TempDir()
+	bin := filepath.Join(dir, "kiln-agent")
+	build := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-trimpath", "-ldflags", "-s -w", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		b.Fatalf("go build: %v\n%s", err, out)
+	}
+	st, err := os.Stat(bin)
+	require.NoError(b, err)
+
+	env := controllertest.Start(b, controllertest.WithConfig(func(c *controller.Config) { c.HeartbeatInterval = time.Second }))
+	dataDir := filepath.Join(dir, "data")
+	out, err := exec.Command(bin, "enroll", "--controller", env.Addr, "--token", env.Token(b, "", time.Hour),
+		"--ca-hash", env.CAHash, "--host", "bench-1", "--data-dir", dataDir).CombinedOutput()
+	require.NoError(b, err, "%s", out)
+
+	var rss, anon, file float64
+	for b.Loop() {
+		cmd := exec.Command(bin, "run", "--data-dir", dataDir, "--listen", "127.0.0.1:0")
+		require.NoError(b, cmd.Start())
+		time.Sleep(5 * time.Second)
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
+		require.NoError(b, err)
+		for _, line := range strings.Split(string(status), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 2 {
+				continue
+			}
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			switch f[0] {
+			case "VmRSS:":
+				rss = kb / 1024
+			case "RssAnon:":
+				anon = kb / 1024
+			case "RssFile:":
+				file = kb / 1024
+			}
+		}
+		require.NoError(b, cmd.Process.Signal(syscall.SIGTERM))
+		require.NoError(b, cmd.Wait(), "kiln-agent run must exit cleanly on SIGTERM")
+	}
+	b.ReportMetric(rss, "idle-RSS-MiB")
+	b.ReportMetric(anon, "RssAnon-MiB")
+	b.ReportMetric(file, "RssFile-MiB")
+	b.ReportMetric(float64(st.Size())/(1<<20), "binary-MiB")
+}
