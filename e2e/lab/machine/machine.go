@@ -23,7 +23,10 @@ const (
 )
 
 // Machine is what an emulated BMC controls. Implementations are safe for
-// concurrent use.
+// concurrent use. PowerOn, hard PowerOff and Reset should return once the
+// change is made (a process started or killed), not wait for an OS to
+// boot: BMC emulators call them while answering a request, and ipmi_sim is
+// single-threaded.
 type Machine interface {
 	// PowerOn powers the machine on and boots it from bootDevice ("pxe",
 	// "cd" or "disk"). Powering on a machine that is on is a no-op.
