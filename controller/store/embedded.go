@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -41,6 +42,10 @@ type EmbeddedConfig struct {
 	// 1s (etcd's). Raise both on slow or shared machines.
 	HeartbeatInterval time.Duration
 	ElectionTimeout   time.Duration
+	// TLS, when set, makes the member serve clients over TLS (ClientURL
+	// must then be https://) and require client certificates signed by
+	// TLS.TrustedCAFile.
+	TLS *EmbeddedTLS
 	// ReadyTimeout bounds the wait for the member to join a cluster with a
 	// leader; default 60s.
 	ReadyTimeout time.Duration
@@ -48,6 +53,13 @@ type EmbeddedConfig struct {
 	// logging goes to stderr at level error, or info when Logger is
 	// enabled for debug.
 	Logger *slog.Logger
+}
+
+// EmbeddedTLS names the PEM files an embedded member serves clients with.
+type EmbeddedTLS struct {
+	CertFile      string
+	KeyFile       string
+	TrustedCAFile string
 }
 
 // Embedded is an etcd member running in this process.
@@ -124,6 +136,17 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	}
 	if cfg.ElectionTimeout > 0 {
 		ec.ElectionMs = uint(cfg.ElectionTimeout.Milliseconds())
+	}
+	if cfg.TLS != nil {
+		if curl.Scheme != "https" {
+			return nil, errdefs.InvalidArgument("embedded etcd: TLS set but client URL %q is not https", cfg.ClientURL)
+		}
+		ec.ClientTLSInfo = transport.TLSInfo{
+			CertFile:       cfg.TLS.CertFile,
+			KeyFile:        cfg.TLS.KeyFile,
+			TrustedCAFile:  cfg.TLS.TrustedCAFile,
+			ClientCertAuth: cfg.TLS.TrustedCAFile != "",
+		}
 	}
 	// Keep an hour of history for watchers to resume from, then compact,
 	// so the database does not grow without bound.
