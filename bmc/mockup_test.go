@@ -3,7 +3,6 @@ package bmc_test
 import (
 	"context"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,20 +15,14 @@ import (
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
-// mockupDir finds the DMTF mockups: $KILN_REDFISH_MOCKUPS, else the shared
-// fixtures of the lab machines.
+// mockupDir finds the DMTF mockups (see redfish.MockupsDir).
 func mockupDir(t *testing.T) string {
 	t.Helper()
-	for _, d := range []string{os.Getenv("KILN_REDFISH_MOCKUPS"), "/work/shared/fixtures/redfish-mockups"} {
-		if d == "" {
-			continue
-		}
-		if _, err := os.Stat(filepath.Join(d, "public-rackmount1", "index.json")); err == nil {
-			return d
-		}
+	d, err := redfish.MockupsDir()
+	if err != nil {
+		t.Skip(err.Error())
 	}
-	t.Skip("DMTF Redfish mockups not found: set KILN_REDFISH_MOCKUPS to the directory holding public-rackmount1 etc.")
-	return ""
+	return d
 }
 
 func serveMockup(t *testing.T, tree string) string {

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -163,13 +162,11 @@ func TestFaults(t *testing.T) {
 }
 
 func TestMockupHandler(t *testing.T) {
-	dir := "/work/shared/fixtures/redfish-mockups/public-tower"
-	if d := os.Getenv("KILN_REDFISH_MOCKUPS"); d != "" {
-		dir = filepath.Join(d, "public-tower")
+	root, err := redfish.MockupsDir()
+	if err != nil {
+		t.Skip(err.Error())
 	}
-	if _, err := os.Stat(dir); err != nil {
-		t.Skip("DMTF mockups not found: set KILN_REDFISH_MOCKUPS")
-	}
+	dir := filepath.Join(root, "public-tower")
 	srv := httptest.NewServer(redfish.MockupHandler(dir))
 	t.Cleanup(srv.Close)
 	c := &client{t: t, base: srv.URL, http: http.DefaultClient}
