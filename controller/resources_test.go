@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
 	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/pki"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
@@ -299,5 +301,36 @@ func TestRenew(t *testing.T) {
 	}
 	if cert.SerialNumber.Cmp(parseCert(t, a.certPEM).SerialNumber) == 0 {
 		t.Errorf("renewed certificate has the old serial")
+	}
+}
+
+func TestExpiredTokensAreDeleted(t *testing.T) {
+	ctx := context.Background()
+	var now atomic.Pointer[time.Time]
+	t0 := time.Now()
+	now.Store(&t0)
+	env := controllertest.Start(t,
+		controllertest.WithClock(func() time.Time { return *now.Load() }),
+		controllertest.WithConfig(func(c *controller.Config) { c.ReconcileInterval = 100 * time.Millisecond }))
+	tok := env.Token(t, "", time.Hour)
+	id, _, _ := strings.Cut(tok, ".")
+	keep := env.Token(t, "", 48*time.Hour)
+	keepID, _, _ := strings.Cut(keep, ".")
+
+	later := t0.Add(26 * time.Hour)
+	now.Store(&later)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := env.Store().Get(ctx, "tokens", id, &typesv1.EnrollmentToken{})
+		if errdefs.IsNotFound(err) {
+			break
+		}
+		require.NoError(t, err)
+		require.True(t, time.Now().Before(deadline), "token expired 25h ago never deleted")
+		time.Sleep(50 * time.Millisecond)
+	}
+	_, err := env.Store().Get(ctx, "tokens", keepID, &typesv1.EnrollmentToken{})
+	if err != nil {
+		t.Errorf("Get(unexpired token) = %v, want it kept", err)
 	}
 }
