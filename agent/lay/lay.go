@@ -238,8 +238,8 @@ func (l *Layer) lay(ctx context.Context, t *target, req *agentv1.LayImageRequest
 		return nil, err
 	}
 	rep.step(StepSync, res.BytesWritten)
-	if err := t.f.Sync(); err != nil {
-		return nil, fmt.Errorf("target %q: fsync: %w", t.path, err)
+	if err := t.sync(); err != nil {
+		return nil, err
 	}
 	return res, nil
 }

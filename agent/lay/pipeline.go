@@ -176,8 +176,8 @@ func (w *writer) writeAt(b []byte, off int64) error {
 }
 
 func (w *writer) put(b []byte, off int64) error {
-	if _, err := w.t.f.WriteAt(b, off); err != nil {
-		return fmt.Errorf("target %q: write %d bytes at %d: %w", w.t.path, len(b), off, err)
+	if err := w.t.writeAt(b, off); err != nil {
+		return err
 	}
 	w.written += int64(len(b))
 	return nil

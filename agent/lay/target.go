@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"unsafe"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
@@ -19,6 +20,12 @@ type target struct {
 	path  string
 	block bool
 	size  int64
+	// direct, where the platform and filesystem allow it, is a second
+	// descriptor opened with O_DIRECT for the aligned writes: they go to
+	// the disk without a copy into the page cache, which saves a CPU copy
+	// per byte, keeps a boot agent's small RAM free of gigabytes of dirty
+	// pages, and leaves little for the final fsync to do.
+	direct *os.File
 }
 
 // openTarget opens path for writing. A missing path is created as a
@@ -35,7 +42,7 @@ func openTarget(path string, create bool) (*target, error) {
 		if err != nil {
 			return nil, fmt.Errorf("target %q: create: %w", path, err)
 		}
-		return &target{f: f, path: path}, nil
+		return &target{f: f, path: path, direct: openDirect(path)}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("target %q: %w", path, err)
@@ -61,10 +68,52 @@ func openTarget(path string, create bool) (*target, error) {
 		t.f.Close()
 		return nil, fmt.Errorf("target %q: size: %w", path, err)
 	}
+	t.direct = openDirect(path)
 	return t, nil
 }
 
-func (t *target) Close() error { return t.f.Close() }
+func (t *target) Close() error {
+	if t.direct != nil {
+		t.direct.Close()
+	}
+	return t.f.Close()
+}
+
+// sync flushes both descriptors: written data and the disk's write cache.
+// Equivalent to: `sync TARGET`.
+func (t *target) sync() error {
+	if t.direct != nil {
+		if err := t.direct.Sync(); err != nil {
+			return fmt.Errorf("target %q: fsync: %w", t.path, err)
+		}
+	}
+	if err := t.f.Sync(); err != nil {
+		return fmt.Errorf("target %q: fsync: %w", t.path, err)
+	}
+	return nil
+}
+
+// directAlign is the alignment of O_DIRECT writes: buffer address, offset
+// and length. 4096 covers 512-byte and 4Kn disks.
+const directAlign = 4096
+
+// writeAt writes b at off, through the O_DIRECT descriptor when b is
+// aligned for it.
+func (t *target) writeAt(b []byte, off int64) error {
+	if t.direct != nil && off%directAlign == 0 && len(b)%directAlign == 0 && uintptr(unsafe.Pointer(unsafe.SliceData(b)))%directAlign == 0 {
+		if _, err := t.direct.WriteAt(b, off); err == nil {
+			return nil
+		}
+		// A stricter alignment than ours, or a filesystem that refuses
+		// direct writes after all: write through the page cache from now on.
+		t.direct.Close()
+		t.direct = nil
+	}
+	if _, err := t.f.WriteAt(b, off); err != nil {
+		return fmt.Errorf("target %q: write %d bytes at %d: %w", t.path, len(b), off, err)
+	}
+	return nil
+}
 
 // zero writes n zero bytes at off.
 func (t *target) zero(ctx context.Context, off, n int64) error {
@@ -93,7 +142,7 @@ func (t *target) invalidate() error {
 	if err := t.zero(context.Background(), 0, min(size, mib)); err != nil {
 		return err
 	}
-	return t.f.Sync()
+	return t.sync()
 }
 
 // Offsets of the btrfs superblock mirrors, which lie outside the first and
@@ -122,8 +171,8 @@ func (t *target) wipeSignatures(ctx context.Context) error {
 			}
 		}
 	}
-	if err := t.f.Sync(); err != nil {
-		return fmt.Errorf("target %q: fsync: %w", t.path, err)
+	if err := t.sync(); err != nil {
+		return err
 	}
 	t.rereadPartitions()
 	return nil

@@ -14,6 +14,16 @@ import (
 // (EBUSY) while it is mounted or otherwise held.
 const blockOpenFlags = os.O_RDWR | unix.O_EXCL
 
+// openDirect opens path for O_DIRECT writes, or returns nil where the
+// filesystem does not support them.
+func openDirect(path string) *os.File {
+	f, err := os.OpenFile(path, os.O_WRONLY|unix.O_DIRECT, 0)
+	if err != nil {
+		return nil
+	}
+	return f
+}
+
 // discard makes the whole target read as zeros where it can, growing a
 // file target to rawSize first. It reports whether the target now reads
 // as zeros (so all-zero blocks need not be written) and a note when it
