@@ -17,12 +17,14 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"sync/atomic"
+	"time"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/pki"
@@ -97,9 +99,13 @@ func Exists(dir string) bool {
 	return err == nil
 }
 
-// Load reads the identity under dir. Errors: NotFound when the agent is not
-// enrolled, InvalidArgument when the files are inconsistent, I/O errors.
+// Load reads the identity under dir, finishing a rotation that a crash
+// interrupted. Errors: NotFound when the agent is not enrolled,
+// InvalidArgument when the files are inconsistent, I/O errors.
 func Load(dir string) (*Identity, error) {
+	if err := finishRotation(dir); err != nil {
+		return nil, err
+	}
 	var f Files
 	b, err := os.ReadFile(filepath.Join(dir, ControllerFile))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -157,6 +163,80 @@ func parse(f Files) (*Identity, error) {
 	id.Controller.Host = name
 	id.cert.Store(&cert)
 	return id, nil
+}
+
+// Next-pair file names of a rotation in progress.
+const (
+	nextKeyFile  = "agent.next.key"
+	nextCertFile = "agent.next.crt"
+)
+
+// Rotate replaces the stored key and certificate under dir with a new
+// pair (after Agents.Renew) and makes connections from then on use it.
+// The new pair must be an agent certificate for the same host from the
+// same CA (InvalidArgument otherwise).
+//
+// The pair is first written next to the old one, then renamed over it,
+// key first; Load completes a rotation that a crash cut between the two
+// renames, so the stored key and certificate always match.
+func (id *Identity) Rotate(dir string, keyPEM, certPEM []byte) error {
+	caPEM := pemCert(id.CA)
+	next, err := parse(Files{KeyPEM: keyPEM, CertPEM: certPEM, CAPEM: caPEM, Controller: id.Controller})
+	if err != nil {
+		return fmt.Errorf("rotate: %w", err)
+	}
+	if err := WriteFileAtomic(filepath.Join(dir, nextKeyFile), keyPEM, 0o600); err != nil {
+		return fmt.Errorf("rotate: %w", err)
+	}
+	if err := WriteFileAtomic(filepath.Join(dir, nextCertFile), certPEM, 0o644); err != nil {
+		return fmt.Errorf("rotate: %w", err)
+	}
+	if err := finishRotation(dir); err != nil {
+		return err
+	}
+	id.cert.Store(next.cert.Load())
+	return nil
+}
+
+// finishRotation moves a complete next pair over the current one: both
+// next files present means the rename has not started; a next
+// certificate alone means the key was moved already; a next key alone is
+// an unfinished write, dropped (the current pair is intact).
+func finishRotation(dir string) error {
+	nk, nc := filepath.Join(dir, nextKeyFile), filepath.Join(dir, nextCertFile)
+	haveKey, haveCert := exists(nk), exists(nc)
+	switch {
+	case haveKey && !haveCert:
+		return os.Remove(nk)
+	case !haveCert:
+		return nil
+	}
+	if haveKey {
+		if err := os.Rename(nk, filepath.Join(dir, KeyFile)); err != nil {
+			return fmt.Errorf("identity: finish rotation: %w", err)
+		}
+	}
+	if err := os.Rename(nc, filepath.Join(dir, CertFile)); err != nil {
+		return fmt.Errorf("identity: finish rotation: %w", err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// RenewDue reports whether the certificate has less than a third of its
+// validity left at now, the point at which the agent renews it.
+func (id *Identity) RenewDue(now time.Time) bool {
+	leaf := id.cert.Load().Leaf
+	life := leaf.NotAfter.Sub(leaf.NotBefore)
+	return leaf.NotAfter.Sub(now) < life/3
 }
 
 // Host is the host named by the agent's certificate.
@@ -230,6 +310,10 @@ func VerifyController(chain []*x509.Certificate, roots *x509.CertPool) error {
 		return errdefs.PermissionDenied("peer %q has role %s, not controller", name, role)
 	}
 	return nil
+}
+
+func pemCert(c *x509.Certificate) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
 }
 
 func pool(ca *x509.Certificate) *x509.CertPool {

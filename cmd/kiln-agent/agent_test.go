@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/kilnhq/kiln/agent/identity"
+	"github.com/kilnhq/kiln/agent/renew"
 	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -137,6 +138,32 @@ func TestEnrollAndRun(t *testing.T) {
 	resp, err := agentv1.NewAgentClient(conn).Facts(context.Background(), &agentv1.FactsRequest{})
 	require.NoError(t, err, "Facts from the agent at %s", first.GetAddress())
 	require.NotEmpty(t, resp.GetFacts().GetKernel())
+
+	// Renewal: a new certificate, recorded on the Host, served by the
+	// agent to new connections and kept on disk.
+	oldSerial := id.Certificate().Leaf.SerialNumber.Text(16)
+	agentConn := env.DialCert(t, mustRead(t, filepath.Join(dataDir, identity.CertFile)), mustRead(t, filepath.Join(dataDir, identity.KeyFile)))
+	require.NoError(t, renew.Renew(context.Background(), controllerv1.NewAgentsClient(agentConn), id, dataDir))
+	newSerial := id.Certificate().Leaf.SerialNumber.Text(16)
+	require.NotEqual(t, oldSerial, newSerial)
+	if got := getHost(t, rc, "node-1").GetStatus().GetAgent().GetCertificateSerial(); got != newSerial {
+		t.Errorf("Host node-1 certificate serial = %s, want the renewed %s", got, newSerial)
+	}
+	tc, err := tls.Dial("tcp", first.GetAddress(), conf)
+	require.NoError(t, err)
+	served := tc.ConnectionState().PeerCertificates[0].SerialNumber.Text(16)
+	tc.Close()
+	require.Equal(t, newSerial, served, "the agent serves the renewed certificate")
+	reloaded, err := identity.Load(dataDir)
+	require.NoError(t, err)
+	require.Equal(t, newSerial, reloaded.Certificate().Leaf.SerialNumber.Text(16))
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	return b
 }
 
 type testWriter struct{ t *testing.T }

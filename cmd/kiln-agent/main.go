@@ -25,6 +25,7 @@ import (
 	"github.com/kilnhq/kiln/agent/heartbeat"
 	"github.com/kilnhq/kiln/agent/identity"
 	"github.com/kilnhq/kiln/agent/journal"
+	"github.com/kilnhq/kiln/agent/renew"
 	"github.com/kilnhq/kiln/agent/server"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/version"
@@ -34,6 +35,9 @@ import (
 const (
 	defaultDataDir = "/var/lib/kiln-agent"
 	defaultListen  = ":7441"
+	// renewCheckInterval is how often run checks whether the certificate
+	// has reached the last third of its validity.
+	renewCheckInterval = time.Hour
 )
 
 func main() {
@@ -223,8 +227,9 @@ func run(ctx context.Context, g *globals, id *identity.Identity, listen, adverti
 	if advertise != "" {
 		adv = func() string { return advertise }
 	}
+	agents := controllerv1.NewAgentsClient(conn)
 	hb := heartbeat.New(heartbeat.Options{
-		Client:   controllerv1.NewAgentsClient(conn),
+		Client:   agents,
 		Address:  adv,
 		Facts:    facter{root: g.root},
 		Version:  version.Version,
@@ -233,13 +238,18 @@ func run(ctx context.Context, g *globals, id *identity.Identity, listen, adverti
 	})
 
 	log.Info("agent serving", "listen", lis.Addr().String(), "host", id.Host(), "controller", id.Controller.Address, "version", version.Version)
-	hbDone := make(chan struct{})
+	hbDone, renewDone := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(hbDone)
 		_ = hb.Run(ctx)
 	}()
+	go func() {
+		defer close(renewDone)
+		_ = renew.Loop(ctx, agents, id, g.dataDir, renewCheckInterval, log)
+	}()
 	err = server.Serve(ctx, gs, lis)
 	<-hbDone
+	<-renewDone
 	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return fmt.Errorf("serve: %w", err)
 	}

@@ -1,0 +1,83 @@
+// Package renew rotates the agent's certificate before it expires: with a
+// fresh key, a CSR sent to Agents.Renew over the current mTLS identity, and
+// the new pair stored and put into use (identity.Rotate). Certificates are
+// renewed when a third of their validity is left.
+package renew
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/kilnhq/kiln/agent/identity"
+	"github.com/kilnhq/kiln/internal/backoff"
+	"github.com/kilnhq/kiln/internal/errgrpc"
+	"github.com/kilnhq/kiln/internal/pki"
+	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
+)
+
+// Client is the part of controllerv1.AgentsClient renewal calls.
+type Client interface {
+	Renew(ctx context.Context, in *controllerv1.RenewRequest, opts ...grpc.CallOption) (*controllerv1.RenewResponse, error)
+}
+
+var _ Client = controllerv1.AgentsClient(nil)
+
+// Renew asks the controller for a new certificate for a new key and
+// rotates id (stored under dir) to it. It blocks for one call; errors are
+// the controller's (mapped back to errdefs classes) or identity.Rotate's.
+func Renew(ctx context.Context, c Client, id *identity.Identity, dir string) error {
+	keyPEM, csr, err := pki.NewKeyAndCSR(id.Host())
+	if err != nil {
+		return fmt.Errorf("renew: %w", err)
+	}
+	resp, err := c.Renew(ctx, &controllerv1.RenewRequest{CsrDer: csr})
+	if err != nil {
+		return fmt.Errorf("renew: %w", errgrpc.FromGRPC(err))
+	}
+	if err := id.Rotate(dir, keyPEM, resp.GetCertificatePem()); err != nil {
+		return fmt.Errorf("renew: %w", err)
+	}
+	return nil
+}
+
+// Loop checks every interval whether the certificate is due
+// (identity.RenewDue) and renews it, retrying with backoff on failure. It
+// blocks until ctx is done and returns nil.
+func Loop(ctx context.Context, c Client, id *identity.Identity, dir string, interval time.Duration, log *slog.Logger) error {
+	log = log.With("component", "renew")
+	policy := backoff.Policy{Base: 10 * time.Second, Max: 10 * time.Minute, Factor: 2, Jitter: 0.2}
+	rnd := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	failures := 0
+	for {
+		wait := interval
+		if id.RenewDue(time.Now()) {
+			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err := Renew(cctx, c, id, dir)
+			cancel()
+			if ctx.Err() != nil {
+				return nil
+			}
+			if err != nil {
+				wait = policy.Delay(failures, rnd)
+				failures++
+				log.Warn("certificate renewal failed", "error", err, "not_after", id.Certificate().Leaf.NotAfter, "retry_in", wait)
+			} else {
+				failures = 0
+				leaf := id.Certificate().Leaf
+				log.Info("certificate renewed", "serial", leaf.SerialNumber.Text(16), "not_after", leaf.NotAfter)
+			}
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
