@@ -6,7 +6,9 @@
 // ROOT/lib/modules/$(uname -r)/modules.builtin lists it, when
 // ROOT/sys/module/NAME exists without a /proc/modules entry, or when the
 // kernel shows what it provides (br_netfilter: the
-// /proc/sys/net/bridge/bridge-nf-call-iptables file).
+// /proc/sys/net/bridge/bridge-nf-call-iptables file; overlay: "overlay" in
+// /proc/filesystems). The last matters in containers, whose /sys may have
+// no /sys/module at all.
 package kmod
 
 import (
@@ -44,10 +46,30 @@ type Runner interface {
 	Run(ctx context.Context, name string, args ...string) ([]byte, error)
 }
 
-// evidence are files whose presence proves a module's feature is in the
-// running kernel even when /sys/module has no entry for it.
-var evidence = map[string]string{
-	"br_netfilter": "proc/sys/net/bridge/bridge-nf-call-iptables",
+// evidence tells whether a module's feature is in the running kernel
+// even when /sys/module has no entry for it (built-in br_netfilter) or
+// /sys/module is not visible (containers such as systemd-nspawn machines).
+var evidence = map[string]func(root string) bool{
+	"br_netfilter": func(root string) bool {
+		_, err := os.Stat(filepath.Join(root, "proc/sys/net/bridge/bridge-nf-call-iptables"))
+		return err == nil
+	},
+	"overlay": func(root string) bool { return hasFilesystem(root, "overlay") },
+}
+
+// hasFilesystem reports whether ROOT/proc/filesystems lists fs.
+func hasFilesystem(root, fs string) bool {
+	b, err := os.ReadFile(filepath.Join(root, "proc/filesystems"))
+	if err != nil {
+		return false
+	}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) > 0 && f[len(f)-1] == fs {
+			return true
+		}
+	}
+	return false
 }
 
 // Status reports whether module name is loaded, built in or missing from
@@ -79,10 +101,8 @@ func Status(root, kernelRelease, name string) (State, error) {
 		// Present in sysfs but not in /proc/modules: built in.
 		return BuiltIn, nil
 	}
-	if p, ok := evidence[name]; ok {
-		if _, err := os.Stat(filepath.Join(root, p)); err == nil {
-			return BuiltIn, nil
-		}
+	if has, ok := evidence[name]; ok && has(root) {
+		return BuiltIn, nil
 	}
 	return Missing, nil
 }

@@ -24,11 +24,13 @@ func TestStatus(t *testing.T) {
 	write(t, filepath.Join(root, "lib/modules/6.1.0-test/modules.builtin"), "kernel/net/bridge/bridge.ko\n")
 	write(t, filepath.Join(root, "sys/module/nf_conntrack/parameters/hashsize"), "65536\n")
 	write(t, filepath.Join(root, "proc/sys/net/bridge/bridge-nf-call-iptables"), "1\n")
+	write(t, filepath.Join(root, "proc/filesystems"), "nodev\tsysfs\nnodev\ttmpfs\n\text4\nnodev\toverlay\n")
 	tests := []struct {
 		name string
 		want State
 	}{
 		{"overlay", Loaded},
+		{"ext4", Missing}, // a filesystem, but no evidence rule for it
 		{"bridge", BuiltIn},
 		{"nf_conntrack", BuiltIn},
 		{"nf-conntrack", BuiltIn},
@@ -41,6 +43,21 @@ func TestStatus(t *testing.T) {
 		if got != tt.want {
 			t.Errorf("Status(%q) = %v, want %v", tt.name, got, tt.want)
 		}
+	}
+}
+
+// TestStatusContainer is a container's view: no /proc/modules, no
+// /sys/module, only /proc/filesystems and the bridge sysctls.
+func TestStatusContainer(t *testing.T) {
+	root := t.TempDir()
+	write(t, filepath.Join(root, "proc/filesystems"), "nodev\tsysfs\nnodev\toverlay\n")
+	for _, name := range []string{"overlay"} {
+		if got, err := Status(root, "", name); err != nil || got != BuiltIn {
+			t.Errorf("Status(%q) = %v, %v, want built-in", name, got, err)
+		}
+	}
+	if got, _ := Status(root, "", "br_netfilter"); got != Missing {
+		t.Errorf("Status(%q) without bridge sysctls = %v, want missing", "br_netfilter", got)
 	}
 }
 

@@ -94,3 +94,24 @@ func (n *NS) Do(t testing.TB, fn func()) {
 	}()
 	fn()
 }
+
+// Of returns the network namespace of process pid (for example a
+// systemd-nspawn machine's init) for use with Do. The namespace belongs
+// to that process: only the handles are closed when the test ends.
+func Of(t testing.TB, pid int) *NS {
+	t.Helper()
+	ns, err := netns.GetFromPid(pid)
+	if err != nil {
+		t.Fatalf("netns.GetFromPid(%d) error = %v", pid, err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		ns.Close()
+		t.Fatalf("netlink.NewHandleAt() error = %v", err)
+	}
+	t.Cleanup(func() {
+		h.Close()
+		ns.Close()
+	})
+	return &NS{handle: ns, Netlink: h}
+}
