@@ -254,7 +254,10 @@ func (l *Layer) layStream(ctx context.Context, t *target, url, format, wantSum s
 		// The decoder decodes ahead in its own goroutines and hands each
 		// decoded block straight to the writer, saving a copy.
 		g.go_(func(ctx context.Context) error {
-			dec, err := zstd.NewReader(&chanReader{ctx: ctx, l: l, in: hashedCh}, zstd.WithDecoderConcurrency(2), zstd.WithDecoderMaxWindow(maxZstdWindow))
+			dec, err := zstd.NewReader(&chanReader{ctx: ctx, l: l, in: hashedCh}, zstd.WithDecoderConcurrency(2), zstd.WithDecoderMaxWindow(maxZstdWindow),
+				// The sha256 of the compressed stream is verified; zstd's own
+				// xxhash of the output would only cost CPU.
+				zstd.IgnoreChecksum(true))
 			if err != nil {
 				return fmt.Errorf("zstd: %w", err)
 			}
