@@ -45,7 +45,7 @@ const (
 	ModeInstalled = "installed"
 )
 
-// KubeBinaries are the Kubernetes binaries whose versions Facts reports,
+// kubeBinaries are the Kubernetes binaries whose versions Facts reports,
 // looked up in these directories under the root.
 var (
 	kubeBinaries = []string{"kubeadm", "kubelet", "kubectl"}
