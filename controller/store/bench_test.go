@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"fmt"
 	"testing"
 
@@ -93,4 +94,30 @@ func BenchmarkList1000(b *testing.B) {
 			b.Fatalf("listed %d, want 1000", n)
 		}
 	}
+}
+
+// BenchmarkBackupRestore1000 backs up 1000 hosts and restores them into a
+// second etcd, replacing what the previous iteration restored.
+func BenchmarkBackupRestore1000(b *testing.B) {
+	src, _ := newStore(b)
+	_, c2 := startEtcd(b)
+	dst := New(c2)
+	ctx := testCtx(b)
+	for i := range 1000 {
+		name := fmt.Sprintf("host-%04d", i)
+		_, err := src.Create(ctx, "hosts", name, host(name, "52:54:00:00:00:01"))
+		require.NoError(b, err)
+	}
+	var size int
+	for b.Loop() {
+		var buf bytes.Buffer
+		if _, err := src.Backup(ctx, &buf); err != nil {
+			b.Fatal(err)
+		}
+		size = buf.Len()
+		if _, err := dst.Restore(ctx, &buf, RestoreOptions{Replace: true}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(size), "backup-bytes")
 }
