@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
+	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 )
 
 // Formats of the image file a manifest points at.
@@ -170,4 +171,24 @@ func Read(path string) (*Manifest, error) {
 		return nil, fmt.Errorf("manifest %q: %w", path, err)
 	}
 	return &m, nil
+}
+
+// LayRequest returns the agent request that lays this image from url onto
+// target. With a block map, url must serve the raw image: only the mapped
+// ranges are fetched. Without one, url serves the published file in
+// m.Format and its sha256 is checked.
+func (m *Manifest) LayRequest(url, target string, useBlockMap bool) *agentv1.LayImageRequest {
+	req := &agentv1.LayImageRequest{Url: url, Target: target, Format: m.Format, RawSize: m.RawSize, RawSha256: m.RawSHA256}
+	switch {
+	case useBlockMap && len(m.BlockMap) > 0:
+		req.Format = FormatRaw
+		for _, r := range m.BlockMap {
+			req.BlockMap = append(req.BlockMap, &agentv1.BlockRange{Offset: r.Offset, Length: r.Length, Sha256: r.SHA256})
+		}
+	case m.Format == FormatRawZst:
+		req.Sha256 = m.CompressedSHA256
+	default:
+		req.Sha256 = m.RawSHA256
+	}
+	return req
 }

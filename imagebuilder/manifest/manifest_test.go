@@ -218,3 +218,32 @@ func TestValidate(t *testing.T) {
 		})
 	}
 }
+
+func TestLayRequest(t *testing.T) {
+	m := validManifest()
+	tests := []struct {
+		name       string
+		format     string
+		useMap     bool
+		wantFormat string
+		wantSha    string
+		wantRanges int
+	}{
+		{"zst", FormatRawZst, false, FormatRawZst, m.CompressedSHA256, 0},
+		{"raw", FormatRaw, false, FormatRaw, m.RawSHA256, 0},
+		{"block map", FormatRawZst, true, FormatRaw, "", 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := validManifest()
+			m.Format = tt.format
+			r := m.LayRequest("http://images/x", "/dev/sda", tt.useMap)
+			if r.GetFormat() != tt.wantFormat || r.GetSha256() != tt.wantSha || len(r.GetBlockMap()) != tt.wantRanges {
+				t.Errorf("LayRequest(%q) = %v, want format %q sha256 %q and %d ranges", tt.name, r, tt.wantFormat, tt.wantSha, tt.wantRanges)
+			}
+			if r.GetRawSize() != m.RawSize || r.GetRawSha256() != m.RawSHA256 || r.GetTarget() != "/dev/sda" {
+				t.Errorf("LayRequest(%q) = %v, want raw size, raw sha256 and target set", tt.name, r)
+			}
+		})
+	}
+}
