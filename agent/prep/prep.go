@@ -110,10 +110,11 @@ func New(root string, run Runner, log *slog.Logger, opts ...Option) *Preparer {
 // and not a change (Preflight then reports a containerd that still runs
 // with the other driver). It blocks until done.
 //
-// It returns an InvalidArgument error for an unknown cgroup driver, and an
-// error naming the step for anything that fails (a module that cannot be
-// loaded, a read-only /proc/sys, a broken containerd config, a unit that
-// systemd does not know).
+// It returns an InvalidArgument error for an unknown cgroup driver or a
+// containerd config path outside the root, and an error naming the step
+// for anything that fails (a module that cannot be loaded, a read-only
+// /proc/sys, a broken containerd config, a unit that systemd does not
+// know); the result then lists what was changed before the failure.
 func (p *Preparer) Prepare(ctx context.Context, req *agentv1.PrepareRequest, progress func(string)) (*agentv1.PrepareResult, error) {
 	if progress == nil {
 		progress = func(string) {}
@@ -125,6 +126,13 @@ func (p *Preparer) Prepare(ctx context.Context, req *agentv1.PrepareRequest, pro
 	if driver != containerd.DriverSystemd && driver != containerd.DriverCgroupfs {
 		return nil, errdefs.InvalidArgument("cgroup driver %q: want %q or %q", driver, containerd.DriverSystemd, containerd.DriverCgroupfs)
 	}
+	config := req.GetContainerdConfig()
+	if config == "" {
+		config = containerd.DefaultConfig
+	}
+	if rel := filepath.Clean(strings.TrimPrefix(config, "/")); rel == ".." || strings.HasPrefix(rel, "../") {
+		return nil, errdefs.InvalidArgument("containerd config %q: outside the host's root", config)
+	}
 	s := &step{ctx: ctx, p: p, progress: progress, res: &agentv1.PrepareResult{}}
 	defer func() {
 		if s.unitsConn != nil {
@@ -135,14 +143,17 @@ func (p *Preparer) Prepare(ctx context.Context, req *agentv1.PrepareRequest, pro
 		s.swap,
 		s.modules,
 		s.sysctls,
-		func() error { return s.containerd(req.GetContainerdConfig(), driver) },
+		func() error { return s.containerd(config, driver) },
 		s.units,
 		func() error { return s.verifyContainerd(driver) },
 	} {
-		if err := ctx.Err(); err != nil {
-			return s.res, fmt.Errorf("prepare: %w", err)
+		err := ctx.Err()
+		if err == nil {
+			err = f()
 		}
-		if err := f(); err != nil {
+		if err != nil {
+			// What was changed before the failure stays reported.
+			s.res.Changed = len(s.res.Changes) > 0
 			return s.res, fmt.Errorf("prepare: %w", err)
 		}
 	}
@@ -244,9 +255,6 @@ func (s *step) persist(rel string, write func() (bool, error)) error {
 }
 
 func (s *step) containerd(config, driver string) error {
-	if config == "" {
-		config = containerd.DefaultConfig
-	}
 	path := filepath.Join(s.p.root, config)
 	want := driver == containerd.DriverSystemd
 	s.progress(fmt.Sprintf("containerd: SystemdCgroup = %v in %s", want, config))

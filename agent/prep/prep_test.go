@@ -301,6 +301,13 @@ func TestPrepareFailures(t *testing.T) {
 			class:   errdefs.IsInvalidArgument,
 		},
 		{
+			name:    "containerd config outside the root",
+			req:     &agentv1.PrepareRequest{ContainerdConfig: "../../etc/containerd/config.toml"},
+			setup:   func(t *testing.T, root string) (Runner, DialUnits) { return modprobe(t, root), nil },
+			wantErr: "outside the host's root",
+			class:   errdefs.IsInvalidArgument,
+		},
+		{
 			name: "module cannot be loaded",
 			setup: func(t *testing.T, root string) (Runner, DialUnits) {
 				return &command.Recorder{Fail: func(line string) error {
