@@ -165,10 +165,7 @@ func layCmd(args []string) error {
 		if err != nil {
 			return err
 		}
-		req.RawSize, req.RawSha256, req.Sha256 = m.RawSize, m.RawSHA256, ""
-		for _, r := range m.BlockMap {
-			req.BlockMap = append(req.BlockMap, &agentv1.BlockRange{Offset: r.Offset, Length: r.Length, Sha256: r.SHA256})
-		}
+		req = m.LayRequest(req.Url, req.Target, true)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	start := time.Now()
