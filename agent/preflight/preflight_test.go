@@ -70,6 +70,17 @@ func byName(r *agentv1.PreflightReport) map[string]*agentv1.Check {
 	return m
 }
 
+// requireModules skips when a module Prepare needs is not already in the
+// kernel: tests do not load modules into the machine's kernel.
+func requireModules(t testing.TB) {
+	release, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	for _, m := range []string{"br_netfilter", "overlay"} {
+		if st, _ := kmod.Status("/", strings.TrimSpace(string(release)), m); !st.Available() {
+			t.Skipf("kernel module %s is not loaded on this machine; these tests do not load modules", m)
+		}
+	}
+}
+
 // labUnits restarts the test's containerd the way systemd would.
 type labUnits struct{ d *containerdtest.Daemon }
 
@@ -84,12 +95,7 @@ func (l labUnits) Close() error                                 { return nil }
 func preparedHost(t *testing.T) (*netnstest.NS, string, *containerdtest.Daemon) {
 	d := containerdtest.New(t)
 	ns := netnstest.New(t)
-	release, _ := os.ReadFile("/proc/sys/kernel/osrelease")
-	for _, m := range []string{"br_netfilter", "overlay"} {
-		if st, _ := kmod.Status("/", strings.TrimSpace(string(release)), m); !st.Available() {
-			t.Skipf("kernel module %s is not loaded on this machine; these tests do not load modules", m)
-		}
-	}
+	requireModules(t)
 	root := d.Root
 	require.NoError(t, os.Symlink("/proc", filepath.Join(root, "proc")))
 	require.NoError(t, os.Symlink("/sys", filepath.Join(root, "sys")))
@@ -426,4 +432,32 @@ func TestRuntimeFaults(t *testing.T) {
 			}
 		})
 	}
+}
+
+// BenchmarkPreflight measures a full Preflight on a prepared host with a
+// running containerd, in a fresh network namespace; it includes running
+// kubeadm and kubelet (shell stand-ins here) for their versions.
+func BenchmarkPreflight(b *testing.B) {
+	d := containerdtest.New(b)
+	ns := netnstest.New(b)
+	requireModules(b)
+	root := d.Root
+	require.NoError(b, os.Symlink("/proc", filepath.Join(root, "proc")))
+	require.NoError(b, os.Symlink("/sys", filepath.Join(root, "sys")))
+	installKube(b, root, pinned, pinned)
+	d.Start()
+	ctx := context.Background()
+	ns.Do(b, func() {
+		p := prep.New(root, &command.Recorder{}, slog.New(slog.DiscardHandler), prep.WithUnits(func(context.Context, string) (prep.Units, error) { return labUnits{d}, nil }))
+		_, err := p.Prepare(ctx, &agentv1.PrepareRequest{}, nil)
+		require.NoError(b, err)
+		c := New(root, command.Exec{}, slog.New(slog.DiscardHandler))
+		b.ResetTimer()
+		for b.Loop() {
+			r, err := c.Run(ctx, cluster())
+			if err != nil || !r.Passed {
+				b.Fatalf("Run() = %v, %v, want passed", r, err)
+			}
+		}
+	})
 }
