@@ -174,7 +174,9 @@ func (j *Journal) recoverOne(id string) error {
 }
 
 // Close cancels the running operations' contexts and waits for them to
-// return; their terminal events are recorded before Close returns.
+// return; their terminal events are recorded before Close returns. An
+// operation that returns an error after Close cancelled it is recorded
+// INTERRUPTED; one that completes anyway keeps its result.
 func (j *Journal) Close() error {
 	j.mu.Lock()
 	j.closed = true
@@ -182,6 +184,34 @@ func (j *Journal) Close() error {
 	j.cancel()
 	j.wg.Wait()
 	return nil
+}
+
+// Prune removes the files of finished operations last written before
+// cutoff, and returns how many it removed. Running operations are kept.
+// After Prune, re-attaching to a removed id is NotFound.
+func (j *Journal) Prune(cutoff time.Time) (int, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	entries, err := os.ReadDir(j.dir)
+	if err != nil {
+		return 0, fmt.Errorf("journal: prune: %w", err)
+	}
+	n := 0
+	for _, e := range entries {
+		id, ok := strings.CutSuffix(e.Name(), fileSuffix)
+		if !ok || e.IsDir() || j.running[id] != nil {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil || !info.ModTime().Before(cutoff) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(j.dir, e.Name())); err != nil {
+			return n, fmt.Errorf("journal: prune: %w", err)
+		}
+		n++
+	}
+	return n, nil
 }
 
 // NewID returns a fresh random operation id.
@@ -317,9 +347,13 @@ func (j *Journal) run(op *operation, fn Func) {
 		})
 	}()
 	final := &agentv1.OperationEvent{State: agentv1.OperationState_OPERATION_STATE_SUCCEEDED, Message: "succeeded"}
-	if err != nil {
+	switch {
+	case err != nil && j.ctx.Err() != nil:
+		// The agent is stopping and cut the operation short.
+		final = &agentv1.OperationEvent{State: agentv1.OperationState_OPERATION_STATE_INTERRUPTED, Message: "interrupted", Error: "the agent stopped while the operation ran: " + err.Error()}
+	case err != nil:
 		final = &agentv1.OperationEvent{State: agentv1.OperationState_OPERATION_STATE_FAILED, Message: "failed", Error: err.Error()}
-	} else {
+	default:
 		op.mu.Lock()
 		if op.result != nil {
 			copyResult(final, op.result)

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -325,4 +326,44 @@ func BenchmarkOperation(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+func TestCloseInterruptsRunning(t *testing.T) {
+	dir := t.TempDir()
+	j, err := Open(dir, nil)
+	require.NoError(t, err)
+	started := make(chan struct{})
+	go j.Start(context.Background(), "lay-image", "l1", func(ctx context.Context, emit Emit) error {
+		close(started)
+		<-ctx.Done()
+		return ctx.Err()
+	}, func(*agentv1.OperationEvent) error { return nil })
+	<-started
+	require.NoError(t, j.Close())
+
+	j2 := openJournal(t, dir)
+	send, got := collect()
+	require.NoError(t, j2.Follow(context.Background(), "l1", send))
+	if term := last(got()); term.GetState() != agentv1.OperationState_OPERATION_STATE_INTERRUPTED {
+		t.Errorf("Follow(%q) after Close = %v, want INTERRUPTED", "l1", term)
+	}
+}
+
+func TestPrune(t *testing.T) {
+	dir := t.TempDir()
+	j := openJournal(t, dir)
+	send, _ := collect()
+	nop := func(ctx context.Context, emit Emit) error { return nil }
+	require.NoError(t, j.Start(context.Background(), "wipe", "old", nop, send))
+	require.NoError(t, j.Start(context.Background(), "wipe", "new", nop, send))
+	past := time.Now().Add(-30 * 24 * time.Hour)
+	require.NoError(t, os.Chtimes(filepath.Join(dir, "old.jsonl"), past, past))
+
+	n, err := j.Prune(time.Now().Add(-14 * 24 * time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	if err := j.Follow(context.Background(), "old", send); !errdefs.IsNotFound(err) {
+		t.Errorf("Follow(%q) after Prune = %v, want NotFound", "old", err)
+	}
+	require.NoError(t, j.Follow(context.Background(), "new", send))
 }

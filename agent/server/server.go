@@ -133,13 +133,21 @@ func NewGRPCServer(tlsConf *tls.Config, svc *Service) *grpc.Server {
 	return s
 }
 
-// Serve serves s on lis until ctx is done, then stops gracefully.
+// GracePeriod is how long Serve waits for calls to finish after ctx is
+// done before it cuts the remaining streams (followers of long operations;
+// the operations themselves are stopped by the journal's Close).
+const GracePeriod = 5 * time.Second
+
+// Serve serves s on lis until ctx is done, then stops: gracefully for
+// GracePeriod, then forcibly. It blocks until s has stopped.
 func Serve(ctx context.Context, s *grpc.Server, lis net.Listener) error {
 	done := make(chan struct{})
 	go func() {
 		select {
 		case <-ctx.Done():
+			t := time.AfterFunc(GracePeriod, s.Stop)
 			s.GracefulStop()
+			t.Stop()
 		case <-done:
 		}
 	}()

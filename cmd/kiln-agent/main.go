@@ -38,6 +38,8 @@ const (
 	// renewCheckInterval is how often run checks whether the certificate
 	// has reached the last third of its validity.
 	renewCheckInterval = time.Hour
+	// journalRetention is how long finished operations stay re-attachable.
+	journalRetention = 14 * 24 * time.Hour
 )
 
 func main() {
@@ -206,6 +208,11 @@ func run(ctx context.Context, g *globals, id *identity.Identity, listen, adverti
 		return err
 	}
 	defer j.Close()
+	if n, err := j.Prune(time.Now().Add(-journalRetention)); err != nil {
+		log.Warn("pruning the operation journal failed", "error", err)
+	} else if n > 0 {
+		log.Info("pruned old operations", "count", n, "older_than", journalRetention)
+	}
 
 	lis, err := net.Listen("tcp", listen)
 	if err != nil {
