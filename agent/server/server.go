@@ -85,6 +85,11 @@ type Rebooter interface {
 	Reboot(ctx context.Context, req *agentv1.RebootRequest) error
 }
 
+// LogSource serves the agent's recent log lines (logring.Ring).
+type LogSource interface {
+	Logs(ctx context.Context, tail int, follow bool, send func(*agentv1.LogLine) error) error
+}
+
 // Options are the implementations the service calls. Journal is required;
 // any other field may be nil, and its methods then return Unimplemented.
 type Options struct {
@@ -98,6 +103,7 @@ type Options struct {
 	Wiper          Wiper
 	IdentityWriter IdentityWriter
 	Rebooter       Rebooter
+	Logs           LogSource
 	Log            *slog.Logger
 }
 
@@ -319,6 +325,14 @@ func (s *Service) Wipe(req *agentv1.WipeRequest, stream agentv1.Agent_WipeServer
 	return s.operation(stream.Context(), "wipe", req.GetOperationId(), stream.Send, func(ctx context.Context, emit journal.Emit) error {
 		return s.o.Wiper.Wipe(ctx, req, emit)
 	})
+}
+
+// Logs streams the agent's recent log lines, and with follow new ones.
+func (s *Service) Logs(req *agentv1.LogsRequest, stream agentv1.Agent_LogsServer) error {
+	if s.o.Logs == nil {
+		return notWired("Logs")
+	}
+	return errgrpc.ToGRPC(s.o.Logs.Logs(stream.Context(), int(req.GetTail()), req.GetFollow(), stream.Send))
 }
 
 // Operation re-attaches to an operation by id.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/kilnhq/kiln/agent/identity"
+	"github.com/kilnhq/kiln/agent/logring"
 	"github.com/kilnhq/kiln/agent/renew"
 	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
@@ -109,8 +111,9 @@ func TestEnrollAndRun(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	g := &globals{dataDir: dataDir, root: "/", logLevel: "info"}
-	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
-	go func() { done <- run(ctx, g, id, "127.0.0.1:0", "", time.Second, log) }()
+	ring := logring.New(100)
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, ring), nil))
+	go func() { done <- run(ctx, g, id, "127.0.0.1:0", "", time.Second, ring, log) }()
 	t.Cleanup(func() {
 		cancel()
 		require.NoError(t, <-done)
@@ -138,6 +141,20 @@ func TestEnrollAndRun(t *testing.T) {
 	resp, err := agentv1.NewAgentClient(conn).Facts(context.Background(), &agentv1.FactsRequest{})
 	require.NoError(t, err, "Facts from the agent at %s", first.GetAddress())
 	require.NotEmpty(t, resp.GetFacts().GetKernel())
+
+	// The controller reads the agent's log.
+	logs, err := agentv1.NewAgentClient(conn).Logs(context.Background(), &agentv1.LogsRequest{Tail: 50})
+	require.NoError(t, err)
+	var sawServing bool
+	for {
+		l, err := logs.Recv()
+		if err != nil {
+			require.ErrorIs(t, err, io.EOF)
+			break
+		}
+		sawServing = sawServing || strings.Contains(l.GetLine(), "agent serving")
+	}
+	require.True(t, sawServing, "Logs() has the agent's \"agent serving\" line")
 
 	// Renewal: a new certificate, recorded on the Host, served by the
 	// agent to new connections and kept on disk.

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -25,6 +26,7 @@ import (
 	"github.com/kilnhq/kiln/agent/heartbeat"
 	"github.com/kilnhq/kiln/agent/identity"
 	"github.com/kilnhq/kiln/agent/journal"
+	"github.com/kilnhq/kiln/agent/logring"
 	"github.com/kilnhq/kiln/agent/renew"
 	"github.com/kilnhq/kiln/agent/server"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -40,6 +42,8 @@ const (
 	renewCheckInterval = time.Hour
 	// journalRetention is how long finished operations stay re-attachable.
 	journalRetention = 14 * 24 * time.Hour
+	// logRingLines is how many recent log lines the Logs RPC can return.
+	logRingLines = 2000
 )
 
 func main() {
@@ -55,12 +59,14 @@ type globals struct {
 	logLevel string
 }
 
-func (g *globals) logger() *slog.Logger {
+func (g *globals) logger() *slog.Logger { return g.loggerTo(os.Stderr) }
+
+func (g *globals) loggerTo(w io.Writer) *slog.Logger {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(g.logLevel)); err != nil {
 		level = slog.LevelInfo
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
 }
 
 func newRoot() *cobra.Command {
@@ -167,7 +173,8 @@ func newRun(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := signalContext()
 			defer cancel()
-			log := g.logger()
+			ring := logring.New(logRingLines)
+			log := g.loggerTo(io.MultiWriter(os.Stderr, ring))
 			id, err := identity.Load(g.dataDir)
 			if errdefs.IsNotFound(err) {
 				id, err = enrollAtBoot(ctx, g, f, log)
@@ -175,7 +182,7 @@ func newRun(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return run(ctx, g, id, listen, advertise, hbInterval, log)
+			return run(ctx, g, id, listen, advertise, hbInterval, ring, log)
 		},
 	}
 	f.register(cmd)
@@ -202,7 +209,7 @@ func enrollAtBoot(ctx context.Context, g *globals, f *enrollFlags, log *slog.Log
 	return enroll.Enroll(ctx, o)
 }
 
-func run(ctx context.Context, g *globals, id *identity.Identity, listen, advertise string, interval time.Duration, log *slog.Logger) error {
+func run(ctx context.Context, g *globals, id *identity.Identity, listen, advertise string, interval time.Duration, logs server.LogSource, log *slog.Logger) error {
 	j, err := journal.Open(filepath.Join(g.dataDir, "operations"), log)
 	if err != nil {
 		return err
@@ -218,7 +225,9 @@ func run(ctx context.Context, g *globals, id *identity.Identity, listen, adverti
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", listen, err)
 	}
-	svc := server.New(services(g.root, j, log))
+	opts := services(g.root, j, log)
+	opts.Logs = logs
+	svc := server.New(opts)
 	gs := server.NewGRPCServer(id.ServerTLS(), svc)
 
 	la := &heartbeat.LocalAddr{}
