@@ -250,3 +250,43 @@ func BenchmarkIdleRSS(b *testing.B) {
 	b.ReportMetric(file, "RssFile-MiB")
 	b.ReportMetric(float64(st.Size())/(1<<20), "binary-MiB")
 }
+
+// TestRunEnrollsFromKernelCmdline: an agent booted from boot media has no
+// identity; `kiln-agent run` enrolls with the per-boot token on the kernel
+// command line, then serves and sends heartbeats.
+func TestRunEnrollsFromKernelCmdline(t *testing.T) {
+	env := controllertest.Start(t, controllertest.WithConfig(func(c *controller.Config) {
+		c.HeartbeatInterval = time.Second
+	}))
+	rc := controllerv1.NewResourcesClient(env.Dial(t, env.AdminConfigPath))
+	root := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "proc"), 0o755))
+	cmdline := "console=ttyS0 kiln.boot=pxe kiln.controller=" + env.Addr + " kiln.token=" + env.Token(t, "pxe-1", time.Hour) + " kiln.ca_hash=" + env.CAHash + " kiln.host=pxe-1\n"
+	require.NoError(t, os.WriteFile(filepath.Join(root, "proc/cmdline"), []byte(cmdline), 0o644))
+	dataDir := filepath.Join(t.TempDir(), "agent")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		cmd := newRoot()
+		cmd.SetArgs([]string{"run", "--root", root, "--data-dir", dataDir, "--listen", "127.0.0.1:0", "--log-level", "error"})
+		done <- cmd.ExecuteContext(ctx)
+	}()
+	waitFor(t, "the boot agent's heartbeat", func() bool {
+		r, err := rc.Get(context.Background(), &controllerv1.GetRequest{Kind: "Host", Name: "pxe-1"})
+		return err == nil && r.GetHost().GetStatus().GetAgent().GetLastHeartbeat() != nil
+	})
+	cancel()
+	require.NoError(t, <-done, "kiln-agent run stops cleanly when its context ends")
+	id, err := identity.Load(dataDir)
+	require.NoError(t, err)
+	require.Equal(t, "pxe-1", id.Host())
+}
+
+func TestRunNotEnrolled(t *testing.T) {
+	root := t.TempDir()
+	_, err := kilnAgent(t, "run", "--root", root, "--data-dir", t.TempDir(), "--listen", "127.0.0.1:0")
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "run kiln-agent enroll") {
+		t.Errorf("run without identity = %v, want FailedPrecondition telling to enroll", err)
+	}
+}

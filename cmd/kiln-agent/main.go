@@ -47,7 +47,7 @@ const (
 )
 
 func main() {
-	if err := newRoot().Execute(); err != nil {
+	if err := newRoot().ExecuteContext(context.Background()); err != nil {
 		fmt.Fprintln(os.Stderr, "kiln-agent:", err)
 		os.Exit(1)
 	}
@@ -84,8 +84,9 @@ func newRoot() *cobra.Command {
 	return root
 }
 
-func signalContext() (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+// signalContext is cmd's context, also cancelled by SIGINT and SIGTERM.
+func signalContext(cmd *cobra.Command) (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 }
 
 type enrollFlags struct {
@@ -131,7 +132,7 @@ func newEnroll(g *globals) *cobra.Command {
 		Short: "Enroll this host with a controller and store the agent's identity",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := signalContext()
+			ctx, cancel := signalContext(cmd)
 			defer cancel()
 			log := g.logger()
 			o, err := f.options(g, log)
@@ -171,7 +172,7 @@ func newRun(g *globals) *cobra.Command {
 			"kiln.token=, kiln.ca_hash= and kiln.host= from the kernel command line.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := signalContext()
+			ctx, cancel := signalContext(cmd)
 			defer cancel()
 			ring := logring.New(logRingLines)
 			log := g.loggerTo(io.MultiWriter(os.Stderr, ring))
@@ -279,7 +280,7 @@ func newFacts(g *globals) *cobra.Command {
 		Short: "Print this host's facts as JSON",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := signalContext()
+			ctx, cancel := signalContext(cmd)
 			defer cancel()
 			f, err := facter{root: g.root}.Facts(ctx)
 			if err != nil {
