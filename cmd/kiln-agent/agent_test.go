@@ -290,3 +290,17 @@ func TestRunNotEnrolled(t *testing.T) {
 		t.Errorf("run without identity = %v, want FailedPrecondition telling to enroll", err)
 	}
 }
+
+func TestPrintReport(t *testing.T) {
+	var b bytes.Buffer
+	printReport(&b, &agentv1.PreflightReport{Checks: []*agentv1.Check{
+		{Name: "ip_forward", Passed: true, Severity: agentv1.Severity_SEVERITY_INFO, Message: "net.ipv4.ip_forward is 1"},
+		{Name: "br_netfilter", Passed: false, Severity: agentv1.Severity_SEVERITY_ERROR, Message: "br_netfilter is not loaded", Fix: "modprobe br_netfilter"},
+	}})
+	out := b.String()
+	for _, want := range []string{"ok      info      ip_forward", "FAIL    error     br_netfilter", "fix: modprobe br_netfilter", "preflight FAILED"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("printReport() = \n%s\nwant a line with %q", out, want)
+		}
+	}
+}

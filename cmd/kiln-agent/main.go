@@ -80,7 +80,7 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.dataDir, "data-dir", defaultDataDir, "directory of the agent's identity and operation journal")
 	root.PersistentFlags().StringVar(&g.root, "root", "/", "root of the host's filesystem")
 	root.PersistentFlags().StringVar(&g.logLevel, "log-level", "info", "debug, info, warn or error")
-	root.AddCommand(newEnroll(g), newRun(g), newFacts(g), newVersion())
+	root.AddCommand(newEnroll(g), newRun(g), newPreflight(g), newFacts(g), newVersion())
 	return root
 }
 
