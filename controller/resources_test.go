@@ -104,6 +104,15 @@ func TestApplyRefusesInvalidAndStale(t *testing.T) {
 	if code(err) != codes.InvalidArgument {
 		t.Errorf("Apply(invalid name) = %v, want InvalidArgument", err)
 	}
+	// One bad resource refuses the whole request before anything is stored.
+	_, err = rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{host("good-01", ""), bad}})
+	if code(err) != codes.InvalidArgument {
+		t.Errorf("Apply(good, invalid) = %v, want InvalidArgument", err)
+	}
+	_, err = rc.Get(ctx, &controllerv1.GetRequest{Kind: "hosts", Name: "good-01"})
+	if code(err) != codes.NotFound {
+		t.Errorf("Get(good-01) after a refused Apply = %v, want NotFound", err)
+	}
 	_, err = rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{{}}})
 	if code(err) != codes.InvalidArgument {
 		t.Errorf("Apply(empty resource) = %v, want InvalidArgument", err)
