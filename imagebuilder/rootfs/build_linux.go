@@ -23,7 +23,7 @@ import (
 //
 // then, when spec.Packages is not empty, inside the new root
 //
-//	systemd-nspawn -q -D TMP --register=no --keep-unit --resolv-conf=copy-host \
+//	systemd-nspawn -q -D TMP -M NAME --register=no --keep-unit --resolv-conf=copy-host \
 //	  sh -c 'apt-get update && apt-get install -y --no-install-recommends PKGS'
 //
 // (chroot when systemd-nspawn is missing), empties /etc/machine-id and the
@@ -106,7 +106,12 @@ func install(ctx context.Context, progress io.Writer, root string, pkgs []string
 	script := "apt-get update -q && apt-get install -q -y --no-install-recommends " + strings.Join(pkgs, " ") + " && apt-get clean"
 	env := []string{"DEBIAN_FRONTEND=noninteractive", "LC_ALL=C"}
 	if nspawn, err := exec.LookPath("systemd-nspawn"); err == nil {
-		return run(ctx, progress, env, nspawn, "-q", "-D", root, "--register=no", "--keep-unit",
+		// nspawn leaves its propagation directory (/run is not a tmpfs on
+		// the lab machines) and a lock file beside the tree.
+		name := "kiln-rootfs-" + strings.TrimPrefix(filepath.Base(root), ".tmp-")
+		defer os.RemoveAll(filepath.Join("/run/systemd/nspawn/propagate", name))
+		defer os.Remove(filepath.Join(filepath.Dir(root), ".#"+filepath.Base(root)+".lck"))
+		return run(ctx, progress, env, nspawn, "-q", "-D", root, "-M", name, "--register=no", "--keep-unit",
 			"--resolv-conf=copy-host", "--timezone=off", "--link-journal=no",
 			"--setenv=DEBIAN_FRONTEND=noninteractive", "/bin/sh", "-c", script)
 	}

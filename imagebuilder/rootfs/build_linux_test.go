@@ -48,7 +48,7 @@ func TestBuildCachedAndOverlay(t *testing.T) {
 	if again != dir {
 		t.Errorf("second Build(%+v) = %q, want cached %q", spec, again, dir)
 	}
-	tmps, _ := filepath.Glob(filepath.Join(filepath.Dir(dir), ".tmp-*"))
+	tmps, _ := filepath.Glob(filepath.Join(filepath.Dir(dir), ".tmp-"+spec.Key()+"-*"))
 	if len(tmps) != 0 {
 		t.Errorf("Build left temporary trees %v", tmps)
 	}
