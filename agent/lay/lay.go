@@ -58,6 +58,7 @@ type Layer struct {
 	blockSize  int
 	gap        int64
 	stall      time.Duration
+	fetchers   int
 	interval   time.Duration
 	now        func() time.Time
 	depth      int
@@ -93,6 +94,9 @@ func WithBlockSize(n int) Option { return func(l *Layer) { l.blockSize = n } }
 // fetches every range on its own.
 func WithCoalesceGap(n int64) Option { return func(l *Layer) { l.gap = n } }
 
+// WithFetchers sets how many block-map requests run at once. Default 4.
+func WithFetchers(n int) Option { return func(l *Layer) { l.fetchers = n } }
+
 // WithStallTimeout sets how long a connection may deliver no data before
 // it is dropped and the stream resumed elsewhere in it. Default 30s.
 func WithStallTimeout(d time.Duration) Option { return func(l *Layer) { l.stall = d } }
@@ -114,6 +118,7 @@ func New(log *slog.Logger, opts ...Option) *Layer {
 		blockSize: 4096,
 		gap:       256 << 10,
 		stall:     30 * time.Second,
+		fetchers:  4,
 		interval:  250 * time.Millisecond,
 		now:       time.Now,
 		depth:     4,

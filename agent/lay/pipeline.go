@@ -28,8 +28,6 @@ type chunk struct {
 	buf *[]byte
 	n   int
 	off int64 // where the bytes go on the target
-	rng int   // block map: index of the range the bytes belong to
-	end bool  // block map: the last chunk of its range
 }
 
 func (c chunk) data() []byte { return (*c.buf)[:c.n] }
@@ -342,9 +340,12 @@ func coalesce(ranges []*agentv1.BlockRange, gap int64) []fetchGroup {
 	return out
 }
 
-// layMap lays the ranges of a block map: fetch (one request per group) →
-// hash and verify each range → write. Holes are never fetched (beyond the
-// small gaps inside a group), hashed or written.
+// layMap lays the ranges of a block map. Several fetchers (WithFetchers)
+// each take a group of ranges, fetch it with one request, hash each range
+// as its bytes arrive and pass the chunks to two writers through a channel;
+// a range whose sha256 is not the map's fails the whole lay. Ranges are
+// independent, so hashing runs on every core. Holes are never fetched
+// (beyond the small gaps inside a group), hashed or written.
 func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequest, zeroed bool, rep *reporter, log *slog.Logger) (*agentv1.LayImageResult, error) {
 	ranges := req.GetBlockMap()
 	var total uint64
@@ -354,35 +355,47 @@ func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequ
 	rep.setTotal(total)
 	rep.step(StepFetch, 0)
 	groups := coalesce(ranges, l.gap)
-	log.Info("laying with a block map", "ranges", len(ranges), "requests", len(groups), "dataBytes", total, "rawSize", req.GetRawSize())
+	fetchers := max(1, min(l.fetchers, len(groups)))
+	log.Info("laying with a block map", "ranges", len(ranges), "requests", len(groups), "fetchers", fetchers, "dataBytes", total, "rawSize", req.GetRawSize())
 
 	var fetched atomic.Int64
 	g := newGroup(ctx)
-	fetchedCh := make(chan chunk, l.depth)
-	verifiedCh := make(chan chunk, l.depth)
-	w := newWriter(t, zeroed, l.blockSize)
-
-	g.go_(func(ctx context.Context) error {
-		defer close(fetchedCh)
-		for _, fg := range groups {
-			s := l.newStream(ctx, log, req.GetUrl(), fg.start, fg.end, true, &fetched)
-			s.note = rep.note
-			err := l.fetchGroup(ctx, s, ranges, fg, fetchedCh)
-			s.Close()
-			if err != nil {
-				return err
+	groupCh := make(chan fetchGroup, len(groups))
+	for _, fg := range groups {
+		groupCh <- fg
+	}
+	close(groupCh)
+	writeCh := make(chan chunk, l.depth)
+	var fetching sync.WaitGroup
+	for range fetchers {
+		fetching.Add(1)
+		g.go_(func(ctx context.Context) error {
+			defer fetching.Done()
+			h := sha256.New()
+			for fg := range groupCh {
+				s := l.newStream(ctx, log, req.GetUrl(), fg.start, fg.end, true, &fetched)
+				s.note = rep.note
+				err := l.fetchGroup(ctx, s, ranges, fg, h, writeCh, rep)
+				s.Close()
+				if err != nil {
+					return err
+				}
 			}
-		}
-		return nil
-	})
-	g.go_(func(ctx context.Context) error { return verifyStage(ctx, ranges, fetchedCh, verifiedCh, rep) })
-	g.go_(func(ctx context.Context) error { return l.drain(ctx, w, verifiedCh) })
+			return nil
+		})
+	}
+	go func() { fetching.Wait(); close(writeCh) }()
+	writers := []*writer{newWriter(t, zeroed, l.blockSize), newWriter(t, zeroed, l.blockSize)}
+	for _, w := range writers {
+		g.go_(func(ctx context.Context) error { return l.drain(ctx, w, writeCh) })
+	}
 	if err := g.wait(); err != nil {
 		if errors.Is(err, errRangeIgnored) {
 			return nil, err
 		}
 		return nil, fmt.Errorf("lay %q: %w", t.path, err)
 	}
+	written := writers[0].written + writers[1].written
 	if !zeroed {
 		// The target cannot discard: the holes still hold old data.
 		var holes int64
@@ -396,15 +409,15 @@ func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequ
 			}
 			pos = int64(r.GetOffset() + r.GetLength())
 		}
-		w.written += holes
+		written += holes
 		rep.note(fmt.Sprintf("wrote zeros over the %d bytes of holes, as the target cannot discard", holes))
 	}
-	return &agentv1.LayImageResult{BytesWritten: uint64(w.written), BytesFetched: uint64(fetched.Load()), Sha256: strings.ToLower(req.GetRawSha256())}, nil
+	return &agentv1.LayImageResult{BytesWritten: uint64(written), BytesFetched: uint64(fetched.Load()), Sha256: strings.ToLower(req.GetRawSha256())}, nil
 }
 
-// fetchGroup reads one group's response: the ranges into chunks, the
-// gaps into nothing.
-func (l *Layer) fetchGroup(ctx context.Context, s *stream, ranges []*agentv1.BlockRange, fg fetchGroup, out chan<- chunk) error {
+// fetchGroup reads one group's response: the ranges into chunks, hashed
+// and verified range by range, the gaps into nothing.
+func (l *Layer) fetchGroup(ctx context.Context, s *stream, ranges []*agentv1.BlockRange, fg fetchGroup, h hash.Hash, out chan<- chunk, rep *reporter) error {
 	pos := fg.start
 	for i := fg.first; i <= fg.last; i++ {
 		r := ranges[i]
@@ -414,6 +427,7 @@ func (l *Layer) fetchGroup(ctx context.Context, s *stream, ranges []*agentv1.Blo
 				return rangeFetchError(s, i, r, err)
 			}
 		}
+		h.Reset()
 		for off < end {
 			b := l.getBuf()
 			n := min(int64(len(*b)), end-off)
@@ -421,7 +435,15 @@ func (l *Layer) fetchGroup(ctx context.Context, s *stream, ranges []*agentv1.Blo
 				l.putBuf(b)
 				return rangeFetchError(s, i, r, err)
 			}
-			if err := send(ctx, out, chunk{buf: b, n: int(n), off: off, rng: i, end: off+n == end}); err != nil {
+			h.Write((*b)[:n])
+			rep.add(int(n))
+			if off+n == end {
+				if got := hex.EncodeToString(h.Sum(nil)); !strings.EqualFold(got, r.GetSha256()) {
+					l.putBuf(b)
+					return errdefs.FailedPrecondition("range %d (offset %d, length %d): sha256 mismatch: got %s want %s", i, r.GetOffset(), r.GetLength(), got, strings.ToLower(r.GetSha256()))
+				}
+			}
+			if err := send(ctx, out, chunk{buf: b, n: int(n), off: off}); err != nil {
 				return err
 			}
 			off += n
@@ -439,40 +461,4 @@ func rangeFetchError(s *stream, i int, r *agentv1.BlockRange, err error) error {
 		err = errdefs.Unavailable("stream truncated at %d of %d bytes", s.off, s.end)
 	}
 	return fmt.Errorf("range %d (offset %d, length %d): %w", i, r.GetOffset(), r.GetLength(), err)
-}
-
-// verifyStage hashes each range as its chunks pass and fails on the first
-// range whose sha256 is not the map's.
-func verifyStage(ctx context.Context, ranges []*agentv1.BlockRange, in <-chan chunk, out chan<- chunk, rep *reporter) error {
-	defer close(out)
-	h := sha256.New()
-	cur := -1
-	for {
-		select {
-		case c, ok := <-in:
-			if !ok {
-				if cur >= 0 && cur != len(ranges)-1 {
-					return fmt.Errorf("block map: stopped after range %d of %d", cur, len(ranges))
-				}
-				return nil
-			}
-			if c.rng != cur {
-				h.Reset()
-				cur = c.rng
-			}
-			h.Write(c.data())
-			rep.add(c.n)
-			if c.end {
-				r := ranges[c.rng]
-				if got := hex.EncodeToString(h.Sum(nil)); !strings.EqualFold(got, r.GetSha256()) {
-					return errdefs.FailedPrecondition("range %d (offset %d, length %d): sha256 mismatch: got %s want %s", c.rng, r.GetOffset(), r.GetLength(), got, strings.ToLower(r.GetSha256()))
-				}
-			}
-			if err := send(ctx, out, c); err != nil {
-				return err
-			}
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
 }

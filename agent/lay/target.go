@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -25,7 +26,8 @@ type target struct {
 	// the disk without a copy into the page cache, which saves a CPU copy
 	// per byte, keeps a boot agent's small RAM free of gigabytes of dirty
 	// pages, and leaves little for the final fsync to do.
-	direct *os.File
+	direct   *os.File
+	directOK atomic.Bool // direct is usable; cleared on its first failure
 }
 
 // openTarget opens path for writing. A missing path is created as a
@@ -42,7 +44,9 @@ func openTarget(path string, create bool) (*target, error) {
 		if err != nil {
 			return nil, fmt.Errorf("target %q: create: %w", path, err)
 		}
-		return &target{f: f, path: path, direct: openDirect(path)}, nil
+		t := &target{f: f, path: path}
+		t.setDirect(openDirect(path))
+		return t, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("target %q: %w", path, err)
@@ -68,8 +72,13 @@ func openTarget(path string, create bool) (*target, error) {
 		t.f.Close()
 		return nil, fmt.Errorf("target %q: size: %w", path, err)
 	}
-	t.direct = openDirect(path)
+	t.setDirect(openDirect(path))
 	return t, nil
+}
+
+func (t *target) setDirect(f *os.File) {
+	t.direct = f
+	t.directOK.Store(f != nil)
 }
 
 func (t *target) Close() error {
@@ -100,14 +109,13 @@ const directAlign = 4096
 // writeAt writes b at off, through the O_DIRECT descriptor when b is
 // aligned for it.
 func (t *target) writeAt(b []byte, off int64) error {
-	if t.direct != nil && off%directAlign == 0 && len(b)%directAlign == 0 && uintptr(unsafe.Pointer(unsafe.SliceData(b)))%directAlign == 0 {
+	if t.directOK.Load() && off%directAlign == 0 && len(b)%directAlign == 0 && uintptr(unsafe.Pointer(unsafe.SliceData(b)))%directAlign == 0 {
 		if _, err := t.direct.WriteAt(b, off); err == nil {
 			return nil
 		}
 		// A stricter alignment than ours, or a filesystem that refuses
 		// direct writes after all: write through the page cache from now on.
-		t.direct.Close()
-		t.direct = nil
+		t.directOK.Store(false)
 	}
 	if _, err := t.f.WriteAt(b, off); err != nil {
 		return fmt.Errorf("target %q: write %d bytes at %d: %w", t.path, len(b), off, err)
