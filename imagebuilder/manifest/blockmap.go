@@ -16,11 +16,16 @@ import (
 // DefaultBlockSize is the block map granularity used by the image builder.
 const DefaultBlockSize = 4096
 
+// MaxRangeLength caps a block map range: a long run of data is split into
+// ranges of at most this length, so that an agent can fetch and verify
+// them in parallel and a bad range names a small part of the image.
+const MaxRangeLength = 32 << 20
+
 // extent is a run [off, end) of a file that the filesystem says may hold data.
 type extent struct{ off, end int64 }
 
 // BlockMap returns the ranges of the raw image at path that hold data, in
-// order, with the sha256 of each. It asks the filesystem for the file's
+// order, with the sha256 of each. Ranges are at most MaxRangeLength long. It asks the filesystem for the file's
 // data extents (SEEK_DATA/SEEK_HOLE; the whole file where that is not
 // available), then reads those extents and also treats every all-zero block
 // of blockSize bytes as a hole. Adjacent data blocks are merged into one
@@ -92,7 +97,7 @@ type mapBuilder struct {
 }
 
 func (b *mapBuilder) data(off uint64, blk []byte) {
-	if b.cur != nil && b.cur.End() != off {
+	if b.cur != nil && (b.cur.End() != off || b.cur.Length+uint64(len(blk)) > MaxRangeLength) {
 		b.hole()
 	}
 	if b.cur == nil {

@@ -247,3 +247,15 @@ func TestLayRequest(t *testing.T) {
 		})
 	}
 }
+
+func TestBlockMapSplitsLongRuns(t *testing.T) {
+	data := fill(MaxRangeLength+3*4096, 5)
+	p := writeSparse(t, int64(len(data)), map[int64][]byte{0: data})
+	got, err := BlockMap(context.Background(), p, 4096)
+	require.NoError(t, err)
+	want := []Range{
+		{Offset: 0, Length: MaxRangeLength, SHA256: sum(data[:MaxRangeLength])},
+		{Offset: MaxRangeLength, Length: 3 * 4096, SHA256: sum(data[MaxRangeLength:])},
+	}
+	require.Equal(t, want, got, "BlockMap of a %d-byte dense file", len(data))
+}
