@@ -45,30 +45,60 @@ func Renew(ctx context.Context, c Client, id *identity.Identity, dir string) err
 	return nil
 }
 
-// Loop checks every interval whether the certificate is due
-// (identity.RenewDue) and renews it, retrying with backoff on failure. It
+// Loop renews the certificate when it is due.
+type Loop struct {
+	Client   Client
+	Identity *identity.Identity
+	// Dir is the data directory the identity is stored in.
+	Dir string
+	// Interval is how often the certificate is checked (1h when 0).
+	Interval time.Duration
+	// Backoff is the retry policy after a failed renewal (10s doubling to
+	// 10m when zero).
+	Backoff backoff.Policy
+	// Observe, when set, is called after every renewal attempt.
+	Observe func(error)
+	Log     *slog.Logger
+}
+
+// Run checks every Interval whether the certificate is due
+// (identity.RenewDue) and renews it, retrying with Backoff on failure. It
 // blocks until ctx is done and returns nil.
-func Loop(ctx context.Context, c Client, id *identity.Identity, dir string, interval time.Duration, log *slog.Logger) error {
+func (l *Loop) Run(ctx context.Context) error {
+	log := l.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	log = log.With("component", "renew")
-	policy := backoff.Policy{Base: 10 * time.Second, Max: 10 * time.Minute, Factor: 2, Jitter: 0.2}
+	interval := l.Interval
+	if interval <= 0 {
+		interval = time.Hour
+	}
+	policy := l.Backoff
+	if policy.Base <= 0 {
+		policy = backoff.Policy{Base: 10 * time.Second, Max: 10 * time.Minute, Factor: 2, Jitter: 0.2}
+	}
 	rnd := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	failures := 0
 	for {
 		wait := interval
-		if id.RenewDue(time.Now()) {
+		if l.Identity.RenewDue(time.Now()) {
 			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			err := Renew(cctx, c, id, dir)
+			err := Renew(cctx, l.Client, l.Identity, l.Dir)
 			cancel()
 			if ctx.Err() != nil {
 				return nil
 			}
+			if l.Observe != nil {
+				l.Observe(err)
+			}
 			if err != nil {
 				wait = policy.Delay(failures, rnd)
 				failures++
-				log.Warn("certificate renewal failed", "error", err, "not_after", id.Certificate().Leaf.NotAfter, "retry_in", wait)
+				log.Warn("certificate renewal failed", "error", err, "not_after", l.Identity.Certificate().Leaf.NotAfter, "retry_in", wait)
 			} else {
 				failures = 0
-				leaf := id.Certificate().Leaf
+				leaf := l.Identity.Certificate().Leaf
 				log.Info("certificate renewed", "serial", leaf.SerialNumber.Text(16), "not_after", leaf.NotAfter)
 			}
 		}

@@ -262,7 +262,8 @@ func run(ctx context.Context, g *globals, id *identity.Identity, listen, adverti
 	}()
 	go func() {
 		defer close(renewDone)
-		_ = renew.Loop(ctx, agents, id, g.dataDir, renewCheckInterval, log)
+		rl := &renew.Loop{Client: agents, Identity: id, Dir: g.dataDir, Interval: renewCheckInterval, Log: log}
+		_ = rl.Run(ctx)
 	}()
 	err = server.Serve(ctx, gs, lis)
 	<-hbDone
