@@ -29,6 +29,7 @@ import (
 	"github.com/kilnhq/kiln/agent/logring"
 	"github.com/kilnhq/kiln/agent/renew"
 	"github.com/kilnhq/kiln/agent/server"
+	"github.com/kilnhq/kiln/internal/backoff"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/version"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
@@ -207,7 +208,23 @@ func enrollAtBoot(ctx context.Context, g *globals, f *enrollFlags, log *slog.Log
 		return nil, errdefs.FailedPrecondition("agent is not enrolled (no identity in %s): run kiln-agent enroll, or pass --controller, --token and --ca-hash", g.dataDir)
 	}
 	o.Facts = gatherFacts(ctx, g.root, log)
-	return enroll.Enroll(ctx, o)
+	// Boot media may start before the network or the controller is up:
+	// retry while the controller is unreachable; anything else (a refused
+	// token, a pin mismatch) is final.
+	policy := backoff.Policy{Base: time.Second, Max: 30 * time.Second, Factor: 2}
+	for attempt := 0; ; attempt++ {
+		id, err := enroll.Enroll(ctx, o)
+		if err == nil || !errdefs.IsUnavailable(err) || ctx.Err() != nil {
+			return id, err
+		}
+		wait := policy.Delay(attempt, nil)
+		log.Warn("controller unreachable; retrying enrollment", "error", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+	}
 }
 
 func run(ctx context.Context, g *globals, id *identity.Identity, listen, advertise string, interval time.Duration, logs server.LogSource, log *slog.Logger) error {
@@ -255,6 +272,8 @@ func run(ctx context.Context, g *globals, id *identity.Identity, listen, adverti
 	})
 
 	log.Info("agent serving", "listen", lis.Addr().String(), "host", id.Host(), "controller", id.Controller.Address, "version", version.Version)
+	ctx, cancel := context.WithCancel(ctx) // the loops also end when serving fails
+	defer cancel()
 	hbDone, renewDone := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(hbDone)
@@ -266,6 +285,7 @@ func run(ctx context.Context, g *globals, id *identity.Identity, listen, adverti
 		_ = rl.Run(ctx)
 	}()
 	err = server.Serve(ctx, gs, lis)
+	cancel()
 	<-hbDone
 	<-renewDone
 	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
