@@ -68,6 +68,7 @@ func benchLay(b *testing.B, size int64, data int, useMap bool) {
 
 // The rate is of the raw image: MB/s of disk laid.
 func BenchmarkLayDense(b *testing.B)          { benchLay(b, 256<<20, 100, false) }
+func BenchmarkLayDenseMap(b *testing.B)       { benchLay(b, 256<<20, 100, true) }
 func BenchmarkLaySparse20Stream(b *testing.B) { benchLay(b, 256<<20, 20, false) }
 func BenchmarkLaySparse20Map(b *testing.B)    { benchLay(b, 256<<20, 20, true) }
 

@@ -90,21 +90,34 @@ func gen(args []string) error {
 	if err := sparse.Close(); err != nil {
 		return err
 	}
-	ctx := context.Background()
-	ranges, err := manifest.BlockMap(ctx, sparse.Name(), manifest.DefaultBlockSize)
+	for _, name := range []string{"dense", "sparse"} {
+		if err := writeManifest(filepath.Join(*dir, name+".raw"), filepath.Join(*dir, name+".json")); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeManifest writes the manifest, with its block map, of a raw image.
+func writeManifest(image, path string) error {
+	ranges, err := manifest.BlockMap(context.Background(), image, manifest.DefaultBlockSize)
 	if err != nil {
 		return err
 	}
-	sum, err := fileSHA256(sparse.Name())
+	sum, err := fileSHA256(image)
+	if err != nil {
+		return err
+	}
+	fi, err := os.Stat(image)
 	if err != nil {
 		return err
 	}
 	m := &manifest.Manifest{
-		Tag: "bench-sparse", Format: manifest.FormatRaw, RawSize: uint64(*size), RawSHA256: sum,
+		Tag: "bench-" + filepath.Base(image), Format: manifest.FormatRaw, RawSize: uint64(fi.Size()), RawSHA256: sum,
 		BlockSize: manifest.DefaultBlockSize, BlockMap: ranges, BuildDate: time.Now().UTC(),
 	}
-	fmt.Printf("sparse.raw: %d ranges, %d data bytes of %d\n", len(ranges), m.DataSize(), *size)
-	return manifest.Write(filepath.Join(*dir, "sparse.json"), m)
+	fmt.Printf("%s: %d ranges, %d data bytes of %d\n", image, len(ranges), m.DataSize(), fi.Size())
+	return manifest.Write(path, m)
 }
 
 func fileSHA256(path string) (string, error) {
