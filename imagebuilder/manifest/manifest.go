@@ -58,6 +58,33 @@ type Manifest struct {
 	AgentVersion      string    `json:"agentVersion,omitempty"`
 	Packages          []Package `json:"packages,omitempty"`
 	BuildDate         time.Time `json:"buildDate"`
+
+	// PatchLevel is the date (yyyymmdd) of the image's OS packages.
+	PatchLevel string `json:"patchLevel,omitempty"`
+	// SourceDateEpoch is the Unix time every timestamp in the image is
+	// clamped to; a rebuild with it gives the same bytes, except for what
+	// NonReproducible lists.
+	SourceDateEpoch int64 `json:"sourceDateEpoch,omitempty"`
+	// Partitions are the partitions of the raw image.
+	Partitions []Partition `json:"partitions,omitempty"`
+	// NonReproducible says what a rebuild may change, and why.
+	NonReproducible []NonReproducible `json:"nonReproducible,omitempty"`
+}
+
+// Partition is one partition of the raw image.
+type Partition struct {
+	Name   string `json:"name"`
+	Type   string `json:"type"`
+	UUID   string `json:"uuid"`
+	Offset uint64 `json:"offset"`
+	Size   uint64 `json:"size"`
+}
+
+// NonReproducible is one part of an image that a rebuild from the same
+// spec and SOURCE_DATE_EPOCH does not reproduce bit for bit.
+type NonReproducible struct {
+	What   string `json:"what"`
+	Reason string `json:"reason"`
 }
 
 // Package is one installed OS package of the image.
