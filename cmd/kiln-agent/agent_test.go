@@ -304,3 +304,19 @@ func TestPrintReport(t *testing.T) {
 		}
 	}
 }
+
+func TestInstallUnitWithoutSystemd(t *testing.T) {
+	root := t.TempDir() // no systemd D-Bus socket under it
+	path := filepath.Join(t.TempDir(), "etc/systemd/system/kiln-agent.service")
+	var out bytes.Buffer
+	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	require.NoError(t, installUnit(context.Background(), &out, path, unitOptions{DataDir: "/var/lib/kiln-agent", Listen: ":7441", Root: root}, log))
+	unit := string(mustRead(t, path))
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	want := "ExecStart=" + exe + " run --data-dir /var/lib/kiln-agent --listen :7441 --root " + root + "\n"
+	if !strings.Contains(unit, want) {
+		t.Errorf("installUnit() wrote\n%s\nwant a line %q", unit, want)
+	}
+	require.Contains(t, out.String(), "systemd is not running here")
+}
