@@ -48,7 +48,7 @@ func newGroup(ctx context.Context) *group {
 	return g
 }
 
-func (g *group) go_(f func(ctx context.Context) error) {
+func (g *group) spawn(f func(ctx context.Context) error) {
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
@@ -242,16 +242,16 @@ func (l *Layer) layStream(ctx context.Context, t *target, url, format, wantSum s
 	w := newWriter(t, zeroed, l.blockSize)
 
 	var fetchErr error // the cause, when a later stage fails because of it
-	g.go_(func(ctx context.Context) error {
+	g.spawn(func(ctx context.Context) error {
 		defer s.Close()
 		fetchErr = l.produce(ctx, s, fetchedCh, "fetch")
 		return fetchErr
 	})
-	g.go_(func(ctx context.Context) error { return hashStage(ctx, h, fetchedCh, hashedCh, rep) })
+	g.spawn(func(ctx context.Context) error { return hashStage(ctx, h, fetchedCh, hashedCh, rep) })
 	if format == FormatRawZst {
 		// The decoder decodes ahead in its own goroutines and hands each
 		// decoded block straight to the writer, saving a copy.
-		g.go_(func(ctx context.Context) error {
+		g.spawn(func(ctx context.Context) error {
 			dec, err := zstd.NewReader(&chanReader{ctx: ctx, l: l, in: hashedCh}, zstd.WithDecoderConcurrency(2), zstd.WithDecoderMaxWindow(maxZstdWindow),
 				// The sha256 of the compressed stream is verified; zstd's own
 				// xxhash of the output would only cost CPU.
@@ -269,7 +269,7 @@ func (l *Layer) layStream(ctx context.Context, t *target, url, format, wantSum s
 			return nil
 		})
 	} else {
-		g.go_(func(ctx context.Context) error { return l.drain(ctx, w, hashedCh) })
+		g.spawn(func(ctx context.Context) error { return l.drain(ctx, w, hashedCh) })
 	}
 	if err := g.wait(); err != nil {
 		// A broken stream makes the decoder fail too: report the cause.
@@ -369,7 +369,7 @@ func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequ
 	var fetching sync.WaitGroup
 	for range fetchers {
 		fetching.Add(1)
-		g.go_(func(ctx context.Context) error {
+		g.spawn(func(ctx context.Context) error {
 			defer fetching.Done()
 			h := sha256.New()
 			for fg := range groupCh {
@@ -387,7 +387,7 @@ func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequ
 	go func() { fetching.Wait(); close(writeCh) }()
 	writers := []*writer{newWriter(t, zeroed, l.blockSize), newWriter(t, zeroed, l.blockSize)}
 	for _, w := range writers {
-		g.go_(func(ctx context.Context) error { return l.drain(ctx, w, writeCh) })
+		g.spawn(func(ctx context.Context) error { return l.drain(ctx, w, writeCh) })
 	}
 	if err := g.wait(); err != nil {
 		if errors.Is(err, errRangeIgnored) {
