@@ -1,0 +1,323 @@
+package netns
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kilnhq/kiln/internal/errdefs"
+)
+
+// ip runs the ip tool.
+func ip(ctx context.Context, args ...string) error {
+	out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// ProcessID names a running process so that it can be told apart from a
+// later process with the same PID: "PID:STARTTIME" (start time in clock
+// ticks since boot, field 22 of /proc/PID/stat). It returns "PID:0" when
+// the process is gone.
+func ProcessID(pid int) string {
+	return fmt.Sprintf("%d:%d", pid, startTime(pid))
+}
+
+func startTime(pid int) uint64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// comm (field 2) may hold spaces: count from the last ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 {
+		return 0
+	}
+	n, _ := strconv.ParseUint(f[19], 10, 64)
+	return n
+}
+
+// ProcessAlive reports whether the process id (from ProcessID) still
+// runs: same PID, same start time.
+func ProcessAlive(id string) bool {
+	pid, st, ok := parseProcessID(id)
+	return ok && startTime(pid) == st && st != 0
+}
+
+func parseProcessID(id string) (pid int, start uint64, ok bool) {
+	a, b, found := strings.Cut(id, ":")
+	if !found {
+		return 0, 0, false
+	}
+	p, err1 := strconv.Atoi(a)
+	s, err2 := strconv.ParseUint(b, 10, 64)
+	return p, s, err1 == nil && err2 == nil && p > 0
+}
+
+// KillProcess kills the process id (from ProcessID) with SIGKILL if it
+// is still the same process, and waits up to 5 s for it to go. A process
+// that is gone is not an error.
+func KillProcess(id string) error {
+	pid, st, ok := parseProcessID(id)
+	if !ok {
+		return errdefs.InvalidArgument("process id %q: want PID:STARTTIME", id)
+	}
+	if st == 0 || startTime(pid) != st {
+		return nil
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	for range 50 {
+		if startTime(pid) != st {
+			return nil
+		}
+		// A zombie of ours is reaped by its waiter; one of a dead parent by init.
+		if state(pid) == "Z" {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return errdefs.Unavailable("process %d did not exit after SIGKILL", pid)
+}
+
+func state(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 || i+3 > len(s) {
+		return ""
+	}
+	return s[i+2 : i+3]
+}
+
+// child returns the first child of pid, or 0.
+func child(pid int) int {
+	if pid <= 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[0])
+	return n
+}
+
+// mountSource is the source device of the mount at dir, "" when dir is
+// not a mount point.
+func mountSource(dir string) string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	src := ""
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPER
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 10 || unescape(fields[4]) != dir {
+			continue
+		}
+		for i, x := range fields {
+			if x == "-" && i+2 < len(fields) {
+				src = fields[i+2] // the last mount on dir wins
+			}
+		}
+	}
+	return src
+}
+
+// unescape undoes mountinfo's octal escapes (\040 for a space).
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// Mounted reports whether dir is a mount point.
+func Mounted(dir string) bool { return mountSource(dir) != "" }
+
+// Unmount unmounts dir and everything below it; a dir that is not mounted
+// is not an error. Equivalent to `umount -R DIR` (lazily, `umount -R -l`,
+// when busy).
+func Unmount(ctx context.Context, dir string) error {
+	if !Mounted(dir) {
+		return nil
+	}
+	out, err := exec.CommandContext(ctx, "umount", "-R", dir).CombinedOutput()
+	if err != nil {
+		out2, err2 := exec.CommandContext(ctx, "umount", "-R", "-l", dir).CombinedOutput()
+		if err2 != nil {
+			return fmt.Errorf("umount %s: %v: %s; lazily: %s", dir, err, strings.TrimSpace(string(out)), strings.TrimSpace(string(out2)))
+		}
+	}
+	return nil
+}
+
+// DetachLoop detaches the loop device when it is still attached to the
+// file backing. Equivalent to `losetup -d LOOP`.
+func DetachLoop(ctx context.Context, loop, backing string) error {
+	name := filepath.Base(loop)
+	var bf []byte
+	var err error
+	for range 20 { // autoclear detaches right after the last unmount
+		bf, err = os.ReadFile(filepath.Join("/sys/block", name, "loop/backing_file"))
+		if err != nil {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if strings.TrimSuffix(strings.TrimSpace(string(bf)), " (deleted)") != backing {
+		return nil
+	}
+	out, err := exec.CommandContext(ctx, "losetup", "-d", loop).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("losetup -d %s: %w: %s", loop, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// Hierarchies are the mounted cgroup hierarchies (each v1 controller
+// mount once, and the v2 one).
+func Hierarchies() []string {
+	entries, err := os.ReadDir("/sys/fs/cgroup")
+	if err != nil {
+		return nil
+	}
+	var hs []string
+	seen := map[string]bool{}
+	for _, e := range entries {
+		real, err := filepath.EvalSymlinks(filepath.Join("/sys/fs/cgroup", e.Name()))
+		if err != nil || seen[real] {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(real, "cgroup.procs")); err != nil {
+			continue
+		}
+		seen[real] = true
+		hs = append(hs, real)
+	}
+	return hs
+}
+
+// cgroupTree lists dir and its descendants, deepest first.
+func cgroupTree(dir string) []string {
+	var sub []string
+	_ = filepath.WalkDir(dir, func(p string, e os.DirEntry, err error) error {
+		if err == nil && e.IsDir() {
+			sub = append(sub, p)
+		}
+		return nil
+	})
+	slices.Reverse(sub)
+	return sub
+}
+
+// KillCgroup sends SIGKILL to every process in the cgroup dir and below,
+// until none is left (at most 5 s).
+func KillCgroup(dir string) {
+	for range 50 {
+		n := 0
+		for _, d := range cgroupTree(dir) {
+			b, _ := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+					n++
+				}
+			}
+		}
+		if n == 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// RemoveCgroup removes the cgroup dir and everything below it, deepest
+// first; a missing cgroup is not an error. Equivalent to `find DIR -depth
+// -type d -exec rmdir {} \;`.
+func RemoveCgroup(dir string) error {
+	var err error
+	for range 20 {
+		err = nil
+		for _, d := range cgroupTree(dir) {
+			if e := syscall.Rmdir(d); e != nil && !errors.Is(e, syscall.ENOENT) {
+				err = fmt.Errorf("rmdir %s: %w", d, e)
+			}
+		}
+		if err == nil {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return err
+}
+
+// Remove undoes one resource a machine (or the rack) created: kills a
+// process, unmounts, detaches a loop device, removes a cgroup, a
+// directory, a network namespace or a link. Resources that are already
+// gone are not an error, so Remove can run again after a partial
+// teardown.
+func Remove(ctx context.Context, r Resource) error {
+	switch r.Kind {
+	case KindPID:
+		return KillProcess(r.Value)
+	case KindMount:
+		return Unmount(ctx, r.Value)
+	case KindLoop:
+		loop, backing, _ := strings.Cut(r.Value, "=")
+		return DetachLoop(ctx, loop, backing)
+	case KindCgroup:
+		KillCgroup(r.Value)
+		return RemoveCgroup(r.Value)
+	case KindDir:
+		return os.RemoveAll(r.Value)
+	case KindNetns:
+		if _, err := os.Stat("/run/netns/" + r.Value); err != nil {
+			return nil
+		}
+		return ip(ctx, "netns", "del", r.Value)
+	case KindLink:
+		if _, err := os.Stat("/sys/class/net/" + r.Value); err != nil {
+			return nil
+		}
+		return ip(ctx, "link", "del", r.Value)
+	}
+	return errdefs.InvalidArgument("resource kind %q unknown", r.Kind)
+}
