@@ -101,7 +101,7 @@ type Controller struct {
 	elector  *election.Elector
 	enroll   *enrollment.Service
 	sealer   *seal.Sealer
-	adminCfg string
+	cert     tls.Certificate
 }
 
 // New checks cfg and returns a controller ready to Run. It returns
@@ -172,6 +172,12 @@ func (c *Controller) Store() *store.Store { c.mu.Lock(); defer c.mu.Unlock(); re
 // AdminConfigPath is the admin kilnconfig file; valid after Ready.
 func (c *Controller) AdminConfigPath() string { return filepath.Join(c.cfg.DataDir, AdminConfigName) }
 
+// Certificate is the controller's own certificate (role controller,
+// identity pki.ControllerName), issued at start: the API's server
+// certificate and the client certificate it presents to agents (see
+// agent/client.Dial); valid after Ready.
+func (c *Controller) Certificate() tls.Certificate { c.mu.Lock(); defer c.mu.Unlock(); return c.cert }
+
 // IsLeader reports whether this replica runs the reconcilers now.
 func (c *Controller) IsLeader() bool {
 	c.mu.Lock()
@@ -196,7 +202,7 @@ func (c *Controller) CreateToken(ctx context.Context, ttl time.Duration, host, d
 // Run starts etcd (or connects to it), loads or creates the CA, writes the
 // admin kilnconfig, serves the API and campaigns for leadership until ctx
 // ends. It returns nil after ctx ends and a shutdown, or the error that
-// stopped it.
+// stopped it. Call it once.
 func (c *Controller) Run(ctx context.Context) error {
 	client, closeEtcd, err := c.openEtcd(ctx)
 	if err != nil {
@@ -246,6 +252,7 @@ func (c *Controller) Run(ctx context.Context) error {
 
 	c.mu.Lock()
 	c.addr, c.ca, c.store, c.elector, c.enroll = addr, ca, st, elector, enr
+	c.cert = serverTLS.Certificates[0]
 	c.mu.Unlock()
 
 	serveErr := make(chan error, 1)

@@ -408,6 +408,11 @@ func TestAgentIdentity(t *testing.T) {
 	}
 
 	// The controller's own client identity may not call the API either.
+	own := env.Controller.Certificate()
+	require.NotNil(t, own.Leaf)
+	if role, name, err := pki.Identity(own.Leaf); err != nil || role != pki.RoleController || name != pki.ControllerName {
+		t.Errorf("controller certificate identity = %s/%s (%v), want controller/%s", role, name, err, pki.ControllerName)
+	}
 	ctrlCert, ctrlKey, err := env.Controller.CA().Issue(pki.RoleController, pki.ControllerName, nil, time.Hour, time.Now())
 	require.NoError(t, err)
 	connC := env.DialCert(t, ctrlCert, ctrlKey)

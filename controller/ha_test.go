@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kilnhq/kiln/controller/election"
 	"github.com/kilnhq/kiln/controller/kilnconfig"
@@ -94,6 +95,7 @@ type process struct {
 	id      string
 	cmd     *exec.Cmd
 	addr    string
+	caHash  string
 	dataDir string
 	stderr  string
 }
@@ -125,19 +127,26 @@ func startProcess(t *testing.T, bin, id, keyFile string, endpoints []string) *pr
 			t.Logf("controller %s stderr:\n%s", id, b)
 		}
 	})
-	addrc := make(chan string, 1)
+	// The controller prints "kiln-controller VERSION serving on ADDR"
+	// then "CA hash: sha256:...".
+	addrc := make(chan [2]string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
+		var addr string
 		for sc.Scan() {
 			if a, ok := strings.CutPrefix(sc.Text(), "kiln-controller "); ok {
 				if _, after, ok := strings.Cut(a, " serving on "); ok {
-					addrc <- after
+					addr = after
 				}
+			}
+			if h, ok := strings.CutPrefix(sc.Text(), "CA hash: "); ok {
+				addrc <- [2]string{addr, h}
 			}
 		}
 	}()
 	select {
-	case p.addr = <-addrc:
+	case got := <-addrc:
+		p.addr, p.caHash = got[0], got[1]
 	case <-time.After(90 * time.Second):
 		b, _ := os.ReadFile(p.stderr)
 		t.Fatalf("controller %s did not serve within 90s; stderr:\n%s", id, b)
@@ -216,6 +225,9 @@ func TestHAFailover(t *testing.T) {
 	}
 	wg.Wait()
 	require.Len(t, procs, 2)
+	if procs["c1"].caHash != procs["c2"].caHash || !strings.HasPrefix(procs["c1"].caHash, "sha256:") {
+		t.Errorf("replicas started together print CA hashes %q and %q, want one CA", procs["c1"].caHash, procs["c2"].caHash)
+	}
 
 	client, err := store.Dial(endpoints, nil)
 	require.NoError(t, err)
@@ -269,10 +281,13 @@ func TestHAFailover(t *testing.T) {
 		t.Errorf("List after failover = %d hosts, want 2", len(list.GetItems()))
 	}
 
-	// Lose one of three etcd members: quorum stays, the controller serves.
+	// Lose one of three etcd members, the raft leader (the hard case: the
+	// others must elect a new one): quorum stays, the controller serves.
+	lead := etcdLeader(ctx, t, client, endpoints)
+	t.Logf("stopping etcd member %d (raft leader)", lead)
 	lost := time.Now()
-	members[0].Close()
-	members[0] = nil
+	members[lead].Close()
+	members[lead] = nil
 	eventually(ctx, t, "apply with one etcd member down", func(ctx context.Context) error {
 		_, err := sb.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{host("ha-03", "")}})
 		return err
@@ -281,7 +296,7 @@ func TestHAFailover(t *testing.T) {
 		list, err = sb.List(ctx, &controllerv1.ListRequest{Kind: "hosts"})
 		return err
 	})
-	t.Logf("apply and list served %v after losing an etcd member", time.Since(lost).Round(time.Millisecond))
+	t.Logf("apply and list served %v after losing the etcd raft leader", time.Since(lost).Round(time.Millisecond))
 	if len(list.GetItems()) != 3 {
 		t.Errorf("List with one etcd member down = %d hosts, want 3", len(list.GetItems()))
 	}
@@ -299,4 +314,18 @@ func readFile(t *testing.T, path string) string {
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
 	return string(b)
+}
+
+// etcdLeader returns the index of the endpoint whose member leads raft.
+func etcdLeader(ctx context.Context, t *testing.T, client *clientv3.Client, endpoints []string) int {
+	t.Helper()
+	for i, ep := range endpoints {
+		st, err := client.Status(ctx, ep)
+		require.NoError(t, err)
+		if st.Header.MemberId == st.Leader {
+			return i
+		}
+	}
+	t.Fatalf("no etcd member reports itself leader")
+	return -1
 }
