@@ -93,15 +93,15 @@ type Controller struct {
 	cfg Config
 	log *slog.Logger
 
-	ready    chan struct{}
-	mu       sync.Mutex
-	addr     string
-	ca       *pki.CA
-	store    *store.Store
-	elector  *election.Elector
-	enroll   *enrollment.Service
-	sealer   *seal.Sealer
-	cert     tls.Certificate
+	ready   chan struct{}
+	mu      sync.Mutex
+	addr    string
+	ca      *pki.CA
+	store   *store.Store
+	elector *election.Elector
+	enroll  *enrollment.Service
+	sealer  *seal.Sealer
+	cert    tls.Certificate
 }
 
 // New checks cfg and returns a controller ready to Run. It returns
