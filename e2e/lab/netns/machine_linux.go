@@ -568,9 +568,9 @@ func (m *Machine) startDisk(ctx context.Context) error {
 		return err
 	}
 	m.o.Track(Resource{KindMount, m.mnt})
-	out, err := exec.CommandContext(ctx, "systemd-dissect", "--mount", m.disk, m.mnt).CombinedOutput()
-	if err != nil {
-		return &notBootable{fmt.Sprintf("disk is not bootable: systemd-dissect: %s", strings.TrimSpace(string(out)))}
+	if err := mountDisk(ctx, m.disk, m.mnt); err != nil {
+		m.unmount(ctx) // systemd-dissect can leave the root mounted when the ESP fails
+		return &notBootable{"disk is not bootable: " + err.Error()}
 	}
 	if loop := mountSource(m.mnt); strings.HasPrefix(loop, "/dev/loop") {
 		m.o.Track(Resource{KindLoop, loop + "=" + m.disk})
