@@ -3,6 +3,7 @@ package controller_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -39,8 +40,34 @@ func buildController(t *testing.T, dir string) string {
 	return bin
 }
 
-// etcdCluster starts n embedded etcd members on loopback.
-func etcdCluster(ctx context.Context, t *testing.T, n int) []*store.Embedded {
+// etcdMemberEnv, when set in the environment, makes the test binary run
+// one embedded etcd member described by its JSON value instead of the
+// tests (see TestMain), so the HA test can SIGKILL a member.
+const etcdMemberEnv = "KILN_TEST_ETCD_MEMBER"
+
+// runEtcdMember runs the member described by spec until the process is
+// killed. It prints "ready" when the member serves.
+func runEtcdMember(spec string) {
+	var cfg store.EmbeddedConfig
+	if err := json.Unmarshal([]byte(spec), &cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "etcd member:", err)
+		os.Exit(2)
+	}
+	// Generous raft timing: two shared cores also build and run two
+	// controllers.
+	cfg.HeartbeatInterval = 200 * time.Millisecond
+	cfg.ElectionTimeout = 2 * time.Second
+	if _, err := store.StartEmbedded(context.Background(), cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "etcd member:", err)
+		os.Exit(1)
+	}
+	fmt.Println("ready")
+	select {}
+}
+
+// etcdCluster starts n etcd members on loopback, each in its own process
+// (the test binary re-executed), and returns the processes.
+func etcdCluster(ctx context.Context, t *testing.T, n int) (procs []*exec.Cmd, endpoints []string) {
 	t.Helper()
 	names := make([]string, n)
 	peers := make([]string, n)
@@ -55,39 +82,49 @@ func etcdCluster(ctx context.Context, t *testing.T, n int) []*store.Embedded {
 	}
 	initial := store.InitialCluster(names, peers)
 	dir := t.TempDir()
-	members := make([]*store.Embedded, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
+	ready := make(chan error, n)
 	for i := range n {
-		wg.Add(1)
+		spec, err := json.Marshal(store.EmbeddedConfig{
+			DataDir:        filepath.Join(dir, names[i]),
+			Name:           names[i],
+			ClientURL:      clients[i],
+			PeerURL:        peers[i],
+			InitialCluster: initial,
+			ClusterToken:   "kiln-ha-test",
+		})
+		require.NoError(t, err)
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), etcdMemberEnv+"="+string(spec))
+		cmd.Stderr = os.Stderr
+		out, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		})
 		go func() {
-			defer wg.Done()
-			members[i], errs[i] = store.StartEmbedded(ctx, store.EmbeddedConfig{
-				DataDir:        filepath.Join(dir, names[i]),
-				Name:           names[i],
-				ClientURL:      clients[i],
-				PeerURL:        peers[i],
-				InitialCluster: initial,
-				ClusterToken:   "kiln-ha-test",
-				// Generous raft timing: two shared cores also build and
-				// run two controllers.
-				HeartbeatInterval: 200 * time.Millisecond,
-				ElectionTimeout:   2 * time.Second,
-			})
-		}()
-	}
-	wg.Wait()
-	for i := range n {
-		require.NoError(t, errs[i], "etcd member %s", names[i])
-	}
-	t.Cleanup(func() {
-		for _, m := range members {
-			if m != nil {
-				m.Close()
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				if sc.Text() == "ready" {
+					ready <- nil
+					return
+				}
 			}
+			ready <- fmt.Errorf("etcd member %s exited before it was ready", names[i])
+		}()
+		procs = append(procs, cmd)
+	}
+	// Members of a new cluster start together: none is ready without a quorum.
+	for range n {
+		select {
+		case err := <-ready:
+			require.NoError(t, err)
+		case <-ctx.Done():
+			t.Fatalf("etcd cluster not ready: %v", ctx.Err())
 		}
-	})
-	return members
+	}
+	return procs, clients
 }
 
 // process is a kiln-controller child process.
@@ -186,6 +223,14 @@ func eventually(ctx context.Context, t *testing.T, what string, op func(ctx cont
 	}
 }
 
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(etcdMemberEnv); spec != "" {
+		runEtcdMember(spec)
+		return
+	}
+	os.Exit(m.Run())
+}
+
 // TestHAFailover runs a three-member etcd and two kiln-controller
 // processes on it, kills the leading controller with SIGKILL, and checks
 // that the other takes over and the API keeps serving; then it stops one
@@ -201,11 +246,7 @@ func TestHAFailover(t *testing.T) {
 	defer cancel()
 
 	bin := buildController(t, t.TempDir())
-	members := etcdCluster(ctx, t, 3)
-	var endpoints []string
-	for _, m := range members {
-		endpoints = append(endpoints, m.Endpoints()...)
-	}
+	members, endpoints := etcdCluster(ctx, t, 3)
 	keyFile := filepath.Join(t.TempDir(), "secret.key")
 	_, err := seal.LoadOrCreateKey(keyFile)
 	require.NoError(t, err)
@@ -281,13 +322,14 @@ func TestHAFailover(t *testing.T) {
 		t.Errorf("List after failover = %d hosts, want 2", len(list.GetItems()))
 	}
 
-	// Lose one of three etcd members, the raft leader (the hard case: the
-	// others must elect a new one): quorum stays, the controller serves.
+	// kill -9 one of three etcd members, the raft leader (the hard case:
+	// the others must notice and elect a new one): quorum stays, the
+	// controller serves.
 	lead := etcdLeader(ctx, t, client, endpoints)
-	t.Logf("stopping etcd member %d (raft leader)", lead)
+	t.Logf("killing etcd member %d (raft leader, pid %d)", lead, members[lead].Process.Pid)
 	lost := time.Now()
-	members[lead].Close()
-	members[lead] = nil
+	require.NoError(t, members[lead].Process.Signal(syscall.SIGKILL))
+	_ = members[lead].Wait()
 	eventually(ctx, t, "apply with one etcd member down", func(ctx context.Context) error {
 		_, err := sb.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{host("ha-03", "")}})
 		return err
