@@ -46,7 +46,7 @@ func newRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newKubeTools(), newArchives(), notYet("build", "Build a golden image from image.yaml", "build golden images"),
-		notYet("bootmedia", "Build the agent's initramfs and ISO", "build agent boot media"), newVersion())
+		newBootMedia(), newVersion())
 	return root
 }
 
