@@ -1,0 +1,157 @@
+package golden
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kilnhq/kiln/controller/validation"
+	"github.com/kilnhq/kiln/imagebuilder/manifest"
+	"github.com/kilnhq/kiln/imagebuilder/spec"
+	resources "github.com/kilnhq/kiln/internal/manifest"
+)
+
+func mustSpec(t *testing.T, y string) *spec.Spec {
+	t.Helper()
+	s, err := spec.Parse([]byte(y))
+	require.NoError(t, err)
+	require.NoError(t, s.Validate("v1.34.4"))
+	return s
+}
+
+func TestPackages(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want string
+	}{
+		{"minimal: true\nagent: x\n", ""},
+		{"minimal: true\nagent: x\npackages: [vim-tiny, less, vim-tiny]\n", "less vim-tiny"},
+		{"kubernetesVersion: v1.34.4\nagent: x\n", "conntrack containerd containernetworking-plugins ethtool initramfs-tools iptables kmod linux-image-amd64 procps runc socat"},
+		{"kubernetesVersion: v1.34.4\nagent: x\nkernel: none\npackages: [kmod]\n", "conntrack containerd containernetworking-plugins ethtool iptables kmod procps runc socat"},
+	} {
+		got := strings.Join(Packages(mustSpec(t, tc.yaml)), " ")
+		if got != tc.want {
+			t.Errorf("Packages(%q) = %q, want %q", tc.yaml, got, tc.want)
+		}
+	}
+}
+
+func TestBakedPrep(t *testing.T) {
+	s := mustSpec(t, "kubernetesVersion: v1.34.4\nagent: x\nmodules: [ip_vs, overlay]\nsysctls: {net.ipv4.ip_forward: \"1\", vm.max_map_count: \"262144\"}\n")
+	if got, want := ModulesLoad(s), "br_netfilter\noverlay\nip_vs\n"; !strings.HasSuffix(got, want) {
+		t.Errorf("ModulesLoad() = %q, want it to end with %q", got, want)
+	}
+	sys := Sysctls(s)
+	for _, want := range []string{"net.bridge.bridge-nf-call-iptables = 1\n", "net.bridge.bridge-nf-call-ip6tables = 1\n", "vm.max_map_count = 262144\n"} {
+		if !strings.Contains(sys, want) {
+			t.Errorf("Sysctls() = %q, want it to contain %q", sys, want)
+		}
+	}
+	if n := strings.Count(sys, "net.ipv4.ip_forward"); n != 1 {
+		t.Errorf("Sysctls() sets ip_forward %d times, want once", n)
+	}
+	for _, tc := range []struct {
+		driver string
+		want   string
+	}{{"systemd", "SystemdCgroup = true"}, {"cgroupfs", "SystemdCgroup = false"}} {
+		if got := ContainerdConfig(tc.driver, "registry.k8s.io/pause:3.10.1"); !strings.Contains(got, tc.want) || !strings.Contains(got, `sandbox_image = "registry.k8s.io/pause:3.10.1"`) {
+			t.Errorf("ContainerdConfig(%q) = %q, want %q and the pause image", tc.driver, got, tc.want)
+		}
+	}
+	if strings.Contains(Fstab, "swap") && !strings.Contains(Fstab, "No swap") {
+		t.Errorf("Fstab has a swap entry: %q", Fstab)
+	}
+}
+
+func TestFiles(t *testing.T) {
+	s := mustSpec(t, "kubernetesVersion: v1.34.4\nagent: x\n")
+	kube := &kubeFiles{bins: []named{{"kubeadm", "/c/kubeadm"}}, archives: []named{{"pause.tar", "/c/pause.tar"}}, pause: "registry.k8s.io/pause:3.10.1"}
+	got := map[string]string{}
+	for _, f := range files(s, "/bin/agent", kube, "TAG=x\n") {
+		got[f.Path] = f.Symlink + f.Source
+	}
+	for path, want := range map[string]string{
+		AgentPath: "/bin/agent",
+		"/etc/systemd/system/multi-user.target.wants/kiln-agent.service":         "/etc/systemd/system/kiln-agent.service",
+		"/etc/systemd/system/multi-user.target.wants/kubelet.service":            "/lib/systemd/system/kubelet.service",
+		"/etc/systemd/system/multi-user.target.wants/kiln-import-images.service": "/etc/systemd/system/kiln-import-images.service",
+		"/etc/systemd/system/sysinit.target.wants/cgroup-rw.service":             "/etc/systemd/system/cgroup-rw.service",
+		"/usr/bin/kubeadm":       "/c/kubeadm",
+		ImagesDir + "/pause.tar": "/c/pause.tar",
+		"/etc/machine-id":        "",
+		"/etc/systemd/system/kubelet.service.d/10-kubeadm.conf": "",
+	} {
+		if g, ok := got[path]; !ok || g != want {
+			t.Errorf("files()[%q] = %q (present %v), want %q", path, g, ok, want)
+		}
+	}
+	min := mustSpec(t, "minimal: true\nagent: x\nlabCgroupRemount: false\n")
+	for _, f := range files(min, "/bin/agent", nil, "") {
+		if strings.Contains(f.Path, "kube") || strings.Contains(f.Path, "cgroup-rw") {
+			t.Errorf("minimal image without labCgroupRemount has %s", f.Path)
+		}
+	}
+}
+
+func TestParseDpkgStatus(t *testing.T) {
+	status := `Package: systemd
+Status: install ok installed
+Priority: important
+Version: 252.39-1~deb12u1
+Description: system and service manager
+ long text
+
+Package: removed-one
+Status: deinstall ok config-files
+Version: 1.0
+
+Package: base-files
+Status: install ok installed
+Version: 12.4+deb12u13
+`
+	got, err := ParseDpkgStatus(strings.NewReader(status))
+	require.NoError(t, err)
+	want := []manifest.Package{{Name: "base-files", Version: "12.4+deb12u13"}, {Name: "systemd", Version: "252.39-1~deb12u1"}}
+	require.Equal(t, want, got)
+}
+
+func TestImageResourceApplies(t *testing.T) {
+	m := &manifest.Manifest{
+		Tag: "debian12-k8s1.34.4-20251202", Format: manifest.FormatRawZst,
+		RawSize: 4 << 30, RawSHA256: strings.Repeat("a", 64), CompressedSize: 300 << 20, CompressedSHA256: strings.Repeat("b", 64),
+		OSVersion: "debian12", KubernetesVersion: "v1.34.4", KernelVersion: "6.1.0-41-amd64", PatchLevel: "20251201",
+		BuildDate: time.Unix(1764633600, 0),
+	}
+	y, err := ImageResource(m, "https://images.example.com/kiln")
+	require.NoError(t, err)
+	docs, err := resources.Decode("image.yaml", y)
+	require.NoError(t, err, "%s", y)
+	require.Len(t, docs, 1)
+	if err := validation.Validate(docs[0].Resource); err != nil {
+		t.Fatalf("validation.Validate(%s) = %v, want nil", y, err)
+	}
+	img := docs[0].Resource.GetImage()
+	if got, want := img.GetSpec().GetUrl(), "https://images.example.com/kiln/debian12-k8s1.34.4-20251202.raw.zst"; got != want {
+		t.Errorf("url = %q, want %q", got, want)
+	}
+	if got, want := img.GetSpec().GetManifestUrl(), "https://images.example.com/kiln/debian12-k8s1.34.4-20251202.json"; got != want {
+		t.Errorf("manifestUrl = %q, want %q", got, want)
+	}
+	if img.GetSpec().GetSha256() != m.CompressedSHA256 || img.GetSpec().GetSize() != m.CompressedSize || img.GetSpec().GetRawSize() != m.RawSize {
+		t.Errorf("image spec %v does not carry the compressed hash and sizes of %+v", img.GetSpec(), m)
+	}
+	if got := img.GetMetadata().GetName(); got != m.Tag {
+		t.Errorf("name = %q, want %q", got, m.Tag)
+	}
+}
+
+func TestGrubConfig(t *testing.T) {
+	got := GrubConfig("4F68BCE3-0000-4000-8000-000000000000")
+	for _, want := range []string{"root=PARTUUID=4f68bce3-0000-4000-8000-000000000000", "linux /vmlinuz", "initrd /initrd.img", "search --no-floppy --file --set=root /kiln-esp.marker"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("GrubConfig() = %q, want it to contain %q", got, want)
+		}
+	}
+}
