@@ -5,9 +5,11 @@ import (
 	"log/slog"
 
 	"github.com/kilnhq/kiln/agent/journal"
+	"github.com/kilnhq/kiln/agent/kubeadm"
 	"github.com/kilnhq/kiln/agent/lay"
 	"github.com/kilnhq/kiln/agent/preflight"
 	"github.com/kilnhq/kiln/agent/prep"
+	"github.com/kilnhq/kiln/agent/probe"
 	"github.com/kilnhq/kiln/agent/server"
 	"github.com/kilnhq/kiln/host"
 	"github.com/kilnhq/kiln/host/command"
@@ -17,11 +19,13 @@ import (
 )
 
 // services builds the agent API's implementations. Operations that have
-// no implementation yet (Kubeadm*, Probe, WriteIdentity,
-// Reboot) are left nil: the API answers Unimplemented for them.
+// no implementation yet (WriteIdentity, Reboot) are left nil: the API
+// answers Unimplemented for them.
 func services(root string, j *journal.Journal, log *slog.Logger) server.Options {
 	layer := lay.New(log)
 	return server.Options{
+		Kubeadm:     kubeadm.New(kubeadm.Options{Root: root, Runner: kubeadm.Exec{}, Log: log}),
+		Prober:      probe.New(probe.Options{Root: root, Log: log}),
 		Journal:     j,
 		Facts:       facter{root: root},
 		Preparer:    preparer{p: prep.New(root, command.Exec{}, log)},
@@ -86,3 +90,8 @@ func progressTo(emit server.Emit) func(*agentv1.Progress) {
 		emit(&agentv1.OperationEvent{Message: p.GetStep(), Progress: p})
 	}
 }
+
+var (
+	_ server.Kubeadm = (*kubeadm.Kubeadm)(nil)
+	_ server.Prober  = (*probe.Prober)(nil)
+)
