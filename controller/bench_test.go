@@ -7,11 +7,13 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/kilnhq/kiln/controller/controllertest"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
 // BenchmarkApplyList10kHosts applies 10,000 Hosts (each with a BMC
@@ -99,4 +101,40 @@ func rssMiB() float64 {
 		}
 	}
 	return 0
+}
+
+// BenchmarkHeartbeat sends agent heartbeats (with facts) through the gRPC
+// API from 8 concurrent agents; each heartbeat rewrites its Host in etcd.
+// hb/s bounds the fleet size: hosts = hb/s × heartbeat interval.
+func BenchmarkHeartbeat(b *testing.B) {
+	const agents = 8
+	ctx := context.Background()
+	env := controllertest.Start(b)
+	clients := make([]controllerv1.AgentsClient, agents)
+	for i := range agents {
+		name := fmt.Sprintf("hb-%02d", i)
+		a, err := enroll(ctx, b, env, env.Token(b, name, time.Hour), name)
+		if err != nil {
+			b.Fatalf("enroll: %v", err)
+		}
+		clients[i] = controllerv1.NewAgentsClient(env.DialCert(b, a.certPEM, a.keyPEM))
+	}
+	facts := &typesv1.Facts{
+		Hostname: "hb", OsId: "debian", OsVersion: "12", Kernel: "6.1.0-28-amd64", CpuCount: 32, MemoryBytes: 128 << 30,
+		Disks: []*typesv1.Disk{{Name: "sda", Path: "/dev/sda", SizeBytes: 960 << 30}, {Name: "sdb", Path: "/dev/sdb", SizeBytes: 960 << 30}},
+		Nics:  []*typesv1.NIC{{Name: "eno1", Mac: "52:54:00:12:34:56", Mtu: 9000, Up: true, Addresses: []string{"10.0.0.5/24"}}},
+	}
+	var next atomic.Int64
+	b.SetParallelism(agents / 2) // GOMAXPROCS 2 → 8 goroutines
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		c := clients[int(next.Add(1)-1)%agents]
+		for pb.Next() {
+			if _, err := c.Heartbeat(ctx, &controllerv1.HeartbeatRequest{AgentAddress: "127.0.0.1:7444", Facts: facts, Version: "bench"}); err != nil {
+				b.Errorf("Heartbeat: %v", err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "hb/s")
 }

@@ -64,7 +64,7 @@ type agent struct {
 	keyPEM  []byte
 }
 
-func enroll(ctx context.Context, t *testing.T, env *controllertest.Env, token, hostName string) (*agent, error) {
+func enroll(ctx context.Context, t testing.TB, env *controllertest.Env, token, hostName string) (*agent, error) {
 	t.Helper()
 	keyPEM, csr, err := pki.NewKeyAndCSR(hostName)
 	require.NoError(t, err)
@@ -358,7 +358,7 @@ func TestEnrollmentTokens(t *testing.T) {
 	})
 }
 
-func parseCert(t *testing.T, certPEM []byte) *x509.Certificate {
+func parseCert(t testing.TB, certPEM []byte) *x509.Certificate {
 	t.Helper()
 	b, _ := pem.Decode(certPEM)
 	require.NotNil(t, b)
