@@ -228,6 +228,10 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 			}
 		}
 		if _, err := s.store.Create(ctx, k.Plural, name, obj); err != nil {
+			if errdefs.IsAlreadyExists(err) {
+				// Created meanwhile (an agent enrolled it): read it again.
+				return "", errdefs.Conflict("%s %q was created concurrently", k.Name, name)
+			}
 			return "", err
 		}
 		return Created, nil
@@ -265,6 +269,10 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 		}
 	}
 	if _, err := s.store.Update(ctx, k.Plural, name, next, rev); err != nil {
+		if errdefs.IsNotFound(err) && wantRV == "" {
+			// Deleted meanwhile: read it again (and create it).
+			return "", errdefs.Conflict("%s %q was deleted concurrently", k.Name, name)
+		}
 		return "", err
 	}
 	return Configured, nil
