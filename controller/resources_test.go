@@ -343,3 +343,31 @@ func TestExpiredTokensAreDeleted(t *testing.T) {
 		t.Errorf("Get(unexpired token) = %v, want it kept", err)
 	}
 }
+
+func TestApplyKeepsControllerStatus(t *testing.T) {
+	ctx := context.Background()
+	env := controllertest.Start(t)
+	_, err := enroll(ctx, t, env, env.Token(t, "byoh-01", time.Hour), "byoh-01")
+	require.NoError(t, err)
+	rc := resourcesClient(t, env, "operator")
+	before, err := rc.Get(ctx, &controllerv1.GetRequest{Kind: "hosts", Name: "byoh-01"})
+	require.NoError(t, err)
+
+	resp, err := rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{host("byoh-01", "pw")}})
+	require.NoError(t, err)
+	if got := resp.GetResults()[0].GetAction(); got != "configured" {
+		t.Errorf("Apply over an enrolled host: action %q, want configured", got)
+	}
+	after, err := rc.Get(ctx, &controllerv1.GetRequest{Kind: "hosts", Name: "byoh-01"})
+	require.NoError(t, err)
+	h := after.GetHost()
+	if h.GetStatus().GetState() != typesv1.HostState_HOST_STATE_REGISTERING || h.GetStatus().GetAgent().GetCertificateSerial() == "" {
+		t.Errorf("status after Apply = %v, want the enrolled status kept", h.GetStatus())
+	}
+	if h.GetMetadata().GetUid() != before.GetHost().GetMetadata().GetUid() {
+		t.Errorf("uid changed by Apply: %s -> %s", before.GetHost().GetMetadata().GetUid(), h.GetMetadata().GetUid())
+	}
+	if h.GetMetadata().GetGeneration() != 2 || h.GetSpec().GetBmc().GetProtocol() != "ipmi" {
+		t.Errorf("generation %d, bmc protocol %q; want 2 and ipmi", h.GetMetadata().GetGeneration(), h.GetSpec().GetBmc().GetProtocol())
+	}
+}
