@@ -371,3 +371,32 @@ func TestApplyKeepsControllerStatus(t *testing.T) {
 		t.Errorf("generation %d, bmc protocol %q; want 2 and ipmi", h.GetMetadata().GetGeneration(), h.GetSpec().GetBmc().GetProtocol())
 	}
 }
+
+func TestClusterCIDROverlappingAHostNetworkIsRefused(t *testing.T) {
+	ctx := context.Background()
+	env := controllertest.Start(t)
+	_, csr, err := pki.NewKeyAndCSR("net-01")
+	require.NoError(t, err)
+	_, err = controllerv1.NewEnrollmentClient(env.DialAnonymous(t)).Enroll(ctx, &controllerv1.EnrollRequest{
+		Token: env.Token(t, "net-01", time.Hour), CsrDer: csr, Host: "net-01",
+		Facts: &typesv1.Facts{
+			Nics:   []*typesv1.NIC{{Name: "eth0", Addresses: []string{"10.244.1.5/24", "fe80::1/64"}}},
+			Routes: []*typesv1.Route{{Destination: "0.0.0.0/0", Gateway: "10.244.1.1"}},
+		},
+	})
+	require.NoError(t, err)
+	rc := resourcesClient(t, env, "admin")
+	cluster := func(pod string) *controllerv1.Resource {
+		return &controllerv1.Resource{Kind: &controllerv1.Resource_Cluster{Cluster: &typesv1.Cluster{
+			Metadata: &typesv1.ObjectMeta{Name: "prod"},
+			Spec:     &typesv1.ClusterSpec{KubernetesVersion: "v1.34.4", PodCidr: pod, ServiceCidr: "10.96.0.0/12"},
+		}}}
+	}
+	_, err = rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{cluster("10.244.0.0/16")}})
+	if code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "10.244.1.0/24") {
+		t.Errorf("Apply(cluster podCidr 10.244.0.0/16 over host 10.244.1.5/24) = %v, want InvalidArgument naming 10.244.1.0/24", err)
+	}
+	// The default route and link-local addresses are not host networks.
+	_, err = rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{cluster("172.20.0.0/16")}})
+	require.NoError(t, err)
+}

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -207,6 +208,11 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 		observed.Current = k.Wrap(cur)
 	}
 	observed.ControlPlaneVersion = s.controlPlaneVersion(ctx, obj)
+	if _, ok := obj.(*typesv1.Cluster); ok {
+		if observed.Networks, err = s.hostNetworks(ctx); err != nil {
+			return "", err
+		}
+	}
 	if err := validation.ValidateAgainst(k.Wrap(obj), observed); err != nil {
 		return "", err
 	}
@@ -357,6 +363,48 @@ func (s *Service) controlPlaneVersion(ctx context.Context, obj proto.Message) st
 		return c.GetSpec().GetKubernetesVersion()
 	}
 	return ""
+}
+
+// hostNetworks collects the networks the agents report (NIC addresses and
+// route destinations, without default routes, loopback and link-local),
+// which a Cluster's pod and service CIDRs must not overlap.
+func (s *Service) hostNetworks(ctx context.Context) ([]netip.Prefix, error) {
+	seen := map[netip.Prefix]bool{}
+	var out []netip.Prefix
+	add := func(str string) {
+		p, err := netip.ParsePrefix(str)
+		if err != nil {
+			return
+		}
+		p = p.Masked()
+		if p.Bits() == 0 || p.Addr().IsLoopback() || p.Addr().IsLinkLocalUnicast() || seen[p] {
+			return
+		}
+		seen[p] = true
+		out = append(out, p)
+	}
+	cont := ""
+	for {
+		items, next, err := s.store.List(ctx, "hosts", func() proto.Message { return &typesv1.Host{} }, store.ListOptions{Limit: maxPage, Continue: cont})
+		if err != nil {
+			return nil, fmt.Errorf("host networks: %w", err)
+		}
+		for _, it := range items {
+			f := it.Msg.(*typesv1.Host).GetStatus().GetFacts()
+			for _, nic := range f.GetNics() {
+				for _, a := range nic.GetAddresses() {
+					add(a)
+				}
+			}
+			for _, r := range f.GetRoutes() {
+				add(r.GetDestination())
+			}
+		}
+		if next == "" {
+			return out, nil
+		}
+		cont = next
+	}
 }
 
 // Get returns one resource. It returns NotFound when there is none and
