@@ -240,6 +240,7 @@ func (l *Layer) layStream(ctx context.Context, t *target, url, format, wantSum s
 	hashedCh := make(chan chunk, l.depth)
 	h := sha256.New()
 	w := newWriter(t, zeroed, l.blockSize)
+	var w2 *writer // the second writer of a raw stream
 
 	var fetchErr error // the cause, when a later stage fails because of it
 	g.spawn(func(ctx context.Context) error {
@@ -269,7 +270,11 @@ func (l *Layer) layStream(ctx context.Context, t *target, url, format, wantSum s
 			return nil
 		})
 	} else {
+		// Two writers keep two writes in flight: O_DIRECT writes wait for
+		// the disk, and chunks land at their own offsets in any order.
+		w2 = newWriter(t, zeroed, l.blockSize)
 		g.spawn(func(ctx context.Context) error { return l.drain(ctx, w, hashedCh) })
+		g.spawn(func(ctx context.Context) error { return l.drain(ctx, w2, hashedCh) })
 	}
 	if err := g.wait(); err != nil {
 		// A broken stream makes the decoder fail too: report the cause.
@@ -277,6 +282,9 @@ func (l *Layer) layStream(ctx context.Context, t *target, url, format, wantSum s
 			err = fetchErr
 		}
 		return nil, fmt.Errorf("lay %q: %w", t.path, err)
+	}
+	if w2 != nil {
+		w.end, w.written = max(w.end, w2.end), w.written+w2.written
 	}
 	if s.end >= 0 && s.off < s.end {
 		return nil, errdefs.Unavailable("lay %q: stream truncated at %d of %d bytes", t.path, s.off, s.end)
