@@ -30,22 +30,16 @@ cat "$dir"/dense.raw "$dir"/sparse.raw "$dir"/sparse.raw.zst >/dev/null
 
 tgt="$dir/target.img"
 
-# measure NAME CMD...: runs CMD $runs times on a fresh target, prints the
-# median seconds.
-measure() {
+# once NAME CMD...: runs CMD once on a fresh target and appends
+# "NAME SECONDS" to the results.
+once() {
 	local name=$1; shift
-	local times=()
-	for _ in $(seq "$runs"); do
-		rm -f "$tgt"; sync
-		local t0 t1
-		t0=$(date +%s.%N)
-		"$@" >/dev/null 2>"$dir/err" || { cat "$dir/err" >&2; echo "$name failed" >&2; exit 1; }
-		t1=$(date +%s.%N)
-		times+=("$(echo "$t1 - $t0" | bc)")
-	done
-	local median
-	median=$(printf '%s\n' "${times[@]}" | sort -n | sed -n "$(( (runs + 1) / 2 ))p")
-	echo "$name $median ${times[*]}"
+	rm -f "$tgt"; sync
+	local t0 t1
+	t0=$(date +%s.%N)
+	"$@" >/dev/null 2>"$dir/err" || { cat "$dir/err" >&2; echo "$name failed" >&2; exit 1; }
+	t1=$(date +%s.%N)
+	echo "$name $(echo "$t1 - $t0" | bc)" | tee -a "$dir/times" >&2
 }
 
 lay() { "$dir/laybench" lay -target "$tgt" "$@"; }
@@ -55,24 +49,37 @@ qemu() { qemu-img convert -f raw -O raw "$1" "$tgt" && sync "$tgt"; }
 bmap() { bmaptool -q copy --bmap "$dir/sparse.bmap" "$1" "$tgt"; }
 unzst() { zstd -q -d -f --sparse "$1" -o "$tgt" && sync "$tgt"; }
 
-{
-measure "dense/dd" dd_plain "$dir/dense.raw"
-measure "dense/dd-sparse" dd_sparse "$dir/dense.raw"
-measure "dense/qemu-img" qemu "$dir/dense.raw"
-measure "dense/kiln-lay-stream" lay -image "$dir/dense.raw" -sha256 "$dense_sha" -raw-size "$size"
-measure "dense/kiln-lay-blockmap" lay -image "$dir/dense.raw" -manifest "$dir/dense.json"
-measure "sparse20/dd" dd_plain "$dir/sparse.raw"
-measure "sparse20/dd-sparse" dd_sparse "$dir/sparse.raw"
-measure "sparse20/qemu-img" qemu "$dir/sparse.raw"
-measure "sparse20/bmaptool" bmap "$dir/sparse.raw"
-measure "sparse20/kiln-lay-stream" lay -image "$dir/sparse.raw" -sha256 "$sparse_sha" -raw-size "$size"
-measure "sparse20/kiln-lay-blockmap" lay -image "$dir/sparse.raw" -manifest "$dir/sparse.json"
-measure "sparse20.zst/zstd-d" unzst "$dir/sparse.raw.zst"
-measure "sparse20.zst/kiln-lay" lay -image "$dir/sparse.raw.zst" -format raw.zst -sha256 "$zst_sha" -raw-size "$size"
-} | tee "$dir/results" >&2
+# Rounds go over every case in turn, so that load from other users of the
+# machine spreads over all tools rather than hitting one.
+for _ in $(seq "$runs"); do
+	once "dense/dd" dd_plain "$dir/dense.raw"
+	once "dense/dd-sparse" dd_sparse "$dir/dense.raw"
+	once "dense/qemu-img" qemu "$dir/dense.raw"
+	once "dense/kiln-lay-stream" lay -image "$dir/dense.raw" -sha256 "$dense_sha" -raw-size "$size"
+	once "dense/kiln-lay-blockmap" lay -image "$dir/dense.raw" -manifest "$dir/dense.json"
+	once "sparse20/dd" dd_plain "$dir/sparse.raw"
+	once "sparse20/dd-sparse" dd_sparse "$dir/sparse.raw"
+	once "sparse20/qemu-img" qemu "$dir/sparse.raw"
+	once "sparse20/bmaptool" bmap "$dir/sparse.raw"
+	once "sparse20/kiln-lay-stream" lay -image "$dir/sparse.raw" -sha256 "$sparse_sha" -raw-size "$size"
+	once "sparse20/kiln-lay-blockmap" lay -image "$dir/sparse.raw" -manifest "$dir/sparse.json"
+	once "sparse20.zst/zstd-d" unzst "$dir/sparse.raw.zst"
+	once "sparse20.zst/kiln-lay" lay -image "$dir/sparse.raw.zst" -format raw.zst -sha256 "$zst_sha" -raw-size "$size"
+done
+
+# NAME MEDIAN RUN1 RUN2 ..., in the order of the first round.
+awk '{ if (!($1 in n)) order[k++] = $1; t[$1, n[$1]++] = $2 }
+END {
+	for (i = 0; i < k; i++) {
+		name = order[i]; m = n[name]; line = ""
+		for (j = 0; j < m; j++) { v[j] = t[name, j]; line = line " " sprintf("%.2f", v[j]) }
+		for (a = 0; a < m; a++) for (b = a + 1; b < m; b++) if (v[b] < v[a]) { x = v[a]; v[a] = v[b]; v[b] = x }
+		printf "%s %.2f%s\n", name, v[int((m - 1) / 2)], line
+	}
+}' "$dir/times" >"$dir/results"
 
 echo
-echo "| case | tool | median s | runs (s) |"
+echo "| case | tool | median s | runs (s), in round order |"
 echo "|---|---|---|---|"
 while read -r name median rest; do
 	echo "| ${name%%/*} | ${name#*/} | $median | $rest |"
