@@ -9,8 +9,10 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -31,6 +33,7 @@ import (
 	"github.com/kilnhq/kiln/controller/kilnconfig"
 	"github.com/kilnhq/kiln/controller/resources"
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/internal/backoff"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/pki"
 	"github.com/kilnhq/kiln/internal/seal"
@@ -211,7 +214,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer closeEtcd()
 	st := store.New(client, store.WithSealer(c.sealer), store.WithLogger(c.log))
 
-	ca, err := loadOrCreateCA(ctx, st, c.sealer, c.cfg.Clock())
+	ca, err := c.waitForCA(ctx, st)
 	if err != nil {
 		return fmt.Errorf("controller: %w", err)
 	}
@@ -290,6 +293,29 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	c.log.Info("controller stopped")
 	return err
+}
+
+// waitForCA loads or creates the CA, waiting (with backoff) while etcd is
+// unavailable, as it is when replicas start before their etcd cluster has
+// a quorum.
+func (c *Controller) waitForCA(ctx context.Context, st *store.Store) (*pki.CA, error) {
+	retry := backoff.Policy{Base: 500 * time.Millisecond, Max: 10 * time.Second, Factor: 2, Jitter: 0.2}
+	rnd := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	for attempt := 0; ; attempt++ {
+		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		ca, err := loadOrCreateCA(octx, st, c.sealer, c.cfg.Clock())
+		cancel()
+		if err == nil || ctx.Err() != nil || !(errdefs.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded)) {
+			return ca, err
+		}
+		d := retry.Delay(attempt, rnd)
+		c.log.Warn("etcd unavailable, retrying", "err", err, "retry_in", d)
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(d):
+		}
+	}
 }
 
 // etcdURLFile records the client URL of the embedded etcd while the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/pem"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,6 +23,7 @@ import (
 	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
 	"github.com/kilnhq/kiln/controller/kilnconfig"
+	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/pki"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
@@ -429,3 +431,70 @@ func TestAgentIdentity(t *testing.T) {
 
 // silence keeps the compiler quiet about helpers used by later tests.
 var _ = []any{proto.Clone, grpc.NewClient}
+
+// syncBuffer is a log sink safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestStartWaitsForEtcd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for etcd retries: skipped with -short")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	url, err := store.FreeLoopbackURL()
+	require.NoError(t, err)
+	var logs syncBuffer
+	c, err := controller.New(controller.Config{
+		DataDir:       t.TempDir(),
+		ListenAddr:    "127.0.0.1:0",
+		EtcdEndpoints: []string{url},
+	}, slog.New(slog.NewTextHandler(&logs, nil)))
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+
+	// The controller retries while nothing answers at url...
+	for !strings.Contains(logs.String(), "etcd unavailable, retrying") {
+		select {
+		case err := <-done:
+			t.Fatalf("controller exited while etcd was down: %v", err)
+		case <-ctx.Done():
+			t.Fatalf("controller never reported waiting for etcd; log:\n%s", logs.String())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	// ...and serves once etcd comes up there.
+	emb, err := store.StartEmbedded(ctx, store.EmbeddedConfig{DataDir: t.TempDir(), ClientURL: url})
+	require.NoError(t, err)
+	defer emb.Close()
+	select {
+	case <-c.Ready():
+	case err := <-done:
+		t.Fatalf("controller exited: %v; log:\n%s", err, logs.String())
+	case <-ctx.Done():
+		t.Fatalf("controller not ready after etcd came up; log:\n%s", logs.String())
+	}
+	// Stop the controller while its etcd still runs.
+	cancel()
+	require.NoError(t, <-done)
+	done <- nil
+}
