@@ -45,7 +45,7 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newKubeTools(), newArchives(), notYet("build", "Build a golden image from image.yaml", "build golden images"),
+	root.AddCommand(newKubeTools(), newArchives(), newBuild(),
 		newBootMedia(), newVersion())
 	return root
 }
