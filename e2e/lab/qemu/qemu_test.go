@@ -1,0 +1,158 @@
+package qemu_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kilnhq/kiln/e2e/lab/machine"
+	"github.com/kilnhq/kiln/e2e/lab/qemu"
+	"github.com/kilnhq/kiln/internal/errdefs"
+)
+
+func needQEMU(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("qemu-system-x86_64 not installed (apt-get install qemu-system-x86 ipxe-qemu)")
+	}
+}
+
+func newVM(t *testing.T, o qemu.Options) *qemu.VM {
+	t.Helper()
+	if o.Dir == "" {
+		o.Dir = t.TempDir()
+	}
+	vm, err := qemu.New(o)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		pid := vm.PID()
+		require.NoError(t, vm.Close())
+		if pid != 0 && syscall.Kill(pid, 0) == nil {
+			t.Errorf("qemu pid %d still runs after Close", pid)
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(vm.SerialLog())
+			t.Logf("serial console of %s:\n%s", o.Name, tail(string(b), 60))
+		}
+	})
+	return vm
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func bootindex(t *testing.T, vm *qemu.VM, dev string) int {
+	t.Helper()
+	var v int
+	require.NoError(t, vm.QMP().Execute(context.Background(), "qom-get", map[string]any{
+		"path": "/machine/peripheral/" + dev, "property": "bootindex"}, &v))
+	return v
+}
+
+// TestPowerAndBootOrderOverQMP drives a VM's power, boot order and
+// virtual media through QMP without booting an OS (the firmware runs on
+// a blank disk).
+func TestPowerAndBootOrderOverQMP(t *testing.T) {
+	needQEMU(t)
+	ctx := context.Background()
+	vm := newVM(t, qemu.Options{Name: "qmp-test", DiskSize: 16 << 20})
+	if vm.State() || vm.BootSource() != "" || vm.PID() != 0 {
+		t.Fatalf("new VM: State() = %v BootSource() = %q PID() = %d, want off and never booted", vm.State(), vm.BootSource(), vm.PID())
+	}
+	if err := vm.Reset(ctx); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("Reset() of an off VM = %v, want FailedPrecondition", err)
+	}
+
+	iso := filepath.Join(t.TempDir(), "media.iso")
+	require.NoError(t, os.WriteFile(iso, make([]byte, 1<<20), 0o644))
+	require.NoError(t, vm.InsertMedia(iso)) // before QEMU runs: inserted at start
+
+	require.NoError(t, vm.PowerOn(ctx, machine.BootPXE))
+	pid := vm.PID()
+	if !vm.State() || vm.BootSource() != machine.BootPXE {
+		t.Fatalf("after PowerOn(pxe): State() = %v BootSource() = %q, want on, pxe", vm.State(), vm.BootSource())
+	}
+	for dev, want := range map[string]int{"nic0": 1, "disk0": 2, "cd0dev": 3} {
+		if got := bootindex(t, vm, dev); got != want {
+			t.Errorf("after PowerOn(pxe) bootindex(%s) = %d, want %d", dev, got, want)
+		}
+	}
+	var blocks []struct {
+		Device   string `json:"device"`
+		Inserted *struct {
+			File string `json:"file"`
+		} `json:"inserted"`
+	}
+	require.NoError(t, vm.QMP().Execute(ctx, "query-block", nil, &blocks))
+	found := false
+	for _, b := range blocks {
+		if b.Device == "cd0" && b.Inserted != nil && b.Inserted.File == iso {
+			found = true
+		}
+	}
+	if !found {
+		b, _ := json.Marshal(blocks)
+		t.Errorf("query-block = %s, want %s in cd0", b, iso)
+	}
+
+	// Power on again is a no-op; Reset keeps the VM on.
+	require.NoError(t, vm.PowerOn(ctx, machine.BootCD))
+	if vm.BootSource() != machine.BootPXE {
+		t.Errorf("second PowerOn changed the boot source to %q", vm.BootSource())
+	}
+	require.NoError(t, vm.Reset(ctx))
+	require.True(t, vm.State())
+
+	require.NoError(t, vm.PowerOff(ctx, false))
+	if vm.State() {
+		t.Fatalf("State() after a hard PowerOff = on")
+	}
+	require.NoError(t, vm.PowerOff(ctx, false)) // off again: no-op
+
+	require.NoError(t, vm.InsertMedia(""))
+	require.NoError(t, vm.PowerOn(ctx, machine.BootCD))
+	if got := bootindex(t, vm, "cd0dev"); got != 1 {
+		t.Errorf("after PowerOn(cd) bootindex(cd0dev) = %d, want 1", got)
+	}
+	if vm.PID() != pid {
+		t.Errorf("power cycle restarted QEMU (pid %d -> %d); want the same process", pid, vm.PID())
+	}
+	if err := vm.PowerOn(ctx, "floppy"); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("PowerOn(floppy) = %v, want InvalidArgument", err)
+	}
+}
+
+func TestNewValidates(t *testing.T) {
+	if _, err := qemu.New(qemu.Options{}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("New(no dir) = %v, want InvalidArgument", err)
+	}
+	if _, err := qemu.New(qemu.Options{Dir: t.TempDir(), QEMU: "/nonexistent/qemu"}); !errdefs.IsNotFound(err) {
+		t.Errorf("New(missing qemu) = %v, want NotFound", err)
+	}
+}
+
+func waitSerial(t *testing.T, vm *qemu.VM, want string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		b, _ := os.ReadFile(vm.SerialLog())
+		if strings.Contains(string(b), want) {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("serial console never showed %q within %s", want, timeout)
+}
