@@ -1,8 +1,10 @@
 package enroll_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -89,11 +91,15 @@ func TestEnroll(t *testing.T) {
 	addr := serve(t, e, ca, pki.RoleController)
 	dir := filepath.Join(t.TempDir(), "kiln-agent")
 
+	var logs bytes.Buffer
 	id, err := enroll.Enroll(context.Background(), enroll.Options{
 		ControllerAddr: "https://" + addr, Token: token, CAHash: ca.Hash(), DataDir: dir,
 		Facts: &typesv1.Facts{Hostname: "rack1-07"},
+		Log:   slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 	})
 	require.NoError(t, err)
+	require.Contains(t, logs.String(), "enrolled")
+	require.NotContains(t, logs.String(), "0123456789abcdef", "the token's secret was logged")
 	require.Equal(t, "rack1-07", id.Host())
 	require.Equal(t, []string{token}, e.received())
 
