@@ -250,7 +250,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		grpc.ChainStreamInterceptor(az.Stream),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 	)
-	api.Register(srv, res, enr, rec)
+	life, endLife := context.WithCancel(ctx)
+	defer endLife()
+	api.Register(life, srv, res, enr, rec)
 	elector := election.New(client, election.DefaultPrefix, c.cfg.ID, int(c.cfg.ElectionTTL/time.Second), c.log)
 
 	c.mu.Lock()
@@ -283,6 +285,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		err = fmt.Errorf("controller: serve: %w", err)
 	}
 	cancel()
+	endLife()
 	wg.Wait() // resigns leadership before etcd goes away
 	stopped := make(chan struct{})
 	go func() { srv.GracefulStop(); close(stopped) }()

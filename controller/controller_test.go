@@ -17,8 +17,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
@@ -429,9 +429,6 @@ func TestAgentIdentity(t *testing.T) {
 	_ = b
 }
 
-// silence keeps the compiler quiet about helpers used by later tests.
-var _ = []any{proto.Clone, grpc.NewClient}
-
 // syncBuffer is a log sink safe for concurrent writes.
 type syncBuffer struct {
 	mu sync.Mutex
@@ -495,6 +492,42 @@ func TestStartWaitsForEtcd(t *testing.T) {
 	}
 	// Stop the controller while its etcd still runs.
 	cancel()
+	require.NoError(t, <-done)
+	done <- nil
+}
+
+func TestShutdownEndsWatchesWithUnavailable(t *testing.T) {
+	ctx, cancelTest := context.WithTimeout(context.Background(), time.Minute)
+	defer cancelTest()
+	c, err := controller.New(controller.Config{DataDir: t.TempDir(), ListenAddr: "127.0.0.1:0"}, nil)
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	defer func() { stop(); <-done }()
+	select {
+	case <-c.Ready():
+	case err := <-done:
+		t.Fatalf("controller: %v", err)
+	}
+	cfg, err := kilnconfig.Load(c.AdminConfigPath())
+	require.NoError(t, err)
+	tc, err := cfg.TLS()
+	require.NoError(t, err)
+	conn, err := grpc.NewClient(cfg.Server, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+	require.NoError(t, err)
+	defer conn.Close()
+	stream, err := controllerv1.NewResourcesClient(conn).Watch(ctx, &controllerv1.WatchRequest{Kind: "hosts"})
+	require.NoError(t, err)
+	_, err = stream.Header()
+	require.NoError(t, err)
+
+	stop()
+	_, err = stream.Recv()
+	// The watch is ended by the controller, not cut by a forced stop.
+	if code(err) != codes.Unavailable || !strings.Contains(status.Convert(err).Message(), "shutting down") {
+		t.Errorf("Watch Recv after shutdown = %v, want Unavailable: controller is shutting down", err)
+	}
 	require.NoError(t, <-done)
 	done <- nil
 }

@@ -21,15 +21,19 @@ import (
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 )
 
-// Register registers the three controller services on srv.
-func Register(srv *grpc.Server, res *resources.Service, enr *enrollment.Service, ev *events.Recorder) {
-	controllerv1.RegisterResourcesServer(srv, &resourcesServer{res: res, enr: enr, events: ev})
+// Register registers the three controller services on srv. Open watches
+// end with Unavailable when life ends (the controller is shutting down),
+// so that a graceful stop does not wait for them and clients reconnect,
+// possibly to another replica.
+func Register(life context.Context, srv *grpc.Server, res *resources.Service, enr *enrollment.Service, ev *events.Recorder) {
+	controllerv1.RegisterResourcesServer(srv, &resourcesServer{life: life, res: res, enr: enr, events: ev})
 	controllerv1.RegisterEnrollmentServer(srv, &enrollmentServer{enr: enr})
 	controllerv1.RegisterAgentsServer(srv, &agentsServer{enr: enr})
 }
 
 type resourcesServer struct {
 	controllerv1.UnimplementedResourcesServer
+	life   context.Context
 	res    *resources.Service
 	enr    *enrollment.Service
 	events *events.Recorder
@@ -75,7 +79,13 @@ func (s *resourcesServer) Watch(req *controllerv1.WatchRequest, stream controlle
 	if err := stream.SendHeader(metadata.MD{}); err != nil {
 		return err
 	}
-	err := s.res.Watch(stream.Context(), req.GetKind(), req.GetName(), stream.Send)
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	defer context.AfterFunc(s.life, cancel)()
+	err := s.res.Watch(ctx, req.GetKind(), req.GetName(), stream.Send)
+	if s.life.Err() != nil {
+		return errgrpc.ToGRPC(errdefs.Unavailable("controller is shutting down: watch again"))
+	}
 	if err != nil && stream.Context().Err() != nil {
 		return nil // the client went away
 	}
