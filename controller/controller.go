@@ -411,25 +411,48 @@ func clientAddr(addr string) string {
 	return net.JoinHostPort(host, port)
 }
 
-// writeAdminConfig writes DataDir/kilnconfig-admin.yaml on first start;
-// later starts keep its certificate and only correct the server address.
+// The admin client bundle: the admin kilnconfig's CA, certificate and key
+// as PEM files in DataDir/admin/, for tools other than kilnctl (grpcurl,
+// curl).
+const (
+	AdminBundleDir = "admin"
+	bundleCA       = "ca.crt"
+	bundleCert     = "admin.crt"
+	bundleKey      = "admin.key"
+)
+
+// writeAdminConfig writes DataDir/kilnconfig-admin.yaml and the admin
+// bundle on first start; later starts keep the certificate and only
+// correct the server address.
 func (c *Controller) writeAdminConfig(ca *pki.CA, server string) error {
 	path := c.AdminConfigPath()
-	if old, err := kilnconfig.Load(path); err == nil && old.CA == string(ca.CertPEM()) {
-		if old.Server == server {
-			return nil
+	cfg, err := kilnconfig.Load(path)
+	switch {
+	case err == nil && cfg.CA == string(ca.CertPEM()):
+		if cfg.Server != server {
+			cfg.Server = server
+			if err := kilnconfig.Write(path, cfg); err != nil {
+				return err
+			}
 		}
-		old.Server = server
-		return kilnconfig.Write(path, old)
+	default:
+		if cfg, err = clientConfig(ca, pki.RoleAdmin, "admin", server, c.cfg.Clock()); err != nil {
+			return err
+		}
+		if err := kilnconfig.Write(path, cfg); err != nil {
+			return err
+		}
+		c.log.Info("admin kilnconfig written", "path", path)
 	}
-	cfg, err := clientConfig(ca, pki.RoleAdmin, "admin", server, c.cfg.Clock())
-	if err != nil {
-		return err
+	dir := filepath.Join(c.cfg.DataDir, AdminBundleDir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("admin bundle: %w", err)
 	}
-	if err := kilnconfig.Write(path, cfg); err != nil {
-		return err
+	for name, content := range map[string]string{bundleCA: cfg.CA, bundleCert: cfg.Cert, bundleKey: cfg.Key} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			return fmt.Errorf("admin bundle: %w", err)
+		}
 	}
-	c.log.Info("admin kilnconfig written", "path", path)
 	return nil
 }
 

@@ -106,10 +106,17 @@ func TestFirstStartWritesAdminConfigAndSecondStartReusesIt(t *testing.T) {
 	if cfg1.Cert != cfg2.Cert || cfg1.Key != cfg2.Key {
 		t.Errorf("admin certificate changed on restart, want it reused")
 	}
-	st, err := os.Stat(filepath.Join(dir, controller.AdminConfigName))
+	for _, f := range []string{controller.AdminConfigName, "admin/admin.key", "admin/admin.crt", "admin/ca.crt"} {
+		st, err := os.Stat(filepath.Join(dir, f))
+		require.NoError(t, err)
+		if st.Mode().Perm() != 0o600 {
+			t.Errorf("%s mode = %v, want 0600", f, st.Mode().Perm())
+		}
+	}
+	key, err := os.ReadFile(filepath.Join(dir, "admin/admin.key"))
 	require.NoError(t, err)
-	if st.Mode().Perm() != 0o600 {
-		t.Errorf("admin config mode = %v, want 0600", st.Mode().Perm())
+	if string(key) != cfg2.Key {
+		t.Errorf("admin/admin.key differs from the admin kilnconfig's key")
 	}
 }
 
