@@ -146,7 +146,9 @@ func parse(f Files) (*Identity, error) {
 		return nil, errdefs.InvalidArgument("identity: certificate and key: %v", err)
 	}
 	leaf := cert.Leaf
-	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool(ca), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+	// Expiry is not checked here: an expired identity still loads, so that
+	// kiln-agent run can say it expired rather than that it is broken.
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool(ca), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}, CurrentTime: leaf.NotBefore}); err != nil {
 		return nil, errdefs.InvalidArgument("identity: certificate %q is not issued by the controller CA: %v", leaf.Subject.CommonName, err)
 	}
 	role, name, err := pki.Identity(leaf)

@@ -320,3 +320,21 @@ func TestInstallUnitWithoutSystemd(t *testing.T) {
 	}
 	require.Contains(t, out.String(), "systemd is not running here")
 }
+
+func TestRunRefusesExpiredCertificate(t *testing.T) {
+	ca, err := pki.NewCA("kiln", time.Now().Add(-48*time.Hour))
+	require.NoError(t, err)
+	key, csr, err := pki.NewKeyAndCSR("old-1")
+	require.NoError(t, err)
+	cert, err := ca.SignCSR(csr, pki.RoleAgent, "old-1", time.Hour, time.Now().Add(-24*time.Hour))
+	require.NoError(t, err)
+	dataDir := t.TempDir()
+	_, err = identity.Save(dataDir, identity.Files{KeyPEM: key, CertPEM: cert, CAPEM: ca.CertPEM(),
+		Controller: identity.Controller{Address: "127.0.0.1:1", CAHash: ca.Hash(), Host: "old-1"}})
+	require.NoError(t, err, "an expired identity still loads")
+
+	_, err = kilnAgent(t, "run", "--data-dir", dataDir, "--listen", "127.0.0.1:0")
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), `the agent certificate of host "old-1" expired at`) {
+		t.Errorf("run with an expired certificate = %v, want FailedPrecondition saying it expired", err)
+	}
+}

@@ -228,6 +228,12 @@ func enrollAtBoot(ctx context.Context, g *globals, f *enrollFlags, log *slog.Log
 }
 
 func run(ctx context.Context, g *globals, id *identity.Identity, listen, advertise string, interval time.Duration, logs server.LogSource, log *slog.Logger) error {
+	if na := id.Certificate().Leaf.NotAfter; time.Now().After(na) {
+		// Neither side accepts it any more, and renewal needs it: only a
+		// new enrollment helps.
+		return errdefs.FailedPrecondition("the agent certificate of host %q expired at %s: create a token (kilnctl token create --host %s), remove %s and enroll again",
+			id.Host(), na.UTC().Format(time.RFC3339), id.Host(), filepath.Join(g.dataDir, identity.ControllerFile))
+	}
 	j, err := journal.Open(filepath.Join(g.dataDir, "operations"), log)
 	if err != nil {
 		return err
