@@ -87,7 +87,11 @@ func FactsWith(ctx context.Context, o FactsOptions) (*typesv1.Facts, error) {
 // network lists the NICs (loopback left out) with their addresses, and the
 // routes of the main table, in the calling thread's network namespace.
 func network() ([]*typesv1.NIC, []*typesv1.Route, error) {
-	h, err := netlink.NewHandle()
+	// Only NETLINK_ROUTE: netlink.NewHandle() with no family also opens
+	// XFRM and NETFILTER sockets, which fail ("protocol not supported") on
+	// kernels where xfrm_user or nfnetlink are modules not loaded yet, as on
+	// the boot media's stock Debian kernel.
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
 		return nil, nil, fmt.Errorf("netlink: %w", err)
 	}
