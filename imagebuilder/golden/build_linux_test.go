@@ -87,10 +87,33 @@ func agentBinary(t *testing.T) string {
 	return agentOnce.path
 }
 
+// shared is the minimal image built once for the tests that only read it.
+var shared struct {
+	sync.Mutex
+	dir string
+	res *Result
+}
+
+func sharedMinimal(t *testing.T) *Result {
+	t.Helper()
+	shared.Lock()
+	defer shared.Unlock()
+	if shared.res == nil {
+		dir, err := os.MkdirTemp("", "kiln-golden-")
+		require.NoError(t, err)
+		shared.dir = dir
+		shared.res = buildMinimal(t, dir)
+	}
+	return shared.res
+}
+
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if agentOnce.path != "" && agentOnce.err == nil {
 		os.RemoveAll(filepath.Dir(agentOnce.path))
+	}
+	if shared.dir != "" {
+		os.RemoveAll(shared.dir)
 	}
 	os.Exit(code)
 }
@@ -128,8 +151,8 @@ func (w testWriter) Write(p []byte) (int, error) {
 // filesystem, and the same bytes both times.
 func TestBuildMinimal(t *testing.T) {
 	needBuilder(t, minimalSpec(t, "/unused"))
-	out := t.TempDir()
-	res := buildMinimal(t, out)
+	res := sharedMinimal(t)
+	out := filepath.Dir(res.RawPath)
 
 	raw, zst, mj, iy := FileNames(res.Tag)
 	entries, err := os.ReadDir(out)

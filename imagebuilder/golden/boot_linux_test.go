@@ -1,0 +1,242 @@
+package golden
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kilnhq/kiln/controller"
+	"github.com/kilnhq/kiln/controller/controllertest"
+	"github.com/kilnhq/kiln/host/systemd"
+	"github.com/kilnhq/kiln/imagebuilder/disk"
+	"github.com/kilnhq/kiln/imagebuilder/manifest"
+	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
+)
+
+// TestMinimalImageBootsAsLabHost lays the minimal image on a host's disk
+// file, writes the host's identity into it as the controller does before
+// the reboot into the image (an enrollment with a one-time token), boots
+// the disk as a lab host (its root partition mounted from the disk file,
+// then systemd-nspawn with the image's own systemd as PID 1), and checks that the installed
+// kiln-agent.service is active and that its heartbeats reach the
+// controller as that host.
+func TestMinimalImageBootsAsLabHost(t *testing.T) {
+	needBuilder(t, minimalSpec(t, "/unused"))
+	for tool, pkg := range map[string]string{"systemd-nspawn": "systemd-container"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed (Debian package %s)", tool, pkg)
+		}
+	}
+	if _, err := os.Stat("/dev/loop-control"); err != nil {
+		t.Skipf("no loop devices: %v", err)
+	}
+	res := sharedMinimal(t)
+
+	// Lay the image on the host's disk file.
+	dir := t.TempDir()
+	diskFile := filepath.Join(dir, "disk.raw")
+	out, err := exec.Command("cp", "--sparse=always", res.RawPath, diskFile).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	// systemd-dissect --mount also mounts the ESP, and these kernels have
+	// no vfat: mount the root partition alone, from its offset.
+	var rootPart manifest.Partition
+	for _, p := range res.Manifest.Partitions {
+		if p.Type == disk.TypeRootX8664 {
+			rootPart = p
+		}
+	}
+	require.NotZero(t, rootPart.Size)
+	mnt := filepath.Join(dir, "root")
+	require.NoError(t, os.Mkdir(mnt, 0o755))
+	out, err = exec.Command("mount", "-o", fmt.Sprintf("loop,offset=%d,sizelimit=%d", rootPart.Offset, rootPart.Size), diskFile, mnt).CombinedOutput()
+	if err != nil {
+		t.Skipf("cannot loop-mount the root partition here: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v: %s", mnt, err, out)
+		}
+	})
+
+	// The host's identity, written into the laid image.
+	env := controllertest.Start(t, controllertest.WithConfig(func(c *controller.Config) { c.HeartbeatInterval = time.Second }))
+	host := fmt.Sprintf("golden-%d", os.Getpid())
+	tok := env.Token(t, host, time.Hour)
+	out, err = exec.Command(agentBinary(t), "enroll", "--controller", env.Addr, "--token", tok, "--ca-hash", env.CAHash,
+		"--host", host, "--data-dir", filepath.Join(mnt, AgentDataDir)).CombinedOutput()
+	require.NoError(t, err, "enroll into the image: %s", out)
+	enrolled := time.Now()
+
+	// The lab host shares this machine's network namespace (the controller
+	// listens on loopback): give its agent a free loopback port.
+	port := freePort(t)
+	dropIn := fmt.Sprintf("[Service]\nExecStart=\nExecStart=%s run --data-dir %s --listen 127.0.0.1:%d --heartbeat-interval 1s\n", AgentPath, AgentDataDir, port)
+	require.NoError(t, os.MkdirAll(filepath.Join(mnt, "etc/systemd/system", AgentUnit+".d"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(mnt, "etc/systemd/system", AgentUnit+".d", "lab.conf"), []byte(dropIn), 0o644))
+
+	leader := bootNspawn(t, mnt, host)
+	root := fmt.Sprintf("/proc/%d/root", leader)
+
+	var last systemd.UnitState
+	waitUntil(t, 90*time.Second, "kiln-agent.service active in the booted image", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		m, err := systemd.Dial(ctx, root)
+		if err != nil {
+			return false
+		}
+		defer m.Close()
+		last, err = m.State(ctx, AgentUnit)
+		return err == nil && last.Active == "active"
+	}, func() string { return fmt.Sprintf("last state %+v", last) })
+
+	rc := controllerv1.NewResourcesClient(env.Dial(t, env.AdminConfigPath))
+	var addr string
+	waitUntil(t, 60*time.Second, "a heartbeat from the booted agent", func() bool {
+		r, err := rc.Get(context.Background(), &controllerv1.GetRequest{Kind: "Host", Name: host})
+		if err != nil {
+			return false
+		}
+		a := r.GetHost().GetStatus().GetAgent()
+		addr = a.GetAddress()
+		return a.GetLastHeartbeat() != nil && a.GetLastHeartbeat().AsTime().After(enrolled) && strings.HasSuffix(addr, ":"+strconv.Itoa(port))
+	}, func() string { return "agent address " + addr })
+}
+
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool, detail func() string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s (%s)", d, what, detail())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// bootNspawn boots dir with systemd as PID 1 under systemd-nspawn in its
+// own cgroups and returns the PID of its init. The machine is powered off
+// and its cgroups and nspawn's leftovers are removed at cleanup. Equivalent
+// to: `systemd-nspawn -D DIR -M NAME -b --register=no --keep-unit ...`.
+func bootNspawn(t *testing.T, dir, name string) int {
+	t.Helper()
+	procs := machineCgroups(t, name)
+	args := []string{"-D", dir, "-M", name, "-b", "--register=no", "--keep-unit", "--resolv-conf=off",
+		"--timezone=off", "--link-journal=no", "--console=read-only"}
+	script := `for p in ` + strings.Join(procs, " ") + `; do echo $$ > "$p"; done; exec systemd-nspawn "$@"`
+	cmd := exec.Command("sh", append([]string{"-c", script, "sh"}, args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	logPath := filepath.Join(t.TempDir(), "console.log")
+	log, err := os.Create(logPath)
+	require.NoError(t, err)
+	cmd.Stdout, cmd.Stderr = log, log
+	require.NoError(t, cmd.Start())
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); log.Close(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM) // nspawn powers the machine off
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		os.RemoveAll("/run/systemd/nspawn/propagate/" + name)
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("console:\n%s", b)
+		}
+	})
+	var leader int
+	waitUntil(t, 30*time.Second, "the machine's init", func() bool {
+		select {
+		case <-done:
+			b, _ := os.ReadFile(logPath)
+			t.Fatalf("systemd-nspawn exited:\n%s", b)
+		default:
+		}
+		leader = firstChild(cmd.Process.Pid)
+		return leader != 0
+	}, func() string { return "no child of systemd-nspawn" })
+	return leader
+}
+
+// machineCgroups makes a cgroup called name in every hierarchy, removed
+// with everything below it at cleanup, and returns their cgroup.procs.
+func machineCgroups(t *testing.T, name string) []string {
+	entries, err := os.ReadDir("/sys/fs/cgroup")
+	require.NoError(t, err)
+	var dirs, procs []string
+	seen := map[string]bool{}
+	for _, e := range entries {
+		real, err := filepath.EvalSymlinks(filepath.Join("/sys/fs/cgroup", e.Name()))
+		if err != nil || seen[real] {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(real, "cgroup.procs")); err != nil {
+			continue
+		}
+		seen[real] = true
+		d := filepath.Join(real, name)
+		if err := os.Mkdir(d, 0o755); err != nil {
+			continue
+		}
+		dirs = append(dirs, d)
+		if strings.Contains(filepath.Base(real), "cpuset") {
+			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+				b, _ := os.ReadFile(filepath.Join(real, f))
+				_ = os.WriteFile(filepath.Join(d, f), b, 0o644)
+			}
+		}
+		procs = append(procs, filepath.Join(d, "cgroup.procs"))
+	}
+	t.Cleanup(func() {
+		for _, d := range dirs {
+			var sub []string
+			_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
+				if err == nil && e.IsDir() {
+					sub = append(sub, p)
+				}
+				return nil
+			})
+			slices.Reverse(sub)
+			for _, s := range sub {
+				if err := syscall.Rmdir(s); err != nil {
+					t.Logf("remove cgroup %s: %v", s, err)
+				}
+			}
+		}
+	})
+	return procs
+}
+
+func firstChild(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[0])
+	return n
+}
