@@ -49,25 +49,37 @@ qemu() { qemu-img convert -f raw -O raw "$1" "$tgt" && sync "$tgt"; }
 bmap() { bmaptool -q copy --bmap "$dir/sparse.bmap" "$1" "$tgt"; }
 unzst() { zstd -q -d -f --sparse "$1" -o "$tgt" && sync "$tgt"; }
 
-# Rounds go over every case in turn, so that load from other users of the
-# machine spreads over all tools rather than hitting one.
-for _ in $(seq "$runs"); do
-	once "dense/dd" dd_plain "$dir/dense.raw"
-	once "dense/dd-sparse" dd_sparse "$dir/dense.raw"
-	once "dense/qemu-img" qemu "$dir/dense.raw"
-	once "dense/kiln-lay-stream" lay -image "$dir/dense.raw" -sha256 "$dense_sha" -raw-size "$size"
-	once "dense/kiln-lay-blockmap" lay -image "$dir/dense.raw" -manifest "$dir/dense.json"
-	once "sparse20/dd" dd_plain "$dir/sparse.raw"
-	once "sparse20/dd-sparse" dd_sparse "$dir/sparse.raw"
-	once "sparse20/qemu-img" qemu "$dir/sparse.raw"
-	once "sparse20/bmaptool" bmap "$dir/sparse.raw"
-	once "sparse20/kiln-lay-stream" lay -image "$dir/sparse.raw" -sha256 "$sparse_sha" -raw-size "$size"
-	once "sparse20/kiln-lay-blockmap" lay -image "$dir/sparse.raw" -manifest "$dir/sparse.json"
-	once "sparse20.zst/zstd-d" unzst "$dir/sparse.raw.zst"
-	once "sparse20.zst/kiln-lay" lay -image "$dir/sparse.raw.zst" -format raw.zst -sha256 "$zst_sha" -raw-size "$size"
+# run_case I: the I-th case, once.
+ncases=13
+run_case() {
+	case $1 in
+	0) once "dense/dd" dd_plain "$dir/dense.raw" ;;
+	1) once "dense/dd-sparse" dd_sparse "$dir/dense.raw" ;;
+	2) once "dense/qemu-img" qemu "$dir/dense.raw" ;;
+	3) once "dense/kiln-lay-stream" lay -image "$dir/dense.raw" -sha256 "$dense_sha" -raw-size "$size" ;;
+	4) once "dense/kiln-lay-blockmap" lay -image "$dir/dense.raw" -manifest "$dir/dense.json" ;;
+	5) once "sparse20/dd" dd_plain "$dir/sparse.raw" ;;
+	6) once "sparse20/dd-sparse" dd_sparse "$dir/sparse.raw" ;;
+	7) once "sparse20/qemu-img" qemu "$dir/sparse.raw" ;;
+	8) once "sparse20/bmaptool" bmap "$dir/sparse.raw" ;;
+	9) once "sparse20/kiln-lay-stream" lay -image "$dir/sparse.raw" -sha256 "$sparse_sha" -raw-size "$size" ;;
+	10) once "sparse20/kiln-lay-blockmap" lay -image "$dir/sparse.raw" -manifest "$dir/sparse.json" ;;
+	11) once "sparse20.zst/zstd-d" unzst "$dir/sparse.raw.zst" ;;
+	12) once "sparse20.zst/kiln-lay" lay -image "$dir/sparse.raw.zst" -format raw.zst -sha256 "$zst_sha" -raw-size "$size" ;;
+	esac
+}
+
+# Each round runs every case once, starting at a different case, so that
+# load from other users of the machine (and the writeback left by the
+# previous case) spreads over all tools rather than hitting one.
+sync; sleep 2
+for r in $(seq 0 $((runs - 1))); do
+	for i in $(seq 0 $((ncases - 1))); do
+		run_case $(( (i + r * 5) % ncases ))
+	done
 done
 
-# NAME MEDIAN RUN1 RUN2 ..., in the order of the first round.
+# NAME MEDIAN RUN1 RUN2 ..., sorted by case.
 awk '{ if (!($1 in n)) order[k++] = $1; t[$1, n[$1]++] = $2 }
 END {
 	for (i = 0; i < k; i++) {
@@ -76,10 +88,10 @@ END {
 		for (a = 0; a < m; a++) for (b = a + 1; b < m; b++) if (v[b] < v[a]) { x = v[a]; v[a] = v[b]; v[b] = x }
 		printf "%s %.2f%s\n", name, v[int((m - 1) / 2)], line
 	}
-}' "$dir/times" >"$dir/results"
+}' "$dir/times" | sort -t/ -k1,1 -s >"$dir/results"
 
 echo
-echo "| case | tool | median s | runs (s), in round order |"
+echo "| case | tool | median s | runs (s) |"
 echo "|---|---|---|---|"
 while read -r name median rest; do
 	echo "| ${name%%/*} | ${name#*/} | $median | $rest |"
