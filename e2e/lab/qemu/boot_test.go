@@ -1,0 +1,267 @@
+package qemu_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kilnhq/kiln/bmc"
+	"github.com/kilnhq/kiln/controller/bootserver"
+	"github.com/kilnhq/kiln/controller/controllertest"
+	"github.com/kilnhq/kiln/controller/enrollment"
+	"github.com/kilnhq/kiln/e2e/lab/machine"
+	"github.com/kilnhq/kiln/e2e/lab/qemu"
+	"github.com/kilnhq/kiln/e2e/lab/redfish"
+	"github.com/kilnhq/kiln/imagebuilder/bootmedia"
+	"github.com/kilnhq/kiln/imagebuilder/bootmedia/bootmediatest"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+// bootTimeout bounds one VM boot into the agent under TCG on a loaded
+// 2-core machine (a boot takes 10-20 s when idle).
+const bootTimeout = 4 * time.Minute
+
+var media struct {
+	once sync.Once
+	dir  string
+}
+
+// bootMedia builds the boot media once per test process.
+func bootMedia(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("boots a VM")
+	}
+	needQEMU(t)
+	media.once.Do(func() {
+		dir, err := os.MkdirTemp("", "kiln-qemu-media-")
+		require.NoError(t, err)
+		bootmediatest.Build(t, dir)
+		media.dir = dir
+	})
+	if media.dir == "" {
+		t.Skip("boot media could not be built (see the first boot test)")
+	}
+	if _, err := os.Stat(filepath.Join(media.dir, bootmedia.ManifestFile)); err != nil {
+		t.Skip("boot media could not be built (see the first boot test)")
+	}
+	return media.dir
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if media.dir != "" {
+		os.RemoveAll(media.dir)
+	}
+	os.Exit(code)
+}
+
+// tokens issues real one-time enrollment tokens of the controller, bound
+// to the host, as the controller's own TokenIssuer does.
+type tokens struct{ env *controllertest.Env }
+
+func (i tokens) BootToken(ctx context.Context, host string) (string, error) {
+	tok, _, err := i.env.Controller.CreateToken(ctx, 30*time.Minute, host, "boot media of "+host)
+	return tok, err
+}
+
+// waitEnrolled waits until the host's boot agent has enrolled and sent a
+// heartbeat, and returns the Host.
+func waitEnrolled(t *testing.T, env *controllertest.Env, vm *qemu.VM, host string) *typesv1.Host {
+	t.Helper()
+	deadline := time.Now().Add(bootTimeout)
+	for time.Now().Before(deadline) {
+		h := &typesv1.Host{}
+		if _, err := env.Store().Get(context.Background(), enrollment.HostsKind, host, h); err == nil &&
+			h.GetStatus().GetAgent().GetLastHeartbeat() != nil {
+			return h
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	b, _ := os.ReadFile(vm.SerialLog())
+	t.Fatalf("host %s did not enroll and check in within %s; serial console:\n%s", host, bootTimeout, tail(string(b), 40))
+	return nil
+}
+
+func controllerPort(t *testing.T, env *controllertest.Env) string {
+	_, port, err := net.SplitHostPort(env.Addr)
+	require.NoError(t, err)
+	return port
+}
+
+// bootServer serves the boot media on loopback for VMs on user-mode
+// networking, which reach the host's loopback as 10.0.2.2.
+func userNetBootServer(t *testing.T, env *controllertest.Env, dir string) *httptest.Server {
+	bs, err := bootserver.New(bootserver.Options{
+		MediaDir:       dir,
+		ControllerAddr: "10.0.2.2:" + controllerPort(t, env),
+		CAHash:         env.CAHash,
+		Tokens:         tokens{env},
+		ISOCacheDir:    t.TempDir(),
+	})
+	require.NoError(t, err)
+	ts := httptest.NewServer(bs)
+	t.Cleanup(func() { ts.Close(); bs.Close() })
+	return ts
+}
+
+func checkBoot(t *testing.T, h *typesv1.Host, vm *qemu.VM, wantSource string, t0 time.Time) {
+	t.Helper()
+	if got := h.GetStatus().GetAgent().GetBootSource(); got != wantSource {
+		t.Errorf("host %s reports boot source %q, want %q", h.GetMetadata().GetName(), got, wantSource)
+	}
+	if got := h.GetStatus().GetAgent().GetMode(); got != "boot" {
+		t.Errorf("host %s agent mode %q, want boot", h.GetMetadata().GetName(), got)
+	}
+	if got := h.GetStatus().GetFacts().GetOsId(); got != "kiln-boot" {
+		t.Errorf("host %s facts os_id %q, want kiln-boot (the boot media's os-release)", h.GetMetadata().GetName(), got)
+	}
+	t.Logf("%s boot into a checked-in agent: %.1fs", wantSource, time.Since(t0).Seconds())
+	b, _ := os.ReadFile(vm.SerialLog())
+	if !strings.Contains(string(b), "kiln-init: agent up") {
+		t.Errorf("serial console lacks kiln-init: agent up")
+	}
+}
+
+// TestISOBootEnrolls inserts the host's ISO from the boot server as
+// virtual media, powers the VM on from CD over QMP, and waits for its boot
+// agent to enroll with the controller using the ISO's one-time token and
+// report boot source virtualmedia.
+func TestISOBootEnrolls(t *testing.T) {
+	dir := bootMedia(t)
+	env := controllertest.Start(t)
+	ts := userNetBootServer(t, env, dir)
+	vm := newVM(t, qemu.Options{Name: "iso-vm1", DiskSize: 64 << 20})
+	ctx := context.Background()
+
+	require.NoError(t, vm.InsertMedia(bootserver.ISOURL(ts.URL, "iso-vm1")))
+	t0 := time.Now()
+	require.NoError(t, vm.PowerOn(ctx, machine.BootCD))
+	h := waitEnrolled(t, env, vm, "iso-vm1")
+	checkBoot(t, h, vm, "virtualmedia", t0)
+
+	// A graceful power off reaches the guest's power button handler.
+	pctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	require.NoError(t, vm.PowerOff(pctx, true))
+	if vm.State() {
+		t.Errorf("State() after a graceful PowerOff = on")
+	}
+	b, _ := os.ReadFile(vm.SerialLog())
+	if !strings.Contains(string(b), "kiln-init: power button") {
+		t.Errorf("graceful power off did not reach the guest (no power button message); power was cut")
+	}
+}
+
+// TestRedfishVirtualMediaBoot is the lab rack's QEMU test: a Redfish BMC
+// (the lab's emulator) in front of the VM, driven by Kiln's bmc package:
+// InsertVirtualMedia(ISO URL) + SetBootDevice(cdrom, once) + PowerOn boot
+// the VM into the agent, which enrolls and reports virtualmedia.
+func TestRedfishVirtualMediaBoot(t *testing.T) {
+	dir := bootMedia(t)
+	env := controllertest.Start(t)
+	ts := userNetBootServer(t, env, dir)
+	vm := newVM(t, qemu.Options{Name: "rf-vm1", DiskSize: 64 << 20, MAC: "52:54:00:4b:69:02"})
+
+	emu, err := redfish.New(redfish.Config{
+		Username: "admin", Password: "lab-secret",
+		Systems: []redfish.System{{ID: "rf-vm1", Machine: vm, MACs: []string{"52:54:00:4b:69:02"}}},
+	})
+	require.NoError(t, err)
+	emu.Start()
+	t.Cleanup(emu.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), bootTimeout)
+	defer cancel()
+	b, err := bmc.Dial(ctx, bmc.Endpoint{Protocol: bmc.ProtocolRedfish, Address: emu.URL(), Username: "admin", Password: "lab-secret"}, bmc.Options{Name: "rf-vm1"})
+	require.NoError(t, err)
+
+	require.NoError(t, b.InsertVirtualMedia(ctx, bootserver.ISOURL(ts.URL, "rf-vm1")))
+	require.NoError(t, b.SetBootDevice(ctx, bmc.BootCDROM, false, false))
+	t0 := time.Now()
+	require.NoError(t, b.PowerOn(ctx))
+	h := waitEnrolled(t, env, vm, "rf-vm1")
+	checkBoot(t, h, vm, "virtualmedia", t0)
+	if err := bmc.VerifyBoot(bmc.BootCDROM, h.GetStatus().GetAgent().GetBootSource()); err != nil {
+		t.Errorf("VerifyBoot(cdrom, %q) = %v", h.GetStatus().GetAgent().GetBootSource(), err)
+	}
+	if vm.BootSource() != machine.BootCD {
+		t.Errorf("VM BootSource() = %q, want cd", vm.BootSource())
+	}
+	if target, enabled, _ := emu.BootOverride("rf-vm1"); enabled != "Disabled" {
+		t.Errorf("one-time override after boot = %s/%s, want consumed (Disabled)", target, enabled)
+	}
+	if st, err := b.PowerState(ctx); err != nil || st != bmc.PowerOn {
+		t.Errorf("PowerState() = %q, %v, want on", st, err)
+	}
+	require.NoError(t, b.PowerOff(ctx))
+	if vm.State() {
+		t.Errorf("VM still on after a Redfish ForceOff")
+	}
+}
+
+// TestPXEBootEnrolls boots a VM by PXE on a lab network namespace: QEMU's
+// iPXE ROM gets an address and the host's iPXE script URL from dnsmasq
+// (configured by bootserver.DnsmasqConfig), fetches the script, kernel and
+// initramfs from the boot server, and the agent enrolls through a forward
+// to the controller and reports boot source pxe.
+func TestPXEBootEnrolls(t *testing.T) {
+	dir := bootMedia(t)
+	if os.Geteuid() != 0 {
+		t.Skip("PXE on a lab network namespace needs root")
+	}
+	env := controllertest.Start(t)
+	ctx := context.Background()
+	ln, err := qemu.NewLabNet(ctx, qemu.LabNetOptions{Dir: t.TempDir()})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, ln.Close()) })
+
+	ip := ln.IP()
+	require.NoError(t, ln.Forward(ip+":7443", env.Addr))
+	bs, err := bootserver.New(bootserver.Options{
+		MediaDir:       dir,
+		ControllerAddr: ip + ":7443",
+		CAHash:         env.CAHash,
+		Tokens:         tokens{env},
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { bs.Close() })
+	lis, err := ln.Listen(ip + ":8080")
+	require.NoError(t, err)
+	srv := &http.Server{Handler: bs}
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(func() { srv.Close() })
+
+	const mac = "52:54:00:4b:69:03"
+	conf := bootserver.DnsmasqConfig(bootserver.DnsmasqOptions{
+		Interface:  ln.Bridge(),
+		RangeStart: "10.77.0.100", RangeEnd: "10.77.0.150",
+		BootServer: "http://" + ip + ":8080",
+		Hosts:      []bootserver.DnsmasqHost{{MAC: mac, IP: "10.77.0.10", Name: "pxe-vm1"}},
+		EnableRA:   true,
+		LeaseFile:  filepath.Join(t.TempDir(), "leases"),
+	})
+	require.NoError(t, ln.StartDnsmasq(ctx, conf))
+
+	vm := newVM(t, qemu.Options{Name: "pxe-vm1", DiskSize: 64 << 20, MAC: mac,
+		Network: qemu.Network{Netns: ln.Name(), Tap: ln.Tap()}})
+	t0 := time.Now()
+	require.NoError(t, vm.PowerOn(ctx, machine.BootPXE))
+	h := waitEnrolled(t, env, vm, "pxe-vm1")
+	checkBoot(t, h, vm, "pxe", t0)
+	var addrs []string
+	for _, n := range h.GetStatus().GetFacts().GetNics() {
+		addrs = append(addrs, n.GetAddresses()...)
+	}
+	if !strings.Contains(strings.Join(addrs, " "), "10.77.0.10/") {
+		t.Errorf("agent facts addresses %v, want the dnsmasq reservation 10.77.0.10", addrs)
+	}
+}
