@@ -104,7 +104,7 @@ type Controller struct {
 	elector *election.Elector
 	enroll  *enrollment.Service
 	sealer  *seal.Sealer
-	cert    tls.Certificate
+	own     *ownCert
 }
 
 // New checks cfg and returns a controller ready to Run. It returns
@@ -176,10 +176,23 @@ func (c *Controller) Store() *store.Store { c.mu.Lock(); defer c.mu.Unlock(); re
 func (c *Controller) AdminConfigPath() string { return filepath.Join(c.cfg.DataDir, AdminConfigName) }
 
 // Certificate is the controller's own certificate (role controller,
-// identity pki.ControllerName), issued at start: the API's server
-// certificate and the client certificate it presents to agents (see
-// agent/client.Dial); valid after Ready.
-func (c *Controller) Certificate() tls.Certificate { c.mu.Lock(); defer c.mu.Unlock(); return c.cert }
+// identity pki.ControllerName), issued at start and renewed when a third
+// of its year is left: the API's server certificate and the client
+// certificate it presents to agents (see agent/client.Dial). Call it for
+// each new connection rather than keeping the result; valid after Ready.
+func (c *Controller) Certificate() tls.Certificate {
+	c.mu.Lock()
+	own := c.own
+	c.mu.Unlock()
+	if own == nil {
+		return tls.Certificate{}
+	}
+	cert, err := own.get()
+	if err != nil {
+		c.log.Error("controller certificate", "err", err)
+	}
+	return cert
+}
 
 // IsLeader reports whether this replica runs the reconcilers now.
 func (c *Controller) IsLeader() bool {
@@ -226,7 +239,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	defer lis.Close()
 	addr := lis.Addr().String()
-	serverTLS, err := c.serverTLS(ca, addr)
+	serverTLS, own, err := c.serverTLS(ca, addr)
 	if err != nil {
 		return err
 	}
@@ -257,7 +270,7 @@ func (c *Controller) Run(ctx context.Context) error {
 
 	c.mu.Lock()
 	c.addr, c.ca, c.store, c.elector, c.enroll = addr, ca, st, elector, enr
-	c.cert = serverTLS.Certificates[0]
+	c.own = own
 	c.mu.Unlock()
 
 	serveErr := make(chan error, 1)
@@ -367,10 +380,48 @@ func dialEtcd(endpoints []string) (*clientv3.Client, error) {
 	return cl, nil
 }
 
+// ownCert holds the controller's own certificate and re-issues it when a
+// third of its lifetime is left, so a long-running controller never serves
+// an expired one.
+type ownCert struct {
+	ca    *pki.CA
+	names []string
+	clock func() time.Time
+	log   *slog.Logger
+
+	mu   sync.Mutex
+	cert tls.Certificate
+}
+
+// get returns the current certificate, renewing it first when due.
+func (o *ownCert) get() (tls.Certificate, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := o.clock()
+	if o.cert.Leaf != nil && now.Before(o.cert.Leaf.NotAfter.Add(-serverCertTTL/3)) {
+		return o.cert, nil
+	}
+	certPEM, keyPEM, err := o.ca.Issue(pki.RoleController, pki.ControllerName, o.names, serverCertTTL, now)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("controller certificate: %w", err)
+	}
+	// Serve the CA in the chain: an enrolling agent has no roots yet and
+	// finds the CA it pinned by hash there (pki.VerifyPinned).
+	pair, err := tls.X509KeyPair(append(certPEM, o.ca.CertPEM()...), keyPEM)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("controller certificate: %w", err)
+	}
+	if o.cert.Leaf != nil {
+		o.log.Info("controller certificate renewed", "not_after", pair.Leaf.NotAfter)
+	}
+	o.cert = pair
+	return pair, nil
+}
+
 // serverTLS issues the controller's certificate for this start and
 // returns the server TLS configuration: TLS 1.3, client certificates
 // verified against the CA when presented (Enrollment is called without).
-func (c *Controller) serverTLS(ca *pki.CA, addr string) (*tls.Config, error) {
+func (c *Controller) serverTLS(ca *pki.CA, addr string) (*tls.Config, *ownCert, error) {
 	names := []string{"localhost", "127.0.0.1", "::1"}
 	if h, err := os.Hostname(); err == nil && h != "" {
 		names = append(names, h)
@@ -381,22 +432,19 @@ func (c *Controller) serverTLS(ca *pki.CA, addr string) (*tls.Config, error) {
 		}
 	}
 	names = append(names, c.cfg.ServerNames...)
-	certPEM, keyPEM, err := ca.Issue(pki.RoleController, pki.ControllerName, dedupe(names), serverCertTTL, c.cfg.Clock())
-	if err != nil {
-		return nil, fmt.Errorf("controller: server certificate: %w", err)
-	}
-	// Serve the CA in the chain: an enrolling agent has no roots yet and
-	// finds the CA it pinned by hash there (pki.VerifyPinned).
-	pair, err := tls.X509KeyPair(append(certPEM, ca.CertPEM()...), keyPEM)
-	if err != nil {
-		return nil, fmt.Errorf("controller: server certificate: %w", err)
+	own := &ownCert{ca: ca, names: dedupe(names), clock: c.cfg.Clock, log: c.log}
+	if _, err := own.get(); err != nil {
+		return nil, nil, err
 	}
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{pair},
-		ClientAuth:   tls.VerifyClientCertIfGiven,
-		ClientCAs:    ca.Pool(),
-	}, nil
+		MinVersion: tls.VersionTLS13,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			cert, err := own.get()
+			return &cert, err
+		},
+		ClientAuth: tls.VerifyClientCertIfGiven,
+		ClientCAs:  ca.Pool(),
+	}, own, nil
 }
 
 // clientAddr turns a listen address into one a local client can dial.
@@ -428,7 +476,7 @@ func (c *Controller) writeAdminConfig(ca *pki.CA, server string) error {
 	path := c.AdminConfigPath()
 	cfg, err := kilnconfig.Load(path)
 	switch {
-	case err == nil && cfg.CA == string(ca.CertPEM()):
+	case err == nil && cfg.CA == string(ca.CertPEM()) && !expiring(cfg.Cert, c.cfg.Clock()):
 		if cfg.Server != server {
 			cfg.Server = server
 			if err := kilnconfig.Write(path, cfg); err != nil {
@@ -454,6 +502,17 @@ func (c *Controller) writeAdminConfig(ca *pki.CA, server string) error {
 		}
 	}
 	return nil
+}
+
+// adminRenewal is how long before expiry a start replaces the admin
+// certificate.
+const adminRenewal = 30 * 24 * time.Hour
+
+// expiring reports whether the PEM certificate expires within
+// adminRenewal of now (or does not parse).
+func expiring(certPEM string, now time.Time) bool {
+	cert, err := pki.ParseCertificatePEM([]byte(certPEM))
+	return err != nil || now.Add(adminRenewal).After(cert.NotAfter)
 }
 
 // clientConfig issues a client certificate with role for name.

@@ -97,9 +97,23 @@ func TestFirstStartWritesAdminConfigAndSecondStartReusesIt(t *testing.T) {
 	// Each Start stops its controller at cleanup; run them in subtests so
 	// the first is stopped before the second opens the same data dir.
 	var hash1, hash2 string
-	var cfg1, cfg2 *kilnconfig.Config
+	var cfg1, cfg2, cfg3 *kilnconfig.Config
 	require.True(t, t.Run("first", func(t *testing.T) { hash1, cfg1 = start(t) }))
 	require.True(t, t.Run("second", func(t *testing.T) { hash2, cfg2 = start(t) }))
+	// A start within 30 days of the admin certificate's expiry replaces it.
+	require.True(t, t.Run("near expiry", func(t *testing.T) {
+		late := time.Now().Add(340 * 24 * time.Hour)
+		env := controllertest.Start(t, controllertest.WithConfig(func(c *controller.Config) {
+			c.DataDir = dir
+			c.Clock = func() time.Time { return late }
+		}))
+		var err error
+		cfg3, err = kilnconfig.Load(env.AdminConfigPath)
+		require.NoError(t, err)
+	}))
+	if cfg3.Cert == cfg2.Cert || cfg3.CA != cfg2.CA {
+		t.Errorf("start 25 days before the admin certificate expires: certificate kept (or CA changed), want a new certificate from the same CA")
+	}
 	if hash1 != hash2 {
 		t.Errorf("CA hash after restart = %s, want %s", hash2, hash1)
 	}
@@ -115,7 +129,7 @@ func TestFirstStartWritesAdminConfigAndSecondStartReusesIt(t *testing.T) {
 	}
 	key, err := os.ReadFile(filepath.Join(dir, "admin/admin.key"))
 	require.NoError(t, err)
-	if string(key) != cfg2.Key {
+	if string(key) != cfg3.Key {
 		t.Errorf("admin/admin.key differs from the admin kilnconfig's key")
 	}
 }
@@ -537,4 +551,25 @@ func TestShutdownEndsWatchesWithUnavailable(t *testing.T) {
 	}
 	require.NoError(t, <-done)
 	done <- nil
+}
+
+func TestServerCertificateRenewedBeforeExpiry(t *testing.T) {
+	var now atomic.Pointer[time.Time]
+	t0 := time.Now()
+	now.Store(&t0)
+	env := controllertest.Start(t, controllertest.WithClock(func() time.Time { return *now.Load() }))
+	first := env.Controller.Certificate().Leaf
+	require.NotNil(t, first)
+
+	// Eight months later the year-long certificate has a third left: the
+	// next handshake gets a new one.
+	later := t0.Add(250 * 24 * time.Hour)
+	now.Store(&later)
+	second := env.Controller.Certificate().Leaf
+	if second.SerialNumber.Cmp(first.SerialNumber) == 0 {
+		t.Errorf("controller certificate not renewed with %v left", first.NotAfter.Sub(later).Round(time.Hour))
+	}
+	if !second.NotAfter.After(first.NotAfter) {
+		t.Errorf("renewed certificate expires %v, not after the old %v", second.NotAfter, first.NotAfter)
+	}
 }
