@@ -7,6 +7,7 @@ import (
 	"github.com/kilnhq/kiln/agent/journal"
 	"github.com/kilnhq/kiln/agent/kubeadm"
 	"github.com/kilnhq/kiln/agent/lay"
+	"github.com/kilnhq/kiln/agent/personalize"
 	"github.com/kilnhq/kiln/agent/preflight"
 	"github.com/kilnhq/kiln/agent/prep"
 	"github.com/kilnhq/kiln/agent/probe"
@@ -19,20 +20,21 @@ import (
 )
 
 // services builds the agent API's implementations. Operations that have
-// no implementation yet (WriteIdentity, Reboot) are left nil: the API
+// no implementation yet (Reboot) are left nil: the API
 // answers Unimplemented for them.
 func services(root string, j *journal.Journal, log *slog.Logger) server.Options {
 	layer := lay.New(log)
 	return server.Options{
-		Kubeadm:     kubeadm.New(kubeadm.Options{Root: root, Runner: kubeadm.Exec{}, Log: log}),
-		Prober:      probe.New(probe.Options{Root: root, Log: log}),
-		Journal:     j,
-		Facts:       facter{root: root},
-		Preparer:    preparer{p: prep.New(root, command.Exec{}, log)},
-		Preflighter: preflighter{c: preflight.New(root, command.Exec{}, log)},
-		ImageLayer:  imageLayer{l: layer},
-		Wiper:       wiper{l: layer},
-		Log:         log,
+		Kubeadm:        kubeadm.New(kubeadm.Options{Root: root, Runner: kubeadm.Exec{}, Log: log}),
+		Prober:         probe.New(probe.Options{Root: root, Log: log}),
+		Journal:        j,
+		Facts:          facter{root: root},
+		Preparer:       preparer{p: prep.New(root, command.Exec{}, log)},
+		Preflighter:    preflighter{c: preflight.New(root, command.Exec{}, log)},
+		ImageLayer:     imageLayer{l: layer},
+		Wiper:          wiper{l: layer},
+		IdentityWriter: personalize.New(command.Exec{}, log),
+		Log:            log,
 	}
 }
 
