@@ -185,24 +185,6 @@ func (w *writer) put(b []byte, off int64) error {
 // `zstd --long` (27); images compressed with a larger window are refused.
 const maxZstdWindow = 1 << 27
 
-// seqWriter writes a stream at consecutive offsets of the target.
-type seqWriter struct {
-	ctx context.Context
-	w   *writer
-	off int64
-}
-
-func (s *seqWriter) Write(p []byte) (int, error) {
-	if err := s.ctx.Err(); err != nil {
-		return 0, err
-	}
-	if err := s.w.writeAt(p, s.off); err != nil {
-		return 0, err
-	}
-	s.off += int64(len(p))
-	return len(p), nil
-}
-
 // drain writes every chunk of in, returning buffers to the pool.
 func (l *Layer) drain(ctx context.Context, w *writer, in <-chan chunk) error {
 	for {
@@ -239,8 +221,6 @@ func (l *Layer) layStream(ctx context.Context, t *target, url, format, wantSum s
 	fetchedCh := make(chan chunk, l.depth)
 	hashedCh := make(chan chunk, l.depth)
 	h := sha256.New()
-	w := newWriter(t, zeroed, l.blockSize)
-	var w2 *writer // the second writer of a raw stream
 
 	var fetchErr error // the cause, when a later stage fails because of it
 	g.spawn(func(ctx context.Context) error {
@@ -249,33 +229,30 @@ func (l *Layer) layStream(ctx context.Context, t *target, url, format, wantSum s
 		return fetchErr
 	})
 	g.spawn(func(ctx context.Context) error { return hashStage(ctx, h, fetchedCh, hashedCh, rep) })
+	toWrite := hashedCh
 	if format == FormatRawZst {
-		// The decoder decodes ahead in its own goroutines and hands each
-		// decoded block straight to the writer, saving a copy.
+		// Decoded bytes are copied into pooled, aligned buffers, so that
+		// they can be written with O_DIRECT.
+		decodedCh := make(chan chunk, l.depth)
+		toWrite = decodedCh
 		g.spawn(func(ctx context.Context) error {
 			dec, err := zstd.NewReader(&chanReader{ctx: ctx, l: l, in: hashedCh}, zstd.WithDecoderConcurrency(2), zstd.WithDecoderMaxWindow(maxZstdWindow),
 				// The sha256 of the compressed stream is verified; zstd's own
 				// xxhash of the output would only cost CPU.
 				zstd.IgnoreChecksum(true))
 			if err != nil {
+				close(decodedCh)
 				return fmt.Errorf("zstd: %w", err)
 			}
 			defer dec.Close()
-			if _, err := dec.WriteTo(&seqWriter{ctx: ctx, w: w}); err != nil {
-				if cerr := ctx.Err(); cerr != nil {
-					return cerr
-				}
-				return fmt.Errorf("zstd decode: %w", err)
-			}
-			return nil
+			return l.produce(ctx, dec, decodedCh, "zstd decode")
 		})
-	} else {
-		// Two writers keep two writes in flight: O_DIRECT writes wait for
-		// the disk, and chunks land at their own offsets in any order.
-		w2 = newWriter(t, zeroed, l.blockSize)
-		g.spawn(func(ctx context.Context) error { return l.drain(ctx, w, hashedCh) })
-		g.spawn(func(ctx context.Context) error { return l.drain(ctx, w2, hashedCh) })
 	}
+	// Two writers keep two writes in flight: O_DIRECT writes wait for the
+	// disk, and chunks land at their own offsets in any order.
+	w, w2 := newWriter(t, zeroed, l.blockSize), newWriter(t, zeroed, l.blockSize)
+	g.spawn(func(ctx context.Context) error { return l.drain(ctx, w, toWrite) })
+	g.spawn(func(ctx context.Context) error { return l.drain(ctx, w2, toWrite) })
 	if err := g.wait(); err != nil {
 		// A broken stream makes the decoder fail too: report the cause.
 		if fetchErr != nil && !errors.Is(fetchErr, context.Canceled) {
@@ -283,9 +260,7 @@ func (l *Layer) layStream(ctx context.Context, t *target, url, format, wantSum s
 		}
 		return nil, fmt.Errorf("lay %q: %w", t.path, err)
 	}
-	if w2 != nil {
-		w.end, w.written = max(w.end, w2.end), w.written+w2.written
-	}
+	w.end, w.written = max(w.end, w2.end), w.written+w2.written
 	if s.end >= 0 && s.off < s.end {
 		return nil, errdefs.Unavailable("lay %q: stream truncated at %d of %d bytes", t.path, s.off, s.end)
 	}
