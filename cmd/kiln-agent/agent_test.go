@@ -19,7 +19,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 
 	"github.com/kilnhq/kiln/agent/identity"
 	"github.com/kilnhq/kiln/agent/logring"
@@ -113,7 +115,9 @@ func TestEnrollAndRun(t *testing.T) {
 	g := &globals{dataDir: dataDir, root: "/", logLevel: "info"}
 	ring := logring.New(100)
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, ring), nil))
-	go func() { done <- run(ctx, g, id, "127.0.0.1:0", "", time.Second, ring, log) }()
+	go func() {
+		done <- run(ctx, g, id, runOptions{listen: "127.0.0.1:0", heartbeatInterval: time.Second}, ring, log)
+	}()
 	t.Cleanup(func() {
 		cancel()
 		require.NoError(t, <-done)
@@ -155,6 +159,12 @@ func TestEnrollAndRun(t *testing.T) {
 		sawServing = sawServing || strings.Contains(l.GetLine(), "agent serving")
 	}
 	require.True(t, sawServing, "Logs() has the agent's \"agent serving\" line")
+
+	// Without --reboot-command the agent refuses to reboot, loudly.
+	_, err = agentv1.NewAgentClient(conn).Reboot(context.Background(), &agentv1.RebootRequest{})
+	if status.Code(err) != codes.Unimplemented || !strings.Contains(err.Error(), "--reboot-command") {
+		t.Errorf("Reboot() without a command = %v, want Unimplemented naming --reboot-command", err)
+	}
 
 	// Renewal: a new certificate, recorded on the Host, served by the
 	// agent to new connections and kept on disk.

@@ -27,8 +27,10 @@ import (
 	"github.com/kilnhq/kiln/agent/identity"
 	"github.com/kilnhq/kiln/agent/journal"
 	"github.com/kilnhq/kiln/agent/logring"
+	"github.com/kilnhq/kiln/agent/reboot"
 	"github.com/kilnhq/kiln/agent/renew"
 	"github.com/kilnhq/kiln/agent/server"
+	"github.com/kilnhq/kiln/host/command"
 	"github.com/kilnhq/kiln/internal/backoff"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/version"
@@ -160,10 +162,16 @@ func newEnroll(g *globals) *cobra.Command {
 	return cmd
 }
 
+// runOptions are run's flags.
+type runOptions struct {
+	listen, advertise              string
+	heartbeatInterval              time.Duration
+	rebootCommand, powerOffCommand string
+}
+
 func newRun(g *globals) *cobra.Command {
 	f := &enrollFlags{}
-	var listen, advertise string
-	var hbInterval time.Duration
+	ro := runOptions{}
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Serve the agent API and send heartbeats to the controller",
@@ -184,13 +192,15 @@ func newRun(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return run(ctx, g, id, listen, advertise, hbInterval, ring, log)
+			return run(ctx, g, id, ro, ring, log)
 		},
 	}
 	f.register(cmd)
-	cmd.Flags().StringVar(&listen, "listen", defaultListen, "address of the agent API")
-	cmd.Flags().StringVar(&advertise, "advertise", "", "agent API address to tell the controller (default: the listen address, or the local IP towards the controller)")
-	cmd.Flags().DurationVar(&hbInterval, "heartbeat-interval", heartbeat.DefaultInterval, "heartbeat interval until the controller names one")
+	cmd.Flags().StringVar(&ro.listen, "listen", defaultListen, "address of the agent API")
+	cmd.Flags().StringVar(&ro.advertise, "advertise", "", "agent API address to tell the controller (default: the listen address, or the local IP towards the controller)")
+	cmd.Flags().DurationVar(&ro.heartbeatInterval, "heartbeat-interval", heartbeat.DefaultInterval, "heartbeat interval until the controller names one")
+	cmd.Flags().StringVar(&ro.rebootCommand, "reboot-command", "", `command the Reboot RPC runs, e.g. "systemctl reboot" (default: none, Reboot is refused)`)
+	cmd.Flags().StringVar(&ro.powerOffCommand, "poweroff-command", "", `command Reboot with power_off runs, e.g. "systemctl poweroff" (default: none)`)
 	return cmd
 }
 
@@ -227,7 +237,7 @@ func enrollAtBoot(ctx context.Context, g *globals, f *enrollFlags, log *slog.Log
 	}
 }
 
-func run(ctx context.Context, g *globals, id *identity.Identity, listen, advertise string, interval time.Duration, logs server.LogSource, log *slog.Logger) error {
+func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, logs server.LogSource, log *slog.Logger) error {
 	if na := id.Certificate().Leaf.NotAfter; time.Now().After(na) {
 		// Neither side accepts it any more, and renewal needs it: only a
 		// new enrollment helps.
@@ -245,12 +255,13 @@ func run(ctx context.Context, g *globals, id *identity.Identity, listen, adverti
 		log.Info("pruned old operations", "count", n, "older_than", journalRetention)
 	}
 
-	lis, err := net.Listen("tcp", listen)
+	lis, err := net.Listen("tcp", ro.listen)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", listen, err)
+		return fmt.Errorf("listen on %s: %w", ro.listen, err)
 	}
 	opts := services(g.root, j, log)
 	opts.Logs = logs
+	opts.Rebooter = &reboot.Commands{RebootCommand: ro.rebootCommand, PowerOffCommand: ro.powerOffCommand, Runner: command.Exec{}, Log: log}
 	svc := server.New(opts)
 	gs := server.NewGRPCServer(id.ServerTLS(), svc)
 
@@ -264,8 +275,8 @@ func run(ctx context.Context, g *globals, id *identity.Identity, listen, adverti
 	}
 	defer conn.Close()
 	adv := heartbeat.Advertise(lis.Addr().String(), la)
-	if advertise != "" {
-		adv = func() string { return advertise }
+	if ro.advertise != "" {
+		adv = func() string { return ro.advertise }
 	}
 	agents := controllerv1.NewAgentsClient(conn)
 	hb := heartbeat.New(heartbeat.Options{
@@ -273,7 +284,7 @@ func run(ctx context.Context, g *globals, id *identity.Identity, listen, adverti
 		Address:  adv,
 		Facts:    facter{root: g.root},
 		Version:  version.Version,
-		Interval: interval,
+		Interval: ro.heartbeatInterval,
 		Log:      log,
 	})
 

@@ -19,9 +19,8 @@ import (
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
-// services builds the agent API's implementations. Operations that have
-// no implementation yet (Reboot) are left nil: the API
-// answers Unimplemented for them.
+// services builds the agent API's implementations. Reboot is set by run
+// from its flags.
 func services(root string, j *journal.Journal, log *slog.Logger) server.Options {
 	layer := lay.New(log)
 	return server.Options{
