@@ -203,7 +203,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 func TestRenderUnit(t *testing.T) {
 	unit, err := renderUnit(unitOptions{Exec: "/usr/local/bin/kiln-agent", DataDir: "/var/lib/kiln-agent", Listen: ":7441", Root: "/"})
 	require.NoError(t, err)
-	want := "ExecStart=/usr/local/bin/kiln-agent run --data-dir /var/lib/kiln-agent --listen :7441\n"
+	want := "ExecStart=/usr/local/bin/kiln-agent run --data-dir /var/lib/kiln-agent --listen :7441 --reboot-command \"systemctl reboot\" --poweroff-command \"systemctl poweroff\"\n"
 	if !strings.Contains(string(unit), want) {
 		t.Errorf("renderUnit() = %s, want a line %q", unit, want)
 	}
@@ -324,7 +324,7 @@ func TestInstallUnitWithoutSystemd(t *testing.T) {
 	unit := string(mustRead(t, path))
 	exe, err := os.Executable()
 	require.NoError(t, err)
-	want := "ExecStart=" + exe + " run --data-dir /var/lib/kiln-agent --listen :7441 --root " + root + "\n"
+	want := "ExecStart=" + exe + " run --data-dir /var/lib/kiln-agent --listen :7441 --root " + root + " --reboot-command"
 	if !strings.Contains(unit, want) {
 		t.Errorf("installUnit() wrote\n%s\nwant a line %q", unit, want)
 	}

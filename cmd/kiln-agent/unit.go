@@ -30,7 +30,7 @@ Wants=network-online.target
 After=network-online.target
 
 [Service]
-ExecStart={{.Exec}} run --data-dir {{.DataDir}} --listen {{.Listen}}{{if ne .Root "/"}} --root {{.Root}}{{end}}
+ExecStart={{.Exec}} run --data-dir {{.DataDir}} --listen {{.Listen}}{{if ne .Root "/"}} --root {{.Root}}{{end}} --reboot-command "systemctl reboot" --poweroff-command "systemctl poweroff"
 Restart=always
 RestartSec=5
 
