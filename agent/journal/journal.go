@@ -443,7 +443,7 @@ func (j *Journal) followFile(ctx context.Context, id, kind string, send Send) er
 	if err != nil {
 		return fmt.Errorf("journal: operation %q: %w", id, err)
 	}
-	if kind != "" && len(events) > 0 && events[0].GetKind() != kind {
+	if kind != "" && len(events) > 0 && events[0].GetKind() != "" && events[0].GetKind() != kind {
 		return errdefs.FailedPrecondition("operation %q is a %s operation, not %s", id, events[0].GetKind(), kind)
 	}
 	for _, ev := range events {
