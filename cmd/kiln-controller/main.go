@@ -75,6 +75,8 @@ func runCmd() *cobra.Command {
 		id          string
 		serverNames []string
 		electionTTL time.Duration
+		heartbeat   time.Duration
+		silence     time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -89,6 +91,8 @@ func runCmd() *cobra.Command {
 			cfg.ID = id
 			cfg.ServerNames = serverNames
 			cfg.ElectionTTL = electionTTL
+			cfg.HeartbeatInterval = heartbeat
+			cfg.AgentSilence = silence
 			ctl, err := controller.New(cfg, log)
 			if err != nil {
 				return err
@@ -111,6 +115,8 @@ func runCmd() *cobra.Command {
 	cmd.Flags().StringVar(&id, "id", "", "replica name in the leader election (default <hostname>-<pid>)")
 	cmd.Flags().StringSliceVar(&serverNames, "server-name", nil, "extra DNS names or IPs for the API certificate (repeatable)")
 	cmd.Flags().DurationVar(&electionTTL, "election-ttl", controller.DefaultElectionTTL, "leader lease; a crashed leader is replaced after about this long")
+	cmd.Flags().DurationVar(&heartbeat, "heartbeat-interval", 10*time.Second, "interval agents are told to send heartbeats at")
+	cmd.Flags().DurationVar(&silence, "agent-silence", 0, "silence after which a host is marked AgentReachable=False (default 3 heartbeat intervals)")
 	return cmd
 }
 
