@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 
 	"github.com/kilnhq/kiln/controller"
@@ -399,4 +400,24 @@ func TestClusterCIDROverlappingAHostNetworkIsRefused(t *testing.T) {
 	// The default route and link-local addresses are not host networks.
 	_, err = rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{cluster("172.20.0.0/16")}})
 	require.NoError(t, err)
+}
+
+func TestEventsExpire(t *testing.T) {
+	ctx := context.Background()
+	env := controllertest.Start(t)
+	_, err := resourcesClient(t, env, "admin").Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{host("ev-01", "")}})
+	require.NoError(t, err)
+	cl := env.Store().Client()
+	resp, err := cl.Get(ctx, "/kiln/v1/events/hosts/ev-01/", clientv3.WithPrefix())
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1, "events of hosts/ev-01")
+	kv := resp.Kvs[0]
+	if kv.Lease == 0 {
+		t.Fatalf("event %s has no lease: it would never expire", kv.Key)
+	}
+	ttl, err := cl.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
+	require.NoError(t, err)
+	if ttl.TTL <= 0 || ttl.GrantedTTL > int64((time.Hour+time.Minute)/time.Second) {
+		t.Errorf("event lease TTL %ds (granted %ds), want an expiring lease of about 1h", ttl.TTL, ttl.GrantedTTL)
+	}
 }
