@@ -32,6 +32,9 @@ import (
 // kiln-agent.service is active and that its heartbeats reach the
 // controller as that host.
 func TestMinimalImageBootsAsLabHost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds an image (about a minute with a warm rootfs cache)")
+	}
 	needBuilder(t, minimalSpec(t, "/unused"))
 	for tool, pkg := range map[string]string{"systemd-nspawn": "systemd-container"} {
 		if _, err := exec.LookPath(tool); err != nil {

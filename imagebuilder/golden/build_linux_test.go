@@ -150,6 +150,9 @@ func (w testWriter) Write(p []byte) (int, error) {
 // resource that kilnctl accepts, the agent and baked prep inside the root
 // filesystem, and the same bytes both times.
 func TestBuildMinimal(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds an image (about a minute with a warm rootfs cache)")
+	}
 	needBuilder(t, minimalSpec(t, "/unused"))
 	res := sharedMinimal(t)
 	out := filepath.Dir(res.RawPath)
@@ -351,6 +354,9 @@ func TestBuildBadSpec(t *testing.T) {
 // TestBuildFailureLeavesNothing: a step that fails (here the disk, with a
 // root size too small for the tree) leaves no output and no work directory.
 func TestBuildFailureLeavesNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds an image (about a minute with a warm rootfs cache)")
+	}
 	s := minimalSpec(t, "/unused")
 	needBuilder(t, s)
 	s = minimalSpec(t, agentBinary(t))
