@@ -2,6 +2,7 @@ package qemu_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -36,7 +37,7 @@ var media struct {
 }
 
 // bootMedia builds the boot media once per test process.
-func bootMedia(t *testing.T) string {
+func bootMedia(t testing.TB) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("boots a VM")
@@ -76,7 +77,7 @@ func (i tokens) BootToken(ctx context.Context, host string) (string, error) {
 
 // waitEnrolled waits until the host's boot agent has enrolled and sent a
 // heartbeat, and returns the Host.
-func waitEnrolled(t *testing.T, env *controllertest.Env, vm *qemu.VM, host string) *typesv1.Host {
+func waitEnrolled(t testing.TB, env *controllertest.Env, vm *qemu.VM, host string) *typesv1.Host {
 	t.Helper()
 	deadline := time.Now().Add(bootTimeout)
 	for time.Now().Before(deadline) {
@@ -92,7 +93,7 @@ func waitEnrolled(t *testing.T, env *controllertest.Env, vm *qemu.VM, host strin
 	return nil
 }
 
-func controllerPort(t *testing.T, env *controllertest.Env) string {
+func controllerPort(t testing.TB, env *controllertest.Env) string {
 	_, port, err := net.SplitHostPort(env.Addr)
 	require.NoError(t, err)
 	return port
@@ -100,7 +101,7 @@ func controllerPort(t *testing.T, env *controllertest.Env) string {
 
 // bootServer serves the boot media on loopback for VMs on user-mode
 // networking, which reach the host's loopback as 10.0.2.2.
-func userNetBootServer(t *testing.T, env *controllertest.Env, dir string) *httptest.Server {
+func userNetBootServer(t testing.TB, env *controllertest.Env, dir string) *httptest.Server {
 	bs, err := bootserver.New(bootserver.Options{
 		MediaDir:       dir,
 		ControllerAddr: "10.0.2.2:" + controllerPort(t, env),
@@ -114,22 +115,79 @@ func userNetBootServer(t *testing.T, env *controllertest.Env, dir string) *httpt
 	return ts
 }
 
-func checkBoot(t *testing.T, h *typesv1.Host, vm *qemu.VM, wantSource string, t0 time.Time) {
-	t.Helper()
+func checkBoot(tb testing.TB, r *bootResult, wantSource string) {
+	tb.Helper()
+	h := r.host
 	if got := h.GetStatus().GetAgent().GetBootSource(); got != wantSource {
-		t.Errorf("host %s reports boot source %q, want %q", h.GetMetadata().GetName(), got, wantSource)
+		tb.Errorf("host %s reports boot source %q, want %q", h.GetMetadata().GetName(), got, wantSource)
 	}
 	if got := h.GetStatus().GetAgent().GetMode(); got != "boot" {
-		t.Errorf("host %s agent mode %q, want boot", h.GetMetadata().GetName(), got)
+		tb.Errorf("host %s agent mode %q, want boot", h.GetMetadata().GetName(), got)
 	}
 	if got := h.GetStatus().GetFacts().GetOsId(); got != "kiln-boot" {
-		t.Errorf("host %s facts os_id %q, want kiln-boot (the boot media's os-release)", h.GetMetadata().GetName(), got)
+		tb.Errorf("host %s facts os_id %q, want kiln-boot (the boot media's os-release)", h.GetMetadata().GetName(), got)
 	}
-	t.Logf("%s boot into a checked-in agent: %.1fs", wantSource, time.Since(t0).Seconds())
-	b, _ := os.ReadFile(vm.SerialLog())
-	if !strings.Contains(string(b), "kiln-init: agent up") {
-		t.Errorf("serial console lacks kiln-init: agent up")
+	if r.agentUp == 0 {
+		tb.Errorf("serial console lacks kiln-init: agent up")
 	}
+	tb.Logf("%s boot: agent up after %.1fs, enrolled and checked in after %.1fs", wantSource, r.agentUp.Seconds(), r.enrolled.Seconds())
+}
+
+// bootResult is what a boot into the agent gave.
+type bootResult struct {
+	env *controllertest.Env
+	vm  *qemu.VM
+	// host as the controller stored it after the agent checked in.
+	host *typesv1.Host
+	// agentUp is the time from power on to "kiln-init: agent up" on the
+	// serial console; enrolled to the agent's first heartbeat.
+	agentUp, enrolled time.Duration
+}
+
+// watchAgentUp reports the time from t0 until the serial console shows
+// the init starting the agent.
+func watchAgentUp(vm *qemu.VM, t0 time.Time, stop <-chan struct{}) <-chan time.Duration {
+	ch := make(chan time.Duration, 1)
+	go func() {
+		for {
+			b, _ := os.ReadFile(vm.SerialLog())
+			if strings.Contains(string(b), "kiln-init: agent up") {
+				ch <- time.Since(t0)
+				return
+			}
+			select {
+			case <-stop:
+				ch <- 0
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	return ch
+}
+
+func finish(tb testing.TB, r *bootResult, name string, t0 time.Time) {
+	stop := make(chan struct{})
+	up := watchAgentUp(r.vm, t0, stop)
+	r.host = waitEnrolled(tb, r.env, r.vm, name)
+	r.enrolled = time.Since(t0)
+	close(stop)
+	r.agentUp = <-up
+}
+
+// bootISO boots a VM named name from its per-host ISO (virtual media from
+// the boot server, on user-mode networking) into the agent.
+func bootISO(tb testing.TB, name string) *bootResult {
+	dir := bootMedia(tb)
+	env := controllertest.Start(tb)
+	ts := userNetBootServer(tb, env, dir)
+	vm := newVM(tb, qemu.Options{Name: name, DiskSize: 64 << 20})
+	require.NoError(tb, vm.InsertMedia(bootserver.ISOURL(ts.URL, name)))
+	t0 := time.Now()
+	require.NoError(tb, vm.PowerOn(context.Background(), machine.BootCD))
+	r := &bootResult{env: env, vm: vm}
+	finish(tb, r, name, t0)
+	return r
 }
 
 // TestISOBootEnrolls inserts the host's ISO from the boot server as
@@ -137,26 +195,17 @@ func checkBoot(t *testing.T, h *typesv1.Host, vm *qemu.VM, wantSource string, t0
 // agent to enroll with the controller using the ISO's one-time token and
 // report boot source virtualmedia.
 func TestISOBootEnrolls(t *testing.T) {
-	dir := bootMedia(t)
-	env := controllertest.Start(t)
-	ts := userNetBootServer(t, env, dir)
-	vm := newVM(t, qemu.Options{Name: "iso-vm1", DiskSize: 64 << 20})
-	ctx := context.Background()
-
-	require.NoError(t, vm.InsertMedia(bootserver.ISOURL(ts.URL, "iso-vm1")))
-	t0 := time.Now()
-	require.NoError(t, vm.PowerOn(ctx, machine.BootCD))
-	h := waitEnrolled(t, env, vm, "iso-vm1")
-	checkBoot(t, h, vm, "virtualmedia", t0)
+	r := bootISO(t, "iso-vm1")
+	checkBoot(t, r, "virtualmedia")
 
 	// A graceful power off reaches the guest's power button handler.
-	pctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	require.NoError(t, vm.PowerOff(pctx, true))
-	if vm.State() {
+	require.NoError(t, r.vm.PowerOff(ctx, true))
+	if r.vm.State() {
 		t.Errorf("State() after a graceful PowerOff = on")
 	}
-	b, _ := os.ReadFile(vm.SerialLog())
+	b, _ := os.ReadFile(r.vm.SerialLog())
 	if !strings.Contains(string(b), "kiln-init: power button") {
 		t.Errorf("graceful power off did not reach the guest (no power button message); power was cut")
 	}
@@ -188,8 +237,10 @@ func TestRedfishVirtualMediaBoot(t *testing.T) {
 	require.NoError(t, b.SetBootDevice(ctx, bmc.BootCDROM, false, false))
 	t0 := time.Now()
 	require.NoError(t, b.PowerOn(ctx))
-	h := waitEnrolled(t, env, vm, "rf-vm1")
-	checkBoot(t, h, vm, "virtualmedia", t0)
+	r := &bootResult{env: env, vm: vm}
+	finish(t, r, "rf-vm1", t0)
+	checkBoot(t, r, "virtualmedia")
+	h := r.host
 	if err := bmc.VerifyBoot(bmc.BootCDROM, h.GetStatus().GetAgent().GetBootSource()); err != nil {
 		t.Errorf("VerifyBoot(cdrom, %q) = %v", h.GetStatus().GetAgent().GetBootSource(), err)
 	}
@@ -214,6 +265,19 @@ func TestRedfishVirtualMediaBoot(t *testing.T) {
 // initramfs from the boot server, and the agent enrolls through a forward
 // to the controller and reports boot source pxe.
 func TestPXEBootEnrolls(t *testing.T) {
+	r := bootPXE(t, "pxe-vm1")
+	checkBoot(t, r, "pxe")
+	var addrs []string
+	for _, n := range r.host.GetStatus().GetFacts().GetNics() {
+		addrs = append(addrs, n.GetAddresses()...)
+	}
+	if !strings.Contains(strings.Join(addrs, " "), "10.77.0.10/") {
+		t.Errorf("agent facts addresses %v, want the dnsmasq reservation 10.77.0.10", addrs)
+	}
+}
+
+// bootPXE boots a VM named name by PXE on a lab network into the agent.
+func bootPXE(t testing.TB, name string) *bootResult {
 	dir := bootMedia(t)
 	if os.Geteuid() != 0 {
 		t.Skip("PXE on a lab network namespace needs root")
@@ -245,23 +309,38 @@ func TestPXEBootEnrolls(t *testing.T) {
 		Interface:  ln.Bridge(),
 		RangeStart: "10.77.0.100", RangeEnd: "10.77.0.150",
 		BootServer: "http://" + ip + ":8080",
-		Hosts:      []bootserver.DnsmasqHost{{MAC: mac, IP: "10.77.0.10", Name: "pxe-vm1"}},
+		Hosts:      []bootserver.DnsmasqHost{{MAC: mac, IP: "10.77.0.10", Name: name}},
 		EnableRA:   true,
 		LeaseFile:  filepath.Join(t.TempDir(), "leases"),
 	})
 	require.NoError(t, ln.StartDnsmasq(ctx, conf))
 
-	vm := newVM(t, qemu.Options{Name: "pxe-vm1", DiskSize: 64 << 20, MAC: mac,
+	vm := newVM(t, qemu.Options{Name: name, DiskSize: 64 << 20, MAC: mac,
 		Network: qemu.Network{Netns: ln.Name(), Tap: ln.Tap()}})
 	t0 := time.Now()
 	require.NoError(t, vm.PowerOn(ctx, machine.BootPXE))
-	h := waitEnrolled(t, env, vm, "pxe-vm1")
-	checkBoot(t, h, vm, "pxe", t0)
-	var addrs []string
-	for _, n := range h.GetStatus().GetFacts().GetNics() {
-		addrs = append(addrs, n.GetAddresses()...)
-	}
-	if !strings.Contains(strings.Join(addrs, " "), "10.77.0.10/") {
-		t.Errorf("agent facts addresses %v, want the dnsmasq reservation 10.77.0.10", addrs)
+	r := &bootResult{env: env, vm: vm}
+	finish(t, r, name, t0)
+	return r
+}
+
+// BenchmarkBoot measures power on to "agent up" on the serial console and
+// to the agent's enrollment and first heartbeat, per boot path. Run with
+// -benchtime=1x: one boot is 10-40 s under TCG.
+func BenchmarkBoot(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		boot func(testing.TB, string) *bootResult
+	}{{"iso", bootISO}, {"pxe", bootPXE}} {
+		b.Run(tc.name, func(b *testing.B) {
+			var up, enrolled time.Duration
+			for i := range b.N {
+				r := tc.boot(b, fmt.Sprintf("bench-%s-%d", tc.name, i))
+				up += r.agentUp
+				enrolled += r.enrolled
+			}
+			b.ReportMetric(up.Seconds()/float64(b.N), "s-to-agent-up")
+			b.ReportMetric(enrolled.Seconds()/float64(b.N), "s-to-enrolled")
+		})
 	}
 }

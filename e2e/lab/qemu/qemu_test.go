@@ -18,14 +18,14 @@ import (
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
-func needQEMU(t *testing.T) {
+func needQEMU(t testing.TB) {
 	t.Helper()
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		t.Skip("qemu-system-x86_64 not installed (apt-get install qemu-system-x86 ipxe-qemu)")
 	}
 }
 
-func newVM(t *testing.T, o qemu.Options) *qemu.VM {
+func newVM(t testing.TB, o qemu.Options) *qemu.VM {
 	t.Helper()
 	if o.Dir == "" {
 		o.Dir = t.TempDir()
@@ -144,7 +144,7 @@ func TestNewValidates(t *testing.T) {
 	}
 }
 
-func waitSerial(t *testing.T, vm *qemu.VM, want string, timeout time.Duration) {
+func waitSerial(t testing.TB, vm *qemu.VM, want string, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
