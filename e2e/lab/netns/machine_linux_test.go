@@ -215,7 +215,10 @@ func (s *syncBuffer) String() string {
 
 type testWriter struct{ t *testing.T }
 
-func (w testWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
 
 // TestDiskBoot builds a small Debian root (cached) and a GPT disk from
 // it, boots the disk under systemd-nspawn to a running systemd, reboots

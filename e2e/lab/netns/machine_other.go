@@ -30,7 +30,9 @@ func (*Machine) PowerOff(context.Context, bool) error {
 }
 
 // Reset implements machine.Machine.
-func (*Machine) Reset(context.Context) error { return errdefs.NotSupported("netns machine: needs Linux") }
+func (*Machine) Reset(context.Context) error {
+	return errdefs.NotSupported("netns machine: needs Linux")
+}
 
 // State implements machine.Machine.
 func (*Machine) State() bool { return false }

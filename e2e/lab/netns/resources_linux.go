@@ -54,10 +54,10 @@ func startTime(pid int) uint64 {
 }
 
 // ProcessAlive reports whether the process id (from ProcessID) still
-// runs: same PID, same start time.
+// runs: same PID, same start time, not a zombie.
 func ProcessAlive(id string) bool {
 	pid, st, ok := parseProcessID(id)
-	return ok && startTime(pid) == st && st != 0
+	return ok && st != 0 && startTime(pid) == st && state(pid) != "Z"
 }
 
 func parseProcessID(id string) (pid int, start uint64, ok bool) {
@@ -317,7 +317,11 @@ func Remove(ctx context.Context, r Resource) error {
 		if _, err := os.Stat("/sys/class/net/" + r.Value); err != nil {
 			return nil
 		}
-		return ip(ctx, "link", "del", r.Value)
+		// A veth goes away with its peer's namespace, asynchronously.
+		if err := ip(ctx, "link", "del", r.Value); err != nil && !strings.Contains(err.Error(), "Cannot find device") {
+			return err
+		}
+		return nil
 	}
 	return errdefs.InvalidArgument("resource kind %q unknown", r.Kind)
 }

@@ -1,0 +1,279 @@
+// Package rack runs a lab rack on one Linux machine: an nftables guard
+// that keeps lab traffic off the machine's uplink, a bridge on a lab-only
+// subnet, N hosts (e2e/lab/netns machines) each behind its own Redfish
+// emulator on loopback, and K more behind real ipmi_sim BMCs.
+//
+// The BMC emulators must outlive the command that starts the lab, so the
+// lab is served by a long-running supervisor process (Serve; `kilnctl lab
+// serve`), which Up starts in the background and waits for. Everything
+// the lab creates — the nft table, the bridge, namespaces, veths, mounts,
+// loop devices, cgroups and the PIDs of every process — is written to a
+// state file in the state directory before it is created (processes right
+// after they start), so Down can remove all of it even after the
+// supervisor crashed. Status reads the state file.
+//
+// BMC credentials are generated per host and kept in credentials.json
+// (mode 0600) in the state directory; they are lab-only, still they never
+// go to logs or to the state file.
+package rack
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/kilnhq/kiln/e2e/lab/netns"
+	"github.com/kilnhq/kiln/internal/errdefs"
+)
+
+// File names in the state directory.
+const (
+	StateFile       = "state.json"
+	CredentialsFile = "credentials.json"
+	OptionsFile     = "options.json"
+	ServeLog        = "serve.log"
+	// CmdlineExtra, in a host's directory, is added to the kernel command
+	// line of the host's next PXE or virtual-media boot (for a per-boot
+	// token: "kiln.token=ID.SECRET").
+	CmdlineExtra = "cmdline.extra"
+)
+
+// Resource kinds of the rack itself (besides netns' kinds).
+const (
+	KindNFT = "nft" // an nftables table: "inet kiln-lab-NAME"
+)
+
+// Phases of a lab.
+const (
+	PhaseStarting = "starting"
+	PhaseReady    = "ready"
+	PhaseFailed   = "failed"
+	PhaseStopped  = "stopped"
+)
+
+// BMC protocols.
+const (
+	ProtocolRedfish = "redfish"
+	ProtocolIPMI    = "ipmi"
+)
+
+// Options configure a lab.
+type Options struct {
+	// Name of the lab: 1–8 lowercase letters or digits (default "kiln").
+	Name string `json:"name"`
+	// Hosts is the number of hosts behind Redfish emulators.
+	Hosts int `json:"hosts"`
+	// IPMI is the number of further hosts behind ipmi_sim BMCs.
+	IPMI int `json:"ipmi"`
+	// Backend is the machine backend; only "netns" (the default) so far.
+	Backend string `json:"backend"`
+	// StateDir holds the state file, credentials, host disks and logs
+	// (default /var/lib/kiln/lab/NAME).
+	StateDir string `json:"stateDir"`
+	// Subnet is the lab's IPv4 /24 (default: a free 10.251.X.0/24); the
+	// bridge takes .1, hosts .2 onwards.
+	Subnet string `json:"subnet,omitempty"`
+	// AgentBinary is the boot media's program: PXE and virtual-media
+	// boots run `AGENT run --data-dir HOSTDIR/agent`. Empty: they boot
+	// nothing.
+	AgentBinary string `json:"agentBinary,omitempty"`
+	// ControllerURL and CAHash go on the boot agent's kernel command line
+	// (kiln.controller=, kiln.ca_hash=). The controller must listen on
+	// the bridge address to be reachable from the hosts.
+	ControllerURL string `json:"controllerURL,omitempty"`
+	CAHash        string `json:"caHash,omitempty"`
+	// DiskSize of each host's sparse disk (default 8 GiB).
+	DiskSize int64 `json:"diskSize,omitempty"`
+	// ServeCommand starts the supervisor, for example {"kilnctl", "lab",
+	// "serve", "--state-dir", DIR}; ServeEnv is added to its environment.
+	ServeCommand []string `json:"serveCommand"`
+	ServeEnv     []string `json:"serveEnv,omitempty"`
+	// ChassisCommand is the chassis_control program of the ipmi_sim BMCs
+	// (kiln-chassis, or {"kilnctl", "lab", "chassis"}); required when
+	// IPMI > 0.
+	ChassisCommand []string `json:"chassisCommand,omitempty"`
+	// ReadyTimeout bounds Up's wait for the supervisor (default 2 min).
+	ReadyTimeout time.Duration `json:"readyTimeout,omitempty"`
+}
+
+// DefaultStateDir is where a lab keeps its state unless told otherwise.
+func DefaultStateDir(name string) string {
+	if name == "" {
+		name = "kiln"
+	}
+	return filepath.Join("/var/lib/kiln/lab", name)
+}
+
+func (o *Options) defaults() error {
+	if o.Name == "" {
+		o.Name = "kiln"
+	}
+	if len(o.Name) > 8 {
+		return errdefs.InvalidArgument("lab name %q: at most 8 characters (it names interfaces)", o.Name)
+	}
+	for _, r := range o.Name {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9') {
+			return errdefs.InvalidArgument("lab name %q: lowercase letters and digits only", o.Name)
+		}
+	}
+	if o.Backend == "" {
+		o.Backend = "netns"
+	}
+	if o.Backend != "netns" {
+		return errdefs.NotSupported("lab backend %q: only netns is built", o.Backend)
+	}
+	if o.Hosts < 0 || o.IPMI < 0 || o.Hosts+o.IPMI == 0 || o.Hosts+o.IPMI > 200 {
+		return errdefs.InvalidArgument("lab: %d Redfish and %d IPMI hosts: want 1 to 200 in all", o.Hosts, o.IPMI)
+	}
+	if o.IPMI > 0 && len(o.ChassisCommand) == 0 {
+		return errdefs.InvalidArgument("lab: IPMI hosts need a chassis command (kiln-chassis)")
+	}
+	if o.StateDir == "" {
+		o.StateDir = DefaultStateDir(o.Name)
+	}
+	if !filepath.IsAbs(o.StateDir) {
+		abs, err := filepath.Abs(o.StateDir)
+		if err != nil {
+			return fmt.Errorf("lab: state dir: %w", err)
+		}
+		o.StateDir = abs
+	}
+	if o.DiskSize == 0 {
+		o.DiskSize = 8 << 30
+	}
+	if o.ReadyTimeout == 0 {
+		o.ReadyTimeout = 2 * time.Minute
+	}
+	return nil
+}
+
+// State is the lab as recorded in the state file.
+type State struct {
+	Name    string `json:"name"`
+	Backend string `json:"backend"`
+	Phase   string `json:"phase"`
+	// Error says why the lab failed to come up.
+	Error string `json:"error,omitempty"`
+	// Serve is the supervisor's process ("PID:STARTTIME").
+	Serve    string `json:"serve,omitempty"`
+	NFTTable string `json:"nftTable,omitempty"`
+	// Uplink is the interface the guard keeps lab traffic off.
+	Uplink  string `json:"uplink,omitempty"`
+	Bridge  string `json:"bridge,omitempty"`
+	Subnet  string `json:"subnet,omitempty"`
+	Gateway string `json:"gateway,omitempty"`
+	Hosts   []Host `json:"hosts,omitempty"`
+	// Resources is everything created, in order of creation.
+	Resources []netns.Resource `json:"resources,omitempty"`
+	Updated   time.Time        `json:"updated"`
+}
+
+// Host is one lab host.
+type Host struct {
+	Name      string `json:"name"`
+	Namespace string `json:"namespace"`
+	Machine   string `json:"machine"`
+	Address   string `json:"address"`
+	MAC       string `json:"mac"`
+	Disk      string `json:"disk"`
+	Dir       string `json:"dir"`
+	BMC       BMC    `json:"bmc"`
+}
+
+// BMC is how to reach a host's emulated BMC.
+type BMC struct {
+	Protocol string `json:"protocol"`
+	// Address is the Redfish base URL or the IPMI host:port.
+	Address string `json:"address,omitempty"`
+	// Insecure: the Redfish emulator's certificate is self-signed.
+	Insecure bool `json:"insecure,omitempty"`
+}
+
+// Credentials are a BMC's user and password.
+type Credentials struct {
+	Username string `json:"username"`
+	Password string `json:"password"`
+}
+
+// ReadState reads the state file of the lab in dir. It returns NotFound
+// when there is none.
+func ReadState(dir string) (*State, error) {
+	b, err := os.ReadFile(filepath.Join(dir, StateFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, errdefs.NotFound("no lab in %s (no %s)", dir, StateFile)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lab state: %w", err)
+	}
+	var s State
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("lab state %s: %w", filepath.Join(dir, StateFile), err)
+	}
+	return &s, nil
+}
+
+// ReadCredentials reads the BMC credentials of the lab in dir, by host.
+func ReadCredentials(dir string) (map[string]Credentials, error) {
+	b, err := os.ReadFile(filepath.Join(dir, CredentialsFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return map[string]Credentials{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lab credentials: %w", err)
+	}
+	c := map[string]Credentials{}
+	if err := json.Unmarshal(b, &c); err != nil {
+		return nil, fmt.Errorf("lab credentials: %w", err)
+	}
+	return c, nil
+}
+
+// writeJSON writes v to path atomically with mode perm.
+func writeJSON(path string, v any, perm os.FileMode) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, perm)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(append(b, '\n')); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// Report is a lab's state as Status and Up return it.
+type Report struct {
+	*State
+	// Running: the supervisor process is alive.
+	Running bool
+	// Credentials of each host's BMC, by host name.
+	Credentials map[string]Credentials
+}
+
+// Status reads the lab in dir. It returns NotFound when there is none.
+func Status(dir string) (*Report, error) {
+	st, err := ReadState(dir)
+	if err != nil {
+		return nil, err
+	}
+	creds, err := ReadCredentials(dir)
+	if err != nil {
+		return nil, err
+	}
+	return &Report{State: st, Running: st.Serve != "" && netns.ProcessAlive(st.Serve), Credentials: creds}, nil
+}

@@ -1,0 +1,572 @@
+package rack
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kilnhq/kiln/e2e/lab/ipmisim"
+	"github.com/kilnhq/kiln/e2e/lab/netns"
+	"github.com/kilnhq/kiln/e2e/lab/redfish"
+	"github.com/kilnhq/kiln/internal/errdefs"
+)
+
+// Up starts a lab: it writes the options into the state directory, starts
+// opts.ServeCommand (which must call Serve for that directory) in the
+// background and waits until the supervisor reports the lab ready. When
+// the lab does not come up, Up removes whatever was created (Down) and
+// returns the supervisor's error. It returns AlreadyExists when a lab is
+// running in the state directory and FailedPrecondition when a dead one
+// left its state there (run Down).
+func Up(ctx context.Context, opts Options) (*Report, error) {
+	if err := opts.defaults(); err != nil {
+		return nil, err
+	}
+	if len(opts.ServeCommand) == 0 {
+		return nil, errdefs.InvalidArgument("lab: no serve command")
+	}
+	if os.Geteuid() != 0 {
+		return nil, errdefs.FailedPrecondition("lab up: needs root (namespaces, bridge, nftables)")
+	}
+	if st, err := ReadState(opts.StateDir); err == nil {
+		if netns.ProcessAlive(st.Serve) {
+			return nil, errdefs.AlreadyExists("lab %q is already up (state in %s)", st.Name, opts.StateDir)
+		}
+		return nil, errdefs.FailedPrecondition("a lab left its state in %s: run `kilnctl lab down --state-dir %s` first", opts.StateDir, opts.StateDir)
+	}
+	if err := os.MkdirAll(opts.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("lab up: %w", err)
+	}
+	if err := writeJSON(filepath.Join(opts.StateDir, OptionsFile), opts, 0o600); err != nil {
+		return nil, fmt.Errorf("lab up: %w", err)
+	}
+	logf, err := os.OpenFile(filepath.Join(opts.StateDir, ServeLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lab up: %w", err)
+	}
+	cmd := exec.Command(opts.ServeCommand[0], opts.ServeCommand[1:]...)
+	cmd.Env = append(os.Environ(), opts.ServeEnv...)
+	cmd.Dir = opts.StateDir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	logf.Close()
+	if err != nil {
+		return nil, fmt.Errorf("lab up: start supervisor: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+
+	fail := func(err error) (*Report, error) {
+		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if derr := Down(dctx, opts.StateDir, nil); derr != nil {
+			err = fmt.Errorf("%w (and cleaning up: %v)", err, derr)
+		}
+		return nil, err
+	}
+	deadline := time.NewTimer(opts.ReadyTimeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if st, err := ReadState(opts.StateDir); err == nil {
+			switch st.Phase {
+			case PhaseReady:
+				return Status(opts.StateDir)
+			case PhaseFailed:
+				return fail(fmt.Errorf("lab up: %s", st.Error))
+			}
+		}
+		select {
+		case <-exited:
+			if st, err := ReadState(opts.StateDir); err == nil && st.Phase == PhaseReady {
+				continue
+			}
+			return fail(fmt.Errorf("lab up: supervisor exited: %s", logTail(filepath.Join(opts.StateDir, ServeLog))))
+		case <-deadline.C:
+			return fail(errdefs.Unavailable("lab up: not ready after %s: %s", opts.ReadyTimeout, logTail(filepath.Join(opts.StateDir, ServeLog))))
+		case <-ctx.Done():
+			return fail(fmt.Errorf("lab up: %w", ctx.Err()))
+		case <-tick.C:
+		}
+	}
+}
+
+func logTail(path string) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// server is the supervisor of one lab.
+type server struct {
+	dir  string
+	opts Options
+	log  *slog.Logger
+
+	mu sync.Mutex
+	st State
+
+	machines []*netns.Machine
+	redfish  []*redfish.BMC
+	sims     []*ipmisim.Sim
+}
+
+func (s *server) saveLocked() {
+	s.st.Updated = time.Now().UTC()
+	if err := writeJSON(filepath.Join(s.dir, StateFile), &s.st, 0o644); err != nil {
+		s.log.Error("cannot write the lab state", "err", err)
+	}
+}
+
+func (s *server) update(f func(*State)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f(&s.st)
+	s.saveLocked()
+}
+
+// track records a resource in the state file before it is created.
+func (s *server) track(r netns.Resource) {
+	s.update(func(st *State) { st.Resources = append(st.Resources, r) })
+}
+
+// Serve runs the lab whose options Up wrote into dir until ctx ends: it
+// creates the guard, bridge, hosts and BMCs (recording each in the state
+// file first), marks the lab ready, and on ctx's end powers every host
+// off and stops the BMCs. Network resources stay for Down. It blocks, and
+// returns the error that kept the lab from coming up, if any.
+func Serve(ctx context.Context, dir string, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, OptionsFile))
+	if err != nil {
+		return fmt.Errorf("lab serve: %w", err)
+	}
+	var opts Options
+	if err := json.Unmarshal(b, &opts); err != nil {
+		return fmt.Errorf("lab serve: options: %w", err)
+	}
+	if err := opts.defaults(); err != nil {
+		return err
+	}
+	s := &server{dir: dir, opts: opts, log: log.With("component", "lab", "lab", opts.Name)}
+	s.update(func(st *State) {
+		*st = State{Name: opts.Name, Backend: opts.Backend, Phase: PhaseStarting, Serve: netns.ProcessID(os.Getpid())}
+	})
+	if err := s.up(ctx); err != nil {
+		s.log.Error("lab failed to come up", "err", err)
+		s.shutdown()
+		s.update(func(st *State) { st.Phase, st.Error = PhaseFailed, err.Error() })
+		return err
+	}
+	s.update(func(st *State) { st.Phase = PhaseReady })
+	s.log.Info("lab ready", "hosts", len(s.machines), "bridge", s.st.Bridge, "subnet", s.st.Subnet)
+	<-ctx.Done()
+	s.log.Info("lab stopping")
+	s.shutdown()
+	s.update(func(st *State) { st.Phase = PhaseStopped })
+	return nil
+}
+
+func (s *server) up(ctx context.Context) error {
+	o := s.opts
+	// 1. The guard, before any lab network exists.
+	uplinks, err := uplinks(ctx)
+	if err != nil {
+		return err
+	}
+	table := "kiln-lab-" + o.Name
+	s.update(func(st *State) { st.NFTTable, st.Uplink = "inet "+table, strings.Join(uplinks, ",") })
+	s.track(netns.Resource{Kind: KindNFT, Value: "inet " + table})
+	if err := nftGuard(ctx, table, uplinks); err != nil {
+		return err
+	}
+	if len(uplinks) == 0 {
+		s.log.Warn("no default route: the guard has no uplink to block")
+	}
+
+	// 2. The bridge on a lab-only subnet.
+	subnet := o.Subnet
+	if subnet == "" {
+		if subnet, err = freeSubnet(ctx, o.Name); err != nil {
+			return err
+		}
+	}
+	pfx, err := netip.ParsePrefix(subnet)
+	if err != nil || !pfx.Addr().Is4() || pfx.Bits() != 24 {
+		return errdefs.InvalidArgument("lab subnet %q: want an IPv4 /24", subnet)
+	}
+	pfx = pfx.Masked()
+	gw := pfx.Addr().Next()
+	bridge := "kbr-" + o.Name
+	s.update(func(st *State) { st.Bridge, st.Subnet, st.Gateway = bridge, pfx.String(), gw.String() })
+	s.track(netns.Resource{Kind: netns.KindLink, Value: bridge})
+	for _, args := range [][]string{
+		{"link", "add", bridge, "type", "bridge"},
+		{"addr", "add", gw.String() + "/24", "dev", bridge},
+		{"link", "set", bridge, "up"},
+	} {
+		if err := ip(ctx, args...); err != nil {
+			return err
+		}
+	}
+
+	// 3. Credentials, then hosts and their BMCs.
+	n := o.Hosts + o.IPMI
+	creds := map[string]Credentials{}
+	for i := 1; i <= n; i++ {
+		creds[hostName(i)] = Credentials{Username: "admin", Password: randomPassword()}
+	}
+	if err := writeJSON(filepath.Join(s.dir, CredentialsFile), creds, 0o600); err != nil {
+		return fmt.Errorf("lab credentials: %w", err)
+	}
+	chassis := ""
+	if o.IPMI > 0 {
+		if chassis, err = s.chassisWrapper(); err != nil {
+			return err
+		}
+	}
+	addr := gw
+	for i := 1; i <= n; i++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		name := hostName(i)
+		addr = addr.Next()
+		hdir := filepath.Join(s.dir, "hosts", name)
+		agent := netns.Agent{CmdlineFile: filepath.Join(hdir, CmdlineExtra)}
+		if o.AgentBinary != "" {
+			agent.Command = []string{o.AgentBinary, "run", "--data-dir", filepath.Join(hdir, "agent")}
+		}
+		cl := []string{"kiln.host=" + name}
+		if o.ControllerURL != "" {
+			cl = append(cl, "kiln.controller="+o.ControllerURL)
+		}
+		if o.CAHash != "" {
+			cl = append(cl, "kiln.ca_hash="+o.CAHash)
+		}
+		agent.Cmdline = strings.Join(cl, " ")
+		m, err := netns.New(ctx, netns.Options{
+			Name: name, Lab: o.Name, StateDir: hdir, Bridge: bridge,
+			Address: addr.String() + "/24", Gateway: gw.String(),
+			DiskSize: o.DiskSize, Agent: agent, Track: s.track, Logger: s.log,
+		})
+		if err != nil {
+			return err
+		}
+		s.machines = append(s.machines, m)
+		h := Host{Name: name, Namespace: m.Namespace(), Machine: m.MachineName(), Address: addr.String(), MAC: m.MAC(), Disk: m.DiskPath(), Dir: hdir}
+		c := creds[name]
+		if i <= o.Hosts {
+			bmc, err := redfish.New(redfish.Config{
+				Username: c.Username, Password: c.Password, TLS: true, Logger: s.log,
+				Systems: []redfish.System{{ID: "1", Name: name, Manufacturer: "Kiln", Model: "lab netns host",
+					SerialNumber: "KILN-" + strings.ToUpper(o.Name+"-"+name), MACs: []string{m.MAC()}, Machine: m}},
+			})
+			if err != nil {
+				return err
+			}
+			bmc.Start()
+			s.redfish = append(s.redfish, bmc)
+			h.BMC = BMC{Protocol: ProtocolRedfish, Address: bmc.URL(), Insecure: true}
+		} else {
+			sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			sim, err := ipmisim.Start(sctx, ipmisim.Options{
+				Name: "kiln-" + o.Name + "-" + name, User: c.Username, Password: c.Password,
+				ChassisProgram: chassis, Machine: m, Dir: filepath.Join(hdir, "ipmi"), Logger: s.log,
+			})
+			cancel()
+			if err != nil {
+				return err
+			}
+			s.track(netns.Resource{Kind: netns.KindPID, Value: netns.ProcessID(sim.PID())})
+			s.sims = append(s.sims, sim)
+			h.BMC = BMC{Protocol: ProtocolIPMI, Address: sim.Addr()}
+		}
+		s.update(func(st *State) { st.Hosts = append(st.Hosts, h) })
+	}
+	return nil
+}
+
+func hostName(i int) string { return fmt.Sprintf("h%d", i) }
+
+// randomPassword is 16 hex digits: IPMI passwords have at most 16 bytes
+// (20 with IPMI 2.0 only).
+func randomPassword() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// chassisWrapper writes the program ipmi_sim runs for chassis control: a
+// script that executes ChassisCommand with ipmi_sim's arguments.
+func (s *server) chassisWrapper() (string, error) {
+	var q []string
+	for _, a := range s.opts.ChassisCommand {
+		q = append(q, "'"+strings.ReplaceAll(a, "'", `'\''`)+"'")
+	}
+	p := filepath.Join(s.dir, "kiln-chassis")
+	script := "#!/bin/sh\nexec " + strings.Join(q, " ") + " \"$@\"\n"
+	if err := os.WriteFile(p, []byte(script), 0o700); err != nil {
+		return "", fmt.Errorf("lab: chassis program: %w", err)
+	}
+	return p, nil
+}
+
+// shutdown powers every host off (hard) and stops the BMCs.
+func (s *server) shutdown() {
+	for _, b := range s.redfish {
+		b.Close()
+	}
+	for _, sim := range s.sims {
+		sim.Stop()
+	}
+	var wg sync.WaitGroup
+	for _, m := range s.machines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_ = m.PowerOff(ctx, false)
+		}()
+	}
+	wg.Wait()
+}
+
+// Down stops the lab in dir and removes everything its state file
+// records: the supervisor (SIGTERM, then SIGKILL after 60 s), every
+// process, cgroup, mount, loop device, namespace, link and the nft table,
+// then the state directory itself. Things already gone are skipped, so
+// Down can be run again after a partial teardown; the state directory
+// stays when something could not be removed. It returns NotFound when dir
+// holds no lab.
+func Down(ctx context.Context, dir string, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	st, err := ReadState(dir)
+	if errdefs.IsNotFound(err) {
+		if _, serr := os.Stat(filepath.Join(dir, OptionsFile)); serr == nil {
+			// Up wrote its options but the supervisor recorded nothing.
+			return os.RemoveAll(dir)
+		}
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	if st.Serve != "" && netns.ProcessAlive(st.Serve) {
+		pid := 0
+		fmt.Sscanf(st.Serve, "%d:", &pid)
+		log.Info("stopping the lab supervisor", "pid", pid)
+		_ = syscall.Kill(pid, syscall.SIGTERM)
+		deadline := time.Now().Add(60 * time.Second)
+		for netns.ProcessAlive(st.Serve) && time.Now().Before(deadline) && ctx.Err() == nil {
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err := netns.KillProcess(st.Serve); err != nil {
+			return fmt.Errorf("lab down: supervisor: %w", err)
+		}
+	}
+	if st2, err := ReadState(dir); err == nil {
+		st = st2
+	}
+	var errs []error
+	order := []string{netns.KindPID, netns.KindCgroup, netns.KindMount, netns.KindLoop, netns.KindDir, netns.KindNetns, netns.KindLink, KindNFT}
+	for _, kind := range order {
+		rs := slices.Clone(st.Resources)
+		slices.Reverse(rs)
+		for _, r := range rs {
+			if r.Kind != kind {
+				continue
+			}
+			var err error
+			if kind == KindNFT {
+				err = removeTable(ctx, r.Value)
+			} else {
+				err = netns.Remove(ctx, r)
+			}
+			if err != nil {
+				log.Warn("could not remove", "kind", r.Kind, "value", r.Value, "err", err)
+				errs = append(errs, fmt.Errorf("%s %s: %w", r.Kind, r.Value, err))
+			}
+		}
+		if kind == netns.KindDir {
+			for _, h := range st.Hosts {
+				_ = os.RemoveAll(filepath.Join("/run/systemd/nspawn/propagate", h.Machine))
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("lab down: %w (state kept in %s: run down again)", errors.Join(errs...), dir)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("lab down: %w", err)
+	}
+	log.Info("lab removed", "lab", st.Name)
+	return nil
+}
+
+// --- network
+
+func ip(ctx context.Context, args ...string) error {
+	out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// uplinks are the interfaces of the default routes. Equivalent to
+// `ip -j route show default` (and `ip -j -6 ...`).
+func uplinks(ctx context.Context) ([]string, error) {
+	var devs []string
+	for _, fam := range []string{"-4", "-6"} {
+		out, err := exec.CommandContext(ctx, "ip", "-j", fam, "route", "show", "default").Output()
+		if err != nil {
+			return nil, fmt.Errorf("lab: default route: %w", err)
+		}
+		var routes []struct {
+			Dev string `json:"dev"`
+		}
+		if len(strings.TrimSpace(string(out))) > 0 {
+			if err := json.Unmarshal(out, &routes); err != nil {
+				return nil, fmt.Errorf("lab: default route: %w", err)
+			}
+		}
+		for _, r := range routes {
+			if r.Dev != "" && !slices.Contains(devs, r.Dev) {
+				devs = append(devs, r.Dev)
+			}
+		}
+	}
+	return devs, nil
+}
+
+// nftGuard creates the lab's table: forwarded traffic leaving through an
+// uplink is dropped. Equivalent to:
+//
+//	nft add table inet TABLE
+//	nft add chain inet TABLE forward '{ type filter hook forward priority -200; policy accept; }'
+//	nft add rule inet TABLE forward oifname "eth0" counter drop
+func nftGuard(ctx context.Context, table string, uplinks []string) error {
+	if _, err := exec.LookPath("nft"); err != nil {
+		return errdefs.FailedPrecondition("lab: nft not found (Debian package nftables)")
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "table inet %s {\n  chain forward {\n    type filter hook forward priority -200; policy accept;\n", table)
+	for _, u := range uplinks {
+		fmt.Fprintf(&b, "    oifname %q counter drop\n", u)
+	}
+	b.WriteString("  }\n}\n")
+	cmd := exec.CommandContext(ctx, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(b.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("lab: nft guard: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// removeTable deletes an nft table ("inet NAME") if it exists.
+// Equivalent to `nft delete table inet NAME`.
+func removeTable(ctx context.Context, table string) error {
+	fam, name, ok := strings.Cut(table, " ")
+	if !ok {
+		return errdefs.InvalidArgument("nft table %q: want FAMILY NAME", table)
+	}
+	if exec.CommandContext(ctx, "nft", "list", "table", fam, name).Run() != nil {
+		return nil
+	}
+	if out, err := exec.CommandContext(ctx, "nft", "delete", "table", fam, name).CombinedOutput(); err != nil {
+		return fmt.Errorf("nft delete table %s: %w: %s", table, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// freeSubnet picks a 10.251.X.0/24 (X derived from the lab name, then the
+// next ones) that overlaps no address or route of this machine.
+// Equivalent to reading `ip -j -4 addr` and `ip -j -4 route show table all`.
+func freeSubnet(ctx context.Context, name string) (string, error) {
+	used, err := usedPrefixes(ctx)
+	if err != nil {
+		return "", err
+	}
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	start := int(h.Sum32() % 256)
+	for i := range 256 {
+		x := (start + i) % 256
+		cand := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 251, byte(x), 0}), 24)
+		if !slices.ContainsFunc(used, cand.Overlaps) {
+			return cand.String(), nil
+		}
+	}
+	return "", errdefs.Unavailable("lab: no free /24 in 10.251.0.0/16; pass a subnet")
+}
+
+func usedPrefixes(ctx context.Context) ([]netip.Prefix, error) {
+	var used []netip.Prefix
+	out, err := exec.CommandContext(ctx, "ip", "-j", "-4", "addr", "show").Output()
+	if err != nil {
+		return nil, fmt.Errorf("lab: addresses: %w", err)
+	}
+	var links []struct {
+		AddrInfo []struct {
+			Local     string `json:"local"`
+			PrefixLen int    `json:"prefixlen"`
+		} `json:"addr_info"`
+	}
+	if err := json.Unmarshal(out, &links); err != nil {
+		return nil, fmt.Errorf("lab: addresses: %w", err)
+	}
+	for _, l := range links {
+		for _, a := range l.AddrInfo {
+			if p, err := netip.ParsePrefix(fmt.Sprintf("%s/%d", a.Local, a.PrefixLen)); err == nil {
+				used = append(used, p.Masked())
+			}
+		}
+	}
+	out, err = exec.CommandContext(ctx, "ip", "-j", "-4", "route", "show", "table", "all").Output()
+	if err != nil {
+		return nil, fmt.Errorf("lab: routes: %w", err)
+	}
+	var routes []struct {
+		Dst string `json:"dst"`
+	}
+	if err := json.Unmarshal(out, &routes); err != nil {
+		return nil, fmt.Errorf("lab: routes: %w", err)
+	}
+	for _, r := range routes {
+		if r.Dst == "" || r.Dst == "default" {
+			continue
+		}
+		d := r.Dst
+		if !strings.Contains(d, "/") {
+			d += "/32"
+		}
+		if p, err := netip.ParsePrefix(d); err == nil {
+			used = append(used, p.Masked())
+		}
+	}
+	return used, nil
+}

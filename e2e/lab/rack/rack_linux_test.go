@@ -1,0 +1,283 @@
+package rack
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kilnhq/kiln/e2e/lab/ipmisim"
+	"github.com/kilnhq/kiln/e2e/lab/netns"
+)
+
+// serveEnv makes the test binary act as the lab supervisor (what `kilnctl
+// lab serve` does), so Up and Down are tested across processes.
+const serveEnv = "KILN_RACK_TEST_SERVE"
+
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(serveEnv); dir != "" {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+		err := Serve(ctx, dir, slog.New(slog.NewTextHandler(os.Stderr, nil)))
+		stop()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "serve:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// machineState is what a user would compare before and after a lab.
+type machineState struct {
+	netns, links, tables, mounts []string
+}
+
+func lines(t *testing.T, name string, args ...string) []string {
+	t.Helper()
+	out, err := exec.Command(name, args...).Output()
+	require.NoError(t, err, "%s %v", name, args)
+	var ls []string
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			ls = append(ls, strings.Fields(l)[0])
+		}
+	}
+	return ls
+}
+
+func snapshot(t *testing.T) machineState {
+	t.Helper()
+	var s machineState
+	s.netns = lines(t, "ip", "netns", "list")
+	s.links = lines(t, "sh", "-c", "ip -o link show | cut -d: -f2 | cut -d@ -f1")
+	s.tables = lines(t, "sh", "-c", "nft list tables | sed 's/^table //; s/ /:/'")
+	b, err := os.ReadFile("/proc/self/mounts")
+	require.NoError(t, err)
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 1 {
+			s.mounts = append(s.mounts, f[1])
+		}
+	}
+	return s
+}
+
+func diff(before, after []string) []string {
+	var extra []string
+	for _, x := range after {
+		if !slices.Contains(before, x) {
+			extra = append(extra, x)
+		}
+	}
+	return extra
+}
+
+func needLab(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for namespaces, bridges and nftables")
+	}
+	for tool, pkg := range map[string]string{"ip": "iproute2", "nft": "nftables", "ipmi_sim": "openipmi", "ipmitool": "ipmitool"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed (Debian package %s)", tool, pkg)
+		}
+	}
+}
+
+func redfishGet(t *testing.T, url string, c Credentials) int {
+	t.Helper()
+	cl := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // lab emulator, self-signed
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	req.SetBasicAuth(c.Username, c.Password)
+	resp, err := cl.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+func redfishReset(t *testing.T, base string, c Credentials, resetType string) {
+	t.Helper()
+	cl := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // lab emulator, self-signed
+	do := func(method, path, body string) {
+		req, err := http.NewRequest(method, base+path, strings.NewReader(body))
+		require.NoError(t, err)
+		req.SetBasicAuth(c.Username, c.Password)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := cl.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Less(t, resp.StatusCode, 300, "%s %s", method, path)
+	}
+	do(http.MethodPatch, "/redfish/v1/Systems/1", `{"Boot":{"BootSourceOverrideTarget":"Pxe","BootSourceOverrideEnabled":"Once"}}`)
+	do(http.MethodPost, "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset", `{"ResetType":"`+resetType+`"}`)
+}
+
+func ipmiPower(t *testing.T, addr string, c Credentials, args ...string) string {
+	t.Helper()
+	return ipmitool(t, addr, c, append([]string{"chassis", "power"}, args...)...)
+}
+
+func ipmitool(t *testing.T, addr string, c Credentials, args ...string) string {
+	t.Helper()
+	host, port, _ := strings.Cut(addr, ":")
+	cmd := exec.Command("ipmitool", append([]string{"-I", "lanplus", "-C", "3", "-H", host, "-p", port, "-U", c.Username, "-E"}, args...)...)
+	cmd.Env = append(os.Environ(), "IPMITOOL_PASSWORD="+c.Password)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "ipmitool: %s", out)
+	return strings.TrimSpace(string(out))
+}
+
+// TestUpDown brings up a lab of two Redfish hosts and one IPMI host
+// through a supervisor process, powers hosts on through their BMCs, and
+// tears it down — once with the supervisor alive and once after it was
+// killed — checking that no namespace, link, nft table, mount or process
+// of the lab remains.
+func TestUpDown(t *testing.T) {
+	needLab(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	bin := t.TempDir()
+	chassis, err := ipmisim.BuildChassis(ctx, bin)
+	if err != nil {
+		t.Skipf("cannot build kiln-chassis: %v", err)
+	}
+	agent := filepath.Join(bin, "agent")
+	require.NoError(t, os.WriteFile(agent, []byte("#!/bin/sh\nexec sleep infinity\n"), 0o755))
+
+	for _, crash := range []bool{false, true} {
+		t.Run(fmt.Sprintf("supervisor crashed=%v", crash), func(t *testing.T) {
+			before := snapshot(t)
+			dir := filepath.Join(t.TempDir(), "lab")
+			name := fmt.Sprintf("t%d", os.Getpid()%100000)
+			rep, err := Up(ctx, Options{
+				Name: name, Hosts: 2, IPMI: 1, StateDir: dir, DiskSize: 1 << 30,
+				AgentBinary: agent, ControllerURL: "10.0.0.1:7443",
+				ServeCommand: []string{os.Args[0], "-test.run=^$"}, ServeEnv: []string{serveEnv + "=" + dir},
+				ChassisCommand: []string{chassis},
+			})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = Down(context.Background(), dir, nil) })
+
+			require.True(t, rep.Running, "supervisor not running")
+			require.Len(t, rep.Hosts, 3)
+			if got := diff(before.tables, snapshot(t).tables); !slices.Contains(got, "inet:kiln-lab-"+name) {
+				t.Errorf("nft tables added = %v, want inet kiln-lab-%s", got, name)
+			}
+			st, err := os.Stat(filepath.Join(dir, CredentialsFile))
+			require.NoError(t, err)
+			if st.Mode().Perm() != 0o600 {
+				t.Errorf("credentials mode = %v, want 0600", st.Mode().Perm())
+			}
+			stateJSON, _ := os.ReadFile(filepath.Join(dir, StateFile))
+			serveLog, _ := os.ReadFile(filepath.Join(dir, ServeLog))
+			for _, h := range rep.Hosts {
+				c := rep.Credentials[h.Name]
+				require.NotEmpty(t, c.Password, "host %s has no credentials", h.Name)
+				if strings.Contains(string(stateJSON), c.Password) || strings.Contains(string(serveLog), c.Password) {
+					t.Errorf("host %s: BMC password written into the state file or the log", h.Name)
+				}
+			}
+
+			// Redfish hosts answer with their credentials only, and power on.
+			h1 := rep.Hosts[0]
+			require.Equal(t, ProtocolRedfish, h1.BMC.Protocol)
+			if code := redfishGet(t, h1.BMC.Address+"/redfish/v1/Systems/1", rep.Credentials[h1.Name]); code != http.StatusOK {
+				t.Errorf("GET Systems/1 with the host's credentials = %d, want 200", code)
+			}
+			if code := redfishGet(t, h1.BMC.Address+"/redfish/v1/Systems/1", Credentials{"admin", "wrong"}); code != http.StatusUnauthorized {
+				t.Errorf("GET Systems/1 with a wrong password = %d, want 401", code)
+			}
+			redfishReset(t, h1.BMC.Address, rep.Credentials[h1.Name], "On")
+
+			// The IPMI host powers on through ipmi_sim.
+			h3 := rep.Hosts[2]
+			require.Equal(t, ProtocolIPMI, h3.BMC.Protocol)
+			if got := ipmiPower(t, h3.BMC.Address, rep.Credentials[h3.Name], "status"); got != "Chassis Power is off" {
+				t.Errorf("ipmitool power status = %q, want off", got)
+			}
+			ipmitool(t, h3.BMC.Address, rep.Credentials[h3.Name], "chassis", "bootdev", "pxe")
+			ipmiPower(t, h3.BMC.Address, rep.Credentials[h3.Name], "on")
+			if got := ipmiPower(t, h3.BMC.Address, rep.Credentials[h3.Name], "status"); got != "Chassis Power is on" {
+				t.Errorf("ipmitool power status after on = %q, want on", got)
+			}
+
+			// The powered hosts run their boot agents in their namespaces.
+			rep, err = Status(dir)
+			require.NoError(t, err)
+			var pids []string
+			for _, r := range rep.Resources {
+				if r.Kind == netns.KindPID {
+					pids = append(pids, r.Value)
+				}
+			}
+			pids = append(pids, rep.Serve)
+			require.GreaterOrEqual(t, len(pids), 4, "want ipmi_sim, two agents and the supervisor recorded: %v", pids)
+
+			if crash {
+				pid := 0
+				fmt.Sscanf(rep.Serve, "%d:", &pid)
+				require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+				for netns.ProcessAlive(rep.Serve) {
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+			require.NoError(t, Down(ctx, dir, slog.New(slog.NewTextHandler(testWriter{t}, nil))))
+
+			after := snapshot(t)
+			for _, c := range []struct {
+				what          string
+				before, after []string
+			}{{"network namespace", before.netns, after.netns}, {"link", before.links, after.links}, {"nft table", before.tables, after.tables}, {"mount", before.mounts, after.mounts}} {
+				if extra := diff(c.before, c.after); len(extra) > 0 {
+					t.Errorf("after Down: %s left behind: %v", c.what, extra)
+				}
+			}
+			for _, p := range pids {
+				if netns.ProcessAlive(p) {
+					t.Errorf("after Down: process %s still running", p)
+				}
+			}
+			if _, err := os.Stat(dir); err == nil {
+				t.Errorf("after Down: state dir %s still there", dir)
+			}
+		})
+	}
+}
+
+func TestUpInvalid(t *testing.T) {
+	tests := []struct {
+		name string
+		opts Options
+	}{
+		{"no hosts", Options{ServeCommand: []string{"x"}}},
+		{"long name", Options{Name: "waytoolongname", Hosts: 1, ServeCommand: []string{"x"}}},
+		{"bad name", Options{Name: "Lab_1", Hosts: 1, ServeCommand: []string{"x"}}},
+		{"ipmi without chassis", Options{IPMI: 1, ServeCommand: []string{"x"}}},
+		{"qemu backend", Options{Hosts: 1, Backend: "qemu", ServeCommand: []string{"x"}}},
+		{"no serve command", Options{Hosts: 1, StateDir: t.TempDir()}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := Up(context.Background(), tt.opts); err == nil {
+				t.Errorf("Up(%+v) = nil error, want one", tt.opts)
+			}
+		})
+	}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
