@@ -7,7 +7,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/kilnhq/kiln/internal/version.Version=$(VERSION)
 BINARIES := kiln-agent kiln-controller kilnctl kiln-imagebuilder
 
-.PHONY: all build test test-short check generate bench lab lab-down clean $(BINARIES)
+.PHONY: all build test test-short check generate bench lab lab-down kube-tools clean $(BINARIES)
 
 all: build
 
@@ -43,6 +43,11 @@ lab: build
 
 lab-down:
 	./hack/lab.sh down
+
+# The pinned Kubernetes release and its offline image archives, cached in
+# $${KILN_CACHE:-/var/cache/kiln}/kube-tools (docs/kube-tools.md).
+kube-tools:
+	./hack/kube-tools.sh
 
 clean:
 	rm -rf $(BIN)
