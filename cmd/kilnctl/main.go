@@ -15,7 +15,7 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := cli.Run(ctx, cli.Options{}, os.Args[1:])
+	err := cli.Run(ctx, cli.Options{Lab: cli.LabCommand()}, os.Args[1:])
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
