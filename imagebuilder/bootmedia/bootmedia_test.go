@@ -222,3 +222,21 @@ func TestBuild(t *testing.T) {
 		t.Errorf("NoISO build lists an ISO")
 	}
 }
+
+// BenchmarkBuild measures a boot media build with the kernel already in
+// the cache: initramfs (gzip) and ISO.
+func BenchmarkBuild(b *testing.B) {
+	agent := bootmediatest.BuildAgent(b, b.TempDir())
+	cache := bootmedia.DefaultCacheDir()
+	// Warm the kernel cache outside the timer.
+	_, err := bootmedia.Build(context.Background(), bootmedia.Spec{AgentBinary: agent, OutDir: b.TempDir(), NoISO: true, CacheDir: cache}, nil)
+	bootmediatest.SkipIfUnavailable(b, err)
+	require.NoError(b, err)
+	b.ResetTimer()
+	for range b.N {
+		m, err := bootmedia.Build(context.Background(), bootmedia.Spec{AgentBinary: agent, OutDir: b.TempDir(), CacheDir: cache}, nil)
+		require.NoError(b, err)
+		f, _ := m.File(bootmedia.InitrdFile)
+		b.ReportMetric(float64(f.Size)/(1<<20), "MiB-initrd")
+	}
+}
