@@ -348,3 +348,34 @@ func TestDiskBoot(t *testing.T) {
 	require.NoError(t, m.Close(ctx))
 	requireClean(t, before, snapshot(t))
 }
+
+// TestRealAgentSeesBootMedia boots the real kiln-agent from PXE: its facts
+// say it runs from boot media (pxe, mode boot) and list the host's eth0
+// with the host's MAC, not the test machine's NICs.
+func TestRealAgentSeesBootMedia(t *testing.T) {
+	needRoot(t)
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("go toolchain not found: cannot build kiln-agent")
+	}
+	dir := t.TempDir()
+	agent := filepath.Join(dir, "kiln-agent")
+	out, err := exec.Command(gobin, "build", "-o", agent, "github.com/kilnhq/kiln/cmd/kiln-agent").CombinedOutput()
+	require.NoError(t, err, "go build kiln-agent: %s", out)
+
+	ctx := context.Background()
+	m, err := New(ctx, Options{Name: "agent1", Lab: testLab(), StateDir: filepath.Join(dir, "agent1"),
+		Address: "10.252.8.2/24", Agent: Agent{Command: []string{agent, "facts"}}})
+	require.NoError(t, err)
+	defer m.Close(ctx)
+	require.NoError(t, m.PowerOn(ctx, machine.BootPXE))
+	waitFor(t, "kiln-agent facts to finish (machine off)", 60*time.Second, func() bool { return !m.State() })
+	b, err := os.ReadFile(m.ConsoleLog())
+	require.NoError(t, err)
+	facts := strings.Join(strings.Fields(string(b)), "") // protojson varies its spacing
+	for _, want := range []string{`"bootSource":"pxe"`, `"agentMode":"boot"`, `"mac":"` + m.MAC() + `"`, `"10.252.8.2/24"`} {
+		if !strings.Contains(facts, want) {
+			t.Errorf("kiln-agent facts from PXE: %q missing in:\n%s", want, facts)
+		}
+	}
+}
