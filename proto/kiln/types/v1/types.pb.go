@@ -984,15 +984,19 @@ func (x *AgentStatus) GetBootSource() string {
 // OperationStatus is the controller's record of the last agent or BMC
 // operation on a host.
 type OperationStatus struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Kind          string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
-	State         string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
-	Message       string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
-	Error         string                 `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
-	Percent       float64                `protobuf:"fixed64,6,opt,name=percent,proto3" json:"percent,omitempty"`
-	Started       *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=started,proto3" json:"started,omitempty"`
-	Finished      *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=finished,proto3" json:"finished,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Kind     string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	State    string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	Message  string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	Error    string                 `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	Percent  float64                `protobuf:"fixed64,6,opt,name=percent,proto3" json:"percent,omitempty"`
+	Started  *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=started,proto3" json:"started,omitempty"`
+	Finished *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=finished,proto3" json:"finished,omitempty"`
+	// attempt counts failed tries of this operation (0 on the first try).
+	Attempt int32 `protobuf:"varint,9,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// retry_after is when a failed operation may be tried again (backoff).
+	RetryAfter    *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1079,6 +1083,20 @@ func (x *OperationStatus) GetStarted() *timestamppb.Timestamp {
 func (x *OperationStatus) GetFinished() *timestamppb.Timestamp {
 	if x != nil {
 		return x.Finished
+	}
+	return nil
+}
+
+func (x *OperationStatus) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *OperationStatus) GetRetryAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RetryAfter
 	}
 	return nil
 }
@@ -3175,7 +3193,7 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\aversion\x18\x05 \x01(\tR\aversion\x12\x12\n" +
 	"\x04mode\x18\x06 \x01(\tR\x04mode\x12\x1f\n" +
 	"\vboot_source\x18\a \x01(\tR\n" +
-	"bootSource\"\x83\x02\n" +
+	"bootSource\"\xda\x02\n" +
 	"\x0fOperationStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x14\n" +
@@ -3184,7 +3202,11 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\x05error\x18\x05 \x01(\tR\x05error\x12\x18\n" +
 	"\apercent\x18\x06 \x01(\x01R\apercent\x124\n" +
 	"\astarted\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\astarted\x126\n" +
-	"\bfinished\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bfinished\"\xef\x03\n" +
+	"\bfinished\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bfinished\x12\x18\n" +
+	"\aattempt\x18\t \x01(\x05R\aattempt\x12;\n" +
+	"\vretry_after\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"retryAfter\"\xef\x03\n" +
 	"\n" +
 	"HostStatus\x12.\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x18.kiln.types.v1.HostStateR\x05state\x12\x14\n" +
@@ -3472,53 +3494,54 @@ var file_kiln_types_v1_types_proto_depIdxs = []int32{
 	41, // 11: kiln.types.v1.AgentStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
 	41, // 12: kiln.types.v1.OperationStatus.started:type_name -> google.protobuf.Timestamp
 	41, // 13: kiln.types.v1.OperationStatus.finished:type_name -> google.protobuf.Timestamp
-	0,  // 14: kiln.types.v1.HostStatus.state:type_name -> kiln.types.v1.HostState
-	8,  // 15: kiln.types.v1.HostStatus.facts:type_name -> kiln.types.v1.Facts
-	9,  // 16: kiln.types.v1.HostStatus.agent:type_name -> kiln.types.v1.AgentStatus
-	10, // 17: kiln.types.v1.HostStatus.last_operation:type_name -> kiln.types.v1.OperationStatus
-	2,  // 18: kiln.types.v1.HostStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 19: kiln.types.v1.Host.metadata:type_name -> kiln.types.v1.ObjectMeta
-	4,  // 20: kiln.types.v1.Host.spec:type_name -> kiln.types.v1.HostSpec
-	11, // 21: kiln.types.v1.Host.status:type_name -> kiln.types.v1.HostStatus
-	2,  // 22: kiln.types.v1.ImageStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 23: kiln.types.v1.Image.metadata:type_name -> kiln.types.v1.ObjectMeta
-	13, // 24: kiln.types.v1.Image.spec:type_name -> kiln.types.v1.ImageSpec
-	14, // 25: kiln.types.v1.Image.status:type_name -> kiln.types.v1.ImageStatus
-	2,  // 26: kiln.types.v1.ClusterStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 27: kiln.types.v1.Cluster.metadata:type_name -> kiln.types.v1.ObjectMeta
-	16, // 28: kiln.types.v1.Cluster.spec:type_name -> kiln.types.v1.ClusterSpec
-	17, // 29: kiln.types.v1.Cluster.status:type_name -> kiln.types.v1.ClusterStatus
-	38, // 30: kiln.types.v1.ControlPlaneSpec.host_selector:type_name -> kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
-	2,  // 31: kiln.types.v1.ControlPlaneStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 32: kiln.types.v1.ControlPlane.metadata:type_name -> kiln.types.v1.ObjectMeta
-	19, // 33: kiln.types.v1.ControlPlane.spec:type_name -> kiln.types.v1.ControlPlaneSpec
-	20, // 34: kiln.types.v1.ControlPlane.status:type_name -> kiln.types.v1.ControlPlaneStatus
-	39, // 35: kiln.types.v1.MachineDeploymentSpec.host_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
-	22, // 36: kiln.types.v1.MachineDeploymentSpec.strategy:type_name -> kiln.types.v1.RolloutStrategy
-	2,  // 37: kiln.types.v1.MachineDeploymentStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 38: kiln.types.v1.MachineDeployment.metadata:type_name -> kiln.types.v1.ObjectMeta
-	23, // 39: kiln.types.v1.MachineDeployment.spec:type_name -> kiln.types.v1.MachineDeploymentSpec
-	24, // 40: kiln.types.v1.MachineDeployment.status:type_name -> kiln.types.v1.MachineDeploymentStatus
-	2,  // 41: kiln.types.v1.MachineStatus.conditions:type_name -> kiln.types.v1.Condition
-	41, // 42: kiln.types.v1.MachineStatus.bootstrap_time:type_name -> google.protobuf.Timestamp
-	41, // 43: kiln.types.v1.MachineStatus.node_ready_time:type_name -> google.protobuf.Timestamp
-	1,  // 44: kiln.types.v1.Machine.metadata:type_name -> kiln.types.v1.ObjectMeta
-	26, // 45: kiln.types.v1.Machine.spec:type_name -> kiln.types.v1.MachineSpec
-	27, // 46: kiln.types.v1.Machine.status:type_name -> kiln.types.v1.MachineStatus
-	40, // 47: kiln.types.v1.HealthCheckSpec.selector:type_name -> kiln.types.v1.HealthCheckSpec.SelectorEntry
-	29, // 48: kiln.types.v1.HealthCheckSpec.unhealthy_conditions:type_name -> kiln.types.v1.UnhealthyCondition
-	2,  // 49: kiln.types.v1.HealthCheckStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 50: kiln.types.v1.HealthCheck.metadata:type_name -> kiln.types.v1.ObjectMeta
-	30, // 51: kiln.types.v1.HealthCheck.spec:type_name -> kiln.types.v1.HealthCheckSpec
-	31, // 52: kiln.types.v1.HealthCheck.status:type_name -> kiln.types.v1.HealthCheckStatus
-	41, // 53: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
-	41, // 54: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
-	41, // 55: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
-	56, // [56:56] is the sub-list for method output_type
-	56, // [56:56] is the sub-list for method input_type
-	56, // [56:56] is the sub-list for extension type_name
-	56, // [56:56] is the sub-list for extension extendee
-	0,  // [0:56] is the sub-list for field type_name
+	41, // 14: kiln.types.v1.OperationStatus.retry_after:type_name -> google.protobuf.Timestamp
+	0,  // 15: kiln.types.v1.HostStatus.state:type_name -> kiln.types.v1.HostState
+	8,  // 16: kiln.types.v1.HostStatus.facts:type_name -> kiln.types.v1.Facts
+	9,  // 17: kiln.types.v1.HostStatus.agent:type_name -> kiln.types.v1.AgentStatus
+	10, // 18: kiln.types.v1.HostStatus.last_operation:type_name -> kiln.types.v1.OperationStatus
+	2,  // 19: kiln.types.v1.HostStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 20: kiln.types.v1.Host.metadata:type_name -> kiln.types.v1.ObjectMeta
+	4,  // 21: kiln.types.v1.Host.spec:type_name -> kiln.types.v1.HostSpec
+	11, // 22: kiln.types.v1.Host.status:type_name -> kiln.types.v1.HostStatus
+	2,  // 23: kiln.types.v1.ImageStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 24: kiln.types.v1.Image.metadata:type_name -> kiln.types.v1.ObjectMeta
+	13, // 25: kiln.types.v1.Image.spec:type_name -> kiln.types.v1.ImageSpec
+	14, // 26: kiln.types.v1.Image.status:type_name -> kiln.types.v1.ImageStatus
+	2,  // 27: kiln.types.v1.ClusterStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 28: kiln.types.v1.Cluster.metadata:type_name -> kiln.types.v1.ObjectMeta
+	16, // 29: kiln.types.v1.Cluster.spec:type_name -> kiln.types.v1.ClusterSpec
+	17, // 30: kiln.types.v1.Cluster.status:type_name -> kiln.types.v1.ClusterStatus
+	38, // 31: kiln.types.v1.ControlPlaneSpec.host_selector:type_name -> kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
+	2,  // 32: kiln.types.v1.ControlPlaneStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 33: kiln.types.v1.ControlPlane.metadata:type_name -> kiln.types.v1.ObjectMeta
+	19, // 34: kiln.types.v1.ControlPlane.spec:type_name -> kiln.types.v1.ControlPlaneSpec
+	20, // 35: kiln.types.v1.ControlPlane.status:type_name -> kiln.types.v1.ControlPlaneStatus
+	39, // 36: kiln.types.v1.MachineDeploymentSpec.host_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
+	22, // 37: kiln.types.v1.MachineDeploymentSpec.strategy:type_name -> kiln.types.v1.RolloutStrategy
+	2,  // 38: kiln.types.v1.MachineDeploymentStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 39: kiln.types.v1.MachineDeployment.metadata:type_name -> kiln.types.v1.ObjectMeta
+	23, // 40: kiln.types.v1.MachineDeployment.spec:type_name -> kiln.types.v1.MachineDeploymentSpec
+	24, // 41: kiln.types.v1.MachineDeployment.status:type_name -> kiln.types.v1.MachineDeploymentStatus
+	2,  // 42: kiln.types.v1.MachineStatus.conditions:type_name -> kiln.types.v1.Condition
+	41, // 43: kiln.types.v1.MachineStatus.bootstrap_time:type_name -> google.protobuf.Timestamp
+	41, // 44: kiln.types.v1.MachineStatus.node_ready_time:type_name -> google.protobuf.Timestamp
+	1,  // 45: kiln.types.v1.Machine.metadata:type_name -> kiln.types.v1.ObjectMeta
+	26, // 46: kiln.types.v1.Machine.spec:type_name -> kiln.types.v1.MachineSpec
+	27, // 47: kiln.types.v1.Machine.status:type_name -> kiln.types.v1.MachineStatus
+	40, // 48: kiln.types.v1.HealthCheckSpec.selector:type_name -> kiln.types.v1.HealthCheckSpec.SelectorEntry
+	29, // 49: kiln.types.v1.HealthCheckSpec.unhealthy_conditions:type_name -> kiln.types.v1.UnhealthyCondition
+	2,  // 50: kiln.types.v1.HealthCheckStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 51: kiln.types.v1.HealthCheck.metadata:type_name -> kiln.types.v1.ObjectMeta
+	30, // 52: kiln.types.v1.HealthCheck.spec:type_name -> kiln.types.v1.HealthCheckSpec
+	31, // 53: kiln.types.v1.HealthCheck.status:type_name -> kiln.types.v1.HealthCheckStatus
+	41, // 54: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
+	41, // 55: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
+	41, // 56: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
+	57, // [57:57] is the sub-list for method output_type
+	57, // [57:57] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_kiln_types_v1_types_proto_init() }
