@@ -137,12 +137,15 @@ func (b *Builder) Ensure(ctx context.Context) (*Manifest, error) {
 		return nil, fmt.Errorf("kube-tools %s: %w", r.Kubernetes, err)
 	}
 	defer os.RemoveAll(tmp) // gone after a successful rename
+	if err := os.Chmod(tmp, 0o755); err != nil {
+		return nil, fmt.Errorf("kube-tools %s: %w", r.Kubernetes, err)
+	}
 	binDir := filepath.Join(tmp, "bin")
 	if err := os.Mkdir(binDir, 0o755); err != nil {
 		return nil, fmt.Errorf("kube-tools %s: %w", r.Kubernetes, err)
 	}
 
-	m = &Manifest{Kubernetes: r.Kubernetes, Etcd: r.Etcd, CoreDNS: r.CoreDNS, Pause: r.Pause, Source: "go-module-proxy"}
+	m = &Manifest{Kubernetes: r.Kubernetes, Etcd: r.Etcd, CoreDNS: r.CoreDNS, Pause: r.Pause, Recipe: Recipe(r), Source: "go-module-proxy"}
 	origin := map[string]string{}
 	need := Binaries()
 	if b.Mirror != "" {
@@ -385,7 +388,7 @@ func (b *Builder) build(ctx context.Context, binDir string, names []string) (str
 		if err := b.writeModule(ctx, dir, "", PauseGoMod(), map[string][]byte{"main.go": pauseMain}); err != nil {
 			return "", err
 		}
-		if err := buildOne(Pause, dir, "-s -w", "."); err != nil {
+		if err := buildOne(Pause, dir, StripFlags, "."); err != nil {
 			return "", err
 		}
 	}

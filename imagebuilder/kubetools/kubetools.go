@@ -141,6 +141,8 @@ type Manifest struct {
 	Etcd       string `json:"etcd"`
 	CoreDNS    string `json:"coredns"`
 	Pause      string `json:"pause"`
+	// Recipe is Recipe() of the build: flags and generated sources.
+	Recipe string `json:"recipe"`
 	// Source says where the binaries came from: "go-module-proxy" or
 	// "mirror <url>" (credentials removed).
 	Source string `json:"source"`
@@ -204,6 +206,10 @@ func verifyDir(dir string, manifestJSON []byte, r Release) (*Manifest, error) {
 	if m.Kubernetes != r.Kubernetes || m.Etcd != r.Etcd || m.CoreDNS != r.CoreDNS || m.Pause != r.Pause {
 		return nil, errdefs.FailedPrecondition("kube-tools %s: cache in %s holds kubernetes %s etcd %s coredns %s pause %s, want %s %s %s %s",
 			r.Kubernetes, dir, m.Kubernetes, m.Etcd, m.CoreDNS, m.Pause, r.Kubernetes, r.Etcd, r.CoreDNS, r.Pause)
+	}
+	if want := Recipe(r); m.Recipe != want {
+		return nil, errdefs.FailedPrecondition("kube-tools %s: cache in %s was built with recipe %s, this kiln-imagebuilder builds with %s",
+			r.Kubernetes, dir, m.Recipe, want)
 	}
 	have := map[string]Binary{}
 	for _, b := range m.Binaries {

@@ -83,6 +83,9 @@ func TestToolsGoMod(t *testing.T) {
 
 func TestKubernetesLDFlags(t *testing.T) {
 	got := strings.Fields(KubernetesLDFlags(Pinned()))
+	if !slices.Contains(got, "-s") || !slices.Contains(got, "-w") {
+		t.Errorf("KubernetesLDFlags() = %v, want -s -w like upstream release builds", got)
+	}
 	for _, pkg := range []string{"k8s.io/client-go/pkg/version", "k8s.io/component-base/version"} {
 		for _, kv := range []string{"gitVersion=v1.34.4", "gitMajor=1", "gitMinor=34", "gitTreeState=clean", "buildDate=2026-02-10T12:53:36Z", "gitCommit=0000000000000000000000000000000000000000"} {
 			want := pkg + "." + kv
@@ -285,6 +288,39 @@ func TestEnsureCleansKilledRunAndCorruptCache(t *testing.T) {
 		if strings.HasPrefix(n, ".v1.34.4.") {
 			t.Errorf("cache directory holds %s after the rebuild", n)
 		}
+	}
+}
+
+func TestEnsureRebuildsOnRecipeChange(t *testing.T) {
+	fake := newFakeGo(t)
+	b, _ := newTestBuilder(t, fake)
+	ctx := context.Background()
+	m, err := b.Ensure(ctx)
+	require.NoError(t, err)
+	if m.Recipe != Recipe(b.Release) {
+		t.Errorf("manifest recipe = %q, want %q", m.Recipe, Recipe(b.Release))
+	}
+	st, err := os.Stat(b.Cache.VersionDir(b.Release))
+	require.NoError(t, err)
+	if st.Mode().Perm() != 0o755 {
+		t.Errorf("cache directory mode = %v, want 0755 (readable by the lab and nspawn hosts)", st.Mode().Perm())
+	}
+
+	// A cache from a kiln-imagebuilder that built with other flags.
+	mf := filepath.Join(b.Cache.VersionDir(b.Release), ManifestFile)
+	old := *m
+	old.Recipe = "sha256:older"
+	j, err := json.Marshal(old)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(mf, j, 0o644))
+	if _, err := b.Cache.Verify(b.Release); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "recipe") {
+		t.Errorf("Verify(other recipe) = %v, want FailedPrecondition about the recipe", err)
+	}
+	fake.reset()
+	_, err = b.Ensure(ctx)
+	require.NoError(t, err)
+	if n := len(fake.builds()); n != 10 {
+		t.Errorf("Ensure() after a recipe change built %d binaries, want 10", n)
 	}
 }
 

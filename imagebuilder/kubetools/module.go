@@ -3,6 +3,8 @@ package kubetools
 import (
 	"bufio"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"sort"
 	"strings"
@@ -74,11 +76,15 @@ func ToolsGo() []byte {
 	return b.Bytes()
 }
 
+// StripFlags drop the symbol table and DWARF, as upstream's release builds
+// do (hack/lib/golang.sh without DBG): a third smaller.
+const StripFlags = "-s -w"
+
 // KubernetesLDFlags returns the -ldflags that set the version info of the
 // Kubernetes binaries, as upstream's hack/lib/version.sh does, so that
 // `kubeadm version -o short` prints r.Kubernetes rather than v0.0.0-master.
 func KubernetesLDFlags(r Release) string {
-	var flags []string
+	flags := []string{StripFlags}
 	for _, pkg := range []string{"k8s.io/client-go/pkg/version", "k8s.io/component-base/version"} {
 		for _, kv := range [][2]string{
 			{"gitVersion", r.Kubernetes},
@@ -117,12 +123,28 @@ func main() { etcdmain.Main(os.Args) }
 
 // EtcdLDFlags sets etcd's reported git SHA.
 func EtcdLDFlags(r Release) string {
-	return "-X go.etcd.io/etcd/api/v3/version.GitSHA=" + r.EtcdModuleVersion()
+	return StripFlags + " -X go.etcd.io/etcd/api/v3/version.GitSHA=" + r.EtcdModuleVersion()
 }
 
 // CoreDNSLDFlags sets CoreDNS's reported git commit.
 func CoreDNSLDFlags(r Release) string {
-	return "-X github.com/coredns/coredns/coremain.GitCommit=" + r.CoreDNS
+	return StripFlags + " -X github.com/coredns/coredns/coremain.GitCommit=" + r.CoreDNS
+}
+
+// Recipe fingerprints how release r is built (flags and generated sources).
+// The manifest records it, and a cache built with another recipe does not
+// verify, so changing the build rebuilds the cache.
+func Recipe(r Release) string {
+	h := sha256.New()
+	for _, part := range [][]byte{
+		[]byte("go build -trimpath CGO_ENABLED=0"),
+		[]byte(KubernetesLDFlags(r)), []byte(EtcdLDFlags(r)), []byte(CoreDNSLDFlags(r)), []byte(StripFlags),
+		ToolsGo(), EtcdGoMod(r), EtcdMain(), PauseGoMod(), pauseMain,
+	} {
+		fmt.Fprintf(h, "%d:", len(part))
+		h.Write(part)
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
 }
 
 // PauseGoMod is the go.mod of the pause module.
