@@ -128,7 +128,7 @@ func (b *Builder) Ensure(ctx context.Context) (*Manifest, error) {
 		return m, nil
 	}
 	if !errdefs.IsNotFound(err) {
-		b.stepf("kube-tools %s: cache is not usable, rebuilding: %v", r.Kubernetes, err)
+		b.stepf("rebuilding, the cache is not usable: %v", err)
 	}
 	b.removeLeftovers()
 

@@ -45,6 +45,9 @@ func (f *fakeGo) Run(ctx context.Context, c Cmd) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if c.Path == "ldd" {
+		return ExecRunner{}.Run(ctx, c)
+	}
 	a := c.Args
 	switch {
 	case len(a) >= 2 && a[0] == "env" && a[1] == "GOVERSION":

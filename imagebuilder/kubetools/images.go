@@ -4,6 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -215,9 +218,51 @@ type Archive struct {
 	Size int64
 }
 
+// IndexFile records, in the images directory, what each archive was
+// written from, so that unchanged archives are not written again.
+const IndexFile = "index.json"
+
+type indexEntry struct {
+	Ref    string `json:"ref"`
+	ID     string `json:"id"`
+	Size   int64  `json:"size"`
+	Inputs string `json:"inputs"`
+}
+
+// inputsDigest fingerprints an image's definition and its source files
+// (path, size, modification time), like make does.
+func inputsDigest(img ociarchive.Image) (string, error) {
+	type src struct {
+		Path    string
+		Size    int64
+		ModTime int64
+	}
+	var srcs []src
+	for _, f := range img.Files {
+		if f.Source == "" {
+			continue
+		}
+		st, err := os.Stat(f.Source)
+		if err != nil {
+			return "", err
+		}
+		srcs = append(srcs, src{f.Source, st.Size(), st.ModTime().UnixNano()})
+	}
+	j, err := json.Marshal(struct {
+		Image   ociarchive.Image
+		Sources []src
+	}{img, srcs})
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(j)
+	return "sha256:" + hex.EncodeToString(sum[:]), nil
+}
+
 // WriteArchives writes the release's images as docker-archive tarballs
 // into the cache's images directory (<name>.tar), from a cache that
-// verifies. Each file appears atomically. Import one with
+// verifies. Each file appears atomically; an archive whose inputs did not
+// change since it was written (images/index.json) is kept. Import one with
 // `ctr -n k8s.io images import FILE`. Errors as for Cache.Verify and Images.
 func (b *Builder) WriteArchives(ctx context.Context) ([]Archive, error) {
 	if b.start.IsZero() {
@@ -235,12 +280,27 @@ func (b *Builder) WriteArchives(ctx context.Context) ([]Archive, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("archives %s: %w", r.Kubernetes, err)
 	}
+	index := map[string]indexEntry{}
+	if j, err := os.ReadFile(filepath.Join(dir, IndexFile)); err == nil {
+		_ = json.Unmarshal(j, &index) // an unreadable index only costs a rewrite
+	}
 	var out []Archive
 	for _, ni := range imgs {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		p := filepath.Join(dir, ni.Name+".tar")
+		inputs, err := inputsDigest(ni.Image)
+		if err != nil {
+			return nil, fmt.Errorf("archives %s: %s: %w", r.Kubernetes, ni.Name, err)
+		}
+		if e, ok := index[ni.Name]; ok && e.Inputs == inputs && e.Ref == ni.Image.Ref {
+			if st, err := os.Stat(p); err == nil && st.Size() == e.Size {
+				b.stepf("%s is up to date (%s)", p, ni.Image.Ref)
+				out = append(out, Archive{Ref: e.Ref, Path: p, ID: e.ID, Size: e.Size})
+				continue
+			}
+		}
 		id, err := ociarchive.WriteFile(p, ni.Image)
 		if err != nil {
 			return nil, fmt.Errorf("archives %s: %w", r.Kubernetes, err)
@@ -251,6 +311,23 @@ func (b *Builder) WriteArchives(ctx context.Context) ([]Archive, error) {
 		}
 		b.stepf("wrote %s (%s, %d MiB)", p, ni.Image.Ref, st.Size()>>20)
 		out = append(out, Archive{Ref: ni.Image.Ref, Path: p, ID: id, Size: st.Size()})
+		index[ni.Name] = indexEntry{Ref: ni.Image.Ref, ID: id, Size: st.Size(), Inputs: inputs}
+		if err := writeIndex(dir, index); err != nil {
+			return nil, fmt.Errorf("archives %s: %w", r.Kubernetes, err)
+		}
 	}
 	return out, nil
+}
+
+// writeIndex replaces images/index.json atomically.
+func writeIndex(dir string, index map[string]indexEntry) error {
+	j, err := json.MarshalIndent(index, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, "."+IndexFile+".tmp")
+	if err := os.WriteFile(tmp, append(j, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(dir, IndexFile))
 }

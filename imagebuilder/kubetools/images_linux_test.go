@@ -107,3 +107,50 @@ func TestKubeProxyImageTools(t *testing.T) {
 		t.Errorf("kube-proxy image lacks /usr/local/bin/kube-proxy: %v", err)
 	}
 }
+
+func TestWriteArchivesIncremental(t *testing.T) {
+	host := DebianHostTools("amd64")
+	for _, p := range []string{host.Xtables, host.Conntrack, "/usr/bin/ldd"} {
+		if _, err := os.Stat(p); err != nil {
+			t.Skipf("needs %s (Debian packages iptables, conntrack, libc-bin): %v", p, err)
+		}
+	}
+	fake := newFakeGo(t)
+	b, progress := newTestBuilder(t, fake)
+	b.Arch = "amd64"
+	ctx := context.Background()
+	_, err := b.WriteArchives(ctx)
+	require.Error(t, err, "WriteArchives() before the binaries exist")
+
+	_, err = b.Ensure(ctx)
+	require.NoError(t, err)
+	progress.Reset()
+	first, err := b.WriteArchives(ctx)
+	require.NoError(t, err)
+	var refs []string
+	for _, a := range first {
+		refs = append(refs, a.Ref)
+		require.FileExists(t, a.Path)
+	}
+	if want := ImageRefs(b.Release); !slices.Equal(refs, want) {
+		t.Errorf("WriteArchives() refs = %v, want %v", refs, want)
+	}
+	if n := strings.Count(progress.String(), "] wrote "); n != 7 {
+		t.Errorf("first WriteArchives() wrote %d archives, want 7:\n%s", n, progress.String())
+	}
+
+	// Nothing changed: nothing is written. A deleted archive is rewritten,
+	// with the same image ID (the output is deterministic).
+	require.NoError(t, os.Remove(first[6].Path))
+	progress.Reset()
+	second, err := b.WriteArchives(ctx)
+	require.NoError(t, err)
+	if n := strings.Count(progress.String(), "] wrote "); n != 1 || !strings.Contains(progress.String(), "etcd.tar") {
+		t.Errorf("second WriteArchives() output:\n%s\nwant only etcd.tar written", progress.String())
+	}
+	for i := range first {
+		if first[i].ID != second[i].ID {
+			t.Errorf("archive %s: ID %s then %s, want equal", first[i].Ref, first[i].ID, second[i].ID)
+		}
+	}
+}
