@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,6 +21,8 @@ import (
 
 	"github.com/kilnhq/kiln/e2e/lab/ipmisim"
 	"github.com/kilnhq/kiln/e2e/lab/netns"
+	"github.com/kilnhq/kiln/imagebuilder/disk"
+	"github.com/kilnhq/kiln/imagebuilder/rootfs"
 )
 
 // serveEnv makes the test binary act as the lab supervisor (what `kilnctl
@@ -42,7 +45,7 @@ func TestMain(m *testing.M) {
 
 // machineState is what a user would compare before and after a lab.
 type machineState struct {
-	netns, links, tables, mounts []string
+	netns, links, tables, mounts, cgroups, loops []string
 }
 
 func lines(t *testing.T, name string, args ...string) []string {
@@ -71,6 +74,8 @@ func snapshot(t *testing.T) machineState {
 			s.mounts = append(s.mounts, f[1])
 		}
 	}
+	s.cgroups, _ = filepath.Glob("/sys/fs/cgroup/*/kiln-*")
+	s.loops, _ = filepath.Glob("/sys/block/loop*/loop/backing_file")
 	return s
 }
 
@@ -108,7 +113,9 @@ func redfishGet(t *testing.T, url string, c Credentials) int {
 	return resp.StatusCode
 }
 
-func redfishReset(t *testing.T, base string, c Credentials, resetType string) {
+// redfishReset sets a one-time boot override to target (none when "")
+// and sends a ComputerSystem.Reset.
+func redfishReset(t *testing.T, base string, c Credentials, target, resetType string) {
 	t.Helper()
 	cl := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // lab emulator, self-signed
 	do := func(method, path, body string) {
@@ -121,7 +128,9 @@ func redfishReset(t *testing.T, base string, c Credentials, resetType string) {
 		resp.Body.Close()
 		require.Less(t, resp.StatusCode, 300, "%s %s", method, path)
 	}
-	do(http.MethodPatch, "/redfish/v1/Systems/1", `{"Boot":{"BootSourceOverrideTarget":"Pxe","BootSourceOverrideEnabled":"Once"}}`)
+	if target != "" {
+		do(http.MethodPatch, "/redfish/v1/Systems/1", `{"Boot":{"BootSourceOverrideTarget":"`+target+`","BootSourceOverrideEnabled":"Once"}}`)
+	}
 	do(http.MethodPost, "/redfish/v1/Systems/1/Actions/ComputerSystem.Reset", `{"ResetType":"`+resetType+`"}`)
 }
 
@@ -153,6 +162,13 @@ func TestUpDown(t *testing.T) {
 	chassis, err := ipmisim.BuildChassis(ctx, bin)
 	if err != nil {
 		t.Skipf("cannot build kiln-chassis: %v", err)
+	}
+	debianRoot := ""
+	if _, err := exec.LookPath("systemd-nspawn"); err == nil && !testing.Short() {
+		if debianRoot, err = rootfs.Build(ctx, rootfs.Spec{Packages: []string{"procps"}}, nil); err != nil {
+			t.Logf("no Debian root (%v): testing without a disk boot", err)
+			debianRoot = ""
+		}
 	}
 	agent := filepath.Join(bin, "agent")
 	require.NoError(t, os.WriteFile(agent, []byte("#!/bin/sh\nexec sleep infinity\n"), 0o755))
@@ -200,7 +216,22 @@ func TestUpDown(t *testing.T) {
 			if code := redfishGet(t, h1.BMC.Address+"/redfish/v1/Systems/1", Credentials{"admin", "wrong"}); code != http.StatusUnauthorized {
 				t.Errorf("GET Systems/1 with a wrong password = %d, want 401", code)
 			}
-			redfishReset(t, h1.BMC.Address, rep.Credentials[h1.Name], "On")
+			redfishReset(t, h1.BMC.Address, rep.Credentials[h1.Name], "Pxe", "On")
+
+			// h2 boots a real disk under systemd-nspawn (when a Debian root
+			// can be had), so teardown must also end nspawn, unmount the
+			// disk, detach its loop device and remove its cgroups.
+			if debianRoot != "" {
+				h2 := rep.Hosts[1]
+				_, err := disk.Build(ctx, disk.Spec{RootDir: debianRoot, Output: h2.Disk}, nil)
+				require.NoError(t, err)
+				redfishReset(t, h2.BMC.Address, rep.Credentials[h2.Name], "", "On")
+				waitFor(t, "h2 booted under nspawn", 2*time.Minute, func() bool {
+					b, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids", h2.Machine, "pids.current"))
+					n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+					return netns.Mounted(filepath.Join(h2.Dir, "root")) && n > 3
+				})
+			}
 
 			// The IPMI host powers on through ipmi_sim.
 			h3 := rep.Hosts[2]
@@ -240,7 +271,8 @@ func TestUpDown(t *testing.T) {
 			for _, c := range []struct {
 				what          string
 				before, after []string
-			}{{"network namespace", before.netns, after.netns}, {"link", before.links, after.links}, {"nft table", before.tables, after.tables}, {"mount", before.mounts, after.mounts}} {
+			}{{"network namespace", before.netns, after.netns}, {"link", before.links, after.links}, {"nft table", before.tables, after.tables}, {"mount", before.mounts, after.mounts},
+				{"cgroup", before.cgroups, after.cgroups}, {"loop device", before.loops, after.loops}} {
 				if extra := diff(c.before, c.after); len(extra) > 0 {
 					t.Errorf("after Down: %s left behind: %v", c.what, extra)
 				}
@@ -275,6 +307,17 @@ func TestUpInvalid(t *testing.T) {
 				t.Errorf("Up(%+v) = nil error, want one", tt.opts)
 			}
 		})
+	}
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %s", what, timeout)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
