@@ -1,0 +1,821 @@
+// Package hostlife decides the lifecycle of a Host: given the stored host,
+// what is wanted of it (an image to lay, or nothing), what was observed
+// (the outcome of the last actions, the BMC's health) and the time, Plan
+// returns the host's next status, the actions to run and when to look
+// again. It does no I/O and reads no clock; controller/provision runs the
+// actions and stores the status.
+//
+// States and the provisioning steps are those of docs/lifecycle.md:
+//
+//	Registering -> Inspecting -> Available -> Provisioning -> Provisioned
+//	                                 ^                            |
+//	                                 +-- Wiping <- Deprovisioning <+
+//
+// Every step is written ahead: Plan returns the status naming the step and
+// its operation (state Running) together with the step's actions, and the
+// executor stores that status before it runs them. A controller that
+// crashes mid-step finds the step Running with no result and runs its
+// (idempotent) actions again; agent operations keep their id, so the agent
+// re-attaches instead of laying an image twice.
+package hostlife
+
+import (
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/kilnhq/kiln/internal/backoff"
+	"github.com/kilnhq/kiln/internal/conditions"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+// Step names a step of a state's sequence; it is stored in
+// HostStatus.provisioning_step and OperationStatus.kind.
+type Step string
+
+// Steps.
+const (
+	StepCheckBMC       Step = "CheckBMC"
+	StepPowerOff       Step = "PowerOff"
+	StepBootAgentMedia Step = "BootAgentMedia"
+	StepPowerOn        Step = "PowerOn"
+	StepWaitBootAgent  Step = "WaitBootAgent"
+	StepLayImage       Step = "LayImage"
+	StepWriteIdentity  Step = "WriteIdentity"
+	StepBootDisk       Step = "BootDisk"
+	StepWaitInstalled  Step = "WaitInstalledAgent"
+	StepWipe           Step = "Wipe"
+	StepPowerOffWiped  Step = "PowerOffWiped"
+)
+
+// ActionKind is the closed set of things Plan asks the executor to do.
+type ActionKind string
+
+// Action kinds.
+const (
+	// ActCheckBMC reads the power state: proves the BMC answers with the
+	// stored credentials.
+	ActCheckBMC ActionKind = "CheckBMC"
+	// ActPowerOff cuts power and waits until the BMC reports it off.
+	ActPowerOff ActionKind = "PowerOff"
+	// ActPowerOn powers on and waits until the BMC reports it on.
+	ActPowerOn ActionKind = "PowerOn"
+	// ActSetBoot sets the next boot device (Device, Persistent).
+	ActSetBoot ActionKind = "SetBoot"
+	// ActInsertMedia inserts the agent ISO at URL as virtual media.
+	ActInsertMedia ActionKind = "InsertMedia"
+	// ActLayImage asks the boot agent to lay Image on Target under
+	// OperationID (a second call with the same id re-attaches).
+	ActLayImage ActionKind = "LayImage"
+	// ActWriteIdentity writes the host's identity into the laid image.
+	ActWriteIdentity ActionKind = "WriteIdentity"
+	// ActReboot asks the agent to reboot the host.
+	ActReboot ActionKind = "Reboot"
+	// ActWipe asks the agent to wipe Target under OperationID.
+	ActWipe ActionKind = "Wipe"
+)
+
+// Boot devices of ActSetBoot (those of package bmc).
+const (
+	BootPXE   = "pxe"
+	BootDisk  = "disk"
+	BootCDROM = "cdrom"
+)
+
+// Operation states stored in OperationStatus.state.
+const (
+	OpRunning   = "Running"
+	OpSucceeded = "Succeeded"
+	OpFailed    = "Failed"
+)
+
+// Condition types and reasons Plan sets.
+const (
+	// ConditionProvisioned is True once the installed agent checked in
+	// after a lay; False with the current step, or with the failure, while
+	// not.
+	ConditionProvisioned = "Provisioned"
+
+	ReasonInProgress   = "InProgress"
+	ReasonStepFailed   = "StepFailed"
+	ReasonBMCFailed    = "BMCFailed"
+	ReasonTimedOut     = "StepTimedOut"
+	ReasonBootSource   = "BootSourceMismatch"
+	ReasonTooManyTries = "TooManyAttempts"
+	ReasonDone         = "Provisioned"
+	ReasonNotWanted    = "NotWanted"
+)
+
+// Action is one thing to do against the host's BMC or agent.
+type Action struct {
+	Kind ActionKind
+	// OperationID is the id of the step's operation; agent operations
+	// (LayImage, Wipe) are started or re-attached under it.
+	OperationID string
+	// Device and Persistent are those of ActSetBoot.
+	Device     string
+	Persistent bool
+	// URL is the agent ISO of ActInsertMedia.
+	URL string
+	// ImageName and Image are what ActLayImage lays.
+	ImageName string
+	Image     *typesv1.ImageSpec
+	// Target is the disk of ActLayImage, ActWriteIdentity and ActWipe.
+	Target string
+}
+
+func (a Action) String() string {
+	var b strings.Builder
+	b.WriteString(string(a.Kind))
+	switch a.Kind {
+	case ActSetBoot:
+		fmt.Fprintf(&b, " device=%s persistent=%t", a.Device, a.Persistent)
+	case ActInsertMedia:
+		fmt.Fprintf(&b, " url=%s", a.URL)
+	case ActLayImage:
+		fmt.Fprintf(&b, " op=%s image=%s target=%s", a.OperationID, a.ImageName, a.Target)
+	case ActWriteIdentity:
+		fmt.Fprintf(&b, " target=%s", a.Target)
+	case ActWipe:
+		fmt.Fprintf(&b, " op=%s target=%s", a.OperationID, a.Target)
+	}
+	return b.String()
+}
+
+// Desired is what is wanted of the host.
+type Desired struct {
+	// Machine is the Machine the host is bound to; empty when none.
+	Machine string
+	// ImageName and Image are the image to lay; Image nil wants no image
+	// (a provisioned host is deprovisioned and wiped).
+	ImageName string
+	Image     *typesv1.ImageSpec
+}
+
+// Failure classes of a Result.
+type Failure int
+
+// Failure classes.
+const (
+	// FailBMC is a BMC call that failed: the host keeps its step and tries
+	// again after a backoff, without limit (the BMCReachable condition
+	// tells the operator).
+	FailBMC Failure = iota + 1
+	// FailAgent is an agent operation that failed; it counts against
+	// Config.MaxAttempts.
+	FailAgent
+	// FailPermanent cannot succeed by trying again (a BMC without virtual
+	// media, a bad image spec): the host goes to Error.
+	FailPermanent
+)
+
+// Result is the outcome of the actions the executor ran for the stored
+// operation OperationID.
+type Result struct {
+	OperationID string
+	// Err is empty on success.
+	Err     string
+	Failure Failure
+	// BMCFailures counts consecutive failed BMC calls of this host (for the
+	// backoff of FailBMC).
+	BMCFailures int
+}
+
+// Observed is what the executor saw.
+type Observed struct {
+	// Result is the outcome of the last actions run, or nil when none ran
+	// since the status was read (a restarted controller).
+	Result *Result
+	// BMCCondition is the BMC's BMCReachable condition, or nil.
+	BMCCondition *typesv1.Condition
+}
+
+// Config tunes Plan.
+type Config struct {
+	// Timeouts bounds each step, measured from its start (for the waits:
+	// from the power on or reboot that started the boot). Missing steps
+	// get DefaultTimeout.
+	Timeouts       map[Step]time.Duration
+	DefaultTimeout time.Duration
+	// Backoff spaces retries of failed steps.
+	Backoff backoff.Policy
+	// MaxAttempts is how many agent failures or timeouts one state run
+	// tolerates before Error (default 3).
+	MaxAttempts int
+	// PollInterval is how often a waiting step looks again when nothing
+	// else wakes it (default 10s).
+	PollInterval time.Duration
+}
+
+// Default values of Config.
+const (
+	DefaultStepTimeout  = 10 * time.Minute
+	DefaultMaxAttempts  = 3
+	DefaultPollInterval = 10 * time.Second
+)
+
+// DefaultTimeouts are the step timeouts of a real rack.
+var DefaultTimeouts = map[Step]time.Duration{
+	StepCheckBMC:       2 * time.Minute,
+	StepPowerOff:       3 * time.Minute,
+	StepBootAgentMedia: 3 * time.Minute,
+	StepPowerOn:        3 * time.Minute,
+	StepWaitBootAgent:  15 * time.Minute,
+	StepLayImage:       30 * time.Minute,
+	StepWriteIdentity:  2 * time.Minute,
+	StepBootDisk:       3 * time.Minute,
+	StepWaitInstalled:  15 * time.Minute,
+	StepWipe:           30 * time.Minute,
+	StepPowerOffWiped:  3 * time.Minute,
+}
+
+func (c Config) withDefaults() Config {
+	if c.DefaultTimeout <= 0 {
+		c.DefaultTimeout = DefaultStepTimeout
+	}
+	if c.Backoff == (backoff.Policy{}) {
+		c.Backoff = backoff.Policy{Base: 5 * time.Second, Max: 5 * time.Minute, Factor: 2, Jitter: 0.2}
+	}
+	if c.MaxAttempts <= 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	return c
+}
+
+func (c Config) timeout(s Step) time.Duration {
+	if d, ok := c.Timeouts[s]; ok && d > 0 {
+		return d
+	}
+	if d, ok := DefaultTimeouts[s]; ok && c.Timeouts == nil {
+		return d
+	}
+	return c.DefaultTimeout
+}
+
+// Input is everything Plan decides on.
+type Input struct {
+	Host     *typesv1.Host
+	Desired  Desired
+	Observed Observed
+	// ISOURL is the host's agent boot ISO (virtual media of Redfish hosts).
+	ISOURL string
+	Now    time.Time
+	Config Config
+}
+
+// Event is something worth telling the operator (controller/events).
+type Event struct {
+	// Type is "Normal" or "Warning".
+	Type    string
+	Reason  string
+	Message string
+}
+
+// Output is Plan's decision.
+type Output struct {
+	// Status is the host's new status (a copy; the input is not changed).
+	Status *typesv1.HostStatus
+	// Changed is true when Status differs from the stored one and must be
+	// written before Actions run.
+	Changed bool
+	// Actions are to run in order, after Status is stored.
+	Actions []Action
+	// RequeueAfter asks to plan again after this long; 0 means only when
+	// something changes (a watch event or a result).
+	RequeueAfter time.Duration
+	Events       []Event
+}
+
+// BYOH reports whether h has no BMC (protocol "none" or empty): such
+// hosts skip power and imaging.
+func BYOH(h *typesv1.Host) bool {
+	p := h.GetSpec().GetBmc().GetProtocol()
+	return p == "" || p == "none"
+}
+
+// Plan decides what to do next with in.Host.
+func Plan(in Input) Output {
+	in.Config = in.Config.withDefaults()
+	st := proto.Clone(in.Host.GetStatus()).(*typesv1.HostStatus)
+	if st == nil {
+		st = &typesv1.HostStatus{}
+	}
+	p := &planner{in: in, st: st, name: in.Host.GetMetadata().GetName()}
+	if c := in.Observed.BMCCondition; c != nil && !BYOH(in.Host) {
+		p.st.Conditions, _ = conditions.Set(p.st.Conditions, proto.Clone(c).(*typesv1.Condition), in.Now)
+	}
+	p.run()
+	out := p.out
+	out.Status = p.st
+	out.Changed = !proto.Equal(p.st, in.Host.GetStatus())
+	return out
+}
+
+// planner carries one Plan call.
+type planner struct {
+	in   Input
+	st   *typesv1.HostStatus
+	name string
+	out  Output
+}
+
+// handler decides for one state; it returns a closed set of outcomes
+// through the planner's methods (wait, start, complete, fail).
+type handler func(p *planner)
+
+// handlers is the lifecycle: one handler per state.
+var handlers = map[typesv1.HostState]handler{
+	typesv1.HostState_HOST_STATE_UNSPECIFIED:    (*planner).registering,
+	typesv1.HostState_HOST_STATE_REGISTERING:    (*planner).registering,
+	typesv1.HostState_HOST_STATE_INSPECTING:     (*planner).inspecting,
+	typesv1.HostState_HOST_STATE_AVAILABLE:      (*planner).available,
+	typesv1.HostState_HOST_STATE_PROVISIONING:   (*planner).provisioning,
+	typesv1.HostState_HOST_STATE_PROVISIONED:    (*planner).provisioned,
+	typesv1.HostState_HOST_STATE_DEPROVISIONING: (*planner).deprovisioning,
+	typesv1.HostState_HOST_STATE_WIPING:         (*planner).wiping,
+	typesv1.HostState_HOST_STATE_ERROR:          (*planner).errored,
+}
+
+func (p *planner) run() {
+	h, ok := handlers[p.st.GetState()]
+	if !ok {
+		p.fail("UnknownState", fmt.Sprintf("unknown state %v", p.st.GetState()))
+		return
+	}
+	h(p)
+}
+
+// StateName is the short name of a state ("Provisioning").
+func StateName(s typesv1.HostState) string {
+	n := strings.TrimPrefix(s.String(), "HOST_STATE_")
+	if n == "" {
+		return ""
+	}
+	return n[:1] + strings.ToLower(n[1:])
+}
+
+// wantsImage reports whether an image is wanted.
+func (p *planner) wantsImage() bool { return p.in.Desired.Image != nil }
+
+func (p *planner) registering() {
+	if p.st.GetState() == typesv1.HostState_HOST_STATE_UNSPECIFIED {
+		p.transition(typesv1.HostState_HOST_STATE_REGISTERING, "host registered")
+	}
+	if BYOH(p.in.Host) {
+		p.transition(typesv1.HostState_HOST_STATE_INSPECTING, "host without a BMC: waiting for its agent")
+		p.inspecting()
+		return
+	}
+	p.sequence([]stepDef{{name: StepCheckBMC, actions: func() []Action { return []Action{{Kind: ActCheckBMC}} }}},
+		typesv1.HostState_HOST_STATE_INSPECTING, "bmc answers")
+	if p.st.GetState() == typesv1.HostState_HOST_STATE_INSPECTING {
+		p.inspecting()
+	}
+}
+
+func (p *planner) inspecting() {
+	if BYOH(p.in.Host) && p.st.GetAgent().GetLastHeartbeat() == nil {
+		p.wait(p.in.Config.PollInterval)
+		return
+	}
+	p.transition(typesv1.HostState_HOST_STATE_AVAILABLE, "host is available")
+	p.available()
+}
+
+func (p *planner) available() {
+	if !p.wantsImage() {
+		return
+	}
+	p.st.Image = p.in.Desired.ImageName
+	p.transition(typesv1.HostState_HOST_STATE_PROVISIONING,
+		fmt.Sprintf("provisioning image %s for machine %s", p.in.Desired.ImageName, p.in.Desired.Machine))
+	p.provisioning()
+}
+
+func (p *planner) provisioning() {
+	if !p.wantsImage() || p.in.Desired.ImageName != p.st.GetImage() {
+		p.transition(typesv1.HostState_HOST_STATE_DEPROVISIONING, "image no longer wanted: deprovisioning")
+		p.deprovisioning()
+		return
+	}
+	p.sequence(p.provisionSteps(), typesv1.HostState_HOST_STATE_PROVISIONED, "installed agent checked in")
+	if p.st.GetState() == typesv1.HostState_HOST_STATE_PROVISIONED {
+		p.setProvisioned(conditions.True, ReasonDone, fmt.Sprintf("image %s laid and booted", p.st.GetImage()))
+	}
+}
+
+func (p *planner) provisioned() {
+	if !p.wantsImage() || p.in.Desired.ImageName != p.st.GetImage() {
+		p.transition(typesv1.HostState_HOST_STATE_DEPROVISIONING, "image no longer wanted: deprovisioning")
+		p.setProvisioned(conditions.False, ReasonNotWanted, "deprovisioning")
+		p.deprovisioning()
+	}
+}
+
+func (p *planner) deprovisioning() {
+	if BYOH(p.in.Host) {
+		p.transition(typesv1.HostState_HOST_STATE_WIPING, "host without a BMC: nothing to boot")
+		p.wiping()
+		return
+	}
+	p.sequence(p.bootAgentSteps(), typesv1.HostState_HOST_STATE_WIPING, "boot agent checked in")
+	if p.st.GetState() == typesv1.HostState_HOST_STATE_WIPING {
+		p.wiping()
+	}
+}
+
+func (p *planner) wiping() {
+	if BYOH(p.in.Host) {
+		p.st.Image = ""
+		p.transition(typesv1.HostState_HOST_STATE_AVAILABLE, "host without a BMC: kubeadm reset belongs to the cluster")
+		p.available()
+		return
+	}
+	steps := []stepDef{
+		{name: StepWipe, actions: func() []Action {
+			return []Action{{Kind: ActWipe, OperationID: p.st.GetLastOperation().GetId(), Target: p.target()}}
+		}},
+		{name: StepPowerOffWiped, actions: func() []Action { return []Action{{Kind: ActPowerOff}} }},
+	}
+	p.sequence(steps, typesv1.HostState_HOST_STATE_AVAILABLE, "disk wiped, host powered off")
+	if p.st.GetState() == typesv1.HostState_HOST_STATE_AVAILABLE {
+		p.st.Image = ""
+		p.available()
+	}
+}
+
+// errored stays in Error until the image is no longer wanted, which
+// deprovisions and wipes the host.
+func (p *planner) errored() {
+	if !p.wantsImage() {
+		p.st.ErrorReason = ""
+		p.transition(typesv1.HostState_HOST_STATE_DEPROVISIONING, "image no longer wanted: leaving Error to deprovision")
+		p.deprovisioning()
+	}
+}
+
+func (p *planner) target() string {
+	if t := p.in.Host.GetSpec().GetRootDiskHint(); t != "" {
+		return t
+	}
+	return "/dev/sda"
+}
+
+// bootDevice is the one-time boot device of the agent media: virtual media
+// on Redfish, PXE on IPMI.
+func (p *planner) bootDevice() string {
+	if p.in.Host.GetSpec().GetBmc().GetProtocol() == "ipmi" {
+		return BootPXE
+	}
+	return BootCDROM
+}
+
+func (p *planner) bootAgentSteps() []stepDef {
+	return []stepDef{
+		{name: StepPowerOff, actions: func() []Action { return []Action{{Kind: ActPowerOff}} }},
+		{name: StepBootAgentMedia, actions: func() []Action {
+			if p.bootDevice() == BootCDROM {
+				return []Action{{Kind: ActInsertMedia, URL: p.in.ISOURL}, {Kind: ActSetBoot, Device: BootCDROM}}
+			}
+			return []Action{{Kind: ActSetBoot, Device: BootPXE}}
+		}},
+		{name: StepPowerOn, actions: func() []Action { return []Action{{Kind: ActPowerOn}} }},
+		{name: StepWaitBootAgent, retryFrom: StepPowerOff, wait: func() (bool, string) {
+			return p.agentCheckedIn("boot", p.bootDevice())
+		}},
+	}
+}
+
+func (p *planner) provisionSteps() []stepDef {
+	if BYOH(p.in.Host) {
+		return []stepDef{{name: StepWaitInstalled, wait: func() (bool, string) { return p.agentCheckedIn("installed", "") }}}
+	}
+	return append(p.bootAgentSteps(),
+		stepDef{name: StepLayImage, actions: func() []Action {
+			return []Action{{Kind: ActLayImage, OperationID: p.st.GetLastOperation().GetId(),
+				ImageName: p.in.Desired.ImageName, Image: p.in.Desired.Image, Target: p.target()}}
+		}},
+		stepDef{name: StepWriteIdentity, actions: func() []Action {
+			return []Action{{Kind: ActWriteIdentity, Target: p.target()}}
+		}},
+		stepDef{name: StepBootDisk, actions: func() []Action {
+			return []Action{{Kind: ActSetBoot, Device: BootDisk, Persistent: true}, {Kind: ActReboot}}
+		}},
+		stepDef{name: StepWaitInstalled, retryFrom: StepBootDisk, wait: func() (bool, string) {
+			return p.agentCheckedIn("installed", BootDisk)
+		}},
+	)
+}
+
+// agentCheckedIn reports whether an agent in mode heartbeated since the
+// wait began and, when device is set, booted from it. A heartbeat of the
+// wrong boot source is a failure (mismatch != success).
+func (p *planner) agentCheckedIn(mode, device string) (bool, string) {
+	a := p.st.GetAgent()
+	since := p.st.GetLastOperation().GetStarted().AsTime()
+	if a.GetLastHeartbeat() == nil || a.GetLastHeartbeat().AsTime().Before(since) {
+		return false, ""
+	}
+	if device != "" {
+		if msg := verifyBoot(device, a.GetBootSource()); msg != "" {
+			return false, msg
+		}
+	}
+	if a.GetMode() != mode {
+		return false, fmt.Sprintf("asked for the %s agent, the %s agent checked in", mode, a.GetMode())
+	}
+	return true, ""
+}
+
+// verifyBoot compares the asked boot device with the agent's boot source
+// (as bmc.VerifyBoot does) and explains a mismatch.
+func verifyBoot(asked, reported string) string {
+	canon := func(s string) string {
+		switch strings.ToLower(strings.TrimSpace(s)) {
+		case "pxe", "network":
+			return BootPXE
+		case "disk", "hdd":
+			return BootDisk
+		case "cdrom", "cd", "dvd", "virtualmedia":
+			return BootCDROM
+		}
+		return ""
+	}
+	r := canon(reported)
+	if r == "" {
+		return fmt.Sprintf("asked to boot from %s, the agent reports unknown boot source %q", asked, reported)
+	}
+	if r != asked {
+		return fmt.Sprintf("asked to boot from %s, the host booted from %s", asked, r)
+	}
+	return ""
+}
+
+// stepDef is one step: either actions to run, or a wait for a condition.
+type stepDef struct {
+	name    Step
+	actions func() []Action
+	// wait reports done, or a mismatch that is a permanent failure.
+	wait func() (done bool, mismatch string)
+	// retryFrom is where a timed-out wait starts again.
+	retryFrom Step
+}
+
+// sequence drives the state's steps; when the last one succeeds the host
+// moves to done.
+func (p *planner) sequence(steps []stepDef, done typesv1.HostState, doneMsg string) {
+	idx := -1
+	for i, s := range steps {
+		if string(s.name) == p.st.GetProvisioningStep() {
+			idx = i
+		}
+	}
+	op := p.st.GetLastOperation()
+	if idx < 0 || op.GetKind() != string(steps[idx].name) {
+		p.start(steps, 0, 0, time.Time{})
+		return
+	}
+	step := steps[idx]
+	if r := p.in.Observed.Result; r != nil && r.OperationID == op.GetId() && op.GetState() == OpRunning {
+		p.record(op, r)
+		if p.st.GetState() == typesv1.HostState_HOST_STATE_ERROR {
+			return
+		}
+	}
+	switch op.GetState() {
+	case OpSucceeded:
+		p.advance(steps, idx, done, doneMsg)
+	case OpFailed:
+		if op.GetRetryAfter() != nil && p.in.Now.Before(op.GetRetryAfter().AsTime()) {
+			p.wait(op.GetRetryAfter().AsTime().Sub(p.in.Now))
+			return
+		}
+		from := idx
+		if step.wait != nil && step.retryFrom != "" {
+			from = indexOf(steps, step.retryFrom)
+		}
+		p.start(steps, from, op.GetAttempt(), time.Time{})
+	default: // Running
+		timeout := p.in.Config.timeout(step.name)
+		elapsed := p.in.Now.Sub(op.GetStarted().AsTime())
+		if step.wait != nil {
+			ok, mismatch := step.wait()
+			switch {
+			case mismatch != "":
+				p.failOp(op, ReasonBootSource, mismatch)
+				p.fail(ReasonBootSource, fmt.Sprintf("%s: %s", step.name, mismatch))
+			case ok:
+				p.succeed(op)
+				p.advance(steps, idx, done, doneMsg)
+			case elapsed >= timeout:
+				p.timedOut(op, step, timeout)
+			default:
+				p.wait(min(p.in.Config.PollInterval, timeout-elapsed))
+			}
+			return
+		}
+		if elapsed >= timeout {
+			p.timedOut(op, step, timeout)
+			return
+		}
+		// Running without a result: the executor that started it is gone
+		// (a restart). The actions are idempotent: run them again.
+		p.out.Actions = step.actions()
+		p.out.RequeueAfter = timeout - elapsed
+	}
+}
+
+func indexOf(steps []stepDef, s Step) int {
+	for i, d := range steps {
+		if d.name == s {
+			return i
+		}
+	}
+	return 0
+}
+
+// start writes step i of steps ahead as a Running operation and asks for
+// its actions. A wait step inherits started from the step before it.
+func (p *planner) start(steps []stepDef, i int, attempt int32, started time.Time) {
+	s := steps[i]
+	if started.IsZero() {
+		started = p.in.Now
+	}
+	op := &typesv1.OperationStatus{
+		Id:      p.opID(s.name, attempt),
+		Kind:    string(s.name),
+		State:   OpRunning,
+		Started: timestamppb.New(started),
+		Attempt: attempt,
+	}
+	p.st.ProvisioningStep = string(s.name)
+	p.st.LastOperation = op
+	if p.st.GetState() == typesv1.HostState_HOST_STATE_PROVISIONING {
+		p.setProvisioned(conditions.False, ReasonInProgress, "step "+string(s.name))
+	}
+	if s.wait != nil {
+		p.sequenceWait(s)
+		return
+	}
+	p.out.Actions = s.actions()
+	p.out.RequeueAfter = p.in.Config.timeout(s.name)
+}
+
+// sequenceWait evaluates a freshly started wait step once.
+func (p *planner) sequenceWait(s stepDef) {
+	ok, mismatch := s.wait()
+	if mismatch != "" || ok {
+		// Decided on the next Plan call, with the step stored.
+		p.out.RequeueAfter = time.Nanosecond
+		return
+	}
+	p.wait(min(p.in.Config.PollInterval, p.in.Config.timeout(s.name)))
+}
+
+// advance moves past step idx: to the next step, or to done.
+func (p *planner) advance(steps []stepDef, idx int, done typesv1.HostState, doneMsg string) {
+	op := p.st.GetLastOperation()
+	if Step(op.GetKind()) == StepLayImage {
+		// Counted once: the write that records the next step is the one
+		// that counts, and a restart finds the next step stored.
+		p.st.ImageLays++
+		p.event("Normal", "ImageLaid", fmt.Sprintf("image %s laid (operation %s)", p.in.Desired.ImageName, op.GetId()))
+	}
+	if idx+1 < len(steps) {
+		var started time.Time
+		if steps[idx+1].wait != nil {
+			started = op.GetStarted().AsTime()
+		}
+		p.start(steps, idx+1, op.GetAttempt(), started)
+		return
+	}
+	p.st.ProvisioningStep = ""
+	p.st.LastError = ""
+	p.transition(done, doneMsg)
+}
+
+// record folds an executor result into the running operation.
+func (p *planner) record(op *typesv1.OperationStatus, r *Result) {
+	if r.Err == "" {
+		p.succeed(op)
+		return
+	}
+	switch r.Failure {
+	case FailPermanent:
+		p.failOp(op, ReasonStepFailed, r.Err)
+		p.fail(ReasonStepFailed, fmt.Sprintf("%s: %s", op.GetKind(), r.Err))
+	case FailBMC:
+		p.failOp(op, ReasonBMCFailed, r.Err)
+		op.RetryAfter = timestamppb.New(p.in.Now.Add(p.delay(max(r.BMCFailures-1, 0))))
+	default:
+		p.failOp(op, ReasonStepFailed, r.Err)
+		p.countAttempt(op)
+	}
+}
+
+func (p *planner) succeed(op *typesv1.OperationStatus) {
+	op.State = OpSucceeded
+	op.Error = ""
+	op.RetryAfter = nil
+	op.Finished = timestamppb.New(p.in.Now)
+}
+
+func (p *planner) failOp(op *typesv1.OperationStatus, reason, msg string) {
+	op.State = OpFailed
+	op.Error = msg
+	op.Finished = timestamppb.New(p.in.Now)
+	p.st.LastError = fmt.Sprintf("%s: %s", op.GetKind(), msg)
+	p.event("Warning", reason, p.st.LastError)
+	if p.st.GetState() == typesv1.HostState_HOST_STATE_PROVISIONING {
+		p.setProvisioned(conditions.False, reason, p.st.LastError)
+	}
+}
+
+// countAttempt counts a failure against MaxAttempts: Error once reached,
+// else a backoff before the next try.
+func (p *planner) countAttempt(op *typesv1.OperationStatus) {
+	op.Attempt++
+	if int(op.Attempt) >= p.in.Config.MaxAttempts {
+		p.fail(ReasonTooManyTries, fmt.Sprintf("%s failed %d times, last: %s", op.GetKind(), op.Attempt, op.GetError()))
+		return
+	}
+	d := p.delay(int(op.Attempt) - 1)
+	op.RetryAfter = timestamppb.New(p.in.Now.Add(d))
+	p.wait(d)
+}
+
+func (p *planner) timedOut(op *typesv1.OperationStatus, s stepDef, timeout time.Duration) {
+	p.failOp(op, ReasonTimedOut, fmt.Sprintf("no result within %s", timeout))
+	p.countAttempt(op)
+}
+
+// delay is the backoff before retry n, with jitter drawn from the host
+// name and n so that Plan stays a function of its input.
+func (p *planner) delay(n int) time.Duration {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s/%d", p.name, n)
+	return p.in.Config.Backoff.Delay(n, rand.New(rand.NewPCG(h.Sum64(), 0)))
+}
+
+// opID names a step's operation: the host, the state run (completed lays
+// so far), the step and the attempt, and for a lay the image. A restarted
+// controller derives the same id and re-attaches; a retry after a failure
+// gets a new one.
+func (p *planner) opID(s Step, attempt int32) string {
+	id := fmt.Sprintf("%s.%s.%d.%s.%d", p.name, strings.ToLower(StateName(p.st.GetState())), p.st.GetImageLays(), strings.ToLower(string(s)), attempt)
+	if s == StepLayImage {
+		id += "." + p.in.Desired.ImageName
+	}
+	return id
+}
+
+// fail moves the host to Error with reason.
+func (p *planner) fail(reason, msg string) {
+	p.st.ErrorReason = fmt.Sprintf("%s: %s", reason, msg)
+	p.st.LastError = msg
+	if p.st.GetState() == typesv1.HostState_HOST_STATE_PROVISIONING {
+		p.setProvisioned(conditions.False, reason, msg)
+	}
+	p.transition(typesv1.HostState_HOST_STATE_ERROR, p.st.ErrorReason)
+	p.out.Actions = nil
+	p.out.RequeueAfter = 0
+}
+
+func (p *planner) transition(to typesv1.HostState, msg string) {
+	if p.st.GetState() == to {
+		return
+	}
+	typ := "Normal"
+	if to == typesv1.HostState_HOST_STATE_ERROR {
+		typ = "Warning"
+	}
+	p.st.State = to
+	if to != typesv1.HostState_HOST_STATE_ERROR {
+		p.st.ErrorReason = ""
+	}
+	p.st.ProvisioningStep = ""
+	p.event(typ, StateName(to), msg)
+}
+
+func (p *planner) setProvisioned(status, reason, msg string) {
+	p.st.Conditions, _ = conditions.Set(p.st.Conditions, conditions.New(ConditionProvisioned, status, reason, msg), p.in.Now)
+}
+
+func (p *planner) wait(d time.Duration) {
+	if d <= 0 {
+		d = time.Nanosecond
+	}
+	p.out.RequeueAfter = d
+}
+
+func (p *planner) event(typ, reason, msg string) {
+	p.out.Events = append(p.out.Events, Event{Type: typ, Reason: reason, Message: msg})
+}

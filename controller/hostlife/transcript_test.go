@@ -1,0 +1,233 @@
+package hostlife
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/kilnhq/kiln/internal/conditions"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.txt with the actual output")
+
+// t0 is the transcripts' time origin; "at=90s" means t0+90s.
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// TestTranscripts replays testdata/*.txt: blocks of one command, a "----"
+// line and the expected output, separated by blank lines. Commands:
+//
+//	host name=N protocol=redfish|ipmi|none [disk=D]   a new host, no status
+//	desire image=I machine=M | desire none            what is wanted
+//	heartbeat at=D mode=boot|installed source=S       an agent checks in
+//	bmc status=True|False [reason=R]                  the BMC's condition
+//	plan at=D [result=ok|bmc|agent|perm] [err=E] [bmcfailures=N]
+//	                                                  Plan with the outcome of
+//	                                                  the stored operation
+//
+// A plan without result is what a restarted controller does. Run with
+// -update to rewrite the files, then review the diff.
+func TestTranscripts(t *testing.T) {
+	files, err := filepath.Glob("testdata/*.txt")
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	for _, f := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) {
+			raw, err := os.ReadFile(f)
+			require.NoError(t, err)
+			blocks := parseTranscript(t, string(raw))
+			r := &runner{}
+			var out strings.Builder
+			for i, b := range blocks {
+				got := r.exec(t, b.cmd)
+				if !*update && got != b.want {
+					t.Errorf("%s:%d: %s\n got:\n%s\nwant:\n%s", f, b.line, b.cmd, got, b.want)
+				}
+				if i > 0 {
+					out.WriteString("\n")
+				}
+				out.WriteString(b.comments)
+				fmt.Fprintf(&out, "%s\n----\n%s", b.cmd, got)
+			}
+			if *update {
+				require.NoError(t, os.WriteFile(f, []byte(out.String()), 0o644))
+			}
+		})
+	}
+}
+
+type block struct {
+	comments string
+	cmd      string
+	want     string
+	line     int
+}
+
+func parseTranscript(t *testing.T, s string) []block {
+	var blocks []block
+	lines := strings.Split(s, "\n")
+	for i := 0; i < len(lines); {
+		var b block
+		for i < len(lines) && (strings.TrimSpace(lines[i]) == "" || strings.HasPrefix(lines[i], "#")) {
+			if strings.HasPrefix(lines[i], "#") {
+				b.comments += lines[i] + "\n"
+			}
+			i++
+		}
+		if i >= len(lines) {
+			break
+		}
+		b.cmd, b.line = lines[i], i+1
+		i++
+		require.True(t, i < len(lines) && lines[i] == "----", "line %d: want ---- after the command", i+1)
+		i++
+		var want strings.Builder
+		for i < len(lines) && lines[i] != "" {
+			want.WriteString(lines[i] + "\n")
+			i++
+		}
+		b.want = want.String()
+		blocks = append(blocks, b)
+	}
+	return blocks
+}
+
+type runner struct {
+	host    *typesv1.Host
+	desired Desired
+	bmcCond *typesv1.Condition
+}
+
+func args(t *testing.T, fields []string) map[string]string {
+	m := map[string]string{}
+	for _, f := range fields {
+		k, v, ok := strings.Cut(f, "=")
+		require.True(t, ok, "argument %q: want key=value", f)
+		m[k] = v
+	}
+	return m
+}
+
+func at(t *testing.T, s string) time.Time {
+	d, err := time.ParseDuration(s)
+	require.NoError(t, err)
+	return t0.Add(d)
+}
+
+func (r *runner) exec(t *testing.T, cmd string) string {
+	fields := strings.Fields(cmd)
+	require.NotEmpty(t, fields)
+	if cmd == "desire none" {
+		r.desired = Desired{}
+		return ""
+	}
+	a := args(t, fields[1:])
+	switch fields[0] {
+	case "host":
+		r.host = &typesv1.Host{
+			Metadata: &typesv1.ObjectMeta{Name: a["name"]},
+			Spec:     &typesv1.HostSpec{Bmc: &typesv1.BMCSpec{Protocol: a["protocol"]}, RootDiskHint: a["disk"]},
+		}
+		return ""
+	case "desire":
+		r.desired = Desired{Machine: a["machine"], ImageName: a["image"], Image: &typesv1.ImageSpec{Url: "http://images/" + a["image"]}}
+		return ""
+	case "heartbeat":
+		if r.host.Status == nil {
+			r.host.Status = &typesv1.HostStatus{}
+		}
+		r.host.Status.Agent = &typesv1.AgentStatus{
+			Address:       "10.0.0.1:7444",
+			LastHeartbeat: timestamppb.New(at(t, a["at"])),
+			Mode:          a["mode"],
+			BootSource:    a["source"],
+		}
+		return ""
+	case "bmc":
+		r.bmcCond = conditions.New("BMCReachable", a["status"], a["reason"], "bmc says "+a["status"])
+		return ""
+	case "plan":
+		in := Input{
+			Host:    r.host,
+			Desired: r.desired,
+			Now:     at(t, a["at"]),
+			ISOURL:  "http://boot/iso/" + r.host.GetMetadata().GetName() + ".iso",
+			Observed: Observed{
+				BMCCondition: r.bmcCond,
+			},
+		}
+		if res, ok := a["result"]; ok {
+			rr := &Result{OperationID: r.host.GetStatus().GetLastOperation().GetId(), Err: a["err"]}
+			switch res {
+			case "ok":
+			case "bmc":
+				rr.Failure = FailBMC
+				fmt.Sscan(a["bmcfailures"], &rr.BMCFailures)
+			case "agent":
+				rr.Failure = FailAgent
+			case "perm":
+				rr.Failure = FailPermanent
+			default:
+				t.Fatalf("result=%q: want ok, bmc, agent or perm", res)
+			}
+			if res != "ok" && rr.Err == "" {
+				rr.Err = "boom"
+			}
+			in.Observed.Result = rr
+		}
+		out := Plan(in)
+		r.host.Status = out.Status
+		return describe(out)
+	}
+	t.Fatalf("unknown command %q", fields[0])
+	return ""
+}
+
+func describe(out Output) string {
+	var b strings.Builder
+	st := out.Status
+	fmt.Fprintf(&b, "state=%s step=%s image=%s lays=%d changed=%t\n", StateName(st.GetState()), st.GetProvisioningStep(), st.GetImage(), st.GetImageLays(), out.Changed)
+	if op := st.GetLastOperation(); op != nil {
+		fmt.Fprintf(&b, "op=%s %s attempt=%d started=%s", op.GetId(), op.GetState(), op.GetAttempt(), rel(op.GetStarted()))
+		if op.GetRetryAfter() != nil {
+			fmt.Fprintf(&b, " retry_after=%s", rel(op.GetRetryAfter()))
+		}
+		b.WriteString("\n")
+	}
+	if st.GetLastError() != "" {
+		fmt.Fprintf(&b, "last_error=%s\n", st.GetLastError())
+	}
+	if st.GetErrorReason() != "" {
+		fmt.Fprintf(&b, "error_reason=%s\n", st.GetErrorReason())
+	}
+	conds := append([]*typesv1.Condition(nil), st.GetConditions()...)
+	sort.Slice(conds, func(i, j int) bool { return conds[i].GetType() < conds[j].GetType() })
+	for _, c := range conds {
+		fmt.Fprintf(&b, "condition %s=%s reason=%s since=%s\n", c.GetType(), c.GetStatus(), c.GetReason(), rel(c.GetLastTransitionTime()))
+	}
+	for _, a := range out.Actions {
+		fmt.Fprintf(&b, "action %s\n", a)
+	}
+	if out.RequeueAfter > 0 {
+		fmt.Fprintf(&b, "requeue=%s\n", out.RequeueAfter)
+	}
+	for _, e := range out.Events {
+		fmt.Fprintf(&b, "event %s %s: %s\n", e.Type, e.Reason, e.Message)
+	}
+	return b.String()
+}
+
+func rel(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "-"
+	}
+	return ts.AsTime().Sub(t0).String()
+}
