@@ -63,6 +63,28 @@ type Layer struct {
 	now        func() time.Time
 	depth      int
 	pool       sync.Pool
+
+	mu   sync.Mutex
+	busy map[string]bool // targets being laid or wiped
+}
+
+// claim marks target busy, so that two operations never write one disk
+// at once. It returns an errdefs.Conflict error if it is busy already.
+func (l *Layer) claim(target string) (release func(), err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.busy == nil {
+		l.busy = map[string]bool{}
+	}
+	if l.busy[target] {
+		return nil, errdefs.Conflict("target %q is busy with another lay or wipe", target)
+	}
+	l.busy[target] = true
+	return func() {
+		l.mu.Lock()
+		delete(l.busy, target)
+		l.mu.Unlock()
+	}, nil
 }
 
 // Option configures a Layer.
@@ -170,13 +192,19 @@ func (l *Layer) putBuf(b *[]byte) { l.pool.Put(b) }
 // "stream truncated at N of M bytes", "range 3 (offset O, length L):
 // sha256 mismatch ..."). Errors are of class errdefs.InvalidArgument (bad
 // request), NotFound (target or URL missing), FailedPrecondition (hash
-// mismatch, target too small), Unavailable (network) or ctx's error.
+// mismatch, target too small), Unavailable (network), Conflict (the target
+// is being laid or wiped already) or ctx's error.
 func (l *Layer) Lay(ctx context.Context, req *agentv1.LayImageRequest, progress func(*agentv1.Progress)) (*agentv1.LayImageResult, error) {
 	if err := validate(req); err != nil {
 		return nil, err
 	}
 	start := l.now()
 	log := l.log.With("target", req.GetTarget(), "url", redactURL(req.GetUrl()), "format", req.GetFormat())
+	release, err := l.claim(req.GetTarget())
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	rep := newReporter(progress, l.now, l.interval)
 	rep.step(StepOpen, 0)
 
@@ -355,6 +383,11 @@ func httpStatusError(rawURL string, status int) error {
 // The target must exist (errdefs.NotFound). Discard is best effort; the
 // zeroing is not.
 func (l *Layer) Wipe(ctx context.Context, target string, progress func(*agentv1.Progress)) error {
+	release, err := l.claim(target)
+	if err != nil {
+		return err
+	}
+	defer release()
 	rep := newReporter(progress, l.now, l.interval)
 	rep.step(StepWipe, 0)
 	t, err := openTarget(target, false)

@@ -8,10 +8,13 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -637,5 +640,81 @@ func TestLayResumesStalledConnection(t *testing.T) {
 	}
 	if n := calls.Load(); n != 2 {
 		t.Errorf("Lay(stalled server) made %d requests, want 2 (the stalled one, then a resume)", n)
+	}
+}
+
+func TestLayBusyTarget(t *testing.T) {
+	img := makeImage(4<<20, 15)
+	srv := newImageServer(t, img, nil)
+	l := testLayer(t, WithProgressInterval(0))
+	dst := tempTarget(t)
+	var second error
+	_, err := l.Lay(context.Background(), &agentv1.LayImageRequest{Url: srv.url(), Sha256: hexsum(img), Target: dst},
+		func(p *agentv1.Progress) {
+			if p.GetStep() == StepFetch && second == nil {
+				second = l.Wipe(context.Background(), dst, nil)
+			}
+		})
+	require.NoError(t, err)
+	if !errdefs.IsConflict(second) {
+		t.Errorf("Wipe during Lay of the same target = %v, want Conflict", second)
+	}
+	require.NoError(t, l.Wipe(context.Background(), dst, nil), "Wipe after Lay")
+}
+
+func TestLayRetriesServerErrors(t *testing.T) {
+	img := makeImage(1<<20, 16)
+	inner := newImageServer(t, img, nil)
+	var calls atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) <= 2 {
+			http.Error(w, "busy", http.StatusServiceUnavailable)
+			return
+		}
+		inner.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	dst := tempTarget(t)
+	_, err := testLayer(t).Lay(context.Background(), &agentv1.LayImageRequest{Url: srv.URL + "/i.raw", Sha256: hexsum(img), Target: dst}, nil)
+	require.NoError(t, err)
+	if got := fileSum(t, dst); got != hexsum(img) {
+		t.Errorf("Lay(after two 503s): target sha256 = %s, want %s", got, hexsum(img))
+	}
+	if n := calls.Load(); n != 3 {
+		t.Errorf("Lay(after two 503s) made %d requests, want 3", n)
+	}
+}
+
+// An image replaced on the server while it is being fetched must not be
+// spliced: If-Range makes the server send the new object whole, and the
+// result fails verification instead of mixing two images.
+func TestLayImageChangedDuringFetch(t *testing.T) {
+	oldImg := makeImage(2<<20, 17)
+	newImg := makeImage(2<<20, 18)
+	var calls atomic.Int64
+	var mu sync.Mutex
+	var ranges []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		ranges = append(ranges, r.Header.Get("If-Range"))
+		mu.Unlock()
+		if calls.Add(1) == 1 {
+			w.Header().Set("ETag", `"old"`)
+			fw := &faultWriter{ResponseWriter: w, s: &imageServer{}, limit: 1 << 20}
+			http.ServeContent(fw, r, "i.raw", time.Unix(1, 0), bytes.NewReader(oldImg))
+			return
+		}
+		w.Header().Set("ETag", `"new"`)
+		http.ServeContent(w, r, "i.raw", time.Unix(2, 0), bytes.NewReader(newImg))
+	}))
+	t.Cleanup(srv.Close)
+	_, err := testLayer(t).Lay(context.Background(), &agentv1.LayImageRequest{Url: srv.URL + "/i.raw", Sha256: hexsum(oldImg), Target: tempTarget(t)}, nil)
+	if err == nil || !strings.Contains(err.Error(), "sha256 mismatch") {
+		t.Errorf("Lay(image replaced mid-fetch) = %v, want sha256 mismatch", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ranges) < 2 || ranges[1] != `"old"` {
+		t.Errorf("resume request If-Range = %q, want the first answer's ETag", ranges)
 	}
 }
