@@ -144,6 +144,8 @@ func layCmd(args []string) error {
 	target := fs.String("target", "", "file or device to lay onto")
 	man := fs.String("manifest", "", "manifest whose block map to use")
 	verbose := fs.Bool("v", false, "print each step with its time")
+	bufSize := fs.Int("buffer", 1<<20, "pipeline buffer size")
+	fetchers := fs.Int("fetchers", 4, "parallel block-map fetchers")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile")
 	fs.Parse(args)
 	if *cpuprofile != "" {
@@ -192,7 +194,7 @@ func layCmd(args []string) error {
 			}
 		}
 	}
-	res, err := lay.New(log).Lay(context.Background(), req, progress)
+	res, err := lay.New(log, lay.WithBufferSize(*bufSize), lay.WithFetchers(*fetchers)).Lay(context.Background(), req, progress)
 	if err != nil {
 		return err
 	}
