@@ -240,7 +240,7 @@ func (l *Layer) lay(ctx context.Context, t *target, req *agentv1.LayImageRequest
 		return nil, err
 	}
 	if note != "" {
-		log.Info(note)
+		log.Info("discard fell back", "note", note)
 		rep.note(note)
 	}
 	if !zeroed && t.block && t.size > rawSize {
@@ -402,7 +402,7 @@ func (l *Layer) Wipe(ctx context.Context, target string, progress func(*agentv1.
 	if _, note, err := t.discard(ctx, 0); err != nil {
 		return err
 	} else if note != "" {
-		l.log.Info(note, "target", target)
+		l.log.Info("discard fell back", "target", target, "note", note)
 		rep.note(note)
 	}
 	rep.step(StepDone, 0)
