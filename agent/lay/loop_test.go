@@ -11,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kilnhq/kiln/imagebuilder/manifest"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 )
 
@@ -81,5 +82,30 @@ func TestLayAndWipeLoopDevice(t *testing.T) {
 	require.NoError(t, testLayer(t).Wipe(context.Background(), dev, nil))
 	if s := signatures(t, dev); s != "" {
 		t.Errorf("Wipe(%s): blkid still finds %q", dev, s)
+	}
+}
+
+func TestLayBlockMapLoopDevice(t *testing.T) {
+	const size = 16 << 20
+	dev := loopDevice(t, size) // holds 0xAB everywhere: old data
+	img, src := sparseImage(t, 12<<20, 512<<10, 2<<20)
+	ranges, err := manifest.BlockMap(context.Background(), src, 4096)
+	require.NoError(t, err)
+	srv := newImageServer(t, img, nil)
+	res, err := testLayer(t).Lay(context.Background(), &agentv1.LayImageRequest{
+		Url: srv.url(), Target: dev, BlockMap: toBlockMap(ranges), RawSize: uint64(len(img)), RawSha256: hexsum(img),
+	}, nil)
+	require.NoError(t, err)
+	if res.GetBytesFetched() != uint64(srv.sent.Load()) || srv.sent.Load() > int64(len(img))/3 {
+		t.Errorf("Lay(block map onto %s) fetched %d bytes (server sent %d) of a %d-byte image with %d data ranges", dev, res.GetBytesFetched(), srv.sent.Load(), len(img), len(ranges))
+	}
+	f, err := os.Open(dev)
+	require.NoError(t, err)
+	defer f.Close()
+	got := make([]byte, len(img))
+	_, err = io.ReadFull(f, got)
+	require.NoError(t, err)
+	if !bytes.Equal(got, img) {
+		t.Errorf("Lay(block map onto %s): the device does not hold the image (old data left in the holes?)", dev)
 	}
 }
