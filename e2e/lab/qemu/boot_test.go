@@ -177,11 +177,13 @@ func finish(tb testing.TB, r *bootResult, name string, t0 time.Time) {
 
 // bootISO boots a VM named name from its per-host ISO (virtual media from
 // the boot server, on user-mode networking) into the agent.
-func bootISO(tb testing.TB, name string) *bootResult {
+func bootISO(tb testing.TB, name string) *bootResult { return bootISOFirmware(tb, name, false) }
+
+func bootISOFirmware(tb testing.TB, name string, uefi bool) *bootResult {
 	dir := bootMedia(tb)
 	env := controllertest.Start(tb)
 	ts := userNetBootServer(tb, env, dir)
-	vm := newVM(tb, qemu.Options{Name: name, DiskSize: 64 << 20})
+	vm := newVM(tb, qemu.Options{Name: name, DiskSize: 64 << 20, UEFI: uefi})
 	require.NoError(tb, vm.InsertMedia(bootserver.ISOURL(ts.URL, name)))
 	t0 := time.Now()
 	require.NoError(tb, vm.PowerOn(context.Background(), machine.BootCD))
@@ -193,10 +195,19 @@ func bootISO(tb testing.TB, name string) *bootResult {
 // TestISOBootEnrolls inserts the host's ISO from the boot server as
 // virtual media, powers the VM on from CD over QMP, and waits for its boot
 // agent to enroll with the controller using the ISO's one-time token and
-// report boot source virtualmedia.
+// report boot source virtualmedia. The VM runs UEFI firmware (OVMF) when
+// installed; the Redfish test boots the same kind of ISO under BIOS.
 func TestISOBootEnrolls(t *testing.T) {
-	r := bootISO(t, "iso-vm1")
+	_, err := os.Stat("/usr/share/OVMF/OVMF_CODE_4M.fd")
+	uefi := err == nil
+	if !uefi {
+		t.Log("OVMF not installed (apt-get install ovmf): booting the ISO under BIOS")
+	}
+	r := bootISOFirmware(t, "iso-vm1", uefi)
 	checkBoot(t, r, "virtualmedia")
+	if b, _ := os.ReadFile(r.vm.SerialLog()); uefi && strings.Contains(string(b), "SeaBIOS") {
+		t.Errorf("the UEFI VM booted SeaBIOS")
+	}
 
 	// A graceful power off reaches the guest's power button handler.
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -331,7 +342,11 @@ func BenchmarkBoot(b *testing.B) {
 	for _, tc := range []struct {
 		name string
 		boot func(testing.TB, string) *bootResult
-	}{{"iso", bootISO}, {"pxe", bootPXE}} {
+	}{
+		{"iso", bootISO},
+		{"iso-uefi", func(tb testing.TB, name string) *bootResult { return bootISOFirmware(tb, name, true) }},
+		{"pxe", bootPXE},
+	} {
 		b.Run(tc.name, func(b *testing.B) {
 			var up, enrolled time.Duration
 			for i := range b.N {

@@ -57,6 +57,12 @@ type Options struct {
 	Accel string
 	// Network of the NIC; the zero value is user-mode networking.
 	Network Network
+	// UEFI boots with OVMF (UEFICode, read-only, and a private copy of
+	// UEFIVars in Dir) instead of SeaBIOS.
+	UEFI bool
+	// UEFICode and UEFIVars default to Debian's ovmf package
+	// (/usr/share/OVMF/OVMF_CODE_4M.fd, OVMF_VARS_4M.fd).
+	UEFICode, UEFIVars string
 	// QEMU is the emulator binary (default qemu-system-x86_64).
 	QEMU string
 	// GracePeriod bounds a graceful power-off before power is cut
@@ -132,6 +138,26 @@ func New(o Options) (*VM, error) {
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("qemu: %w", err)
 	}
+	if o.UEFI {
+		if o.UEFICode == "" {
+			o.UEFICode = "/usr/share/OVMF/OVMF_CODE_4M.fd"
+		}
+		if o.UEFIVars == "" {
+			o.UEFIVars = "/usr/share/OVMF/OVMF_VARS_4M.fd"
+		}
+		if _, err := os.Stat(o.UEFICode); err != nil {
+			return nil, errdefs.NotFound("qemu: UEFI firmware %s not found (apt-get install ovmf)", o.UEFICode)
+		}
+		b, err := os.ReadFile(o.UEFIVars)
+		if err != nil {
+			return nil, errdefs.NotFound("qemu: UEFI variables %s not found (apt-get install ovmf)", o.UEFIVars)
+		}
+		vars := filepath.Join(o.Dir, "efivars.fd")
+		if err := os.WriteFile(vars, b, 0o644); err != nil {
+			return nil, fmt.Errorf("qemu: %w", err)
+		}
+		o.UEFIVars = vars
+	}
 	if o.Disk == "" {
 		if o.DiskSize <= 0 {
 			o.DiskSize = 1 << 30
@@ -188,6 +214,11 @@ func (v *VM) args() []string {
 		"-qmp", "unix:" + v.sock + ",server=on,wait=off",
 		"-chardev", "file,id=ser0,path=" + v.serial + ",append=on",
 		"-serial", "chardev:ser0",
+	}
+	if v.o.UEFI {
+		a = append(a,
+			"-drive", "if=pflash,format=raw,unit=0,readonly=on,file="+v.o.UEFICode,
+			"-drive", "if=pflash,format=raw,unit=1,file="+v.o.UEFIVars)
 	}
 	if v.o.Network.Tap != "" {
 		a = append(a, "-netdev", "tap,id=n0,ifname="+v.o.Network.Tap+",script=no,downscript=no")
