@@ -59,7 +59,8 @@ type Builder struct {
 	// time; nil discards them.
 	Progress io.Writer
 
-	start time.Time
+	start    time.Time
+	verified bool // Ensure succeeded: the cache matches its manifest
 }
 
 func (b *Builder) arch() string {
@@ -106,6 +107,7 @@ func (b *Builder) stepf(format string, args ...any) {
 // error with the tail of its output.
 func (b *Builder) Ensure(ctx context.Context) (*Manifest, error) {
 	b.start = time.Now()
+	b.verified = false
 	r := b.Release
 	if err := r.Validate(); err != nil {
 		return nil, err
@@ -125,6 +127,7 @@ func (b *Builder) Ensure(ctx context.Context) (*Manifest, error) {
 	m, err := b.Cache.Verify(r)
 	if err == nil {
 		b.stepf("kube-tools %s: cache %s verified (%d binaries), nothing to do", r.Kubernetes, b.Cache.VersionDir(r), len(m.Binaries))
+		b.verified = true
 		return m, nil
 	}
 	if !errdefs.IsNotFound(err) {
@@ -193,6 +196,7 @@ func (b *Builder) Ensure(ctx context.Context) (*Manifest, error) {
 		return nil, err
 	}
 	b.stepf("kube-tools %s: done, cache in %s", r.Kubernetes, b.Cache.VersionDir(r))
+	b.verified = true
 	return m, nil
 }
 

@@ -158,22 +158,24 @@ func kubeProxyImage(ctx context.Context, ref, kubeProxy string, host HostTools, 
 // on the build machine. Equivalent to: `ldd FILE...`. A library ldd cannot
 // find is a NotFound error.
 func SharedLibraries(ctx context.Context, run Runner, files ...string) ([]string, error) {
-	set := map[string]bool{}
-	for _, f := range files {
-		var out bytes.Buffer
-		var stderr tailBuffer
-		if err := run.Run(ctx, Cmd{Path: "ldd", Args: []string{f}, Env: os.Environ(), Stdout: &out, Stderr: &stderr}); err != nil {
-			return nil, fmt.Errorf("ldd %s: %w: %s", f, err, stderr.String())
-		}
-		libs, err := ParseLDD(out.Bytes())
-		if err != nil {
-			return nil, fmt.Errorf("ldd %s: %w", f, err)
-		}
-		for _, l := range libs {
-			set[l] = true
-		}
+	if len(files) == 0 {
+		return nil, nil
 	}
-	libs := make([]string, 0, len(set))
+	// One ldd for all files: it prints a "file:" header before each.
+	var out bytes.Buffer
+	var stderr tailBuffer
+	if err := run.Run(ctx, Cmd{Path: "ldd", Args: files, Env: os.Environ(), Stdout: &out, Stderr: &stderr}); err != nil {
+		return nil, fmt.Errorf("ldd %s: %w: %s", strings.Join(files, " "), err, stderr.String())
+	}
+	libs, err := ParseLDD(out.Bytes())
+	if err != nil {
+		return nil, fmt.Errorf("ldd: %w", err)
+	}
+	set := map[string]bool{}
+	for _, l := range libs {
+		set[l] = true
+	}
+	libs = libs[:0]
 	for l := range set {
 		libs = append(libs, l)
 	}
@@ -181,9 +183,10 @@ func SharedLibraries(ctx context.Context, run Runner, files ...string) ([]string
 	return libs, nil
 }
 
-// ParseLDD returns the absolute paths in ldd's output for one file: the
+// ParseLDD returns the absolute paths in ldd's output: the
 // "name => /path (addr)" lines and the loader's "/path (addr)" line. The
-// vDSO has no file and is skipped. "name => not found" is a NotFound error.
+// vDSO has no file and is skipped, as are the "file:" headers ldd prints
+// when given several files. "name => not found" is a NotFound error.
 func ParseLDD(out []byte) ([]string, error) {
 	var libs []string
 	sc := bufio.NewScanner(bytes.NewReader(out))
@@ -261,7 +264,8 @@ func inputsDigest(img ociarchive.Image) (string, error) {
 
 // WriteArchives writes the release's images as docker-archive tarballs
 // into the cache's images directory (<name>.tar), from a cache that
-// verifies. Each file appears atomically; an archive whose inputs did not
+// verifies (checked here unless Ensure just succeeded). Each file appears
+// atomically; an archive whose inputs did not
 // change since it was written (images/index.json) is kept. Import one with
 // `ctr -n k8s.io images import FILE`. Errors as for Cache.Verify and Images.
 func (b *Builder) WriteArchives(ctx context.Context) ([]Archive, error) {
@@ -269,8 +273,10 @@ func (b *Builder) WriteArchives(ctx context.Context) ([]Archive, error) {
 		b.start = time.Now()
 	}
 	r := b.Release
-	if _, err := b.Cache.Verify(r); err != nil {
-		return nil, fmt.Errorf("archives: %w", err)
+	if !b.verified {
+		if _, err := b.Cache.Verify(r); err != nil {
+			return nil, fmt.Errorf("archives: %w", err)
+		}
 	}
 	imgs, err := Images(ctx, r, b.Cache.BinDir(r), DebianHostTools(b.arch()), b.runner())
 	if err != nil {
