@@ -124,12 +124,19 @@ func install(ctx context.Context, progress io.Writer, root string, pkgs []string
 }
 
 // tidy leaves no host-specific or cached state in a new root: every host
-// made from it gets its own machine ID at first boot.
+// made from it gets its own machine ID at first boot and its own name.
 func tidy(root string) error {
 	if err := os.WriteFile(filepath.Join(root, "etc/machine-id"), nil, 0o444); err != nil {
 		return err
 	}
 	_ = os.Remove(filepath.Join(root, "var/lib/dbus/machine-id"))
+	// debootstrap copies the build machine's hostname and resolver: a
+	// host gets its name from its boot (nspawn -M, DHCP, the agent) and
+	// no nameserver it was not given (the lab's network rule).
+	_ = os.Remove(filepath.Join(root, "etc/hostname"))
+	if err := os.WriteFile(filepath.Join(root, "etc/resolv.conf"), nil, 0o644); err != nil {
+		return err
+	}
 	lists, _ := filepath.Glob(filepath.Join(root, "var/lib/apt/lists/*_*"))
 	bins, _ := filepath.Glob(filepath.Join(root, "var/cache/apt/*.bin"))
 	for _, f := range append(lists, bins...) {

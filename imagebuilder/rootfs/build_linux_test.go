@@ -43,6 +43,10 @@ func TestBuildCachedAndOverlay(t *testing.T) {
 		t.Errorf("Build(%+v): /etc/machine-id = %q, %v, want empty", spec, b, err)
 	}
 
+	if _, err := os.Stat(filepath.Join(dir, "etc/hostname")); err == nil {
+		t.Errorf("Build(%+v): /etc/hostname of the build machine kept", spec)
+	}
+
 	again, err := Build(ctx, spec, nil)
 	require.NoError(t, err)
 	if again != dir {

@@ -384,14 +384,9 @@ func (m *Machine) Reset(ctx context.Context) error {
 // and veth. The state directory (disk, logs) stays.
 func (m *Machine) Close(ctx context.Context) error {
 	_ = m.PowerOff(ctx, false)
-	var errs []error
-	if _, err := os.Stat(m.NetnsPath()); err == nil {
-		errs = append(errs, ip(ctx, "netns", "del", m.ns))
-	}
-	if _, err := os.Stat("/sys/class/net/" + m.veth); err == nil {
-		errs = append(errs, ip(ctx, "link", "del", m.veth))
-	}
-	return errors.Join(errs...)
+	return errors.Join(
+		Remove(ctx, Resource{KindNetns, m.ns}),
+		Remove(ctx, Resource{KindLink, m.veth}))
 }
 
 func (m *Machine) stopBoot(ctx context.Context, b *boot, graceful bool) {

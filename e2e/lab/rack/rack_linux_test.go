@@ -75,7 +75,11 @@ func snapshot(t *testing.T) machineState {
 		}
 	}
 	s.cgroups, _ = filepath.Glob("/sys/fs/cgroup/*/kiln-*")
-	s.loops, _ = filepath.Glob("/sys/block/loop*/loop/backing_file")
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range files {
+		b, _ := os.ReadFile(f)
+		s.loops = append(s.loops, strings.TrimSpace(string(b)))
+	}
 	return s
 }
 
@@ -267,13 +271,21 @@ func TestUpDown(t *testing.T) {
 			}
 			require.NoError(t, Down(ctx, dir, slog.New(slog.NewTextHandler(testWriter{t}, nil))))
 
+			var veths []string
+			for _, h := range rep.Hosts {
+				veths = append(veths, netns.VethName(name, h.Name))
+			}
 			after := snapshot(t)
 			for _, c := range []struct {
 				what          string
 				before, after []string
 			}{{"network namespace", before.netns, after.netns}, {"link", before.links, after.links}, {"nft table", before.tables, after.tables}, {"mount", before.mounts, after.mounts},
 				{"cgroup", before.cgroups, after.cgroups}, {"loop device", before.loops, after.loops}} {
-				if extra := diff(c.before, c.after); len(extra) > 0 {
+				// Other labs may come and go on a shared machine: look at ours.
+				extra := slices.DeleteFunc(diff(c.before, c.after), func(x string) bool {
+					return !strings.Contains(x, name) && !strings.Contains(x, dir) && !slices.Contains(veths, x)
+				})
+				if len(extra) > 0 {
 					t.Errorf("after Down: %s left behind: %v", c.what, extra)
 				}
 			}
