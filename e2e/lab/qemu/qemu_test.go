@@ -3,6 +3,7 @@ package qemu_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -68,7 +69,7 @@ func bootindex(t *testing.T, vm *qemu.VM, dev string) int {
 func TestPowerAndBootOrderOverQMP(t *testing.T) {
 	needQEMU(t)
 	ctx := context.Background()
-	vm := newVM(t, qemu.Options{Name: "qmp-test", DiskSize: 16 << 20})
+	vm := newVM(t, qemu.Options{Name: "qmp-test", DiskSize: 16 << 20, GracePeriod: 2 * time.Second})
 	if vm.State() || vm.BootSource() != "" || vm.PID() != 0 {
 		t.Fatalf("new VM: State() = %v BootSource() = %q PID() = %d, want off and never booted", vm.State(), vm.BootSource(), vm.PID())
 	}
@@ -132,6 +133,27 @@ func TestPowerAndBootOrderOverQMP(t *testing.T) {
 	}
 	if err := vm.PowerOn(ctx, "floppy"); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("PowerOn(floppy) = %v, want InvalidArgument", err)
+	}
+
+	// No OS answers the ACPI power button: a graceful power off cuts power
+	// after the grace period.
+	require.NoError(t, vm.PowerOff(ctx, true))
+	if vm.State() {
+		t.Errorf("State() after a graceful PowerOff with no OS = on, want power cut after the grace period")
+	}
+	var names []string
+	for _, e := range vm.QMP().Events() {
+		names = append(names, e.Name)
+	}
+	if got := strings.Join(names, " "); !strings.Contains(got, "RESET") || !strings.Contains(got, "POWERDOWN") || !strings.Contains(got, "STOP") {
+		t.Errorf("QMP events = %s, want RESET, POWERDOWN and STOP among them", got)
+	}
+
+	// QEMU's errors come back as QMPError.
+	err := vm.QMP().Execute(ctx, "no-such-command", nil, nil)
+	var qe *qemu.QMPError
+	if !errors.As(err, &qe) || qe.Class != "CommandNotFound" {
+		t.Errorf("Execute(no-such-command) = %v, want a CommandNotFound QMPError", err)
 	}
 }
 
