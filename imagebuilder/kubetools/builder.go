@@ -27,7 +27,7 @@ var pauseMain []byte
 
 // ColdBuildEstimate is printed before a build from source: measured on the
 // project's 2-core machines (see docs/kube-tools.md).
-const ColdBuildEstimate = "cold build ≈ 30 min on 2 cores; ≈ 2 min with a warm Go build cache"
+const ColdBuildEstimate = "cold build ≈ 30-40 min on 2 cores; ≈ 3-4 min with a warm Go build cache"
 
 // Builder fills the cache with one release. The zero value is not usable:
 // set Release and Cache; the other fields have defaults.
