@@ -108,9 +108,12 @@ func fetchKernel(ctx context.Context, run Runner, cacheDir, pkg string, progress
 	if err := os.WriteFile(filepath.Join(tmp, "complete"), []byte(version+"\n"), 0o644); err != nil {
 		return nil, err
 	}
-	_ = os.RemoveAll(dir) // an incomplete earlier attempt
-	if err := os.Rename(tmp, dir); err != nil {
-		return nil, fmt.Errorf("kernel cache: %w", err)
+	complete := func() bool { _, err := os.Stat(filepath.Join(dir, "complete")); return err == nil }
+	if !complete() { // else a concurrent build finished first: use its copy
+		_ = os.RemoveAll(dir) // an incomplete earlier attempt
+		if err := os.Rename(tmp, dir); err != nil && !complete() {
+			return nil, fmt.Errorf("kernel cache: %w", err)
+		}
 	}
 	if _, err := os.Stat(k.Vmlinuz()); err != nil {
 		return nil, fmt.Errorf("kernel package %s has no %s: %w", pkg, filepath.Base(k.Vmlinuz()), err)

@@ -353,6 +353,7 @@ func BenchmarkBoot(b *testing.B) {
 				r := tc.boot(b, fmt.Sprintf("bench-%s-%d", tc.name, i))
 				up += r.agentUp
 				enrolled += r.enrolled
+				require.NoError(b, r.vm.Close()) // one VM at a time
 			}
 			b.ReportMetric(up.Seconds()/float64(b.N), "s-to-agent-up")
 			b.ReportMetric(enrolled.Seconds()/float64(b.N), "s-to-enrolled")

@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -25,7 +26,7 @@ import (
 // a bridge and a tap for one VM, isolated from the machine's uplink (the
 // namespace has no other interface and no route out).
 type LabNetOptions struct {
-	// Name of the namespace (default kiln-pxe-<pid>).
+	// Name of the namespace (default kiln-pxe-<pid>-<random>).
 	Name string
 	// Bridge and Tap device names (default kbr0, ktap0).
 	Bridge, Tap string
@@ -65,7 +66,7 @@ func NewLabNet(ctx context.Context, o LabNetOptions) (*LabNet, error) {
 		return nil, errdefs.PermissionDenied("lab network: creating network namespaces needs root")
 	}
 	if o.Name == "" {
-		o.Name = fmt.Sprintf("kiln-pxe-%d", os.Getpid())
+		o.Name = fmt.Sprintf("kiln-pxe-%d-%s", os.Getpid(), rand.Text()[:6])
 	}
 	if o.Bridge == "" {
 		o.Bridge = "kbr0"
