@@ -275,7 +275,7 @@ func (b *Builder) WriteArchives(ctx context.Context) ([]Archive, error) {
 	r := b.Release
 	if !b.verified {
 		if _, err := b.Cache.Verify(r); err != nil {
-			return nil, fmt.Errorf("archives: %w", err)
+			return nil, fmt.Errorf("archives (run `make kube-tools` first): %w", err)
 		}
 	}
 	imgs, err := Images(ctx, r, b.Cache.BinDir(r), DebianHostTools(b.arch()), b.runner())
