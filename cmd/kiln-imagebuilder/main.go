@@ -17,7 +17,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kilnhq/kiln/imagebuilder/kubetools"
-	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/version"
 )
 
@@ -154,17 +153,6 @@ install the Debian packages iptables and conntrack first.`,
 	}
 	f.register(cmd)
 	return cmd
-}
-
-func notYet(name, short, what string) *cobra.Command {
-	return &cobra.Command{
-		Use:                name,
-		Short:              short + " (not built yet)",
-		DisableFlagParsing: true,
-		RunE: func(*cobra.Command, []string) error {
-			return errdefs.NotSupported("%s is not built yet: this kiln-imagebuilder cannot %s", name, what)
-		},
-	}
 }
 
 func newVersion() *cobra.Command {
