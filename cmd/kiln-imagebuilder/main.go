@@ -1,6 +1,6 @@
-// Command kiln-imagebuilder builds what Kiln lays on hosts: the pinned
-// Kubernetes tools and their offline image archives today; golden images and
-// agent boot media later.
+// Command kiln-imagebuilder builds what Kiln lays on hosts: golden images,
+// agent boot media, and the pinned Kubernetes tools with their offline image
+// archives.
 package main
 
 import (
