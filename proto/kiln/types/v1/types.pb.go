@@ -2475,8 +2475,15 @@ type MachineStatus struct {
 	Conditions    []*Condition           `protobuf:"bytes,3,rep,name=conditions,proto3" json:"conditions,omitempty"`
 	BootstrapTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=bootstrap_time,json=bootstrapTime,proto3" json:"bootstrap_time,omitempty"`
 	NodeReadyTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=node_ready_time,json=nodeReadyTime,proto3" json:"node_ready_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// etcd_member names the machine's etcd member (control plane only); empty
+	// when it is not, or no longer, a member. Reported by the agent's probes.
+	EtcdMember string `protobuf:"bytes,6,opt,name=etcd_member,json=etcdMember,proto3" json:"etcd_member,omitempty"`
+	// certificates_not_after is the earliest expiry of the node's kubeadm
+	// certificates; a rollout renews them when it comes within the
+	// cluster's certificate_renewal_days.
+	CertificatesNotAfter *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=certificates_not_after,json=certificatesNotAfter,proto3" json:"certificates_not_after,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *MachineStatus) Reset() {
@@ -2540,6 +2547,20 @@ func (x *MachineStatus) GetBootstrapTime() *timestamppb.Timestamp {
 func (x *MachineStatus) GetNodeReadyTime() *timestamppb.Timestamp {
 	if x != nil {
 		return x.NodeReadyTime
+	}
+	return nil
+}
+
+func (x *MachineStatus) GetEtcdMember() string {
+	if x != nil {
+		return x.EtcdMember
+	}
+	return ""
+}
+
+func (x *MachineStatus) GetCertificatesNotAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CertificatesNotAfter
 	}
 	return nil
 }
@@ -3349,7 +3370,7 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\x04host\x18\x03 \x01(\tR\x04host\x12\x18\n" +
 	"\aversion\x18\x04 \x01(\tR\aversion\x12\x14\n" +
 	"\x05image\x18\x05 \x01(\tR\x05image\x12\x14\n" +
-	"\x05owner\x18\x06 \x01(\tR\x05owner\"\x83\x02\n" +
+	"\x05owner\x18\x06 \x01(\tR\x05owner\"\xf6\x02\n" +
 	"\rMachineStatus\x12\x14\n" +
 	"\x05phase\x18\x01 \x01(\tR\x05phase\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x128\n" +
@@ -3357,7 +3378,10 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"conditions\x18\x03 \x03(\v2\x18.kiln.types.v1.ConditionR\n" +
 	"conditions\x12A\n" +
 	"\x0ebootstrap_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\rbootstrapTime\x12B\n" +
-	"\x0fnode_ready_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\rnodeReadyTime\"\xdb\x01\n" +
+	"\x0fnode_ready_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\rnodeReadyTime\x12\x1f\n" +
+	"\vetcd_member\x18\x06 \x01(\tR\n" +
+	"etcdMember\x12P\n" +
+	"\x16certificates_not_after\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x14certificatesNotAfter\"\xdb\x01\n" +
 	"\aMachine\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\tR\n" +
 	"apiVersion\x12\x12\n" +
@@ -3525,23 +3549,24 @@ var file_kiln_types_v1_types_proto_depIdxs = []int32{
 	2,  // 42: kiln.types.v1.MachineStatus.conditions:type_name -> kiln.types.v1.Condition
 	41, // 43: kiln.types.v1.MachineStatus.bootstrap_time:type_name -> google.protobuf.Timestamp
 	41, // 44: kiln.types.v1.MachineStatus.node_ready_time:type_name -> google.protobuf.Timestamp
-	1,  // 45: kiln.types.v1.Machine.metadata:type_name -> kiln.types.v1.ObjectMeta
-	26, // 46: kiln.types.v1.Machine.spec:type_name -> kiln.types.v1.MachineSpec
-	27, // 47: kiln.types.v1.Machine.status:type_name -> kiln.types.v1.MachineStatus
-	40, // 48: kiln.types.v1.HealthCheckSpec.selector:type_name -> kiln.types.v1.HealthCheckSpec.SelectorEntry
-	29, // 49: kiln.types.v1.HealthCheckSpec.unhealthy_conditions:type_name -> kiln.types.v1.UnhealthyCondition
-	2,  // 50: kiln.types.v1.HealthCheckStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 51: kiln.types.v1.HealthCheck.metadata:type_name -> kiln.types.v1.ObjectMeta
-	30, // 52: kiln.types.v1.HealthCheck.spec:type_name -> kiln.types.v1.HealthCheckSpec
-	31, // 53: kiln.types.v1.HealthCheck.status:type_name -> kiln.types.v1.HealthCheckStatus
-	41, // 54: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
-	41, // 55: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
-	41, // 56: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
-	57, // [57:57] is the sub-list for method output_type
-	57, // [57:57] is the sub-list for method input_type
-	57, // [57:57] is the sub-list for extension type_name
-	57, // [57:57] is the sub-list for extension extendee
-	0,  // [0:57] is the sub-list for field type_name
+	41, // 45: kiln.types.v1.MachineStatus.certificates_not_after:type_name -> google.protobuf.Timestamp
+	1,  // 46: kiln.types.v1.Machine.metadata:type_name -> kiln.types.v1.ObjectMeta
+	26, // 47: kiln.types.v1.Machine.spec:type_name -> kiln.types.v1.MachineSpec
+	27, // 48: kiln.types.v1.Machine.status:type_name -> kiln.types.v1.MachineStatus
+	40, // 49: kiln.types.v1.HealthCheckSpec.selector:type_name -> kiln.types.v1.HealthCheckSpec.SelectorEntry
+	29, // 50: kiln.types.v1.HealthCheckSpec.unhealthy_conditions:type_name -> kiln.types.v1.UnhealthyCondition
+	2,  // 51: kiln.types.v1.HealthCheckStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 52: kiln.types.v1.HealthCheck.metadata:type_name -> kiln.types.v1.ObjectMeta
+	30, // 53: kiln.types.v1.HealthCheck.spec:type_name -> kiln.types.v1.HealthCheckSpec
+	31, // 54: kiln.types.v1.HealthCheck.status:type_name -> kiln.types.v1.HealthCheckStatus
+	41, // 55: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
+	41, // 56: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
+	41, // 57: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
+	58, // [58:58] is the sub-list for method output_type
+	58, // [58:58] is the sub-list for method input_type
+	58, // [58:58] is the sub-list for extension type_name
+	58, // [58:58] is the sub-list for extension extendee
+	0,  // [0:58] is the sub-list for field type_name
 }
 
 func init() { file_kiln_types_v1_types_proto_init() }
