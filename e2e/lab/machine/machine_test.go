@@ -23,7 +23,7 @@ func TestProcessPowerCycle(t *testing.T) {
 	envFile := filepath.Join(dir, "env")
 	// The "host" writes its boot environment, then runs until killed.
 	p, err := machine.NewProcess(machine.ProcessOptions{
-		Command:     []string{"sh", "-c", `env | grep ^KILN_ | sort > "$0"; exec sleep 3600`, envFile},
+		Command:     []string{"sh", "-c", `env | grep ^KILN_BOOT_ | sort > "$0"; exec sleep 3600`, envFile},
 		GracePeriod: 2 * time.Second,
 	})
 	require.NoError(t, err)
