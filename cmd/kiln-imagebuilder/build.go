@@ -23,7 +23,7 @@ func newBuild() *cobra.Command {
 		Use:   "build -f image.yaml -o DIR",
 		Short: "Build a golden image from image.yaml",
 		Long: `Builds the golden image an image spec describes (see
-examples/image-spec.yaml and docs/imagebuilder.md): a Debian root from the
+examples/images/image-spec.yaml and docs/imagebuilder.md): a Debian root from the
 mirror (cached in <cache>/rootfs) with containerd, runc, the CNI plugins,
 kubeadm/kubelet/kubectl ` + kubetools.Pinned().Kubernetes + ` from the kube-tools cache, the control-plane
 images for offline use, the kiln-agent and its unit, the baked host

@@ -34,7 +34,7 @@ func TestParseDefaults(t *testing.T) {
 	if got, want := s.RootSize(), int64(4<<30); got != want {
 		t.Errorf("RootSize() = %d, want %d", got, want)
 	}
-	if got, want := s.Tag(1764633600), "debian12-k8s1.34.4-20251202"; got != want {
+	if got, want := s.Tag("20251202"), "debian12-k8s1.34.4-20251202"; got != want {
 		t.Errorf("Tag() = %q, want %q", got, want)
 	}
 	m, err := Parse([]byte("minimal: true\nagent: /x\ntagDate: \"20261202\"\n"))
@@ -43,7 +43,7 @@ func TestParseDefaults(t *testing.T) {
 	if m.Kernel != KernelNone {
 		t.Errorf("minimal kernel = %q, want %q", m.Kernel, KernelNone)
 	}
-	if got, want := m.Tag(0), "debian12-minimal-20261202"; got != want {
+	if got, want := m.Tag("20250101"), "debian12-minimal-20261202"; got != want {
 		t.Errorf("Tag() = %q, want %q", got, want)
 	}
 }
@@ -186,7 +186,7 @@ func TestLoad(t *testing.T) {
 }
 
 func TestExamples(t *testing.T) {
-	files, _ := filepath.Glob("../../examples/image-spec*.yaml")
+	files, _ := filepath.Glob("../../examples/images/image-spec*.yaml")
 	for _, f := range files {
 		s, err := Load(f)
 		require.NoError(t, err, f)
