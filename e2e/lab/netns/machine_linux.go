@@ -553,34 +553,24 @@ func (m *Machine) startDisk(ctx context.Context) error {
 	if err != nil || st.Size() == 0 {
 		return &notBootable{"no disk"}
 	}
-	for _, tool := range []string{"systemd-dissect", "systemd-nspawn", "busctl"} {
+	for _, tool := range []string{"systemd-nspawn", "busctl", "unshare", "sfdisk"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			return errdefs.FailedPrecondition("%s not found (Debian package systemd-container)", tool)
+			return errdefs.FailedPrecondition("%s not found (Debian packages systemd-container, util-linux, fdisk)", tool)
 		}
 	}
-	m.unmount(ctx) // a mount left from a crash
+	mount, err := m.mountCommand(ctx)
+	if err != nil {
+		return &notBootable{"disk is not bootable: " + err.Error()}
+	}
 	if err := os.MkdirAll(m.mnt, 0o755); err != nil {
 		return err
 	}
-	m.o.Track(Resource{KindMount, m.mnt})
-	if err := mountDisk(ctx, m.disk, m.mnt); err != nil {
-		m.unmount(ctx) // systemd-dissect can leave the root mounted when the ESP fails
-		return &notBootable{"disk is not bootable: " + err.Error()}
-	}
-	if loop := mountSource(m.mnt); strings.HasPrefix(loop, "/dev/loop") {
-		m.o.Track(Resource{KindLoop, loop + "=" + m.disk})
-	}
-	if !hasInit(m.mnt) {
-		m.unmount(ctx)
-		return &notBootable{"disk is not bootable: its root has no /sbin/init"}
-	}
 	procs, err := m.makeCgroups()
 	if err != nil {
-		m.unmount(ctx)
 		return err
 	}
 	b := &boot{nspawn: true, stop: make(chan struct{}), done: make(chan struct{})}
-	cmd, err := m.launchNspawn(b, procs)
+	cmd, err := m.launchNspawn(b, procs, mount)
 	if err != nil {
 		m.teardownDisk(context.Background())
 		return err
@@ -589,8 +579,24 @@ func (m *Machine) startDisk(ctx context.Context) error {
 	m.cur = b
 	m.mu.Unlock()
 	m.log.Info("machine powered on: booting disk", "pid", cmd.Process.Pid, "machine", m.name)
-	go m.supervise(b, cmd, procs)
+	go m.supervise(b, cmd, procs, mount)
 	return nil
+}
+
+// mountCommand is the command that mounts the disk's root partition at
+// the machine's root directory: `systemd-dissect --mount DISK DIR`, or
+// where the kernel has no vfat (systemd-dissect then fails on the ESP),
+// `mount -o loop,offset=N,sizelimit=S DISK DIR`. It fails when the disk
+// has no GPT with a discoverable root partition.
+func (m *Machine) mountCommand(ctx context.Context) ([]string, error) {
+	off, size, err := rootPartition(ctx, m.disk)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := exec.LookPath("systemd-dissect"); err == nil && hasFilesystem("vfat") {
+		return []string{"systemd-dissect", "--mount", m.disk, m.mnt}, nil
+	}
+	return []string{"mount", "-t", "ext4", "-o", fmt.Sprintf("loop,offset=%d,sizelimit=%d,nodev", off, size), m.disk, m.mnt}, nil
 }
 
 // nspawnArgs are the flags LAB.md found necessary for a host whose
@@ -606,20 +612,43 @@ func (m *Machine) nspawnArgs() []string {
 		"--console=read-only", "--bind=/dev/kmsg"}
 }
 
-// launchNspawn starts systemd-nspawn inside the machine's cgroups.
-// Equivalent to: `echo $$ > /sys/fs/cgroup/*/NAME/cgroup.procs; exec env
-// SYSTEMD_NSPAWN_API_VFS_WRITABLE=network systemd-nspawn -D ROOT -M NAME -b ...`.
-func (m *Machine) launchNspawn(b *boot, procs []string) (*exec.Cmd, error) {
+// Exit codes of the boot script before nspawn runs.
+const (
+	exitMountFailed = 86
+	exitNoInit      = 87
+)
+
+func shellQuote(args []string) string {
+	q := make([]string, len(args))
+	for i, a := range args {
+		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(q, " ")
+}
+
+// launchNspawn mounts the disk and starts systemd-nspawn on it, inside
+// the machine's cgroups and a private mount namespace of its own: the
+// disk's mount is never in the host's mount table, so no other namespace
+// (another host's boot agent, another nspawn) can hold a copy of it, and
+// it goes away with nspawn whatever happens. Equivalent to:
+//
+//	unshare --mount --propagation private sh -c '
+//	  echo $$ > /sys/fs/cgroup/*/NAME/cgroup.procs
+//	  systemd-dissect --mount DISK ROOT
+//	  exec env SYSTEMD_NSPAWN_API_VFS_WRITABLE=network systemd-nspawn -D ROOT -M NAME -b ...'
+func (m *Machine) launchNspawn(b *boot, procs, mount []string) (*exec.Cmd, error) {
 	console, err := os.OpenFile(m.console, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
 	defer console.Close()
-	script := `for p in "$@"; do [ "$p" = -- ] && break; echo $$ > "$p" || exit 1; shift; done; shift; exec systemd-nspawn "$@"`
-	args := append([]string{"-c", script, "kiln-nspawn"}, procs...)
-	args = append(args, "--")
-	args = append(args, m.nspawnArgs()...)
-	cmd := exec.Command("sh", args...)
+	var script strings.Builder
+	fmt.Fprintf(&script, "for p in %s; do echo $$ > \"$p\" || exit 1; done\n", shellQuote(procs))
+	fmt.Fprintf(&script, "%s || { echo 'kiln: cannot mount the disk' >&2; exit %d; }\n", shellQuote(mount), exitMountFailed)
+	fmt.Fprintf(&script, "for i in sbin/init usr/sbin/init usr/lib/systemd/systemd lib/systemd/systemd; do [ -e %s/$i ] && exec systemd-nspawn %s; done\n",
+		shellQuote([]string{m.mnt}), shellQuote(m.nspawnArgs()))
+	fmt.Fprintf(&script, "echo 'kiln: the disk root has no init' >&2; exit %d\n", exitNoInit)
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script.String())
 	cmd.Env = append(os.Environ(), "SYSTEMD_NSPAWN_API_VFS_WRITABLE=network")
 	cmd.Stdout, cmd.Stderr = console, console
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -637,9 +666,10 @@ func (m *Machine) launchNspawn(b *boot, procs []string) (*exec.Cmd, error) {
 }
 
 // supervise waits for nspawn; a reboot inside (exit 133) launches it
-// again, anything else ends the boot. Then the disk is unmounted and the
-// cgroups removed.
-func (m *Machine) supervise(b *boot, cmd *exec.Cmd, procs []string) {
+// again, anything else ends the boot. A disk that cannot be mounted or
+// has no init leaves the machine on with nothing running. Then the loop
+// device, cgroups and nspawn's leftovers are cleaned up.
+func (m *Machine) supervise(b *boot, cmd *exec.Cmd, procs, mount []string) {
 	for {
 		err := cmd.Wait()
 		code := cmd.ProcessState.ExitCode()
@@ -648,6 +678,20 @@ func (m *Machine) supervise(b *boot, cmd *exec.Cmd, procs []string) {
 		b.mu.Unlock()
 		m.killCgroups() // nothing of the last boot survives it
 		_ = os.RemoveAll(m.propagateDir())
+		if !b.stopping() && (code == exitMountFailed || code == exitNoInit) {
+			reason := "disk is not bootable: it cannot be mounted"
+			if code == exitNoInit {
+				reason = "disk is not bootable: its root has no init"
+			}
+			m.log.Warn("nothing to boot", "boot", machine.BootDisk, "reason", reason)
+			m.mu.Lock()
+			m.lastError = reason
+			if m.cur == b {
+				m.cur = nil // powered, running nothing
+			}
+			m.mu.Unlock()
+			break
+		}
 		if b.stopping() || code != nspawnRebootCode {
 			if !b.stopping() {
 				m.ended(b, "system halted", err)
@@ -655,7 +699,7 @@ func (m *Machine) supervise(b *boot, cmd *exec.Cmd, procs []string) {
 			break
 		}
 		m.log.Info("system rebooted: booting the disk again")
-		next, lerr := m.launchNspawn(b, procs)
+		next, lerr := m.launchNspawn(b, procs, mount)
 		if lerr != nil {
 			m.ended(b, "relaunch after reboot failed", lerr)
 			break
@@ -670,11 +714,14 @@ func (m *Machine) propagateDir() string {
 	return filepath.Join("/run/systemd/nspawn/propagate", m.name)
 }
 
-// teardownDisk unmounts the disk, detaches its loop device and removes
+// teardownDisk makes sure the disk's loop device is detached and removes
 // the machine's cgroups and nspawn's propagation directory.
 func (m *Machine) teardownDisk(ctx context.Context) {
 	m.killCgroups()
-	m.unmount(ctx)
+	m.unmount(ctx) // a mount in the host's table, left by an older version or by hand
+	if err := DetachLoops(ctx, m.disk); err != nil {
+		m.log.Warn("loop device left attached", "disk", m.disk, "err", err)
+	}
 	_ = os.RemoveAll(m.propagateDir())
 	for _, d := range m.cgroupDirs() {
 		if err := RemoveCgroup(d); err != nil {
@@ -698,15 +745,6 @@ func (m *Machine) unmount(ctx context.Context) {
 			m.log.Warn("loop device left attached", "loop", loop, "err", err)
 		}
 	}
-}
-
-func hasInit(root string) bool {
-	for _, p := range []string{"sbin/init", "usr/sbin/init", "usr/lib/systemd/systemd", "lib/systemd/systemd"} {
-		if _, err := os.Stat(filepath.Join(root, p)); err == nil {
-			return true
-		}
-	}
-	return false
 }
 
 // --- cgroups

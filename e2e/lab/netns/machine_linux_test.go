@@ -73,7 +73,7 @@ func snapshot(t *testing.T) hostState {
 
 // requireClean fails when anything in after is not in before, or
 // anything of this test's lab remains.
-func requireClean(t *testing.T, before, after hostState) {
+func requireClean(t *testing.T, before, after hostState, dir string, hosts ...string) {
 	t.Helper()
 	for _, c := range []struct {
 		what          string
@@ -81,7 +81,10 @@ func requireClean(t *testing.T, before, after hostState) {
 	}{{"network namespace", before.netns, after.netns}, {"link", before.links, after.links}, {"mount", before.mounts, after.mounts}, {"cgroup", before.cgroups, after.cgroups}} {
 		for _, x := range c.after {
 			// Other tests may come and go on a shared machine: look at ours.
-			ours := strings.Contains(x, testLab()) || strings.Contains(x, "/Test") || (c.what == "link" && strings.HasPrefix(x, "kv"))
+			ours := strings.Contains(x, testLab()) || strings.HasPrefix(x, dir)
+			for _, h := range hosts {
+				ours = ours || x == VethName(testLab(), h)
+			}
 			if !slices.Contains(c.before, x) && ours {
 				t.Errorf("%s %s left behind", c.what, x)
 			}
@@ -194,7 +197,7 @@ func TestBootAgentInHostNamespace(t *testing.T) {
 	})
 
 	require.NoError(t, m.Close(ctx))
-	requireClean(t, before, snapshot(t))
+	requireClean(t, before, snapshot(t), dir, "boot1", "boot2")
 }
 
 // syncBuffer is a log sink for a test's slog handler.
@@ -281,10 +284,13 @@ func TestDiskBoot(t *testing.T) {
 	require.True(t, m.State())
 	require.Empty(t, m.LastBootError())
 	waitFor(t, "systemd running in the disk's system", 120*time.Second, running)
-	if !Mounted(m.RootDir()) {
-		t.Errorf("disk root %s not mounted while booted", m.RootDir())
-	}
 	leader := m.Leader()
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/root/etc/os-release", leader)); err != nil || !strings.Contains(string(b), "bookworm") {
+		t.Errorf("booted system's /etc/os-release = %q, %v: want the disk's Debian", b, err)
+	}
+	if Mounted(m.RootDir()) {
+		t.Errorf("disk root %s is mounted in the host's mount table: other namespaces would copy it", m.RootDir())
+	}
 	if got, want := nsInode(t, fmt.Sprintf("/proc/%d/ns/net", leader)), nsInode(t, m.NetnsPath()); got != want {
 		t.Errorf("booted system's netns inode = %d, want the host's %d", got, want)
 	}
@@ -314,16 +320,13 @@ func TestDiskBoot(t *testing.T) {
 	if _, err := os.Stat("/run/systemd/nspawn/propagate/" + m.MachineName()); err == nil {
 		t.Errorf("nspawn propagation dir left behind")
 	}
+	if loops := loopsOf(m.DiskPath()); len(loops) > 0 {
+		t.Errorf("loop devices %v still attached to the disk after power off", loops)
+	}
 	trackMu.Lock()
 	for _, r := range tracked {
-		if r.Kind == KindLoop {
-			loop, _, _ := strings.Cut(r.Value, "=")
-			if _, err := os.Stat("/sys/block/" + filepath.Base(loop) + "/loop/backing_file"); err == nil {
-				b, _ := os.ReadFile("/sys/block/" + filepath.Base(loop) + "/loop/backing_file")
-				if strings.TrimSpace(string(b)) == m.DiskPath() {
-					t.Errorf("loop device %s still attached to the disk", loop)
-				}
-			}
+		if r.Kind == KindPID && ProcessAlive(r.Value) {
+			t.Errorf("process %s still running after power off", r.Value)
 		}
 	}
 	trackMu.Unlock()
@@ -347,8 +350,30 @@ func TestDiskBoot(t *testing.T) {
 	require.NoError(t, blank.PowerOff(ctx, true))
 	require.NoError(t, blank.Close(ctx))
 
+	// A disk with a partition table but a corrupt root file system boots
+	// nothing either (found once the mount fails, after PowerOn returned).
+	cstate := filepath.Join(dir, "corrupt1")
+	require.NoError(t, os.MkdirAll(filepath.Join(cstate, "tree/etc"), 0o755))
+	l, err := disk.Build(ctx, disk.Spec{RootDir: filepath.Join(cstate, "tree"), Output: filepath.Join(cstate, "disk.raw")}, nil)
+	require.NoError(t, err)
+	f, err := os.OpenFile(l.Path, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt(make([]byte, 1<<20), l.Partitions[1].Offset) // the ext4 superblock
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	corrupt, err := New(ctx, Options{Name: "corrupt1", Lab: testLab(), StateDir: cstate})
+	require.NoError(t, err)
+	require.NoError(t, corrupt.PowerOn(ctx, machine.BootDisk))
+	waitFor(t, "corrupt disk found not bootable", 60*time.Second, func() bool { return corrupt.LastBootError() != "" })
+	if !corrupt.State() || corrupt.PID() != 0 || !strings.Contains(corrupt.LastBootError(), "not bootable") {
+		t.Errorf("corrupt disk PowerOn: State() = %v, PID() = %d, LastBootError() = %q; want on, nothing running, not bootable",
+			corrupt.State(), corrupt.PID(), corrupt.LastBootError())
+	}
+	require.NoError(t, corrupt.PowerOff(ctx, false))
+	require.NoError(t, corrupt.Close(ctx))
+
 	require.NoError(t, m.Close(ctx))
-	requireClean(t, before, snapshot(t))
+	requireClean(t, before, snapshot(t), dir, "disk1", "blank1", "corrupt1")
 }
 
 // TestRealAgentSeesBootMedia boots the real kiln-agent from PXE: its facts

@@ -212,6 +212,41 @@ func DetachLoop(ctx context.Context, loop, backing string) error {
 	return nil
 }
 
+// DetachLoops waits (up to 5 s) for the loop devices backed by file to
+// go away, as autoclear loop devices do once their last mount is gone,
+// then detaches those still attached. Equivalent to `losetup -j FILE`
+// and `losetup -d LOOP`.
+func DetachLoops(ctx context.Context, file string) error {
+	var loops []string
+	for range 50 {
+		loops = loopsOf(file)
+		if len(loops) == 0 {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var errs []error
+	for _, l := range loops {
+		if out, err := exec.CommandContext(ctx, "losetup", "-d", l).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("losetup -d %s: %w: %s", l, err, strings.TrimSpace(string(out))))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// loopsOf lists the loop devices whose backing file is file.
+func loopsOf(file string) []string {
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	var loops []string
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err == nil && strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)") == file {
+			loops = append(loops, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(f))))
+		}
+	}
+	return loops
+}
+
 // Hierarchies are the mounted cgroup hierarchies (each v1 controller
 // mount once, and the v2 one).
 func Hierarchies() []string {
