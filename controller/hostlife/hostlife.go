@@ -103,7 +103,7 @@ const (
 
 	ReasonInProgress   = "InProgress"
 	ReasonStepFailed   = "StepFailed"
-	ReasonBMCFailed    = "BMCFailed"
+	ReasonTransient    = "TransientFailure"
 	ReasonTimedOut     = "StepTimedOut"
 	ReasonBootSource   = "BootSourceMismatch"
 	ReasonTooManyTries = "TooManyAttempts"
@@ -162,10 +162,11 @@ type Failure int
 
 // Failure classes.
 const (
-	// FailBMC is a BMC call that failed: the host keeps its step and tries
-	// again after a backoff, without limit (the BMCReachable condition
-	// tells the operator).
-	FailBMC Failure = iota + 1
+	// FailTransient is a BMC call that failed, or a connection to the
+	// agent that broke before the operation ended: the host keeps its step
+	// and its operation id and tries again after a backoff, without limit
+	// (the BMCReachable condition tells the operator about the BMC).
+	FailTransient Failure = iota + 1
 	// FailAgent is an agent operation that failed; it counts against
 	// Config.MaxAttempts.
 	FailAgent
@@ -181,9 +182,9 @@ type Result struct {
 	// Err is empty on success.
 	Err     string
 	Failure Failure
-	// BMCFailures counts consecutive failed BMC calls of this host (for the
-	// backoff of FailBMC).
-	BMCFailures int
+	// Consecutive counts the host's consecutive transient failures (for
+	// the backoff of FailTransient).
+	Consecutive int
 }
 
 // Observed is what the executor saw.
@@ -510,6 +511,12 @@ func (p *planner) provisionSteps() []stepDef {
 			return []Action{{Kind: ActSetBoot, Device: BootDisk, Persistent: true}, {Kind: ActReboot}}
 		}},
 		stepDef{name: StepWaitInstalled, retryFrom: StepBootDisk, wait: func() (bool, string) {
+			// The boot agent may still check in between the reboot request
+			// and the reboot: not a mismatch. If it is all that ever
+			// checks in, the step times out saying so.
+			if p.st.GetAgent().GetMode() == "boot" {
+				return false, ""
+			}
 			return p.agentCheckedIn("installed", BootDisk)
 		}},
 	)
@@ -712,9 +719,9 @@ func (p *planner) record(op *typesv1.OperationStatus, r *Result) {
 	case FailPermanent:
 		p.failOp(op, ReasonStepFailed, r.Err)
 		p.fail(ReasonStepFailed, fmt.Sprintf("%s: %s", op.GetKind(), r.Err))
-	case FailBMC:
-		p.failOp(op, ReasonBMCFailed, r.Err)
-		op.RetryAfter = timestamppb.New(p.in.Now.Add(p.delay(max(r.BMCFailures-1, 0))))
+	case FailTransient:
+		p.failOp(op, ReasonTransient, r.Err)
+		op.RetryAfter = timestamppb.New(p.in.Now.Add(p.delay(max(r.Consecutive-1, 0))))
 	default:
 		p.failOp(op, ReasonStepFailed, r.Err)
 		p.countAttempt(op)
@@ -753,7 +760,16 @@ func (p *planner) countAttempt(op *typesv1.OperationStatus) {
 }
 
 func (p *planner) timedOut(op *typesv1.OperationStatus, s stepDef, timeout time.Duration) {
-	p.failOp(op, ReasonTimedOut, fmt.Sprintf("no result within %s", timeout))
+	msg := fmt.Sprintf("no result within %s", timeout)
+	if s.wait != nil {
+		a := p.st.GetAgent()
+		msg = fmt.Sprintf("no agent check-in within %s", timeout)
+		if a.GetLastHeartbeat() != nil {
+			msg += fmt.Sprintf(" (last: the %s agent booted from %s at %s)", a.GetMode(), a.GetBootSource(),
+				a.GetLastHeartbeat().AsTime().UTC().Format(time.RFC3339))
+		}
+	}
+	p.failOp(op, ReasonTimedOut, msg)
 	p.countAttempt(op)
 }
 

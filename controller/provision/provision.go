@@ -1,0 +1,525 @@
+// Package provision runs the host lifecycle that controller/hostlife
+// decides: it reads each Host from the store, asks hostlife.Plan what to
+// do, stores the planned status first (write-ahead, compare-and-swap on
+// the host's revision, retried on conflict), then runs the planned actions
+// against the host's BMC and agent and plans again with their outcome.
+//
+// Hosts are worked on through a per-host queue by a fixed number of
+// workers: one host is never worked on by two workers at once, and every
+// BMC or agent call has the step's deadline, so a slow or failing BMC
+// holds one worker for at most one step timeout and never delays other
+// hosts while workers are free.
+//
+// The BMC and the agent are reached through small interfaces (BMC,
+// BMCDialer, AgentDialer): production passes a bmc.Manager and the
+// controller's mTLS agent dialer, controller/sim passes simulated ones.
+package provision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kilnhq/kiln/controller/hostlife"
+	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/errgrpc"
+	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+// HostsKind is the store kind of hosts.
+const HostsKind = "hosts"
+
+// BMC is what the executor needs of a host's BMC (*bmc.BMC).
+type BMC interface {
+	PowerState(ctx context.Context) (string, error)
+	PowerOn(ctx context.Context) error
+	PowerOff(ctx context.Context) error
+	SetBootDevice(ctx context.Context, device string, persistent, efi bool) error
+	InsertVirtualMedia(ctx context.Context, url string) error
+	// Condition is the BMCReachable condition of the host.
+	Condition() *typesv1.Condition
+}
+
+// BMCDialer returns the BMC of a host (cached by the implementation).
+type BMCDialer func(ctx context.Context, h *typesv1.Host) (BMC, error)
+
+// AgentDialer returns a client of the agent of a host, at the address in
+// h.status.agent, authenticated with the controller's certificate. The
+// implementation may cache connections by address.
+type AgentDialer func(ctx context.Context, h *typesv1.Host) (agentv1.AgentClient, error)
+
+// IdentityFunc makes the identity the installed agent of h gets: a
+// certificate issued to the host, the CA, the controller URL. The
+// executor fills target and hostname.
+type IdentityFunc func(ctx context.Context, h *typesv1.Host) (*agentv1.WriteIdentityRequest, error)
+
+// DesiredFunc says what is wanted of h (see StoreDesired).
+type DesiredFunc func(ctx context.Context, h *typesv1.Host) (hostlife.Desired, error)
+
+// Store is what the executor needs of the store (*store.Store).
+type Store interface {
+	Get(ctx context.Context, kind, name string, into proto.Message) (int64, error)
+	Update(ctx context.Context, kind, name string, m proto.Message, expectRev int64) (int64, error)
+	List(ctx context.Context, kind string, newMsg func() proto.Message, opts store.ListOptions) ([]store.Item, string, error)
+	Watch(ctx context.Context, kind string, fromRev int64) <-chan store.WatchEvent
+}
+
+var _ Store = (*store.Store)(nil)
+
+// Recorder records events (*events.Recorder).
+type Recorder interface {
+	Record(ctx context.Context, kind, name, typ, reason, message string)
+}
+
+// Config configures an Executor.
+type Config struct {
+	// Workers is how many hosts are worked on at once (default 64).
+	Workers int
+	// Plan tunes the lifecycle (timeouts, backoff, attempts).
+	Plan hostlife.Config
+	// ISOURL returns the agent boot ISO of a host (bootserver.ISOURL).
+	ISOURL func(host string) string
+	// ResyncInterval is how often every host is planned again even
+	// without a change (default 1m).
+	ResyncInterval time.Duration
+	// Clock is the time source (time.Now).
+	Clock func() time.Time
+}
+
+// Deps are the executor's collaborators.
+type Deps struct {
+	Store    Store
+	Recorder Recorder
+	BMCs     BMCDialer
+	Agents   AgentDialer
+	Identity IdentityFunc
+	// Desired defaults to StoreDesired(Store).
+	Desired DesiredFunc
+}
+
+// Executor runs the host lifecycle.
+type Executor struct {
+	cfg  Config
+	deps Deps
+	log  *slog.Logger
+	q    *queue
+
+	mu        sync.Mutex
+	transient map[string]int
+	bmcs      map[string]BMC
+}
+
+// New returns an Executor; Run starts it.
+func New(deps Deps, cfg Config, log *slog.Logger) *Executor {
+	if cfg.Workers <= 0 {
+		cfg.Workers = 64
+	}
+	if cfg.ResyncInterval <= 0 {
+		cfg.ResyncInterval = time.Minute
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.ISOURL == nil {
+		cfg.ISOURL = func(string) string { return "" }
+	}
+	if deps.Desired == nil {
+		deps.Desired = StoreDesired(deps.Store)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Executor{
+		cfg:       cfg,
+		deps:      deps,
+		log:       log.With("component", "provision"),
+		q:         newQueue(),
+		transient: map[string]int{},
+		bmcs:      map[string]BMC{},
+	}
+}
+
+// Run watches the hosts and works on them until ctx ends.
+func (e *Executor) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	for range e.cfg.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e.work(ctx)
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		e.watch(ctx)
+	}()
+	<-ctx.Done()
+	e.q.close()
+	wg.Wait()
+	return nil
+}
+
+// Queue asks for host name to be planned now.
+func (e *Executor) Queue(name string) { e.q.add(name) }
+
+// QueueLen is the number of hosts waiting for a worker.
+func (e *Executor) QueueLen() int { return e.q.len() }
+
+// watch queues every host at start and every ResyncInterval, and each host
+// that changes in between.
+func (e *Executor) watch(ctx context.Context) {
+	for ctx.Err() == nil {
+		wctx, stop := context.WithCancel(ctx)
+		events := e.deps.Store.Watch(wctx, HostsKind, 0)
+		e.resync(ctx)
+		tick := time.NewTicker(e.cfg.ResyncInterval)
+	loop:
+		for {
+			select {
+			case <-ctx.Done():
+				break loop
+			case <-tick.C:
+				e.resync(ctx)
+			case ev, ok := <-events:
+				if !ok || ev.Err != nil {
+					if ev.Err != nil && ctx.Err() == nil {
+						e.log.Warn("host watch ended; listing again", "err", ev.Err)
+					}
+					break loop
+				}
+				if ev.Type == store.EventDelete {
+					e.q.forget(ev.Name)
+					e.forgetHost(ev.Name)
+					continue
+				}
+				e.q.add(ev.Name)
+			}
+		}
+		tick.Stop()
+		stop()
+	}
+}
+
+func (e *Executor) resync(ctx context.Context) {
+	cont := ""
+	for {
+		items, next, err := e.deps.Store.List(ctx, HostsKind, func() proto.Message { return &typesv1.Host{} }, store.ListOptions{Limit: 1000, Continue: cont})
+		if err != nil {
+			if ctx.Err() == nil {
+				e.log.Warn("list hosts", "err", err)
+			}
+			return
+		}
+		for _, it := range items {
+			e.q.add(it.Name)
+		}
+		if next == "" {
+			return
+		}
+		cont = next
+	}
+}
+
+func (e *Executor) work(ctx context.Context) {
+	for {
+		name, ok := e.q.get()
+		if !ok {
+			return
+		}
+		requeue, err := e.Reconcile(ctx, name)
+		if err != nil && ctx.Err() == nil {
+			e.log.Warn("reconcile host", "host", name, "err", err)
+			requeue = max(requeue, time.Second)
+		}
+		e.q.done(name)
+		if requeue > 0 && ctx.Err() == nil {
+			e.q.addAfter(name, requeue, e.cfg.Clock())
+		}
+	}
+}
+
+// maxRounds bounds the plan/act rounds of one Reconcile.
+const maxRounds = 64
+
+// Reconcile plans and acts on host name until Plan asks for nothing more
+// now; it returns when to look again (0: on the next change).
+func (e *Executor) Reconcile(ctx context.Context, name string) (time.Duration, error) {
+	var result *hostlife.Result
+	for range maxRounds {
+		h := &typesv1.Host{}
+		rev, err := e.deps.Store.Get(ctx, HostsKind, name, h)
+		if errdefs.IsNotFound(err) {
+			e.forgetHost(name)
+			return 0, nil
+		}
+		if err != nil {
+			return 0, fmt.Errorf("host %s: %w", name, err)
+		}
+		desired, err := e.deps.Desired(ctx, h)
+		if err != nil {
+			return 0, fmt.Errorf("host %s: desired state: %w", name, err)
+		}
+		now := e.cfg.Clock()
+		out := hostlife.Plan(hostlife.Input{
+			Host:     h,
+			Desired:  desired,
+			Observed: hostlife.Observed{Result: result, BMCCondition: e.bmcCondition(name)},
+			ISOURL:   e.cfg.ISOURL(name),
+			Now:      now,
+			Config:   e.cfg.Plan,
+		})
+		if out.Changed {
+			h.Status = out.Status
+			if _, err := e.deps.Store.Update(ctx, HostsKind, name, h, rev); err != nil {
+				if errdefs.IsConflict(err) {
+					continue // a heartbeat or an apply won: read and plan again
+				}
+				if errdefs.IsNotFound(err) {
+					return 0, nil
+				}
+				return 0, fmt.Errorf("host %s: store status: %w", name, err)
+			}
+		}
+		for _, ev := range out.Events {
+			e.deps.Recorder.Record(ctx, HostsKind, name, ev.Type, ev.Reason, ev.Message)
+			e.log.Info("host "+ev.Reason, "host", name, "message", ev.Message)
+		}
+		result = nil
+		if len(out.Actions) == 0 {
+			if out.RequeueAfter > 0 && out.RequeueAfter < time.Millisecond {
+				continue
+			}
+			return out.RequeueAfter, nil
+		}
+		result = e.act(ctx, h, out.Actions, out.RequeueAfter)
+		if ctx.Err() != nil {
+			// Shutting down: an action cut short by our own end is no
+			// result; the next leader runs the stored step again.
+			return 0, ctx.Err()
+		}
+	}
+	return time.Second, nil
+}
+
+// act runs actions in order under one deadline and says how they ended.
+func (e *Executor) act(ctx context.Context, h *typesv1.Host, actions []hostlife.Action, timeout time.Duration) *hostlife.Result {
+	name := h.GetMetadata().GetName()
+	r := &hostlife.Result{OperationID: h.GetStatus().GetLastOperation().GetId()}
+	if timeout <= 0 {
+		timeout = hostlife.DefaultStepTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for _, a := range actions {
+		err := e.do(ctx, h, a)
+		if err == nil {
+			continue
+		}
+		r.Err = fmt.Sprintf("%s: %v", a.Kind, err)
+		r.Failure = classify(a.Kind, err)
+		if r.Failure == hostlife.FailTransient {
+			e.mu.Lock()
+			e.transient[name]++
+			r.Consecutive = e.transient[name]
+			e.mu.Unlock()
+		}
+		return r
+	}
+	e.mu.Lock()
+	delete(e.transient, name)
+	e.mu.Unlock()
+	return r
+}
+
+func isBMC(k hostlife.ActionKind) bool {
+	switch k {
+	case hostlife.ActCheckBMC, hostlife.ActPowerOff, hostlife.ActPowerOn, hostlife.ActSetBoot, hostlife.ActInsertMedia:
+		return true
+	}
+	return false
+}
+
+// classify says whether trying again can help: a BMC failure or a broken
+// connection to the agent is transient (same step, same operation id,
+// backoff); an operation the agent ended as failed counts as an attempt.
+func classify(k hostlife.ActionKind, err error) hostlife.Failure {
+	var opErr *operationError
+	switch {
+	case errdefs.IsNotSupported(err) || errdefs.IsInvalidArgument(err) || errdefs.IsPermissionDenied(err):
+		return hostlife.FailPermanent
+	case isBMC(k):
+		return hostlife.FailTransient
+	case errors.As(err, &opErr):
+		return hostlife.FailAgent
+	case errdefs.IsUnavailable(err):
+		return hostlife.FailTransient
+	}
+	return hostlife.FailAgent
+}
+
+// operationError is an agent operation that ended as failed or
+// interrupted (as opposed to a stream that broke while it ran).
+type operationError struct{ msg string }
+
+func (e *operationError) Error() string { return e.msg }
+
+func (e *Executor) bmc(ctx context.Context, h *typesv1.Host) (BMC, error) {
+	b, err := e.deps.BMCs(ctx, h)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	e.bmcs[h.GetMetadata().GetName()] = b
+	e.mu.Unlock()
+	return b, nil
+}
+
+func (e *Executor) bmcCondition(name string) *typesv1.Condition {
+	e.mu.Lock()
+	b := e.bmcs[name]
+	e.mu.Unlock()
+	if b == nil {
+		return nil
+	}
+	return b.Condition()
+}
+
+func (e *Executor) forgetHost(name string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	delete(e.bmcs, name)
+	delete(e.transient, name)
+}
+
+// do runs one action.
+func (e *Executor) do(ctx context.Context, h *typesv1.Host, a hostlife.Action) error {
+	if isBMC(a.Kind) {
+		b, err := e.bmc(ctx, h)
+		if err != nil {
+			return err
+		}
+		efi := h.GetSpec().GetBootMode() != "legacy"
+		switch a.Kind {
+		case hostlife.ActCheckBMC:
+			_, err = b.PowerState(ctx)
+		case hostlife.ActPowerOff:
+			err = b.PowerOff(ctx)
+		case hostlife.ActPowerOn:
+			err = b.PowerOn(ctx)
+		case hostlife.ActSetBoot:
+			err = b.SetBootDevice(ctx, a.Device, a.Persistent, efi)
+		case hostlife.ActInsertMedia:
+			if a.URL == "" {
+				return errdefs.FailedPrecondition("no agent ISO URL configured (boot server public URL)")
+			}
+			err = b.InsertVirtualMedia(ctx, a.URL)
+		}
+		return err
+	}
+	c, err := e.deps.Agents(ctx, h)
+	if err != nil {
+		return errdefs.Unavailable("dial agent at %q: %w", h.GetStatus().GetAgent().GetAddress(), err)
+	}
+	switch a.Kind {
+	case hostlife.ActLayImage:
+		img := a.Image
+		stream, err := c.LayImage(ctx, &agentv1.LayImageRequest{
+			OperationId: a.OperationID,
+			Url:         img.GetUrl(),
+			Sha256:      img.GetSha256(),
+			Format:      img.GetFormat(),
+			Target:      a.Target,
+			RawSize:     img.GetRawSize(),
+			RawSha256:   img.GetRawSha256(),
+		})
+		if err != nil {
+			return errgrpc.FromGRPC(err)
+		}
+		return follow(stream)
+	case hostlife.ActWipe:
+		stream, err := c.Wipe(ctx, &agentv1.WipeRequest{OperationId: a.OperationID, Target: a.Target})
+		if err != nil {
+			return errgrpc.FromGRPC(err)
+		}
+		return follow(stream)
+	case hostlife.ActWriteIdentity:
+		req := &agentv1.WriteIdentityRequest{}
+		if e.deps.Identity != nil {
+			if req, err = e.deps.Identity(ctx, h); err != nil {
+				return fmt.Errorf("identity: %w", err)
+			}
+		}
+		req.Target = a.Target
+		req.Hostname = h.GetMetadata().GetName()
+		_, err := c.WriteIdentity(ctx, req)
+		return errgrpc.FromGRPC(err)
+	case hostlife.ActReboot:
+		_, err := c.Reboot(ctx, &agentv1.RebootRequest{})
+		return errgrpc.FromGRPC(err)
+	}
+	return errdefs.InvalidArgument("unknown action %q", a.Kind)
+}
+
+// eventStream is a server stream of operation events.
+type eventStream interface {
+	Recv() (*agentv1.OperationEvent, error)
+}
+
+// follow reads an operation's events until its terminal one.
+func follow(s eventStream) error {
+	for {
+		ev, err := s.Recv()
+		if errors.Is(err, io.EOF) {
+			return errdefs.Unavailable("operation stream ended without a result")
+		}
+		if err != nil {
+			return errgrpc.FromGRPC(err)
+		}
+		switch ev.GetState() {
+		case agentv1.OperationState_OPERATION_STATE_SUCCEEDED:
+			return nil
+		case agentv1.OperationState_OPERATION_STATE_FAILED:
+			return &operationError{fmt.Sprintf("operation %s failed: %s", ev.GetOperationId(), ev.GetError())}
+		case agentv1.OperationState_OPERATION_STATE_INTERRUPTED:
+			return &operationError{fmt.Sprintf("operation %s interrupted (the agent restarted)", ev.GetOperationId())}
+		}
+	}
+}
+
+// StoreDesired reads what is wanted of a host from the store: the Machine
+// named in status.machine, and the Image its spec names. A host without a
+// Machine, or whose Machine is gone, wants no image.
+func StoreDesired(st Store) DesiredFunc {
+	return func(ctx context.Context, h *typesv1.Host) (hostlife.Desired, error) {
+		name := h.GetStatus().GetMachine()
+		if name == "" {
+			return hostlife.Desired{}, nil
+		}
+		m := &typesv1.Machine{}
+		if _, err := st.Get(ctx, "machines", name, m); err != nil {
+			if errdefs.IsNotFound(err) {
+				return hostlife.Desired{}, nil
+			}
+			return hostlife.Desired{}, err
+		}
+		if m.GetMetadata().GetDeletionTimestamp() != nil || m.GetSpec().GetImage() == "" {
+			return hostlife.Desired{}, nil
+		}
+		img := &typesv1.Image{}
+		if _, err := st.Get(ctx, "images", m.GetSpec().GetImage(), img); err != nil {
+			return hostlife.Desired{}, fmt.Errorf("machine %s: image %s: %w", name, m.GetSpec().GetImage(), err)
+		}
+		return hostlife.Desired{Machine: name, ImageName: m.GetSpec().GetImage(), Image: img.GetSpec()}, nil
+	}
+}

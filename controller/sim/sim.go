@@ -1,0 +1,445 @@
+// Package sim simulates a fleet of bare-metal hosts for the controller:
+// per host a BMC (power, one-time and persistent boot device, virtual
+// media) and an agent (boot agent from media, installed agent from a laid
+// disk, LayImage with an operation journal, WriteIdentity, Wipe, Reboot)
+// with delays and fault injection: BMC latency, BMC failure bursts, a BMC
+// that lies about power, failing lays. The simulated agents check in
+// through the same code path real agents do (the enrollment service's
+// Heartbeat), and the controller drives them through the same executor
+// (controller/provision) it drives real hosts with.
+//
+// It serves tests, the 10,000-host benchmark and `kiln-controller run
+// --simulate`.
+package sim
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kilnhq/kiln/controller/provision"
+	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/errdefs"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+// CheckIn records an agent's heartbeat as the controller's Agents service
+// does (enrollment.Service.Heartbeat).
+type CheckIn func(ctx context.Context, host, address string, facts *typesv1.Facts) error
+
+// Config sets the simulated delays. Zero values mean no delay.
+type Config struct {
+	// BMCLatency is the time of one BMC call.
+	BMCLatency time.Duration
+	// BootDelay is from power on (or reboot) to the agent's first
+	// check-in.
+	BootDelay time.Duration
+	// LayDuration is how long LayImage takes.
+	LayDuration time.Duration
+	// WipeDuration is how long Wipe takes.
+	WipeDuration time.Duration
+	// HeartbeatInterval is how often a running agent checks in after its
+	// first check-in (0: only once per boot).
+	HeartbeatInterval time.Duration
+	// Jitter adds up to this fraction of each delay at random.
+	Jitter float64
+}
+
+// Fleet is a set of simulated hosts.
+type Fleet struct {
+	cfg     Config
+	checkIn CheckIn
+	ctx     context.Context
+
+	mu    sync.Mutex
+	hosts map[string]*Host
+}
+
+// NewFleet returns an empty fleet whose agents check in through checkIn.
+// Background work (boots, heartbeats) stops when ctx ends.
+func NewFleet(ctx context.Context, cfg Config, checkIn CheckIn) *Fleet {
+	return &Fleet{cfg: cfg, checkIn: checkIn, ctx: ctx, hosts: map[string]*Host{}}
+}
+
+// Host returns the simulated host name, creating a powered-off one with a
+// blank disk.
+func (f *Fleet) Host(name string) *Host {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h, ok := f.hosts[name]
+	if !ok {
+		h = &Host{name: name, fleet: f, persistent: "disk", journal: map[string]*operation{}}
+		h.bmc = &BMC{host: h}
+		h.agent = &Agent{host: h}
+		f.hosts[name] = h
+	}
+	return h
+}
+
+// Hosts lists the simulated hosts.
+func (f *Fleet) Hosts() []*Host {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]*Host, 0, len(f.hosts))
+	for _, h := range f.hosts {
+		out = append(out, h)
+	}
+	return out
+}
+
+// BMCDialer is the executor's BMCDialer for the fleet.
+func (f *Fleet) BMCDialer() provision.BMCDialer {
+	return func(_ context.Context, h *typesv1.Host) (provision.BMC, error) {
+		return f.Host(h.GetMetadata().GetName()).bmc, nil
+	}
+}
+
+// AgentDialer is the executor's AgentDialer for the fleet.
+func (f *Fleet) AgentDialer() provision.AgentDialer {
+	return func(_ context.Context, h *typesv1.Host) (agentClient, error) {
+		return f.Host(h.GetMetadata().GetName()).agent, nil
+	}
+}
+
+// sleep waits d with jitter, or until ctx ends.
+func (f *Fleet) sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	if f.cfg.Jitter > 0 {
+		d += time.Duration(float64(d) * f.cfg.Jitter * rand.Float64())
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Host is one simulated machine.
+type Host struct {
+	name  string
+	fleet *Fleet
+	bmc   *BMC
+	agent *Agent
+
+	mu         sync.Mutex
+	power      bool
+	bootOnce   string // one-time boot device, consumed by the next boot
+	persistent string // persistent boot device
+	media      string // virtual media URL
+	diskImage  string // image laid on the disk ("" blank)
+	identity   bool   // identity written into the laid image
+	running    string // "", "boot" or "installed": the agent that runs
+	bootSource string
+	gen        int // power generation: ends the boots and heartbeats of older ones
+	journal    map[string]*operation
+	lays       int
+	boots      int
+	layFaults  int
+	ignoreOnce bool
+
+	checkIns atomic.Int64
+}
+
+// Name is the host's name.
+func (h *Host) Name() string { return h.name }
+
+// BMC is the host's simulated BMC.
+func (h *Host) BMC() *BMC { return h.bmc }
+
+// Lays counts the image lays that completed on this host.
+func (h *Host) Lays() int { h.mu.Lock(); defer h.mu.Unlock(); return h.lays }
+
+// Running is the agent running on the host: "", "boot" or "installed".
+func (h *Host) Running() string { h.mu.Lock(); defer h.mu.Unlock(); return h.running }
+
+// DiskImage is the image laid on the host's disk.
+func (h *Host) DiskImage() string { h.mu.Lock(); defer h.mu.Unlock(); return h.diskImage }
+
+// IgnoreBootOverride makes the firmware ignore one-time boot overrides
+// (it boots its persistent device), as some do.
+func (h *Host) IgnoreBootOverride(v bool) { h.mu.Lock(); defer h.mu.Unlock(); h.ignoreOnce = v }
+
+// FailLays makes the next n lays fail with a checksum mismatch.
+func (h *Host) FailLays(n int) { h.mu.Lock(); defer h.mu.Unlock(); h.layFaults = n }
+
+// powerOn starts a boot unless the host is on.
+func (h *Host) powerOn() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.power {
+		return
+	}
+	h.power = true
+	h.startBootLocked()
+}
+
+// powerOff cuts power: the running agent and its operations end.
+func (h *Host) powerOff() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.power {
+		return
+	}
+	h.power = false
+	h.stopLocked()
+}
+
+// reboot restarts a powered host.
+func (h *Host) reboot() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.stopLocked()
+	h.power = true
+	h.startBootLocked()
+}
+
+func (h *Host) stopLocked() {
+	h.gen++
+	h.running = ""
+	h.bootSource = ""
+	for id, op := range h.journal {
+		op.interrupt()
+		delete(h.journal, id)
+	}
+}
+
+// startBootLocked picks the boot device as firmware does and, after the
+// boot delay, runs the agent it boots (none from a blank disk) and checks
+// it in.
+func (h *Host) startBootLocked() {
+	h.gen++
+	gen := h.gen
+	dev := h.persistent
+	if h.bootOnce != "" {
+		if !h.ignoreOnce {
+			dev = h.bootOnce
+		}
+		h.bootOnce = ""
+	}
+	f := h.fleet
+	go func() {
+		if f.sleep(f.ctx, f.cfg.BootDelay) != nil {
+			return
+		}
+		h.mu.Lock()
+		if h.gen != gen {
+			h.mu.Unlock()
+			return
+		}
+		switch {
+		case dev == "cdrom" && h.media != "":
+			h.running, h.bootSource = "boot", "virtualmedia"
+		case dev == "pxe":
+			h.running, h.bootSource = "boot", "pxe"
+		case h.diskImage != "" && h.identity:
+			h.running, h.bootSource = "installed", "disk"
+		default:
+			h.mu.Unlock()
+			return // nothing bootable: the controller must notice
+		}
+		h.boots++
+		h.mu.Unlock()
+		h.heartbeats(gen)
+	}()
+}
+
+// heartbeats checks the agent in now and every HeartbeatInterval while
+// generation gen runs.
+func (h *Host) heartbeats(gen int) {
+	f := h.fleet
+	for {
+		h.mu.Lock()
+		if h.gen != gen {
+			h.mu.Unlock()
+			return
+		}
+		facts := &typesv1.Facts{Hostname: h.name, AgentMode: h.running, BootSource: h.bootSource, AgentVersion: "sim"}
+		h.mu.Unlock()
+		if err := f.checkIn(f.ctx, h.name, "sim://"+h.name, facts); err == nil {
+			h.checkIns.Add(1)
+		} else if f.ctx.Err() != nil {
+			return
+		} else {
+			// A failed heartbeat is tried again soon, as agents do.
+			if f.sleep(f.ctx, 50*time.Millisecond) != nil {
+				return
+			}
+			continue
+		}
+		if f.cfg.HeartbeatInterval <= 0 {
+			return
+		}
+		if f.sleep(f.ctx, f.cfg.HeartbeatInterval) != nil {
+			return
+		}
+	}
+}
+
+// BMC is a host's simulated BMC. Faults: Fail makes calls fail, Lie makes
+// the reported power state lie.
+type BMC struct {
+	host *Host
+
+	mu        sync.Mutex
+	failing   bool
+	failLeft  int
+	lieLeft   int
+	calls     int
+	failures  int
+	contacted bool
+	last      string
+}
+
+var _ provision.BMC = (*BMC)(nil)
+
+// Fail makes every call fail (connection refused) until Heal.
+func (b *BMC) Fail() { b.mu.Lock(); defer b.mu.Unlock(); b.failing = true }
+
+// FailNext makes the next n calls fail.
+func (b *BMC) FailNext(n int) { b.mu.Lock(); defer b.mu.Unlock(); b.failLeft = n }
+
+// Heal ends Fail.
+func (b *BMC) Heal() { b.mu.Lock(); defer b.mu.Unlock(); b.failing = false; b.failLeft = 0 }
+
+// Lie makes the next n power readings report the opposite state.
+func (b *BMC) Lie(n int) { b.mu.Lock(); defer b.mu.Unlock(); b.lieLeft = n }
+
+// Calls counts the calls made to the BMC, failed ones included.
+func (b *BMC) Calls() int { b.mu.Lock(); defer b.mu.Unlock(); return b.calls }
+
+// call takes the BMC's latency and applies the failure faults.
+func (b *BMC) call(ctx context.Context, op string) error {
+	if err := b.host.fleet.sleep(ctx, b.host.fleet.cfg.BMCLatency); err != nil {
+		return errdefs.Unavailable("bmc %s: %s: %w", b.host.name, op, err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.calls++
+	b.contacted = true
+	if b.failing || b.failLeft > 0 {
+		if b.failLeft > 0 {
+			b.failLeft--
+		}
+		b.failures++
+		b.last = fmt.Sprintf("%s: dial tcp: connection refused", op)
+		return errdefs.Unavailable("bmc %s: %s", b.host.name, b.last)
+	}
+	b.failures = 0
+	return nil
+}
+
+// reported is the power state the BMC reports.
+func (b *BMC) reported() string {
+	h := b.host
+	h.mu.Lock()
+	on := h.power
+	h.mu.Unlock()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.lieLeft > 0 {
+		b.lieLeft--
+		on = !on
+	}
+	if on {
+		return "on"
+	}
+	return "off"
+}
+
+// PowerState reads the power state.
+func (b *BMC) PowerState(ctx context.Context) (string, error) {
+	if err := b.call(ctx, "power state"); err != nil {
+		return "", err
+	}
+	return b.reported(), nil
+}
+
+// PowerOn powers on and, like bmc.BMC, fails when the BMC does not then
+// report the host on.
+func (b *BMC) PowerOn(ctx context.Context) error {
+	if err := b.call(ctx, "power on"); err != nil {
+		return err
+	}
+	b.host.powerOn()
+	if s := b.reported(); s != "on" {
+		return b.lied("on", s)
+	}
+	return nil
+}
+
+// PowerOff cuts power.
+func (b *BMC) PowerOff(ctx context.Context) error {
+	if err := b.call(ctx, "power off"); err != nil {
+		return err
+	}
+	b.host.powerOff()
+	if s := b.reported(); s != "off" {
+		return b.lied("off", s)
+	}
+	return nil
+}
+
+func (b *BMC) lied(want, got string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.failures++
+	b.last = fmt.Sprintf("power %s accepted but the bmc still reports %s", want, got)
+	return errdefs.Unavailable("bmc %s: %s", b.host.name, b.last)
+}
+
+// SetBootDevice sets the next (or every) boot device.
+func (b *BMC) SetBootDevice(ctx context.Context, device string, persistent, _ bool) error {
+	switch device {
+	case "pxe", "disk", "cdrom":
+	default:
+		return errdefs.InvalidArgument("bmc %s: boot device %q", b.host.name, device)
+	}
+	if err := b.call(ctx, "set boot device"); err != nil {
+		return err
+	}
+	h := b.host
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if persistent {
+		h.persistent, h.bootOnce = device, ""
+	} else {
+		h.bootOnce = device
+	}
+	return nil
+}
+
+// InsertVirtualMedia inserts the ISO at url.
+func (b *BMC) InsertVirtualMedia(ctx context.Context, url string) error {
+	if err := b.call(ctx, "insert virtual media"); err != nil {
+		return err
+	}
+	h := b.host
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.media = url
+	return nil
+}
+
+// Condition is the BMCReachable condition, as bmc.BMC reports it.
+func (b *BMC) Condition() *typesv1.Condition {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case !b.contacted:
+		return conditions.New("BMCReachable", conditions.Unknown, "NotContacted", "bmc "+b.host.name+" has not been contacted yet")
+	case b.failures == 0:
+		return conditions.New("BMCReachable", conditions.True, "Reachable", "bmc "+b.host.name+" answers")
+	}
+	c := conditions.New("BMCReachable", conditions.False, "CallFailed",
+		fmt.Sprintf("bmc %s: %d consecutive failures, last: %s", b.host.name, b.failures, b.last))
+	c.Severity = "Warning"
+	return c
+}

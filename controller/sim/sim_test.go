@@ -1,0 +1,294 @@
+package sim_test
+
+import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kilnhq/kiln/controller/enrollment"
+	"github.com/kilnhq/kiln/controller/events"
+	"github.com/kilnhq/kiln/controller/hostlife"
+	"github.com/kilnhq/kiln/controller/provision"
+	"github.com/kilnhq/kiln/controller/sim"
+	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/internal/backoff"
+	"github.com/kilnhq/kiln/internal/conditions"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+// world is a real store (embedded etcd), the real enrollment service for
+// check-ins, a simulated fleet and executors over them.
+type world struct {
+	t      *testing.T
+	ctx    context.Context
+	client *clientv3.Client
+	st     *store.Store
+	rec    *events.Recorder
+	fleet  *sim.Fleet
+	cfg    provision.Config
+}
+
+// fastSim are the delays of the tests: short, and in the proportions of a
+// rack (boot and lay dominate).
+var fastSim = sim.Config{
+	BMCLatency:        2 * time.Millisecond,
+	BootDelay:         30 * time.Millisecond,
+	LayDuration:       80 * time.Millisecond,
+	WipeDuration:      20 * time.Millisecond,
+	HeartbeatInterval: 500 * time.Millisecond,
+	Jitter:            0.5,
+}
+
+var fastPlan = hostlife.Config{
+	PollInterval: 200 * time.Millisecond,
+	Backoff:      backoff.Policy{Base: 20 * time.Millisecond, Max: 200 * time.Millisecond, Factor: 2},
+	MaxAttempts:  5,
+}
+
+func newWorld(t *testing.T, simCfg sim.Config) *world {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	e, err := store.StartEmbedded(ctx, store.EmbeddedConfig{DataDir: filepath.Join(t.TempDir(), "etcd")})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	c, err := store.Dial(e.Endpoints(), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	st := store.New(c)
+	log := slog.New(slog.DiscardHandler)
+	rec := events.New(c, time.Hour, nil, log)
+	enr := enrollment.New(st, nil, rec, enrollment.Config{}, log)
+	w := &world{t: t, ctx: ctx, client: c, st: st, rec: rec}
+	w.fleet = sim.NewFleet(ctx, simCfg, sim.EnrollmentCheckIn(enr))
+	w.cfg = provision.Config{
+		Workers:        16,
+		Plan:           fastPlan,
+		ISOURL:         func(h string) string { return "http://boot.sim/boot/iso/" + h + ".iso" },
+		ResyncInterval: time.Second,
+	}
+	return w
+}
+
+// start runs an executor until the returned stop is called; stop waits
+// for it to end.
+func (w *world) start() (stop func()) {
+	ctx, cancel := context.WithCancel(w.ctx)
+	ex := provision.New(provision.Deps{
+		Store:    w.st,
+		Recorder: w.rec,
+		BMCs:     w.fleet.BMCDialer(),
+		Agents:   w.fleet.AgentDialer(),
+	}, w.cfg, slog.New(slog.DiscardHandler))
+	done := make(chan struct{})
+	go func() { defer close(done); _ = ex.Run(ctx) }()
+	return func() { cancel(); <-done }
+}
+
+func (w *world) host(name string) *typesv1.Host {
+	h := &typesv1.Host{}
+	_, err := w.st.Get(w.ctx, "hosts", name, h)
+	require.NoError(w.t, err)
+	return h
+}
+
+// waitFor watches the hosts until cond holds for every host in names, or
+// fails the test after a generous bound (no timing is asserted: the bound
+// only stops a hung test).
+func (w *world) waitFor(names []string, what string, cond func(*typesv1.Host) bool) {
+	w.t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		pending := 0
+		var example *typesv1.Host
+		for _, n := range names {
+			if h := w.host(n); !cond(h) {
+				pending++
+				example = h
+			}
+		}
+		if pending == 0 {
+			return
+		}
+		if what != "Error" && example.GetStatus().GetState() == typesv1.HostState_HOST_STATE_ERROR {
+			w.t.Fatalf("host %s went to Error: %s", example.GetMetadata().GetName(), example.GetStatus().GetErrorReason())
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("%d of %d hosts not %s; e.g. %s in %s step %s, last error %q",
+				pending, len(names), what, example.GetMetadata().GetName(), hostlife.StateName(example.GetStatus().GetState()),
+				example.GetStatus().GetProvisioningStep(), example.GetStatus().GetLastError())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func provisioned(h *typesv1.Host) bool {
+	return h.GetStatus().GetState() == typesv1.HostState_HOST_STATE_PROVISIONED
+}
+
+// checkProvisionedOnce asserts what an operator would: every host is
+// Provisioned with the image, booted its installed agent, and the image
+// was laid on it exactly once (by the agent's count and by the status).
+func (w *world) checkProvisionedOnce(names []string) {
+	w.t.Helper()
+	for _, n := range names {
+		h := w.host(n)
+		s := h.GetStatus()
+		if s.GetState() != typesv1.HostState_HOST_STATE_PROVISIONED || s.GetImage() != sim.ImageName {
+			w.t.Errorf("host %s: state %s image %q, want Provisioned with %s", n, hostlife.StateName(s.GetState()), s.GetImage(), sim.ImageName)
+		}
+		if !conditions.IsTrue(s.GetConditions(), hostlife.ConditionProvisioned) {
+			w.t.Errorf("host %s: condition Provisioned = %v, want True", n, conditions.Get(s.GetConditions(), hostlife.ConditionProvisioned))
+		}
+		if got := w.fleet.Host(n).Lays(); got != 1 {
+			w.t.Errorf("host %s: agent laid the image %d times, want 1", n, got)
+		}
+		if got := s.GetImageLays(); got != 1 {
+			w.t.Errorf("host %s: status.image_lays = %d, want 1", n, got)
+		}
+		if got := w.fleet.Host(n).Running(); got != "installed" {
+			w.t.Errorf("host %s: running agent %q, want installed", n, got)
+		}
+	}
+}
+
+func TestFiftyHostsProvisioned(t *testing.T) {
+	w := newWorld(t, fastSim)
+	names, err := sim.Populate(w.ctx, w.st, 50, "rack1")
+	require.NoError(t, err)
+	stop := w.start()
+	defer stop()
+	w.waitFor(names, "Provisioned", provisioned)
+	w.checkProvisionedOnce(names)
+
+	// Events tell the story of a host.
+	evs, err := w.rec.List(w.ctx, "hosts", names[0], 0)
+	require.NoError(t, err)
+	var reasons []string
+	for _, e := range evs {
+		reasons = append(reasons, e.GetReason())
+	}
+	require.Subset(t, reasons, []string{"Registering", "Available", "Provisioning", "ImageLaid", "Provisioned"})
+}
+
+func TestFailingBMCBacksOffAndRecovers(t *testing.T) {
+	w := newWorld(t, fastSim)
+	names, err := sim.Populate(w.ctx, w.st, 10, "rack2")
+	require.NoError(t, err)
+	bad := names[3]
+	w.fleet.Host(bad).BMC().Fail()
+	stop := w.start()
+	defer stop()
+
+	others := append(append([]string(nil), names[:3]...), names[4:]...)
+	w.waitFor(others, "Provisioned", provisioned)
+
+	// The bad host is still trying: not in Error, BMCReachable=False,
+	// a last error, and a backoff before the next try.
+	h := w.host(bad)
+	s := h.GetStatus()
+	if s.GetState() == typesv1.HostState_HOST_STATE_ERROR || provisioned(h) {
+		t.Fatalf("host %s with a failing BMC: state %s, want it still in its step", bad, hostlife.StateName(s.GetState()))
+	}
+	if c := conditions.Get(s.GetConditions(), "BMCReachable"); c.GetStatus() != conditions.False {
+		t.Errorf("host %s: BMCReachable = %v, want False", bad, c)
+	}
+	if s.GetLastError() == "" {
+		t.Errorf("host %s: last_error is empty, want the BMC failure", bad)
+	}
+	calls := w.fleet.Host(bad).BMC().Calls()
+	require.Greater(t, calls, 1, "the failing BMC is retried")
+
+	w.fleet.Host(bad).BMC().Heal()
+	w.waitFor([]string{bad}, "Provisioned", provisioned)
+	w.checkProvisionedOnce(names)
+	if c := conditions.Get(w.host(bad).GetStatus().GetConditions(), "BMCReachable"); c.GetStatus() != conditions.True {
+		t.Errorf("host %s after the BMC recovered: BMCReachable = %v, want True", bad, c)
+	}
+}
+
+func TestLyingPowerAndFailedLayRecover(t *testing.T) {
+	w := newWorld(t, fastSim)
+	names, err := sim.Populate(w.ctx, w.st, 4, "rack3")
+	require.NoError(t, err)
+	w.fleet.Host(names[0]).BMC().Lie(2)
+	w.fleet.Host(names[1]).FailLays(1)
+	stop := w.start()
+	defer stop()
+	w.waitFor(names, "Provisioned", provisioned)
+	w.checkProvisionedOnce(names)
+}
+
+func TestBootSourceMismatchIsAnError(t *testing.T) {
+	w := newWorld(t, fastSim)
+	names, err := sim.Populate(w.ctx, w.st, 1, "rack4")
+	require.NoError(t, err)
+	stop := w.start()
+	defer stop()
+	w.waitFor(names, "Provisioned", provisioned)
+	stop()
+
+	// The image is replaced: the host deprovisions through the boot agent.
+	// Its firmware now ignores the one-time override and boots the disk.
+	h := w.fleet.Host(names[0])
+	h.IgnoreBootOverride(true)
+	m := &typesv1.Machine{}
+	rev, err := w.st.Get(w.ctx, "machines", "m-"+names[0], m)
+	require.NoError(t, err)
+	img := &typesv1.Image{}
+	_, err = w.st.Get(w.ctx, "images", sim.ImageName, img)
+	require.NoError(t, err)
+	img.Metadata.Name = "debian12-k8s1.34.5-20261202"
+	_, err = w.st.Create(w.ctx, "images", img.Metadata.Name, img)
+	require.NoError(t, err)
+	m.Spec.Image = img.Metadata.Name
+	_, err = w.st.Update(w.ctx, "machines", m.Metadata.Name, m, rev)
+	require.NoError(t, err)
+	stop = w.start()
+	defer stop()
+	w.waitFor(names, "Error", func(h *typesv1.Host) bool {
+		return h.GetStatus().GetState() == typesv1.HostState_HOST_STATE_ERROR
+	})
+	got := w.host(names[0]).GetStatus().GetErrorReason()
+	require.Contains(t, got, "BootSourceMismatch")
+	require.Contains(t, got, "booted from disk")
+}
+
+// TestCrashSafety stops the controller's executor at random points of a
+// 20-host wave and starts a new one over the same etcd; every host ends
+// Provisioned, with its image laid exactly once.
+func TestCrashSafety(t *testing.T) {
+	w := newWorld(t, fastSim)
+	names, err := sim.Populate(w.ctx, w.st, 20, "rack5")
+	require.NoError(t, err)
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	// Crashes count only while hosts are still on their way.
+	crashes := 0
+	for crashes < 6 {
+		stop := w.start()
+		time.Sleep(time.Duration(10+r.IntN(120)) * time.Millisecond)
+		stop()
+		done := 0
+		for _, n := range names {
+			if provisioned(w.host(n)) {
+				done++
+			}
+		}
+		if done == len(names) {
+			break
+		}
+		crashes++
+		t.Logf("crash %d: %d of %d hosts provisioned", crashes, done, len(names))
+	}
+	require.GreaterOrEqual(t, crashes, 5, "crashes during the wave")
+	stop := w.start()
+	defer stop()
+	w.waitFor(names, "Provisioned", provisioned)
+	w.checkProvisionedOnce(names)
+}
