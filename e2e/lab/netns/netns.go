@@ -14,10 +14,11 @@
 // nothing (the machine is on, like firmware with no bootable device). A
 // reboot inside the host ends nspawn and the machine boots the disk again.
 //
-// Everything the backend creates (namespace, veth, mounts, loop devices,
-// cgroups, processes) is reported to Options.Track before it is created,
-// so a supervisor that crashed can be cleaned up by someone else (see
-// e2e/lab/rack).
+// The disk is mounted inside nspawn's own private mount namespace, never
+// in the host's mount table. Everything else the backend creates
+// (namespace, veth, cgroups) is reported to Options.Track before it is
+// created, and processes right after they start, so a supervisor that
+// crashed can be cleaned up by someone else (see e2e/lab/rack and Remove).
 package netns
 
 import (
