@@ -23,7 +23,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path"
 	"path/filepath"
@@ -41,6 +43,64 @@ import (
 // enrollment tokens.
 type TokenIssuer interface {
 	BootToken(ctx context.Context, host string) (string, error)
+}
+
+// BootNetwork is a host's static network configuration for its boot
+// media, for racks without DHCP (virtual media, "L3 first").
+type BootNetwork struct {
+	// Address in CIDR form, e.g. 10.0.0.5/24; required.
+	Address string
+	// Gateway is the default route; "" sets none.
+	Gateway string
+	// MAC selects the NIC; "" takes the first NIC.
+	MAC string
+	// DNS servers.
+	DNS []string
+}
+
+// NetworkSource tells the boot server a host's static boot network. A nil
+// BootNetwork (and nil error) means DHCP.
+type NetworkSource interface {
+	BootNetwork(ctx context.Context, host string) (*BootNetwork, error)
+}
+
+// Cmdline returns the kernel parameters of n: kiln.ip=, kiln.gateway=,
+// kiln.mac=, kiln.dns=. It returns InvalidArgument for a malformed field.
+func (n *BootNetwork) Cmdline() (string, error) {
+	if n == nil {
+		return "", nil
+	}
+	p, err := netip.ParsePrefix(n.Address)
+	if err != nil {
+		return "", errdefs.InvalidArgument("boot network address %q: want ADDR/PREFIX", n.Address)
+	}
+	parts := []string{"kiln.ip=" + p.String()}
+	if n.Gateway != "" {
+		gw, err := netip.ParseAddr(n.Gateway)
+		if err != nil {
+			return "", errdefs.InvalidArgument("boot network gateway %q: %v", n.Gateway, err)
+		}
+		parts = append(parts, "kiln.gateway="+gw.String())
+	}
+	if n.MAC != "" {
+		mac, err := net.ParseMAC(n.MAC)
+		if err != nil {
+			return "", errdefs.InvalidArgument("boot network MAC %q: %v", n.MAC, err)
+		}
+		parts = append(parts, "kiln.mac="+mac.String())
+	}
+	var dns []string
+	for _, d := range n.DNS {
+		a, err := netip.ParseAddr(d)
+		if err != nil {
+			return "", errdefs.InvalidArgument("boot network DNS server %q: %v", d, err)
+		}
+		dns = append(dns, a.String())
+	}
+	if len(dns) > 0 {
+		parts = append(parts, "kiln.dns="+strings.Join(dns, ","))
+	}
+	return strings.Join(parts, " "), nil
 }
 
 // ISOBuilder writes an ISO to out that boots kernel and initrd with
@@ -64,6 +124,9 @@ type Options struct {
 	PublicURL string
 	// Tokens mints the per-host boot tokens; required.
 	Tokens TokenIssuer
+	// Networks gives hosts without DHCP a static address on their ISO and
+	// iPXE command line; nil means DHCP for all.
+	Networks NetworkSource
 	// Cmdline is added to every boot's kernel command line.
 	Cmdline string
 	// ISOCacheDir keeps the per-host ISOs; default a temporary directory
@@ -208,15 +271,39 @@ func setDigest(h http.Header, sum []byte) {
 }
 
 // Cmdline is the kernel command line of host's boot by bootSource ("pxe"
-// or "virtualmedia"), token included.
-func (s *Server) Cmdline(host, bootSource, token string) string {
+// or "virtualmedia"), token and static network (netCmdline, may be "")
+// included.
+func (s *Server) Cmdline(host, bootSource, token, netCmdline string) string {
 	parts := []string{bootmedia.DefaultCmdline, "kiln.boot=" + bootSource,
 		"kiln.controller=" + s.o.ControllerAddr, "kiln.token=" + token,
 		"kiln.ca_hash=" + s.o.CAHash, "kiln.host=" + host}
+	if netCmdline != "" {
+		parts = append(parts, netCmdline)
+	}
 	if s.o.Cmdline != "" {
 		parts = append(parts, s.o.Cmdline)
 	}
 	return strings.Join(parts, " ")
+}
+
+// network returns the kernel parameters of host's static boot network,
+// "" for DHCP.
+func (s *Server) network(ctx context.Context, host string) (string, int, error) {
+	if s.o.Networks == nil {
+		return "", 0, nil
+	}
+	n, err := s.o.Networks.BootNetwork(ctx, host)
+	switch {
+	case errdefs.IsNotFound(err):
+		return "", http.StatusNotFound, err
+	case err != nil:
+		return "", http.StatusServiceUnavailable, err
+	}
+	c, err := n.Cmdline()
+	if err != nil {
+		return "", http.StatusInternalServerError, err
+	}
+	return c, 0, nil
 }
 
 func (s *Server) token(ctx context.Context, host string) (string, int, error) {
@@ -251,6 +338,12 @@ func (s *Server) serveIPXE(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "bad host name", http.StatusBadRequest)
 		return
 	}
+	netc, code, err := s.network(r.Context(), host)
+	if err != nil {
+		s.log.Warn("ipxe script refused", "host", host, "remote", r.RemoteAddr, "error", err)
+		http.Error(w, fmt.Sprintf("no boot network for host %s: %v", host, err), code)
+		return
+	}
 	tok, code, err := s.token(r.Context(), host)
 	if err != nil {
 		s.log.Warn("ipxe script refused", "host", host, "remote", r.RemoteAddr, "error", err)
@@ -258,7 +351,7 @@ func (s *Server) serveIPXE(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	base := s.baseURL(r)
-	script := IPXEScript(host, base, s.Cmdline(host, "pxe", tok))
+	script := IPXEScript(host, base, s.Cmdline(host, "pxe", tok, netc))
 	s.log.Info("ipxe script served", "host", host, "remote", r.RemoteAddr)
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
@@ -322,6 +415,10 @@ func (s *Server) hostISO(ctx context.Context, host string) (*hostISO, int, error
 			return h, 0, nil
 		}
 	}
+	netc, code, err := s.network(ctx, host)
+	if err != nil {
+		return nil, code, err
+	}
 	tok, code, err := s.token(ctx, host)
 	if err != nil {
 		return nil, code, err
@@ -329,7 +426,7 @@ func (s *Server) hostISO(ctx context.Context, host string) (*hostISO, int, error
 	t0 := time.Now()
 	out := filepath.Join(s.o.ISOCacheDir, fmt.Sprintf("%s-%d.iso", host, s.o.Now().UnixNano()))
 	if err := s.o.BuildISO(ctx, filepath.Join(s.o.MediaDir, bootmedia.KernelFile), filepath.Join(s.o.MediaDir, bootmedia.InitrdFile),
-		s.Cmdline(host, "virtualmedia", tok), out); err != nil {
+		s.Cmdline(host, "virtualmedia", tok, netc), out); err != nil {
 		return nil, http.StatusInternalServerError, fmt.Errorf("build ISO: %w", err)
 	}
 	if h.path != "" {

@@ -379,3 +379,68 @@ func BenchmarkServeRange(b *testing.B) {
 		}
 	}
 }
+
+func TestBootNetworkCmdline(t *testing.T) {
+	for _, tc := range []struct {
+		n       *bootserver.BootNetwork
+		want    string
+		wantErr bool
+	}{
+		{nil, "", false},
+		{&bootserver.BootNetwork{Address: "10.0.0.5/24"}, "kiln.ip=10.0.0.5/24", false},
+		{&bootserver.BootNetwork{Address: "10.0.0.5/24", Gateway: "10.0.0.1", MAC: "52:54:00:AB:CD:EF", DNS: []string{"10.0.0.2", "fd00::53"}},
+			"kiln.ip=10.0.0.5/24 kiln.gateway=10.0.0.1 kiln.mac=52:54:00:ab:cd:ef kiln.dns=10.0.0.2,fd00::53", false},
+		{&bootserver.BootNetwork{Address: "10.0.0.5"}, "", true},
+		{&bootserver.BootNetwork{Address: "10.0.0.5/24 rd.break"}, "", true},
+		{&bootserver.BootNetwork{Address: "10.0.0.5/24", Gateway: "gw"}, "", true},
+		{&bootserver.BootNetwork{Address: "10.0.0.5/24", MAC: "52:54"}, "", true},
+		{&bootserver.BootNetwork{Address: "10.0.0.5/24", DNS: []string{"8.8.8.8 x"}}, "", true},
+	} {
+		got, err := tc.n.Cmdline()
+		if got != tc.want || (err != nil) != tc.wantErr {
+			t.Errorf("BootNetwork(%+v).Cmdline() = %q, %v, want %q, error %v", tc.n, got, err, tc.want, tc.wantErr)
+		}
+	}
+}
+
+type networks map[string]*bootserver.BootNetwork
+
+func (n networks) BootNetwork(_ context.Context, host string) (*bootserver.BootNetwork, error) {
+	if b, ok := n[host]; ok {
+		return b, nil
+	}
+	return nil, errdefs.NotFound("host %q", host)
+}
+
+func TestStaticNetworkOnCommandLines(t *testing.T) {
+	dir, _ := media(t)
+	fake := func(_ context.Context, _, _, cmdline, out string) error {
+		return os.WriteFile(out, []byte(cmdline), 0o644)
+	}
+	iss := &issuer{}
+	_, ts := newServer(t, bootserver.Options{MediaDir: dir, Tokens: iss, BuildISO: fake, Networks: networks{
+		"vm1":  {Address: "10.0.0.5/24", Gateway: "10.0.0.1"},
+		"dhcp": nil,
+		"bad":  {Address: "nonsense"},
+	}})
+	_, iso := get(t, bootserver.ISOURL(ts.URL, "vm1"))
+	_, script := get(t, bootserver.IPXEURL(ts.URL, "vm1"))
+	for _, b := range [][]byte{iso, script} {
+		if !strings.Contains(string(b), " kiln.ip=10.0.0.5/24 kiln.gateway=10.0.0.1") {
+			t.Errorf("command line %q lacks the static network", b)
+		}
+	}
+	if _, b := get(t, bootserver.ISOURL(ts.URL, "dhcp")); strings.Contains(string(b), "kiln.ip=") {
+		t.Errorf("DHCP host's command line %q has kiln.ip", b)
+	}
+	n := iss.count()
+	if resp, _ := get(t, bootserver.IPXEURL(ts.URL, "bad")); resp.StatusCode != http.StatusInternalServerError {
+		t.Errorf("GET script of a host with a malformed network = %d, want 500", resp.StatusCode)
+	}
+	if resp, _ := get(t, bootserver.ISOURL(ts.URL, "unknown")); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("GET ISO of a host the network source does not know = %d, want 404", resp.StatusCode)
+	}
+	if iss.count() != n {
+		t.Errorf("tokens were minted for hosts that got no boot media")
+	}
+}

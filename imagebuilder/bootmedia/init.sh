@@ -18,10 +18,14 @@ for m in $(cat /etc/kiln/modules); do
 done
 log "modules loaded"
 
-bootif= host= shell=
+bootif= host= shell= addr= gw= dns=
 for a in $(cat /proc/cmdline); do
   case "$a" in
     BOOTIF=*) bootif=$(echo "${a#BOOTIF=}" | sed 's/^01-//; s/-/:/g' | tr 'A-F' 'a-f') ;;
+    kiln.mac=*) bootif=$(echo "${a#kiln.mac=}" | tr 'A-F' 'a-f') ;;
+    kiln.ip=*) addr=${a#kiln.ip=} ;;
+    kiln.gateway=*) gw=${a#kiln.gateway=} ;;
+    kiln.dns=*) dns=${a#kiln.dns=} ;;
     kiln.host=*) host=${a#kiln.host=} ;;
     kiln.shell) shell=1 ;;
   esac
@@ -33,7 +37,26 @@ ip link set lo up
 acpid -c /etc/acpi -l /dev/null 2>/dev/null
 
 up=
+# Static address (kiln.ip=ADDR/PREFIX kiln.gateway=GW kiln.mac=MAC): racks
+# without DHCP, where the BMC's virtual media is the only way in.
+if [ -n "$addr" ]; then
+  for try in 1 2 3 4 5 6 7 8 9 10; do
+    for d in /sys/class/net/*; do
+      i=${d##*/}
+      [ "$i" = lo ] && continue
+      if [ -n "$bootif" ] && [ "$(cat $d/address)" != "$bootif" ]; then continue; fi
+      ip addr add "$addr" dev "$i" && ip link set "$i" up && up=$i && break 2
+    done
+    sleep 1
+  done
+  if [ -n "$up" ]; then
+    [ -n "$gw" ] && ip route add default via "$gw" dev "$up"
+    for d in $(echo "$dns" | tr ',' ' '); do echo "nameserver $d" >> /etc/resolv.conf; done
+    log "net static $up $addr gateway ${gw:-none}"
+  fi
+fi
 for try in 1 2 3 4 5 6 7 8 9 10; do
+  [ -n "$up" ] && break
   for d in /sys/class/net/*; do
     i=${d##*/}
     [ "$i" = lo ] && continue
@@ -44,7 +67,7 @@ for try in 1 2 3 4 5 6 7 8 9 10; do
   sleep 1
 done
 if [ -n "$up" ]; then
-  log "net up $up $(ip -4 -o addr show dev $up | awk '{print $4}')"
+  log "net up $up $(ip -4 -o addr show dev $up | awk '{print $4}' | tr '\n' ' ')"
 else
   log "no DHCP lease on any NIC"
 fi

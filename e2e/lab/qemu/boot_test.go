@@ -66,6 +66,22 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// staticNet gives hosts a static boot network.
+type staticNet map[string]*bootserver.BootNetwork
+
+func (n staticNet) BootNetwork(_ context.Context, host string) (*bootserver.BootNetwork, error) {
+	return n[host], nil
+}
+
+// nicAddresses lists the addresses of the host's NICs from its facts.
+func nicAddresses(h *typesv1.Host) string {
+	var addrs []string
+	for _, n := range h.GetStatus().GetFacts().GetNics() {
+		addrs = append(addrs, n.GetAddresses()...)
+	}
+	return strings.Join(addrs, " ")
+}
+
 // tokens issues real one-time enrollment tokens of the controller, bound
 // to the host, as the controller's own TokenIssuer does.
 type tokens struct{ env *controllertest.Env }
@@ -99,14 +115,15 @@ func controllerPort(t testing.TB, env *controllertest.Env) string {
 	return port
 }
 
-// bootServer serves the boot media on loopback for VMs on user-mode
-// networking, which reach the host's loopback as 10.0.2.2.
-func userNetBootServer(t testing.TB, env *controllertest.Env, dir string) *httptest.Server {
+// userNetBootServer serves the boot media on loopback for VMs on
+// user-mode networking, which reach the host's loopback as 10.0.2.2.
+func userNetBootServer(t testing.TB, env *controllertest.Env, dir string, nets bootserver.NetworkSource) *httptest.Server {
 	bs, err := bootserver.New(bootserver.Options{
 		MediaDir:       dir,
 		ControllerAddr: "10.0.2.2:" + controllerPort(t, env),
 		CAHash:         env.CAHash,
 		Tokens:         tokens{env},
+		Networks:       nets,
 		ISOCacheDir:    t.TempDir(),
 	})
 	require.NoError(t, err)
@@ -182,7 +199,7 @@ func bootISO(tb testing.TB, name string) *bootResult { return bootISOFirmware(tb
 func bootISOFirmware(tb testing.TB, name string, uefi bool) *bootResult {
 	dir := bootMedia(tb)
 	env := controllertest.Start(tb)
-	ts := userNetBootServer(tb, env, dir)
+	ts := userNetBootServer(tb, env, dir, nil)
 	vm := newVM(tb, qemu.Options{Name: name, DiskSize: 64 << 20, UEFI: uefi})
 	require.NoError(tb, vm.InsertMedia(bootserver.ISOURL(ts.URL, name)))
 	t0 := time.Now()
@@ -229,7 +246,9 @@ func TestISOBootEnrolls(t *testing.T) {
 func TestRedfishVirtualMediaBoot(t *testing.T) {
 	dir := bootMedia(t)
 	env := controllertest.Start(t)
-	ts := userNetBootServer(t, env, dir)
+	// A rack without DHCP: the ISO carries the host's static address (the
+	// user-mode network's DHCP would hand out 10.0.2.15).
+	ts := userNetBootServer(t, env, dir, staticNet{"rf-vm1": {Address: "10.0.2.50/24", Gateway: "10.0.2.2", MAC: "52:54:00:4b:69:02"}})
 	vm := newVM(t, qemu.Options{Name: "rf-vm1", DiskSize: 64 << 20, MAC: "52:54:00:4b:69:02"})
 
 	emu, err := redfish.New(redfish.Config{
@@ -264,6 +283,12 @@ func TestRedfishVirtualMediaBoot(t *testing.T) {
 	if st, err := b.PowerState(ctx); err != nil || st != bmc.PowerOn {
 		t.Errorf("PowerState() = %q, %v, want on", st, err)
 	}
+	if got := nicAddresses(h); !strings.Contains(got, "10.0.2.50/24") {
+		t.Errorf("agent facts addresses %q, want the static 10.0.2.50/24", got)
+	}
+	if s, _ := os.ReadFile(vm.SerialLog()); !strings.Contains(string(s), "kiln-init: net static eth0 10.0.2.50/24 gateway 10.0.2.2") {
+		t.Errorf("serial console lacks the static network line")
+	}
 	require.NoError(t, b.PowerOff(ctx))
 	if vm.State() {
 		t.Errorf("VM still on after a Redfish ForceOff")
@@ -278,12 +303,8 @@ func TestRedfishVirtualMediaBoot(t *testing.T) {
 func TestPXEBootEnrolls(t *testing.T) {
 	r := bootPXE(t, "pxe-vm1")
 	checkBoot(t, r, "pxe")
-	var addrs []string
-	for _, n := range r.host.GetStatus().GetFacts().GetNics() {
-		addrs = append(addrs, n.GetAddresses()...)
-	}
-	if !strings.Contains(strings.Join(addrs, " "), "10.77.0.10/") {
-		t.Errorf("agent facts addresses %v, want the dnsmasq reservation 10.77.0.10", addrs)
+	if got := nicAddresses(r.host); !strings.Contains(got, "10.77.0.10/") {
+		t.Errorf("agent facts addresses %q, want the dnsmasq reservation 10.77.0.10", got)
 	}
 }
 
