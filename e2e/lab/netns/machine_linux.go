@@ -488,6 +488,14 @@ func (m *Machine) startAgent(dev string) error {
 	if err := os.WriteFile(m.cmdlinePath, []byte(strings.Join(cmdline, " ")+"\n"), 0o600); err != nil {
 		return err
 	}
+	if a.Scratch != "" {
+		if err := os.RemoveAll(a.Scratch); err != nil {
+			return fmt.Errorf("boot agent scratch: %w", err)
+		}
+		if err := os.MkdirAll(a.Scratch, 0o700); err != nil {
+			return fmt.Errorf("boot agent scratch: %w", err)
+		}
+	}
 	console, err := os.OpenFile(m.console, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err

@@ -126,6 +126,7 @@ func TestBootAgentInHostNamespace(t *testing.T) {
 		Agent: Agent{
 			Command: []string{"sh", "-c", `{ cat /proc/cmdline; readlink /proc/self/ns/net; } > "$0.tmp" && mv "$0.tmp" "$0"; exec sleep infinity`, out},
 			Cmdline: "kiln.controller=10.252.7.1:7443 kiln.ca_hash=sha256:00",
+			Scratch: filepath.Join(dir, "scratch"),
 		},
 		GracePeriod: 10 * time.Second,
 	})
@@ -143,6 +144,9 @@ func TestBootAgentInHostNamespace(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.dev, func(t *testing.T) {
 			_ = os.Remove(out)
+			leftover := filepath.Join(dir, "scratch", "identity")
+			require.NoError(t, os.MkdirAll(filepath.Dir(leftover), 0o700))
+			require.NoError(t, os.WriteFile(leftover, []byte("from the last boot"), 0o600))
 			require.NoError(t, m.InsertMedia(tt.media))
 			require.NoError(t, m.PowerOn(ctx, tt.dev))
 			if !m.State() || m.BootSource() != tt.dev {
@@ -167,6 +171,9 @@ func TestBootAgentInHostNamespace(t *testing.T) {
 				if !strings.Contains(string(b), w+" ") && !strings.Contains(string(b), w+"\n") {
 					t.Errorf("PowerOn(%q): agent's /proc/cmdline = %q, want %q in it", tt.dev, b, w)
 				}
+			}
+			if _, err := os.Stat(leftover); err == nil {
+				t.Errorf("PowerOn(%q): the agent's scratch dir kept %s from the last boot", tt.dev, leftover)
 			}
 			if own, _ := os.ReadFile("/proc/cmdline"); bytes.Contains(own, []byte("kiln.boot=")) {
 				t.Errorf("the test's own /proc/cmdline changed: %q", own)

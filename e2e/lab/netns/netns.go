@@ -92,6 +92,10 @@ type Agent struct {
 	// per-boot token written by whoever prepares the boot). It should be
 	// mode 0600.
 	CmdlineFile string
+	// Scratch, when set, is a directory emptied at every boot of the
+	// agent: boot media keep nothing across a power cycle (give it to the
+	// agent as its --data-dir).
+	Scratch string
 }
 
 func (o *Options) defaults() error {

@@ -253,9 +253,9 @@ func (s *server) up(ctx context.Context) error {
 		name := hostName(i)
 		addr = addr.Next()
 		hdir := filepath.Join(s.dir, "hosts", name)
-		agent := netns.Agent{CmdlineFile: filepath.Join(hdir, CmdlineExtra)}
+		agent := netns.Agent{CmdlineFile: filepath.Join(hdir, CmdlineExtra), Scratch: filepath.Join(hdir, "agent")}
 		if o.AgentBinary != "" {
-			agent.Command = []string{o.AgentBinary, "run", "--data-dir", filepath.Join(hdir, "agent")}
+			agent.Command = []string{o.AgentBinary, "run", "--data-dir", agent.Scratch}
 		}
 		cl := []string{"kiln.host=" + name}
 		if o.ControllerURL != "" {
