@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 
 	"github.com/kilnhq/kiln/agent/identity"
 	"github.com/kilnhq/kiln/agent/probe"
@@ -35,9 +37,7 @@ var NodePackages = []string{"containerd", "runc", "containernetworking-plugins",
 
 // Lab addresses. The pod and service CIDRs do not overlap the bridge.
 const (
-	bridgeName  = "kilnkb0"
 	netPrefix   = "10.252.0"
-	nftTable    = "kilnkubeguard"
 	podCIDR     = "172.20.0.0/16"
 	serviceCIDR = "172.21.0.0/16"
 	agentPort   = "7441"
@@ -162,6 +162,27 @@ ExecStart=/bin/sh -c 'for d in /sys/fs/cgroup/*/; do mount -o remount,rw "$d" 2>
 WantedBy=sysinit.target
 `
 
+// kernelDefaultsUnit shows the kubelet, inside the node only, the kernel
+// settings it insists on (vm.overcommit_memory=1, kernel.panic=10,
+// kernel.panic_on_oops=1). The kubelet writes them when they differ, but
+// they are not namespaced: a node in a container cannot (and must not)
+// change the machine's. Bind-mounting files over them in the node's own
+// mount namespace leaves the host untouched.
+const kernelDefaultsUnit = `[Unit]
+Description=Kubelet kernel defaults for a lab node (bind mounts in the node only)
+DefaultDependencies=no
+After=local-fs.target
+Before=kubelet.service sysinit.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh -c 'for f in vm/overcommit_memory kernel/panic kernel/panic_on_oops; do mount --bind /etc/kiln-lab/sysctl/$f /proc/sys/$f; done'
+
+[Install]
+WantedBy=sysinit.target
+`
+
 const agentUnit = `[Unit]
 Description=Kiln host agent
 After=network.target
@@ -260,9 +281,28 @@ func (n *labNode) succeed(t *testing.T, name string, s recver, err error) *agent
 	ev := n.finish(t, name, s, err)
 	if ev.GetState() != agentv1.OperationState_OPERATION_STATE_SUCCEEDED {
 		b, _ := os.ReadFile(filepath.Join(n.Dir, "operations.log"))
-		t.Fatalf("%s %s = %s: %s\n%s", n.Name, name, ev.GetState(), ev.GetError(), tail(string(b), 40))
+		t.Errorf("%s %s = %s: %s\n%s", n.Name, name, ev.GetState(), ev.GetError(), tail(string(b), 40))
+		n.diagnose(t)
+		t.FailNow()
 	}
 	return ev
+}
+
+// diagnose logs what explains a failed step: the kubelet's and
+// containerd's recent journal and the containers.
+func (n *labNode) diagnose(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, c := range [][]string{
+		{"journalctl", "-u", "kubelet", "--no-pager", "-n", "60"},
+		{"journalctl", "-u", "containerd", "--no-pager", "-n", "30"},
+		{"ctr", "-n", "k8s.io", "containers", "ls"},
+		{"ctr", "-n", "k8s.io", "tasks", "ls"},
+		{"systemctl", "--failed", "--no-pager"},
+	} {
+		out, err := n.Exec(ctx, c[0], c[1:]...)
+		t.Logf("%s: %s (%v):\n%s", n.Name, strings.Join(c, " "), err, out)
+	}
 }
 
 // waitHealthy probes the node through its agent until every condition is
@@ -282,7 +322,9 @@ func (n *labNode) waitHealthy(t *testing.T, ctx context.Context, c *agentv1.Clus
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("%s did not become healthy: last probe %v (err %v)", n.Name, describe(last), err)
+			t.Errorf("%s did not become healthy: last probe %v (err %v)", n.Name, describe(last), err)
+			n.diagnose(t)
+			t.FailNow()
 		case <-time.After(2 * time.Second):
 		}
 	}
@@ -379,8 +421,13 @@ func TestKubeadmTwoNodes(t *testing.T) {
 	writeFile(t, layer, "etc/systemd/system/kubelet.service.d/10-kubeadm.conf", kubeadmDropIn, 0o644)
 	writeFile(t, layer, "etc/systemd/system/cgroup-rw.service", cgroupRWUnit, 0o644)
 	writeFile(t, layer, "etc/systemd/system/kiln-agent.service", agentUnit, 0o644)
+	writeFile(t, layer, "etc/systemd/system/kernel-defaults.service", kernelDefaultsUnit, 0o644)
+	writeFile(t, layer, "etc/kiln-lab/sysctl/vm/overcommit_memory", "1\n", 0o444)
+	writeFile(t, layer, "etc/kiln-lab/sysctl/kernel/panic", "10\n", 0o444)
+	writeFile(t, layer, "etc/kiln-lab/sysctl/kernel/panic_on_oops", "1\n", 0o444)
 	require.NoError(t, os.MkdirAll(filepath.Join(layer, "etc/systemd/system/sysinit.target.wants"), 0o755))
 	require.NoError(t, os.Symlink("/etc/systemd/system/cgroup-rw.service", filepath.Join(layer, "etc/systemd/system/sysinit.target.wants/cgroup-rw.service")))
+	require.NoError(t, os.Symlink("/etc/systemd/system/kernel-defaults.service", filepath.Join(layer, "etc/systemd/system/sysinit.target.wants/kernel-defaults.service")))
 	require.NoError(t, os.MkdirAll(filepath.Join(layer, "etc/systemd/system/multi-user.target.wants"), 0o755))
 	require.NoError(t, os.Symlink("/etc/systemd/system/kiln-agent.service", filepath.Join(layer, "etc/systemd/system/multi-user.target.wants/kiln-agent.service")))
 	writeFile(t, layer, "etc/containerd/config.toml", containerdConfig, 0o644)
@@ -388,7 +435,9 @@ func TestKubeadmTwoNodes(t *testing.T) {
 	writeFile(t, layer, "etc/hosts", hosts, 0o644)
 
 	// Network: guard first, then bridge and namespaces.
-	lnet, err := NewNet(ctx, bridgeName, netPrefix, nftTable)
+	// Names unique to this run, so that runs and other labs never share them.
+	suffix := strconv.Itoa(os.Getpid() % 100000)
+	lnet, err := NewNet(ctx, "kkb"+suffix, netPrefix, "kilnkube"+suffix)
 	t.Cleanup(func() {
 		if err := lnet.Close(); err != nil {
 			t.Errorf("network teardown: %v", err)
@@ -412,11 +461,11 @@ func TestKubeadmTwoNodes(t *testing.T) {
 	for i, n := range nodes {
 		name := fmt.Sprintf("kiln-kn%d", i+1)
 		n.Node = &Node{
-			Name: name, NetNS: name, Dir: filepath.Join(work, name),
+			Name: name, NetNS: name + "-" + suffix, Dir: filepath.Join(work, name),
 			Lower: []string{layer, base},
 			Binds: []string{"--bind-ro=" + imagesDir + ":/opt/kiln-images"},
 		}
-		require.NoError(t, lnet.AddNode(ctx, name, i+2))
+		require.NoError(t, lnet.AddNode(ctx, n.NetNS, i+2))
 		require.NoError(t, n.Mount(ctx))
 		t.Cleanup(func() {
 			if err := n.Stop(); err != nil {
@@ -443,7 +492,9 @@ func TestKubeadmTwoNodes(t *testing.T) {
 		require.NoError(t, err)
 		step("boot "+n.Name, time.Now().Add(-d))
 		conf := &tls.Config{RootCAs: ca.Pool(), ServerName: n.IP, Certificates: []tls.Certificate{clientCert}, MinVersion: tls.VersionTLS13}
-		conn, err := grpc.NewClient(n.IP+":"+agentPort, grpc.WithTransportCredentials(credentials.NewTLS(conf)))
+		conn, err := grpc.NewClient(n.IP+":"+agentPort, grpc.WithTransportCredentials(credentials.NewTLS(conf)),
+			// A lost lab network fails the stream instead of hanging it.
+			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 15 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}))
 		require.NoError(t, err)
 		t.Cleanup(func() { conn.Close() })
 		n.agent = agentv1.NewAgentClient(conn)
