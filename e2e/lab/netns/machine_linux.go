@@ -72,7 +72,8 @@ func (b *boot) getPID() int {
 }
 
 // New makes (or adopts, when they exist) the host's network namespace,
-// veth and disk file, and returns it powered off. It returns
+// veth and disk file, and returns it powered off. Only what it creates is
+// reported to Options.Track. It returns
 // InvalidArgument for bad options, FailedPrecondition when not root or
 // `ip` is missing, and the failing command's output otherwise. Equivalent
 // to:

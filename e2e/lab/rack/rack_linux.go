@@ -195,6 +195,14 @@ func (s *server) up(ctx context.Context) error {
 		return err
 	}
 	table := "kiln-lab-" + o.Name
+	bridge := "kbr-" + o.Name
+	// Never adopt another lab's guard or bridge: Down would remove them.
+	if exec.CommandContext(ctx, "nft", "list", "table", "inet", table).Run() == nil {
+		return errdefs.AlreadyExists("nft table inet %s exists: is another lab named %q up? (kilnctl lab down --name %s)", table, o.Name, o.Name)
+	}
+	if _, err := os.Stat("/sys/class/net/" + bridge); err == nil {
+		return errdefs.AlreadyExists("bridge %s exists: is another lab named %q up? (kilnctl lab down --name %s)", bridge, o.Name, o.Name)
+	}
 	s.update(func(st *State) { st.NFTTable, st.Uplink = "inet "+table, strings.Join(uplinks, ",") })
 	s.track(netns.Resource{Kind: KindNFT, Value: "inet " + table})
 	if err := nftGuard(ctx, table, uplinks); err != nil {
@@ -217,7 +225,6 @@ func (s *server) up(ctx context.Context) error {
 	}
 	pfx = pfx.Masked()
 	gw := pfx.Addr().Next()
-	bridge := "kbr-" + o.Name
 	s.update(func(st *State) { st.Bridge, st.Subnet, st.Gateway = bridge, pfx.String(), gw.String() })
 	s.track(netns.Resource{Kind: netns.KindLink, Value: bridge})
 	for _, args := range [][]string{

@@ -192,6 +192,20 @@ func TestUpDown(t *testing.T) {
 			t.Cleanup(func() { _ = Down(context.Background(), dir, nil) })
 
 			require.True(t, rep.Running, "supervisor not running")
+
+			// A second lab of the same name must not adopt (and later
+			// remove) this one's guard and bridge.
+			dir2 := filepath.Join(t.TempDir(), "lab2")
+			_, err = Up(ctx, Options{
+				Name: name, Hosts: 1, StateDir: dir2,
+				ServeCommand: []string{os.Args[0], "-test.run=^$"}, ServeEnv: []string{serveEnv + "=" + dir2},
+			})
+			if err == nil || !strings.Contains(err.Error(), "exists") {
+				t.Errorf("Up of a second lab named %q = %v, want an error saying the guard exists", name, err)
+			}
+			if got := diff(before.tables, snapshot(t).tables); !slices.Contains(got, "inet:kiln-lab-"+name) {
+				t.Errorf("the failed second Up removed the first lab's nft table")
+			}
 			require.Len(t, rep.Hosts, 3)
 			if got := diff(before.tables, snapshot(t).tables); !slices.Contains(got, "inet:kiln-lab-"+name) {
 				t.Errorf("nft tables added = %v, want inet kiln-lab-%s", got, name)
