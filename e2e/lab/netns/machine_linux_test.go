@@ -186,6 +186,20 @@ func TestBootAgentInHostNamespace(t *testing.T) {
 		})
 	}
 
+	t.Run("reset", func(t *testing.T) {
+		require.NoError(t, m.PowerOn(ctx, machine.BootPXE))
+		pid := ProcessID(m.PID())
+		require.NoError(t, m.Reset(ctx))
+		if ProcessAlive(pid) || m.PID() == 0 || !m.State() || m.BootSource() != machine.BootPXE {
+			t.Errorf("after Reset: old agent alive = %v, PID() = %d, State() = %v, BootSource() = %q; want a new agent from pxe",
+				ProcessAlive(pid), m.PID(), m.State(), m.BootSource())
+		}
+		require.NoError(t, m.PowerOff(ctx, false))
+		if err := m.Reset(ctx); err == nil {
+			t.Errorf("Reset of a powered-off machine = nil, want FailedPrecondition")
+		}
+	})
+
 	t.Run("cd without media", func(t *testing.T) {
 		require.NoError(t, m.InsertMedia(""))
 		require.NoError(t, m.PowerOn(ctx, machine.BootCD))
