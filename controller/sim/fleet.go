@@ -2,7 +2,9 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -49,32 +51,49 @@ func Populate(ctx context.Context, st Creator, n int, prefix string) ([]string, 
 	if _, err := st.Create(ctx, "images", ImageName, img); err != nil && !errdefs.IsAlreadyExists(err) {
 		return nil, err
 	}
-	names := make([]string, 0, n)
-	for i := 1; i <= n; i++ {
-		name := HostName(prefix, i)
-		proto := "redfish"
-		addr := "sim://" + name
-		if i%4 == 0 {
-			proto = "ipmi"
-		}
-		m := &typesv1.Machine{
-			ApiVersion: "kiln.dev/v1", Kind: "Machine",
-			Metadata: &typesv1.ObjectMeta{Name: "m-" + name, Generation: 1, CreationTimestamp: now},
-			Spec:     &typesv1.MachineSpec{Cluster: "sim", Role: "worker", Host: name, Version: "v1.34.4", Image: ImageName, Owner: "MachineDeployment/sim"},
-		}
-		if _, err := st.Create(ctx, "machines", m.Metadata.Name, m); err != nil && !errdefs.IsAlreadyExists(err) {
-			return nil, err
-		}
-		h := &typesv1.Host{
-			ApiVersion: "kiln.dev/v1", Kind: "Host",
-			Metadata: &typesv1.ObjectMeta{Name: name, Generation: 1, CreationTimestamp: now, Labels: map[string]string{"rack": fmt.Sprintf("r%03d", (i-1)/40+1)}},
-			Spec:     &typesv1.HostSpec{Bmc: &typesv1.BMCSpec{Protocol: proto, Address: addr}, RootDiskHint: "/dev/sda", Online: true},
-			Status:   &typesv1.HostStatus{Machine: m.Metadata.Name},
-		}
-		if _, err := st.Create(ctx, "hosts", name, h); err != nil && !errdefs.IsAlreadyExists(err) {
-			return nil, err
-		}
-		names = append(names, name)
+	names := make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range min(n, 32) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				names[i-1], errs[i-1] = populateOne(ctx, st, prefix, i, now)
+			}
+		}()
 	}
-	return names, nil
+	for i := 1; i <= n; i++ {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return names, errors.Join(errs...)
+}
+
+func populateOne(ctx context.Context, st Creator, prefix string, i int, now *timestamppb.Timestamp) (string, error) {
+	name := HostName(prefix, i)
+	protocol := "redfish"
+	if i%4 == 0 {
+		protocol = "ipmi"
+	}
+	m := &typesv1.Machine{
+		ApiVersion: "kiln.dev/v1", Kind: "Machine",
+		Metadata: &typesv1.ObjectMeta{Name: "m-" + name, Generation: 1, CreationTimestamp: now},
+		Spec:     &typesv1.MachineSpec{Cluster: "sim", Role: "worker", Host: name, Version: "v1.34.4", Image: ImageName, Owner: "MachineDeployment/sim"},
+	}
+	if _, err := st.Create(ctx, "machines", m.Metadata.Name, m); err != nil && !errdefs.IsAlreadyExists(err) {
+		return name, err
+	}
+	h := &typesv1.Host{
+		ApiVersion: "kiln.dev/v1", Kind: "Host",
+		Metadata: &typesv1.ObjectMeta{Name: name, Generation: 1, CreationTimestamp: now, Labels: map[string]string{"rack": fmt.Sprintf("r%03d", (i-1)/40+1)}},
+		Spec:     &typesv1.HostSpec{Bmc: &typesv1.BMCSpec{Protocol: protocol, Address: "sim://" + name}, RootDiskHint: "/dev/sda", Online: true},
+		Status:   &typesv1.HostStatus{Machine: m.Metadata.Name},
+	}
+	if _, err := st.Create(ctx, "hosts", name, h); err != nil && !errdefs.IsAlreadyExists(err) {
+		return name, err
+	}
+	return name, nil
 }

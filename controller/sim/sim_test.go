@@ -25,7 +25,8 @@ import (
 // world is a real store (embedded etcd), the real enrollment service for
 // check-ins, a simulated fleet and executors over them.
 type world struct {
-	t      *testing.T
+	t      testing.TB
+	dir    string
 	ctx    context.Context
 	client *clientv3.Client
 	st     *store.Store
@@ -51,11 +52,12 @@ var fastPlan = hostlife.Config{
 	MaxAttempts:  5,
 }
 
-func newWorld(t *testing.T, simCfg sim.Config) *world {
+func newWorld(t testing.TB, simCfg sim.Config) *world {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	e, err := store.StartEmbedded(ctx, store.EmbeddedConfig{DataDir: filepath.Join(t.TempDir(), "etcd")})
+	dir := filepath.Join(t.TempDir(), "etcd")
+	e, err := store.StartEmbedded(ctx, store.EmbeddedConfig{DataDir: dir})
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
 	c, err := store.Dial(e.Endpoints(), nil)
@@ -65,7 +67,7 @@ func newWorld(t *testing.T, simCfg sim.Config) *world {
 	log := slog.New(slog.DiscardHandler)
 	rec := events.New(c, time.Hour, nil, log)
 	enr := enrollment.New(st, nil, rec, enrollment.Config{}, log)
-	w := &world{t: t, ctx: ctx, client: c, st: st, rec: rec}
+	w := &world{t: t, dir: dir, ctx: ctx, client: c, st: st, rec: rec}
 	w.fleet = sim.NewFleet(ctx, simCfg, sim.EnrollmentCheckIn(enr))
 	w.cfg = provision.Config{
 		Workers:        16,

@@ -1,0 +1,96 @@
+package provision
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/kilnhq/kiln/agent/client"
+	"github.com/kilnhq/kiln/internal/pki"
+	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+// AgentPool is the production AgentDialer: it dials each host's agent at
+// the address of its last heartbeat with the controller's client
+// certificate, checks that the agent's certificate names the host, and
+// keeps one connection per host until the address changes.
+type AgentPool struct {
+	roots *x509.CertPool
+	cert  func() tls.Certificate
+
+	mu    sync.Mutex
+	conns map[string]pooled
+}
+
+type pooled struct {
+	addr   string
+	client agentv1.AgentClient
+	conn   *grpc.ClientConn
+}
+
+// NewAgentPool returns a pool trusting roots (the controller CA) and
+// presenting cert() (controller.Certificate) on each new connection.
+func NewAgentPool(roots *x509.CertPool, cert func() tls.Certificate) *AgentPool {
+	return &AgentPool{roots: roots, cert: cert, conns: map[string]pooled{}}
+}
+
+// Dial is an AgentDialer.
+func (p *AgentPool) Dial(_ context.Context, h *typesv1.Host) (agentv1.AgentClient, error) {
+	name := h.GetMetadata().GetName()
+	addr := h.GetStatus().GetAgent().GetAddress()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c, ok := p.conns[name]; ok {
+		if c.addr == addr {
+			return c.client, nil
+		}
+		c.conn.Close()
+		delete(p.conns, name)
+	}
+	cl, conn, err := client.Dial(addr, name, p.roots, p.cert())
+	if err != nil {
+		return nil, err
+	}
+	p.conns[name] = pooled{addr: addr, client: cl, conn: conn}
+	return cl, nil
+}
+
+// Close closes every connection.
+func (p *AgentPool) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for name, c := range p.conns {
+		c.conn.Close()
+		delete(p.conns, name)
+	}
+}
+
+// CAIdentity is the production IdentityFunc: a fresh key and an agent
+// certificate for the host, valid for ttl, with the CA and the controller
+// URL the installed agent reports to. The key travels to the boot agent
+// over mutual TLS and is never logged.
+func CAIdentity(ca *pki.CA, controllerURL string, ttl time.Duration, clock func() time.Time) IdentityFunc {
+	if clock == nil {
+		clock = time.Now
+	}
+	return func(_ context.Context, h *typesv1.Host) (*agentv1.WriteIdentityRequest, error) {
+		name := h.GetMetadata().GetName()
+		certPEM, keyPEM, err := ca.Issue(pki.RoleAgent, name, []string{name}, ttl, clock())
+		if err != nil {
+			return nil, err
+		}
+		return &agentv1.WriteIdentityRequest{
+			Hostname:       name,
+			ControllerUrl:  controllerURL,
+			CaHash:         ca.Hash(),
+			CaPem:          ca.CertPEM(),
+			CertificatePem: certPEM,
+			KeyPem:         keyPEM,
+		}, nil
+	}
+}

@@ -1,0 +1,116 @@
+package provision
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kilnhq/kiln/controller/hostlife"
+	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/errgrpc"
+	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
+)
+
+func TestQueueHandsAHostToOneWorkerAtATime(t *testing.T) {
+	q := newQueue()
+	q.add("a")
+	q.add("a")
+	q.add("b")
+	require.Equal(t, 2, q.len(), "a host queued twice is queued once")
+	name, ok := q.get()
+	require.True(t, ok)
+	require.Equal(t, "a", name)
+	// Queued again while a worker has it: not handed out until done.
+	q.add("a")
+	name, _ = q.get()
+	require.Equal(t, "b", name)
+	if got := q.len(); got != 0 {
+		t.Fatalf("len() while a is processing = %d, want 0", got)
+	}
+	q.done("a")
+	name, _ = q.get()
+	require.Equal(t, "a", name, "a host added while processing is queued again when done")
+	q.done("a")
+	q.done("b")
+	q.close()
+	_, ok = q.get()
+	require.False(t, ok, "get() after close")
+}
+
+func TestQueueAddAfterKeepsTheEarliest(t *testing.T) {
+	q := newQueue()
+	now := time.Now()
+	q.addAfter("a", time.Hour, now)
+	q.addAfter("a", time.Millisecond, now)
+	q.addAfter("a", time.Hour, now)
+	name, ok := q.get() // blocks until the 1 ms timer fires
+	require.True(t, ok)
+	require.Equal(t, "a", name)
+	q.mu.Lock()
+	pending := len(q.timers)
+	q.mu.Unlock()
+	require.Zero(t, pending, "the later times were dropped for the earlier one")
+	q.close()
+}
+
+func TestClassify(t *testing.T) {
+	tests := []struct {
+		kind hostlife.ActionKind
+		err  error
+		want hostlife.Failure
+	}{
+		{hostlife.ActPowerOn, errdefs.Unavailable("bmc: connection refused"), hostlife.FailTransient},
+		{hostlife.ActInsertMedia, errdefs.NotSupported("no virtual media"), hostlife.FailPermanent},
+		{hostlife.ActSetBoot, errdefs.PermissionDenied("bad credentials"), hostlife.FailPermanent},
+		{hostlife.ActLayImage, errgrpc.FromGRPC(errgrpc.ToGRPC(errdefs.Unavailable("stream broke"))), hostlife.FailTransient},
+		{hostlife.ActLayImage, &operationError{"operation x failed: sha256 mismatch"}, hostlife.FailAgent},
+		{hostlife.ActWriteIdentity, errdefs.FailedPrecondition("no image"), hostlife.FailAgent},
+		{hostlife.ActWipe, fmt.Errorf("wrapped: %w", errdefs.InvalidArgument("no target")), hostlife.FailPermanent},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%s/%v", tt.kind, tt.err), func(t *testing.T) {
+			if got := classify(tt.kind, tt.err); got != tt.want {
+				t.Errorf("classify(%q, %v) = %v, want %v", tt.kind, tt.err, got, tt.want)
+			}
+		})
+	}
+}
+
+type events []*agentv1.OperationEvent
+
+func (e *events) Recv() (*agentv1.OperationEvent, error) {
+	if len(*e) == 0 {
+		return nil, io.EOF
+	}
+	ev := (*e)[0]
+	*e = (*e)[1:]
+	return ev, nil
+}
+
+func TestFollow(t *testing.T) {
+	running := &agentv1.OperationEvent{OperationId: "op", State: agentv1.OperationState_OPERATION_STATE_RUNNING}
+	tests := []struct {
+		name    string
+		evs     events
+		wantErr func(error) bool
+	}{
+		{"succeeded", events{running, {OperationId: "op", State: agentv1.OperationState_OPERATION_STATE_SUCCEEDED}}, func(err error) bool { return err == nil }},
+		{"failed", events{running, {OperationId: "op", State: agentv1.OperationState_OPERATION_STATE_FAILED, Error: "sha256 mismatch"}},
+			func(err error) bool { var o *operationError; return errors.As(err, &o) }},
+		{"interrupted", events{{OperationId: "op", State: agentv1.OperationState_OPERATION_STATE_INTERRUPTED}},
+			func(err error) bool { var o *operationError; return errors.As(err, &o) }},
+		{"stream ends early", events{running}, errdefs.IsUnavailable},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			evs := tt.evs
+			if err := follow(&evs); !tt.wantErr(err) {
+				t.Errorf("follow(%s) = %v", tt.name, err)
+			}
+		})
+	}
+}

@@ -1,0 +1,122 @@
+package sim_test
+
+import (
+	"bufio"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kilnhq/kiln/controller/hostlife"
+	"github.com/kilnhq/kiln/controller/sim"
+	"github.com/kilnhq/kiln/controller/store"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+// benchSim is a rack's timing scaled down 100 times: a BMC call 0.5 s ->
+// 5 ms, power on to the boot agent's check-in 90 s -> 0.9 s, laying an
+// image 2 min -> 1.2 s. Heartbeats keep their real 10 s interval, so the
+// store carries the real per-second heartbeat load of the fleet.
+var benchSim = sim.Config{
+	BMCLatency:        5 * time.Millisecond,
+	BootDelay:         900 * time.Millisecond,
+	LayDuration:       1200 * time.Millisecond,
+	WipeDuration:      300 * time.Millisecond,
+	HeartbeatInterval: 10 * time.Second,
+	Jitter:            0.5,
+}
+
+// BenchmarkProvision provisions a fleet of simulated hosts from
+// registration to Provisioned through the real store (embedded etcd),
+// enrollment heartbeats, planner and executor, and reports the time to
+// converge, the process's peak RSS (controller and its embedded etcd) and
+// the etcd database size. Run one size at a time, once:
+//
+//	go test ./controller/sim/ -run '^$' -bench 'Provision/hosts=10000' -benchtime 1x -timeout 30m
+func BenchmarkProvision(b *testing.B) {
+	for _, n := range []int{100, 1000, 10000} {
+		b.Run("hosts="+strconv.Itoa(n), func(b *testing.B) {
+			for range b.N {
+				benchWave(b, n)
+			}
+		})
+	}
+}
+
+func benchWave(b *testing.B, n int) {
+	b.StopTimer()
+	w := newWorld(b, benchSim)
+	w.cfg.Workers = 1000
+	w.cfg.ResyncInterval = time.Minute
+	w.cfg.Plan = hostlife.Config{PollInterval: time.Second}
+	_, err := sim.Populate(w.ctx, w.st, n, "rack")
+	require.NoError(b, err)
+	b.StartTimer()
+	start := time.Now()
+	stop := w.start()
+	defer stop()
+	for {
+		done, errs := w.count()
+		require.Zero(b, errs, "hosts in Error")
+		if done == n {
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	lays := 0
+	for _, h := range w.fleet.Hosts() {
+		lays += h.Lays()
+	}
+	require.Equal(b, n, lays, "image lays")
+	b.ReportMetric(elapsed.Seconds(), "s-to-converge")
+	b.ReportMetric(float64(peakRSS(b))/(1<<20), "MiB-peak-RSS")
+	st, err := os.Stat(filepath.Join(w.dir, "member", "snap", "db"))
+	require.NoError(b, err)
+	b.ReportMetric(float64(st.Size())/(1<<20), "MiB-etcd-db")
+	b.ReportMetric(float64(n)/elapsed.Seconds(), "hosts/s")
+}
+
+// count lists the hosts page by page: provisioned ones and ones in Error.
+func (w *world) count() (done, errs int) {
+	cont := ""
+	for {
+		items, next, err := w.st.List(w.ctx, "hosts", func() proto.Message { return &typesv1.Host{} }, store.ListOptions{Limit: 1000, Continue: cont})
+		require.NoError(w.t, err)
+		for _, it := range items {
+			switch it.Msg.(*typesv1.Host).GetStatus().GetState() {
+			case typesv1.HostState_HOST_STATE_PROVISIONED:
+				done++
+			case typesv1.HostState_HOST_STATE_ERROR:
+				errs++
+			}
+		}
+		if next == "" {
+			return done, errs
+		}
+		cont = next
+	}
+}
+
+// peakRSS is the process's peak resident set (VmHWM), in bytes.
+func peakRSS(b *testing.B) int64 {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		b.Skipf("no /proc/self/status: %v", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
