@@ -81,7 +81,6 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	tag := s.Tag(epoch)
 	if os.Geteuid() != 0 {
 		return nil, errdefs.FailedPrecondition("golden: building an image needs root (debootstrap, file ownership in the root filesystem)")
 	}
@@ -117,25 +116,33 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	}
 	cached := isDir(rs.Dir())
 
+	what := s.Tag("<date>")
 	p := &progress{w: o.Progress, now: o.Now, start: start, steps: estimate(s.Minimal, cached)}
-	p.begin(tag, cached)
+	p.begin(what, cached)
 	p.step("check", fmt.Sprintf("spec ok, SOURCE_DATE_EPOCH=%d", epoch))
-	log := o.Log.With("component", "golden", "tag", tag)
 
 	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
-		return nil, fmt.Errorf("golden %s: output: %w", tag, err)
+		return nil, fmt.Errorf("golden %s: output: %w", what, err)
 	}
-	work, err := os.MkdirTemp(o.OutDir, ".tmp-"+tag+"-")
+	work, err := os.MkdirTemp(o.OutDir, ".tmp-"+what+"-")
 	if err != nil {
-		return nil, fmt.Errorf("golden %s: %w", tag, err)
+		return nil, fmt.Errorf("golden %s: %w", what, err)
 	}
 	defer os.RemoveAll(work)
 
-	p.step("rootfs", "debian "+s.Suite+" root "+rs.Key()+" ("+strconv.Itoa(len(rs.Packages))+" packages)")
+	p.step("rootfs", "debian "+s.Suite+" root "+rs.Dir()+" ("+strconv.Itoa(len(rs.Packages))+" packages)")
 	base, err := rootfs.Build(ctx, rs, o.ToolOutput)
 	if err != nil {
-		return nil, fmt.Errorf("golden %s: rootfs: %w", tag, err)
+		return nil, fmt.Errorf("golden %s: rootfs: %w", what, err)
 	}
+	// The tag carries the date of the OS packages: when the cache entry
+	// was built.
+	patchLevel, err := patchLevelOf(base)
+	if err != nil {
+		return nil, fmt.Errorf("golden %s: %w", what, err)
+	}
+	tag := s.Tag(patchLevel)
+	log := o.Log.With("component", "golden", "tag", tag)
 
 	p.step("tree", "agent, units, baked prep"+map[bool]string{true: "", false: ", kubeadm/kubelet/kubectl, image archives"}[s.Minimal])
 	agentVersion := versionOf(ctx, agent)
@@ -146,7 +153,7 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	if err := scrub(root); err != nil {
 		return nil, fmt.Errorf("golden %s: tree: %w", tag, err)
 	}
-	pkgs, patchLevel, err := packagesOf(root)
+	pkgs, err := packagesOf(root)
 	if err != nil {
 		return nil, fmt.Errorf("golden %s: %w", tag, err)
 	}
@@ -313,24 +320,24 @@ func scrub(root string) error {
 	return nil
 }
 
-// packagesOf reads the root's dpkg status: the package list and the
-// patch level, the day dpkg last changed it.
-func packagesOf(root string) ([]manifest.Package, string, error) {
-	p := filepath.Join(root, "var/lib/dpkg/status")
-	f, err := os.Open(p)
+// packagesOf reads the package list from the root's dpkg status.
+func packagesOf(root string) ([]manifest.Package, error) {
+	f, err := os.Open(filepath.Join(root, "var/lib/dpkg/status"))
 	if err != nil {
-		return nil, "", fmt.Errorf("package list: %w", err)
+		return nil, fmt.Errorf("package list: %w", err)
 	}
 	defer f.Close()
-	pkgs, err := ParseDpkgStatus(f)
+	return ParseDpkgStatus(f)
+}
+
+// patchLevelOf is the patch level of a root: the UTC day (yyyymmdd) dpkg
+// last changed its status, when its packages came from the mirror.
+func patchLevelOf(root string) (string, error) {
+	st, err := os.Stat(filepath.Join(root, "var/lib/dpkg/status"))
 	if err != nil {
-		return nil, "", err
+		return "", fmt.Errorf("patch level: %w", err)
 	}
-	st, err := f.Stat()
-	if err != nil {
-		return nil, "", err
-	}
-	return pkgs, st.ModTime().UTC().Format("20060102"), nil
+	return st.ModTime().UTC().Format("20060102"), nil
 }
 
 func nonReproducible(rs rootfs.Spec) []manifest.NonReproducible {

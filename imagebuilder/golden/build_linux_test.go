@@ -165,7 +165,7 @@ func TestBuildMinimal(t *testing.T) {
 		names = append(names, e.Name())
 	}
 	require.ElementsMatch(t, []string{raw, zst, mj, iy}, names, "output directory holds only the four outputs")
-	require.Equal(t, "debian12-minimal-20251202", res.Tag)
+	require.Equal(t, "debian12-minimal-"+res.Manifest.PatchLevel, res.Tag, "the tag carries the date of the OS packages")
 
 	t.Run("gpt", func(t *testing.T) {
 		b, err := exec.Command("sfdisk", "--json", res.RawPath).Output()
@@ -273,7 +273,7 @@ func TestBuildMinimal(t *testing.T) {
 			"/etc/systemd/system/kiln-agent.service":                         "ExecStart=/usr/bin/kiln-agent run",
 			"/etc/modules-load.d/kiln.conf":                                  "br_netfilter\noverlay\n",
 			"/etc/sysctl.d/99-kiln.conf":                                     "net.bridge.bridge-nf-call-iptables = 1",
-			"/etc/kiln-release":                                              "TAG=debian12-minimal-20251202",
+			"/etc/kiln-release":                                              "TAG=" + res.Tag,
 			"/etc/systemd/system/sysinit.target.wants/cgroup-rw.service":     "", // a symlink: debugfs cat follows nothing
 			"/etc/systemd/system/multi-user.target.wants/kiln-agent.service": "",
 		} {

@@ -453,7 +453,7 @@ type progress struct {
 	n     int
 }
 
-func (p *progress) begin(tag string, cached bool) {
+func (p *progress) begin(what string, cached bool) {
 	var total time.Duration
 	for _, s := range p.steps {
 		total += s.est
@@ -462,7 +462,7 @@ func (p *progress) begin(tag string, cached bool) {
 	if cached {
 		c = "rootfs cached"
 	}
-	fmt.Fprintf(p.w, "building %s: %d steps, estimate %s (%s)\n", tag, len(p.steps), total.Round(time.Second), c)
+	fmt.Fprintf(p.w, "building %s: %d steps, estimate %s (%s)\n", what, len(p.steps), total.Round(time.Second), c)
 }
 
 func (p *progress) step(name, detail string) {

@@ -82,8 +82,8 @@ type Spec struct {
 	// the SOURCE_DATE_EPOCH environment variable overrides it. Zero means
 	// the start of the build.
 	SourceDateEpoch int64 `yaml:"sourceDateEpoch"`
-	// TagDate is the yyyymmdd of the tag; default the UTC date of
-	// SourceDateEpoch.
+	// TagDate is the yyyymmdd of the tag; default the date of the OS
+	// packages (the patch level: when the rootfs cache entry was built).
 	TagDate string `yaml:"tagDate"`
 	// PublishURL is the base URL the Image resource points at (the image
 	// file is <PublishURL><tag>.raw.zst).
@@ -326,12 +326,13 @@ func (s *Spec) Epoch(getenv func(string) string, now time.Time) (int64, error) {
 func (s *Spec) OSVersion() string { return s.OS + Suites[s.Suite] }
 
 // Tag is <os><ver>-k8s<ver>-<yyyymmdd> (debian12-k8s1.34.4-20261202), or
-// <os><ver>-minimal-<yyyymmdd> for a minimal image. epoch dates it when
-// TagDate is empty.
-func (s *Spec) Tag(epoch int64) string {
+// <os><ver>-minimal-<yyyymmdd> for a minimal image. The date is TagDate,
+// or patchDate (the yyyymmdd of the image's OS packages) when TagDate is
+// empty.
+func (s *Spec) Tag(patchDate string) string {
 	date := s.TagDate
 	if date == "" {
-		date = time.Unix(epoch, 0).UTC().Format("20060102")
+		date = patchDate
 	}
 	if s.Minimal {
 		return s.OSVersion() + "-minimal-" + date
