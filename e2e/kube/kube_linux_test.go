@@ -390,18 +390,13 @@ func TestKubeadmTwoNodes(t *testing.T) {
 	binDir, imagesDir := requireTools(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	times := map[string]time.Duration{}
+	var times []string
 	step := func(name string, start time.Time) {
-		times[name] = time.Since(start)
-		t.Logf("%-28s %6.1fs", name, time.Since(start).Seconds())
+		d := time.Since(start)
+		times = append(times, fmt.Sprintf("| %s | %.1f s |", name, d.Seconds()))
+		t.Logf("%-28s %6.1fs", name, d.Seconds())
 	}
-	defer func() {
-		var names []string
-		for k, v := range times {
-			names = append(names, fmt.Sprintf("%s=%.1fs", k, v.Seconds()))
-		}
-		t.Logf("times: %s", strings.Join(names, " "))
-	}()
+	defer func() { t.Logf("times:\n%s", strings.Join(times, "\n")) }()
 
 	start := time.Now()
 	base := baseRoot(t, ctx)
@@ -660,6 +655,24 @@ func TestKubeadmTwoNodes(t *testing.T) {
 	out, err := kubectl(ctx, binDir, admin, "", "get", "nodes", "-o", "wide")
 	require.NoError(t, err)
 	t.Logf("nodes:\n%s", out)
+
+	// Reset the control plane, removing its etcd member first (the only
+	// member here: kubeadm keeps the data of a last member's cluster out
+	// of the way and resets).
+	start = time.Now()
+	s, err = cp.agent.KubeadmReset(ctx, &agentv1.KubeadmResetRequest{RemoveEtcdMember: true})
+	cp.succeed(t, "kubeadm reset (control plane)", s, err)
+	step("kubeadm reset control plane", start)
+	logb, err := os.ReadFile(filepath.Join(cp.Dir, "operations.log"))
+	require.NoError(t, err)
+	if !strings.Contains(string(logb), "removing this node's etcd member") {
+		t.Errorf("control-plane reset did not remove the etcd member first")
+	}
+	for _, f := range []string{"etc/kubernetes/manifests/etcd.yaml", "etc/kubernetes/admin.conf", "etc/kubernetes/pki/ca.crt"} {
+		if _, err := os.Stat(filepath.Join(cp.Root, f)); !os.IsNotExist(err) {
+			t.Errorf("after KubeadmReset %s still has %s (%v)", cp.Name, f, err)
+		}
+	}
 }
 
 func pemCertsOf(t *testing.T, b []byte) []*x509Certificate {
