@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"github.com/kilnhq/kiln/controller/bootserver"
 	"github.com/kilnhq/kiln/controller/controllertest"
 	"github.com/kilnhq/kiln/controller/enrollment"
+	"github.com/kilnhq/kiln/e2e/lab/ipmisim"
 	"github.com/kilnhq/kiln/e2e/lab/machine"
 	"github.com/kilnhq/kiln/e2e/lab/qemu"
 	"github.com/kilnhq/kiln/e2e/lab/redfish"
@@ -295,7 +297,8 @@ func TestRedfishVirtualMediaBoot(t *testing.T) {
 	}
 }
 
-// TestPXEBootEnrolls boots a VM by PXE on a lab network namespace: QEMU's
+// TestPXEBootEnrolls boots a VM by PXE on a lab network namespace, powered
+// on through an IPMI BMC (ipmi_sim) with a one-time PXE boot: QEMU's
 // iPXE ROM gets an address and the host's iPXE script URL from dnsmasq
 // (configured by bootserver.DnsmasqConfig), fetches the script, kernel and
 // initramfs from the boot server, and the agent enrolls through a forward
@@ -349,11 +352,45 @@ func bootPXE(t testing.TB, name string) *bootResult {
 
 	vm := newVM(t, qemu.Options{Name: name, DiskSize: 64 << 20, MAC: mac,
 		Network: qemu.Network{Netns: ln.Name(), Tap: ln.Tap()}})
+	power := ipmiPowerOnPXE(t, vm)
 	t0 := time.Now()
-	require.NoError(t, vm.PowerOn(ctx, machine.BootPXE))
+	require.NoError(t, power(ctx))
 	r := &bootResult{env: env, vm: vm}
 	finish(t, r, name, t0)
+	if vm.BootSource() != machine.BootPXE {
+		t.Errorf("VM BootSource() = %q, want pxe", vm.BootSource())
+	}
 	return r
+}
+
+// ipmiPowerOnPXE returns how the PXE host is powered on: through an
+// IPMI BMC (ipmi_sim driving the VM, Kiln's bmc package over ipmitool:
+// one-time boot device pxe, power on), as for an IPMI-only rack, or
+// directly over QMP when ipmi_sim or ipmitool is not installed.
+func ipmiPowerOnPXE(t testing.TB, vm *qemu.VM) func(context.Context) error {
+	for _, tool := range []string{"ipmi_sim", "ipmitool"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Logf("%s not installed (openipmi, ipmitool): powering on over QMP instead of IPMI", tool)
+			return func(ctx context.Context) error { return vm.PowerOn(ctx, machine.BootPXE) }
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	chassis, err := ipmisim.BuildChassis(ctx, t.TempDir())
+	require.NoError(t, err)
+	sim, err := ipmisim.Start(ctx, ipmisim.Options{User: "lab", Password: "lab-ipmi-pw", ChassisProgram: chassis, Machine: vm})
+	require.NoError(t, err)
+	t.Cleanup(sim.Stop)
+	return func(ctx context.Context) error {
+		b, err := bmc.Dial(ctx, bmc.Endpoint{Protocol: bmc.ProtocolIPMI, Address: sim.Addr(), Username: "lab", Password: "lab-ipmi-pw"}, bmc.Options{Name: "pxe-bmc"})
+		if err != nil {
+			return err
+		}
+		if err := b.SetBootDevice(ctx, bmc.BootPXE, false, false); err != nil {
+			return err
+		}
+		return b.PowerOn(ctx)
+	}
 }
 
 // BenchmarkBoot measures power on to "agent up" on the serial console and
