@@ -15,7 +15,9 @@ package qemu
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -483,7 +485,7 @@ func (v *VM) InsertMedia(url string) error {
 	if !v.runningLocked() {
 		return nil // inserted when QEMU starts
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	return v.changeMediumLocked(ctx, url)
 }
@@ -496,13 +498,56 @@ func (v *VM) changeMediumLocked(ctx context.Context, url string) error {
 		return nil
 	}
 	filename := strings.TrimPrefix(url, "file://")
-	if err := v.qmp.Execute(ctx, "blockdev-change-medium", map[string]any{
-		"id": devCD, "filename": filename, "format": "raw", "read-only-mode": "read-only",
-	}, nil); err != nil {
+	change := func(filename string) error {
+		return v.qmp.Execute(ctx, "blockdev-change-medium", map[string]any{
+			"id": devCD, "filename": filename, "format": "raw", "read-only-mode": "read-only",
+		}, nil)
+	}
+	err := change(filename)
+	if err != nil && (strings.HasPrefix(url, "http://") || strings.HasPrefix(url, "https://")) {
+		// QEMU without its curl block driver (Debian qemu-block-extra):
+		// fetch the image and insert the local copy.
+		v.log.Warn("qemu cannot read the media URL itself; downloading it", "url", url, "error", err)
+		local := filepath.Join(v.o.Dir, "media.iso")
+		if err = download(ctx, url, local); err == nil {
+			err = change(local)
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("qemu: insert media %s: %w", url, err)
 	}
 	v.log.Info("media inserted", "url", url)
 	return nil
+}
+
+// download fetches url into path (via a temporary name).
+func download(ctx context.Context, url, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	tmp := path + ".part"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		os.Remove(tmp)
+		return fmt.Errorf("GET %s: %w", url, err)
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // BootSource implements machine.Machine.

@@ -1,9 +1,12 @@
 package qemu_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -177,4 +180,57 @@ func waitSerial(t testing.TB, vm *qemu.VM, want string, timeout time.Duration) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	t.Fatalf("serial console never showed %q within %s", want, timeout)
+}
+
+// TestInsertMediaURL inserts virtual media by URL: a server with Range
+// support is read by QEMU itself (curl driver), as a BMC streams virtual
+// media; one without is downloaded first.
+func TestInsertMediaURL(t *testing.T) {
+	needQEMU(t)
+	iso := make([]byte, 1<<20)
+	ranged := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.ServeContent(w, r, "media.iso", time.Time{}, bytes.NewReader(iso))
+	}))
+	t.Cleanup(ranged.Close)
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write(iso) // no Accept-Ranges, no Range
+	}))
+	t.Cleanup(plain.Close)
+
+	dir := t.TempDir()
+	vm := newVM(t, qemu.Options{Name: "media-test", Dir: dir, DiskSize: 16 << 20})
+	ctx := context.Background()
+	require.NoError(t, vm.PowerOn(ctx, machine.BootDisk))
+	for _, tc := range []struct {
+		url, wantFile string
+	}{
+		{ranged.URL + "/media.iso", ranged.URL + "/media.iso"},
+		{plain.URL + "/media.iso", filepath.Join(dir, "media.iso")},
+	} {
+		require.NoError(t, vm.InsertMedia(tc.url))
+		if got := insertedMedia(t, vm); got != tc.wantFile {
+			t.Errorf("InsertMedia(%q): cd0 holds %q, want %q", tc.url, got, tc.wantFile)
+		}
+	}
+	require.NoError(t, vm.InsertMedia(""))
+	if got := insertedMedia(t, vm); got != "" {
+		t.Errorf("after InsertMedia(\"\") cd0 holds %q, want nothing", got)
+	}
+}
+
+func insertedMedia(t *testing.T, vm *qemu.VM) string {
+	t.Helper()
+	var blocks []struct {
+		Device   string `json:"device"`
+		Inserted *struct {
+			File string `json:"file"`
+		} `json:"inserted"`
+	}
+	require.NoError(t, vm.QMP().Execute(context.Background(), "query-block", nil, &blocks))
+	for _, b := range blocks {
+		if b.Device == "cd0" && b.Inserted != nil {
+			return b.Inserted.File
+		}
+	}
+	return ""
 }
