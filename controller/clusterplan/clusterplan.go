@@ -160,15 +160,23 @@ type machine struct {
 	m *typesv1.Machine
 }
 
-func (x machine) name() string    { return x.m.GetMetadata().GetName() }
-func (x machine) host() string    { return x.m.GetSpec().GetHost() }
-func (x machine) node() string    { return x.m.GetStatus().GetNodeName() }
-func (x machine) member() string  { return x.m.GetStatus().GetEtcdMember() }
-func (x machine) deleting() bool  { return x.m.GetMetadata().GetDeletionTimestamp() != nil }
-func (x machine) ready() bool     { return x.node() != "" && conditions.IsTrue(x.m.GetStatus().GetConditions(), MachineNodeReady) }
-func (x machine) etcdOK() bool    { return x.member() != "" && conditions.IsTrue(x.m.GetStatus().GetConditions(), MachineEtcdHealthy) }
-func (x machine) removing() bool  { return conditions.Get(x.m.GetStatus().GetConditions(), MachineDrained) != nil }
-func (x machine) drained() bool   { return conditions.IsTrue(x.m.GetStatus().GetConditions(), MachineDrained) }
+func (x machine) name() string   { return x.m.GetMetadata().GetName() }
+func (x machine) host() string   { return x.m.GetSpec().GetHost() }
+func (x machine) node() string   { return x.m.GetStatus().GetNodeName() }
+func (x machine) member() string { return x.m.GetStatus().GetEtcdMember() }
+func (x machine) deleting() bool { return x.m.GetMetadata().GetDeletionTimestamp() != nil }
+func (x machine) ready() bool {
+	return x.node() != "" && conditions.IsTrue(x.m.GetStatus().GetConditions(), MachineNodeReady)
+}
+func (x machine) etcdOK() bool {
+	return x.member() != "" && conditions.IsTrue(x.m.GetStatus().GetConditions(), MachineEtcdHealthy)
+}
+func (x machine) removing() bool {
+	return conditions.Get(x.m.GetStatus().GetConditions(), MachineDrained) != nil
+}
+func (x machine) drained() bool {
+	return conditions.IsTrue(x.m.GetStatus().GetConditions(), MachineDrained)
+}
 func (x machine) available() bool { return x.ready() && !x.removing() && !x.deleting() }
 func (x machine) created() time.Time {
 	return x.m.GetMetadata().GetCreationTimestamp().AsTime()

@@ -185,7 +185,7 @@ func (r *runner) exec(t *testing.T, cmd string) string {
 		md.Metadata.Generation++
 		md.Spec = &typesv1.MachineDeploymentSpec{Cluster: "c1", Replicas: int32(n), Version: a["version"], Image: a["image"],
 			HostSelector: labelMap(a["selector"]),
-			Strategy: &typesv1.RolloutStrategy{Type: a["strategy"], MaxSurge: a["maxSurge"], MaxUnavailable: a["maxUnavailable"], NodeDrainTimeout: a["drain"]}}
+			Strategy:     &typesv1.RolloutStrategy{Type: a["strategy"], MaxSurge: a["maxSurge"], MaxUnavailable: a["maxUnavailable"], NodeDrainTimeout: a["drain"]}}
 		return ""
 	case "healthcheck":
 		hc := w.hcs[a["name"]]
