@@ -431,6 +431,7 @@ func (s *Server) hostISO(ctx context.Context, host string) (*hostISO, int, error
 	}
 	if h.path != "" {
 		_ = os.Remove(h.path)
+		s.digests.forget(h.path)
 	}
 	h.path, h.built = out, s.o.Now()
 	s.log.Info("iso built", "host", host, "path", out, "duration", time.Since(t0).Round(time.Millisecond))
@@ -449,6 +450,7 @@ func (s *Server) Forget(host string) {
 		h.mu.Lock()
 		if h.path != "" {
 			_ = os.Remove(h.path)
+			s.digests.forget(h.path)
 		}
 		h.mu.Unlock()
 	}
@@ -512,6 +514,12 @@ func (c *digestCache) get(dir, name, p string, st os.FileInfo) ([]byte, error) {
 	c.m[p] = digestEntry{size: st.Size(), mtime: st.ModTime(), sum: sum}
 	c.mu.Unlock()
 	return sum, nil
+}
+
+func (c *digestCache) forget(p string) {
+	c.mu.Lock()
+	delete(c.m, p)
+	c.mu.Unlock()
 }
 
 // declaredDigest reads name's sha256 from dir/bootmedia.json or the
