@@ -25,13 +25,17 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/kilnhq/kiln/bmc"
 	"github.com/kilnhq/kiln/controller/api"
 	"github.com/kilnhq/kiln/controller/authz"
+	"github.com/kilnhq/kiln/controller/bootserver"
 	"github.com/kilnhq/kiln/controller/election"
 	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/events"
 	"github.com/kilnhq/kiln/controller/kilnconfig"
+	"github.com/kilnhq/kiln/controller/provision"
 	"github.com/kilnhq/kiln/controller/resources"
+	"github.com/kilnhq/kiln/controller/sim"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/backoff"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -89,6 +93,19 @@ type Config struct {
 	// AgentSilence is how long an agent may be silent before its Host gets
 	// AgentReachable=False (DefaultAgentSilence).
 	AgentSilence time.Duration
+	// Lifecycle runs the host lifecycle (controller/provision: power, agent
+	// boot media, image laying) on the leader. Off by default.
+	Lifecycle bool
+	// BootURL is the boot server's public URL; the agent ISO of host H is
+	// BootURL/boot/iso/H.iso (bootserver.ISOURL).
+	BootURL string
+	// ControllerURL is the URL installed agents report to, written into
+	// each laid image (default https://<listen address>).
+	ControllerURL string
+	// Simulate, when > 0, creates that many simulated hosts and drives them
+	// with simulated BMCs and agents (controller/sim) instead of real ones;
+	// implies Lifecycle.
+	Simulate int
 }
 
 // Controller is one controller replica.
@@ -286,7 +303,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		defer wg.Done()
 		_ = elector.Run(ctx, func(lctx context.Context) {
 			c.log.Info("leading: reconcilers started")
+			stopLife := c.runLifecycle(lctx, st, rec, ca, enr, addr)
 			c.reconcile(lctx, st, rec)
+			stopLife()
 			c.log.Info("reconcilers stopped")
 		})
 	}()
@@ -309,6 +328,51 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	c.log.Info("controller stopped")
 	return err
+}
+
+// runLifecycle starts the host lifecycle executor when configured and
+// returns a function that waits for it to end (after lctx ends).
+func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *events.Recorder, ca *pki.CA, enr *enrollment.Service, addr string) func() {
+	if !c.cfg.Lifecycle && c.cfg.Simulate <= 0 {
+		return func() {}
+	}
+	cfg := provision.Config{
+		Clock:  c.cfg.Clock,
+		ISOURL: func(h string) string { return bootserver.ISOURL(c.cfg.BootURL, h) },
+	}
+	deps := provision.Deps{Store: st, Recorder: rec}
+	var pool *provision.AgentPool
+	if c.cfg.Simulate > 0 {
+		// A rack's timings scaled down 20 times, for demos.
+		fleet := sim.NewFleet(lctx, sim.Config{
+			BMCLatency: 25 * time.Millisecond, BootDelay: 3 * time.Second, LayDuration: 6 * time.Second,
+			WipeDuration: time.Second, HeartbeatInterval: c.cfg.HeartbeatInterval, Jitter: 0.5,
+		}, sim.EnrollmentCheckIn(enr))
+		if _, err := sim.Populate(lctx, st, c.cfg.Simulate, "sim"); err != nil {
+			c.log.Error("simulation: create hosts", "err", err)
+		}
+		deps.BMCs, deps.Agents = fleet.BMCDialer(), fleet.AgentDialer()
+		cfg.Workers = max(64, c.cfg.Simulate)
+		c.log.Info("simulating hosts", "hosts", c.cfg.Simulate)
+	} else {
+		pool = provision.NewAgentPool(ca.Pool(), c.Certificate)
+		deps.BMCs = provision.ManagerDialer(bmc.NewManager(bmc.ManagerOptions{Defaults: bmc.Options{Logger: c.log}}), st)
+		deps.Agents = pool.Dial
+		url := c.cfg.ControllerURL
+		if url == "" {
+			url = "https://" + clientAddr(addr)
+		}
+		deps.Identity = provision.CAIdentity(ca, url, 30*24*time.Hour, c.cfg.Clock)
+	}
+	ex := provision.New(deps, cfg, c.log)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = ex.Run(lctx) }()
+	return func() {
+		<-done
+		if pool != nil {
+			pool.Close()
+		}
+	}
 }
 
 // waitForCA loads or creates the CA, waiting (with backoff) while etcd is
