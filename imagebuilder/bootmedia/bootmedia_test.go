@@ -155,7 +155,8 @@ func TestBuild(t *testing.T) {
 	agent := bootmediatest.BuildAgent(t, t.TempDir())
 	out := t.TempDir()
 	var lines []string
-	m, err := bootmedia.Build(context.Background(), bootmedia.Spec{AgentBinary: agent, OutDir: out, Cmdline: "kiln.host=vm1"}, func(l string) { lines = append(lines, l) })
+	cache := bootmediatest.CacheDir(t)
+	m, err := bootmedia.Build(context.Background(), bootmedia.Spec{AgentBinary: agent, OutDir: out, CacheDir: cache, Cmdline: "kiln.host=vm1"}, func(l string) { lines = append(lines, l) })
 	bootmediatest.SkipIfUnavailable(t, err)
 	require.NoError(t, err)
 	t.Logf("progress:\n%s", strings.Join(lines, "\n"))
@@ -211,7 +212,7 @@ func TestBuild(t *testing.T) {
 
 	// A second build from the cache gives the same initramfs.
 	out2 := t.TempDir()
-	m2, err := bootmedia.Build(context.Background(), bootmedia.Spec{AgentBinary: agent, OutDir: out2, NoISO: true}, nil)
+	m2, err := bootmedia.Build(context.Background(), bootmedia.Spec{AgentBinary: agent, OutDir: out2, CacheDir: cache, NoISO: true}, nil)
 	require.NoError(t, err)
 	a, _ := m.File(bootmedia.InitrdFile)
 	b, _ := m2.File(bootmedia.InitrdFile)
@@ -227,7 +228,7 @@ func TestBuild(t *testing.T) {
 // the cache: initramfs (gzip) and ISO.
 func BenchmarkBuild(b *testing.B) {
 	agent := bootmediatest.BuildAgent(b, b.TempDir())
-	cache := bootmedia.DefaultCacheDir()
+	cache := bootmediatest.CacheDir(b)
 	// Warm the kernel cache outside the timer.
 	_, err := bootmedia.Build(context.Background(), bootmedia.Spec{AgentBinary: agent, OutDir: b.TempDir(), NoISO: true, CacheDir: cache}, nil)
 	bootmediatest.SkipIfUnavailable(b, err)

@@ -6,6 +6,7 @@ package bootmediatest
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -43,13 +44,29 @@ func BuildAgent(t testing.TB, dir string) string {
 	return out
 }
 
+// CacheDir is the kernel cache for tests: the default one
+// (${KILN_CACHE:-/var/cache/kiln}/bootmedia) when it is writable, else a
+// directory of the test (the kernel is then downloaded again).
+func CacheDir(t testing.TB) string {
+	t.Helper()
+	dir := bootmedia.DefaultCacheDir()
+	if err := os.MkdirAll(dir, 0o755); err == nil {
+		if f, err := os.CreateTemp(dir, ".probe-"); err == nil {
+			f.Close()
+			os.Remove(f.Name())
+			return dir
+		}
+	}
+	return t.TempDir()
+}
+
 // Build builds boot media with a freshly built agent into dir (kernel
 // from the default cache) and returns the manifest. It skips the test
 // when the media cannot be built here.
 func Build(t testing.TB, dir string) *bootmedia.Manifest {
 	t.Helper()
 	agent := BuildAgent(t, t.TempDir())
-	m, err := bootmedia.Build(context.Background(), bootmedia.Spec{AgentBinary: agent, OutDir: dir}, func(l string) { t.Log(l) })
+	m, err := bootmedia.Build(context.Background(), bootmedia.Spec{AgentBinary: agent, OutDir: dir, CacheDir: CacheDir(t)}, func(l string) { t.Log(l) })
 	SkipIfUnavailable(t, err)
 	if err != nil {
 		t.Fatalf("bootmediatest: %v", err)
