@@ -54,17 +54,16 @@ type apiClient struct {
 	nodeName string // from the client certificate, system:node:NAME
 }
 
-// newAPIClient reads the kubelet's kubeconfig (its file paths taken under
-// Root) and returns a client with its credentials. The transport is made
-// per Probe, so a rotated kubelet certificate is picked up.
-func (p *Prober) newAPIClient() (*apiClient, error) {
+// newAPIClient reads a kubeconfig (the kubelet's, or admin.conf; its file
+// paths taken under Root) and returns a client with its credentials.
+func (p *Prober) newAPIClient(kubeletConf string) (*apiClient, error) {
 	b, err := os.ReadFile(p.path(kubeletConf))
 	if err != nil {
 		return nil, fmt.Errorf("kubelet kubeconfig: %w", err)
 	}
 	var kc kubeconfig
 	if err := yaml.Unmarshal(b, &kc); err != nil {
-		return nil, fmt.Errorf("kubelet kubeconfig %s: %w", kubeletConf, err)
+		return nil, fmt.Errorf("kubeconfig %s: %w", kubeletConf, err)
 	}
 	clusterName, userName := "", ""
 	for _, c := range kc.Contexts {
@@ -84,27 +83,27 @@ func (p *Prober) newAPIClient() (*apiClient, error) {
 		}
 	}
 	if ci < 0 || ui < 0 {
-		return nil, fmt.Errorf("kubelet kubeconfig %s: no cluster or user for context %q", kubeletConf, kc.CurrentContext)
+		return nil, fmt.Errorf("kubeconfig %s: no cluster or user for context %q", kubeletConf, kc.CurrentContext)
 	}
 	cl, u := kc.Clusters[ci].Cluster, kc.Users[ui].User
 	caPEM, err := p.dataOrFile(cl.CAData, cl.CA)
 	if err != nil {
-		return nil, fmt.Errorf("kubelet kubeconfig %s: certificate authority: %w", kubeletConf, err)
+		return nil, fmt.Errorf("kubeconfig %s: certificate authority: %w", kubeletConf, err)
 	}
 	certPEM, err := p.dataOrFile(u.CertData, u.Cert)
 	if err != nil {
-		return nil, fmt.Errorf("kubelet kubeconfig %s: client certificate: %w", kubeletConf, err)
+		return nil, fmt.Errorf("kubeconfig %s: client certificate: %w", kubeletConf, err)
 	}
 	keyPEM, err := p.dataOrFile(u.KeyData, u.Key)
 	if err != nil {
-		return nil, fmt.Errorf("kubelet kubeconfig %s: client key: %w", kubeletConf, err)
+		return nil, fmt.Errorf("kubeconfig %s: client key: %w", kubeletConf, err)
 	}
 	tlsConf, err := clientTLS(caPEM, certPEM, keyPEM)
 	if err != nil {
-		return nil, fmt.Errorf("kubelet kubeconfig %s: %w", kubeletConf, err)
+		return nil, fmt.Errorf("kubeconfig %s: %w", kubeletConf, err)
 	}
 	if _, err := url.Parse(cl.Server); err != nil || cl.Server == "" {
-		return nil, fmt.Errorf("kubelet kubeconfig %s: server %q is not a URL", kubeletConf, cl.Server)
+		return nil, fmt.Errorf("kubeconfig %s: server %q is not a URL", kubeletConf, cl.Server)
 	}
 	api := &apiClient{
 		server: strings.TrimSuffix(cl.Server, "/"),

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -399,27 +400,43 @@ func (p *Prober) cloudProvider(ctx context.Context, e *env) *typesv1.Condition {
 		return trueCond(CloudProviderInitialized, "Initialized", "the cloud provider has initialised the node")
 	}
 	api, _ := e.apiClient()
-	running, pending, err := ccmPods(ctx, api)
+	running, pending, scope, err := p.ccmPods(ctx, api, e.nodeName(api))
 	if err != nil {
 		return falseCond(CloudProviderInitialized, "Uninitialized", fmt.Sprintf("the node still has the taint %s; could not list pods to find a cloud-controller-manager (%v); if none runs: %s", uninitializedTaint, err, CCMFix))
 	}
 	if running > 0 {
-		c := falseCond(CloudProviderInitialized, "Initializing", fmt.Sprintf("the node still has the taint %s; %d cloud-controller-manager pod(s) run and have not initialised it yet", uninitializedTaint, running))
+		c := falseCond(CloudProviderInitialized, "Initializing", fmt.Sprintf("the node still has the taint %s; %d cloud-controller-manager pod(s) run %s and have not initialised it yet", uninitializedTaint, running, scope))
 		c.Severity = "Warning"
 		return c
 	}
-	return falseCond(CloudProviderInitialized, "CloudControllerManagerNotRunning", fmt.Sprintf("the node still has the taint %s and no cloud-controller-manager pod is running (%d pending): %s", uninitializedTaint, pending, CCMFix))
+	return falseCond(CloudProviderInitialized, "CloudControllerManagerNotRunning", fmt.Sprintf("the node still has the taint %s and no cloud-controller-manager pod is running %s (%d pending): %s", uninitializedTaint, scope, pending, CCMFix))
 }
 
 // ccmPods counts running and not-running cloud-controller-manager pods.
-func ccmPods(ctx context.Context, api *apiClient) (running, other int, err error) {
-	b, err := api.get(ctx, "/api/v1/pods")
+// The node authorizer lets a kubelet list only the pods bound to its own
+// node, so on a control-plane node (which has admin.conf) the whole
+// cluster is searched with the admin credentials; elsewhere only this
+// node's pods. scope says which, for the message.
+func (p *Prober) ccmPods(ctx context.Context, kubelet *apiClient, nodeName string) (running, other int, scope string, err error) {
+	var b []byte
+	if _, serr := os.Stat(p.path(adminConf)); serr == nil {
+		admin, aerr := p.newAPIClient(adminConf)
+		if aerr != nil {
+			return 0, 0, "", aerr
+		}
+		defer admin.client.CloseIdleConnections()
+		scope = "in the cluster"
+		b, err = admin.get(ctx, "/api/v1/pods")
+	} else {
+		scope = "on this node"
+		b, err = kubelet.get(ctx, "/api/v1/pods?fieldSelector="+url.QueryEscape("spec.nodeName="+nodeName))
+	}
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, "", err
 	}
 	var pl podList
 	if err := json.Unmarshal(b, &pl); err != nil {
-		return 0, 0, err
+		return 0, 0, "", err
 	}
 	for _, pod := range pl.Items {
 		isCCM := strings.Contains(pod.Metadata.Name, "cloud-controller-manager")
@@ -437,5 +454,5 @@ func ccmPods(ctx context.Context, api *apiClient) (running, other int, err error
 			other++
 		}
 	}
-	return running, other, nil
+	return running, other, scope, nil
 }

@@ -165,11 +165,29 @@ func newFakeNode(t testing.TB, clientNotAfter time.Time) *fakeNode {
 			}
 			fmt.Fprintf(w, `{"kind":"Node","spec":{"taints":[%s]},"status":{"conditions":[{"type":"MemoryPressure","status":"False"},{"type":"Ready","status":%q,"reason":"KubeletReady","message":"kubelet is posting ready status"}]}}`, strings.Join(taints, ","), n.nodeReady)
 		case "/api/v1/pods":
-			items := `{"metadata":{"name":"coredns-1","namespace":"kube-system","labels":{"k8s-app":"kube-dns"}},"status":{"phase":"Pending"}}`
-			if n.ccmPhase != "" {
-				items += fmt.Sprintf(`,{"metadata":{"name":"ccm-x","namespace":"kube-system","labels":{"component":"cloud-controller-manager"}},"status":{"phase":%q}}`, n.ccmPhase)
+			// The node authorizer: a kubelet lists only its own node's pods.
+			cn := r.TLS.PeerCertificates[0].Subject.CommonName
+			sel := r.URL.Query().Get("fieldSelector")
+			if strings.HasPrefix(cn, "system:node:") && sel != "spec.nodeName="+strings.TrimPrefix(cn, "system:node:") {
+				w.WriteHeader(http.StatusForbidden)
+				fmt.Fprintf(w, `{"kind":"Status","status":"Failure","message":"pods is forbidden: User \"%s\" cannot list resource \"pods\" in API group \"\" at the cluster scope","reason":"Forbidden","code":403}`, cn)
+				return
 			}
-			fmt.Fprintf(w, `{"kind":"PodList","items":[%s]}`, items)
+			type pod struct{ name, label, node, phase string }
+			pods := []pod{{"coredns-1", "kube-dns", "", "Pending"}}
+			if n.ccmPhase == "Running" {
+				pods = append(pods, pod{"ccm-x", "cloud-controller-manager", nodeName, "Running"})
+			} else if n.ccmPhase != "" {
+				pods = append(pods, pod{"ccm-x", "cloud-controller-manager", "", n.ccmPhase})
+			}
+			var items []string
+			for _, p := range pods {
+				if sel != "" && sel != "spec.nodeName="+p.node {
+					continue
+				}
+				items = append(items, fmt.Sprintf(`{"metadata":{"name":%q,"namespace":"kube-system","labels":{"component":%q}},"spec":{"nodeName":%q},"status":{"phase":%q}}`, p.name, p.label, p.node, p.phase))
+			}
+			fmt.Fprintf(w, `{"kind":"PodList","items":[%s]}`, strings.Join(items, ","))
 		default:
 			http.NotFound(w, r)
 		}
@@ -199,6 +217,27 @@ users:
     client-key: %s
 `, base64.StdEncoding.EncodeToString(kubeCA.pem), api.URL, kubeletClientCert, kubeletClientCert)
 	write(kubeletConf, []byte(kubeconfig), 0o600)
+	ac, ak := kubeCA.issue(t, "kubernetes-admin", false, time.Now().Add(365*24*time.Hour))
+	adminKubeconfig := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- cluster:
+    certificate-authority-data: %s
+    server: %s
+  name: kubernetes
+contexts:
+- context:
+    cluster: kubernetes
+    user: kubernetes-admin
+  name: kubernetes-admin@kubernetes
+current-context: kubernetes-admin@kubernetes
+users:
+- name: kubernetes-admin
+  user:
+    client-certificate-data: %s
+    client-key-data: %s
+`, base64.StdEncoding.EncodeToString(kubeCA.pem), api.URL, base64.StdEncoding.EncodeToString(ac), base64.StdEncoding.EncodeToString(ak))
+	write(adminConf, []byte(adminKubeconfig), 0o600)
 
 	// etcd, its own CA
 	etcdCAc := newTestCA(t, "etcd-ca")

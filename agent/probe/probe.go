@@ -58,6 +58,7 @@ const (
 // Files read, relative to Options.Root.
 const (
 	kubeletConf       = "/etc/kubernetes/kubelet.conf"
+	adminConf         = "/etc/kubernetes/admin.conf"
 	pkiDir            = "/etc/kubernetes/pki"
 	kubeletClientCert = "/var/lib/kubelet/pki/kubelet-client-current.pem"
 	etcdManifest      = "/etc/kubernetes/manifests/etcd.yaml"
@@ -128,7 +129,7 @@ func (p *Prober) cachedAPIClient() (*apiClient, error) {
 	if p.api != nil && p.apiKey == key {
 		return p.api, nil
 	}
-	api, err := p.newAPIClient()
+	api, err := p.newAPIClient(kubeletConf)
 	if err != nil {
 		return nil, err
 	}

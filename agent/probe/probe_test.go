@@ -46,7 +46,8 @@ func TestProbeHealthyNode(t *testing.T) {
 	if !resp.GetHealthy() {
 		t.Errorf("Probe().Healthy = false, want true")
 	}
-	// The API calls use the kubelet's client certificate.
+	// The API calls use the kubelet's client certificate (the
+	// cloud-provider check finds no uninitialised node, so needs no pods).
 	for _, r := range n.apiRequests {
 		if !strings.HasPrefix(r, "system:node:node-1 ") {
 			t.Errorf("API request %q not made as system:node:node-1", r)
@@ -108,9 +109,15 @@ func TestProbeFaults(t *testing.T) {
 		{"etcd unhealthy", func(n *fakeNode) { n.etcdHealth = "false" }, nil, EtcdMemberHealthy, "False", "Unhealthy", "RAFT NO LEADER"},
 		{"etcd down", func(n *fakeNode) { n.opts.EtcdEndpoint = "https://127.0.0.1:1" }, nil, EtcdMemberHealthy, "False", "Unreachable", "connection refused"},
 		{"ccm missing", func(n *fakeNode) { n.taints = []string{uninitializedTaint} }, func(c *agentv1.ClusterConfig) { c.CloudProvider = "external" },
-			CloudProviderInitialized, "False", "CloudControllerManagerNotRunning", "hostNetwork: true"},
+			CloudProviderInitialized, "False", "CloudControllerManagerNotRunning", "no cloud-controller-manager pod is running in the cluster (0 pending): run the cloud-controller-manager with hostNetwork: true"},
+		{"ccm missing seen from a worker", func(n *fakeNode) {
+			n.taints = []string{uninitializedTaint}
+			n.ccmPhase = "Pending"
+			os.Remove(filepath.Join(n.root, adminConf))
+		}, func(c *agentv1.ClusterConfig) { c.CloudProvider = "external"; c.Role = "worker" },
+			CloudProviderInitialized, "False", "CloudControllerManagerNotRunning", "running on this node (0 pending)"},
 		{"ccm pending", func(n *fakeNode) { n.taints = []string{uninitializedTaint}; n.ccmPhase = "Pending" }, func(c *agentv1.ClusterConfig) { c.CloudProvider = "external" },
-			CloudProviderInitialized, "False", "CloudControllerManagerNotRunning", "1 pending"},
+			CloudProviderInitialized, "False", "CloudControllerManagerNotRunning", "in the cluster (1 pending)"},
 		{"ccm running", func(n *fakeNode) { n.taints = []string{uninitializedTaint}; n.ccmPhase = "Running" }, func(c *agentv1.ClusterConfig) { c.CloudProvider = "external" },
 			CloudProviderInitialized, "False", "Initializing", "have not initialised it yet"},
 	}
