@@ -77,6 +77,10 @@ func runCmd() *cobra.Command {
 		electionTTL time.Duration
 		heartbeat   time.Duration
 		silence     time.Duration
+		lifecycle   bool
+		bootURL     string
+		ctlURL      string
+		simulate    int
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -93,6 +97,10 @@ func runCmd() *cobra.Command {
 			cfg.ElectionTTL = electionTTL
 			cfg.HeartbeatInterval = heartbeat
 			cfg.AgentSilence = silence
+			cfg.Lifecycle = lifecycle
+			cfg.BootURL = bootURL
+			cfg.ControllerURL = ctlURL
+			cfg.Simulate = simulate
 			ctl, err := controller.New(cfg, log)
 			if err != nil {
 				return err
@@ -117,6 +125,10 @@ func runCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&electionTTL, "election-ttl", controller.DefaultElectionTTL, "leader lease; a crashed leader is replaced after about this long")
 	cmd.Flags().DurationVar(&heartbeat, "heartbeat-interval", 10*time.Second, "interval agents are told to send heartbeats at")
 	cmd.Flags().DurationVar(&silence, "agent-silence", 0, "silence after which a host is marked AgentReachable=False (default 3 heartbeat intervals)")
+	cmd.Flags().BoolVar(&lifecycle, "lifecycle", false, "run the host lifecycle: power hosts through their BMCs, boot the agent media, lay images (docs/lifecycle.md)")
+	cmd.Flags().StringVar(&bootURL, "boot-url", "", "public URL of the boot server (agent ISOs for virtual media)")
+	cmd.Flags().StringVar(&ctlURL, "controller-url", "", "URL installed agents report to (default https://<listen address>)")
+	cmd.Flags().IntVar(&simulate, "simulate", 0, "create N simulated hosts with simulated BMCs and agents and provision them (demo; implies --lifecycle)")
 	return cmd
 }
 
