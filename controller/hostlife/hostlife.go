@@ -690,6 +690,12 @@ func (p *planner) sequenceWait(s stepDef) {
 // advance moves past step idx: to the next step, or to done.
 func (p *planner) advance(steps []stepDef, idx int, done typesv1.HostState, doneMsg string) {
 	op := p.st.GetLastOperation()
+	switch Step(op.GetKind()) {
+	case StepPowerOff, StepPowerOffWiped:
+		p.st.Power = "off"
+	case StepPowerOn:
+		p.st.Power = "on"
+	}
 	if Step(op.GetKind()) == StepLayImage {
 		// Counted once: the write that records the next step is the one
 		// that counts, and a restart finds the next step stored.

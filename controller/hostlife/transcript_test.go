@@ -194,7 +194,7 @@ func (r *runner) exec(t *testing.T, cmd string) string {
 func describe(out Output) string {
 	var b strings.Builder
 	st := out.Status
-	fmt.Fprintf(&b, "state=%s step=%s image=%s lays=%d changed=%t\n", StateName(st.GetState()), st.GetProvisioningStep(), st.GetImage(), st.GetImageLays(), out.Changed)
+	fmt.Fprintf(&b, "state=%s step=%s image=%s lays=%d power=%s changed=%t\n", StateName(st.GetState()), st.GetProvisioningStep(), st.GetImage(), st.GetImageLays(), st.GetPower(), out.Changed)
 	if op := st.GetLastOperation(); op != nil {
 		fmt.Fprintf(&b, "op=%s %s attempt=%d started=%s", op.GetId(), op.GetState(), op.GetAttempt(), rel(op.GetStarted()))
 		if op.GetRetryAfter() != nil {
