@@ -125,7 +125,9 @@ func (p *Problems) Error() string {
 // Is makes errors.Is(err, errdefs.ErrInvalidArgument) true.
 func (p *Problems) Is(target error) bool { return target == errdefs.ErrInvalidArgument }
 
-func (p *Problems) add(format string, args ...any) { p.Items = append(p.Items, fmt.Sprintf(format, args...)) }
+func (p *Problems) add(format string, args ...any) {
+	p.Items = append(p.Items, fmt.Sprintf(format, args...))
+}
 
 func (p *Problems) err() error {
 	if len(p.Items) == 0 {
