@@ -171,9 +171,13 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	}
 
 	raw, zst, mjson, iyaml := FileNames(tag)
+	rootSize, err := rootSizeFor(s, root, kube)
+	if err != nil {
+		return nil, fmt.Errorf("golden %s: disk: %w", tag, err)
+	}
 	p.step("disk", "GPT: ESP + ext4 root "+disk.TypeRootX8664)
 	layout, err := disk.Build(ctx, disk.Spec{
-		RootDir: root, ESPDir: espDir, Output: filepath.Join(work, raw), RootSize: s.RootSize(),
+		RootDir: root, ESPDir: espDir, Output: filepath.Join(work, raw), RootSize: rootSize,
 		Seed: tag, RootUUID: rootPartUUID, SourceDateEpoch: epoch,
 	}, o.ToolOutput)
 	if err != nil {
@@ -258,6 +262,55 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 		RawPath: filepath.Join(o.OutDir, raw), ZstPath: filepath.Join(o.OutDir, zst),
 		ManifestPath: filepath.Join(o.OutDir, mjson), ImagePath: filepath.Join(o.OutDir, iyaml),
 	}, nil
+}
+
+// rootSizeFor is the root partition size: the spec's size, or for a
+// full image room for the tree plus a third, the image archives twice
+// (containerd's content store and their unpacked snapshots on first
+// boot) and 1 GiB for kubelet, etcd and logs. A minimal image leaves the
+// choice to the disk package (0). The partition is sparse: free space
+// costs nothing in the raw file, the block map or the zstd file.
+func rootSizeFor(s *spec.Spec, root string, kube *kubeFiles) (int64, error) {
+	if n := s.RootSize(); n > 0 || kube == nil {
+		return n, nil
+	}
+	tree, err := treeBytes(root)
+	if err != nil {
+		return 0, err
+	}
+	var archives int64
+	for _, a := range kube.archives {
+		st, err := os.Stat(a.path)
+		if err != nil {
+			return 0, err
+		}
+		archives += st.Size()
+	}
+	const mib = 1 << 20
+	n := tree + tree/3 + 2*archives + 1<<30
+	return (n + mib - 1) / mib * mib, nil
+}
+
+// treeBytes is the space the files under dir take in 4 KiB blocks, plus
+// a block per entry. Equivalent to: `du -s --apparent-size` rounded per
+// file, plus inodes.
+func treeBytes(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		n += 4096
+		if d.Type().IsRegular() {
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			n += (info.Size() + 4095) / 4096 * 4096
+		}
+		return nil
+	})
+	return n, err
 }
 
 // kubeFrom takes kubeadm, kubelet, kubectl and the image archives from a
