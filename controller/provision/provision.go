@@ -115,6 +115,9 @@ type Executor struct {
 	mu        sync.Mutex
 	transient map[string]int
 	bmcs      map[string]BMC
+	// written is the revision of each host's last status write, so the
+	// watch event of our own write does not queue the host again.
+	written map[string]int64
 }
 
 // New returns an Executor; Run starts it.
@@ -143,6 +146,7 @@ func New(deps Deps, cfg Config, log *slog.Logger) *Executor {
 		log:       log.With("component", "provision"),
 		q:         newQueue(),
 		transient: map[string]int{},
+		written:   map[string]int64{},
 		bmcs:      map[string]BMC{},
 	}
 }
@@ -201,6 +205,9 @@ func (e *Executor) watch(ctx context.Context) {
 				if ev.Type == store.EventDelete {
 					e.q.forget(ev.Name)
 					e.forgetHost(ev.Name)
+					continue
+				}
+				if e.ownWrite(ev.Name, ev.Rev) {
 					continue
 				}
 				e.q.add(ev.Name)
@@ -281,7 +288,13 @@ func (e *Executor) Reconcile(ctx context.Context, name string) (time.Duration, e
 		})
 		if out.Changed {
 			h.Status = out.Status
-			if _, err := e.deps.Store.Update(ctx, HostsKind, name, h, rev); err != nil {
+			newRev, err := e.deps.Store.Update(ctx, HostsKind, name, h, rev)
+			if err == nil {
+				e.mu.Lock()
+				e.written[name] = newRev
+				e.mu.Unlock()
+			}
+			if err != nil {
 				if errdefs.IsConflict(err) {
 					continue // a heartbeat or an apply won: read and plan again
 				}
@@ -395,9 +408,17 @@ func (e *Executor) bmcCondition(name string) *typesv1.Condition {
 	return b.Condition()
 }
 
+// ownWrite reports whether rev is the executor's own last write of name.
+func (e *Executor) ownWrite(name string, rev int64) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.written[name] == rev
+}
+
 func (e *Executor) forgetHost(name string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	delete(e.written, name)
 	delete(e.bmcs, name)
 	delete(e.transient, name)
 }

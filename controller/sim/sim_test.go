@@ -294,3 +294,35 @@ func TestCrashSafety(t *testing.T) {
 	w.waitFor(names, "Provisioned", provisioned)
 	w.checkProvisionedOnce(names)
 }
+
+// TestUnboundHostIsWipedAndAvailable: a provisioned host whose Machine is
+// deleted boots the agent again, has its disk wiped, is powered off and
+// becomes Available.
+func TestUnboundHostIsWipedAndAvailable(t *testing.T) {
+	w := newWorld(t, fastSim)
+	names, err := sim.Populate(w.ctx, w.st, 2, "rack6")
+	require.NoError(t, err)
+	stop := w.start()
+	defer stop()
+	w.waitFor(names, "Provisioned", provisioned)
+
+	require.NoError(t, w.st.Delete(w.ctx, "machines", "m-"+names[0], 0))
+	w.waitFor(names[:1], "Available", func(h *typesv1.Host) bool {
+		return h.GetStatus().GetState() == typesv1.HostState_HOST_STATE_AVAILABLE
+	})
+	h := w.host(names[0])
+	if got := h.GetStatus().GetImage(); got != "" {
+		t.Errorf("host %s after wiping: status.image = %q, want empty", names[0], got)
+	}
+	if got := h.GetStatus().GetPower(); got != "off" {
+		t.Errorf("host %s after wiping: status.power = %q, want off", names[0], got)
+	}
+	if got := w.fleet.Host(names[0]).DiskImage(); got != "" {
+		t.Errorf("host %s after wiping: disk holds %q, want blank", names[0], got)
+	}
+	if got := w.fleet.Host(names[0]).Running(); got != "" {
+		t.Errorf("host %s after wiping: agent %q runs, want none (powered off)", names[0], got)
+	}
+	// The other host is untouched.
+	w.checkProvisionedOnce(names[1:])
+}
