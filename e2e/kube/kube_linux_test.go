@@ -29,6 +29,7 @@ import (
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/pki"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
 // NodePackages are the Debian packages of a lab node's root besides
@@ -386,17 +387,25 @@ func offlineCoreDNS(ctx context.Context, bin, kubeconfig string) error {
 // systemd-nspawn nodes: Prepare, Preflight, init, a refused version
 // mismatch, a refused wrong CA hash, join, both nodes healthy with a real
 // cluster DNS answer, reset of the worker and a second join.
-func TestKubeadmTwoNodes(t *testing.T) {
+// lab is the setup the tests share.
+type lab struct {
+	binDir, imagesDir, work string
+	nodes                   []*labNode
+	step                    func(name string, start time.Time)
+}
+
+// startLab boots count nodes (kiln-kn1, kiln-kn2, ...) with their agents
+// answering, and registers their teardown.
+func startLab(t *testing.T, ctx context.Context, count int) *lab {
+	t.Helper()
 	binDir, imagesDir := requireTools(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
 	var times []string
 	step := func(name string, start time.Time) {
 		d := time.Since(start)
 		times = append(times, fmt.Sprintf("| %s | %.1f s |", name, d.Seconds()))
 		t.Logf("%-28s %6.1fs", name, d.Seconds())
 	}
-	defer func() { t.Logf("times:\n%s", strings.Join(times, "\n")) }()
+	t.Cleanup(func() { t.Logf("times:\n%s", strings.Join(times, "\n")) })
 
 	start := time.Now()
 	base := baseRoot(t, ctx)
@@ -449,9 +458,9 @@ func TestKubeadmTwoNodes(t *testing.T) {
 	clientCert, err := tls.X509KeyPair(certPEM, keyPEM)
 	require.NoError(t, err)
 
-	nodes := []*labNode{
-		{IP: netPrefix + ".2", PodSubnet: "172.20.0.0/24"},
-		{IP: netPrefix + ".3", PodSubnet: "172.20.1.0/24"},
+	var nodes []*labNode
+	for i := range count {
+		nodes = append(nodes, &labNode{IP: fmt.Sprintf("%s.%d", netPrefix, i+2), PodSubnet: fmt.Sprintf("172.20.%d.0/24", i)})
 	}
 	for i, n := range nodes {
 		name := fmt.Sprintf("kiln-kn%d", i+1)
@@ -513,6 +522,15 @@ func TestKubeadmTwoNodes(t *testing.T) {
 		step("agent up "+n.Name, start)
 	}
 
+	return &lab{binDir: binDir, imagesDir: imagesDir, work: work, nodes: nodes, step: step}
+}
+
+func TestKubeadmTwoNodes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	l := startLab(t, ctx, 2)
+	binDir, imagesDir, work, nodes, step := l.binDir, l.imagesDir, l.work, l.nodes, l.step
+	var start time.Time
 	cp, worker := nodes[0], nodes[1]
 	for i, n := range nodes {
 		role := "control-plane"
@@ -680,4 +698,82 @@ func pemCertsOf(t *testing.T, b []byte) []*x509Certificate {
 	certs := parsePEMCerts(b)
 	require.NotEmpty(t, certs)
 	return certs
+}
+
+// waitCondition probes n until cond reports the wanted status and reason,
+// and returns it.
+func (n *labNode) waitCondition(t *testing.T, ctx context.Context, c *agentv1.ClusterConfig, cond, status, reason string) *typesv1.Condition {
+	t.Helper()
+	var last *typesv1.Condition
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		resp, err := n.agent.Probe(pctx, &agentv1.ProbeRequest{Cluster: c})
+		cancel()
+		if err == nil {
+			last = conditions.Get(resp.GetConditions(), cond)
+			if last.GetStatus() == status && last.GetReason() == reason {
+				return last
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%s: %s did not become %s/%s: last %v (err %v)", n.Name, cond, status, reason, last, err)
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+// TestKubeadmCloudProviderExternal: a cluster with an external cloud
+// provider starts its nodes tainted uninitialized; with no
+// cloud-controller-manager running, Probe says so and how to fix the
+// CCM's scheduling (the deadlock of a CCM that cannot schedule onto
+// uninitialised, not-ready control planes); once the taint is gone (what
+// a CCM does), the condition turns True.
+func TestKubeadmCloudProviderExternal(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	l := startLab(t, ctx, 1)
+	n := l.nodes[0]
+	c := n.cluster("control-plane")
+	c.CloudProvider = "external"
+
+	s, err := n.agent.Prepare(ctx, &agentv1.PrepareRequest{CgroupDriver: "cgroupfs"})
+	n.succeed(t, "prepare", s, err)
+	start := time.Now()
+	imgs, err := filepath.Glob(filepath.Join(l.imagesDir, "*.tar"))
+	require.NoError(t, err)
+	for _, img := range imgs {
+		_, err := n.Exec(ctx, "ctr", "-n", "k8s.io", "images", "import", "/opt/kiln-images/"+filepath.Base(img))
+		require.NoError(t, err)
+	}
+	l.step("image import", start)
+	start = time.Now()
+	s, err = n.agent.KubeadmInit(ctx, &agentv1.KubeadmInitRequest{Cluster: c, UploadCerts: true})
+	ev := n.succeed(t, "kubeadm init (cloud provider external, upload certs)", s, err)
+	l.step("kubeadm init", start)
+	res := ev.GetKubeadmInit()
+	if len(res.GetCertificateKey()) != 64 {
+		t.Errorf("KubeadmInit(upload_certs) certificate key = %d characters, want 64 hex digits", len(res.GetCertificateKey()))
+	}
+	logb, err := os.ReadFile(filepath.Join(n.Dir, "operations.log"))
+	require.NoError(t, err)
+	if strings.Contains(string(logb), res.GetCertificateKey()) || strings.Contains(string(logb), res.GetJoinToken()) {
+		t.Errorf("the init operation's events contain the certificate key or the token")
+	}
+	admin := filepath.Join(l.work, "admin.conf")
+	require.NoError(t, os.WriteFile(admin, []byte(res.GetKubeconfig()), 0o600))
+
+	wctx, wcancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer wcancel()
+	got := n.waitCondition(t, wctx, c, probe.CloudProviderInitialized, conditions.False, "CloudControllerManagerNotRunning")
+	t.Logf("%s: %s", got.GetReason(), got.GetMessage())
+	for _, want := range []string{"node.cloudprovider.kubernetes.io/uninitialized", "hostNetwork: true", "node.kubernetes.io/not-ready"} {
+		if !strings.Contains(got.GetMessage(), want) {
+			t.Errorf("CloudProviderInitialized message %q lacks %q", got.GetMessage(), want)
+		}
+	}
+	// What a cloud-controller-manager does once it has initialised the node.
+	_, err = kubectl(ctx, l.binDir, admin, "", "taint", "node", n.Name, "node.cloudprovider.kubernetes.io/uninitialized-")
+	require.NoError(t, err)
+	n.waitCondition(t, wctx, c, probe.CloudProviderInitialized, conditions.True, "Initialized")
 }
