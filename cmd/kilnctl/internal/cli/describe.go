@@ -25,8 +25,10 @@ func (a *app) describeCommand() *cobra.Command {
 		Long: `Show a resource in detail: its spec, its status, a table of its
 conditions (type, status, reason, message, age) and its recent events.
 A host stuck in a phase says why here: every phase has a condition and its
-last error.`,
-		Example:           "  kilnctl describe host rack1-01",
+last error. A cluster is shown as a tree: its control planes and machine
+deployments, their machines, the hosts under them (BMC, power, last agent
+operation) and its health checks, each with every condition and reason.`,
+		Example:           "  kilnctl describe host rack1-01\n  kilnctl describe cluster prod-eu1",
 		Args:              cobra.ExactArgs(2),
 		ValidArgsFunction: a.completeKindName,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -37,6 +39,9 @@ last error.`,
 			c, err := a.client(cmd.Context())
 			if err != nil {
 				return err
+			}
+			if k.Name == "Cluster" {
+				return a.describeCluster(cmd.Context(), cmd.OutOrStdout(), c, args[1], events)
 			}
 			what := fmt.Sprintf("describe %s/%s", k.lower(), args[1])
 			ctx, cancel := a.call(cmd.Context())
