@@ -83,6 +83,7 @@ type VM struct {
 	sock   string
 	sockDr string
 	serial string
+	sercon string
 
 	mu    sync.Mutex
 	cmd   *exec.Cmd
@@ -184,10 +185,16 @@ func New(o Options) (*VM, error) {
 	if err != nil {
 		return nil, fmt.Errorf("qemu: %w", err)
 	}
+	// etc/sercon-port: 0x3f8 (ttyS0) as a little-endian 16-bit integer.
+	sercon := filepath.Join(o.Dir, "sercon-port")
+	if err := os.WriteFile(sercon, []byte{0xf8, 0x03}, 0o644); err != nil {
+		return nil, fmt.Errorf("qemu: %w", err)
+	}
 	return &VM{
 		o: o, log: log.With("component", "qemu", "vm", o.Name),
 		sockDr: sd, sock: filepath.Join(sd, "qmp.sock"),
 		serial: filepath.Join(o.Dir, "serial.log"),
+		sercon: sercon,
 		order:  []string{devDisk, devNIC, devCD},
 	}, nil
 }
@@ -221,6 +228,10 @@ func (v *VM) args() []string {
 		a = append(a,
 			"-drive", "if=pflash,format=raw,unit=0,readonly=on,file="+v.o.UEFICode,
 			"-drive", "if=pflash,format=raw,unit=1,file="+v.o.UEFIVars)
+	} else {
+		// SeaBIOS mirrors its console (its own messages, the iPXE ROM's,
+		// GRUB's before grub.cfg) to the serial port named here.
+		a = append(a, "-fw_cfg", "name=etc/sercon-port,file="+v.sercon)
 	}
 	if v.o.Network.Tap != "" {
 		a = append(a, "-netdev", "tap,id=n0,ifname="+v.o.Network.Tap+",script=no,downscript=no")

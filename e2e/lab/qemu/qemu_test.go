@@ -19,6 +19,7 @@ import (
 
 	"github.com/kilnhq/kiln/e2e/lab/machine"
 	"github.com/kilnhq/kiln/e2e/lab/qemu"
+	"github.com/kilnhq/kiln/imagebuilder/bootmedia"
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
@@ -233,4 +234,63 @@ func insertedMedia(t *testing.T, vm *qemu.VM) string {
 		}
 	}
 	return ""
+}
+
+// TestBootDeviceSelection powers a VM on from disk, CD and network in turn
+// and checks on the serial console that the firmware boots from that
+// device: the disk and the CD hold a hybrid GRUB ISO (GRUB's banner shows),
+// the network boots QEMU's iPXE ROM.
+func TestBootDeviceSelection(t *testing.T) {
+	needQEMU(t)
+	if _, err := exec.LookPath("grub-mkrescue"); err != nil {
+		t.Skip("grub-mkrescue not installed (grub-common grub-pc-bin xorriso mtools)")
+	}
+	dir := t.TempDir()
+	iso := filepath.Join(dir, "grub.iso")
+	for _, f := range []string{"vmlinuz", "initrd.img"} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, f), []byte("not a kernel"), 0o644))
+	}
+	require.NoError(t, bootmedia.BuildISO(context.Background(), bootmedia.ExecRunner{},
+		filepath.Join(dir, "vmlinuz"), filepath.Join(dir, "initrd.img"), "console=ttyS0", iso))
+	b, err := os.ReadFile(iso)
+	require.NoError(t, err)
+	disk := filepath.Join(dir, "disk.raw")
+	require.NoError(t, os.WriteFile(disk, b, 0o644)) // a hybrid ISO boots as a disk too
+
+	vm := newVM(t, qemu.Options{Name: "bootdev", Dir: t.TempDir(), Disk: disk})
+	ctx := context.Background()
+	for _, tc := range []struct {
+		dev, media string
+		want       []string
+	}{
+		{machine.BootDisk, "", []string{"Booting from Hard Disk", "Welcome to GRUB"}},
+		{machine.BootCD, iso, []string{"Booting from DVD/CD", "Welcome to GRUB"}},
+		{machine.BootPXE, "", []string{"iPXE"}},
+	} {
+		require.NoError(t, vm.InsertMedia(tc.media))
+		st, _ := os.Stat(vm.SerialLog())
+		var offset int64
+		if st != nil {
+			offset = st.Size()
+		}
+		require.NoError(t, vm.PowerOn(ctx, tc.dev))
+		for _, w := range tc.want {
+			waitSerialAfter(t, vm, offset, w, time.Minute)
+		}
+		require.NoError(t, vm.PowerOff(ctx, false))
+	}
+}
+
+func waitSerialAfter(t *testing.T, vm *qemu.VM, offset int64, want string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		b, _ := os.ReadFile(vm.SerialLog())
+		if int64(len(b)) > offset && strings.Contains(string(b[offset:]), want) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	b, _ := os.ReadFile(vm.SerialLog())
+	t.Fatalf("serial console never showed %q after power on (%s); it shows:\n%q", want, timeout, tail(string(b[min(offset, int64(len(b))):]), 20))
 }
