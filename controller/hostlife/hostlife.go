@@ -104,6 +104,7 @@ const (
 	ReasonInProgress   = "InProgress"
 	ReasonStepFailed   = "StepFailed"
 	ReasonTransient    = "TransientFailure"
+	ReasonUnreachable  = "AgentUnreachable"
 	ReasonTimedOut     = "StepTimedOut"
 	ReasonBootSource   = "BootSourceMismatch"
 	ReasonTooManyTries = "TooManyAttempts"
@@ -162,11 +163,15 @@ type Failure int
 
 // Failure classes.
 const (
-	// FailTransient is a BMC call that failed, or a connection to the
-	// agent that broke before the operation ended: the host keeps its step
-	// and its operation id and tries again after a backoff, without limit
-	// (the BMCReachable condition tells the operator about the BMC).
+	// FailTransient is a BMC call that failed: the host keeps its step and
+	// tries again after a backoff, without limit (the BMCReachable
+	// condition tells the operator).
 	FailTransient Failure = iota + 1
+	// FailUnreachable is an agent that could not be reached, or whose
+	// connection broke before the operation ended: the operation stays
+	// Running under its id and its actions run again after a backoff (the
+	// agent re-attaches); the step's timeout still counts from its start.
+	FailUnreachable
 	// FailAgent is an agent operation that failed; it counts against
 	// Config.MaxAttempts.
 	FailAgent
@@ -200,7 +205,7 @@ type Observed struct {
 type Config struct {
 	// Timeouts bounds each step, measured from its start (for the waits:
 	// from the power on or reboot that started the boot). Missing steps
-	// get DefaultTimeout.
+	// get DefaultTimeouts, then DefaultTimeout.
 	Timeouts       map[Step]time.Duration
 	DefaultTimeout time.Duration
 	// Backoff spaces retries of failed steps.
@@ -255,7 +260,7 @@ func (c Config) timeout(s Step) time.Duration {
 	if d, ok := c.Timeouts[s]; ok && d > 0 {
 		return d
 	}
-	if d, ok := DefaultTimeouts[s]; ok && c.Timeouts == nil {
+	if d, ok := DefaultTimeouts[s]; ok {
 		return d
 	}
 	return c.DefaultTimeout
@@ -500,14 +505,14 @@ func (p *planner) provisionSteps() []stepDef {
 		return []stepDef{{name: StepWaitInstalled, wait: func() (bool, string) { return p.agentCheckedIn("installed", "") }}}
 	}
 	return append(p.bootAgentSteps(),
-		stepDef{name: StepLayImage, actions: func() []Action {
+		stepDef{name: StepLayImage, retryFrom: StepPowerOff, actions: func() []Action {
 			return []Action{{Kind: ActLayImage, OperationID: p.st.GetLastOperation().GetId(),
 				ImageName: p.in.Desired.ImageName, Image: p.in.Desired.Image, Target: p.target()}}
 		}},
-		stepDef{name: StepWriteIdentity, actions: func() []Action {
+		stepDef{name: StepWriteIdentity, retryFrom: StepPowerOff, actions: func() []Action {
 			return []Action{{Kind: ActWriteIdentity, Target: p.target()}}
 		}},
-		stepDef{name: StepBootDisk, actions: func() []Action {
+		stepDef{name: StepBootDisk, retryFrom: StepPowerOff, actions: func() []Action {
 			return []Action{{Kind: ActSetBoot, Device: BootDisk, Persistent: true}, {Kind: ActReboot}}
 		}},
 		stepDef{name: StepWaitInstalled, retryFrom: StepBootDisk, wait: func() (bool, string) {
@@ -572,7 +577,9 @@ type stepDef struct {
 	actions func() []Action
 	// wait reports done, or a mismatch that is a permanent failure.
 	wait func() (done bool, mismatch string)
-	// retryFrom is where a timed-out wait starts again.
+	// retryFrom is where the step starts again after it timed out
+	// (default: itself). Steps that need the boot agent start again from
+	// PowerOff: a boot agent that is gone cannot be waited back.
 	retryFrom Step
 }
 
@@ -606,7 +613,7 @@ func (p *planner) sequence(steps []stepDef, done typesv1.HostState, doneMsg stri
 			return
 		}
 		from := idx
-		if step.wait != nil && step.retryFrom != "" {
+		if op.GetMessage() == msgTimedOut && step.retryFrom != "" {
 			from = indexOf(steps, step.retryFrom)
 		}
 		p.start(steps, from, op.GetAttempt(), time.Time{})
@@ -631,6 +638,10 @@ func (p *planner) sequence(steps []stepDef, done typesv1.HostState, doneMsg stri
 		}
 		if elapsed >= timeout {
 			p.timedOut(op, step, timeout)
+			return
+		}
+		if ra := op.GetRetryAfter(); ra != nil && p.in.Now.Before(ra.AsTime()) {
+			p.wait(min(ra.AsTime().Sub(p.in.Now), timeout-elapsed))
 			return
 		}
 		// Running without a result: the executor that started it is gone
@@ -728,6 +739,11 @@ func (p *planner) record(op *typesv1.OperationStatus, r *Result) {
 	case FailTransient:
 		p.failOp(op, ReasonTransient, r.Err)
 		op.RetryAfter = timestamppb.New(p.in.Now.Add(p.delay(max(r.Consecutive-1, 0))))
+	case FailUnreachable:
+		op.Error = r.Err
+		p.st.LastError = fmt.Sprintf("%s: %s", op.GetKind(), r.Err)
+		p.event("Warning", ReasonUnreachable, p.st.LastError)
+		op.RetryAfter = timestamppb.New(p.in.Now.Add(p.delay(max(r.Consecutive-1, 0))))
 	default:
 		p.failOp(op, ReasonStepFailed, r.Err)
 		p.countAttempt(op)
@@ -765,6 +781,9 @@ func (p *planner) countAttempt(op *typesv1.OperationStatus) {
 	p.wait(d)
 }
 
+// msgTimedOut marks an operation that failed by timing out.
+const msgTimedOut = "timed out"
+
 func (p *planner) timedOut(op *typesv1.OperationStatus, s stepDef, timeout time.Duration) {
 	msg := fmt.Sprintf("no result within %s", timeout)
 	if s.wait != nil {
@@ -776,6 +795,7 @@ func (p *planner) timedOut(op *typesv1.OperationStatus, s stepDef, timeout time.
 		}
 	}
 	p.failOp(op, ReasonTimedOut, msg)
+	op.Message = msgTimedOut
 	p.countAttempt(op)
 }
 

@@ -29,7 +29,7 @@ var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 //	desire image=I machine=M | desire none            what is wanted
 //	heartbeat at=D mode=boot|installed source=S       an agent checks in
 //	bmc status=True|False [reason=R]                  the BMC's condition
-//	plan at=D [result=ok|transient|agent|perm] [err=E] [consecutive=N]
+//	plan at=D [result=ok|transient|unreachable|agent|perm] [err=E] [consecutive=N]
 //	                                                  Plan with the outcome of
 //	                                                  the stored operation
 //
@@ -173,10 +173,13 @@ func (r *runner) exec(t *testing.T, cmd string) string {
 				fmt.Sscan(a["consecutive"], &rr.Consecutive)
 			case "agent":
 				rr.Failure = FailAgent
+			case "unreachable":
+				rr.Failure = FailUnreachable
+				fmt.Sscan(a["consecutive"], &rr.Consecutive)
 			case "perm":
 				rr.Failure = FailPermanent
 			default:
-				t.Fatalf("result=%q: want ok, transient, agent or perm", res)
+				t.Fatalf("result=%q: want ok, transient, unreachable, agent or perm", res)
 			}
 			if res != "ok" && rr.Err == "" {
 				rr.Err = "boom"

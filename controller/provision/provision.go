@@ -341,7 +341,7 @@ func (e *Executor) act(ctx context.Context, h *typesv1.Host, actions []hostlife.
 		}
 		r.Err = fmt.Sprintf("%s: %v", a.Kind, err)
 		r.Failure = classify(a.Kind, err)
-		if r.Failure == hostlife.FailTransient {
+		if r.Failure == hostlife.FailTransient || r.Failure == hostlife.FailUnreachable {
 			e.mu.Lock()
 			e.transient[name]++
 			r.Consecutive = e.transient[name]
@@ -363,9 +363,11 @@ func isBMC(k hostlife.ActionKind) bool {
 	return false
 }
 
-// classify says whether trying again can help: a BMC failure or a broken
-// connection to the agent is transient (same step, same operation id,
-// backoff); an operation the agent ended as failed counts as an attempt.
+// classify says whether trying again can help: a BMC failure is
+// transient (same step, backoff, no limit); an unreachable agent or a
+// broken stream is tried again under the same operation id within the
+// step's timeout; an operation the agent ended as failed counts as an
+// attempt.
 func classify(k hostlife.ActionKind, err error) hostlife.Failure {
 	var opErr *operationError
 	switch {
@@ -376,7 +378,7 @@ func classify(k hostlife.ActionKind, err error) hostlife.Failure {
 	case errors.As(err, &opErr):
 		return hostlife.FailAgent
 	case errdefs.IsUnavailable(err):
-		return hostlife.FailTransient
+		return hostlife.FailUnreachable
 	}
 	return hostlife.FailAgent
 }

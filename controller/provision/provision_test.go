@@ -66,7 +66,7 @@ func TestClassify(t *testing.T) {
 		{hostlife.ActPowerOn, errdefs.Unavailable("bmc: connection refused"), hostlife.FailTransient},
 		{hostlife.ActInsertMedia, errdefs.NotSupported("no virtual media"), hostlife.FailPermanent},
 		{hostlife.ActSetBoot, errdefs.PermissionDenied("bad credentials"), hostlife.FailPermanent},
-		{hostlife.ActLayImage, errgrpc.FromGRPC(errgrpc.ToGRPC(errdefs.Unavailable("stream broke"))), hostlife.FailTransient},
+		{hostlife.ActLayImage, errgrpc.FromGRPC(errgrpc.ToGRPC(errdefs.Unavailable("stream broke"))), hostlife.FailUnreachable},
 		{hostlife.ActLayImage, &operationError{"operation x failed: sha256 mismatch"}, hostlife.FailAgent},
 		{hostlife.ActWriteIdentity, errdefs.FailedPrecondition("no image"), hostlife.FailAgent},
 		{hostlife.ActWipe, fmt.Errorf("wrapped: %w", errdefs.InvalidArgument("no target")), hostlife.FailPermanent},

@@ -167,6 +167,10 @@ func (h *Host) DiskImage() string { h.mu.Lock(); defer h.mu.Unlock(); return h.d
 // (it boots its persistent device), as some do.
 func (h *Host) IgnoreBootOverride(v bool) { h.mu.Lock(); defer h.mu.Unlock(); h.ignoreOnce = v }
 
+// PowerCut turns the host off behind the controller's back (a tripped
+// PDU): the running agent and its operations end.
+func (h *Host) PowerCut() { h.powerOff() }
+
 // FailLays makes the next n lays fail with a checksum mismatch.
 func (h *Host) FailLays(n int) { h.mu.Lock(); defer h.mu.Unlock(); h.layFaults = n }
 

@@ -326,3 +326,26 @@ func TestUnboundHostIsWipedAndAvailable(t *testing.T) {
 	// The other host is untouched.
 	w.checkProvisionedOnce(names[1:])
 }
+
+// TestPowerCutMidLay: a host that loses power while its image is laid
+// is not stuck: the lay's timeout sends it back to power off and the boot
+// agent, and the image is laid once.
+func TestPowerCutMidLay(t *testing.T) {
+	slowLay := fastSim
+	slowLay.LayDuration = 400 * time.Millisecond
+	w := newWorld(t, slowLay)
+	w.cfg.Plan.Timeouts = map[hostlife.Step]time.Duration{hostlife.StepLayImage: time.Second}
+	names, err := sim.Populate(w.ctx, w.st, 2, "rack7")
+	require.NoError(t, err)
+	stop := w.start()
+	defer stop()
+	w.waitFor(names[:1], "laying", func(h *typesv1.Host) bool {
+		return h.GetStatus().GetProvisioningStep() == string(hostlife.StepLayImage)
+	})
+	w.fleet.Host(names[0]).PowerCut()
+	w.waitFor(names, "Provisioned", provisioned)
+	w.checkProvisionedOnce(names)
+	if got := w.host(names[0]).GetStatus().GetLastOperation().GetAttempt(); got == 0 {
+		t.Errorf("host %s: last operation attempt = 0, want the retry after the power cut counted", names[0])
+	}
+}
