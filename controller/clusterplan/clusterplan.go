@@ -277,18 +277,25 @@ func selectorString(sel map[string]string) string {
 	return strings.Join(parts, ",")
 }
 
-// machineName names a new machine of owner on host, unique among ms.
-func machineName(ownerName, host string, ms []*typesv1.Machine) string {
+// machineName names a new machine of owner on host, unique among the
+// names in used, and adds it to used.
+func machineName(ownerName, host string, used map[string]bool) string {
 	base := ownerName + "-" + host
-	used := map[string]bool{}
-	for _, m := range ms {
-		used[m.GetMetadata().GetName()] = true
-	}
 	name := base
 	for i := 2; used[name]; i++ {
 		name = fmt.Sprintf("%s-%d", base, i)
 	}
+	used[name] = true
 	return name
+}
+
+// machineNames are the names of ms.
+func machineNames(ms []*typesv1.Machine) map[string]bool {
+	used := make(map[string]bool, len(ms))
+	for _, m := range ms {
+		used[m.GetMetadata().GetName()] = true
+	}
+	return used
 }
 
 // hostsInUse are the hosts bound to any of ms.

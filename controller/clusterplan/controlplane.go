@@ -126,7 +126,7 @@ func PlanControlPlane(in ControlPlaneInput, now time.Time) (p ControlPlanePlan) 
 			boot = BootstrapInit
 		}
 		p.Actions = append(p.Actions, CreateMachine{
-			Machine: machineName(cp.GetMetadata().GetName(), spares[0], in.Machines), Host: spares[0],
+			Machine: machineName(cp.GetMetadata().GetName(), spares[0], machineNames(in.Machines)), Host: spares[0],
 			Role: RoleControlPlane, Version: version, Image: spec.GetImage(), Owner: owner, Bootstrap: boot,
 		})
 		return true

@@ -149,9 +149,10 @@ func PlanMachineDeployment(in DeploymentInput, now time.Time) (p DeploymentPlan)
 	if want > 0 && gateMsg == "" {
 		taken := hostsInUse(in.Machines)
 		spares := spareHosts(in.Hosts, spec.GetHostSelector(), taken)
+		used := machineNames(in.Machines)
 		for i := 0; i < want && i < len(spares); i++ {
 			p.Actions = append(p.Actions, CreateMachine{
-				Machine: machineName(md.GetMetadata().GetName(), spares[i], in.Machines), Host: spares[i],
+				Machine: machineName(md.GetMetadata().GetName(), spares[i], used), Host: spares[i],
 				Role: RoleWorker, Version: version, Image: spec.GetImage(), Owner: owner, Bootstrap: BootstrapJoin,
 			})
 			created++
@@ -169,7 +170,7 @@ func PlanMachineDeployment(in DeploymentInput, now time.Time) (p DeploymentPlan)
 	// Removals: surplus first, then (RollingUpdate, gate open) outdated
 	// machines, never taking available machines below minAvail.
 	budget := len(available) - minAvail
-	removed := 0
+	removed := map[string]bool{}
 	take := func(m machine, reason string) bool {
 		if m.available() {
 			if budget <= 0 {
@@ -178,7 +179,7 @@ func PlanMachineDeployment(in DeploymentInput, now time.Time) (p DeploymentPlan)
 			budget--
 		}
 		p.Actions = append(p.Actions, removal(m, drainTimeout, reason))
-		removed++
+		removed[m.name()] = true
 		return true
 	}
 	surplus := len(live) - replicas
@@ -200,7 +201,7 @@ func PlanMachineDeployment(in DeploymentInput, now time.Time) (p DeploymentPlan)
 	rolling := !onDelete && gateMsg == ""
 	if rolling {
 		for _, m := range removalOrder(outdated, reasons) {
-			if isRemoved(p.Actions, m.name()) {
+			if removed[m.name()] {
 				continue
 			}
 			// Free removals of unavailable machines only while replacements can come.
@@ -235,22 +236,6 @@ func hasOutdated(ms []machine, reasons map[string]string) bool {
 	for _, m := range ms {
 		if reasons[m.name()] != "" {
 			return true
-		}
-	}
-	return false
-}
-
-func isRemoved(actions []Action, name string) bool {
-	for _, a := range actions {
-		switch a := a.(type) {
-		case Drain:
-			if a.Machine == name {
-				return true
-			}
-		case DeleteMachine:
-			if a.Machine == name {
-				return true
-			}
 		}
 	}
 	return false
