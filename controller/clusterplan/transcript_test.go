@@ -35,6 +35,7 @@ var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 //	machine name=N owner=O host=H version=V image=I [ready=false] [node=false]
 //	           [etcd=false] [etcdHealthy=false] [certs=D] [labels=k=v]
 //	cond machine=M type=T status=S        set a condition of a machine at now
+//	delete machine=M                      a user deletes a machine
 //	at T                                  move the clock
 //	plan cp|md=NAME|hc=NAME               plan and print; apply nothing
 //	apply cp|md=NAME|hc=NAME              plan, print, apply the actions
@@ -233,6 +234,11 @@ func (r *runner) exec(t *testing.T, cmd string) string {
 		m := w.machines[a["machine"]]
 		require.NotNil(t, m, "no machine %q", a["machine"])
 		w.setCond(m, a["type"], a["status"])
+		return ""
+	case "delete":
+		m := w.machines[a["machine"]]
+		require.NotNil(t, m, "no machine %q", a["machine"])
+		m.Metadata.DeletionTimestamp = timestamppb.New(w.now)
 		return ""
 	case "at":
 		w.now = t0.Add(dur(t, fields[1]))
