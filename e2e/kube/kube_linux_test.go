@@ -777,3 +777,93 @@ func TestKubeadmCloudProviderExternal(t *testing.T) {
 	require.NoError(t, err)
 	n.waitCondition(t, wctx, c, probe.CloudProviderInitialized, conditions.True, "Initialized")
 }
+
+// importImages imports image archives (all when names is empty) into the
+// node's containerd.
+//
+// Equivalent to: `ctr -n k8s.io images import /opt/kiln-images/NAME.tar`.
+func (n *labNode) importImages(t *testing.T, ctx context.Context, imagesDir string, names ...string) {
+	t.Helper()
+	if len(names) == 0 {
+		all, err := filepath.Glob(filepath.Join(imagesDir, "*.tar"))
+		require.NoError(t, err)
+		for _, a := range all {
+			names = append(names, filepath.Base(a))
+		}
+	}
+	for _, img := range names {
+		_, err := n.Exec(ctx, "ctr", "-n", "k8s.io", "images", "import", "/opt/kiln-images/"+img)
+		require.NoError(t, err)
+	}
+}
+
+// TestKubeadmControlPlaneJoin: a second control plane joins with the
+// certificate key from an init with upload_certs (stacked etcd grows to
+// two members); resetting it with remove_etcd_member takes its member out
+// first, so the first control plane keeps a healthy etcd and API server
+// (without the removal, a two-member etcd that loses one has no quorum).
+func TestKubeadmControlPlaneJoin(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	l := startLab(t, ctx, 2)
+	cp1, cp2 := l.nodes[0], l.nodes[1]
+	for _, n := range l.nodes {
+		s, err := n.agent.Prepare(ctx, &agentv1.PrepareRequest{CgroupDriver: "cgroupfs"})
+		n.succeed(t, "prepare", s, err)
+	}
+	for i, n := range l.nodes {
+		o := l.nodes[1-i]
+		_, err := run(ctx, "ip", "-n", n.NetNS, "route", "add", o.PodSubnet, "via", o.IP)
+		require.NoError(t, err)
+	}
+	start := time.Now()
+	for _, n := range l.nodes {
+		n.importImages(t, ctx, l.imagesDir)
+	}
+	l.step("image import (both)", start)
+
+	start = time.Now()
+	s, err := cp1.agent.KubeadmInit(ctx, &agentv1.KubeadmInitRequest{Cluster: cp1.cluster("control-plane"), UploadCerts: true})
+	res := cp1.succeed(t, "kubeadm init", s, err).GetKubeadmInit()
+	l.step("kubeadm init (upload certs)", start)
+	admin := filepath.Join(l.work, "admin.conf")
+	require.NoError(t, os.WriteFile(admin, []byte(res.GetKubeconfig()), 0o600))
+	require.NoError(t, offlineCoreDNS(ctx, l.binDir, admin))
+
+	start = time.Now()
+	s, err = cp2.agent.KubeadmJoin(ctx, &agentv1.KubeadmJoinRequest{
+		Cluster: cp2.cluster("control-plane"), ApiServerEndpoint: res.GetApiServerEndpoint(),
+		Token: res.GetJoinToken(), CaHash: res.GetCaHash(), ControlPlane: true, CertificateKey: res.GetCertificateKey(),
+	})
+	cp2.succeed(t, "kubeadm join (control plane)", s, err)
+	l.step("kubeadm join control plane", start)
+	if _, err := os.Stat(filepath.Join(cp2.Root, "etc/kubernetes/manifests/etcd.yaml")); err != nil {
+		t.Errorf("the joined control plane runs no etcd member: %v", err)
+	}
+
+	start = time.Now()
+	wctx, wcancel := context.WithTimeout(ctx, 5*time.Minute)
+	cp1.waitHealthy(t, wctx, cp1.cluster("control-plane"))
+	p2 := cp2.waitHealthy(t, wctx, cp2.cluster("control-plane"))
+	wcancel()
+	l.step("both control planes healthy", start)
+	if c := conditions.Get(p2.GetConditions(), probe.EtcdMemberHealthy); c.GetStatus() != conditions.True {
+		t.Errorf("second control plane %s = %v, want True", probe.EtcdMemberHealthy, c)
+	}
+
+	start = time.Now()
+	s, err = cp2.agent.KubeadmReset(ctx, &agentv1.KubeadmResetRequest{RemoveEtcdMember: true})
+	cp2.succeed(t, "kubeadm reset (remove etcd member)", s, err)
+	l.step("kubeadm reset control plane 2", start)
+	// The first control plane's etcd has one member again and quorum. (A
+	// two-member etcd that lost a member without removal loses its leader
+	// within an election timeout, about a second: wait longer than that.)
+	time.Sleep(5 * time.Second)
+	p1, err := cp1.agent.Probe(ctx, &agentv1.ProbeRequest{Cluster: cp1.cluster("control-plane")})
+	require.NoError(t, err)
+	for _, typ := range []string{probe.EtcdMemberHealthy, probe.APIServerReady} {
+		if c := conditions.Get(p1.GetConditions(), typ); c.GetStatus() != conditions.True {
+			t.Errorf("after removing the second member, %s %s = %s/%s: %s", cp1.Name, typ, c.GetStatus(), c.GetReason(), c.GetMessage())
+		}
+	}
+}
