@@ -206,13 +206,14 @@ ExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELE
 `
 
 // CgroupRWUnitFile remounts v1 cgroup hierarchies read-write when they
-// are read-only (systemd-nspawn in the lab); elsewhere its condition
-// skips it.
+// are read-only (systemd-nspawn on a cgroup v1 lab machine); elsewhere
+// (cgroup v2, or writable v1 hierarchies) its conditions skip it.
 const CgroupRWUnitFile = `[Unit]
 Description=Remount v1 cgroup controller hierarchies read-write (nspawn mounts them ro)
 DefaultDependencies=no
 After=local-fs.target
 Before=containerd.service kubelet.service sysinit.target
+ConditionPathIsMountPoint=/sys/fs/cgroup/memory
 ConditionPathIsReadWrite=!/sys/fs/cgroup/memory
 
 [Service]
