@@ -301,8 +301,20 @@ func (k *Kubeadm) Reset(ctx context.Context, req *agentv1.KubeadmResetRequest, e
 	if req.GetRemoveEtcdMember() {
 		if _, err := os.Stat(k.path(etcdReadyMf)); err == nil {
 			emit(&agentv1.OperationEvent{Message: "removing this node's etcd member"})
-			if err := k.stream(ctx, red, emit, "reset", "phase", "remove-etcd-member", "--kubeconfig", k.path(adminConf)); err != nil {
+			// kubeadm only warns when the removal fails and exits 0:
+			// watch for its warning, and stop before anything is wiped.
+			var failed string
+			watch := func(ev *agentv1.OperationEvent) {
+				if m := ev.GetMessage(); strings.Contains(m, "Failed to remove etcd member") || strings.Contains(m, "manually remove this etcd member") {
+					failed = m
+				}
+				emit(ev)
+			}
+			if err := k.stream(ctx, red, watch, "reset", "phase", "remove-etcd-member", "--kubeconfig", k.path(adminConf)); err != nil {
 				return fmt.Errorf("kubeadm reset: remove etcd member (the node is left as it was): %w", err)
+			}
+			if failed != "" {
+				return fmt.Errorf("kubeadm reset: remove etcd member (the node is left as it was): %s", strings.TrimSpace(failed))
 			}
 		} else {
 			emit(&agentv1.OperationEvent{Message: "no local etcd member to remove"})

@@ -53,7 +53,12 @@ join)
   echo "error execution phase preflight: couldn't validate the identity of the API Server: cluster CA found in cluster-info ConfigMap is invalid: none of the public keys \"$GOODHASH\" are pinned" >&2
   echo "To see the stack trace of this error execute with --v=5 or higher" >&2
   exit 1 ;;
-reset) echo "[reset] Deleted contents of the etcd data directory"; [ -f "$ROOT/fail-reset" ] && exit 1; exit 0 ;;
+reset)
+  if [ "$2" = phase ] && [ -f "$ROOT/etcd-no-quorum" ]; then
+    echo 'W1202 14:40:01.000000     123 removeetcdmember.go:106] [reset] Failed to remove etcd member: etcdserver: unhealthy cluster, please manually remove this etcd member using etcdctl' >&2
+    exit 0
+  fi
+  echo "[reset] Deleted contents of the etcd data directory"; [ -f "$ROOT/fail-reset" ] && exit 1; exit 0 ;;
 esac
 `
 
@@ -286,6 +291,20 @@ func TestReset(t *testing.T) {
 	if got := h.callLines(t); len(got) != 1 || got[0] != want[1] {
 		t.Errorf("Reset(worker) ran %q, want only %q", got, want[1])
 	}
+
+	// kubeadm exits 0 when the member could not be removed, with a
+	// warning: Reset stops there, before anything is wiped.
+	require.NoError(t, os.Remove(h.calls))
+	require.NoError(t, os.WriteFile(filepath.Join(h.root, etcdReadyMf), nil, 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(h.root, "etcd-no-quorum"), nil, 0o644))
+	err = k.Reset(context.Background(), &agentv1.KubeadmResetRequest{RemoveEtcdMember: true}, evs.emit)
+	if err == nil || !strings.Contains(err.Error(), "unhealthy cluster") {
+		t.Errorf("Reset(etcd member removal fails) = %v, want the removal's error", err)
+	}
+	if got := h.callLines(t); len(got) != 1 || !strings.Contains(got[0], "remove-etcd-member") {
+		t.Errorf("Reset(etcd member removal fails) ran %q, want only the removal (nothing wiped)", got)
+	}
+	require.NoError(t, os.Remove(filepath.Join(h.root, "etcd-no-quorum")))
 
 	require.NoError(t, os.WriteFile(filepath.Join(h.root, "fail-reset"), nil, 0o644))
 	if err := k.Reset(context.Background(), &agentv1.KubeadmResetRequest{}, evs.emit); err == nil {

@@ -855,6 +855,9 @@ func TestKubeadmControlPlaneJoin(t *testing.T) {
 	s, err = cp2.agent.KubeadmReset(ctx, &agentv1.KubeadmResetRequest{RemoveEtcdMember: true})
 	cp2.succeed(t, "kubeadm reset (remove etcd member)", s, err)
 	l.step("kubeadm reset control plane 2", start)
+	logb, err := os.ReadFile(filepath.Join(cp2.Dir, "operations.log"))
+	require.NoError(t, err)
+	t.Logf("reset of %s:\n%s", cp2.Name, tail(string(logb), 25))
 	// The first control plane's etcd has one member again and quorum. (A
 	// two-member etcd that lost a member without removal loses its leader
 	// within an election timeout, about a second: wait longer than that.)
