@@ -104,6 +104,13 @@ func TestMinimalImageBootsAsLabHost(t *testing.T) {
 		return err == nil && last.Active == "active"
 	}, func() string { return fmt.Sprintf("last state %+v", last) })
 
+	// No unit of the image failed (cgroup-rw, sysctls, the agent).
+	failed, err := exec.Command("nsenter", "-t", strconv.Itoa(leader), "-a", "systemctl", "--failed", "--no-legend", "--plain").CombinedOutput()
+	require.NoError(t, err, "%s", failed)
+	if strings.TrimSpace(string(failed)) != "" {
+		t.Errorf("failed units in the booted image:\n%s", failed)
+	}
+
 	rc := controllerv1.NewResourcesClient(env.Dial(t, env.AdminConfigPath))
 	var addr string
 	waitUntil(t, 60*time.Second, "a heartbeat from the booted agent", func() bool {
