@@ -422,20 +422,20 @@ func estimate(minimal, rootfsCached bool) []step {
 	}
 	rootfsEst := sec(1)
 	if !rootfsCached {
-		rootfsEst = pick(100, 260)
+		rootfsEst = pick(75, 270)
 	}
 	steps := []step{
-		{"check", sec(1)},
+		{"check", pick(1, 3)},
 		{"rootfs", rootfsEst},
-		{"tree", pick(5, 40)},
+		{"tree", pick(8, 25)},
 	}
 	if !minimal {
-		steps = append(steps, step{"esp", sec(3)})
+		steps = append(steps, step{"esp", sec(1)})
 	}
 	return append(steps,
-		step{"disk", pick(8, 60)},
-		step{"compress", pick(5, 60)},
-		step{"blockmap", pick(2, 15)},
+		step{"disk", pick(4, 15)},
+		step{"compress", pick(4, 25)},
+		step{"blockmap", pick(1, 5)},
 		step{"manifest", sec(1)},
 	)
 }
