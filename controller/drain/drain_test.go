@@ -23,9 +23,9 @@ import (
 )
 
 // These tests run the real kubectl drain code against client-go's fake
-// clientset, because no API server runs in a plain `go test`; the e2e
-// suite drains a real node of the lab cluster (kube-tools cache). The
-// fake answers evictions the way the API server's eviction subresource
+// clientset, so they need nothing installed; apiserver_test.go repeats the
+// PodDisruptionBudget case against a real kube-apiserver from the
+// kube-tools cache. The fake answers evictions the way the API server's eviction subresource
 // does: it refuses with 429 while a PodDisruptionBudget covering the pod
 // allows no disruption, and deletes the pod otherwise.
 
