@@ -106,6 +106,20 @@ type Config struct {
 	// with simulated BMCs and agents (controller/sim) instead of real ones;
 	// implies Lifecycle.
 	Simulate int
+	// BootListenAddr, when set, serves the boot server (controller/bootserver:
+	// boot media, golden images, per-host iPXE scripts and ISOs) over plain
+	// HTTP on this address; see bootserve.go. Port 0 picks a free port;
+	// BootAddr reports it. BootURL defaults to http://<this address> when it
+	// names a host.
+	BootListenAddr string
+	// BootMediaDir holds the agent boot media (kiln-imagebuilder bootmedia
+	// -o DIR); required with BootListenAddr.
+	BootMediaDir string
+	// ImageDir holds the golden images served under /images/; "" serves none.
+	ImageDir string
+	// BootTokenTTL is the validity of the one-time enrollment token minted
+	// for each boot request (DefaultBootTokenTTL).
+	BootTokenTTL time.Duration
 }
 
 // Controller is one controller replica.
@@ -122,6 +136,8 @@ type Controller struct {
 	enroll  *enrollment.Service
 	sealer  *seal.Sealer
 	own     *ownCert
+
+	bootAddr string
 }
 
 // New checks cfg and returns a controller ready to Run. It returns
@@ -162,6 +178,17 @@ func New(cfg Config, log *slog.Logger) (*Controller, error) {
 	if _, _, err := net.SplitHostPort(cfg.ListenAddr); err != nil {
 		return nil, errdefs.InvalidArgument("controller: listen address %q: %v", cfg.ListenAddr, err)
 	}
+	if cfg.BootTokenTTL <= 0 {
+		cfg.BootTokenTTL = DefaultBootTokenTTL
+	}
+	if cfg.BootListenAddr != "" {
+		if _, _, err := net.SplitHostPort(cfg.BootListenAddr); err != nil {
+			return nil, errdefs.InvalidArgument("controller: boot listen address %q: %v", cfg.BootListenAddr, err)
+		}
+		if cfg.BootMediaDir == "" {
+			return nil, errdefs.InvalidArgument("controller: the boot server needs a boot media directory (--boot-media-dir)")
+		}
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("controller: data directory: %w", err)
 	}
@@ -182,6 +209,10 @@ func (c *Controller) Ready() <-chan struct{} { return c.ready }
 
 // Addr is the API's listen address; valid after Ready.
 func (c *Controller) Addr() string { c.mu.Lock(); defer c.mu.Unlock(); return c.addr }
+
+// BootAddr is the boot server's listen address, "" when it is off; valid
+// after Ready.
+func (c *Controller) BootAddr() string { c.mu.Lock(); defer c.mu.Unlock(); return c.bootAddr }
 
 // CA is the controller's certificate authority; valid after Ready.
 func (c *Controller) CA() *pki.CA { c.mu.Lock(); defer c.mu.Unlock(); return c.ca }
@@ -283,6 +314,11 @@ func (c *Controller) Run(ctx context.Context) error {
 	life, endLife := context.WithCancel(ctx)
 	defer endLife()
 	api.Register(life, srv, res, enr, rec)
+	boot, err := c.startBoot(life, st, enr, ca, addr)
+	if err != nil {
+		return err
+	}
+	defer boot.stop()
 	elector := election.New(client, election.DefaultPrefix, c.cfg.ID, int(c.cfg.ElectionTTL/time.Second), c.log)
 
 	c.mu.Lock()

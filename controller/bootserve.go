@@ -1,0 +1,237 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kilnhq/kiln/controller/bootserver"
+	"github.com/kilnhq/kiln/controller/enrollment"
+	"github.com/kilnhq/kiln/controller/hostlife"
+	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/pki"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+// DefaultBootTokenTTL is the lifetime of the enrollment token minted for
+// each boot of a host's agent media (Config.BootTokenTTL).
+const DefaultBootTokenTTL = 30 * time.Minute
+
+// bootTokenDescription marks the enrollment tokens minted by the boot
+// server, so that their use can be told from an operator's token.
+const bootTokenDescription = "kiln boot media"
+
+// hostReader reads Hosts from the store.
+type hostReader interface {
+	Get(ctx context.Context, kind, name string, into proto.Message) (int64, error)
+}
+
+// tokenMinter creates enrollment tokens (*enrollment.Service).
+type tokenMinter interface {
+	CreateToken(ctx context.Context, ttl time.Duration, host, description string) (enrollment.Token, time.Time, error)
+}
+
+var _ tokenMinter = (*enrollment.Service)(nil)
+
+// bootTokens implements bootserver.TokenIssuer with enrollment tokens: one
+// new token per boot request, bound to the host, valid for ttl, used once.
+// It refuses hosts that are not in the inventory (NotFound) and hosts at
+// rest, Available or Provisioned (FailedPrecondition): their agent
+// identity must not be handed to whoever asks the boot server for it.
+type bootTokens struct {
+	hosts  hostReader
+	tokens tokenMinter
+	ttl    time.Duration
+}
+
+var _ bootserver.TokenIssuer = (*bootTokens)(nil)
+
+// BootToken implements bootserver.TokenIssuer. The token is returned,
+// never logged.
+func (b *bootTokens) BootToken(ctx context.Context, host string) (string, error) {
+	h := &typesv1.Host{}
+	if _, err := b.hosts.Get(ctx, enrollment.HostsKind, host, h); err != nil {
+		if errdefs.IsNotFound(err) {
+			return "", errdefs.NotFound("host %q is not in the inventory: apply a Host named %q first", host, host)
+		}
+		return "", fmt.Errorf("boot token for host %q: %w", host, err)
+	}
+	switch st := h.GetStatus().GetState(); st {
+	case typesv1.HostState_HOST_STATE_AVAILABLE, typesv1.HostState_HOST_STATE_PROVISIONED:
+		return "", errdefs.FailedPrecondition("host %q is %s: agent boot media are served only while a host registers, is provisioned, deprovisioned or wiped", host, hostlife.StateName(st))
+	}
+	tok, _, err := b.tokens.CreateToken(ctx, b.ttl, host, bootTokenDescription)
+	if err != nil {
+		return "", fmt.Errorf("boot token for host %q: %w", host, err)
+	}
+	return tok.String(), nil
+}
+
+// tokenWatcher is what forgetSpentISOs needs of the store.
+type tokenWatcher interface {
+	Watch(ctx context.Context, kind string, fromRev int64) <-chan store.WatchEvent
+}
+
+// isoForgetter drops a host's cached ISO (*bootserver.Server).
+type isoForgetter interface {
+	Forget(host string)
+}
+
+// forgetSpentISOs drops a host's cached ISO as soon as one of its boot
+// tokens is used: the agent enrolled, so the token baked into the ISO may
+// be spent, and the next boot from virtual media needs an ISO with a fresh
+// one. It runs until ctx ends.
+func forgetSpentISOs(ctx context.Context, st tokenWatcher, isos isoForgetter, log *slog.Logger) {
+	for ctx.Err() == nil {
+		for ev := range st.Watch(ctx, enrollment.TokensKind, 0) {
+			if ev.Err != nil {
+				if ctx.Err() == nil {
+					log.Warn("boot server: token watch ended, restarting", "err", ev.Err)
+				}
+				break
+			}
+			if ev.Type != store.EventPut {
+				continue
+			}
+			tok := &typesv1.EnrollmentToken{}
+			if err := proto.Unmarshal(ev.Value, tok); err != nil {
+				log.Warn("boot server: undecodable token record", "token_id", ev.Name, "err", err)
+				continue
+			}
+			if tok.GetUsed() && tok.GetDescription() == bootTokenDescription && tok.GetHost() != "" {
+				isos.Forget(tok.GetHost())
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// bootService is the running boot HTTP server of a replica.
+type bootService struct {
+	srv    *http.Server
+	bs     *bootserver.Server
+	log    *slog.Logger
+	served chan error
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// startBoot serves the boot server on Config.BootListenAddr when it is set
+// (nil, nil otherwise). apiAddr is the API's listen address. It sets
+// Config.BootURL from the listen address when that was left empty and the
+// address names a host.
+func (c *Controller) startBoot(ctx context.Context, st *store.Store, enr *enrollment.Service, ca *pki.CA, apiAddr string) (*bootService, error) {
+	if c.cfg.BootListenAddr == "" {
+		return nil, nil
+	}
+	ctlAddr, err := agentControllerAddr(c.cfg.ControllerURL, apiAddr)
+	if err != nil {
+		return nil, err
+	}
+	lis, err := net.Listen("tcp", c.cfg.BootListenAddr)
+	if err != nil {
+		return nil, fmt.Errorf("controller: boot server: listen on %s: %w", c.cfg.BootListenAddr, err)
+	}
+	addr := lis.Addr().String()
+	if c.cfg.BootURL == "" {
+		if host, _, _ := net.SplitHostPort(addr); net.ParseIP(host) != nil && !net.ParseIP(host).IsUnspecified() {
+			c.cfg.BootURL = "http://" + addr
+		} else {
+			c.log.Warn("boot server listens on all addresses: set --boot-url so BMCs get a reachable ISO URL", "addr", addr)
+		}
+	}
+	bs, err := bootserver.New(bootserver.Options{
+		MediaDir:       c.cfg.BootMediaDir,
+		ImagesDir:      c.cfg.ImageDir,
+		ControllerAddr: ctlAddr,
+		CAHash:         ca.Hash(),
+		PublicURL:      c.cfg.BootURL,
+		Tokens:         &bootTokens{hosts: st, tokens: enr, ttl: c.cfg.BootTokenTTL},
+		// An ISO never outlives half its token's validity, so a BMC that
+		// reads a cached ISO still has time to boot it.
+		ISOMaxAge: c.cfg.BootTokenTTL / 2,
+		Log:       c.log,
+	})
+	if err != nil {
+		lis.Close()
+		return nil, fmt.Errorf("controller: %w", err)
+	}
+	b := &bootService{
+		srv: &http.Server{
+			Handler:           bs,
+			ReadHeaderTimeout: 30 * time.Second,
+			ErrorLog:          slog.NewLogLogger(c.log.Handler(), slog.LevelWarn),
+		},
+		bs:     bs,
+		log:    c.log,
+		served: make(chan error, 1),
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	b.cancel = cancel
+	b.wg.Add(1)
+	go func() {
+		defer b.wg.Done()
+		forgetSpentISOs(wctx, st, bs, c.log)
+	}()
+	go func() { b.served <- b.srv.Serve(lis) }()
+	c.mu.Lock()
+	c.bootAddr = addr
+	c.mu.Unlock()
+	c.log.Info("boot server serving", "addr", addr, "public_url", c.cfg.BootURL, "controller_addr", ctlAddr,
+		"media_dir", c.cfg.BootMediaDir, "image_dir", c.cfg.ImageDir, "token_ttl", c.cfg.BootTokenTTL)
+	return b, nil
+}
+
+// stop shuts the boot server down (in-flight downloads get 5 s), ends its
+// token watch and removes its ISO cache.
+func (b *bootService) stop() {
+	if b == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := b.srv.Shutdown(ctx); err != nil {
+		_ = b.srv.Close()
+	}
+	if err := <-b.served; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		b.log.Warn("boot server", "err", err)
+	}
+	b.cancel()
+	b.wg.Wait()
+	if err := b.bs.Close(); err != nil {
+		b.log.Warn("boot server: remove ISO cache", "err", err)
+	}
+}
+
+// agentControllerAddr is the API address boot agents enroll with,
+// host:port: the host of controllerURL when set, else the API's listen
+// address (loopback when it listens on all addresses).
+func agentControllerAddr(controllerURL, apiAddr string) (string, error) {
+	if controllerURL == "" {
+		return clientAddr(apiAddr), nil
+	}
+	u, err := url.Parse(controllerURL)
+	if err != nil || u.Host == "" {
+		return "", errdefs.InvalidArgument("controller URL %q: want https://HOST:PORT", controllerURL)
+	}
+	if u.Port() == "" {
+		_, port, err := net.SplitHostPort(apiAddr)
+		if err != nil {
+			return "", errdefs.InvalidArgument("controller URL %q has no port", controllerURL)
+		}
+		return net.JoinHostPort(u.Hostname(), port), nil
+	}
+	return u.Host, nil
+}
