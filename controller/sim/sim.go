@@ -144,6 +144,7 @@ type Host struct {
 	boots      int
 	layFaults  int
 	ignoreOnce bool
+	lastDevice string
 
 	checkIns atomic.Int64
 }
@@ -182,8 +183,44 @@ func (h *Host) powerOn() {
 		return
 	}
 	h.power = true
-	h.startBootLocked()
+	h.startBootLocked(h.firmwareDeviceLocked())
 }
+
+// The methods below let an external BMC emulator (the lab's Redfish
+// emulator, through a machine.Machine adapter) drive the host instead of
+// the simulated BMC: it decides the boot device itself ("pxe", "cdrom" or
+// "disk").
+
+// PowerOnFrom powers the host on and boots dev, unless it is on.
+func (h *Host) PowerOnFrom(dev string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.power {
+		return
+	}
+	h.power = true
+	h.lastDevice = dev
+	h.startBootLocked(dev)
+}
+
+// ResetFrom restarts a powered host from dev.
+func (h *Host) ResetFrom(dev string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.stopLocked()
+	h.power = true
+	h.lastDevice = dev
+	h.startBootLocked(dev)
+}
+
+// Powered reports whether the host is on.
+func (h *Host) Powered() bool { h.mu.Lock(); defer h.mu.Unlock(); return h.power }
+
+// SetMedia puts url in the virtual CD ("" ejects).
+func (h *Host) SetMedia(url string) { h.mu.Lock(); defer h.mu.Unlock(); h.media = url }
+
+// LastDevice is the device of the last boot ("" if it never ran).
+func (h *Host) LastDevice() string { h.mu.Lock(); defer h.mu.Unlock(); return h.lastDevice }
 
 // powerOff cuts power: the running agent and its operations end.
 func (h *Host) powerOff() {
@@ -202,7 +239,21 @@ func (h *Host) reboot() {
 	defer h.mu.Unlock()
 	h.stopLocked()
 	h.power = true
-	h.startBootLocked()
+	h.startBootLocked(h.firmwareDeviceLocked())
+}
+
+// firmwareDeviceLocked picks the boot device as firmware does: a one-time
+// override (consumed) unless ignored, else the persistent device.
+func (h *Host) firmwareDeviceLocked() string {
+	dev := h.persistent
+	if h.bootOnce != "" {
+		if !h.ignoreOnce {
+			dev = h.bootOnce
+		}
+		h.bootOnce = ""
+	}
+	h.lastDevice = dev
+	return dev
 }
 
 func (h *Host) stopLocked() {
@@ -215,19 +266,11 @@ func (h *Host) stopLocked() {
 	}
 }
 
-// startBootLocked picks the boot device as firmware does and, after the
-// boot delay, runs the agent it boots (none from a blank disk) and checks
-// it in.
-func (h *Host) startBootLocked() {
+// startBootLocked boots dev: after the boot delay it runs the agent dev
+// holds (none from a blank disk) and checks it in.
+func (h *Host) startBootLocked(dev string) {
 	h.gen++
 	gen := h.gen
-	dev := h.persistent
-	if h.bootOnce != "" {
-		if !h.ignoreOnce {
-			dev = h.bootOnce
-		}
-		h.bootOnce = ""
-	}
 	f := h.fleet
 	go func() {
 		if f.sleep(f.ctx, f.cfg.BootDelay) != nil {
