@@ -198,6 +198,7 @@ func (k *Kubeadm) Init(ctx context.Context, req *agentv1.KubeadmInitRequest, emi
 	if err != nil {
 		return nil, fmt.Errorf("kubeadm init: %w", err)
 	}
+	defer os.Remove(file) // it holds the certificate key; kubeadm keeps its own copy (without secrets) in the cluster
 	args := []string{"init", "--config", file, "--skip-token-print"}
 	if req.GetUploadCerts() {
 		args = append(args, "--upload-certs", "--skip-certificate-key-print")
@@ -277,6 +278,7 @@ func (k *Kubeadm) Join(ctx context.Context, req *agentv1.KubeadmJoinRequest, emi
 	if err != nil {
 		return fmt.Errorf("kubeadm join: %w", err)
 	}
+	defer os.Remove(file) // it holds the token (and certificate key)
 	k.log.Info("kubeadm join", "version", c.GetKubernetesVersion(), "node", c.GetNodeName(), "endpoint", req.GetApiServerEndpoint(), "control_plane", req.GetControlPlane())
 	red := newRedactor(req.GetToken(), req.GetCertificateKey())
 	if err := k.stream(ctx, red, emit, "join", "--config", file); err != nil {
@@ -330,7 +332,7 @@ func (k *Kubeadm) Reset(ctx context.Context, req *agentv1.KubeadmResetRequest, e
 }
 
 // writeConfig writes a configuration file (0600: it may hold a token or a
-// certificate key) and the kubelet's resolv.conf when missing, and returns
+// certificate key; the caller removes it once kubeadm has run) and the kubelet's resolv.conf when missing, and returns
 // the file's path.
 func (k *Kubeadm) writeConfig(name string, data []byte) (string, error) {
 	dir := k.path(configDir)
