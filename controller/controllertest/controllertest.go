@@ -8,6 +8,7 @@
 package controllertest
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -41,6 +42,11 @@ type Env struct {
 	DataDir string
 	// Controller is the running controller.
 	Controller *controller.Controller
+	// BootURL is the boot server's base URL, "http://127.0.0.1:<port>",
+	// when the test turned it on (WithBootServer); "" otherwise.
+	BootURL string
+
+	logs *testWriter
 }
 
 // Option adjusts the controller's configuration before it starts.
@@ -53,6 +59,17 @@ func WithClock(clock func() time.Time) Option {
 
 // WithConfig lets a test change any field of the configuration.
 func WithConfig(fn func(*controller.Config)) Option { return Option(fn) }
+
+// WithBootServer serves the boot server on an ephemeral loopback port
+// with the boot media in mediaDir and golden images in imageDir (may be
+// ""); Env.BootURL is its base URL.
+func WithBootServer(mediaDir, imageDir string) Option {
+	return func(c *controller.Config) {
+		c.BootListenAddr = "127.0.0.1:0"
+		c.BootMediaDir = mediaDir
+		c.ImageDir = imageDir
+	}
+}
 
 // Start runs a controller until the test ends. It fails the test when
 // the controller does not come up.
@@ -95,7 +112,13 @@ func Start(t testing.TB, opts ...Option) *Env {
 	case <-time.After(60 * time.Second):
 		t.Fatalf("controllertest: controller not ready after 60s")
 	}
+	bootURL := ""
+	if a := c.BootAddr(); a != "" {
+		bootURL = "http://" + a
+	}
 	return &Env{
+		BootURL:         bootURL,
+		logs:            w,
 		Addr:            c.Addr(),
 		CAHash:          c.CA().Hash(),
 		CAPEM:           c.CA().CertPEM(),
@@ -176,17 +199,28 @@ func (e *Env) dial(t testing.TB, tc *tls.Config) *grpc.ClientConn {
 	return conn
 }
 
+// Logs returns everything the controller has logged so far (slog text
+// format), for tests that check what must or must not appear in its logs.
+func (e *Env) Logs() string {
+	e.logs.mu.Lock()
+	defer e.logs.mu.Unlock()
+	return e.logs.all.String()
+}
+
 // testWriter sends the controller's log lines to t.Log until the test
-// ends, then to stderr only when KILN_TEST_LOG is set.
+// ends, then to stderr only when KILN_TEST_LOG is set. It keeps a copy of
+// all of them (Env.Logs).
 type testWriter struct {
 	t       testing.TB
 	mu      sync.Mutex
 	stopped bool
+	all     bytes.Buffer
 }
 
 func (w *testWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.all.Write(p)
 	if w.stopped {
 		if os.Getenv("KILN_TEST_LOG") != "" {
 			return os.Stderr.Write(p)
