@@ -81,6 +81,7 @@ func runCmd() *cobra.Command {
 		bootURL     string
 		ctlURL      string
 		simulate    int
+		boot        bootFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "run",
@@ -101,6 +102,7 @@ func runCmd() *cobra.Command {
 			cfg.BootURL = bootURL
 			cfg.ControllerURL = ctlURL
 			cfg.Simulate = simulate
+			boot.apply(&cfg)
 			ctl, err := controller.New(cfg, log)
 			if err != nil {
 				return err
@@ -112,6 +114,9 @@ func runCmd() *cobra.Command {
 				case <-ctl.Ready():
 					fmt.Fprintf(cmd.OutOrStdout(), "kiln-controller %s serving on %s\nCA hash: %s\nadmin kilnconfig: %s\n",
 						version.Version, ctl.Addr(), ctl.CA().Hash(), ctl.AdminConfigPath())
+					if a := ctl.BootAddr(); a != "" {
+						fmt.Fprintf(cmd.OutOrStdout(), "boot server: http://%s\n", a)
+					}
 				case <-ctx.Done():
 				}
 			}()
@@ -126,8 +131,9 @@ func runCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&heartbeat, "heartbeat-interval", 10*time.Second, "interval agents are told to send heartbeats at")
 	cmd.Flags().DurationVar(&silence, "agent-silence", 0, "silence after which a host is marked AgentReachable=False (default 3 heartbeat intervals)")
 	cmd.Flags().BoolVar(&lifecycle, "lifecycle", false, "run the host lifecycle: power hosts through their BMCs, boot the agent media, lay images (docs/lifecycle.md)")
-	cmd.Flags().StringVar(&bootURL, "boot-url", "", "public URL of the boot server (agent ISOs for virtual media)")
-	cmd.Flags().StringVar(&ctlURL, "controller-url", "", "URL installed agents report to (default https://<listen address>)")
+	cmd.Flags().StringVar(&bootURL, "boot-url", "", "public URL of the boot server (agent ISOs for virtual media; default http://<--boot-listen> when that is an IP address)")
+	cmd.Flags().StringVar(&ctlURL, "controller-url", "", "URL installed and boot agents reach the API at (default https://<listen address>)")
+	boot.bind(cmd)
 	cmd.Flags().IntVar(&simulate, "simulate", 0, "create N simulated hosts with simulated BMCs and agents and provision them (demo; implies --lifecycle)")
 	return cmd
 }
