@@ -111,6 +111,7 @@ one for its admin to DATA_DIR/kilnconfig-admin.yaml.`,
 		a.deleteCommand(),
 		a.watchCommand(),
 		a.tokenCommand(),
+		a.dnsmasqConfigCommand(),
 		completionCommand(),
 		versionCommand(),
 	)
