@@ -247,7 +247,7 @@ func (e *Executor) work(ctx context.Context) {
 		requeue, err := e.Reconcile(ctx, name)
 		if err != nil && ctx.Err() == nil {
 			e.log.Warn("reconcile host", "host", name, "err", err)
-			requeue = max(requeue, time.Second)
+			requeue = max(requeue, 5*time.Second)
 		}
 		e.q.done(name)
 		if requeue > 0 && ctx.Err() == nil {
