@@ -38,7 +38,7 @@ type bootEnv struct {
 	imageN string
 }
 
-func startBoot(t *testing.T) *bootEnv {
+func startBoot(t testing.TB) *bootEnv {
 	t.Helper()
 	media, images := t.TempDir(), t.TempDir()
 	b := &bootEnv{kernel: []byte("stand-in kernel\n"), image: make([]byte, 1<<20), imageN: "debian12-k8s1.34.4-20261202.raw.zst"}
@@ -48,7 +48,7 @@ func startBoot(t *testing.T) *bootEnv {
 	require.NoError(t, os.WriteFile(filepath.Join(images, b.imageN), b.image, 0o644))
 	b.Env = controllertest.Start(t, controllertest.WithBootServer(media, images))
 	require.NotEmpty(t, b.BootURL, "boot server not started")
-	rc := resourcesClient(t, b.Env, "admin")
+	rc := controllerv1.NewResourcesClient(b.Dial(t, b.AdminConfigPath))
 	_, err := rc.Apply(context.Background(), &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{
 		host("rack1-01", "pw-one"), host("rack1-02", "pw-two"),
 	}})
@@ -56,7 +56,7 @@ func startBoot(t *testing.T) *bootEnv {
 	return b
 }
 
-func (b *bootEnv) get(t *testing.T, path string, header http.Header) (*http.Response, []byte) {
+func (b *bootEnv) get(t testing.TB, path string, header http.Header) (*http.Response, []byte) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, b.BootURL+path, nil)
 	require.NoError(t, err)
@@ -252,4 +252,43 @@ func TestBootServerConfig(t *testing.T) {
 			}
 		})
 	}
+}
+
+// BenchmarkBootIPXE measures serving iPXE scripts through the controller:
+// each request reads the Host and stores a new enrollment token in the
+// embedded etcd. "serial" is one client; "parallel" is 8 x GOMAXPROCS
+// concurrent clients (a rack powering on at once).
+func BenchmarkBootIPXE(b *testing.B) {
+	env := startBoot(b)
+	fetch := func(b *testing.B) bool {
+		resp, err := http.Get(env.BootURL + "/boot/ipxe/rack1-01")
+		if err != nil {
+			b.Error(err)
+			return false
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b.Errorf("GET iPXE script: %s", resp.Status)
+			return false
+		}
+		return true
+	}
+	b.Run("serial", func(b *testing.B) {
+		for range b.N {
+			if !fetch(b) {
+				return
+			}
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.SetParallelism(8)
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if !fetch(b) {
+					return
+				}
+			}
+		})
+	})
 }
