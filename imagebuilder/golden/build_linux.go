@@ -93,6 +93,7 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	tools := map[string]string{"debugfs": "e2fsprogs"}
 	if s.Kernel != spec.KernelNone {
 		tools["grub-mkimage"] = "grub-efi-amd64-bin (and grub-common)"
+		tools["syslinux"] = "syslinux"
 	}
 	for tool, pkg := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -102,6 +103,9 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	if s.Kernel != spec.KernelNone {
 		if _, err := os.Stat("/usr/lib/grub/x86_64-efi/linux.mod"); err != nil {
 			return nil, errdefs.FailedPrecondition("golden: GRUB's x86_64-efi modules are missing (Debian package grub-efi-amd64-bin)")
+		}
+		if _, err := os.Stat(gptMBR); err != nil {
+			return nil, errdefs.FailedPrecondition("golden: %s is missing (Debian package syslinux-common)", gptMBR)
 		}
 	}
 	var kube *kubeFiles
@@ -183,14 +187,22 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("golden %s: disk: %w", tag, err)
 	}
-	var rootPart disk.Partition
+	var rootPart, espPart disk.Partition
 	for _, pt := range layout.Partitions {
-		if pt.Type == disk.TypeRootX8664 {
+		switch pt.Type {
+		case disk.TypeRootX8664:
 			rootPart = pt
+		case disk.TypeESP:
+			espPart = pt
 		}
 	}
 	if err := fixInodeTimes(ctx, filepath.Join(work, raw), rootPart.Offset, root, epoch); err != nil {
 		return nil, fmt.Errorf("golden %s: disk: %w", tag, err)
+	}
+	if s.Kernel != spec.KernelNone {
+		if err := installBIOSBoot(ctx, work, filepath.Join(work, raw), espPart, rootPartUUID, epoch); err != nil {
+			return nil, fmt.Errorf("golden %s: BIOS boot: %w", tag, err)
+		}
 	}
 
 	p.step("compress", fmt.Sprintf("zstd, %d threads", runtime.GOMAXPROCS(0)))
@@ -410,18 +422,95 @@ func uuidFor(tag, purpose string) string {
 	return strings.ToUpper(fmt.Sprintf("%x-%x-%x-%x-%x", h[0:4], h[4:6], h[6:8], h[8:10], h[10:16]))
 }
 
-// GrubConfig boots the kernel and initrd on the ESP with the root
-// partition found by its PARTUUID.
+// KernelCmdline is the command line of a disk boot: the root partition by
+// its PARTUUID, the VGA and serial consoles, reboot 10 s after a panic.
+func KernelCmdline(rootPartUUID string) string {
+	return "root=PARTUUID=" + strings.ToLower(rootPartUUID) + " rw console=tty0 console=ttyS0,115200 panic=10"
+}
+
+// GrubConfig boots the kernel and initrd on the ESP (UEFI).
 func GrubConfig(rootPartUUID string) string {
 	return `serial --unit=0 --speed=115200
 terminal_input serial console
 terminal_output serial console
 set timeout=0
 search --no-floppy --file --set=root /kiln-esp.marker
-linux /vmlinuz root=PARTUUID=` + strings.ToLower(rootPartUUID) + ` rw console=tty0 console=ttyS0,115200 panic=10
+linux /vmlinuz ` + KernelCmdline(rootPartUUID) + `
 initrd /initrd.img
 boot
 `
+}
+
+// SyslinuxConfig boots the kernel and initrd on the ESP (BIOS).
+func SyslinuxConfig(rootPartUUID string) string {
+	return `SERIAL 0 115200
+DEFAULT kiln
+PROMPT 0
+TIMEOUT 0
+LABEL kiln
+  LINUX /vmlinuz
+  INITRD /initrd.img
+  APPEND ` + KernelCmdline(rootPartUUID) + `
+`
+}
+
+// gptMBR is syslinux's boot code for a GPT disk: it boots the partition
+// with the LegacyBIOSBootable attribute.
+const gptMBR = "/usr/lib/syslinux/mbr/gptmbr.bin"
+
+// installBIOSBoot makes the image boot on BIOS too: syslinux on the ESP
+// (the FAT file system holds vmlinuz and initrd.img already), its GPT boot
+// code in the protective MBR, and the ESP marked legacy-BIOS-bootable.
+// Equivalent to:
+//
+//	mcopy -m -i RAW@@ESPOFFSET syslinux.cfg ::/syslinux.cfg
+//	syslinux --install --offset ESPOFFSET RAW
+//	dd if=/usr/lib/syslinux/mbr/gptmbr.bin of=RAW bs=440 count=1 conv=notrunc
+//	sfdisk --part-attrs RAW 1 LegacyBIOSBootable
+func installBIOSBoot(ctx context.Context, work, raw string, esp disk.Partition, rootPartUUID string, epoch int64) error {
+	cfg := filepath.Join(work, "syslinux.cfg")
+	if err := os.WriteFile(cfg, []byte(SyslinuxConfig(rootPartUUID)), 0o644); err != nil {
+		return err
+	}
+	if err := clamp(cfg, epoch); err != nil {
+		return err
+	}
+	off := strconv.FormatInt(esp.Offset, 10)
+	env := append(os.Environ(), "SOURCE_DATE_EPOCH="+strconv.FormatInt(epoch, 10), "LC_ALL=C")
+	for _, args := range [][]string{
+		{"mcopy", "-m", "-i", raw + "@@" + off, cfg, "::/syslinux.cfg"},
+		{"syslinux", "--install", "--offset", off, raw},
+	} {
+		cmd := exec.CommandContext(ctx, args[0], args[1:]...)
+		cmd.Env = env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%s: %w: %s", args[0], err, tail(string(out)))
+		}
+	}
+	mbr, err := os.ReadFile(gptMBR)
+	if err != nil {
+		return err
+	}
+	if len(mbr) > 440 {
+		mbr = mbr[:440]
+	}
+	f, err := os.OpenFile(raw, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteAt(mbr, 0); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "sfdisk", "-q", "--no-reread", "--no-tell-kernel", "--part-attrs", raw, "1", "LegacyBIOSBootable")
+	cmd.Env = env
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("sfdisk --part-attrs: %w: %s", err, tail(string(out)))
+	}
+	return nil
 }
 
 // grubModules are built into BOOTX64.EFI.

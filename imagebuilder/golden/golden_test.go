@@ -147,11 +147,20 @@ func TestImageResourceApplies(t *testing.T) {
 	}
 }
 
-func TestGrubConfig(t *testing.T) {
-	got := GrubConfig("4F68BCE3-0000-4000-8000-000000000000")
-	for _, want := range []string{"root=PARTUUID=4f68bce3-0000-4000-8000-000000000000", "linux /vmlinuz", "initrd /initrd.img", "search --no-floppy --file --set=root /kiln-esp.marker"} {
-		if !strings.Contains(got, want) {
-			t.Errorf("GrubConfig() = %q, want it to contain %q", got, want)
+func TestBootConfigs(t *testing.T) {
+	const uuid = "4F68BCE3-0000-4000-8000-000000000000"
+	for _, tc := range []struct {
+		name string
+		got  string
+		want []string
+	}{
+		{"GrubConfig", GrubConfig(uuid), []string{"linux /vmlinuz root=PARTUUID=4f68bce3-0000-4000-8000-000000000000 rw", "initrd /initrd.img", "search --no-floppy --file --set=root /kiln-esp.marker"}},
+		{"SyslinuxConfig", SyslinuxConfig(uuid), []string{"LINUX /vmlinuz", "INITRD /initrd.img", "APPEND root=PARTUUID=4f68bce3-0000-4000-8000-000000000000 rw"}},
+	} {
+		for _, want := range tc.want {
+			if !strings.Contains(tc.got, want) {
+				t.Errorf("%s(%q) = %q, want it to contain %q", tc.name, uuid, tc.got, want)
+			}
 		}
 	}
 }
