@@ -38,7 +38,7 @@ GPT raw disk, compressed with zstd. Writes to DIR:
 The tag is <os><ver>-k8s<ver>-<yyyymmdd>. The same spec and
 SOURCE_DATE_EPOCH give the same bytes. A failed build writes nothing
 under these names. Needs root, debootstrap, systemd-nspawn, fdisk,
-dosfstools, mtools, e2fsprogs and grub-efi-amd64-bin.`,
+dosfstools, mtools, e2fsprogs, grub-efi-amd64-bin and syslinux.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			s, err := spec.Load(file)
