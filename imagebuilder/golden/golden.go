@@ -410,6 +410,38 @@ func ImageResource(m *manifest.Manifest, publishURL string) ([]byte, error) {
 	return append([]byte(head), y...), nil
 }
 
+// KernelCmdline is the command line of a disk boot: the root partition by
+// its PARTUUID, the VGA and serial consoles, reboot 10 s after a panic.
+func KernelCmdline(rootPartUUID string) string {
+	return "root=PARTUUID=" + strings.ToLower(rootPartUUID) + " rw console=tty0 console=ttyS0,115200 panic=10"
+}
+
+// GrubConfig boots the kernel and initrd on the ESP (UEFI).
+func GrubConfig(rootPartUUID string) string {
+	return `serial --unit=0 --speed=115200
+terminal_input serial console
+terminal_output serial console
+set timeout=0
+search --no-floppy --file --set=root /kiln-esp.marker
+linux /vmlinuz ` + KernelCmdline(rootPartUUID) + `
+initrd /initrd.img
+boot
+`
+}
+
+// SyslinuxConfig boots the kernel and initrd on the ESP (BIOS).
+func SyslinuxConfig(rootPartUUID string) string {
+	return `SERIAL 0 115200
+DEFAULT kiln
+PROMPT 0
+TIMEOUT 0
+LABEL kiln
+  LINUX /vmlinuz
+  INITRD /initrd.img
+  APPEND ` + KernelCmdline(rootPartUUID) + `
+`
+}
+
 // estimate is the expected duration of each step, measured on the
 // project's 2-core machines (docs/imagebuilder.md).
 func estimate(minimal, rootfsCached bool) []step {
