@@ -172,6 +172,7 @@ func (c *Controller) startBoot(ctx context.Context, st *store.Store, enr *enroll
 		srv: &http.Server{
 			Handler:           bs,
 			ReadHeaderTimeout: 30 * time.Second,
+			IdleTimeout:       2 * time.Minute,
 			ErrorLog:          slog.NewLogLogger(c.log.Handler(), slog.LevelWarn),
 		},
 		bs:     bs,
