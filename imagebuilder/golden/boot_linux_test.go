@@ -153,7 +153,9 @@ func bootNspawn(t *testing.T, dir, name string) int {
 		"--timezone=off", "--link-journal=no", "--console=read-only"}
 	script := `for p in ` + strings.Join(procs, " ") + `; do echo $$ > "$p"; done; exec systemd-nspawn "$@"`
 	cmd := exec.Command("sh", append([]string{"-c", script, "sh"}, args...)...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	// Pdeathsig: a test binary killed from outside (a timeout) still powers
+	// the machine off.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGTERM}
 	logPath := filepath.Join(t.TempDir(), "console.log")
 	log, err := os.Create(logPath)
 	require.NoError(t, err)
