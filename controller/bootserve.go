@@ -26,6 +26,10 @@ import (
 // each boot of a host's agent media (Config.BootTokenTTL).
 const DefaultBootTokenTTL = 30 * time.Minute
 
+// DefaultBootTokenLimit is how many boot tokens one host may be given per
+// token lifetime (Config.BootTokenLimit).
+const DefaultBootTokenLimit = 20
+
 // bootTokenDescription marks the enrollment tokens minted by the boot
 // server, so that their use can be told from an operator's token.
 const bootTokenDescription = "kiln boot media"
@@ -47,10 +51,54 @@ var _ tokenMinter = (*enrollment.Service)(nil)
 // It refuses hosts that are not in the inventory (NotFound) and hosts at
 // rest, Available or Provisioned (FailedPrecondition): their agent
 // identity must not be handed to whoever asks the boot server for it.
+//
+// Every token is an etcd record until a day after it expires, and the boot
+// server answers without authentication, so a host gets at most limit
+// tokens per ttl (a bucket of limit, refilled at limit per ttl); beyond
+// that it is refused with Unavailable (503) until the bucket refills.
 type bootTokens struct {
 	hosts  hostReader
 	tokens tokenMinter
 	ttl    time.Duration
+	limit  int // <= 0: no limit
+	now    func() time.Time
+
+	mu      sync.Mutex
+	buckets map[string]*bucket
+}
+
+// bucket is a host's token bucket: level tokens at time at.
+type bucket struct {
+	level float64
+	at    time.Time
+}
+
+// take spends one of host's tokens, or says how long until one is back.
+func (b *bootTokens) take(host string) (bool, time.Duration) {
+	if b.limit <= 0 {
+		return true, 0
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.now()
+	if b.buckets == nil {
+		b.buckets = map[string]*bucket{}
+	}
+	k := b.buckets[host]
+	if k == nil {
+		k = &bucket{level: float64(b.limit), at: now}
+		b.buckets[host] = k
+	}
+	rate := float64(b.limit) / b.ttl.Seconds() // tokens per second
+	if d := now.Sub(k.at).Seconds(); d > 0 {
+		k.level = min(float64(b.limit), k.level+d*rate)
+	}
+	k.at = now
+	if k.level < 1 {
+		return false, time.Duration((1 - k.level) / rate * float64(time.Second)).Round(time.Second)
+	}
+	k.level--
+	return true, 0
 }
 
 var _ bootserver.TokenIssuer = (*bootTokens)(nil)
@@ -68,6 +116,9 @@ func (b *bootTokens) BootToken(ctx context.Context, host string) (string, error)
 	switch st := h.GetStatus().GetState(); st {
 	case typesv1.HostState_HOST_STATE_AVAILABLE, typesv1.HostState_HOST_STATE_PROVISIONED:
 		return "", errdefs.FailedPrecondition("host %q is %s: agent boot media are served only while a host registers, is provisioned, deprovisioned or wiped", host, hostlife.StateName(st))
+	}
+	if ok, wait := b.take(host); !ok {
+		return "", errdefs.Unavailable("host %q asked for more than %d boot tokens in %v: retry in %v", host, b.limit, b.ttl, wait)
 	}
 	tok, _, err := b.tokens.CreateToken(ctx, b.ttl, host, bootTokenDescription)
 	if err != nil {
@@ -158,7 +209,7 @@ func (c *Controller) startBoot(ctx context.Context, st *store.Store, enr *enroll
 		ControllerAddr: ctlAddr,
 		CAHash:         ca.Hash(),
 		PublicURL:      c.cfg.BootURL,
-		Tokens:         &bootTokens{hosts: st, tokens: enr, ttl: c.cfg.BootTokenTTL},
+		Tokens:         &bootTokens{hosts: st, tokens: enr, ttl: c.cfg.BootTokenTTL, limit: c.cfg.BootTokenLimit, now: c.cfg.Clock},
 		// An ISO never outlives half its token's validity, so a BMC that
 		// reads a cached ISO still has time to boot it.
 		ISOMaxAge: c.cfg.BootTokenTTL / 2,

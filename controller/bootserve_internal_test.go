@@ -2,6 +2,7 @@ package controller
 
 import (
 	"testing"
+	"time"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
@@ -28,6 +29,39 @@ func TestAgentControllerAddr(t *testing.T) {
 		}
 		if err != nil || got != tt.want {
 			t.Errorf("agentControllerAddr(%q, %q) = %q, %v, want %q", tt.url, tt.api, got, err, tt.want)
+		}
+	}
+}
+
+// TestBootTokensRefill checks the per-host bucket against a fake clock:
+// limit tokens at once, then one per ttl/limit.
+func TestBootTokensRefill(t *testing.T) {
+	now := time.Date(2026, 12, 2, 15, 0, 0, 0, time.UTC)
+	b := &bootTokens{ttl: 30 * time.Minute, limit: 3, now: func() time.Time { return now }}
+	steps := []struct {
+		advance time.Duration
+		host    string
+		want    bool
+	}{
+		{0, "a", true}, {0, "a", true}, {0, "a", true},
+		{0, "a", false},
+		{0, "b", true}, // another host has its own bucket
+		{9 * time.Minute, "a", false},
+		{time.Minute, "a", true}, // 10 min = ttl/limit: one back
+		{0, "a", false},
+		{2 * time.Hour, "a", true}, {0, "a", true}, {0, "a", true}, // refilled to limit, not beyond
+		{0, "a", false},
+	}
+	for i, s := range steps {
+		now = now.Add(s.advance)
+		if got, wait := b.take(s.host); got != s.want {
+			t.Errorf("step %d: take(%q) = %v (wait %v), want %v", i, s.host, got, wait, s.want)
+		}
+	}
+	unlimited := &bootTokens{ttl: time.Minute, limit: -1, now: time.Now}
+	for i := range 100 {
+		if ok, _ := unlimited.take("a"); !ok {
+			t.Fatalf("take #%d with no limit refused", i)
 		}
 	}
 }

@@ -38,7 +38,7 @@ type bootEnv struct {
 	imageN string
 }
 
-func startBoot(t testing.TB) *bootEnv {
+func startBoot(t testing.TB, opts ...controllertest.Option) *bootEnv {
 	t.Helper()
 	media, images := t.TempDir(), t.TempDir()
 	b := &bootEnv{kernel: []byte("stand-in kernel\n"), image: make([]byte, 1<<20), imageN: "debian12-k8s1.34.4-20261202.raw.zst"}
@@ -46,7 +46,7 @@ func startBoot(t testing.TB) *bootEnv {
 	require.NoError(t, os.WriteFile(filepath.Join(media, "vmlinuz"), b.kernel, 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(media, "initrd.img"), []byte("stand-in initramfs\n"), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(images, b.imageN), b.image, 0o644))
-	b.Env = controllertest.Start(t, controllertest.WithBootServer(media, images))
+	b.Env = controllertest.Start(t, append([]controllertest.Option{controllertest.WithBootServer(media, images)}, opts...)...)
 	require.NotEmpty(t, b.BootURL, "boot server not started")
 	rc := controllerv1.NewResourcesClient(b.Dial(t, b.AdminConfigPath))
 	_, err := rc.Apply(context.Background(), &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{
@@ -178,6 +178,23 @@ func TestBootServerRefusesHostsItMustNotBoot(t *testing.T) {
 	}
 }
 
+// TestBootServerLimitsTokensPerHost: the boot server answers without
+// authentication and every token is an etcd record, so one host gets at
+// most BootTokenLimit tokens per token lifetime; other hosts are not
+// affected.
+func TestBootServerLimitsTokensPerHost(t *testing.T) {
+	env := startBoot(t, controllertest.WithConfig(func(c *controller.Config) { c.BootTokenLimit = 2 }))
+	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusServiceUnavailable} {
+		resp, body := env.get(t, "/boot/ipxe/rack1-01", nil)
+		if resp.StatusCode != want {
+			t.Errorf("GET /boot/ipxe/rack1-01 #%d = %d %s, want %d", i+1, resp.StatusCode, body, want)
+		}
+	}
+	if resp, body := env.get(t, "/boot/ipxe/rack1-02", nil); resp.StatusCode != http.StatusOK {
+		t.Errorf("GET /boot/ipxe/rack1-02 after rack1-01 hit its limit = %d %s, want 200", resp.StatusCode, body)
+	}
+}
+
 func TestBootServerImageRange(t *testing.T) {
 	env := startBoot(t)
 	sum := sha256.Sum256(env.image)
@@ -259,7 +276,7 @@ func TestBootServerConfig(t *testing.T) {
 // embedded etcd. "serial" is one client; "parallel" is 8 x GOMAXPROCS
 // concurrent clients (a rack powering on at once).
 func BenchmarkBootIPXE(b *testing.B) {
-	env := startBoot(b)
+	env := startBoot(b, controllertest.WithConfig(func(c *controller.Config) { c.BootTokenLimit = -1 }))
 	fetch := func(b *testing.B) bool {
 		resp, err := http.Get(env.BootURL + "/boot/ipxe/rack1-01")
 		if err != nil {

@@ -120,6 +120,9 @@ type Config struct {
 	// BootTokenTTL is the validity of the one-time enrollment token minted
 	// for each boot request (DefaultBootTokenTTL).
 	BootTokenTTL time.Duration
+	// BootTokenLimit is how many boot tokens one host may get per
+	// BootTokenTTL (0: DefaultBootTokenLimit; < 0: no limit).
+	BootTokenLimit int
 }
 
 // Controller is one controller replica.
@@ -180,6 +183,9 @@ func New(cfg Config, log *slog.Logger) (*Controller, error) {
 	}
 	if cfg.BootTokenTTL <= 0 {
 		cfg.BootTokenTTL = DefaultBootTokenTTL
+	}
+	if cfg.BootTokenLimit == 0 {
+		cfg.BootTokenLimit = DefaultBootTokenLimit
 	}
 	if cfg.BootListenAddr != "" {
 		if _, _, err := net.SplitHostPort(cfg.BootListenAddr); err != nil {

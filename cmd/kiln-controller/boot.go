@@ -12,6 +12,7 @@ import (
 type bootFlags struct {
 	listen, mediaDir, imageDir string
 	tokenTTL                   time.Duration
+	tokenLimit                 int
 }
 
 func (b *bootFlags) bind(cmd *cobra.Command) {
@@ -19,6 +20,7 @@ func (b *bootFlags) bind(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&b.mediaDir, "boot-media-dir", "", "agent boot media served under /boot/files/ (kiln-imagebuilder bootmedia -o DIR); required with --boot-listen")
 	cmd.Flags().StringVar(&b.imageDir, "image-dir", "", "golden images served under /images/")
 	cmd.Flags().DurationVar(&b.tokenTTL, "boot-token-ttl", controller.DefaultBootTokenTTL, "validity of the one-time enrollment token minted for each boot request")
+	cmd.Flags().IntVar(&b.tokenLimit, "boot-token-limit", controller.DefaultBootTokenLimit, "boot tokens one host may get per --boot-token-ttl (beyond: 503 until it refills; -1: no limit)")
 }
 
 func (b *bootFlags) apply(cfg *controller.Config) {
@@ -26,4 +28,5 @@ func (b *bootFlags) apply(cfg *controller.Config) {
 	cfg.BootMediaDir = b.mediaDir
 	cfg.ImageDir = b.imageDir
 	cfg.BootTokenTTL = b.tokenTTL
+	cfg.BootTokenLimit = b.tokenLimit
 }
