@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"text/template"
 
 	"github.com/kilnhq/kiln/agent/identity"
 	"github.com/kilnhq/kiln/host/systemd"
@@ -23,27 +22,32 @@ type unitOptions struct {
 	Root    string
 }
 
-var unitTemplate = template.Must(template.New("unit").Parse(`[Unit]
+// renderUnit returns the systemd unit that runs the agent.
+//
+// It is written with fmt, not text/template: executing a template makes the
+// linker keep every exported method of every type in the binary (reflection
+// may call any of them), which costs the agent about 2.4 MiB of binary and
+// as much resident memory (docs/bench/agent.md).
+func renderUnit(o unitOptions) ([]byte, error) {
+	root := ""
+	if o.Root != "/" {
+		root = " --root " + o.Root
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, `[Unit]
 Description=Kiln host agent
 Documentation=https://github.com/kilnhq/kiln/blob/main/docs/agent.md
 Wants=network-online.target
 After=network-online.target
 
 [Service]
-ExecStart={{.Exec}} run --data-dir {{.DataDir}} --listen {{.Listen}}{{if ne .Root "/"}} --root {{.Root}}{{end}} --reboot-command "systemctl reboot" --poweroff-command "systemctl poweroff"
+ExecStart=%s run --data-dir %s --listen %s%s --reboot-command "systemctl reboot" --poweroff-command "systemctl poweroff"
 Restart=always
 RestartSec=5
 
 [Install]
 WantedBy=multi-user.target
-`))
-
-// renderUnit returns the systemd unit that runs the agent.
-func renderUnit(o unitOptions) ([]byte, error) {
-	var b bytes.Buffer
-	if err := unitTemplate.Execute(&b, o); err != nil {
-		return nil, err
-	}
+`, o.Exec, o.DataDir, o.Listen, root)
 	return b.Bytes(), nil
 }
 
