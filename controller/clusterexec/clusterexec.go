@@ -1,0 +1,533 @@
+// Package clusterexec runs what controller/clusterplan decides for each
+// Cluster: it gathers the cluster's ControlPlanes, MachineDeployments,
+// Machines and the Hosts, calls the pure planners, stores their status and
+// performs their actions (CreateMachine, Drain, RemoveEtcdMember,
+// DeleteMachine). It then brings every Machine of the cluster forward:
+// it binds the Machine's host (Host.status.machine, compare-and-swap, so
+// two planners never take one host), waits for controller/provision to
+// lay the image and see the installed agent, and bootstraps the node
+// through that agent: Prepare, Preflight (a failed ERROR check refuses
+// the bootstrap with the check's message and fix), then KubeadmInit or
+// KubeadmJoin. Every agent operation has an id derived from the Machine,
+// so a controller that restarts mid-bootstrap re-attaches to the running
+// operation instead of starting it again. Bootstrapped machines are
+// probed each pass and their conditions (NodeReady, ClusterDNSResolves,
+// EtcdMemberHealthy...) feed the planners.
+//
+// The credentials kubeadm init returns (join token, certificate key,
+// admin kubeconfig) are kept sealed in a store secret
+// (BootstrapSecretPath); only the CA hash goes into Cluster.status.
+//
+// Only the leader runs an Executor.
+package clusterexec
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/kilnhq/kiln/controller/clusterplan"
+	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/internal/errdefs"
+	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+// Store kinds.
+const (
+	ClustersKind           = "clusters"
+	ControlPlanesKind      = "controlplanes"
+	MachineDeploymentsKind = "machinedeployments"
+	MachinesKind           = "machines"
+	HostsKind              = "hosts"
+)
+
+// AnnotationBootstrap on a Machine says how its node joins: one of
+// clusterplan.BootstrapInit, BootstrapJoinControlPlane, BootstrapJoin.
+const AnnotationBootstrap = "kiln.dev/bootstrap"
+
+// AnnotationAttempt on a Machine counts failed bootstrap operations; it
+// is part of the operation ids, so a retry starts a new operation.
+const AnnotationAttempt = "kiln.dev/bootstrap-attempt"
+
+// Machine phases.
+const (
+	PhasePending       = "Pending"
+	PhaseProvisioning  = "Provisioning"
+	PhaseBootstrapping = "Bootstrapping"
+	PhaseWaiting       = "WaitingForControlPlane"
+	PhaseRunning       = "Running"
+	PhaseFailed        = "Failed"
+	PhaseDeleting      = "Deleting"
+)
+
+// Machine conditions the executor sets besides the probes' ones.
+const (
+	// ConditionBootstrapped is True once kubeadm init or join succeeded.
+	ConditionBootstrapped = "Bootstrapped"
+	// ConditionBootstrapFailed is True while the bootstrap is refused
+	// (a failed preflight check) or its last operation failed.
+	ConditionBootstrapFailed = "BootstrapFailed"
+)
+
+// Store is what the executor needs of the store (*store.Store).
+type Store interface {
+	Get(ctx context.Context, kind, name string, into proto.Message) (int64, error)
+	Create(ctx context.Context, kind, name string, m proto.Message) (int64, error)
+	Update(ctx context.Context, kind, name string, m proto.Message, expectRev int64) (int64, error)
+	Delete(ctx context.Context, kind, name string, expectRev int64) error
+	List(ctx context.Context, kind string, newMsg func() proto.Message, opts store.ListOptions) ([]store.Item, string, error)
+	PutSecret(ctx context.Context, path string, plaintext []byte) error
+	GetSecret(ctx context.Context, path string) ([]byte, error)
+}
+
+var _ Store = (*store.Store)(nil)
+
+// Recorder records events (*events.Recorder).
+type Recorder interface {
+	Record(ctx context.Context, kind, name, typ, reason, message string)
+}
+
+// AgentDialer returns a client of the agent of a host
+// (provision.AgentPool.Dial).
+type AgentDialer func(ctx context.Context, h *typesv1.Host) (agentv1.AgentClient, error)
+
+// DrainFunc drains node through the cluster's admin kubeconfig
+// (drain.Drain).
+type DrainFunc func(ctx context.Context, kubeconfig []byte, node string, timeout time.Duration) error
+
+// Config configures an Executor.
+type Config struct {
+	// Interval is how often every cluster is planned and its machines
+	// probed (default 10s).
+	Interval time.Duration
+	// OperationTimeout bounds one kubeadm operation (default 15m).
+	OperationTimeout time.Duration
+	// CallTimeout bounds a short agent call: Preflight, Probe (default 30s).
+	CallTimeout time.Duration
+	// Workers is how many machines of a cluster are worked on at once
+	// (default 16).
+	Workers int
+	// Clock is the time source (time.Now).
+	Clock func() time.Time
+}
+
+// Deps are the executor's collaborators.
+type Deps struct {
+	Store    Store
+	Recorder Recorder
+	Agents   AgentDialer
+	// Drain drains nodes; nil skips draining (condition Drained True,
+	// reason DrainSkipped).
+	Drain DrainFunc
+}
+
+// Executor runs the cluster planners and bootstraps machines.
+type Executor struct {
+	cfg  Config
+	deps Deps
+	log  *slog.Logger
+}
+
+// New returns an Executor; Run starts it.
+func New(deps Deps, cfg Config, log *slog.Logger) *Executor {
+	if cfg.Interval <= 0 {
+		cfg.Interval = 10 * time.Second
+	}
+	if cfg.OperationTimeout <= 0 {
+		cfg.OperationTimeout = 15 * time.Minute
+	}
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = 30 * time.Second
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 16
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Executor{cfg: cfg, deps: deps, log: log.With("component", "clusterexec")}
+}
+
+// Run reconciles every cluster each Interval until ctx ends. It blocks.
+func (e *Executor) Run(ctx context.Context) error {
+	t := time.NewTicker(e.cfg.Interval)
+	defer t.Stop()
+	for {
+		e.reconcileAll(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (e *Executor) reconcileAll(ctx context.Context) {
+	items, err := listAll(ctx, e.deps.Store, ClustersKind, func() proto.Message { return &typesv1.Cluster{} })
+	if err != nil {
+		if ctx.Err() == nil {
+			e.log.Warn("list clusters", "err", err)
+		}
+		return
+	}
+	for _, it := range items {
+		if err := e.Reconcile(ctx, it.Name); err != nil && ctx.Err() == nil {
+			e.log.Warn("reconcile cluster", "cluster", it.Name, "err", err)
+		}
+	}
+}
+
+// Reconcile plans cluster name once, runs the planned actions and brings
+// each of its machines one step forward (bind, bootstrap, probe). It
+// blocks while agent operations run (each under its deadline) and returns
+// the errors of the actions and machines joined; a NotFound cluster is
+// no error.
+func (e *Executor) Reconcile(ctx context.Context, name string) error {
+	c := &typesv1.Cluster{}
+	if _, err := e.deps.Store.Get(ctx, ClustersKind, name, c); err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("cluster %s: %w", name, err)
+	}
+	if c.GetSpec().GetPaused() {
+		return nil
+	}
+	w, err := e.gather(ctx, name)
+	if err != nil {
+		return fmt.Errorf("cluster %s: %w", name, err)
+	}
+	now := e.cfg.Clock()
+	var actions []clusterplan.Action
+	var cp *typesv1.ControlPlane
+	for _, it := range w.cps {
+		x := it.Msg.(*typesv1.ControlPlane)
+		p := clusterplan.PlanControlPlane(clusterplan.ControlPlaneInput{Cluster: c, ControlPlane: x, Machines: w.machines, Hosts: w.hosts}, now)
+		e.storeStatus(ctx, ControlPlanesKind, it.Name, x, func(m proto.Message) { m.(*typesv1.ControlPlane).Status = p.Status })
+		x.Status = p.Status
+		if cp == nil {
+			cp = x
+		}
+		actions = append(actions, p.Actions...)
+	}
+	for _, it := range w.mds {
+		x := it.Msg.(*typesv1.MachineDeployment)
+		p := clusterplan.PlanMachineDeployment(clusterplan.DeploymentInput{Cluster: c, ControlPlane: cp, MachineDeployment: x, Machines: w.machines, Hosts: w.hosts}, now)
+		e.storeStatus(ctx, MachineDeploymentsKind, it.Name, x, func(m proto.Message) { m.(*typesv1.MachineDeployment).Status = p.Status })
+		actions = append(actions, p.Actions...)
+	}
+	var errs []error
+	for _, a := range actions {
+		if err := e.do(ctx, c, a); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", a, err))
+		}
+	}
+	errs = append(errs, e.advanceAll(ctx, name))
+	return errors.Join(errs...)
+}
+
+// world is what the planners read of one cluster.
+type world struct {
+	cps, mds []store.Item
+	machines []*typesv1.Machine
+	hosts    []*typesv1.Host
+}
+
+func (e *Executor) gather(ctx context.Context, cluster string) (*world, error) {
+	w := &world{}
+	st := e.deps.Store
+	cps, err := listAll(ctx, st, ControlPlanesKind, func() proto.Message { return &typesv1.ControlPlane{} })
+	if err != nil {
+		return nil, err
+	}
+	for _, it := range cps {
+		if it.Msg.(*typesv1.ControlPlane).GetSpec().GetCluster() == cluster {
+			w.cps = append(w.cps, it)
+		}
+	}
+	mds, err := listAll(ctx, st, MachineDeploymentsKind, func() proto.Message { return &typesv1.MachineDeployment{} })
+	if err != nil {
+		return nil, err
+	}
+	for _, it := range mds {
+		if it.Msg.(*typesv1.MachineDeployment).GetSpec().GetCluster() == cluster {
+			w.mds = append(w.mds, it)
+		}
+	}
+	// All machines: a host bound to another cluster's machine is not
+	// spare for this one.
+	ms, err := listAll(ctx, st, MachinesKind, func() proto.Message { return &typesv1.Machine{} })
+	if err != nil {
+		return nil, err
+	}
+	for _, it := range ms {
+		w.machines = append(w.machines, it.Msg.(*typesv1.Machine))
+	}
+	hs, err := listAll(ctx, st, HostsKind, func() proto.Message { return &typesv1.Host{} })
+	if err != nil {
+		return nil, err
+	}
+	for _, it := range hs {
+		w.hosts = append(w.hosts, it.Msg.(*typesv1.Host))
+	}
+	return w, nil
+}
+
+// storeStatus writes a planner's status unless it is unchanged; a
+// conflict is left to the next pass.
+func (e *Executor) storeStatus(ctx context.Context, kind, name string, old proto.Message, set func(proto.Message)) {
+	fresh := old.ProtoReflect().New().Interface()
+	rev, err := e.deps.Store.Get(ctx, kind, name, fresh)
+	if err != nil {
+		return
+	}
+	next := proto.Clone(fresh)
+	set(next)
+	if proto.Equal(fresh, next) {
+		return
+	}
+	if _, err := e.deps.Store.Update(ctx, kind, name, next, rev); err != nil && !errdefs.IsConflict(err) && ctx.Err() == nil {
+		e.log.Warn("store status", "kind", kind, "name", name, "err", err)
+	}
+}
+
+// advanceAll brings each machine of cluster forward, Workers at a time.
+func (e *Executor) advanceAll(ctx context.Context, cluster string) error {
+	items, err := listAll(ctx, e.deps.Store, MachinesKind, func() proto.Message { return &typesv1.Machine{} })
+	if err != nil {
+		return err
+	}
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, e.cfg.Workers)
+	)
+	// Control-plane machines first: a worker's join needs the init.
+	sort.SliceStable(items, func(i, j int) bool {
+		return items[i].Msg.(*typesv1.Machine).GetSpec().GetRole() == clusterplan.RoleControlPlane &&
+			items[j].Msg.(*typesv1.Machine).GetSpec().GetRole() != clusterplan.RoleControlPlane
+	})
+	for _, it := range items {
+		m := it.Msg.(*typesv1.Machine)
+		if m.GetSpec().GetCluster() != cluster {
+			continue
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := e.advance(ctx, it.Name); err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("machine %s: %w", it.Name, err))
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// do runs one planned action.
+func (e *Executor) do(ctx context.Context, c *typesv1.Cluster, a clusterplan.Action) error {
+	switch a := a.(type) {
+	case clusterplan.CreateMachine:
+		return e.createMachine(ctx, c, a)
+	case clusterplan.Drain:
+		return e.drain(ctx, c, a)
+	case clusterplan.RemoveEtcdMember:
+		return e.removeEtcdMember(ctx, a)
+	case clusterplan.DeleteMachine:
+		return e.deleteMachine(ctx, a.Machine, a.Reason)
+	}
+	return errdefs.InvalidArgument("unknown action %T", a)
+}
+
+// createMachine creates the Machine and binds its host. When another
+// planner took the host first, the Machine is deleted again and the next
+// pass plans with another host.
+func (e *Executor) createMachine(ctx context.Context, c *typesv1.Cluster, a clusterplan.CreateMachine) error {
+	now := timestamppb.New(e.cfg.Clock())
+	m := &typesv1.Machine{
+		ApiVersion: "kiln.dev/v1", Kind: "Machine",
+		Metadata: &typesv1.ObjectMeta{
+			Name: a.Machine, Generation: 1, CreationTimestamp: now, Uid: newUID(),
+			Annotations: map[string]string{AnnotationBootstrap: a.Bootstrap},
+		},
+		Spec:   &typesv1.MachineSpec{Cluster: c.GetMetadata().GetName(), Role: a.Role, Host: a.Host, Version: a.Version, Image: a.Image, Owner: a.Owner},
+		Status: &typesv1.MachineStatus{Phase: PhasePending},
+	}
+	if _, err := e.deps.Store.Create(ctx, MachinesKind, a.Machine, m); err != nil {
+		if errdefs.IsAlreadyExists(err) {
+			return nil // an earlier pass created it; advance binds it
+		}
+		return fmt.Errorf("create machine: %w", err)
+	}
+	e.event(ctx, a.Machine, "Normal", "Created", fmt.Sprintf("machine created on host %s (%s, bootstrap %s)", a.Host, a.Role, a.Bootstrap))
+	e.log.Info("machine created", "machine", a.Machine, "host", a.Host, "bootstrap", a.Bootstrap)
+	return e.bindOrRelease(ctx, a.Machine, a.Host)
+}
+
+// bindOrRelease binds host to machine; when the host is bound to another
+// machine it deletes machine (which never had a host).
+func (e *Executor) bindOrRelease(ctx context.Context, machine, host string) error {
+	err := e.bind(ctx, host, machine)
+	if errdefs.IsConflict(err) || errdefs.IsNotFound(err) {
+		e.event(ctx, machine, "Warning", "HostTaken", err.Error())
+		if derr := e.deps.Store.Delete(ctx, MachinesKind, machine, 0); derr != nil && !errdefs.IsNotFound(derr) {
+			return fmt.Errorf("release machine after %v: %w", err, derr)
+		}
+		return nil
+	}
+	return err
+}
+
+// bind sets host.status.machine to machine with compare-and-swap. It
+// returns Conflict when the host is bound to another machine, NotFound
+// when it does not exist.
+func (e *Executor) bind(ctx context.Context, host, machine string) error {
+	return e.updateHost(ctx, host, func(h *typesv1.Host) (bool, error) {
+		switch cur := h.GetStatus().GetMachine(); cur {
+		case machine:
+			return false, nil
+		case "":
+			if h.Status == nil {
+				h.Status = &typesv1.HostStatus{}
+			}
+			h.Status.Machine = machine
+			return true, nil
+		default:
+			return false, errdefs.Conflict("host %s is bound to machine %s", host, cur)
+		}
+	})
+}
+
+// unbind clears host.status.machine if it names machine; the host
+// lifecycle then deprovisions and wipes the host.
+func (e *Executor) unbind(ctx context.Context, host, machine string) error {
+	err := e.updateHost(ctx, host, func(h *typesv1.Host) (bool, error) {
+		if h.GetStatus().GetMachine() != machine {
+			return false, nil
+		}
+		h.Status.Machine = ""
+		return true, nil
+	})
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// updateHost reads, changes and writes a host, again on a conflict (the
+// host lifecycle and heartbeats write hosts too).
+func (e *Executor) updateHost(ctx context.Context, name string, change func(*typesv1.Host) (bool, error)) error {
+	for {
+		h := &typesv1.Host{}
+		rev, err := e.deps.Store.Get(ctx, HostsKind, name, h)
+		if err != nil {
+			return err
+		}
+		ok, err := change(h)
+		if err != nil || !ok {
+			return err
+		}
+		_, err = e.deps.Store.Update(ctx, HostsKind, name, h, rev)
+		if errdefs.IsConflict(err) && ctx.Err() == nil {
+			continue
+		}
+		return err
+	}
+}
+
+// updateMachine reads, changes and writes a machine, again on a conflict.
+// change returning false writes nothing.
+func (e *Executor) updateMachine(ctx context.Context, name string, change func(*typesv1.Machine) bool) error {
+	for {
+		m := &typesv1.Machine{}
+		rev, err := e.deps.Store.Get(ctx, MachinesKind, name, m)
+		if err != nil {
+			return err
+		}
+		if m.Status == nil {
+			m.Status = &typesv1.MachineStatus{}
+		}
+		if !change(m) {
+			return nil
+		}
+		_, err = e.deps.Store.Update(ctx, MachinesKind, name, m, rev)
+		if errdefs.IsConflict(err) && ctx.Err() == nil {
+			continue
+		}
+		return err
+	}
+}
+
+func (e *Executor) event(ctx context.Context, machine, typ, reason, msg string) {
+	if e.deps.Recorder != nil {
+		e.deps.Recorder.Record(ctx, MachinesKind, machine, typ, reason, msg)
+	}
+}
+
+// BootstrapSecretPath is the store secret holding a cluster's bootstrap
+// credentials (a JSON Bootstrap).
+func BootstrapSecretPath(cluster string) string { return "clusters/" + cluster + "/bootstrap" }
+
+// Bootstrap are the credentials kubeadm init returned. They are sealed in
+// the store and never logged.
+type Bootstrap struct {
+	JoinToken         string `json:"joinToken"`
+	CertificateKey    string `json:"certificateKey"`
+	Kubeconfig        string `json:"kubeconfig"`
+	APIServerEndpoint string `json:"apiServerEndpoint"`
+}
+
+// LoadBootstrap reads the bootstrap credentials of cluster. It returns
+// NotFound before the cluster's init finished.
+func LoadBootstrap(ctx context.Context, st Store, cluster string) (*Bootstrap, error) {
+	b, err := st.GetSecret(ctx, BootstrapSecretPath(cluster))
+	if err != nil {
+		return nil, err
+	}
+	out := &Bootstrap{}
+	if err := json.Unmarshal(b, out); err != nil {
+		return nil, fmt.Errorf("cluster %s: bootstrap secret: %w", cluster, err)
+	}
+	return out, nil
+}
+
+func listAll(ctx context.Context, st Store, kind string, newMsg func() proto.Message) ([]store.Item, error) {
+	var out []store.Item
+	cont := ""
+	for {
+		items, next, err := st.List(ctx, kind, newMsg, store.ListOptions{Limit: 1000, Continue: cont})
+		if err != nil {
+			return nil, fmt.Errorf("list %s: %w", kind, err)
+		}
+		out = append(out, items...)
+		if next == "" {
+			return out, nil
+		}
+		cont = next
+	}
+}
+
+func newUID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,293 @@
+package clusterexec_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/kilnhq/kiln/controller/clusterexec"
+	"github.com/kilnhq/kiln/controller/enrollment"
+	"github.com/kilnhq/kiln/controller/events"
+	"github.com/kilnhq/kiln/controller/hostlife"
+	"github.com/kilnhq/kiln/controller/provision"
+	"github.com/kilnhq/kiln/controller/sim"
+	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/internal/backoff"
+	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/seal"
+	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+// world is a real store (embedded etcd, sealed secrets), the real
+// enrollment service for check-ins, a simulated fleet with simulated
+// kubeadm, and the host lifecycle and cluster executors over them: the
+// leader's work of a controller in simulation mode.
+type world struct {
+	t       *testing.T
+	ctx     context.Context
+	st      *store.Store
+	rec     *events.Recorder
+	fleet   *sim.Fleet
+	kubeadm *sim.Kubeadm
+}
+
+func newWorld(t *testing.T, kubeadmDuration time.Duration) *world {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	e, err := store.StartEmbedded(ctx, store.EmbeddedConfig{DataDir: filepath.Join(t.TempDir(), "etcd")})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	c, err := store.Dial(e.Endpoints(), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	sealer, err := seal.New(bytes.Repeat([]byte{7}, seal.KeySize))
+	require.NoError(t, err)
+	st := store.New(c, store.WithSealer(sealer))
+	log := slog.New(slog.DiscardHandler)
+	rec := events.New(c, time.Hour, nil, log)
+	enr := enrollment.New(st, nil, rec, enrollment.Config{}, log)
+	fleet := sim.NewFleet(ctx, sim.Config{
+		BMCLatency: 2 * time.Millisecond, BootDelay: 30 * time.Millisecond, LayDuration: 80 * time.Millisecond,
+		WipeDuration: 20 * time.Millisecond, HeartbeatInterval: 500 * time.Millisecond,
+	}, sim.EnrollmentCheckIn(enr))
+	return &world{t: t, ctx: ctx, st: st, rec: rec, fleet: fleet, kubeadm: sim.NewKubeadm(fleet, kubeadmDuration)}
+}
+
+// start runs the host lifecycle and the cluster executor (new instances,
+// as a new leader would) until the returned stop is called.
+func (w *world) start() (stop func()) {
+	ctx, cancel := context.WithCancel(w.ctx)
+	agents := w.kubeadm.AgentDialer()
+	life := provision.New(provision.Deps{Store: w.st, Recorder: w.rec, BMCs: w.fleet.BMCDialer(), Agents: agents},
+		provision.Config{
+			Workers: 8,
+			Plan: hostlife.Config{
+				PollInterval: 100 * time.Millisecond,
+				Backoff:      backoff.Policy{Base: 20 * time.Millisecond, Max: 200 * time.Millisecond, Factor: 2},
+				MaxAttempts:  5,
+			},
+			ISOURL:         func(h string) string { return "http://boot.sim/boot/iso/" + h + ".iso" },
+			ResyncInterval: time.Second,
+		}, slog.New(slog.DiscardHandler))
+	ex := clusterexec.New(clusterexec.Deps{Store: w.st, Recorder: w.rec, Agents: clusterexec.AgentDialer(agents)},
+		clusterexec.Config{Interval: 100 * time.Millisecond}, slog.New(slog.NewTextHandler(testWriter{w.t}, nil)))
+	done := make(chan struct{}, 2)
+	go func() { _ = life.Run(ctx); done <- struct{}{} }()
+	go func() { _ = ex.Run(ctx); done <- struct{}{} }()
+	return func() { cancel(); <-done; <-done }
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
+
+func (w *world) create(kind, name string, m proto.Message) {
+	w.t.Helper()
+	_, err := w.st.Create(w.ctx, kind, name, m)
+	require.NoError(w.t, err)
+}
+
+// apply stores an image, n hosts and a cluster with a control plane of
+// cpReplicas and a deployment of workers.
+func (w *world) apply(hosts, cpReplicas, workers int) {
+	now := timestamppb.Now()
+	meta := func(name string) *typesv1.ObjectMeta {
+		return &typesv1.ObjectMeta{Name: name, Generation: 1, CreationTimestamp: now}
+	}
+	w.create("images", sim.ImageName, &typesv1.Image{Metadata: meta(sim.ImageName), Spec: &typesv1.ImageSpec{
+		Url: "http://images.sim/" + sim.ImageName + ".raw.zst", Format: "raw.zst", Sha256: strings.Repeat("ab", 32), KubernetesVersion: "v1.34.4"}})
+	for i := 1; i <= hosts; i++ {
+		name := fmt.Sprintf("h%d", i)
+		w.create("hosts", name, &typesv1.Host{Metadata: meta(name),
+			Spec: &typesv1.HostSpec{Bmc: &typesv1.BMCSpec{Protocol: "redfish", Address: "sim://" + name}, RootDiskHint: "/dev/sda", Online: true}})
+	}
+	w.create("clusters", "c1", &typesv1.Cluster{Metadata: meta("c1"), Spec: &typesv1.ClusterSpec{
+		KubernetesVersion: "v1.34.4", PodCidr: "10.244.0.0/16", ServiceCidr: "10.96.0.0/12", ControlPlaneEndpoint: "10.0.0.10:6443", DnsDomain: "cluster.local"}})
+	w.create("controlplanes", "cp", &typesv1.ControlPlane{Metadata: meta("cp"), Spec: &typesv1.ControlPlaneSpec{
+		Cluster: "c1", Replicas: int32(cpReplicas), Version: "v1.34.4", Image: sim.ImageName}})
+	w.create("machinedeployments", "md", &typesv1.MachineDeployment{Metadata: meta("md"), Spec: &typesv1.MachineDeploymentSpec{
+		Cluster: "c1", Replicas: int32(workers), Version: "v1.34.4", Image: sim.ImageName}})
+}
+
+func (w *world) machines() []*typesv1.Machine {
+	items, _, err := w.st.List(w.ctx, "machines", func() proto.Message { return &typesv1.Machine{} }, store.ListOptions{})
+	require.NoError(w.t, err)
+	out := make([]*typesv1.Machine, len(items))
+	for i, it := range items {
+		out[i] = it.Msg.(*typesv1.Machine)
+	}
+	return out
+}
+
+// waitRunning waits until n machines are Running and NodeReady, or fails
+// after a bound that only stops a hung test.
+func (w *world) waitRunning(n int) []*typesv1.Machine {
+	w.t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		ms := w.machines()
+		running := 0
+		for _, m := range ms {
+			require.NotEqual(w.t, clusterexec.PhaseFailed, m.GetStatus().GetPhase(), "machine %s: %v", m.GetMetadata().GetName(), m.GetStatus().GetConditions())
+			if m.GetStatus().GetPhase() == clusterexec.PhaseRunning && conditions.IsTrue(m.GetStatus().GetConditions(), "NodeReady") {
+				running++
+			}
+		}
+		if running == n && len(ms) == n {
+			return ms
+		}
+		if time.Now().After(deadline) {
+			for _, m := range ms {
+				w.t.Logf("machine %s: phase %s %v", m.GetMetadata().GetName(), m.GetStatus().GetPhase(), m.GetStatus().GetConditions())
+			}
+			w.t.Fatalf("%d of %d machines Running", running, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func count(calls []sim.Call, method string, attached bool) int {
+	n := 0
+	for _, c := range calls {
+		if c.Method == method && c.Attached == attached {
+			n++
+		}
+	}
+	return n
+}
+
+// TestClusterConverges applies a cluster with one control-plane machine
+// and two workers to four hosts: three machines end Running on
+// Provisioned hosts, the control plane is initialised before any worker
+// joins, the CA hash is in the cluster's status and the join credentials
+// only in the sealed secret.
+func TestClusterConverges(t *testing.T) {
+	w := newWorld(t, 0)
+	w.apply(4, 1, 2)
+	stop := w.start()
+	defer stop()
+
+	ms := w.waitRunning(3)
+	roles := map[string]int{}
+	for _, m := range ms {
+		roles[m.GetSpec().GetRole()]++
+		h := &typesv1.Host{}
+		_, err := w.st.Get(w.ctx, "hosts", m.GetSpec().GetHost(), h)
+		require.NoError(t, err)
+		require.Equal(t, typesv1.HostState_HOST_STATE_PROVISIONED, h.GetStatus().GetState(), "host %s", h.GetMetadata().GetName())
+		require.Equal(t, m.GetMetadata().GetName(), h.GetStatus().GetMachine(), "host %s bound machine", h.GetMetadata().GetName())
+		require.Equal(t, m.GetSpec().GetRole(), w.kubeadm.Node(m.GetSpec().GetHost()), "node role on host %s", m.GetSpec().GetHost())
+	}
+	require.Equal(t, map[string]int{"control-plane": 1, "worker": 2}, roles)
+
+	c := &typesv1.Cluster{}
+	_, err := w.st.Get(w.ctx, "clusters", "c1", c)
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(c.GetStatus().GetCaHash(), "sha256:"), "cluster caHash = %q", c.GetStatus().GetCaHash())
+
+	boot, err := clusterexec.LoadBootstrap(w.ctx, w.st, "c1")
+	require.NoError(t, err)
+	require.NotEmpty(t, boot.JoinToken)
+	for _, m := range append([]proto.Message{c}, toMsgs(ms)...) {
+		b, err := proto.Marshal(m)
+		require.NoError(t, err)
+		require.NotContains(t, string(b), boot.JoinToken, "join token stored in a resource")
+		require.NotContains(t, string(b), boot.CertificateKey, "certificate key stored in a resource")
+	}
+	evs, err := w.rec.List(w.ctx, "", "", 0)
+	require.NoError(t, err)
+	for _, ev := range evs {
+		require.NotContains(t, ev.String(), boot.JoinToken, "join token in an event")
+	}
+
+	calls := w.kubeadm.Calls()
+	initAt, joins := -1, 0
+	for i, call := range calls {
+		switch call.Method {
+		case "KubeadmInit":
+			if initAt < 0 {
+				initAt = i
+			}
+		case "KubeadmJoin":
+			joins++
+			require.True(t, initAt >= 0 && initAt < i, "KubeadmJoin on %s (call %d) before KubeadmInit (call %d)", call.Host, i, initAt)
+		}
+	}
+	require.Equal(t, 1, count(calls, "KubeadmInit", false), "KubeadmInit runs")
+	require.Equal(t, 2, count(calls, "KubeadmJoin", false), "KubeadmJoin runs")
+	require.Equal(t, 3, count(calls, "Prepare", false), "Prepare runs")
+}
+
+func toMsgs(ms []*typesv1.Machine) []proto.Message {
+	out := make([]proto.Message, len(ms))
+	for i, m := range ms {
+		out[i] = m
+	}
+	return out
+}
+
+// TestRestartMidInit stops the executors while kubeadm init runs and
+// starts new ones: they re-attach to the running init by its operation id
+// instead of running it a second time.
+func TestRestartMidInit(t *testing.T) {
+	w := newWorld(t, 500*time.Millisecond)
+	w.apply(3, 1, 1)
+	stop := w.start()
+	deadline := time.Now().Add(2 * time.Minute)
+	for count(w.kubeadm.Calls(), "KubeadmInit", false) == 0 {
+		require.True(t, time.Now().Before(deadline), "KubeadmInit never started")
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop()
+	c := &typesv1.Cluster{}
+	_, err := w.st.Get(w.ctx, "clusters", "c1", c)
+	require.NoError(t, err)
+	require.Empty(t, c.GetStatus().GetCaHash(), "caHash set before the restart: the init was not cut short")
+
+	stop = w.start()
+	defer stop()
+	w.waitRunning(2)
+	calls := w.kubeadm.Calls()
+	require.Equal(t, 1, count(calls, "KubeadmInit", false), "KubeadmInit runs across the restart")
+	require.GreaterOrEqual(t, count(calls, "KubeadmInit", true), 1, "KubeadmInit re-attached after the restart")
+}
+
+// TestPreflightRefuses makes the control-plane host's preflight fail: the
+// machine is not bootstrapped and says why and how to fix it.
+func TestPreflightRefuses(t *testing.T) {
+	w := newWorld(t, 0)
+	for i := 1; i <= 1; i++ {
+		w.kubeadm.FailPreflight(fmt.Sprintf("h%d", i), &agentv1.Check{Name: "br_netfilter", Severity: agentv1.Severity_SEVERITY_ERROR,
+			Message: "bridge-nf-call-iptables is 0", Fix: "modprobe br_netfilter"})
+	}
+	w.apply(1, 1, 0)
+	stop := w.start()
+	defer stop()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		ms := w.machines()
+		if len(ms) == 1 {
+			if c := conditions.Get(ms[0].GetStatus().GetConditions(), clusterexec.ConditionBootstrapFailed); c != nil {
+				require.Equal(t, clusterexec.PhaseFailed, ms[0].GetStatus().GetPhase())
+				require.Equal(t, "PreflightFailed", c.GetReason())
+				require.Contains(t, c.GetMessage(), "bridge-nf-call-iptables is 0")
+				require.Contains(t, c.GetMessage(), "modprobe br_netfilter")
+				break
+			}
+		}
+		require.True(t, time.Now().Before(deadline), "no BootstrapFailed condition: %v", ms)
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.Equal(t, 0, count(w.kubeadm.Calls(), "KubeadmInit", false), "KubeadmInit ran despite the failed preflight")
+}
