@@ -291,3 +291,66 @@ func TestPreflightRefuses(t *testing.T) {
 	}
 	require.Equal(t, 0, count(w.kubeadm.Calls(), "KubeadmInit", false), "KubeadmInit ran despite the failed preflight")
 }
+
+// TestScaleDown lowers the deployment from two workers to one: the
+// removed machine's node is reset (kubeadm reset), its host unbound,
+// wiped by the host lifecycle and Available again, the Machine deleted;
+// without a drainer the Drained condition says the node was not drained.
+func TestScaleDown(t *testing.T) {
+	w := newWorld(t, 0)
+	w.apply(3, 1, 2)
+	stop := w.start()
+	defer stop()
+	before := w.waitRunning(3)
+
+	md := &typesv1.MachineDeployment{}
+	rev, err := w.st.Get(w.ctx, "machinedeployments", "md", md)
+	require.NoError(t, err)
+	md.Spec.Replicas = 1
+	_, err = w.st.Update(w.ctx, "machinedeployments", "md", md, rev)
+	require.NoError(t, err)
+
+	after := w.waitRunning(2)
+	kept := map[string]bool{}
+	for _, m := range after {
+		kept[m.GetMetadata().GetName()] = true
+	}
+	var gone *typesv1.Machine
+	for _, m := range before {
+		if !kept[m.GetMetadata().GetName()] {
+			gone = m
+		}
+	}
+	require.NotNil(t, gone, "no machine removed")
+	require.Equal(t, "worker", gone.GetSpec().GetRole())
+	host := gone.GetSpec().GetHost()
+
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		h := &typesv1.Host{}
+		_, err := w.st.Get(w.ctx, "hosts", host, h)
+		require.NoError(t, err)
+		if h.GetStatus().GetState() == typesv1.HostState_HOST_STATE_AVAILABLE && h.GetStatus().GetMachine() == "" {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "host %s not Available and unbound: %s machine=%q", host, h.GetStatus().GetState(), h.GetStatus().GetMachine())
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.Empty(t, w.kubeadm.Node(host), "host %s still runs a node", host)
+	var resets []string
+	for _, c := range w.kubeadm.Calls() {
+		if c.Method == "KubeadmReset" && !c.Attached {
+			resets = append(resets, c.Host)
+		}
+	}
+	require.Equal(t, []string{host}, resets, "KubeadmReset runs")
+	require.Empty(t, w.fleet.Host(host).DiskImage(), "host %s disk not wiped", host)
+
+	evs, err := w.rec.List(w.ctx, "machines", gone.GetMetadata().GetName(), 0)
+	require.NoError(t, err)
+	var reasons []string
+	for _, ev := range evs {
+		reasons = append(reasons, ev.GetReason())
+	}
+	require.Contains(t, reasons, "DrainSkipped", "events of %s", gone.GetMetadata().GetName())
+}
