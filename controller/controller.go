@@ -29,6 +29,8 @@ import (
 	"github.com/kilnhq/kiln/controller/api"
 	"github.com/kilnhq/kiln/controller/authz"
 	"github.com/kilnhq/kiln/controller/bootserver"
+	"github.com/kilnhq/kiln/controller/clusterexec"
+	"github.com/kilnhq/kiln/controller/drain"
 	"github.com/kilnhq/kiln/controller/election"
 	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/events"
@@ -390,10 +392,11 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 			BMCLatency: 25 * time.Millisecond, BootDelay: 3 * time.Second, LayDuration: 6 * time.Second,
 			WipeDuration: time.Second, HeartbeatInterval: c.cfg.HeartbeatInterval, Jitter: 0.5,
 		}, sim.EnrollmentCheckIn(enr))
+		kubeadm := sim.NewKubeadm(fleet, 2*time.Second)
 		if _, err := sim.Populate(lctx, st, c.cfg.Simulate, "sim"); err != nil {
 			c.log.Error("simulation: create hosts", "err", err)
 		}
-		deps.BMCs, deps.Agents = fleet.BMCDialer(), fleet.AgentDialer()
+		deps.BMCs, deps.Agents = fleet.BMCDialer(), kubeadm.AgentDialer()
 		cfg.Workers = max(64, c.cfg.Simulate)
 		c.log.Info("simulating hosts", "hosts", c.cfg.Simulate)
 	} else {
@@ -407,10 +410,17 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 		deps.Identity = provision.CAIdentity(ca, url, 30*24*time.Hour, c.cfg.Clock)
 	}
 	ex := provision.New(deps, cfg, c.log)
+	// The cluster executor bootstraps the Machines of each Cluster on the
+	// hosts the lifecycle provisions (controller/clusterexec).
+	cx := clusterexec.New(clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(deps.Agents), Drain: drain.Drain},
+		clusterexec.Config{Interval: c.cfg.ReconcileInterval, Clock: c.cfg.Clock}, c.log)
 	done := make(chan struct{})
+	cxDone := make(chan struct{})
 	go func() { defer close(done); _ = ex.Run(lctx) }()
+	go func() { defer close(cxDone); _ = cx.Run(lctx) }()
 	return func() {
 		<-done
+		<-cxDone
 		if pool != nil {
 			pool.Close()
 		}
