@@ -130,7 +130,7 @@ func runCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&electionTTL, "election-ttl", controller.DefaultElectionTTL, "leader lease; a crashed leader is replaced after about this long")
 	cmd.Flags().DurationVar(&heartbeat, "heartbeat-interval", 10*time.Second, "interval agents are told to send heartbeats at")
 	cmd.Flags().DurationVar(&silence, "agent-silence", 0, "silence after which a host is marked AgentReachable=False (default 3 heartbeat intervals)")
-	cmd.Flags().BoolVar(&lifecycle, "lifecycle", false, "run the host lifecycle: power hosts through their BMCs, boot the agent media, lay images (docs/lifecycle.md)")
+	cmd.Flags().BoolVar(&lifecycle, "lifecycle", false, "run the host lifecycle (power hosts through their BMCs, boot the agent media, lay images; docs/lifecycle.md) and the cluster executor (bind Machines to hosts, kubeadm init/join through the agent; docs/clusters.md)")
 	cmd.Flags().StringVar(&bootURL, "boot-url", "", "public URL of the boot server (agent ISOs for virtual media; default http://<--boot-listen> when that is an IP address)")
 	cmd.Flags().StringVar(&ctlURL, "controller-url", "", "URL installed and boot agents reach the API at (default https://<listen address>)")
 	boot.bind(cmd)
