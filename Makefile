@@ -7,7 +7,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/kilnhq/kiln/internal/version.Version=$(VERSION)
 BINARIES := kiln-agent kiln-controller kilnctl kiln-imagebuilder
 
-.PHONY: all build test test-short check generate bench lab lab-down kube-tools clean $(BINARIES)
+.PHONY: all build test test-short check generate bench lab lab-down kube-tools image clean $(BINARIES)
 
 all: build
 
@@ -53,6 +53,12 @@ lab-down:
 # $${KILN_CACHE:-/var/cache/kiln}/kube-tools (docs/kube-tools.md).
 kube-tools:
 	./hack/kube-tools.sh
+
+# The full golden image (containerd, kubeadm/kubelet v1.34.4, staged
+# control-plane images, the agent) into out/images (docs/imagebuilder.md).
+image: kiln-agent kiln-imagebuilder
+	$(BIN)/kiln-imagebuilder kube-tools
+	$(BIN)/kiln-imagebuilder build -f examples/images/image-spec.yaml -o out/images
 
 clean:
 	rm -rf $(BIN)
