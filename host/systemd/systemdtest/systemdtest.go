@@ -1,7 +1,8 @@
 //go:build linux
 
 // Package systemdtest boots a real systemd for a test: a Debian root
-// (named by $KILN_SYSTEMD_ROOT) under systemd-nspawn, read-only with a
+// ($KILN_SYSTEMD_ROOT, else the lab's cached Debian root from
+// imagebuilder/rootfs, built on first use) under systemd-nspawn, read-only with a
 // volatile overlay, in its own network namespace and cgroups, with test
 // units bound in. Tests skip when the root, systemd-nspawn or root
 // privileges are missing. The machine is powered off, and its cgroups and
@@ -24,9 +25,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnhq/kiln/host/systemd"
+	"github.com/kilnhq/kiln/imagebuilder/rootfs"
 )
 
-// RootEnv names a Debian root with systemd and dbus, made with:
+// RootEnv names a Debian root with systemd and dbus to use instead of the
+// cached lab root, e.g. one made with:
 //
 //	debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus bookworm DIR http://deb.debian.org/debian
 const RootEnv = "KILN_SYSTEMD_ROOT"
@@ -46,16 +49,23 @@ type Machine struct {
 // /proc/sys/net is writable inside, as on a lab node.
 func Boot(t testing.TB, units map[string]string) *Machine {
 	t.Helper()
-	image := os.Getenv(RootEnv)
-	if image == "" {
-		t.Skipf("set %s to a Debian root with systemd and dbus to test against a real systemd", RootEnv)
-	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to run systemd-nspawn")
 	}
 	nspawn, err := exec.LookPath("systemd-nspawn")
 	if err != nil {
 		t.Skip("systemd-nspawn not installed (Debian package systemd-container)")
+	}
+	image := os.Getenv(RootEnv)
+	if image == "" {
+		if _, err := exec.LookPath("debootstrap"); err != nil {
+			t.Skipf("no Debian root: set %s, or install debootstrap to build the lab's cached root", RootEnv)
+		}
+		// The same spec as the lab's netns hosts, so one cached root serves both.
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+		defer cancel()
+		image, err = rootfs.Build(ctx, rootfs.Spec{Packages: []string{"procps"}}, nil)
+		require.NoError(t, err, "building the cached Debian root for a real systemd")
 	}
 	name := fmt.Sprintf("kiln-sd-%d-%d", os.Getpid(), time.Now().UnixNano()%100000)
 	args := []string{"-D", image, "-M", name, "-b", "--register=no", "--keep-unit", "--private-network",
