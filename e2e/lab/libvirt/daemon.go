@@ -16,29 +16,32 @@ import (
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
-// VirtlogdSocket is where libvirtd's QEMU driver finds virtlogd (a path
-// compiled into libvirt).
-const VirtlogdSocket = "/run/libvirt/virtlogd-sock"
+// SystemQEMUConf is the QEMU driver's configuration (a path compiled
+// into libvirt).
+const SystemQEMUConf = "/etc/libvirt/qemu.conf"
 
-// Daemon is a private libvirtd (and virtlogd when none runs) started for a
-// lab on a machine without a service manager: its own configuration and
-// unix sockets in a directory of its own. It runs as root, so its QEMU
-// driver still keeps domain state in libvirt's system paths
-// (/etc/libvirt/qemu, /run/libvirt/qemu, /var/lib/libvirt/qemu): do not
-// start one next to a system libvirtd.
+// Daemon is a private libvirtd started for a lab on a machine without a
+// service manager: its own configuration, log and unix sockets in a
+// directory of its own, and its own QEMU driver configuration
+// (bind-mounted over SystemQEMUConf in a private mount namespace): QEMU
+// runs as root and writes its output to files, so no virtlogd is needed,
+// and libvirt does not re-probe QEMU on every call when /dev/kvm exists
+// but libvirt-qemu may not open it. It runs as root, so the QEMU driver
+// still keeps domain state in libvirt's system paths (/etc/libvirt/qemu,
+// /run/libvirt/qemu, /var/lib/libvirt/qemu): do not start one next to a
+// system libvirtd.
 type Daemon struct {
-	dir      string
-	socket   string
-	libvirtd *exec.Cmd
-	virtlogd *exec.Cmd
-	done     map[*exec.Cmd]chan struct{}
-	ownDir   bool
-	log      *slog.Logger
+	dir    string
+	socket string
+	cmd    *exec.Cmd
+	done   chan struct{}
+	ownDir bool
+	log    *slog.Logger
 }
 
 // DaemonOptions configure StartDaemon.
 type DaemonOptions struct {
-	// Dir receives the configuration, logs and sockets; "" makes a
+	// Dir receives the configuration, log and sockets; "" makes a
 	// temporary directory (removed by Close). Keep it short: unix socket
 	// paths are limited to 108 bytes.
 	Dir string
@@ -46,16 +49,26 @@ type DaemonOptions struct {
 	Logger *slog.Logger
 }
 
-// StartDaemon starts libvirtd (and virtlogd unless VirtlogdSocket
-// answers) in the foreground as children of this process and waits until
-// libvirtd answers on its socket. It needs root and Debian's
-// libvirt-daemon-system and libvirt-daemon-driver-qemu. Equivalent to
-// `virtlogd -f DIR/virtlogd.conf & libvirtd -f DIR/libvirtd.conf &`.
+// qemuConf is the private daemon's QEMU driver configuration.
+const qemuConf = `user = "root"
+group = "root"
+stdio_handler = "file"
+`
+
+// StartDaemon starts libvirtd in the foreground as a child of this
+// process and waits until it answers on its socket. It needs root,
+// unshare (util-linux) and Debian's libvirt-daemon-system and
+// libvirt-daemon-driver-qemu. Equivalent to `unshare --mount
+// --propagation private sh -c 'mount --bind DIR/qemu.conf
+// /etc/libvirt/qemu.conf && exec libvirtd -f DIR/libvirtd.conf'`.
 func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
-	for _, bin := range []string{"libvirtd", "virtlogd"} {
+	for _, bin := range []string{"libvirtd", "unshare"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			return nil, errdefs.NotFound("libvirt: %s not found (apt-get install libvirt-daemon-system libvirt-daemon-driver-qemu)", bin)
 		}
+	}
+	if _, err := os.Stat(SystemQEMUConf); err != nil {
+		return nil, errdefs.NotFound("libvirt: %s not found (apt-get install libvirt-daemon-system)", SystemQEMUConf)
 	}
 	if os.Geteuid() != 0 {
 		return nil, errdefs.PermissionDenied("libvirt: a system libvirtd needs root")
@@ -64,7 +77,7 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	d := &Daemon{dir: o.Dir, log: log.With("component", "libvirtd"), done: map[*exec.Cmd]chan struct{}{}}
+	d := &Daemon{dir: o.Dir, log: log.With("component", "libvirtd")}
 	if d.dir == "" {
 		dir, err := os.MkdirTemp("", "kiln-lv-")
 		if err != nil {
@@ -77,6 +90,7 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 	sockDir := filepath.Join(d.dir, "sock")
 	d.socket = filepath.Join(sockDir, "libvirt-sock")
 	if err := os.MkdirAll(sockDir, 0o700); err != nil {
+		d.Close()
 		return nil, fmt.Errorf("libvirt: %w", err)
 	}
 	conf := strings.Join([]string{
@@ -87,31 +101,20 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 		fmt.Sprintf("log_outputs = %q", "3:file:"+filepath.Join(d.dir, "libvirtd.log")),
 		"",
 	}, "\n")
-	if err := os.WriteFile(filepath.Join(d.dir, "libvirtd.conf"), []byte(conf), 0o600); err != nil {
-		return nil, fmt.Errorf("libvirt: %w", err)
-	}
-	if !answers(VirtlogdSocket) {
-		vconf := fmt.Sprintf("log_outputs = %q\n", "3:file:"+filepath.Join(d.dir, "virtlogd.log"))
-		if err := os.WriteFile(filepath.Join(d.dir, "virtlogd.conf"), []byte(vconf), 0o600); err != nil {
+	for name, content := range map[string]string{"libvirtd.conf": conf, "qemu.conf": qemuConf} {
+		if err := os.WriteFile(filepath.Join(d.dir, name), []byte(content), 0o600); err != nil {
+			d.Close()
 			return nil, fmt.Errorf("libvirt: %w", err)
 		}
-		cmd, err := d.start("virtlogd", "-f", filepath.Join(d.dir, "virtlogd.conf"), "-p", filepath.Join(d.dir, "virtlogd.pid"))
-		if err != nil {
-			return nil, err
-		}
-		d.virtlogd = cmd
-		if err := d.wait(ctx, cmd, VirtlogdSocket); err != nil {
-			d.Close()
-			return nil, err
-		}
 	}
-	cmd, err := d.start("libvirtd", "-f", filepath.Join(d.dir, "libvirtd.conf"), "-p", filepath.Join(d.dir, "libvirtd.pid"))
-	if err != nil {
+	script := fmt.Sprintf("mount --bind %s %s && exec libvirtd -f %s -p %s",
+		filepath.Join(d.dir, "qemu.conf"), SystemQEMUConf,
+		filepath.Join(d.dir, "libvirtd.conf"), filepath.Join(d.dir, "libvirtd.pid"))
+	if err := d.start("unshare", "--mount", "--propagation", "private", "sh", "-c", script); err != nil {
 		d.Close()
 		return nil, err
 	}
-	d.libvirtd = cmd
-	if err := d.wait(ctx, cmd, d.socket); err != nil {
+	if err := d.wait(ctx); err != nil {
 		d.Close()
 		return nil, err
 	}
@@ -121,7 +124,7 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 		return nil, err
 	}
 	_ = lv.Disconnect()
-	d.log.Info("libvirtd started", "pid", cmd.Process.Pid, "socket", d.socket)
+	d.log.Info("libvirtd started", "pid", d.cmd.Process.Pid, "socket", d.socket)
 	return d, nil
 }
 
@@ -134,44 +137,42 @@ func answers(socket string) bool {
 	return true
 }
 
-func (d *Daemon) start(name string, args ...string) (*exec.Cmd, error) {
-	out, err := os.OpenFile(filepath.Join(d.dir, name+".out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+func (d *Daemon) start(name string, args ...string) error {
+	out, err := os.OpenFile(filepath.Join(d.dir, "libvirtd.out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("libvirt: %w", err)
+		return fmt.Errorf("libvirt: %w", err)
 	}
 	defer out.Close()
 	cmd := exec.Command(name, args...)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("libvirt: start %s: %w", name, err)
+		return fmt.Errorf("libvirt: start libvirtd: %w", err)
 	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	d.done[cmd] = done
-	return cmd, nil
+	d.cmd, d.done = cmd, make(chan struct{})
+	go func() { _ = cmd.Wait(); close(d.done) }()
+	return nil
 }
 
-// wait waits until socket answers, the process exits or 60 s pass.
-func (d *Daemon) wait(ctx context.Context, cmd *exec.Cmd, socket string) error {
+// wait waits until the socket answers, libvirtd exits or 60 s pass.
+func (d *Daemon) wait(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	for !answers(socket) {
+	for !answers(d.socket) {
 		select {
-		case <-d.done[cmd]:
-			return errdefs.Unavailable("libvirt: %s exited: %s", filepath.Base(cmd.Path), d.lastLog(cmd))
+		case <-d.done:
+			return errdefs.Unavailable("libvirt: libvirtd exited: %s", d.lastLog())
 		case <-ctx.Done():
-			return errdefs.Unavailable("libvirt: %s did not answer on %s: %s", filepath.Base(cmd.Path), socket, d.lastLog(cmd))
+			return errdefs.Unavailable("libvirt: libvirtd did not answer on %s: %s", d.socket, d.lastLog())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
 	return nil
 }
 
-// lastLog is the last line of a daemon's own log or output.
-func (d *Daemon) lastLog(cmd *exec.Cmd) string {
-	name := filepath.Base(cmd.Path)
-	for _, f := range []string{name + ".out", name + ".log"} {
+// lastLog is the last line of libvirtd's output or log.
+func (d *Daemon) lastLog() string {
+	for _, f := range []string{"libvirtd.out", "libvirtd.log"} {
 		b, _ := os.ReadFile(filepath.Join(d.dir, f))
 		if s := strings.TrimSpace(string(b)); s != "" {
 			if i := strings.LastIndexByte(s, '\n'); i >= 0 {
@@ -186,43 +187,38 @@ func (d *Daemon) lastLog(cmd *exec.Cmd) string {
 // Socket is the private libvirtd's read-write socket, for Options.Socket.
 func (d *Daemon) Socket() string { return d.socket }
 
-// Dir is the daemon's directory (configuration, logs, sockets).
+// Dir is the daemon's directory (configuration, log, sockets).
 func (d *Daemon) Dir() string { return d.dir }
 
-// PID is libvirtd's process ID.
+// PID is libvirtd's process ID, 0 before it started.
 func (d *Daemon) PID() int {
-	if d.libvirtd == nil {
+	if d.cmd == nil {
 		return 0
 	}
-	return d.libvirtd.Process.Pid
+	return d.cmd.Process.Pid
 }
 
-// Close stops libvirtd, then virtlogd if it started one: SIGTERM by PID,
-// SIGKILL after 10 s. Domains still running keep running (libvirtd does
-// not stop them): close the VMs first. A temporary directory made by
+// Close stops libvirtd by PID (SIGTERM, SIGKILL of its process group
+// after 10 s). Domains still running keep running (libvirtd does not
+// stop them): close the VMs first. A temporary directory made by
 // StartDaemon is removed.
 func (d *Daemon) Close() error {
 	var errs []error
-	for _, cmd := range []*exec.Cmd{d.libvirtd, d.virtlogd} {
-		if cmd == nil {
-			continue
-		}
-		done := d.done[cmd]
+	if d.cmd != nil {
 		select {
-		case <-done:
-			continue
+		case <-d.done:
 		default:
-		}
-		_ = syscall.Kill(cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-done
-			errs = append(errs, fmt.Errorf("libvirt: %s (pid %d) ignored SIGTERM", filepath.Base(cmd.Path), cmd.Process.Pid))
+			_ = syscall.Kill(d.cmd.Process.Pid, syscall.SIGTERM)
+			select {
+			case <-d.done:
+			case <-time.After(10 * time.Second):
+				_ = syscall.Kill(-d.cmd.Process.Pid, syscall.SIGKILL)
+				<-d.done
+				errs = append(errs, fmt.Errorf("libvirt: libvirtd (pid %d) ignored SIGTERM", d.cmd.Process.Pid))
+			}
+			d.log.Info("libvirtd stopped")
 		}
 	}
-	d.log.Info("libvirtd stopped")
 	if d.ownDir {
 		errs = append(errs, os.RemoveAll(d.dir))
 	}

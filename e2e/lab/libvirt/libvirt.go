@@ -331,7 +331,13 @@ func (v *VM) defineLocked() error {
 		return fmt.Errorf("libvirt: define %s: %w", v.o.Name, err)
 	}
 	v.dom = dom
+	// Later definitions replace this domain: libvirt matches them by UUID.
+	v.def.UUID = uuidString(dom.UUID)
 	return nil
+}
+
+func uuidString(u golibvirt.UUID) string {
+	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
 }
 
 // SerialLog is the path of the file that receives the VM's serial
@@ -390,7 +396,9 @@ func (v *VM) PowerOn(ctx context.Context, bootDevice string) error {
 	if on {
 		return nil
 	}
+	uuid := v.def.UUID
 	v.def = v.domainXML(bootDevice)
+	v.def.UUID = uuid
 	if err := v.defineLocked(); err != nil {
 		return err
 	}

@@ -1,0 +1,257 @@
+package libvirt_test
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	golibvirt "github.com/digitalocean/go-libvirt"
+	"github.com/stretchr/testify/require"
+	"libvirt.org/go/libvirtxml"
+
+	"github.com/kilnhq/kiln/e2e/lab/libvirt"
+	"github.com/kilnhq/kiln/e2e/lab/machine"
+	"github.com/kilnhq/kiln/internal/errdefs"
+)
+
+// daemon is the libvirtd the tests use: the system one when its socket
+// answers, else a private one started once per test process.
+var daemon struct {
+	once   sync.Once
+	socket string
+	d      *libvirt.Daemon
+	err    error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if daemon.d != nil {
+		_ = daemon.d.Close()
+	}
+	if media.dir != "" {
+		os.RemoveAll(media.dir)
+	}
+	os.Exit(code)
+}
+
+func answers(socket string) bool {
+	c, err := net.DialTimeout("unix", socket, time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// libvirtSocket returns the socket of a running libvirtd, or skips.
+func libvirtSocket(t testing.TB) string {
+	t.Helper()
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		t.Skip("qemu-system-x86_64 not installed (apt-get install qemu-system-x86)")
+	}
+	daemon.once.Do(func() {
+		if answers(libvirt.DefaultSocket) {
+			daemon.socket = libvirt.DefaultSocket
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		var log *slog.Logger
+		if testing.Verbose() {
+			log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+		}
+		daemon.d, daemon.err = libvirt.StartDaemon(ctx, libvirt.DaemonOptions{Logger: log})
+		if daemon.err == nil {
+			daemon.socket = daemon.d.Socket()
+		}
+	})
+	if daemon.socket == "" {
+		t.Skipf("libvirtd not reachable at %s and a private one cannot start: %v", libvirt.DefaultSocket, daemon.err)
+	}
+	return daemon.socket
+}
+
+func newVM(t testing.TB, o libvirt.Options) *libvirt.VM {
+	t.Helper()
+	o.Socket = libvirtSocket(t)
+	if o.Dir == "" {
+		o.Dir = t.TempDir()
+	}
+	// Test temp dirs are 0700: QEMU runs as root to read them.
+	o.RunAsRoot = true
+	if testing.Verbose() {
+		o.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	vm, err := libvirt.New(o)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		pid := qemuPID(t, o.Name)
+		require.NoError(t, vm.Close())
+		if pid != 0 && syscall.Kill(pid, 0) == nil {
+			t.Errorf("qemu pid %d of %s still runs after Close", pid, o.Name)
+		}
+		if lv, err := libvirt.Dial(o.Socket, ""); err == nil {
+			if _, err := lv.DomainLookupByName(o.Name); !golibvirt.IsNotFound(err) {
+				t.Errorf("domain %s is still defined after Close (lookup: %v)", o.Name, err)
+			}
+			_ = lv.Disconnect()
+		}
+		// libvirt's QEMU log of the domain (virtlogd writes it).
+		_ = os.Remove(filepath.Join("/var/log/libvirt/qemu", o.Name+".log"))
+		if t.Failed() {
+			b, _ := os.ReadFile(vm.SerialLog())
+			t.Logf("serial console of %s:\n%s", o.Name, tail(string(b), 60))
+		}
+	})
+	return vm
+}
+
+// qemuPID is the PID of the domain's QEMU from libvirt's pid file, 0 when
+// it does not run.
+func qemuPID(t testing.TB, name string) int {
+	b, err := os.ReadFile(filepath.Join("/run/libvirt/qemu", name+".pid"))
+	if err != nil {
+		return 0
+	}
+	pid := 0
+	for _, c := range strings.TrimSpace(string(b)) {
+		pid = pid*10 + int(c-'0')
+	}
+	return pid
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// liveDomain reads the domain's definition as libvirt reports it.
+func liveDomain(t *testing.T, vm *libvirt.VM) *libvirtxml.Domain {
+	t.Helper()
+	x, err := vm.XML()
+	require.NoError(t, err)
+	d := &libvirtxml.Domain{}
+	require.NoError(t, d.Unmarshal(x))
+	return d
+}
+
+// bootOrders maps "disk", "cd" and "pxe" to their <boot order> and
+// returns the CD drive's source file.
+func bootOrders(t *testing.T, d *libvirtxml.Domain) (map[string]uint, string) {
+	t.Helper()
+	got := map[string]uint{}
+	cd := ""
+	for _, disk := range d.Devices.Disks {
+		name := map[string]string{"disk": "disk", "cdrom": "cd"}[disk.Device]
+		if disk.Boot != nil {
+			got[name] = disk.Boot.Order
+		}
+		if disk.Device == "cdrom" && disk.Source != nil && disk.Source.File != nil {
+			cd = disk.Source.File.File
+		}
+	}
+	for _, nic := range d.Devices.Interfaces {
+		if nic.Boot != nil {
+			got["pxe"] = nic.Boot.Order
+		}
+	}
+	return got, cd
+}
+
+// TestPowerBootOrderAndMedia drives a TCG domain's power, boot order and
+// virtual media through libvirtd without booting an OS (the firmware runs
+// on a blank disk), checking what `virsh dumpxml` and `virsh domstate`
+// would show.
+func TestPowerBootOrderAndMedia(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	vm := newVM(t, libvirt.Options{Name: "kiln-lv-power", Dir: dir, DiskSize: 16 << 20, MemoryMB: 256, GracePeriod: 2 * time.Second})
+
+	if _, err := libvirt.New(libvirt.Options{Name: "kiln-lv-power", Dir: t.TempDir(), DiskSize: 1 << 20, Socket: libvirtSocket(t)}); !errdefs.IsAlreadyExists(err) {
+		t.Errorf("New() of a defined name = %v, want AlreadyExists", err)
+	}
+	d := liveDomain(t, vm)
+	if d.Type != "qemu" {
+		t.Errorf("domain type = %q, want qemu (TCG)", d.Type)
+	}
+	if vm.State() || vm.BootSource() != "" {
+		t.Fatalf("new VM: State() = %v BootSource() = %q, want off and never booted", vm.State(), vm.BootSource())
+	}
+	if err := vm.Reset(ctx); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("Reset() of an off VM = %v, want FailedPrecondition", err)
+	}
+
+	// Media inserted while off is in the definition the VM starts with.
+	iso := filepath.Join(dir, "first.iso")
+	require.NoError(t, os.WriteFile(iso, make([]byte, 2048), 0o644))
+	require.NoError(t, vm.InsertMedia("file://"+iso))
+	require.NoError(t, vm.PowerOn(ctx, machine.BootCD))
+	if !vm.State() {
+		t.Fatalf("State() after PowerOn(cd) = off")
+	}
+	if pid := qemuPID(t, "kiln-lv-power"); pid == 0 || syscall.Kill(pid, 0) != nil {
+		t.Fatalf("no QEMU runs after PowerOn (pid %d)", pid)
+	}
+	order, cd := bootOrders(t, liveDomain(t, vm))
+	if order["cd"] != 1 || order["disk"] == 1 || order["pxe"] == 1 || cd != iso {
+		t.Errorf("after PowerOn(cd): boot orders %v, cdrom %q; want cd first and %q", order, cd, iso)
+	}
+	// Power on of a running VM is a no-op.
+	require.NoError(t, vm.PowerOn(ctx, machine.BootPXE))
+	if vm.BootSource() != machine.BootCD {
+		t.Errorf("BootSource() after a second PowerOn = %q, want cd", vm.BootSource())
+	}
+	require.NoError(t, vm.Reset(ctx))
+	if !vm.State() {
+		t.Errorf("State() after Reset = off")
+	}
+
+	// Live media changes: eject, then an http URL (downloaded).
+	require.NoError(t, vm.InsertMedia(""))
+	if _, cd := bootOrders(t, liveDomain(t, vm)); cd != "" {
+		t.Errorf("cdrom after eject = %q, want empty", cd)
+	}
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write(make([]byte, 4096))
+	}))
+	defer ts.Close()
+	require.NoError(t, vm.InsertMedia(ts.URL+"/boot/iso/kiln-lv-power.iso"))
+	_, cd = bootOrders(t, liveDomain(t, vm))
+	if cd == "" || cd != vm.Media() || filepath.Dir(cd) != dir {
+		t.Errorf("cdrom after inserting an http URL = %q (Media() %q), want the download in %s", cd, vm.Media(), dir)
+	}
+
+	require.NoError(t, vm.PowerOff(ctx, false))
+	if vm.State() {
+		t.Fatalf("State() after a hard PowerOff = on")
+	}
+	require.NoError(t, vm.PowerOff(ctx, false)) // off again: no-op
+
+	// The new boot device is first in the next start's definition.
+	require.NoError(t, vm.PowerOn(ctx, machine.BootPXE))
+	order, _ = bootOrders(t, liveDomain(t, vm))
+	if order["pxe"] != 1 || order["disk"] == 1 || order["cd"] == 1 {
+		t.Errorf("after PowerOn(pxe): boot orders %v, want pxe first", order)
+	}
+	if vm.BootSource() != machine.BootPXE {
+		t.Errorf("BootSource() = %q, want pxe", vm.BootSource())
+	}
+	// No OS answers the ACPI button: power is cut after the grace period.
+	require.NoError(t, vm.PowerOff(ctx, true))
+	if vm.State() {
+		t.Errorf("State() after a graceful PowerOff with no OS = on")
+	}
+}
