@@ -33,7 +33,7 @@ import (
 // kubeadm, and the host lifecycle and cluster executors over them: the
 // leader's work of a controller in simulation mode.
 type world struct {
-	t       *testing.T
+	t       testing.TB
 	ctx     context.Context
 	st      *store.Store
 	rec     *events.Recorder
@@ -41,7 +41,7 @@ type world struct {
 	kubeadm *sim.Kubeadm
 }
 
-func newWorld(t *testing.T, kubeadmDuration time.Duration) *world {
+func newWorld(t testing.TB, kubeadmDuration time.Duration) *world {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -80,15 +80,24 @@ func (w *world) start() (stop func()) {
 			ISOURL:         func(h string) string { return "http://boot.sim/boot/iso/" + h + ".iso" },
 			ResyncInterval: time.Second,
 		}, slog.New(slog.DiscardHandler))
-	ex := clusterexec.New(clusterexec.Deps{Store: w.st, Recorder: w.rec, Agents: clusterexec.AgentDialer(agents)},
-		clusterexec.Config{Interval: 100 * time.Millisecond}, slog.New(slog.NewTextHandler(testWriter{w.t}, nil)))
+	ex := w.executor()
 	done := make(chan struct{}, 2)
 	go func() { _ = life.Run(ctx); done <- struct{}{} }()
 	go func() { _ = ex.Run(ctx); done <- struct{}{} }()
 	return func() { cancel(); <-done; <-done }
 }
 
-type testWriter struct{ t *testing.T }
+// executor is a new cluster executor over w.
+func (w *world) executor() *clusterexec.Executor {
+	log := slog.New(slog.DiscardHandler)
+	if _, ok := w.t.(*testing.T); ok {
+		log = slog.New(slog.NewTextHandler(testWriter{w.t}, nil))
+	}
+	return clusterexec.New(clusterexec.Deps{Store: w.st, Recorder: w.rec, Agents: clusterexec.AgentDialer(w.kubeadm.AgentDialer())},
+		clusterexec.Config{Interval: 100 * time.Millisecond}, log)
+}
+
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
 
