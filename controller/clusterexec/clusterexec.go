@@ -189,6 +189,46 @@ func (e *Executor) reconcileAll(ctx context.Context) {
 			e.log.Warn("reconcile cluster", "cluster", it.Name, "err", err)
 		}
 	}
+	if err := e.ReleaseOrphans(ctx); err != nil && ctx.Err() == nil {
+		e.log.Warn("release orphaned hosts", "err", err)
+	}
+}
+
+// ReleaseOrphans unbinds every host whose status.machine names a Machine
+// that no longer exists (deleted through the API, which skips kubeadm
+// reset): the host lifecycle then wipes it and it becomes Available.
+func (e *Executor) ReleaseOrphans(ctx context.Context) error {
+	// Hosts before machines: a machine is created before its host is
+	// bound, so a host bound after the first list has its machine in the
+	// second.
+	hosts, err := listAll(ctx, e.deps.Store, HostsKind, func() proto.Message { return &typesv1.Host{} })
+	if err != nil {
+		return err
+	}
+	ms, err := listAll(ctx, e.deps.Store, MachinesKind, func() proto.Message { return &typesv1.Machine{} })
+	if err != nil {
+		return err
+	}
+	exists := make(map[string]bool, len(ms))
+	for _, it := range ms {
+		exists[it.Name] = true
+	}
+	var errs []error
+	for _, it := range hosts {
+		bound := it.Msg.(*typesv1.Host).GetStatus().GetMachine()
+		if bound == "" || exists[bound] {
+			continue
+		}
+		if err := e.unbind(ctx, it.Name, bound); err != nil {
+			errs = append(errs, fmt.Errorf("host %s: %w", it.Name, err))
+			continue
+		}
+		e.log.Info("host released: its machine is gone", "host", it.Name, "machine", bound)
+		if e.deps.Recorder != nil {
+			e.deps.Recorder.Record(ctx, HostsKind, it.Name, "Normal", "Released", "machine "+bound+" no longer exists; the host is wiped and becomes Available")
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Reconcile plans cluster name once, runs the planned actions and brings

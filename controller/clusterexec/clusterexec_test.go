@@ -363,3 +363,41 @@ func TestScaleDown(t *testing.T) {
 	}
 	require.Contains(t, reasons, "DrainSkipped", "events of %s", gone.GetMetadata().GetName())
 }
+
+// TestMachineDeletedThroughAPI deletes a worker Machine directly (as
+// `kilnctl delete machine` does): its host is released, wiped and
+// Available, and the deployment makes a replacement on the spare host
+// (h4: spares are taken in name order).
+func TestMachineDeletedThroughAPI(t *testing.T) {
+	w := newWorld(t, 0)
+	w.apply(4, 1, 2)
+	stop := w.start()
+	defer stop()
+	before := w.waitRunning(3)
+	var victim *typesv1.Machine
+	for _, m := range before {
+		if m.GetSpec().GetRole() == "worker" {
+			victim = m
+			break
+		}
+	}
+	require.NotNil(t, victim)
+	require.NoError(t, w.st.Delete(w.ctx, "machines", victim.GetMetadata().GetName(), 0))
+
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		h := &typesv1.Host{}
+		_, err := w.st.Get(w.ctx, "hosts", victim.GetSpec().GetHost(), h)
+		require.NoError(t, err)
+		if h.GetStatus().GetMachine() == "" && h.GetStatus().GetState() == typesv1.HostState_HOST_STATE_AVAILABLE {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "host %s still bound to deleted %s: %s", h.GetMetadata().GetName(), victim.GetMetadata().GetName(), h.GetStatus().GetState())
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.Empty(t, w.fleet.Host(victim.GetSpec().GetHost()).DiskImage(), "released host not wiped")
+	after := w.waitRunning(3)
+	for _, m := range after {
+		require.NotEqual(t, victim.GetMetadata().GetName(), m.GetMetadata().GetName())
+	}
+}
