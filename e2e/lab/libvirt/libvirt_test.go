@@ -19,8 +19,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"libvirt.org/go/libvirtxml"
 
+	"github.com/kilnhq/kiln/bmc"
 	"github.com/kilnhq/kiln/e2e/lab/libvirt"
 	"github.com/kilnhq/kiln/e2e/lab/machine"
+	"github.com/kilnhq/kiln/e2e/lab/redfish"
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
@@ -253,5 +255,53 @@ func TestPowerBootOrderAndMedia(t *testing.T) {
 	require.NoError(t, vm.PowerOff(ctx, true))
 	if vm.State() {
 		t.Errorf("State() after a graceful PowerOff with no OS = on")
+	}
+}
+
+// TestRedfishDrivesDomain puts the lab's Redfish emulator in front of a
+// libvirt domain and drives it with Kiln's bmc package, as the controller
+// drives a rack: virtual media from a URL, a one-time PXE boot, power on
+// and off. No OS boots (blank disk).
+func TestRedfishDrivesDomain(t *testing.T) {
+	dir := t.TempDir()
+	vm := newVM(t, libvirt.Options{Name: "kiln-lv-redfish", Dir: dir, DiskSize: 16 << 20, MemoryMB: 256, MAC: "52:54:00:4b:69:22"})
+	emu, err := redfish.New(redfish.Config{
+		Username: "admin", Password: "lab-secret",
+		Systems: []redfish.System{{ID: "kiln-lv-redfish", Machine: vm, MACs: []string{"52:54:00:4b:69:22"}}},
+	})
+	require.NoError(t, err)
+	emu.Start()
+	t.Cleanup(emu.Close)
+	media := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write(make([]byte, 4096))
+	}))
+	defer media.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	b, err := bmc.Dial(ctx, bmc.Endpoint{Protocol: bmc.ProtocolRedfish, Address: emu.URL(), Username: "admin", Password: "lab-secret"}, bmc.Options{Name: "kiln-lv-redfish"})
+	require.NoError(t, err)
+
+	require.NoError(t, b.InsertVirtualMedia(ctx, media.URL+"/boot/iso/kiln-lv-redfish.iso"))
+	if _, cd := bootOrders(t, liveDomain(t, vm)); cd == "" || filepath.Dir(cd) != dir {
+		t.Errorf("cdrom after Redfish InsertMedia = %q, want the download in %s", cd, dir)
+	}
+	require.NoError(t, b.SetBootDevice(ctx, bmc.BootPXE, false, false))
+	require.NoError(t, b.PowerOn(ctx))
+	if !vm.State() || vm.BootSource() != machine.BootPXE {
+		t.Fatalf("after Redfish PowerOn: State() = %v BootSource() = %q, want on from pxe", vm.State(), vm.BootSource())
+	}
+	if order, _ := bootOrders(t, liveDomain(t, vm)); order["pxe"] != 1 {
+		t.Errorf("boot orders after a one-time PXE power on = %v, want pxe first", order)
+	}
+	if st, err := b.PowerState(ctx); err != nil || st != bmc.PowerOn {
+		t.Errorf("PowerState() = %q, %v, want on", st, err)
+	}
+	require.NoError(t, b.PowerOff(ctx))
+	if vm.State() {
+		t.Errorf("domain still running after a Redfish ForceOff")
+	}
+	if st, err := b.PowerState(ctx); err != nil || st != bmc.PowerOff {
+		t.Errorf("PowerState() after PowerOff = %q, %v, want off", st, err)
 	}
 }
