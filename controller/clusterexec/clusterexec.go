@@ -1,6 +1,6 @@
 // Package clusterexec runs what controller/clusterplan decides for each
 // Cluster: it gathers the cluster's ControlPlanes, MachineDeployments,
-// Machines and the Hosts, calls the pure planners, stores their status and
+// HealthChecks, Machines and the Hosts, calls the pure planners, stores their status and
 // performs their actions (CreateMachine, Drain, RemoveEtcdMember,
 // DeleteMachine). It then brings every Machine of the cluster forward:
 // it binds the Machine's host (Host.status.machine, compare-and-swap, so
@@ -50,6 +50,7 @@ const (
 	MachineDeploymentsKind = "machinedeployments"
 	MachinesKind           = "machines"
 	HostsKind              = "hosts"
+	HealthChecksKind       = "healthchecks"
 )
 
 // AnnotationBootstrap on a Machine says how its node joins: one of
@@ -270,6 +271,21 @@ func (e *Executor) Reconcile(ctx context.Context, name string) error {
 		e.storeStatus(ctx, MachineDeploymentsKind, it.Name, x, func(m proto.Message) { m.(*typesv1.MachineDeployment).Status = p.Status })
 		actions = append(actions, p.Actions...)
 	}
+	var mine []*typesv1.Machine
+	for _, m := range w.machines {
+		if m.GetSpec().GetCluster() == name {
+			mine = append(mine, m)
+		}
+	}
+	for _, it := range w.hcs {
+		x := it.Msg.(*typesv1.HealthCheck)
+		p := clusterplan.PlanHealthCheck(clusterplan.HealthCheckInput{HealthCheck: x, Machines: mine}, now)
+		e.storeStatus(ctx, HealthChecksKind, it.Name, x, func(m proto.Message) { m.(*typesv1.HealthCheck).Status = p.Status })
+		for machine, why := range p.Unhealthy {
+			e.log.Info("machine unhealthy", "machine", machine, "why", why)
+		}
+		actions = append(actions, p.Actions...)
+	}
 	var errs []error
 	for _, a := range actions {
 		if err := e.do(ctx, c, a); err != nil {
@@ -282,7 +298,7 @@ func (e *Executor) Reconcile(ctx context.Context, name string) error {
 
 // world is what the planners read of one cluster.
 type world struct {
-	cps, mds []store.Item
+	cps, mds, hcs []store.Item
 	machines []*typesv1.Machine
 	hosts    []*typesv1.Host
 }
@@ -306,6 +322,15 @@ func (e *Executor) gather(ctx context.Context, cluster string) (*world, error) {
 	for _, it := range mds {
 		if it.Msg.(*typesv1.MachineDeployment).GetSpec().GetCluster() == cluster {
 			w.mds = append(w.mds, it)
+		}
+	}
+	hcs, err := listAll(ctx, st, HealthChecksKind, func() proto.Message { return &typesv1.HealthCheck{} })
+	if err != nil {
+		return nil, err
+	}
+	for _, it := range hcs {
+		if it.Msg.(*typesv1.HealthCheck).GetSpec().GetCluster() == cluster {
+			w.hcs = append(w.hcs, it)
 		}
 	}
 	// All machines: a host bound to another cluster's machine is not
@@ -408,6 +433,8 @@ func (e *Executor) createMachine(ctx context.Context, c *typesv1.Cluster, a clus
 		Metadata: &typesv1.ObjectMeta{
 			Name: a.Machine, Generation: 1, CreationTimestamp: now, Uid: newUID(),
 			Annotations: map[string]string{AnnotationBootstrap: a.Bootstrap},
+			// Labels HealthCheck selectors match on.
+			Labels: map[string]string{"cluster": c.GetMetadata().GetName(), "role": a.Role},
 		},
 		Spec:   &typesv1.MachineSpec{Cluster: c.GetMetadata().GetName(), Role: a.Role, Host: a.Host, Version: a.Version, Image: a.Image, Owner: a.Owner},
 		Status: &typesv1.MachineStatus{Phase: PhasePending},

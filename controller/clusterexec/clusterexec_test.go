@@ -401,3 +401,51 @@ func TestMachineDeletedThroughAPI(t *testing.T) {
 		require.NotEqual(t, victim.GetMetadata().GetName(), m.GetMetadata().GetName())
 	}
 }
+
+// TestHealthCheckReplaces makes a worker's node NotReady: after the
+// HealthCheck's timeout the machine is deleted (node reset, host wiped)
+// and the deployment replaces it on the spare host.
+func TestHealthCheckReplaces(t *testing.T) {
+	w := newWorld(t, 0)
+	w.apply(4, 1, 2)
+	w.create("healthchecks", "hc", &typesv1.HealthCheck{Metadata: &typesv1.ObjectMeta{Name: "hc", Generation: 1, CreationTimestamp: timestamppb.Now()},
+		Spec: &typesv1.HealthCheckSpec{Cluster: "c1", Selector: map[string]string{"cluster": "c1", "role": "worker"}, MaxUnhealthy: "1",
+			UnhealthyConditions: []*typesv1.UnhealthyCondition{{Type: "NodeReady", Status: "False", Timeout: "1s"}}}})
+	stop := w.start()
+	defer stop()
+	before := w.waitRunning(3)
+	var victim *typesv1.Machine
+	for _, m := range before {
+		if m.GetSpec().GetRole() == "worker" {
+			victim = m
+			break
+		}
+	}
+	require.NotNil(t, victim)
+	w.kubeadm.NodeNotReady(victim.GetSpec().GetHost(), true)
+
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		gone := true
+		for _, m := range w.machines() {
+			if m.GetMetadata().GetName() == victim.GetMetadata().GetName() {
+				gone = false
+			}
+		}
+		if gone {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "unhealthy machine %s not remediated", victim.GetMetadata().GetName())
+		time.Sleep(50 * time.Millisecond)
+	}
+	w.kubeadm.NodeNotReady(victim.GetSpec().GetHost(), false)
+	after := w.waitRunning(3)
+	for _, m := range after {
+		require.NotEqual(t, victim.GetSpec().GetHost(), m.GetSpec().GetHost(), "replacement on the unhealthy host before it was wiped")
+	}
+	require.Empty(t, w.kubeadm.Node(victim.GetSpec().GetHost()), "unhealthy node not reset")
+	hc := &typesv1.HealthCheck{}
+	_, err := w.st.Get(w.ctx, "healthchecks", "hc", hc)
+	require.NoError(t, err)
+	require.Equal(t, int32(2), hc.GetStatus().GetExpectedMachines(), "HealthCheck expected machines")
+}

@@ -40,6 +40,7 @@ type Kubeadm struct {
 	journal   map[string]*kubeadmOp // host + "/" + operation id
 	nodes     map[string]string     // host -> role of the node it runs
 	preflight map[string]*agentv1.Check
+	notReady  map[string]bool
 	caHash    string
 }
 
@@ -69,6 +70,7 @@ func NewKubeadm(f *Fleet, d time.Duration) *Kubeadm {
 		journal:   map[string]*kubeadmOp{},
 		nodes:     map[string]string{},
 		preflight: map[string]*agentv1.Check{},
+		notReady:  map[string]bool{},
 		caHash:    fmt.Sprintf("sha256:%x", sha256.Sum256([]byte("sim cluster CA"))),
 	}
 }
@@ -99,6 +101,14 @@ func (k *Kubeadm) FailPreflight(host string, c *agentv1.Check) {
 		return
 	}
 	k.preflight[host] = c
+}
+
+// NodeNotReady makes the node of host report NodeReady False (a kubelet
+// that stopped posting status) while v is true.
+func (k *Kubeadm) NodeNotReady(host string, v bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.notReady[host] = v
 }
 
 // Node returns the role of the node host runs ("" when it has not joined
@@ -265,9 +275,13 @@ func (a *kubeadmAgent) Probe(_ context.Context, _ *agentv1.ProbeRequest, _ ...gr
 			conditions.New("NodeReady", conditions.False, "NotJoined", "the host has not joined a cluster"),
 		}}, nil
 	}
+	ready := conditions.New("NodeReady", conditions.True, "KubeletReady", "")
+	if k.notReady[a.host.name] {
+		ready = conditions.New("NodeReady", conditions.False, "NodeStatusUnknown", "Kubelet stopped posting node status")
+	}
 	conds := []*typesv1.Condition{
 		conditions.New("KubeletHealthy", conditions.True, "Healthy", ""),
-		conditions.New("NodeReady", conditions.True, "KubeletReady", ""),
+		ready,
 		conditions.New("ClusterDNSResolves", conditions.True, "Resolved", "kubernetes.default.svc.cluster.local resolved"),
 	}
 	if role == "control-plane" {
