@@ -107,7 +107,6 @@ type VM struct {
 	def   *libvirtxml.Domain
 	boot  string
 	media string // local path in the CD drive, "" when empty
-	url   string // what InsertMedia was given
 	nfile int
 }
 
@@ -189,7 +188,6 @@ func New(o Options) (*VM, error) {
 		o:      o,
 		log:    log.With("component", "libvirt", "vm", o.Name),
 		serial: filepath.Join(o.Dir, "serial.log"),
-		boot:   "",
 	}
 	v.def = v.domainXML(machine.BootDisk)
 
@@ -527,7 +525,7 @@ func (v *VM) InsertMedia(rawURL string) error {
 		return err
 	}
 	prev := v.media
-	v.media, v.url = path, rawURL
+	v.media = path
 	cd := v.cdrom(bootOrder(v.bootOrDisk())[machine.BootCD])
 	for i := range v.def.Devices.Disks {
 		if v.def.Devices.Disks[i].Device == "cdrom" {
@@ -549,7 +547,7 @@ func (v *VM) InsertMedia(rawURL string) error {
 		if err := v.lv.DomainUpdateDeviceFlags(v.dom, x, flags); err != nil {
 			v.removeDownload(path)
 			v.media = prev
-			return fmt.Errorf("libvirt: insert media %s: %w", rawURL, err)
+			return fmt.Errorf("libvirt: insert media %s: %w", redact(rawURL), err)
 		}
 	}
 	if prev != path {
