@@ -115,3 +115,23 @@ func TestDialUnreachable(t *testing.T) {
 		t.Errorf("New() without libvirtd = %v, want Unavailable", err)
 	}
 }
+
+// TestNewValidates: bad options fail before libvirtd is asked.
+func TestNewValidates(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "libvirt-sock")
+	for _, tc := range []struct {
+		name string
+		o    Options
+		want func(error) bool
+	}{
+		{"no name", Options{Dir: t.TempDir(), Socket: sock}, errdefs.IsInvalidArgument},
+		{"no dir", Options{Name: "x", Socket: sock}, errdefs.IsInvalidArgument},
+		{"missing firmware", Options{Name: "x", Dir: t.TempDir(), Socket: sock, UEFI: true, UEFICode: "/nonexistent/OVMF_CODE.fd"}, errdefs.IsNotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := New(tc.o); !tc.want(err) {
+				t.Errorf("New(%s) = %v, want a typed error", tc.name, err)
+			}
+		})
+	}
+}
