@@ -404,7 +404,8 @@ func TestMachineDeletedThroughAPI(t *testing.T) {
 
 // TestHealthCheckReplaces makes a worker's node NotReady: after the
 // HealthCheck's timeout the machine is deleted (node reset, host wiped)
-// and the deployment replaces it on the spare host.
+// and the deployment replaces it (on the spare host, or on the same host
+// once it is reimaged).
 func TestHealthCheckReplaces(t *testing.T) {
 	w := newWorld(t, 0)
 	w.apply(4, 1, 2)
@@ -441,7 +442,10 @@ func TestHealthCheckReplaces(t *testing.T) {
 	w.kubeadm.NodeNotReady(victim.GetSpec().GetHost(), false)
 	after := w.waitRunning(3)
 	for _, m := range after {
-		require.NotEqual(t, victim.GetSpec().GetHost(), m.GetSpec().GetHost(), "replacement on the unhealthy host before it was wiped")
+		require.NotEqual(t, victim.GetMetadata().GetUid(), m.GetMetadata().GetUid(), "unhealthy machine still there")
+		if m.GetSpec().GetHost() == victim.GetSpec().GetHost() {
+			require.GreaterOrEqual(t, w.fleet.Host(m.GetSpec().GetHost()).Lays(), 2, "host %s reused without a reimage", m.GetSpec().GetHost())
+		}
 	}
 	require.Empty(t, w.kubeadm.Node(victim.GetSpec().GetHost()), "unhealthy node not reset")
 	hc := &typesv1.HealthCheck{}
