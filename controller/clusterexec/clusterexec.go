@@ -138,6 +138,13 @@ type Executor struct {
 	cfg  Config
 	deps Deps
 	log  *slog.Logger
+
+	// Bootstraps run in the background, at most Workers at once, so a
+	// kubeadm join that takes minutes holds up no other machine's probe.
+	boots   sync.WaitGroup
+	bootSem chan struct{}
+	mu      sync.Mutex
+	booting map[string]bool
 }
 
 // New returns an Executor; Run starts it.
@@ -160,13 +167,16 @@ func New(deps Deps, cfg Config, log *slog.Logger) *Executor {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Executor{cfg: cfg, deps: deps, log: log.With("component", "clusterexec")}
+	return &Executor{cfg: cfg, deps: deps, log: log.With("component", "clusterexec"),
+		bootSem: make(chan struct{}, cfg.Workers), booting: map[string]bool{}}
 }
 
-// Run reconciles every cluster each Interval until ctx ends. It blocks.
+// Run reconciles every cluster each Interval until ctx ends. It blocks,
+// and returns once the bootstraps it started have ended too.
 func (e *Executor) Run(ctx context.Context) error {
 	t := time.NewTicker(e.cfg.Interval)
 	defer t.Stop()
+	defer e.boots.Wait()
 	for {
 		e.reconcileAll(ctx)
 		select {
@@ -233,10 +243,11 @@ func (e *Executor) ReleaseOrphans(ctx context.Context) error {
 }
 
 // Reconcile plans cluster name once, runs the planned actions and brings
-// each of its machines one step forward (bind, bootstrap, probe). It
-// blocks while agent operations run (each under its deadline) and returns
-// the errors of the actions and machines joined; a NotFound cluster is
-// no error.
+// each of its machines one step forward (bind, probe; a bootstrap is
+// started in the background under ctx and a later Reconcile sees its
+// outcome). It blocks while the actions run (each agent call under its
+// deadline) and returns the errors of the actions and machines joined; a
+// NotFound cluster is no error.
 func (e *Executor) Reconcile(ctx context.Context, name string) error {
 	c := &typesv1.Cluster{}
 	if _, err := e.deps.Store.Get(ctx, ClustersKind, name, c); err != nil {

@@ -51,17 +51,39 @@ func (e *Executor) advance(ctx context.Context, name string) error {
 		return nil
 	}
 	if !bootstrapped {
-		if err := e.bootstrap(ctx, m, h); err != nil {
-			return err
-		}
-		if !conditions.IsTrue(e.machineConditions(ctx, name), ConditionBootstrapped) {
-			return nil
-		}
+		e.startBootstrap(ctx, m, h)
+		return nil
 	}
 	if conditions.Get(m.GetStatus().GetConditions(), clusterplan.MachineDrained) != nil {
 		return nil // on its way out: no more probes
 	}
 	return e.probe(ctx, m, h)
+}
+
+// startBootstrap runs bootstrap for m in the background unless it runs
+// already.
+func (e *Executor) startBootstrap(ctx context.Context, m *typesv1.Machine, h *typesv1.Host) {
+	name := m.GetMetadata().GetName()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.booting[name] {
+		return
+	}
+	e.booting[name] = true
+	e.boots.Add(1)
+	go func() {
+		defer e.boots.Done()
+		defer func() { e.mu.Lock(); delete(e.booting, name); e.mu.Unlock() }()
+		select {
+		case e.bootSem <- struct{}{}:
+			defer func() { <-e.bootSem }()
+		case <-ctx.Done():
+			return
+		}
+		if err := e.bootstrap(ctx, m, h); err != nil && ctx.Err() == nil {
+			e.log.Warn("bootstrap", "machine", name, "err", err)
+		}
+	}()
 }
 
 func (e *Executor) machineConditions(ctx context.Context, name string) []*typesv1.Condition {
