@@ -22,9 +22,9 @@ import (
 
 	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
-	"github.com/kilnhq/kiln/controller/kilnconfig"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/kilnconfig"
 	"github.com/kilnhq/kiln/internal/pki"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"

@@ -18,10 +18,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kilnhq/kiln/controller/election"
-	"github.com/kilnhq/kiln/controller/kilnconfig"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/errgrpc"
+	"github.com/kilnhq/kiln/internal/kilnconfig"
 	"github.com/kilnhq/kiln/internal/seal"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 

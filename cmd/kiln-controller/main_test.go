@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
-	"github.com/kilnhq/kiln/controller/kilnconfig"
+	"github.com/kilnhq/kiln/internal/kilnconfig"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 )
 

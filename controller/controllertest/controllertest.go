@@ -24,8 +24,8 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/kilnhq/kiln/controller"
-	"github.com/kilnhq/kiln/controller/kilnconfig"
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/internal/kilnconfig"
 )
 
 // Env is a running controller.
