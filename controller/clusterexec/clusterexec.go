@@ -310,8 +310,8 @@ func (e *Executor) Reconcile(ctx context.Context, name string) error {
 // world is what the planners read of one cluster.
 type world struct {
 	cps, mds, hcs []store.Item
-	machines []*typesv1.Machine
-	hosts    []*typesv1.Host
+	machines      []*typesv1.Machine
+	hosts         []*typesv1.Host
 }
 
 func (e *Executor) gather(ctx context.Context, cluster string) (*world, error) {

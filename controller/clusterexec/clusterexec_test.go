@@ -99,7 +99,10 @@ func (w *world) executor() *clusterexec.Executor {
 
 type testWriter struct{ t testing.TB }
 
-func (w testWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
 
 func (w *world) create(kind, name string, m proto.Message) {
 	w.t.Helper()
