@@ -276,7 +276,8 @@ func TestRestartMidInit(t *testing.T) {
 }
 
 // TestPreflightRefuses makes the control-plane host's preflight fail: the
-// machine is not bootstrapped and says why and how to fix it.
+// machine is not bootstrapped and says why and how to fix it; once the
+// host is fixed it is.
 func TestPreflightRefuses(t *testing.T) {
 	w := newWorld(t, 0)
 	for i := 1; i <= 1; i++ {
@@ -302,6 +303,20 @@ func TestPreflightRefuses(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	require.Equal(t, 0, count(w.kubeadm.Calls(), "KubeadmInit", false), "KubeadmInit ran despite the failed preflight")
+
+	// Fixed on the host: the next pass bootstraps it.
+	w.kubeadm.FailPreflight("h1", nil)
+	for {
+		ms := w.machines()
+		require.Len(t, ms, 1)
+		if ms[0].GetStatus().GetPhase() == clusterexec.PhaseRunning {
+			c := conditions.Get(ms[0].GetStatus().GetConditions(), clusterexec.ConditionBootstrapFailed)
+			require.Equal(t, conditions.False, c.GetStatus(), "BootstrapFailed after the fix")
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "not Running after the fix: %v", ms[0].GetStatus())
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // TestScaleDown lowers the deployment from two workers to one: the

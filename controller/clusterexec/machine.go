@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kilnhq/kiln/controller/clusterplan"
@@ -180,8 +181,10 @@ func (e *Executor) bootstrap(ctx context.Context, m *typesv1.Machine, h *typesv1
 		}
 		boot = b
 	}
-	if err := e.setPhase(ctx, name, PhaseBootstrapping); err != nil {
-		return err
+	if m.GetStatus().GetPhase() != PhaseFailed { // Failed stays until a success
+		if err := e.setPhase(ctx, name, PhaseBootstrapping); err != nil {
+			return err
+		}
 	}
 	agent, err := e.deps.Agents(ctx, h)
 	if err != nil {
@@ -206,7 +209,9 @@ func (e *Executor) bootstrap(ctx context.Context, m *typesv1.Machine, h *typesv1
 		return fmt.Errorf("preflight: %w", errgrpc.FromGRPC(err))
 	}
 	if msg := failedChecks(report); msg != "" {
-		e.event(ctx, name, "Warning", "PreflightFailed", msg)
+		if prev := conditions.Get(m.GetStatus().GetConditions(), ConditionBootstrapFailed); prev.GetStatus() != conditions.True || prev.GetMessage() != msg {
+			e.event(ctx, name, "Warning", "PreflightFailed", msg)
+		}
 		return e.setCondition(ctx, name, conditions.New(ConditionBootstrapFailed, conditions.True, "PreflightFailed", msg), PhaseFailed)
 	}
 
@@ -528,9 +533,12 @@ type eventStream interface {
 }
 
 // follow reads an operation's events until its terminal one and returns
-// it. A stream that breaks is Unavailable (re-attach under the same id);
-// an operation that failed is FailedPrecondition with the agent's error.
+// it, carrying the operation's result (the agent may send the result in
+// an earlier event than the terminal one). A stream that breaks is
+// Unavailable (re-attach under the same id); an operation that failed is
+// FailedPrecondition with the agent's error.
 func follow(s eventStream) (*agentv1.OperationEvent, error) {
+	var withResult *agentv1.OperationEvent
 	for {
 		ev, err := s.Recv()
 		if errors.Is(err, io.EOF) {
@@ -539,8 +547,15 @@ func follow(s eventStream) (*agentv1.OperationEvent, error) {
 		if err != nil {
 			return nil, errgrpc.FromGRPC(err)
 		}
+		if ev.GetResult() != nil {
+			withResult = ev
+		}
 		switch ev.GetState() {
 		case agentv1.OperationState_OPERATION_STATE_SUCCEEDED:
+			if ev.GetResult() == nil && withResult != nil {
+				ev = proto.Clone(ev).(*agentv1.OperationEvent)
+				ev.Result = withResult.Result
+			}
 			return ev, nil
 		case agentv1.OperationState_OPERATION_STATE_FAILED:
 			return nil, errdefs.FailedPrecondition("operation %s failed: %s", ev.GetOperationId(), ev.GetError())

@@ -58,7 +58,7 @@ type Call struct {
 type kubeadmOp struct {
 	id, kind string
 	done     chan struct{}
-	ev       *agentv1.OperationEvent
+	events   []*agentv1.OperationEvent // the last one is terminal
 }
 
 // NewKubeadm returns the kubeadm simulation of f; KubeadmInit and
@@ -163,8 +163,17 @@ func (a *kubeadmAgent) start(ctx context.Context, method, id string, d time.Dura
 		_ = k.fleet.sleep(k.fleet.ctx, d)
 		ev := run()
 		ev.OperationId, ev.Kind = id, method
+		events := []*agentv1.OperationEvent{ev}
+		if ev.GetResult() != nil {
+			// As the agent does: the result in its own event, then the
+			// terminal state.
+			events = []*agentv1.OperationEvent{
+				{OperationId: id, Kind: method, State: agentv1.OperationState_OPERATION_STATE_RUNNING, Message: "done", Result: ev.Result},
+				{OperationId: id, Kind: method, State: ev.GetState()},
+			}
+		}
 		k.mu.Lock()
-		op.ev = ev
+		op.events = events
 		k.mu.Unlock()
 		close(op.done)
 	}()
@@ -290,25 +299,26 @@ func (a *kubeadmAgent) Probe(_ context.Context, _ *agentv1.ProbeRequest, _ ...gr
 	return &agentv1.ProbeResponse{Conditions: conds, Healthy: true}, nil
 }
 
-// opStream delivers the terminal event of a journalled operation.
+// opStream delivers the final events of a journalled operation once it
+// ends.
 type opStream struct {
 	grpc.ClientStream
 	ctx  context.Context
 	op   *kubeadmOp
-	sent bool
+	next int
 }
 
 func (s *opStream) Recv() (*agentv1.OperationEvent, error) {
-	if s.sent {
-		return nil, io.EOF
-	}
 	select {
 	case <-s.op.done:
 	case <-s.ctx.Done():
 		return nil, errgrpc.ToGRPC(errdefs.Unavailable("operation %s: %v", s.op.id, s.ctx.Err()))
 	}
-	s.sent = true
-	return s.op.ev, nil
+	if s.next >= len(s.op.events) {
+		return nil, io.EOF
+	}
+	s.next++
+	return s.op.events[s.next-1], nil
 }
 
 func (s *opStream) Header() (metadata.MD, error) { return nil, nil }
