@@ -213,7 +213,8 @@ func (a *kubeadmAgent) Preflight(_ context.Context, in *agentv1.PreflightRequest
 }
 
 // KubeadmInit makes the host the first control-plane node; the result
-// carries the cluster's CA hash and (made-up) credentials.
+// carries the cluster's CA hash and (made-up) join credentials, and no
+// admin kubeconfig.
 func (a *kubeadmAgent) KubeadmInit(ctx context.Context, in *agentv1.KubeadmInitRequest, _ ...grpc.CallOption) (grpc.ServerStreamingClient[agentv1.OperationEvent], error) {
 	host := a.host.name
 	return a.start(ctx, "KubeadmInit", in.GetOperationId(), a.k.duration, func() *agentv1.OperationEvent {
@@ -225,7 +226,8 @@ func (a *kubeadmAgent) KubeadmInit(ctx context.Context, in *agentv1.KubeadmInitR
 			CaHash:            a.k.caHash,
 			JoinToken:         "abcdef.0123456789abcdef",
 			CertificateKey:    fmt.Sprintf("%x", sha256.Sum256([]byte("certificate key "+host))),
-			Kubeconfig:        "apiVersion: v1\nkind: Config\nclusters: []\n",
+			// No kubeconfig: a simulated cluster has no API server to
+			// drain nodes through (the executor skips the drain and says so).
 			ApiServerEndpoint: in.GetCluster().GetControlPlaneEndpoint(),
 		}}
 		return ev
