@@ -223,9 +223,9 @@ func (a *kubeadmAgent) KubeadmInit(ctx context.Context, in *agentv1.KubeadmInitR
 		a.k.mu.Unlock()
 		ev := succeeded()
 		ev.Result = &agentv1.OperationEvent_KubeadmInit{KubeadmInit: &agentv1.KubeadmInitResult{
-			CaHash:            a.k.caHash,
-			JoinToken:         "abcdef.0123456789abcdef",
-			CertificateKey:    fmt.Sprintf("%x", sha256.Sum256([]byte("certificate key "+host))),
+			CaHash:         a.k.caHash,
+			JoinToken:      "abcdef.0123456789abcdef",
+			CertificateKey: fmt.Sprintf("%x", sha256.Sum256([]byte("certificate key "+host))),
 			// No kubeconfig: a simulated cluster has no API server to
 			// drain nodes through (the executor skips the drain and says so).
 			ApiServerEndpoint: in.GetCluster().GetControlPlaneEndpoint(),
