@@ -8,8 +8,13 @@ cmd=${1:-up}
 case "$cmd" in
   up)
     echo "lab: the end-to-end lab (issue 'Fleet lifecycle end to end') is not assembled yet."
-    echo "lab: present: controller with embedded etcd, agent enrollment, kilnctl, BMC emulators (see README)."
-    echo "lab: missing: netns/nspawn host backend, golden image + boot media, provisioning reconcilers."
+    echo "lab: each part runs and is tested on its own:"
+    echo "lab:   kiln-controller run --lifecycle (embedded etcd, host lifecycle, cluster executor, boot server)"
+    echo "lab:   kilnctl lab up --hosts N --ipmi K   (netns hosts behind Redfish emulators and ipmi_sim)"
+    echo "lab:   kiln-imagebuilder bootmedia / build (agent ISO + iPXE, golden image), make kube-tools"
+    echo "lab:   kiln-controller run --simulate N    (the same reconcilers against simulated BMCs and agents)"
+    echo "lab: missing: the script that chains them (lab hosts registered as Hosts, their boot tokens, images"
+    echo "lab: served to the lab bridge, examples/lab-cluster.yaml applied) and its end-to-end test."
     exit 2
     ;;
   down)
