@@ -74,7 +74,8 @@ const (
 	ActLayImage ActionKind = "LayImage"
 	// ActWriteIdentity writes the host's identity into the laid image.
 	ActWriteIdentity ActionKind = "WriteIdentity"
-	// ActReboot asks the agent to reboot the host.
+	// ActReboot asks the agent to reboot the host, unless the agent that
+	// answers already runs in mode UnlessAgent.
 	ActReboot ActionKind = "Reboot"
 	// ActWipe asks the agent to wipe Target under OperationID.
 	ActWipe ActionKind = "Wipe"
@@ -128,6 +129,12 @@ type Action struct {
 	Image     *typesv1.ImageSpec
 	// Target is the disk of ActLayImage, ActWriteIdentity and ActWipe.
 	Target string
+	// UnlessAgent makes ActReboot a no-op when the agent answering runs
+	// in this mode: BootDisk run again after a restart must not reboot an
+	// installed agent that the first run's reboot already started (its
+	// earlier check-in would then end WaitInstalledAgent while the host
+	// reboots again).
+	UnlessAgent string
 }
 
 func (a Action) String() string {
@@ -144,6 +151,10 @@ func (a Action) String() string {
 		fmt.Fprintf(&b, " target=%s", a.Target)
 	case ActWipe:
 		fmt.Fprintf(&b, " op=%s target=%s", a.OperationID, a.Target)
+	case ActReboot:
+		if a.UnlessAgent != "" {
+			fmt.Fprintf(&b, " unless=%s", a.UnlessAgent)
+		}
 	}
 	return b.String()
 }
@@ -513,7 +524,7 @@ func (p *planner) provisionSteps() []stepDef {
 			return []Action{{Kind: ActWriteIdentity, Target: p.target()}}
 		}},
 		stepDef{name: StepBootDisk, retryFrom: StepPowerOff, actions: func() []Action {
-			return []Action{{Kind: ActSetBoot, Device: BootDisk, Persistent: true}, {Kind: ActReboot}}
+			return []Action{{Kind: ActSetBoot, Device: BootDisk, Persistent: true}, {Kind: ActReboot, UnlessAgent: "installed"}}
 		}},
 		stepDef{name: StepWaitInstalled, retryFrom: StepBootDisk, wait: func() (bool, string) {
 			// The boot agent may still check in between the reboot request

@@ -488,6 +488,17 @@ func (e *Executor) do(ctx context.Context, h *typesv1.Host, a hostlife.Action) e
 		_, err := c.WriteIdentity(ctx, req)
 		return errgrpc.FromGRPC(err)
 	case hostlife.ActReboot:
+		if a.UnlessAgent != "" {
+			// Rebooting is not idempotent: a step run again after a
+			// restart asks first whether the reboot already happened.
+			f, err := c.Facts(ctx, &agentv1.FactsRequest{})
+			if err != nil {
+				return errgrpc.FromGRPC(err)
+			}
+			if f.GetFacts().GetAgentMode() == a.UnlessAgent {
+				return nil
+			}
+		}
 		_, err := c.Reboot(ctx, &agentv1.RebootRequest{})
 		return errgrpc.FromGRPC(err)
 	}

@@ -1,6 +1,7 @@
 package provision
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -8,11 +9,13 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/errgrpc"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
 func TestQueueHandsAHostToOneWorkerAtATime(t *testing.T) {
@@ -112,5 +115,44 @@ func TestFollow(t *testing.T) {
 				t.Errorf("follow(%s) = %v", tt.name, err)
 			}
 		})
+	}
+}
+
+// rebootAgent answers Facts with mode and counts reboots.
+type rebootAgent struct {
+	agentv1.AgentClient
+	mode    string
+	reboots int
+}
+
+func (a *rebootAgent) Facts(context.Context, *agentv1.FactsRequest, ...grpc.CallOption) (*agentv1.FactsResponse, error) {
+	if a.mode == "" {
+		return nil, errgrpc.ToGRPC(errdefs.Unavailable("connection refused"))
+	}
+	return &agentv1.FactsResponse{Facts: &typesv1.Facts{AgentMode: a.mode}}, nil
+}
+
+func (a *rebootAgent) Reboot(context.Context, *agentv1.RebootRequest, ...grpc.CallOption) (*agentv1.RebootResponse, error) {
+	a.reboots++
+	return &agentv1.RebootResponse{}, nil
+}
+
+// TestRebootUnlessAgent: BootDisk run again after a restart does not
+// reboot the installed agent its first run already booted.
+func TestRebootUnlessAgent(t *testing.T) {
+	for _, tt := range []struct {
+		mode    string
+		reboots int
+		err     func(error) bool
+	}{
+		{"boot", 1, func(err error) bool { return err == nil }},
+		{"installed", 0, func(err error) bool { return err == nil }},
+		{"", 0, errdefs.IsUnavailable},
+	} {
+		a := &rebootAgent{mode: tt.mode}
+		e := New(Deps{Agents: func(context.Context, *typesv1.Host) (agentv1.AgentClient, error) { return a, nil }}, Config{}, nil)
+		err := e.do(context.Background(), &typesv1.Host{}, hostlife.Action{Kind: hostlife.ActReboot, UnlessAgent: "installed"})
+		require.True(t, tt.err(err), "agent %q: err %v", tt.mode, err)
+		require.Equal(t, tt.reboots, a.reboots, "agent %q: reboots", tt.mode)
 	}
 }
