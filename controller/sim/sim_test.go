@@ -274,7 +274,7 @@ func TestCrashSafety(t *testing.T) {
 	crashes := 0
 	for crashes < 6 {
 		stop := w.start()
-		time.Sleep(time.Duration(10+r.IntN(120)) * time.Millisecond)
+		time.Sleep(time.Duration(5+r.IntN(25)+10*crashes) * time.Millisecond)
 		stop()
 		done := 0
 		for _, n := range names {
