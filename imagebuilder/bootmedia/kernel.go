@@ -77,12 +77,25 @@ func fetchKernel(ctx context.Context, run Runner, cacheDir, pkg string, progress
 	}
 	dir := filepath.Join(cacheDir, pkg+"_"+strings.ReplaceAll(version, ":", "%3a"))
 	k := &Kernel{Package: pkg, Version: version, Release: strings.TrimPrefix(pkg, "linux-image-"), Root: filepath.Join(dir, "kroot")}
-	if _, err := os.Stat(filepath.Join(dir, "complete")); err == nil {
+	complete := func() bool { _, err := os.Stat(filepath.Join(dir, "complete")); return err == nil }
+	if complete() {
 		progress("kernel %s %s from the cache", pkg, version)
 		return k, nil
 	}
 	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
 		return nil, fmt.Errorf("kernel cache: %w", err)
+	}
+	// One fetch per entry at a time, across processes: a second one waits
+	// and then uses the first one's entry; none removes an entry another
+	// may be reading.
+	unlock, err := lockFile(ctx, dir+".lock")
+	if err != nil {
+		return nil, fmt.Errorf("kernel cache: %w", err)
+	}
+	defer unlock()
+	if complete() { // fetched while we waited
+		progress("kernel %s %s from the cache", pkg, version)
+		return k, nil
 	}
 	tmp, err := os.MkdirTemp(cacheDir, ".fetch-"+pkg+"-")
 	if err != nil {
@@ -108,12 +121,13 @@ func fetchKernel(ctx context.Context, run Runner, cacheDir, pkg string, progress
 	if err := os.WriteFile(filepath.Join(tmp, "complete"), []byte(version+"\n"), 0o644); err != nil {
 		return nil, err
 	}
-	complete := func() bool { _, err := os.Stat(filepath.Join(dir, "complete")); return err == nil }
-	if !complete() { // else a concurrent build finished first: use its copy
-		_ = os.RemoveAll(dir) // an incomplete earlier attempt
-		if err := os.Rename(tmp, dir); err != nil && !complete() {
-			return nil, fmt.Errorf("kernel cache: %w", err)
-		}
+	// Publish by rename, under the lock: the entry appears whole, with
+	// "complete" in it, or not at all.
+	if err := os.RemoveAll(dir); err != nil { // an incomplete earlier attempt
+		return nil, fmt.Errorf("kernel cache: %w", err)
+	}
+	if err := os.Rename(tmp, dir); err != nil {
+		return nil, fmt.Errorf("kernel cache: %w", err)
 	}
 	if _, err := os.Stat(k.Vmlinuz()); err != nil {
 		return nil, fmt.Errorf("kernel package %s has no %s: %w", pkg, filepath.Base(k.Vmlinuz()), err)
