@@ -4,6 +4,14 @@
 // address) in the installed agent's data directory. The installed agent then
 // starts enrolled, with no token and no shared secret.
 //
+// A request may also carry the host's network configuration
+// (network_config): the content of a systemd-networkd .network file, written
+// as NetworkFile (0644, root-owned). It must have a [Match] and a [Network]
+// section, be at most MaxNetworkConfig bytes of UTF-8 text with no control
+// characters other than tab and newline, and is checked before anything is
+// written (see ValidateNetworkConfig). An empty network_config writes
+// nothing: the image keeps its own network setup (typically DHCP).
+//
 // It edits the image's root filesystem without mounting it, with debugfs
 // (e2fsprogs) at the root partition's offset, and reads every file back to
 // verify it. The root partition is the GPT partition of the discoverable
@@ -23,6 +31,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/kilnhq/kiln/agent/enroll"
 	"github.com/kilnhq/kiln/agent/identity"
@@ -32,6 +42,12 @@ import (
 
 // DataDir is the installed agent's data directory inside the image.
 const DataDir = "/var/lib/kiln-agent"
+
+// NetworkFile is where a request's network_config is written in the image.
+const NetworkFile = "/etc/systemd/network/10-kiln.network"
+
+// MaxNetworkConfig is the largest network_config accepted, in bytes.
+const MaxNetworkConfig = 64 << 10
 
 // Runner runs a host command and returns its standard output
 // (command.Exec in production).
@@ -67,15 +83,12 @@ type file struct {
 //
 // Errors: InvalidArgument for a missing field or an identity that does not
 // hold together (key and certificate, certificate and CA, CA and ca_hash,
-// certificate and hostname); NotSupported for network_config (no format is
-// defined yet); NotFound for a missing target; FailedPrecondition when the
+// certificate and hostname) or a network_config that is not a valid
+// systemd-networkd .network file (ValidateNetworkConfig); NotFound for a missing target; FailedPrecondition when the
 // target holds no root filesystem or a file does not read back as written;
 // the runner's error when debugfs fails. The private key never appears in
 // errors or logs. It blocks until written and verified.
 func (w *Writer) WriteIdentity(ctx context.Context, req *agentv1.WriteIdentityRequest) error {
-	if req.GetNetworkConfig() != "" {
-		return errdefs.NotSupported("write identity: network_config is not supported yet")
-	}
 	var missing []string
 	for _, f := range []struct {
 		name string
@@ -95,6 +108,9 @@ func (w *Writer) WriteIdentity(ctx context.Context, req *agentv1.WriteIdentityRe
 	}
 	if len(missing) > 0 {
 		return errdefs.InvalidArgument("write identity: %s required", strings.Join(missing, ", "))
+	}
+	if err := ValidateNetworkConfig(req.GetNetworkConfig()); err != nil {
+		return fmt.Errorf("write identity for host %q: %w", req.GetHostname(), err)
 	}
 
 	// Lay the identity out exactly as the agent keeps it, which also checks
@@ -133,6 +149,9 @@ func (w *Writer) WriteIdentity(ctx context.Context, req *agentv1.WriteIdentityRe
 		}
 		files = append(files, file{path: path.Join(DataDir, f.name), data: data, mode: f.mode})
 	}
+	if nc := req.GetNetworkConfig(); nc != "" {
+		files = append(files, file{path: NetworkFile, data: []byte(nc), mode: 0o644})
+	}
 
 	off, err := RootOffset(req.GetTarget())
 	if err != nil {
@@ -164,6 +183,93 @@ func (w *Writer) WriteIdentity(ctx context.Context, req *agentv1.WriteIdentityRe
 	}
 	w.log.Info("identity written into image", "target", req.GetTarget(), "host", req.GetHostname(), "offset", off)
 	return nil
+}
+
+// ValidateNetworkConfig checks that config is the content of a
+// systemd-networkd .network file, as WriteIdentity accepts it in
+// network_config: "" (nothing to write), or at most MaxNetworkConfig bytes
+// of UTF-8 text without control characters other than tab and newline
+// (no NUL, no carriage return), parsing as a unit file (lines are blank,
+// comments starting with '#' or ';', "[Section]" headers, or "Key=Value"
+// inside a section; a line ending in a backslash continues on the next)
+// with a [Match] and a [Network] section. Errors are InvalidArgument,
+// naming the problem and its line.
+func ValidateNetworkConfig(config string) error {
+	if config == "" {
+		return nil
+	}
+	bad := func(format string, args ...any) error {
+		return errdefs.InvalidArgument("network_config: "+format, args...)
+	}
+	if len(config) > MaxNetworkConfig {
+		return bad("%d bytes, at most %d allowed", len(config), MaxNetworkConfig)
+	}
+	if !utf8.ValidString(config) {
+		return bad("not UTF-8 text")
+	}
+	sections := map[string]bool{}
+	section := ""
+	continued := false
+	for i, line := range strings.Split(config, "\n") {
+		n := i + 1
+		for _, r := range line {
+			if r == '\t' {
+				continue
+			}
+			if unicode.IsControl(r) {
+				return bad("line %d: control character %U (want a text .network file)", n, r)
+			}
+		}
+		cont := continued
+		continued = strings.HasSuffix(line, "\\")
+		if cont {
+			continue // a continuation of the previous line's value
+		}
+		t := strings.TrimSpace(line)
+		switch {
+		case t == "" || t[0] == '#' || t[0] == ';':
+			continued = false // comments do not continue
+		case t[0] == '[':
+			if !strings.HasSuffix(t, "]") || len(t) < 3 || strings.ContainsAny(t[1:len(t)-1], "[]") {
+				return bad("line %d: malformed section header %q", n, clip(t))
+			}
+			section = t[1 : len(t)-1]
+			sections[section] = true
+			continued = false
+		default:
+			key, _, ok := strings.Cut(t, "=")
+			if !ok || strings.TrimSpace(key) == "" {
+				return bad("line %d: want \"[Section]\" or \"Key=Value\", got %q", n, clip(t))
+			}
+			if section == "" {
+				return bad("line %d: %q before any section", n, clip(strings.TrimSpace(key)))
+			}
+		}
+	}
+	var missing []string
+	for _, s := range []string{"Match", "Network"} {
+		if !sections[s] {
+			missing = append(missing, "["+s+"]")
+		}
+	}
+	if len(missing) > 0 {
+		return bad("no %s section (want a systemd-networkd .network file)", strings.Join(missing, " or "))
+	}
+	return nil
+}
+
+// clip shortens s for an error message.
+func clip(s string) string {
+	const max = 64
+	if len(s) <= max {
+		return s
+	}
+	for i := max; i > 0; i-- {
+		if utf8.RuneStart(s[i]) {
+			return s[:i] + "..."
+		}
+	}
+	return s[:max] + "..."
 }
 
 // missingDirs returns the parent directories of files that the image
@@ -217,7 +323,7 @@ func inodeType(stat string) string {
 // script stages the files under dir with their modes (debugfs copies the
 // mode of the local file) and returns the path of a debugfs command file
 // that creates the missing directories, makes the data directory 0700 and
-// replaces each file.
+// replaces each file, owned by root.
 func (w *Writer) script(dir string, mkdirs []string, files []file) (string, error) {
 	var b strings.Builder
 	for _, d := range mkdirs {
@@ -233,6 +339,7 @@ func (w *Writer) script(dir string, mkdirs []string, files []file) (string, erro
 			return "", err
 		}
 		fmt.Fprintf(&b, "rm %s\nwrite %s %s\n", f.path, local, f.path) // rm of a missing file is only a message
+		fmt.Fprintf(&b, "set_inode_field %s uid 0\nset_inode_field %s gid 0\n", f.path, f.path) // root-owned, whoever runs debugfs
 	}
 	script := filepath.Join(dir, "debugfs.cmds")
 	return script, os.WriteFile(script, []byte(b.String()), 0o600)

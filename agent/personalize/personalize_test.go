@@ -2,6 +2,9 @@ package personalize_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -105,6 +108,9 @@ func TestWriteIdentity(t *testing.T) {
 		require.Contains(t, stat, "Mode:  0600", "agent.key mode")
 		stat = run(t, "debugfs", "-R", "stat "+personalize.DataDir, fs)
 		require.Contains(t, stat, "Mode:  0700", "data directory mode")
+		// No network_config: the image keeps its own network setup.
+		stat = run(t, "debugfs", "-R", "stat "+personalize.NetworkFile, fs)
+		require.NotContains(t, stat, "Type:", "%s written without a network_config", personalize.NetworkFile)
 	}
 	run(t, "e2fsck", "-fn", fs) // the filesystem is consistent
 }
@@ -132,8 +138,12 @@ func TestWriteIdentityRefuses(t *testing.T) {
 	badPin.CaHash = "sha256:" + strings.Repeat("0", 64)
 	noKey := request(t, disk, "h1")
 	noKey.KeyPem = nil
-	network := request(t, disk, "h1")
-	network.NetworkConfig = "[Match]"
+	noNetworkSection := request(t, disk, "h1")
+	noNetworkSection.NetworkConfig = "[Match]\nName=eth0\n"
+	junk := request(t, disk, "h1")
+	junk.NetworkConfig = "[Match]\nName=eth0\n[Network]\nDHCP=yes\n\x00\x7fELF\x01\x02"
+	tooLarge := request(t, disk, "h1")
+	tooLarge.NetworkConfig = "[Match]\nName=eth0\n[Network]\nDHCP=yes\n" + strings.Repeat("# padding\n", personalize.MaxNetworkConfig/10)
 
 	tests := []struct {
 		name string
@@ -143,10 +153,13 @@ func TestWriteIdentityRefuses(t *testing.T) {
 		{"certificate for another host", otherHost, errdefs.IsInvalidArgument},
 		{"CA not matching ca_hash", badPin, errdefs.IsInvalidArgument},
 		{"no key", noKey, errdefs.IsInvalidArgument},
-		{"network config", network, errdefs.IsNotSupported},
+		{"network config without [Network]", noNetworkSection, errdefs.IsInvalidArgument},
+		{"network config with binary junk", junk, errdefs.IsInvalidArgument},
+		{"network config too large", tooLarge, errdefs.IsInvalidArgument},
 		{"blank disk", request(t, blank, "h1"), errdefs.IsFailedPrecondition},
 		{"missing target", request(t, filepath.Join(t.TempDir(), "nope"), "h1"), errdefs.IsNotFound},
 	}
+	before := fileHash(t, disk)
 	w := personalize.New(command.Exec{}, nil)
 	for _, tt := range tests {
 		err := w.WriteIdentity(context.Background(), tt.req)
@@ -158,7 +171,82 @@ func TestWriteIdentityRefuses(t *testing.T) {
 		}
 	}
 	// Nothing was written by the refused requests.
+	require.Equal(t, before, fileHash(t, disk), "image changed by refused requests")
 	if got := run(t, "debugfs", "-R", "cat /etc/hostname", disk+"?offset=1048576"); got != "debian\n" {
 		t.Errorf("/etc/hostname after refused writes = %q, want the image's own", got)
+	}
+}
+
+func fileHash(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	h := sha256.New()
+	_, err = io.Copy(h, f)
+	require.NoError(t, err)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+const networkConfig = `# written by kiln
+[Match]
+MACAddress=52:54:00:12:34:56
+
+[Network]
+Address=10.0.0.7/24
+Gateway=10.0.0.1
+DNS=10.0.0.1 \
+    10.0.0.2
+`
+
+func TestWriteIdentityNetworkConfig(t *testing.T) {
+	need(t, "debugfs", "mkfs.ext4", "sfdisk", "truncate", "e2fsck")
+	disk, _ := gptImage(t)
+	fs := disk + "?offset=1048576"
+	w := personalize.New(command.Exec{}, nil)
+	for _, cfg := range []string{networkConfig, strings.Replace(networkConfig, "10.0.0.7", "10.0.0.8", 1)} { // a second write replaces the first
+		req := request(t, disk, "rack1-07")
+		req.NetworkConfig = cfg
+		require.NoError(t, w.WriteIdentity(context.Background(), req))
+		if got := run(t, "debugfs", "-R", "cat "+personalize.NetworkFile, fs); got != cfg {
+			t.Errorf("%s = %q, want %q", personalize.NetworkFile, got, cfg)
+		}
+		stat := run(t, "debugfs", "-R", "stat "+personalize.NetworkFile, fs)
+		require.Contains(t, stat, "Type: regular", "%s type", personalize.NetworkFile)
+		require.Contains(t, stat, "Mode:  0644", "%s mode", personalize.NetworkFile)
+		require.Regexp(t, `User:\s+0\s+Group:\s+0\b`, stat, "%s owner", personalize.NetworkFile)
+		if got := run(t, "debugfs", "-R", "cat /etc/hostname", fs); got != "rack1-07\n" {
+			t.Errorf("/etc/hostname = %q", got)
+		}
+	}
+	run(t, "e2fsck", "-fn", fs) // the filesystem is consistent
+}
+
+func TestValidateNetworkConfig(t *testing.T) {
+	for _, ok := range []string{
+		"",
+		networkConfig,
+		"[Match]\nName=en*\n[Network]\nDHCP=yes",
+		"; comment\n[Match]\n\tName = eth0\n[Network]\nDHCP=ipv4\n[Route]\nGateway=10.0.0.1\n",
+	} {
+		require.NoError(t, personalize.ValidateNetworkConfig(ok), "%q", ok)
+	}
+	for _, tt := range []struct{ name, config, msg string }{
+		{"no [Network]", "[Match]\nName=eth0\n", "no [Network] section"},
+		{"no [Match]", "[Network]\nDHCP=yes\n", "no [Match] section"},
+		{"neither", "# nothing\n", "no [Match] or [Network] section"},
+		{"NUL", "[Match]\nName=eth0\x00\n[Network]\nDHCP=yes\n", "line 2: control character U+0000"},
+		{"carriage return", "[Match]\r\nName=eth0\r\n[Network]\r\nDHCP=yes\r\n", "line 1: control character U+000D"},
+		{"not UTF-8", "[Match]\nName=\xff\xfe\n[Network]\n", "not UTF-8"},
+		{"too large", "[Match]\n[Network]\n" + strings.Repeat("#", personalize.MaxNetworkConfig), "at most 65536"},
+		{"no key", "[Match]\nName=eth0\n[Network]\nDHCP\n", `line 4: want "[Section]" or "Key=Value", got "DHCP"`},
+		{"empty key", "[Match]\n=eth0\n[Network]\n", "line 2"},
+		{"key before section", "Name=eth0\n[Match]\n[Network]\n", `line 1: "Name" before any section`},
+		{"bad header", "[Match\nName=eth0\n[Network]\n", "line 1: malformed section header"},
+	} {
+		err := personalize.ValidateNetworkConfig(tt.config)
+		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tt.msg) {
+			t.Errorf("ValidateNetworkConfig(%s) = %v, want InvalidArgument containing %q", tt.name, err, tt.msg)
+		}
 	}
 }
