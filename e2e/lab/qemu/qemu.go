@@ -203,6 +203,10 @@ func New(o Options) (*VM, error) {
 // console (ttyS0), appended across boots.
 func (v *VM) SerialLog() string { return v.serial }
 
+// SocketDir is the directory of the QMP socket (under $TMPDIR, created
+// by New, removed by Close), for callers that track what to clean up.
+func (v *VM) SocketDir() string { return v.sockDr }
+
 // PID is the QEMU process ID, 0 when no QEMU runs.
 func (v *VM) PID() int {
 	v.mu.Lock()

@@ -1,6 +1,7 @@
 // Package rack runs a lab rack on one Linux machine: an nftables guard
 // that keeps lab traffic off the machine's uplink, a bridge on a lab-only
-// subnet, N hosts (e2e/lab/netns machines) each behind its own Redfish
+// subnet, N hosts (e2e/lab/netns machines, or e2e/lab/qemu VMs with
+// Backend "qemu") each behind its own Redfish
 // emulator on loopback, and K more behind real ipmi_sim BMCs.
 //
 // The BMC emulators must outlive the command that starts the lab, so the
@@ -46,6 +47,16 @@ const (
 	KindNFT = "nft" // an nftables table: "inet kiln-lab-NAME"
 )
 
+// Machine backends.
+const (
+	BackendNetns = "netns" // network namespace + systemd-nspawn hosts (e2e/lab/netns)
+	BackendQEMU  = "qemu"  // QEMU VMs (e2e/lab/qemu)
+)
+
+// MaxQEMUHosts is how many QEMU hosts a lab may have under TCG: this
+// machine runs one busy VM at a time. KILN_QEMU_ACCEL=kvm lifts it.
+const MaxQEMUHosts = 2
+
 // Phases of a lab.
 const (
 	PhaseStarting = "starting"
@@ -68,7 +79,8 @@ type Options struct {
 	Hosts int `json:"hosts"`
 	// IPMI is the number of further hosts behind ipmi_sim BMCs.
 	IPMI int `json:"ipmi"`
-	// Backend is the machine backend; only "netns" (the default) so far.
+	// Backend is the machine backend: "netns" (the default) or "qemu"
+	// (at most MaxQEMUHosts hosts without KVM; user-mode networking).
 	Backend string `json:"backend"`
 	// StateDir holds the state file, credentials, host disks and logs
 	// (default /var/lib/kiln/lab/NAME).
@@ -122,11 +134,14 @@ func (o *Options) defaults() error {
 	if o.Backend == "" {
 		o.Backend = "netns"
 	}
-	if o.Backend != "netns" {
-		return errdefs.NotSupported("lab backend %q: only netns is built", o.Backend)
+	if o.Backend != BackendNetns && o.Backend != BackendQEMU {
+		return errdefs.NotSupported("lab backend %q: want netns or qemu", o.Backend)
 	}
 	if o.Hosts < 0 || o.IPMI < 0 || o.Hosts+o.IPMI == 0 || o.Hosts+o.IPMI > 200 {
 		return errdefs.InvalidArgument("lab: %d Redfish and %d IPMI hosts: want 1 to 200 in all", o.Hosts, o.IPMI)
+	}
+	if o.Backend == BackendQEMU && o.Hosts+o.IPMI > MaxQEMUHosts && os.Getenv("KILN_QEMU_ACCEL") != "kvm" {
+		return errdefs.InvalidArgument("lab: %d qemu hosts: at most %d under TCG emulation (a TCG VM takes a core; KVM lifts the limit: KILN_QEMU_ACCEL=kvm)", o.Hosts+o.IPMI, MaxQEMUHosts)
 	}
 	if o.IPMI > 0 && len(o.ChassisCommand) == 0 {
 		return errdefs.InvalidArgument("lab: IPMI hosts need a chassis command (kiln-chassis)")

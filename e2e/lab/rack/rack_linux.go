@@ -20,7 +20,9 @@ import (
 	"time"
 
 	"github.com/kilnhq/kiln/e2e/lab/ipmisim"
+	"github.com/kilnhq/kiln/e2e/lab/machine"
 	"github.com/kilnhq/kiln/e2e/lab/netns"
+	"github.com/kilnhq/kiln/e2e/lab/qemu"
 	"github.com/kilnhq/kiln/e2e/lab/redfish"
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
@@ -124,7 +126,8 @@ type server struct {
 	mu sync.Mutex
 	st State
 
-	machines []*netns.Machine
+	machines []machine.Machine
+	vms      []*qemu.VM
 	redfish  []*redfish.BMC
 	sims     []*ipmisim.Sim
 }
@@ -272,22 +275,36 @@ func (s *server) up(ctx context.Context) error {
 			cl = append(cl, "kiln.ca_hash="+o.CAHash)
 		}
 		agent.Cmdline = strings.Join(cl, " ")
-		m, err := netns.New(ctx, netns.Options{
-			Name: name, Lab: o.Name, StateDir: hdir, Bridge: bridge,
-			Address: addr.String() + "/24", Gateway: gw.String(),
-			DiskSize: o.DiskSize, Agent: agent, Track: s.track, Logger: s.log,
-		})
-		if err != nil {
-			return err
+		var (
+			m machine.Machine
+			h Host
+		)
+		if o.Backend == BackendQEMU {
+			vm, err := s.newVM(i, name, hdir)
+			if err != nil {
+				return err
+			}
+			m = vm
+			h = Host{Name: name, Machine: vm.name, Address: qemuGuestAddress, MAC: vm.mac, Disk: vm.disk, Dir: hdir}
+		} else {
+			nm, err := netns.New(ctx, netns.Options{
+				Name: name, Lab: o.Name, StateDir: hdir, Bridge: bridge,
+				Address: addr.String() + "/24", Gateway: gw.String(),
+				DiskSize: o.DiskSize, Agent: agent, Track: s.track, Logger: s.log,
+			})
+			if err != nil {
+				return err
+			}
+			m = nm
+			h = Host{Name: name, Namespace: nm.Namespace(), Machine: nm.MachineName(), Address: addr.String(), MAC: nm.MAC(), Disk: nm.DiskPath(), Dir: hdir}
 		}
 		s.machines = append(s.machines, m)
-		h := Host{Name: name, Namespace: m.Namespace(), Machine: m.MachineName(), Address: addr.String(), MAC: m.MAC(), Disk: m.DiskPath(), Dir: hdir}
 		c := creds[name]
 		if i <= o.Hosts {
 			bmc, err := redfish.New(redfish.Config{
 				Username: c.Username, Password: c.Password, TLS: true, Logger: s.log,
-				Systems: []redfish.System{{ID: "1", Name: name, Manufacturer: "Kiln", Model: "lab netns host",
-					SerialNumber: "KILN-" + strings.ToUpper(o.Name+"-"+name), MACs: []string{m.MAC()}, Machine: m}},
+				Systems: []redfish.System{{ID: "1", Name: name, Manufacturer: "Kiln", Model: "lab " + o.Backend + " host",
+					SerialNumber: "KILN-" + strings.ToUpper(o.Name+"-"+name), MACs: []string{h.MAC}, Machine: m}},
 			})
 			if err != nil {
 				return err
@@ -358,6 +375,57 @@ func (s *server) shutdown() {
 		}()
 	}
 	wg.Wait()
+	for _, vm := range s.vms {
+		_ = vm.Close()
+	}
+}
+
+// qemuGuestAddress is a QEMU host's address on user-mode networking
+// (QEMU's slirp DHCP hands out 10.0.2.15; the host's loopback is 10.0.2.2).
+const qemuGuestAddress = "10.0.2.15"
+
+// labVM is a lab host on QEMU: it records the QEMU process (started at
+// the first power on) in the state file as soon as it runs.
+type labVM struct {
+	*qemu.VM
+	name, mac, disk string
+	track           func(netns.Resource)
+
+	mu      sync.Mutex
+	tracked int // PID last recorded
+}
+
+// newVM makes host i a QEMU VM with a sparse disk in hdir, on user-mode
+// networking. The host directory (disk, serial log, QEMU log) is recorded
+// before it is created, the QMP socket directory right after.
+func (s *server) newVM(i int, name, hdir string) (*labVM, error) {
+	disk := filepath.Join(hdir, "disk.raw")
+	s.track(netns.Resource{Kind: netns.KindDir, Value: hdir})
+	vname := "kiln-" + s.opts.Name + "-" + name
+	mac := fmt.Sprintf("52:54:00:4b:%02x:%02x", i>>8&0xff, i&0xff)
+	vm, err := qemu.New(qemu.Options{
+		Name: vname, Dir: hdir, DiskSize: s.opts.DiskSize, MAC: mac, Logger: s.log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.track(netns.Resource{Kind: netns.KindDir, Value: vm.SocketDir()})
+	s.vms = append(s.vms, vm)
+	return &labVM{VM: vm, name: vname, mac: mac, disk: disk, track: s.track}, nil
+}
+
+// PowerOn starts QEMU when needed and records its PID.
+func (v *labVM) PowerOn(ctx context.Context, bootDevice string) error {
+	err := v.VM.PowerOn(ctx, bootDevice)
+	if pid := v.VM.PID(); pid != 0 {
+		v.mu.Lock()
+		if pid != v.tracked {
+			v.tracked = pid
+			v.track(netns.Resource{Kind: netns.KindPID, Value: netns.ProcessID(pid)})
+		}
+		v.mu.Unlock()
+	}
+	return err
 }
 
 // Down stops the lab in dir and removes everything its state file
@@ -418,8 +486,11 @@ func Down(ctx context.Context, dir string, log *slog.Logger) error {
 				errs = append(errs, fmt.Errorf("%s %s: %w", r.Kind, r.Value, err))
 			}
 		}
-		if kind == netns.KindDir {
+		if kind == netns.KindDir && st.Backend != BackendQEMU {
 			for _, h := range st.Hosts {
+				if h.Machine == "" {
+					continue
+				}
 				_ = os.RemoveAll(filepath.Join("/run/systemd/nspawn/propagate", h.Machine))
 			}
 		}

@@ -3,6 +3,7 @@ package rack
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -324,13 +325,142 @@ func TestUpInvalid(t *testing.T) {
 		{"long name", Options{Name: "waytoolongname", Hosts: 1, ServeCommand: []string{"x"}}},
 		{"bad name", Options{Name: "Lab_1", Hosts: 1, ServeCommand: []string{"x"}}},
 		{"ipmi without chassis", Options{IPMI: 1, ServeCommand: []string{"x"}}},
-		{"qemu backend", Options{Hosts: 1, Backend: "qemu", ServeCommand: []string{"x"}}},
+		{"unknown backend", Options{Hosts: 1, Backend: "xen", ServeCommand: []string{"x"}}},
 		{"no serve command", Options{Hosts: 1, StateDir: t.TempDir()}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if _, err := Up(context.Background(), tt.opts); err == nil {
 				t.Errorf("Up(%+v) = nil error, want one", tt.opts)
+			}
+		})
+	}
+}
+
+// TestQEMUHostLimit: without KVM a qemu lab refuses more hosts than the
+// machine can run, naming the limit and KVM.
+func TestQEMUHostLimit(t *testing.T) {
+	t.Setenv("KILN_QEMU_ACCEL", "")
+	_, err := Up(context.Background(), Options{Hosts: 2, IPMI: 1, Backend: BackendQEMU, ChassisCommand: []string{"x"}, ServeCommand: []string{"x"}})
+	require.Error(t, err)
+	for _, want := range []string{"at most 2", "KVM"} {
+		require.Contains(t, err.Error(), want)
+	}
+}
+
+// TestUpDownQEMU brings up a one-host qemu lab, powers the VM on with a
+// blank disk through its Redfish emulator (no OS boots: QEMU's firmware
+// just runs), checks the QEMU process runs and is recorded, powers it off,
+// and checks Down leaves no process or file of the lab.
+func TestUpDownQEMU(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for the bridge and nftables")
+	}
+	for tool, pkg := range map[string]string{"ip": "iproute2", "nft": "nftables", "qemu-system-x86_64": "qemu-system-x86"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed (Debian package %s)", tool, pkg)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for _, crash := range []bool{false, true} {
+		t.Run(fmt.Sprintf("supervisor crashed=%v", crash), func(t *testing.T) {
+			before := snapshot(t)
+			dir := filepath.Join(t.TempDir(), "lab")
+			name := fmt.Sprintf("q%d", os.Getpid()%100000)
+			rep, err := Up(ctx, Options{
+				Name: name, Hosts: 1, Backend: BackendQEMU, StateDir: dir, DiskSize: 64 << 20,
+				ServeCommand: []string{os.Args[0], "-test.run=^$"}, ServeEnv: []string{serveEnv + "=" + dir},
+			})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = Down(context.Background(), dir, nil) })
+			require.Len(t, rep.Hosts, 1)
+			h := rep.Hosts[0]
+			require.Equal(t, BackendQEMU, rep.Backend)
+			require.Equal(t, ProtocolRedfish, h.BMC.Protocol)
+			require.Equal(t, "kiln-"+name+"-h1", h.Machine)
+			fi, err := os.Stat(h.Disk)
+			require.NoError(t, err, "the host's disk")
+			require.Equal(t, int64(64<<20), fi.Size())
+			c := rep.Credentials[h.Name]
+
+			powerState := func() string {
+				cl := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}} //nolint:gosec // lab emulator, self-signed
+				req, err := http.NewRequest(http.MethodGet, h.BMC.Address+"/redfish/v1/Systems/1", nil)
+				require.NoError(t, err)
+				req.SetBasicAuth(c.Username, c.Password)
+				resp, err := cl.Do(req)
+				require.NoError(t, err)
+				defer resp.Body.Close()
+				var sys struct{ PowerState string }
+				require.NoError(t, json.NewDecoder(resp.Body).Decode(&sys))
+				return sys.PowerState
+			}
+			require.Equal(t, "Off", powerState())
+			redfishReset(t, h.BMC.Address, c, "Hdd", "On")
+			require.Equal(t, "On", powerState())
+
+			rep, err = Status(dir)
+			require.NoError(t, err)
+			var pids, dirs []string
+			for _, r := range rep.Resources {
+				switch r.Kind {
+				case netns.KindPID:
+					pids = append(pids, r.Value)
+				case netns.KindDir:
+					dirs = append(dirs, r.Value)
+				}
+			}
+			require.Len(t, pids, 1, "the QEMU process recorded: %v", rep.Resources)
+			require.True(t, netns.ProcessAlive(pids[0]), "QEMU %s not running", pids[0])
+			var pid int
+			fmt.Sscanf(pids[0], "%d:", &pid)
+			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+			require.Contains(t, string(comm), "qemu")
+			require.Contains(t, dirs, h.Dir)
+			sock := ""
+			for _, d := range dirs {
+				if strings.Contains(filepath.Base(d), "kiln-qmp-") {
+					sock = d
+				}
+			}
+			require.NotEmpty(t, sock, "the QMP socket directory recorded: %v", dirs)
+			require.FileExists(t, filepath.Join(sock, "qmp.sock"))
+
+			if crash {
+				var spid int
+				fmt.Sscanf(rep.Serve, "%d:", &spid)
+				require.NoError(t, syscall.Kill(spid, syscall.SIGKILL))
+				for netns.ProcessAlive(rep.Serve) {
+					time.Sleep(50 * time.Millisecond)
+				}
+				require.True(t, netns.ProcessAlive(pids[0]), "QEMU outlives its killed supervisor")
+			} else {
+				redfishReset(t, h.BMC.Address, c, "", "ForceOff")
+				require.Equal(t, "Off", powerState())
+				require.True(t, netns.ProcessAlive(pids[0]), "QEMU stays (paused) while the host is off")
+			}
+
+			require.NoError(t, Down(ctx, dir, slog.New(slog.NewTextHandler(testWriter{t}, nil))))
+			for _, p := range append(pids, rep.Serve) {
+				if netns.ProcessAlive(p) {
+					t.Errorf("after Down: process %s still running", p)
+				}
+			}
+			for _, p := range []string{dir, sock, h.Disk} {
+				if _, err := os.Stat(p); err == nil {
+					t.Errorf("after Down: %s still there", p)
+				}
+			}
+			after := snapshot(t)
+			for _, c := range []struct {
+				what          string
+				before, after []string
+			}{{"link", before.links, after.links}, {"nft table", before.tables, after.tables}} {
+				extra := slices.DeleteFunc(diff(c.before, c.after), func(x string) bool { return !strings.Contains(x, name) })
+				if len(extra) > 0 {
+					t.Errorf("after Down: %s left behind: %v", c.what, extra)
+				}
 			}
 		})
 	}

@@ -22,8 +22,9 @@ func LabCommand() *cobra.Command {
 	lab := &cobra.Command{
 		Use:   "lab",
 		Short: "Run a lab rack on this machine: network-namespace hosts behind emulated BMCs",
-		Long: `Run a lab rack on this machine: network-namespace hosts behind emulated
-BMCs (a Redfish emulator per host, or ipmi_sim), on a bridge of their own,
+		Long: `Run a lab rack on this machine: network-namespace hosts (or QEMU VMs,
+--backend qemu) behind emulated BMCs (a Redfish emulator per host, or
+ipmi_sim), on a bridge of their own,
 with an nftables guard that keeps lab traffic off the uplink.
 
 "lab up" starts a supervisor ("lab serve") in the background that runs the
@@ -66,7 +67,7 @@ the lab created, as recorded in STATE_DIR/state.json. See docs/lab.md.`,
 	}
 	up.Flags().IntVar(&o.Hosts, "hosts", 3, "hosts behind Redfish emulators")
 	up.Flags().IntVar(&o.IPMI, "ipmi", 0, "further hosts behind ipmi_sim BMCs")
-	up.Flags().StringVar(&o.Backend, "backend", "netns", "machine backend (netns)")
+	up.Flags().StringVar(&o.Backend, "backend", "netns", "machine backend: netns|qemu (qemu: QEMU VMs on user-mode networking, at most 2 hosts without KVM; see docs/lab.md)")
 	up.Flags().StringVar(&o.Subnet, "subnet", "", "lab IPv4 /24 (default: a free 10.251.X.0/24)")
 	up.Flags().StringVar(&o.AgentBinary, "agent", "", "boot media program: PXE and virtual-media boots run `AGENT run` (kiln-agent)")
 	up.Flags().StringVar(&o.ControllerURL, "controller", "", "controller address for the boot agent (kiln.controller=); listen on the lab's gateway address")
