@@ -338,7 +338,7 @@ func (w *Writer) script(dir string, mkdirs []string, files []file) (string, erro
 		if err := os.Chmod(local, f.mode); err != nil { // past the umask
 			return "", err
 		}
-		fmt.Fprintf(&b, "rm %s\nwrite %s %s\n", f.path, local, f.path) // rm of a missing file is only a message
+		fmt.Fprintf(&b, "rm %s\nwrite %s %s\n", f.path, local, f.path)                          // rm of a missing file is only a message
 		fmt.Fprintf(&b, "set_inode_field %s uid 0\nset_inode_field %s gid 0\n", f.path, f.path) // root-owned, whoever runs debugfs
 	}
 	script := filepath.Join(dir, "debugfs.cmds")
