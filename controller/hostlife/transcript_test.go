@@ -3,8 +3,6 @@ package hostlife
 import (
 	"flag"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -14,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/transcript"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -36,68 +35,9 @@ var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 // A plan without result is what a restarted controller does. Run with
 // -update to rewrite the files, then review the diff.
 func TestTranscripts(t *testing.T) {
-	files, err := filepath.Glob("testdata/*.txt")
-	require.NoError(t, err)
-	require.NotEmpty(t, files)
-	for _, f := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) {
-			raw, err := os.ReadFile(f)
-			require.NoError(t, err)
-			blocks := parseTranscript(t, string(raw))
-			r := &runner{}
-			var out strings.Builder
-			for i, b := range blocks {
-				got := r.exec(t, b.cmd)
-				if !*update && got != b.want {
-					t.Errorf("%s:%d: %s\n got:\n%s\nwant:\n%s", f, b.line, b.cmd, got, b.want)
-				}
-				if i > 0 {
-					out.WriteString("\n")
-				}
-				out.WriteString(b.comments)
-				fmt.Fprintf(&out, "%s\n----\n%s", b.cmd, got)
-			}
-			if *update {
-				require.NoError(t, os.WriteFile(f, []byte(out.String()), 0o644))
-			}
-		})
-	}
-}
-
-type block struct {
-	comments string
-	cmd      string
-	want     string
-	line     int
-}
-
-func parseTranscript(t *testing.T, s string) []block {
-	var blocks []block
-	lines := strings.Split(s, "\n")
-	for i := 0; i < len(lines); {
-		var b block
-		for i < len(lines) && (strings.TrimSpace(lines[i]) == "" || strings.HasPrefix(lines[i], "#")) {
-			if strings.HasPrefix(lines[i], "#") {
-				b.comments += lines[i] + "\n"
-			}
-			i++
-		}
-		if i >= len(lines) {
-			break
-		}
-		b.cmd, b.line = lines[i], i+1
-		i++
-		require.True(t, i < len(lines) && lines[i] == "----", "line %d: want ---- after the command", i+1)
-		i++
-		var want strings.Builder
-		for i < len(lines) && lines[i] != "" {
-			want.WriteString(lines[i] + "\n")
-			i++
-		}
-		b.want = want.String()
-		blocks = append(blocks, b)
-	}
-	return blocks
+	transcript.Run(t, "testdata/*.txt", *update, func(t *testing.T) transcript.Exec {
+		return (&runner{}).exec
+	})
 }
 
 type runner struct {
