@@ -24,6 +24,7 @@ import (
 
 	"github.com/kilnhq/kiln/agent/identity"
 	"github.com/kilnhq/kiln/agent/probe"
+	"github.com/kilnhq/kiln/imagebuilder/golden"
 	"github.com/kilnhq/kiln/imagebuilder/kubetools"
 	"github.com/kilnhq/kiln/imagebuilder/rootfs"
 	"github.com/kilnhq/kiln/internal/conditions"
@@ -31,10 +32,6 @@ import (
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
-
-// NodePackages are the Debian packages of a lab node's root besides
-// systemd, dbus and iproute2.
-var NodePackages = []string{"containerd", "runc", "containernetworking-plugins", "iptables", "conntrack", "socat", "ethtool", "kmod", "procps"}
 
 // Lab addresses. The pod and service CIDRs do not overlap the bridge.
 const (
@@ -75,7 +72,7 @@ func requireTools(t *testing.T) (binDir, imagesDir string) {
 // debootstrap is available.
 func baseRoot(t *testing.T, ctx context.Context) string {
 	t.Helper()
-	spec := rootfs.Spec{Packages: NodePackages}
+	spec := rootfs.Spec{Packages: golden.NodePackages}
 	if _, err := os.Stat(spec.Dir()); err != nil {
 		if _, err := exec.LookPath("debootstrap"); err != nil {
 			t.Skipf("no cached node root (%s) and no debootstrap to build one", spec.Dir())
@@ -122,46 +119,6 @@ func writeFile(t *testing.T, root, p, content string, mode os.FileMode) {
 	require.NoError(t, os.MkdirAll(filepath.Dir(full), 0o755))
 	require.NoError(t, os.WriteFile(full, []byte(content), mode))
 }
-
-const kubeletUnit = `[Unit]
-Description=kubelet: The Kubernetes Node Agent
-Wants=network-online.target
-After=network-online.target
-
-[Service]
-ExecStart=/usr/bin/kubelet
-Restart=always
-StartLimitInterval=0
-RestartSec=10
-
-[Install]
-WantedBy=multi-user.target
-`
-
-const kubeadmDropIn = `[Service]
-Environment="KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf --kubeconfig=/etc/kubernetes/kubelet.conf"
-Environment="KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml"
-EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env
-EnvironmentFile=-/etc/default/kubelet
-ExecStart=
-ExecStart=/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBELET_EXTRA_ARGS
-`
-
-const cgroupRWUnit = `[Unit]
-Description=Remount v1 cgroup controller hierarchies read-write (nspawn mounts them ro)
-DefaultDependencies=no
-After=local-fs.target
-Before=containerd.service kubelet.service sysinit.target
-ConditionPathIsReadWrite=!/sys/fs/cgroup/memory
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart=/bin/sh -c 'for d in /sys/fs/cgroup/*/; do mount -o remount,rw "$d" 2>/dev/null || mount -o remount,bind,rw "$d"; done'
-
-[Install]
-WantedBy=sysinit.target
-`
 
 // kernelDefaultsUnit shows the kubelet, inside the node only, the kernel
 // settings it insists on (vm.overcommit_memory=1, kernel.panic=10,
@@ -421,9 +378,9 @@ func startLab(t *testing.T, ctx context.Context, count int) *lab {
 	for _, b := range []string{"kubeadm", "kubelet", "kubectl"} {
 		require.NoError(t, linkOrCopy(filepath.Join(binDir, b), filepath.Join(layer, "usr/bin", b), 0o755))
 	}
-	writeFile(t, layer, "etc/systemd/system/kubelet.service", kubeletUnit, 0o644)
-	writeFile(t, layer, "etc/systemd/system/kubelet.service.d/10-kubeadm.conf", kubeadmDropIn, 0o644)
-	writeFile(t, layer, "etc/systemd/system/cgroup-rw.service", cgroupRWUnit, 0o644)
+	writeFile(t, layer, "etc/systemd/system/kubelet.service", golden.KubeletUnitFile, 0o644)
+	writeFile(t, layer, "etc/systemd/system/kubelet.service.d/10-kubeadm.conf", golden.KubeadmDropIn, 0o644)
+	writeFile(t, layer, "etc/systemd/system/cgroup-rw.service", golden.CgroupRWUnitFile, 0o644)
 	writeFile(t, layer, "etc/systemd/system/kiln-agent.service", agentUnit, 0o644)
 	writeFile(t, layer, "etc/systemd/system/kernel-defaults.service", kernelDefaultsUnit, 0o644)
 	writeFile(t, layer, "etc/kiln-lab/sysctl/vm/overcommit_memory", "1\n", 0o444)
