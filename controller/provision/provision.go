@@ -533,7 +533,10 @@ func follow(s eventStream) error {
 
 // StoreDesired reads what is wanted of a host from the store: the Machine
 // named in status.machine, and the Image its spec names. A host without a
-// Machine, or whose Machine is gone, wants no image.
+// Machine, or whose Machine is gone, wants no image. A Machine being
+// deleted still holds its host: the cluster executor resets the node (and
+// removes its etcd member) first and only then unbinds the host, which is
+// what lets the host be wiped.
 func StoreDesired(st Store) DesiredFunc {
 	return func(ctx context.Context, h *typesv1.Host) (hostlife.Desired, error) {
 		name := h.GetStatus().GetMachine()
@@ -547,7 +550,7 @@ func StoreDesired(st Store) DesiredFunc {
 			}
 			return hostlife.Desired{}, err
 		}
-		if m.GetMetadata().GetDeletionTimestamp() != nil || m.GetSpec().GetImage() == "" {
+		if m.GetSpec().GetImage() == "" {
 			return hostlife.Desired{}, nil
 		}
 		img := &typesv1.Image{}
