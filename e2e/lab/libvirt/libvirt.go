@@ -544,7 +544,16 @@ func (v *VM) InsertMedia(rawURL string) error {
 			return fmt.Errorf("libvirt: cdrom XML: %w", err)
 		}
 		flags := golibvirt.DomainDeviceModifyLive | golibvirt.DomainDeviceModifyConfig
-		if err := v.lv.DomainUpdateDeviceFlags(v.dom, x, flags); err != nil {
+		err = v.lv.DomainUpdateDeviceFlags(v.dom, x, flags)
+		// A live media change opens the drive's tray first; on a loaded
+		// machine QEMU can refuse the removal with "Tray of device ... is
+		// not open" because the tray has not opened yet. Give it a few
+		// seconds, as a person at a BMC would retry.
+		for i := 0; err != nil && i < 20 && strings.Contains(err.Error(), "is not open"); i++ {
+			time.Sleep(250 * time.Millisecond)
+			err = v.lv.DomainUpdateDeviceFlags(v.dom, x, flags)
+		}
+		if err != nil {
 			v.removeDownload(path)
 			v.media = prev
 			return fmt.Errorf("libvirt: insert media %s: %w", redact(rawURL), err)
