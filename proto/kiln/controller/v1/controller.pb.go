@@ -940,6 +940,95 @@ func (x *CreateTokenResponse) GetCaHash() string {
 	return ""
 }
 
+type GetKubeconfigRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Cluster       string                 `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetKubeconfigRequest) Reset() {
+	*x = GetKubeconfigRequest{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetKubeconfigRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetKubeconfigRequest) ProtoMessage() {}
+
+func (x *GetKubeconfigRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetKubeconfigRequest.ProtoReflect.Descriptor instead.
+func (*GetKubeconfigRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *GetKubeconfigRequest) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+type GetKubeconfigResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// kubeconfig is the admin kubeconfig (YAML); it grants cluster-admin.
+	Kubeconfig    []byte `protobuf:"bytes,1,opt,name=kubeconfig,proto3" json:"kubeconfig,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetKubeconfigResponse) Reset() {
+	*x = GetKubeconfigResponse{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetKubeconfigResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetKubeconfigResponse) ProtoMessage() {}
+
+func (x *GetKubeconfigResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetKubeconfigResponse.ProtoReflect.Descriptor instead.
+func (*GetKubeconfigResponse) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *GetKubeconfigResponse) GetKubeconfig() []byte {
+	if x != nil {
+		return x.Kubeconfig
+	}
+	return nil
+}
+
 type EnrollRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Token string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
@@ -954,7 +1043,7 @@ type EnrollRequest struct {
 
 func (x *EnrollRequest) Reset() {
 	*x = EnrollRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[15]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -966,7 +1055,7 @@ func (x *EnrollRequest) String() string {
 func (*EnrollRequest) ProtoMessage() {}
 
 func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[15]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -979,7 +1068,7 @@ func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollRequest.ProtoReflect.Descriptor instead.
 func (*EnrollRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{15}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *EnrollRequest) GetToken() string {
@@ -1021,7 +1110,7 @@ type EnrollResponse struct {
 
 func (x *EnrollResponse) Reset() {
 	*x = EnrollResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[16]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1033,7 +1122,7 @@ func (x *EnrollResponse) String() string {
 func (*EnrollResponse) ProtoMessage() {}
 
 func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[16]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1046,7 +1135,7 @@ func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollResponse.ProtoReflect.Descriptor instead.
 func (*EnrollResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{16}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EnrollResponse) GetCertificatePem() []byte {
@@ -1081,7 +1170,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[17]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1093,7 +1182,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[17]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1106,7 +1195,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{17}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *HeartbeatRequest) GetAgentAddress() string {
@@ -1141,7 +1230,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[18]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1242,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[18]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1255,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{18}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *HeartbeatResponse) GetHost() string {
@@ -1192,7 +1281,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[19]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1204,7 +1293,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[19]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1217,7 +1306,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{19}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RenewRequest) GetCsrDer() []byte {
@@ -1236,7 +1325,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[20]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1248,7 +1337,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[20]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1261,7 +1350,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{20}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RenewResponse) GetCertificatePem() []byte {
@@ -1335,7 +1424,13 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\x13CreateTokenResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x124\n" +
 	"\aexpires\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\aexpires\x12\x17\n" +
-	"\aca_hash\x18\x03 \x01(\tR\x06caHash\"~\n" +
+	"\aca_hash\x18\x03 \x01(\tR\x06caHash\"0\n" +
+	"\x14GetKubeconfigRequest\x12\x18\n" +
+	"\acluster\x18\x01 \x01(\tR\acluster\"7\n" +
+	"\x15GetKubeconfigResponse\x12\x1e\n" +
+	"\n" +
+	"kubeconfig\x18\x01 \x01(\fR\n" +
+	"kubeconfig\"~\n" +
 	"\rEnrollRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x17\n" +
 	"\acsr_der\x18\x02 \x01(\fR\x06csrDer\x12\x12\n" +
@@ -1355,7 +1450,7 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\fRenewRequest\x12\x17\n" +
 	"\acsr_der\x18\x01 \x01(\fR\x06csrDer\"8\n" +
 	"\rRenewResponse\x12'\n" +
-	"\x0fcertificate_pem\x18\x01 \x01(\fR\x0ecertificatePem2\xc4\x04\n" +
+	"\x0fcertificate_pem\x18\x01 \x01(\fR\x0ecertificatePem2\xaa\x05\n" +
 	"\tResources\x12L\n" +
 	"\x05Apply\x12 .kiln.controller.v1.ApplyRequest\x1a!.kiln.controller.v1.ApplyResponse\x12C\n" +
 	"\x03Get\x12\x1e.kiln.controller.v1.GetRequest\x1a\x1c.kiln.controller.v1.Resource\x12I\n" +
@@ -1364,7 +1459,8 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\x05Watch\x12 .kiln.controller.v1.WatchRequest\x1a\x1e.kiln.controller.v1.WatchEvent0\x01\x12[\n" +
 	"\n" +
 	"ListEvents\x12%.kiln.controller.v1.ListEventsRequest\x1a&.kiln.controller.v1.ListEventsResponse\x12^\n" +
-	"\vCreateToken\x12&.kiln.controller.v1.CreateTokenRequest\x1a'.kiln.controller.v1.CreateTokenResponse2]\n" +
+	"\vCreateToken\x12&.kiln.controller.v1.CreateTokenRequest\x1a'.kiln.controller.v1.CreateTokenResponse\x12d\n" +
+	"\rGetKubeconfig\x12(.kiln.controller.v1.GetKubeconfigRequest\x1a).kiln.controller.v1.GetKubeconfigResponse2]\n" +
 	"\n" +
 	"Enrollment\x12O\n" +
 	"\x06Enroll\x12!.kiln.controller.v1.EnrollRequest\x1a\".kiln.controller.v1.EnrollResponse2\xb0\x01\n" +
@@ -1384,7 +1480,7 @@ func file_kiln_controller_v1_controller_proto_rawDescGZIP() []byte {
 	return file_kiln_controller_v1_controller_proto_rawDescData
 }
 
-var file_kiln_controller_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_kiln_controller_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_kiln_controller_v1_controller_proto_goTypes = []any{
 	(*Resource)(nil),              // 0: kiln.controller.v1.Resource
 	(*ApplyRequest)(nil),          // 1: kiln.controller.v1.ApplyRequest
@@ -1401,41 +1497,43 @@ var file_kiln_controller_v1_controller_proto_goTypes = []any{
 	(*ListEventsResponse)(nil),    // 12: kiln.controller.v1.ListEventsResponse
 	(*CreateTokenRequest)(nil),    // 13: kiln.controller.v1.CreateTokenRequest
 	(*CreateTokenResponse)(nil),   // 14: kiln.controller.v1.CreateTokenResponse
-	(*EnrollRequest)(nil),         // 15: kiln.controller.v1.EnrollRequest
-	(*EnrollResponse)(nil),        // 16: kiln.controller.v1.EnrollResponse
-	(*HeartbeatRequest)(nil),      // 17: kiln.controller.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),     // 18: kiln.controller.v1.HeartbeatResponse
-	(*RenewRequest)(nil),          // 19: kiln.controller.v1.RenewRequest
-	(*RenewResponse)(nil),         // 20: kiln.controller.v1.RenewResponse
-	nil,                           // 21: kiln.controller.v1.ListRequest.LabelSelectorEntry
-	(*v1.Host)(nil),               // 22: kiln.types.v1.Host
-	(*v1.Image)(nil),              // 23: kiln.types.v1.Image
-	(*v1.Cluster)(nil),            // 24: kiln.types.v1.Cluster
-	(*v1.ControlPlane)(nil),       // 25: kiln.types.v1.ControlPlane
-	(*v1.MachineDeployment)(nil),  // 26: kiln.types.v1.MachineDeployment
-	(*v1.Machine)(nil),            // 27: kiln.types.v1.Machine
-	(*v1.HealthCheck)(nil),        // 28: kiln.types.v1.HealthCheck
-	(*v1.Event)(nil),              // 29: kiln.types.v1.Event
-	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
-	(*v1.Facts)(nil),              // 31: kiln.types.v1.Facts
+	(*GetKubeconfigRequest)(nil),  // 15: kiln.controller.v1.GetKubeconfigRequest
+	(*GetKubeconfigResponse)(nil), // 16: kiln.controller.v1.GetKubeconfigResponse
+	(*EnrollRequest)(nil),         // 17: kiln.controller.v1.EnrollRequest
+	(*EnrollResponse)(nil),        // 18: kiln.controller.v1.EnrollResponse
+	(*HeartbeatRequest)(nil),      // 19: kiln.controller.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),     // 20: kiln.controller.v1.HeartbeatResponse
+	(*RenewRequest)(nil),          // 21: kiln.controller.v1.RenewRequest
+	(*RenewResponse)(nil),         // 22: kiln.controller.v1.RenewResponse
+	nil,                           // 23: kiln.controller.v1.ListRequest.LabelSelectorEntry
+	(*v1.Host)(nil),               // 24: kiln.types.v1.Host
+	(*v1.Image)(nil),              // 25: kiln.types.v1.Image
+	(*v1.Cluster)(nil),            // 26: kiln.types.v1.Cluster
+	(*v1.ControlPlane)(nil),       // 27: kiln.types.v1.ControlPlane
+	(*v1.MachineDeployment)(nil),  // 28: kiln.types.v1.MachineDeployment
+	(*v1.Machine)(nil),            // 29: kiln.types.v1.Machine
+	(*v1.HealthCheck)(nil),        // 30: kiln.types.v1.HealthCheck
+	(*v1.Event)(nil),              // 31: kiln.types.v1.Event
+	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
+	(*v1.Facts)(nil),              // 33: kiln.types.v1.Facts
 }
 var file_kiln_controller_v1_controller_proto_depIdxs = []int32{
-	22, // 0: kiln.controller.v1.Resource.host:type_name -> kiln.types.v1.Host
-	23, // 1: kiln.controller.v1.Resource.image:type_name -> kiln.types.v1.Image
-	24, // 2: kiln.controller.v1.Resource.cluster:type_name -> kiln.types.v1.Cluster
-	25, // 3: kiln.controller.v1.Resource.control_plane:type_name -> kiln.types.v1.ControlPlane
-	26, // 4: kiln.controller.v1.Resource.machine_deployment:type_name -> kiln.types.v1.MachineDeployment
-	27, // 5: kiln.controller.v1.Resource.machine:type_name -> kiln.types.v1.Machine
-	28, // 6: kiln.controller.v1.Resource.health_check:type_name -> kiln.types.v1.HealthCheck
+	24, // 0: kiln.controller.v1.Resource.host:type_name -> kiln.types.v1.Host
+	25, // 1: kiln.controller.v1.Resource.image:type_name -> kiln.types.v1.Image
+	26, // 2: kiln.controller.v1.Resource.cluster:type_name -> kiln.types.v1.Cluster
+	27, // 3: kiln.controller.v1.Resource.control_plane:type_name -> kiln.types.v1.ControlPlane
+	28, // 4: kiln.controller.v1.Resource.machine_deployment:type_name -> kiln.types.v1.MachineDeployment
+	29, // 5: kiln.controller.v1.Resource.machine:type_name -> kiln.types.v1.Machine
+	30, // 6: kiln.controller.v1.Resource.health_check:type_name -> kiln.types.v1.HealthCheck
 	0,  // 7: kiln.controller.v1.ApplyRequest.resources:type_name -> kiln.controller.v1.Resource
 	2,  // 8: kiln.controller.v1.ApplyResponse.results:type_name -> kiln.controller.v1.ApplyResult
-	21, // 9: kiln.controller.v1.ListRequest.label_selector:type_name -> kiln.controller.v1.ListRequest.LabelSelectorEntry
+	23, // 9: kiln.controller.v1.ListRequest.label_selector:type_name -> kiln.controller.v1.ListRequest.LabelSelectorEntry
 	0,  // 10: kiln.controller.v1.ListResponse.items:type_name -> kiln.controller.v1.Resource
 	0,  // 11: kiln.controller.v1.WatchEvent.resource:type_name -> kiln.controller.v1.Resource
-	29, // 12: kiln.controller.v1.ListEventsResponse.events:type_name -> kiln.types.v1.Event
-	30, // 13: kiln.controller.v1.CreateTokenResponse.expires:type_name -> google.protobuf.Timestamp
-	31, // 14: kiln.controller.v1.EnrollRequest.facts:type_name -> kiln.types.v1.Facts
-	31, // 15: kiln.controller.v1.HeartbeatRequest.facts:type_name -> kiln.types.v1.Facts
+	31, // 12: kiln.controller.v1.ListEventsResponse.events:type_name -> kiln.types.v1.Event
+	32, // 13: kiln.controller.v1.CreateTokenResponse.expires:type_name -> google.protobuf.Timestamp
+	33, // 14: kiln.controller.v1.EnrollRequest.facts:type_name -> kiln.types.v1.Facts
+	33, // 15: kiln.controller.v1.HeartbeatRequest.facts:type_name -> kiln.types.v1.Facts
 	1,  // 16: kiln.controller.v1.Resources.Apply:input_type -> kiln.controller.v1.ApplyRequest
 	4,  // 17: kiln.controller.v1.Resources.Get:input_type -> kiln.controller.v1.GetRequest
 	5,  // 18: kiln.controller.v1.Resources.List:input_type -> kiln.controller.v1.ListRequest
@@ -1443,21 +1541,23 @@ var file_kiln_controller_v1_controller_proto_depIdxs = []int32{
 	9,  // 20: kiln.controller.v1.Resources.Watch:input_type -> kiln.controller.v1.WatchRequest
 	11, // 21: kiln.controller.v1.Resources.ListEvents:input_type -> kiln.controller.v1.ListEventsRequest
 	13, // 22: kiln.controller.v1.Resources.CreateToken:input_type -> kiln.controller.v1.CreateTokenRequest
-	15, // 23: kiln.controller.v1.Enrollment.Enroll:input_type -> kiln.controller.v1.EnrollRequest
-	17, // 24: kiln.controller.v1.Agents.Heartbeat:input_type -> kiln.controller.v1.HeartbeatRequest
-	19, // 25: kiln.controller.v1.Agents.Renew:input_type -> kiln.controller.v1.RenewRequest
-	3,  // 26: kiln.controller.v1.Resources.Apply:output_type -> kiln.controller.v1.ApplyResponse
-	0,  // 27: kiln.controller.v1.Resources.Get:output_type -> kiln.controller.v1.Resource
-	6,  // 28: kiln.controller.v1.Resources.List:output_type -> kiln.controller.v1.ListResponse
-	8,  // 29: kiln.controller.v1.Resources.Delete:output_type -> kiln.controller.v1.DeleteResponse
-	10, // 30: kiln.controller.v1.Resources.Watch:output_type -> kiln.controller.v1.WatchEvent
-	12, // 31: kiln.controller.v1.Resources.ListEvents:output_type -> kiln.controller.v1.ListEventsResponse
-	14, // 32: kiln.controller.v1.Resources.CreateToken:output_type -> kiln.controller.v1.CreateTokenResponse
-	16, // 33: kiln.controller.v1.Enrollment.Enroll:output_type -> kiln.controller.v1.EnrollResponse
-	18, // 34: kiln.controller.v1.Agents.Heartbeat:output_type -> kiln.controller.v1.HeartbeatResponse
-	20, // 35: kiln.controller.v1.Agents.Renew:output_type -> kiln.controller.v1.RenewResponse
-	26, // [26:36] is the sub-list for method output_type
-	16, // [16:26] is the sub-list for method input_type
+	15, // 23: kiln.controller.v1.Resources.GetKubeconfig:input_type -> kiln.controller.v1.GetKubeconfigRequest
+	17, // 24: kiln.controller.v1.Enrollment.Enroll:input_type -> kiln.controller.v1.EnrollRequest
+	19, // 25: kiln.controller.v1.Agents.Heartbeat:input_type -> kiln.controller.v1.HeartbeatRequest
+	21, // 26: kiln.controller.v1.Agents.Renew:input_type -> kiln.controller.v1.RenewRequest
+	3,  // 27: kiln.controller.v1.Resources.Apply:output_type -> kiln.controller.v1.ApplyResponse
+	0,  // 28: kiln.controller.v1.Resources.Get:output_type -> kiln.controller.v1.Resource
+	6,  // 29: kiln.controller.v1.Resources.List:output_type -> kiln.controller.v1.ListResponse
+	8,  // 30: kiln.controller.v1.Resources.Delete:output_type -> kiln.controller.v1.DeleteResponse
+	10, // 31: kiln.controller.v1.Resources.Watch:output_type -> kiln.controller.v1.WatchEvent
+	12, // 32: kiln.controller.v1.Resources.ListEvents:output_type -> kiln.controller.v1.ListEventsResponse
+	14, // 33: kiln.controller.v1.Resources.CreateToken:output_type -> kiln.controller.v1.CreateTokenResponse
+	16, // 34: kiln.controller.v1.Resources.GetKubeconfig:output_type -> kiln.controller.v1.GetKubeconfigResponse
+	18, // 35: kiln.controller.v1.Enrollment.Enroll:output_type -> kiln.controller.v1.EnrollResponse
+	20, // 36: kiln.controller.v1.Agents.Heartbeat:output_type -> kiln.controller.v1.HeartbeatResponse
+	22, // 37: kiln.controller.v1.Agents.Renew:output_type -> kiln.controller.v1.RenewResponse
+	27, // [27:38] is the sub-list for method output_type
+	16, // [16:27] is the sub-list for method input_type
 	16, // [16:16] is the sub-list for extension type_name
 	16, // [16:16] is the sub-list for extension extendee
 	0,  // [0:16] is the sub-list for field type_name
@@ -1483,7 +1583,7 @@ func file_kiln_controller_v1_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kiln_controller_v1_controller_proto_rawDesc), len(file_kiln_controller_v1_controller_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -22,13 +22,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Resources_Apply_FullMethodName       = "/kiln.controller.v1.Resources/Apply"
-	Resources_Get_FullMethodName         = "/kiln.controller.v1.Resources/Get"
-	Resources_List_FullMethodName        = "/kiln.controller.v1.Resources/List"
-	Resources_Delete_FullMethodName      = "/kiln.controller.v1.Resources/Delete"
-	Resources_Watch_FullMethodName       = "/kiln.controller.v1.Resources/Watch"
-	Resources_ListEvents_FullMethodName  = "/kiln.controller.v1.Resources/ListEvents"
-	Resources_CreateToken_FullMethodName = "/kiln.controller.v1.Resources/CreateToken"
+	Resources_Apply_FullMethodName         = "/kiln.controller.v1.Resources/Apply"
+	Resources_Get_FullMethodName           = "/kiln.controller.v1.Resources/Get"
+	Resources_List_FullMethodName          = "/kiln.controller.v1.Resources/List"
+	Resources_Delete_FullMethodName        = "/kiln.controller.v1.Resources/Delete"
+	Resources_Watch_FullMethodName         = "/kiln.controller.v1.Resources/Watch"
+	Resources_ListEvents_FullMethodName    = "/kiln.controller.v1.Resources/ListEvents"
+	Resources_CreateToken_FullMethodName   = "/kiln.controller.v1.Resources/CreateToken"
+	Resources_GetKubeconfig_FullMethodName = "/kiln.controller.v1.Resources/GetKubeconfig"
 )
 
 // ResourcesClient is the client API for Resources service.
@@ -36,7 +37,8 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // Resources serves resources to operators. Reader certificates may call
-// Get, List and Watch; mutating calls need admin or operator.
+// Get, List and Watch; mutating calls need admin or operator;
+// GetKubeconfig needs admin.
 type ResourcesClient interface {
 	// Apply creates a resource or updates its spec and metadata labels; a
 	// spec equal to the stored one changes nothing (unchanged = true).
@@ -47,6 +49,12 @@ type ResourcesClient interface {
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error)
 	ListEvents(ctx context.Context, in *ListEventsRequest, opts ...grpc.CallOption) (*ListEventsResponse, error)
 	CreateToken(ctx context.Context, in *CreateTokenRequest, opts ...grpc.CallOption) (*CreateTokenResponse, error)
+	// GetKubeconfig returns the admin kubeconfig kubeadm init produced for
+	// a cluster. Only admin certificates may call it; each call is recorded
+	// as an event on the cluster naming the caller (never the kubeconfig).
+	// NotFound when the cluster does not exist, FailedPrecondition while its
+	// first control plane has not finished kubeadm init.
+	GetKubeconfig(ctx context.Context, in *GetKubeconfigRequest, opts ...grpc.CallOption) (*GetKubeconfigResponse, error)
 }
 
 type resourcesClient struct {
@@ -136,12 +144,23 @@ func (c *resourcesClient) CreateToken(ctx context.Context, in *CreateTokenReques
 	return out, nil
 }
 
+func (c *resourcesClient) GetKubeconfig(ctx context.Context, in *GetKubeconfigRequest, opts ...grpc.CallOption) (*GetKubeconfigResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetKubeconfigResponse)
+	err := c.cc.Invoke(ctx, Resources_GetKubeconfig_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ResourcesServer is the server API for Resources service.
 // All implementations must embed UnimplementedResourcesServer
 // for forward compatibility.
 //
 // Resources serves resources to operators. Reader certificates may call
-// Get, List and Watch; mutating calls need admin or operator.
+// Get, List and Watch; mutating calls need admin or operator;
+// GetKubeconfig needs admin.
 type ResourcesServer interface {
 	// Apply creates a resource or updates its spec and metadata labels; a
 	// spec equal to the stored one changes nothing (unchanged = true).
@@ -152,6 +171,12 @@ type ResourcesServer interface {
 	Watch(*WatchRequest, grpc.ServerStreamingServer[WatchEvent]) error
 	ListEvents(context.Context, *ListEventsRequest) (*ListEventsResponse, error)
 	CreateToken(context.Context, *CreateTokenRequest) (*CreateTokenResponse, error)
+	// GetKubeconfig returns the admin kubeconfig kubeadm init produced for
+	// a cluster. Only admin certificates may call it; each call is recorded
+	// as an event on the cluster naming the caller (never the kubeconfig).
+	// NotFound when the cluster does not exist, FailedPrecondition while its
+	// first control plane has not finished kubeadm init.
+	GetKubeconfig(context.Context, *GetKubeconfigRequest) (*GetKubeconfigResponse, error)
 	mustEmbedUnimplementedResourcesServer()
 }
 
@@ -182,6 +207,9 @@ func (UnimplementedResourcesServer) ListEvents(context.Context, *ListEventsReque
 }
 func (UnimplementedResourcesServer) CreateToken(context.Context, *CreateTokenRequest) (*CreateTokenResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method CreateToken not implemented")
+}
+func (UnimplementedResourcesServer) GetKubeconfig(context.Context, *GetKubeconfigRequest) (*GetKubeconfigResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetKubeconfig not implemented")
 }
 func (UnimplementedResourcesServer) mustEmbedUnimplementedResourcesServer() {}
 func (UnimplementedResourcesServer) testEmbeddedByValue()                   {}
@@ -323,6 +351,24 @@ func _Resources_CreateToken_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Resources_GetKubeconfig_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetKubeconfigRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ResourcesServer).GetKubeconfig(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Resources_GetKubeconfig_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ResourcesServer).GetKubeconfig(ctx, req.(*GetKubeconfigRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Resources_ServiceDesc is the grpc.ServiceDesc for Resources service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -353,6 +399,10 @@ var Resources_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CreateToken",
 			Handler:    _Resources_CreateToken_Handler,
+		},
+		{
+			MethodName: "GetKubeconfig",
+			Handler:    _Resources_GetKubeconfig_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
