@@ -321,7 +321,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	)
 	life, endLife := context.WithCancel(ctx)
 	defer endLife()
-	api.Register(life, srv, res, enr, rec)
+	api.Register(life, srv, res, enr, rec, st)
 	boot, err := c.startBoot(life, st, enr, ca, addr)
 	if err != nil {
 		return err

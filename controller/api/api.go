@@ -6,6 +6,8 @@ package api
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"google.golang.org/grpc"
@@ -13,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kilnhq/kiln/controller/authz"
+	"github.com/kilnhq/kiln/controller/clusterexec"
 	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/events"
 	"github.com/kilnhq/kiln/controller/resources"
@@ -24,9 +27,10 @@ import (
 // Register registers the three controller services on srv. Open watches
 // end with Unavailable when life ends (the controller is shutting down),
 // so that a graceful stop does not wait for them and clients reconnect,
-// possibly to another replica.
-func Register(life context.Context, srv *grpc.Server, res *resources.Service, enr *enrollment.Service, ev *events.Recorder) {
-	controllerv1.RegisterResourcesServer(srv, &resourcesServer{life: life, res: res, enr: enr, events: ev})
+// possibly to another replica. st is the store the sealed cluster
+// credentials are read from (GetKubeconfig).
+func Register(life context.Context, srv *grpc.Server, res *resources.Service, enr *enrollment.Service, ev *events.Recorder, st clusterexec.Store) {
+	controllerv1.RegisterResourcesServer(srv, &resourcesServer{life: life, res: res, enr: enr, events: ev, store: st})
 	controllerv1.RegisterEnrollmentServer(srv, &enrollmentServer{enr: enr})
 	controllerv1.RegisterAgentsServer(srv, &agentsServer{enr: enr})
 }
@@ -37,6 +41,7 @@ type resourcesServer struct {
 	res    *resources.Service
 	enr    *enrollment.Service
 	events *events.Recorder
+	store  clusterexec.Store
 }
 
 func (s *resourcesServer) Apply(ctx context.Context, req *controllerv1.ApplyRequest) (*controllerv1.ApplyResponse, error) {
@@ -128,6 +133,48 @@ func (s *resourcesServer) CreateToken(ctx context.Context, req *controllerv1.Cre
 		Expires: timestamppb.New(expires),
 		CaHash:  s.enr.CAHash(),
 	}, nil
+}
+
+// GetKubeconfig returns the admin kubeconfig sealed in the cluster's
+// bootstrap secret. authz lets only admins call it. Each call is recorded
+// as an event on the cluster naming the caller; the kubeconfig itself is
+// never logged, recorded or put in an error.
+func (s *resourcesServer) GetKubeconfig(ctx context.Context, req *controllerv1.GetKubeconfigRequest) (*controllerv1.GetKubeconfigResponse, error) {
+	name := req.GetCluster()
+	if name == "" {
+		return nil, errgrpc.ToGRPC(errdefs.InvalidArgument("get kubeconfig: no cluster named"))
+	}
+	if s.store == nil {
+		return nil, errgrpc.ToGRPC(errdefs.NotSupported("get kubeconfig: this controller serves no cluster credentials"))
+	}
+	if _, err := s.res.Get(ctx, "Cluster", name); err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil, errgrpc.ToGRPC(errdefs.NotFound("cluster %s not found", name))
+		}
+		return nil, errgrpc.ToGRPC(err)
+	}
+	b, err := clusterexec.LoadBootstrap(ctx, s.store, name)
+	switch {
+	case errdefs.IsNotFound(err) || (err == nil && b.Kubeconfig == ""):
+		return nil, errgrpc.ToGRPC(errdefs.FailedPrecondition(
+			"cluster %s has no kubeconfig yet: its first control plane has not finished kubeadm init; see kilnctl describe cluster %s", name, name))
+	case errdefs.IsPermissionDenied(err):
+		// The caller is allowed; the controller's key is not.
+		return nil, errgrpc.ToGRPC(errdefs.FailedPrecondition(
+			"cluster %s: its sealed credentials do not open under this controller's secret key (started with another --secret-key-file?)", name))
+	case errdefs.IsUnavailable(err) || errors.Is(err, errdefs.ErrDeadlineExceeded) || ctx.Err() != nil:
+		return nil, errgrpc.ToGRPC(err)
+	case err != nil:
+		// Whatever else went wrong, the error may quote the secret
+		// (a decoding error): say only where to look.
+		return nil, errgrpc.ToGRPC(fmt.Errorf("cluster %s: its sealed bootstrap credentials are unreadable", name))
+	}
+	c := authz.CallerFrom(ctx)
+	if s.events != nil {
+		s.events.Record(ctx, "clusters", name, events.Normal, "KubeconfigFetched",
+			fmt.Sprintf("admin kubeconfig fetched by %s %q (certificate serial %s)", c.Role, c.Name, c.Serial))
+	}
+	return &controllerv1.GetKubeconfigResponse{Kubeconfig: []byte(b.Kubeconfig)}, nil
 }
 
 type enrollmentServer struct {

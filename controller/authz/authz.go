@@ -51,6 +51,10 @@ const (
 // readOnly are the Resources methods a reader may call.
 var readOnly = map[string]bool{"Get": true, "List": true, "Watch": true, "ListEvents": true}
 
+// adminOnly are the Resources methods only an admin may call: they hand
+// out credentials (a cluster's admin kubeconfig).
+var adminOnly = map[string]bool{"GetKubeconfig": true}
+
 // Allowed reports whether role may call fullMethod
 // ("/kiln.controller.v1.Resources/Apply"). Unknown methods are refused.
 func Allowed(role, fullMethod string) bool {
@@ -58,17 +62,40 @@ func Allowed(role, fullMethod string) bool {
 	case strings.HasPrefix(fullMethod, enrollment):
 		return true
 	case strings.HasPrefix(fullMethod, resources):
+		m := strings.TrimPrefix(fullMethod, resources)
 		switch role {
-		case RoleAdmin, RoleOperator:
+		case RoleAdmin:
 			return true
+		case RoleOperator:
+			return !adminOnly[m]
 		case RoleReader:
-			return readOnly[strings.TrimPrefix(fullMethod, resources)]
+			return readOnly[m]
 		}
 		return false
 	case strings.HasPrefix(fullMethod, agents):
 		return role == RoleAgent
 	}
 	return false
+}
+
+// Needed names the roles that may call fullMethod, for error messages:
+// "the admin role", "the operator or admin role"; "" for unknown methods
+// and for Enrollment, which anyone may call.
+func Needed(fullMethod string) string {
+	switch {
+	case strings.HasPrefix(fullMethod, resources):
+		m := strings.TrimPrefix(fullMethod, resources)
+		switch {
+		case adminOnly[m]:
+			return "the admin role"
+		case readOnly[m]:
+			return "the reader, operator or admin role"
+		}
+		return "the operator or admin role"
+	case strings.HasPrefix(fullMethod, agents):
+		return "an agent certificate"
+	}
+	return ""
 }
 
 type callerKey struct{}
@@ -120,6 +147,9 @@ func (a *Authorizer) authorize(ctx context.Context, method string) (context.Cont
 		who := "unauthenticated caller"
 		if c.Role != RoleAnonymous {
 			who = "role " + c.Role + " (" + c.Name + ")"
+		}
+		if need := Needed(method); need != "" {
+			return nil, errgrpc.ToGRPC(errdefs.PermissionDenied("%s may not call %s: it needs %s", who, method, need))
 		}
 		return nil, errgrpc.ToGRPC(errdefs.PermissionDenied("%s may not call %s", who, method))
 	}
