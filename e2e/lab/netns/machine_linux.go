@@ -306,7 +306,7 @@ func (m *Machine) start(ctx context.Context, dev string) error {
 	if dev == machine.BootDisk {
 		err = m.startDisk(ctx)
 	} else {
-		err = m.startAgent(dev)
+		err = m.startAgent(ctx, dev)
 	}
 	var nb *notBootable
 	switch {
@@ -458,7 +458,7 @@ func (m *Machine) kill(b *boot) {
 
 // --- boot agent
 
-func (m *Machine) startAgent(dev string) error {
+func (m *Machine) startAgent(ctx context.Context, dev string) error {
 	a := m.o.Agent
 	if len(a.Command) == 0 {
 		return &notBootable{"no boot program configured for PXE or virtual media"}
@@ -480,6 +480,12 @@ func (m *Machine) startAgent(dev string) error {
 	cmdline = append(cmdline, "kiln.lab_disk="+m.disk)
 	if a.Cmdline != "" {
 		cmdline = append(cmdline, a.Cmdline)
+	}
+	// Boot media read as firmware does replace all of it (firmware_linux.go).
+	if fw, err := m.firmwareCmdline(ctx, dev, media); err != nil {
+		return err
+	} else if fw != "" {
+		cmdline = []string{fw, "kiln.lab_disk=" + m.disk}
 	}
 	if a.CmdlineFile != "" {
 		if b, err := os.ReadFile(a.CmdlineFile); err == nil {

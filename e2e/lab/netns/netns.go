@@ -96,6 +96,19 @@ type Agent struct {
 	// agent: boot media keep nothing across a power cycle (give it to the
 	// agent as its --data-dir).
 	Scratch string
+	// BootScript, when set, is the URL of the host's iPXE script (for
+	// example http://10.251.0.1:8080/boot/ipxe/lab-h1): a PXE boot fetches
+	// it from inside the host's network namespace, checks that its kernel
+	// and initrd URLs answer, and gives the agent the script's kernel
+	// arguments instead of Cmdline. A script that cannot be had boots
+	// nothing (LastBootError says why).
+	BootScript string
+	// ReadMedia: a virtual-media boot downloads the inserted ISO (from the
+	// caller's network namespace, as a BMC does) and gives the agent the
+	// kernel command line of its boot configuration (GRUB's linux line,
+	// or isolinux's append) instead of Cmdline. Media that cannot be read
+	// boot nothing. Needs xorriso.
+	ReadMedia bool
 }
 
 func (o *Options) defaults() error {
