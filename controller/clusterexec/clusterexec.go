@@ -280,6 +280,7 @@ func (e *Executor) Reconcile(ctx context.Context, name string) error {
 		x := it.Msg.(*typesv1.MachineDeployment)
 		p := clusterplan.PlanMachineDeployment(clusterplan.DeploymentInput{Cluster: c, ControlPlane: cp, MachineDeployment: x, Machines: w.machines, Hosts: w.hosts}, now)
 		e.storeStatus(ctx, MachineDeploymentsKind, it.Name, x, func(m proto.Message) { m.(*typesv1.MachineDeployment).Status = p.Status })
+		x.Status = p.Status
 		actions = append(actions, p.Actions...)
 	}
 	var mine []*typesv1.Machine
@@ -288,6 +289,23 @@ func (e *Executor) Reconcile(ctx context.Context, name string) error {
 			mine = append(mine, m)
 		}
 	}
+	summary := clusterplan.ClusterInput{Cluster: c, Machines: mine}
+	for _, it := range w.cps {
+		summary.ControlPlanes = append(summary.ControlPlanes, it.Msg.(*typesv1.ControlPlane))
+	}
+	for _, it := range w.mds {
+		summary.MachineDeployments = append(summary.MachineDeployments, it.Msg.(*typesv1.MachineDeployment))
+	}
+	cst := clusterplan.PlanClusterStatus(summary, now)
+	e.storeStatus(ctx, ClustersKind, name, c, func(m proto.Message) {
+		x := m.(*typesv1.Cluster)
+		// The executor's own fields may have moved on since c was read.
+		cst.CaHash, cst.ApiServerVersion = x.GetStatus().GetCaHash(), x.GetStatus().GetApiServerVersion()
+		if cst.CaHash != "" && cst.Phase == clusterplan.ClusterProvisioning {
+			cst.Phase = clusterplan.ClusterNotReady
+		}
+		x.Status = cst
+	})
 	for _, it := range w.hcs {
 		x := it.Msg.(*typesv1.HealthCheck)
 		p := clusterplan.PlanHealthCheck(clusterplan.HealthCheckInput{HealthCheck: x, Machines: mine}, now)

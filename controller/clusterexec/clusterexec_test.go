@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kilnhq/kiln/controller/clusterexec"
+	"github.com/kilnhq/kiln/controller/clusterplan"
 	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/events"
 	"github.com/kilnhq/kiln/controller/hostlife"
@@ -203,9 +204,16 @@ func TestClusterConverges(t *testing.T) {
 	}
 	require.Equal(t, map[string]int{"control-plane": 1, "worker": 2}, roles)
 
+	// The Cluster sums it up: Ready once every node is Ready and answers
+	// a cluster DNS query.
 	c := &typesv1.Cluster{}
-	_, err := w.st.Get(w.ctx, "clusters", "c1", c)
-	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		c = &typesv1.Cluster{}
+		_, err := w.st.Get(w.ctx, "clusters", "c1", c)
+		return err == nil && conditions.IsTrue(c.GetStatus().GetConditions(), clusterplan.ConditionReady)
+	}, 60*time.Second, 100*time.Millisecond, "cluster c1 never Ready: %v", c.GetStatus())
+	require.Equal(t, clusterplan.ClusterReady, c.GetStatus().GetPhase())
+	require.Contains(t, conditions.Get(c.GetStatus().GetConditions(), clusterplan.ConditionReady).GetMessage(), "3 machines Ready")
 	require.True(t, strings.HasPrefix(c.GetStatus().GetCaHash(), "sha256:"), "cluster caHash = %q", c.GetStatus().GetCaHash())
 
 	boot, err := clusterexec.LoadBootstrap(w.ctx, w.st, "c1")
