@@ -154,7 +154,7 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	if err := rootfs.Overlay(ctx, base, root, files(s, agent, kube, releaseFile(s, tag, epoch, agentVersion))); err != nil {
 		return nil, fmt.Errorf("golden %s: tree: %w", tag, err)
 	}
-	if err := scrub(root); err != nil {
+	if err := scrub(root, s.Slim); err != nil {
 		return nil, fmt.Errorf("golden %s: tree: %w", tag, err)
 	}
 	pkgs, err := packagesOf(root)
@@ -370,13 +370,20 @@ func versionOf(ctx context.Context, agent string) string {
 }
 
 // scrub removes build-time logs and caches that differ between builds and
-// serve no host.
-func scrub(root string) error {
+// serve no host, and for a slim image documentation, man pages,
+// translations and apt's lists (slimGlobs; copyright files stay).
+func scrub(root string, slim bool) error {
 	globs := []string{"var/log/*.log", "var/log/apt/*", "var/cache/debconf/*-old", "var/lib/dpkg/*-old",
 		"var/cache/apt/archives/*.deb", "var/cache/ldconfig/aux-cache", "run/*", "tmp/*", "var/tmp/*"}
+	if slim {
+		globs = append(globs, slimGlobs...)
+	}
 	for _, g := range globs {
 		matches, _ := filepath.Glob(filepath.Join(root, g))
 		for _, m := range matches {
+			if filepath.Base(m) == "copyright" && strings.HasPrefix(g, "usr/share/doc/") {
+				continue
+			}
 			if err := os.RemoveAll(m); err != nil {
 				return err
 			}

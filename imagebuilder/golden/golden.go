@@ -308,6 +308,7 @@ func files(s *spec.Spec, agent string, kube *kubeFiles, release string) []rootfs
 	if kube == nil {
 		return fs
 	}
+	fs = append(fs, labFiles(s)...)
 	for _, b := range kube.bins {
 		fs = append(fs, rootfs.File{Path: "/usr/bin/" + b.name, Mode: 0o755, Source: b.path})
 	}

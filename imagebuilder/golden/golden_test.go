@@ -1,6 +1,7 @@
 package golden
 
 import (
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/kilnhq/kiln/controller/validation"
 	"github.com/kilnhq/kiln/imagebuilder/manifest"
+	"github.com/kilnhq/kiln/imagebuilder/rootfs"
 	"github.com/kilnhq/kiln/imagebuilder/spec"
 	resources "github.com/kilnhq/kiln/internal/manifest"
 )
@@ -161,6 +163,52 @@ func TestBootConfigs(t *testing.T) {
 			if !strings.Contains(tc.got, want) {
 				t.Errorf("%s(%q) = %q, want it to contain %q", tc.name, uuid, tc.got, want)
 			}
+		}
+	}
+}
+
+func TestLabFiles(t *testing.T) {
+	s := mustSpec(t, "kubernetesVersion: v1.34.4\nagent: x\nlabSysctlBinds: true\nlabNetwork: true\n")
+	kube := &kubeFiles{pause: "registry.k8s.io/pause:3.10.1"}
+	got := map[string]rootfs.File{}
+	for _, f := range files(s, "/bin/agent", kube, "TAG=x\n") {
+		got[f.Path] = f
+	}
+	for path, want := range map[string]string{
+		"/etc/systemd/system/sysinit.target.wants/" + LabSysctlUnit: "/etc/systemd/system/" + LabSysctlUnit,
+		"/etc/systemd/system/multi-user.target.wants/" + LabNetUnit: "/etc/systemd/system/" + LabNetUnit,
+	} {
+		if got[path].Symlink != want {
+			t.Errorf("files()[%q] = %+v, want a symlink to %s", path, got[path], want)
+		}
+	}
+	for _, kv := range LabSysctls {
+		f, ok := got[LabSysctlDir+"/"+kv[0]]
+		if !ok || string(f.Data) != kv[1]+"\n" {
+			t.Errorf("lab sysctl %s = %q (present %v), want %q", kv[0], f.Data, ok, kv[1])
+		}
+		if !strings.Contains(LabSysctlUnitFile(), kv[0]) {
+			t.Errorf("%s does not bind %s", LabSysctlUnit, kv[0])
+		}
+	}
+	if f := got[LabNetScript]; f.Mode != 0o755 || string(f.Data) != LabNetScriptFile {
+		t.Errorf("%s: mode %v, want 0755 and the script", LabNetScript, f.Mode)
+	}
+	for _, u := range []string{LabSysctlUnitFile(), LabNetUnitFile} {
+		if !strings.Contains(u, "ConditionVirtualization=container") {
+			t.Errorf("lab unit runs outside containers too:\n%s", u)
+		}
+	}
+	// The script is valid sh (dash parses it without running it).
+	cmd := exec.Command("sh", "-n")
+	cmd.Stdin = strings.NewReader(LabNetScriptFile)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "sh -n %s: %s", LabNetScript, out)
+
+	plain := mustSpec(t, "kubernetesVersion: v1.34.4\nagent: x\n")
+	for _, f := range files(plain, "/bin/agent", kube, "") {
+		if strings.Contains(f.Path, "kiln-lab") {
+			t.Errorf("an image without the lab options has %s", f.Path)
 		}
 	}
 }

@@ -92,6 +92,22 @@ type Spec struct {
 	// v1 cgroup hierarchies read-write before containerd (needed under
 	// systemd-nspawn in the lab; a no-op elsewhere). Default true.
 	LabCgroupRemount *bool `yaml:"labCgroupRemount"`
+	// LabSysctlBinds adds kiln-lab-sysctl.service, which bind-mounts the
+	// values the kubelet insists on (vm.overcommit_memory=1,
+	// kernel.panic=10, kernel.panic_on_oops=1) over /proc/sys inside a
+	// container host: they are not namespaced, so a lab node must not
+	// (and cannot) write the machine's. Skipped outside a container.
+	// Not for a minimal image. Default false.
+	LabSysctlBinds bool `yaml:"labSysctlBinds"`
+	// LabNetwork adds kiln-lab-net.service for lab hosts without a CNI
+	// add-on: the host's name in /etc/hosts, a bridge CNI config for the
+	// node's pod CIDR, routes to the other nodes' pod CIDRs (host-gw) and,
+	// on control planes, CoreDNS without upstream forwarding (the lab
+	// may not reach outside). Not for a minimal image. Default false.
+	LabNetwork bool `yaml:"labNetwork"`
+	// Slim leaves out documentation, man and info pages, translations and
+	// apt's package lists (the copyright files stay). Default false.
+	Slim bool `yaml:"slim"`
 
 	// Dir is the directory of the spec file, for relative paths.
 	Dir string `yaml:"-"`
@@ -153,7 +169,8 @@ func Parse(data []byte) (*Spec, error) {
 
 func knownFields() []string {
 	return []string{"os", "suite", "mirror", "packages", "minimal", "kubernetesVersion", "agent", "kernel", "size",
-		"cgroupDriver", "sysctls", "modules", "sourceDateEpoch", "tagDate", "publishURL", "labCgroupRemount"}
+		"cgroupDriver", "sysctls", "modules", "sourceDateEpoch", "tagDate", "publishURL", "labCgroupRemount",
+		"labSysctlBinds", "labNetwork", "slim"}
 }
 
 func (s *Spec) defaults() {
@@ -279,6 +296,12 @@ func (s *Spec) Validate(wantK8s string) error {
 		if _, err := time.Parse("20060102", s.TagDate); err != nil || !tagDateRE.MatchString(s.TagDate) {
 			add("tagDate", "%q: want yyyymmdd", s.TagDate)
 		}
+	}
+	if s.Minimal && s.LabSysctlBinds {
+		add("labSysctlBinds", "a minimal image has no kubelet: remove it or set minimal: false")
+	}
+	if s.Minimal && s.LabNetwork {
+		add("labNetwork", "a minimal image has no Kubernetes: remove it or set minimal: false")
 	}
 	if !strings.HasPrefix(s.PublishURL, "http://") && !strings.HasPrefix(s.PublishURL, "https://") {
 		add("publishURL", "%q: want an http:// or https:// base URL", s.PublishURL)

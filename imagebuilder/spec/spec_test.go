@@ -37,6 +37,9 @@ func TestParseDefaults(t *testing.T) {
 	if got, want := s.Tag("20251202"), "debian12-k8s1.34.4-20251202"; got != want {
 		t.Errorf("Tag() = %q, want %q", got, want)
 	}
+	if s.LabSysctlBinds || s.LabNetwork || s.Slim {
+		t.Errorf("defaults: labSysctlBinds %v labNetwork %v slim %v, want all false", s.LabSysctlBinds, s.LabNetwork, s.Slim)
+	}
 	m, err := Parse([]byte("minimal: true\nagent: /x\ntagDate: \"20261202\"\n"))
 	require.NoError(t, err)
 	require.NoError(t, m.Validate("v1.34.4"))
@@ -97,6 +100,8 @@ func TestValidate(t *testing.T) {
 		{"epoch", "sourceDateEpoch: -1\nkubernetesVersion: v1.34.4\nagent: x\n", []string{"not negative"}},
 		{"minimal with kube", "minimal: true\nkubernetesVersion: v1.34.4\nagent: x\n", []string{"a minimal image has no Kubernetes"}},
 		{"minimal with kernel", "minimal: true\nkernel: linux-image-amd64\nagent: x\n", []string{"a minimal image has no kernel"}},
+		{"minimal with lab sysctls", "minimal: true\nagent: x\nlabSysctlBinds: true\n", []string{"line 3: labSysctlBinds: a minimal image has no kubelet"}},
+		{"minimal with lab network", "minimal: true\nagent: x\nlabNetwork: true\n", []string{"line 3: labNetwork: a minimal image has no Kubernetes"}},
 		{"publish url", "publishURL: /srv\nkubernetesVersion: v1.34.4\nagent: x\n", []string{"line 1: publishURL:"}},
 		{"several", "os: ubuntu\ncgroupDriver: x\n", []string{"line 1: os:", "line 2: cgroupDriver:", "agent: required"}},
 	} {
@@ -186,7 +191,8 @@ func TestLoad(t *testing.T) {
 }
 
 func TestExamples(t *testing.T) {
-	files, _ := filepath.Glob("../../examples/images/image-spec*.yaml")
+	files, _ := filepath.Glob("../../examples/images/*.yaml")
+	require.NotEmpty(t, files)
 	for _, f := range files {
 		s, err := Load(f)
 		require.NoError(t, err, f)

@@ -1,0 +1,184 @@
+package golden
+
+import (
+	"path"
+
+	"github.com/kilnhq/kiln/imagebuilder/rootfs"
+	"github.com/kilnhq/kiln/imagebuilder/spec"
+)
+
+// Units and files of the lab options (spec labSysctlBinds, labNetwork).
+const (
+	LabSysctlUnit = "kiln-lab-sysctl.service"
+	LabNetUnit    = "kiln-lab-net.service"
+	// LabSysctlDir holds one file per kernel setting the kubelet insists
+	// on, bind-mounted over /proc/sys/<name> by LabSysctlUnit.
+	LabSysctlDir = "/etc/kiln-lab/sysctl"
+	// LabNetScript is what LabNetUnit runs.
+	LabNetScript = "/usr/lib/kiln/lab-net"
+	// LabCNIConfig is the bridge CNI config LabNetScript writes once the
+	// node has a pod CIDR.
+	LabCNIConfig = "/etc/cni/net.d/10-kiln-lab.conflist"
+)
+
+// LabSysctls are the kernel settings the kubelet writes when they differ
+// (its "kernel defaults"). They are not namespaced: a lab host in a
+// container must not change the machine's, so LabSysctlUnit shows the
+// kubelet these values inside the host only.
+var LabSysctls = [][2]string{
+	{"vm/overcommit_memory", "1"},
+	{"kernel/panic", "10"},
+	{"kernel/panic_on_oops", "1"},
+}
+
+// LabSysctlUnitFile bind-mounts LabSysctlDir/<name> over /proc/sys/<name>
+// for each of LabSysctls, in the host's own mount namespace, before the
+// kubelet starts. It runs only in a container (the lab's nspawn hosts).
+// Equivalent to: `mount --bind /etc/kiln-lab/sysctl/vm/overcommit_memory
+// /proc/sys/vm/overcommit_memory` and so on.
+func LabSysctlUnitFile() string {
+	var names string
+	for i, kv := range LabSysctls {
+		if i > 0 {
+			names += " "
+		}
+		names += kv[0]
+	}
+	return `[Unit]
+Description=Kubelet kernel defaults for a lab host (bind mounts inside the host only)
+DefaultDependencies=no
+ConditionVirtualization=container
+After=local-fs.target
+Before=kubelet.service sysinit.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh -ec 'for f in ` + names + `; do mount --bind ` + LabSysctlDir + `/$f /proc/sys/$f; done'
+
+[Install]
+WantedBy=sysinit.target
+`
+}
+
+// LabNetUnitFile runs LabNetScript for as long as the host is up. It
+// runs only in a container (the lab's nspawn hosts).
+const LabNetUnitFile = `[Unit]
+Description=Lab host network: /etc/hosts, bridge CNI for the pod CIDR, host-gw routes, offline CoreDNS
+ConditionVirtualization=container
+After=network.target
+Before=kiln-agent.service kubelet.service
+
+[Service]
+ExecStart=` + LabNetScript + `
+Restart=always
+RestartSec=5
+
+[Install]
+WantedBy=multi-user.target
+`
+
+// LabNetScriptFile is LabNetScript. At start it adds the host's name with
+// its address to /etc/hosts (kubeadm's checks and the kubelet look it up,
+// and a lab host has no DNS server to ask). Then every 3 s, once the host
+// is a Kubernetes node (kubelet.conf exists), it reads the nodes with
+// kubectl and
+//
+//   - writes LabCNIConfig (a bridge with host-local addresses from this
+//     node's spec.podCIDR) when missing or different; until then the
+//     node stays NotReady, as with any CNI;
+//   - routes every other node's pod CIDR via that node's InternalIP
+//     (`ip route replace CIDR via IP`), as a host-gw CNI would;
+//   - on a control plane (admin.conf exists), removes `forward` and `loop`
+//     from CoreDNS's Corefile, so cluster DNS never asks an upstream
+//     resolver (the lab's hosts may not reach outside).
+const LabNetScriptFile = `#!/bin/sh
+# kiln-lab-net (written by kiln-imagebuilder, spec labNetwork): see docs/imagebuilder.md.
+set -u
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+conf=` + LabCNIConfig + `
+name=$(hostname)
+addr=$(ip -4 -o addr show scope global | awk '{split($4, a, "/"); print a[1]; exit}')
+[ -s /etc/hosts ] || printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' > /etc/hosts
+if [ -n "$addr" ] && ! awk -v n="$name" '{for (i = 2; i <= NF; i++) if ($i == n) f = 1} END {exit !f}' /etc/hosts; then
+	printf '%s\t%s\n' "$addr" "$name" >> /etc/hosts
+fi
+
+cni() {
+	cat <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "kiln-lab",
+  "plugins": [
+    {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$1"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+EOF
+}
+
+offline_dns() {
+	cf=$(kubectl --kubeconfig "$1" -n kube-system get configmap coredns -o jsonpath='{.data.Corefile}' 2>/dev/null) || return 0
+	printf '%s\n' "$cf" | grep -Eq '^[[:space:]]*(forward|loop)([[:space:]]|$)' || return 0
+	printf '%s\n' "$cf" | awk '
+		skip { if ($0 ~ /^[ \t]*}[ \t]*$/) skip = 0; next }
+		/^[ \t]*forward[ \t]/ { if ($0 ~ /{[ \t]*$/) skip = 1; next }
+		/^[ \t]*loop[ \t]*$/ { next }
+		{ print }' > /run/kiln-lab-Corefile
+	kubectl --kubeconfig "$1" -n kube-system create configmap coredns --from-file=Corefile=/run/kiln-lab-Corefile \
+		--dry-run=client -o yaml | kubectl --kubeconfig "$1" replace -f - >/dev/null &&
+		echo "kiln-lab-net: CoreDNS no longer forwards upstream"
+}
+
+while :; do
+	kc=/etc/kubernetes/kubelet.conf
+	[ -f /etc/kubernetes/admin.conf ] && kc=/etc/kubernetes/admin.conf
+	if [ -f /etc/kubernetes/kubelet.conf ]; then
+		[ "$kc" = /etc/kubernetes/admin.conf ] && offline_dns "$kc"
+		kubectl --kubeconfig "$kc" get nodes -o jsonpath='{range .items[*]}{.spec.podCIDR} {.status.addresses[?(@.type=="InternalIP")].address}{"\n"}{end}' 2>/dev/null |
+		while read -r cidr ip; do
+			[ -n "$cidr" ] && [ -n "$ip" ] || continue
+			if [ "$ip" = "$addr" ]; then
+				want=$(cni "$cidr")
+				if [ "$(cat "$conf" 2>/dev/null)" != "$want" ]; then
+					mkdir -p "$(dirname "$conf")"
+					printf '%s\n' "$want" > "$conf.tmp" && mv "$conf.tmp" "$conf"
+					echo "kiln-lab-net: pod network $cidr on cni0"
+				fi
+			else
+				ip route replace "$cidr" via "$ip"
+			fi
+		done
+	fi
+	sleep 3
+done
+`
+
+// labFiles are the files of the lab options of s.
+func labFiles(s *spec.Spec) []rootfs.File {
+	unit := func(name, data string, target string) []rootfs.File {
+		p := "/etc/systemd/system/" + name
+		return []rootfs.File{
+			{Path: p, Data: []byte(data)},
+			{Path: "/etc/systemd/system/" + target + ".wants/" + name, Symlink: p},
+		}
+	}
+	var fs []rootfs.File
+	if s.LabSysctlBinds {
+		fs = append(fs, unit(LabSysctlUnit, LabSysctlUnitFile(), "sysinit.target")...)
+		for _, kv := range LabSysctls {
+			fs = append(fs, rootfs.File{Path: path.Join(LabSysctlDir, kv[0]), Data: []byte(kv[1] + "\n"), Mode: 0o444})
+		}
+	}
+	if s.LabNetwork {
+		fs = append(fs, unit(LabNetUnit, LabNetUnitFile, "multi-user.target")...)
+		fs = append(fs, rootfs.File{Path: LabNetScript, Data: []byte(LabNetScriptFile), Mode: 0o755})
+	}
+	return fs
+}
+
+// slimGlobs are what a slim image leaves out (relative to the root); the
+// copyright files under usr/share/doc stay.
+var slimGlobs = []string{"usr/share/man/*", "usr/share/info/*", "usr/share/locale/*", "usr/share/doc/*/*",
+	"usr/share/doc-base/*", "usr/share/lintian/*", "var/lib/apt/lists/*", "var/cache/apt/*.bin"}
