@@ -22,8 +22,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/kilnhq/kiln/e2e/lab/netns"
@@ -97,6 +99,16 @@ type Options struct {
 	// the bridge address to be reachable from the hosts.
 	ControllerURL string `json:"controllerURL,omitempty"`
 	CAHash        string `json:"caHash,omitempty"`
+	// BootURL is the URL template of a host's iPXE script, for example
+	// "http://{gateway}:8080/boot/ipxe/{host}" (the boot server's
+	// /boot/ipxe/ route): {host} is the host's Host resource name
+	// (ResourceName: NAME-hI), {gateway} the bridge address. When set, a
+	// netns host's PXE boot fetches that script from inside its namespace
+	// and boots the agent with the script's kernel arguments; empty keeps
+	// the static command line (kiln.host=, kiln.controller=,
+	// kiln.ca_hash=). Virtual-media boots always read the inserted ISO's
+	// kernel command line.
+	BootURL string `json:"bootURL,omitempty"`
 	// DiskSize of each host's sparse disk (default 8 GiB).
 	DiskSize int64 `json:"diskSize,omitempty"`
 	// ServeCommand starts the supervisor, for example {"kilnctl", "lab",
@@ -109,6 +121,22 @@ type Options struct {
 	ChassisCommand []string `json:"chassisCommand,omitempty"`
 	// ReadyTimeout bounds Up's wait for the supervisor (default 2 min).
 	ReadyTimeout time.Duration `json:"readyTimeout,omitempty"`
+}
+
+// ResourceName is the Host resource name of host (h1, h2, ...) in lab:
+// "LAB-HOST", e.g. "kiln-h1". It is the {host} of Options.BootURL, the
+// kiln.host= of the static command line and what `kilnctl lab hosts`
+// prints.
+func ResourceName(lab, host string) string {
+	if lab == "" {
+		lab = "kiln"
+	}
+	return lab + "-" + host
+}
+
+// BootScriptURL expands an Options.BootURL template for one host.
+func BootScriptURL(template, resource, gateway string) string {
+	return strings.NewReplacer("{host}", resource, "{gateway}", gateway).Replace(template)
 }
 
 // DefaultStateDir is where a lab keeps its state unless told otherwise.
@@ -142,6 +170,17 @@ func (o *Options) defaults() error {
 	}
 	if o.Backend == BackendQEMU && o.Hosts+o.IPMI > MaxQEMUHosts && os.Getenv("KILN_QEMU_ACCEL") != "kvm" {
 		return errdefs.InvalidArgument("lab: %d qemu hosts: at most %d under TCG emulation (a TCG VM takes a core; KVM lifts the limit: KILN_QEMU_ACCEL=kvm)", o.Hosts+o.IPMI, MaxQEMUHosts)
+	}
+	if o.BootURL != "" {
+		u, err := url.Parse(BootScriptURL(o.BootURL, "kiln-h1", "10.251.0.1"))
+		switch {
+		case err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "":
+			return errdefs.InvalidArgument("lab boot URL %q: want an http(s) URL such as http://{gateway}:8080/boot/ipxe/{host}", o.BootURL)
+		case !strings.Contains(o.BootURL, "{host}"):
+			return errdefs.InvalidArgument("lab boot URL %q: {host} (the Host resource name) is missing: every host would boot the same script", o.BootURL)
+		case o.Backend == BackendQEMU:
+			return errdefs.InvalidArgument("lab boot URL: the qemu backend's VMs PXE boot from QEMU's own network, not from a boot URL")
+		}
 	}
 	if o.IPMI > 0 && len(o.ChassisCommand) == 0 {
 		return errdefs.InvalidArgument("lab: IPMI hosts need a chassis command (kiln-chassis)")
@@ -188,7 +227,12 @@ type State struct {
 
 // Host is one lab host.
 type Host struct {
-	Name      string `json:"name"`
+	// Name is the host's name in the lab (h1, h2, ...): its directory,
+	// namespace and credentials key.
+	Name string `json:"name"`
+	// Resource is the name of its Host resource and of its boot media at
+	// the boot server (kiln.host=): ResourceName(lab, Name).
+	Resource  string `json:"resource"`
 	Namespace string `json:"namespace"`
 	Machine   string `json:"machine"`
 	Address   string `json:"address"`

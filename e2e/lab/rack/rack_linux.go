@@ -263,11 +263,15 @@ func (s *server) up(ctx context.Context) error {
 		name := hostName(i)
 		addr = addr.Next()
 		hdir := filepath.Join(s.dir, "hosts", name)
-		agent := netns.Agent{CmdlineFile: filepath.Join(hdir, CmdlineExtra), Scratch: filepath.Join(hdir, "agent")}
+		resource := ResourceName(o.Name, name)
+		agent := netns.Agent{CmdlineFile: filepath.Join(hdir, CmdlineExtra), Scratch: filepath.Join(hdir, "agent"), ReadMedia: true}
 		if o.AgentBinary != "" {
 			agent.Command = []string{o.AgentBinary, "run", "--data-dir", agent.Scratch}
 		}
-		cl := []string{"kiln.host=" + name}
+		if o.BootURL != "" {
+			agent.BootScript = BootScriptURL(o.BootURL, resource, gw.String())
+		}
+		cl := []string{"kiln.host=" + resource}
 		if o.ControllerURL != "" {
 			cl = append(cl, "kiln.controller="+o.ControllerURL)
 		}
@@ -285,7 +289,7 @@ func (s *server) up(ctx context.Context) error {
 				return err
 			}
 			m = vm
-			h = Host{Name: name, Machine: vm.name, Address: qemuGuestAddress, MAC: vm.mac, Disk: vm.disk, Dir: hdir}
+			h = Host{Name: name, Resource: resource, Machine: vm.name, Address: qemuGuestAddress, MAC: vm.mac, Disk: vm.disk, Dir: hdir}
 		} else {
 			nm, err := netns.New(ctx, netns.Options{
 				Name: name, Lab: o.Name, StateDir: hdir, Bridge: bridge,
@@ -296,7 +300,7 @@ func (s *server) up(ctx context.Context) error {
 				return err
 			}
 			m = nm
-			h = Host{Name: name, Namespace: nm.Namespace(), Machine: nm.MachineName(), Address: addr.String(), MAC: nm.MAC(), Disk: nm.DiskPath(), Dir: hdir}
+			h = Host{Name: name, Resource: resource, Namespace: nm.Namespace(), Machine: nm.MachineName(), Address: addr.String(), MAC: nm.MAC(), Disk: nm.DiskPath(), Dir: hdir}
 		}
 		s.machines = append(s.machines, m)
 		c := creds[name]

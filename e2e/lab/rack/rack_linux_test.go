@@ -327,6 +327,9 @@ func TestUpInvalid(t *testing.T) {
 		{"ipmi without chassis", Options{IPMI: 1, ServeCommand: []string{"x"}}},
 		{"unknown backend", Options{Hosts: 1, Backend: "xen", ServeCommand: []string{"x"}}},
 		{"no serve command", Options{Hosts: 1, StateDir: t.TempDir()}},
+		{"boot URL not http", Options{Hosts: 1, BootURL: "tftp://10.0.0.1/{host}", ServeCommand: []string{"x"}}},
+		{"boot URL without host", Options{Hosts: 1, BootURL: "http://{gateway}:8080/boot/ipxe/h1", ServeCommand: []string{"x"}}},
+		{"boot URL on qemu", Options{Hosts: 1, Backend: BackendQEMU, BootURL: "http://{gateway}:8080/boot/ipxe/{host}", ServeCommand: []string{"x"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
