@@ -173,7 +173,7 @@ func (l *Lab) Up(ctx context.Context) error {
 	}
 	l.say("creating the rack: %d Redfish and %d IPMI hosts on %s (kilnctl lab up)", l.cfg.Hosts, l.cfg.IPMI, l.cfg.Subnet)
 	out, err := l.Kilnctl(ctx, nil, l.labArgs("up", "--hosts", strconv.Itoa(l.cfg.Hosts), "--ipmi", strconv.Itoa(l.cfg.IPMI),
-		"--subnet", l.cfg.Subnet, "--agent", filepath.Join(l.cfg.Bin, "kiln-agent"), "--boot-url", l.BootURL(),
+		"--subnet", l.cfg.Subnet, "--agent", filepath.Join(l.cfg.Bin, "kiln-agent"), "--boot-url", l.BootURL()+"/boot/ipxe/{host}",
 		"--disk-size", l.cfg.DiskSize)...)
 	if err != nil {
 		return err
