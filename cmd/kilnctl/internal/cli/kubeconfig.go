@@ -1,0 +1,119 @@
+package cli
+
+import (
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/errgrpc"
+	"github.com/kilnhq/kiln/internal/pki"
+	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
+)
+
+func (a *app) kubeconfigCommand() *cobra.Command {
+	var file string
+	cmd := &cobra.Command{
+		Use:   "kubeconfig CLUSTER [-o FILE]",
+		Short: "Print or save the admin kubeconfig of a cluster",
+		Long: `Print the admin kubeconfig of a cluster, the one kubeadm init wrote on its
+first control plane. It grants cluster-admin: only an admin certificate may
+fetch it, and the controller records who did as an event on the cluster
+(kilnctl describe cluster CLUSTER).
+
+With -o FILE it is written to FILE with mode 0600, atomically (a reader
+sees the old file or the new one, never half of it); without -o it goes to
+standard output.`,
+		Example: `  kilnctl kubeconfig lab -o lab.kubeconfig
+  KUBECONFIG=lab.kubeconfig kubectl get nodes`,
+		Args: cobra.ExactArgs(1),
+		ValidArgsFunction: func(cmd *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+			return a.completeKindName(cmd, append([]string{"cluster"}, args...), toComplete)
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cluster := args[0]
+			what := "kubeconfig " + cluster
+			c, err := a.client(cmd.Context())
+			if err != nil {
+				return err
+			}
+			ctx, cancel := a.call(cmd.Context())
+			defer cancel()
+			resp, err := c.GetKubeconfig(ctx, &controllerv1.GetKubeconfigRequest{Cluster: cluster})
+			if err != nil {
+				if e := errgrpc.FromGRPC(err); errdefs.IsPermissionDenied(e) {
+					return fmt.Errorf("%s: %w\nhint: %s", what, e, a.adminHint())
+				}
+				return a.rpcError(what, err)
+			}
+			if file == "" || file == "-" {
+				_, err := cmd.OutOrStdout().Write(resp.GetKubeconfig())
+				return err
+			}
+			if err := writeFileAtomic(file, resp.GetKubeconfig(), 0o600); err != nil {
+				return fmt.Errorf("%s: %w", what, err)
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "wrote the admin kubeconfig of cluster %s to %s (mode 0600)\n", cluster, file)
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&file, "output", "o", "", "write the kubeconfig to this file (mode 0600) instead of standard output")
+	return cmd
+}
+
+// adminHint says that the kubeconfig needs an admin certificate, and
+// which certificate the kilnconfig holds.
+func (a *app) adminHint() string {
+	const need = "a cluster's kubeconfig needs an admin certificate; ask an admin, or use DATA_DIR/kilnconfig-admin.yaml on the controller"
+	if a.cfg == nil {
+		return need
+	}
+	block, _ := pem.Decode([]byte(a.cfg.Cert))
+	if block == nil {
+		return need
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return need
+	}
+	role, name, err := pki.Identity(cert)
+	if err != nil {
+		return need
+	}
+	return fmt.Sprintf("kilnconfig %s holds a %s certificate for %q; %s", a.cfg.Path, role, name, need)
+}
+
+// writeFileAtomic writes data to a temporary file with mode in path's
+// directory and renames it over path, so path is never seen half written
+// nor, even briefly, with a wider mode.
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	defer os.Remove(tmp.Name()) // fails harmlessly after the rename
+	if err := tmp.Chmod(mode); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
