@@ -72,6 +72,7 @@ the lab created, as recorded in STATE_DIR/state.json. See docs/lab.md.`,
 	up.Flags().StringVar(&o.AgentBinary, "agent", "", "boot media program: PXE and virtual-media boots run `AGENT run` (kiln-agent)")
 	up.Flags().StringVar(&o.ControllerURL, "controller", "", "controller address for the boot agent (kiln.controller=); listen on the lab's gateway address")
 	up.Flags().StringVar(&o.CAHash, "ca-hash", "", "controller CA pin for the boot agent (kiln.ca_hash=)")
+	up.Flags().StringVar(&o.BootURL, "boot-url", "", "iPXE script URL template for PXE boots, e.g. http://{gateway}:8080/boot/ipxe/{host} ({host}: the Host resource name LAB-hI; {gateway}: the bridge address); default: a static command line")
 	up.Flags().StringVar(&diskSize, "disk-size", "8G", "size of each host's sparse disk (K, M, G suffixes)")
 
 	status := &cobra.Command{
@@ -124,7 +125,7 @@ the lab created, as recorded in STATE_DIR/state.json. See docs/lab.md.`,
 			return nil
 		},
 	}
-	lab.AddCommand(up, status, down, serve, chassis)
+	lab.AddCommand(up, status, labHostsCommand(dirOf), down, serve, chassis)
 	return lab
 }
 
