@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kilnhq/kiln/e2e/lab/machine"
+	"github.com/kilnhq/kiln/e2e/lab/nspawn"
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
@@ -225,7 +226,7 @@ func (m *Machine) Leader() int {
 	if b == nil || !b.nspawn {
 		return 0
 	}
-	return child(b.getPID())
+	return nspawn.LeaderOf(b.getPID())
 }
 
 // BusAddress is the D-Bus address of the booted system's system bus, ""
@@ -419,7 +420,7 @@ func (m *Machine) stopBoot(ctx context.Context, b *boot, graceful bool) {
 // /org/freedesktop/systemd1 org.freedesktop.systemd1.Manager StartUnit ss
 // poweroff.target replace-irreversibly`.
 func (m *Machine) askPowerOff(ctx context.Context, b *boot) {
-	leader := child(b.getPID())
+	leader := nspawn.LeaderOf(b.getPID())
 	if leader == 0 {
 		return
 	}
@@ -447,7 +448,7 @@ func (m *Machine) kill(b *boot) {
 		return
 	}
 	if b.nspawn {
-		if l := child(pid); l != 0 {
+		if l := nspawn.LeaderOf(pid); l != 0 {
 			_ = syscall.Kill(l, syscall.SIGKILL)
 		}
 		_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -614,17 +615,11 @@ func (m *Machine) mountCommand(ctx context.Context) ([]string, error) {
 	return []string{"mount", "-t", "ext4", "-o", fmt.Sprintf("loop,offset=%d,sizelimit=%d,nodev", off, size), m.disk, m.mnt}, nil
 }
 
-// nspawnArgs are the flags LAB.md found necessary for a host whose
-// systemd runs containerd and kubelet: all capabilities (the network
-// namespace path alone drops CAP_NET_ADMIN), the keyring syscalls (runc),
-// and no registration with a host systemd (there is none).
-func (m *Machine) nspawnArgs() []string {
-	return []string{"-D", m.mnt, "-M", m.name, "-b",
-		"--register=no", "--keep-unit",
-		"--network-namespace-path=" + m.NetnsPath(),
-		"--capability=all", "--system-call-filter=@keyring",
-		"--resolv-conf=off", "--timezone=off", "--link-journal=no",
-		"--console=read-only", "--bind=/dev/kmsg"}
+// nspawnOptions boot the mounted disk root in the host's network
+// namespace with the flags LAB.md found necessary for a host whose
+// systemd runs containerd and kubelet (see nspawn.Args).
+func (m *Machine) nspawnOptions() nspawn.Options {
+	return nspawn.Options{Name: m.name, Dir: m.mnt, NetNS: m.NetnsPath()}
 }
 
 // Exit codes of the boot script before nspawn runs.
@@ -632,14 +627,6 @@ const (
 	exitMountFailed = 86
 	exitNoInit      = 87
 )
-
-func shellQuote(args []string) string {
-	q := make([]string, len(args))
-	for i, a := range args {
-		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
-	}
-	return strings.Join(q, " ")
-}
 
 // launchNspawn mounts the disk and starts systemd-nspawn on it, inside
 // the machine's cgroups and a private mount namespace of its own: the
@@ -658,13 +645,14 @@ func (m *Machine) launchNspawn(b *boot, procs, mount []string) (*exec.Cmd, error
 	}
 	defer console.Close()
 	var script strings.Builder
-	fmt.Fprintf(&script, "for p in %s; do echo $$ > \"$p\" || exit 1; done\n", shellQuote(procs))
-	fmt.Fprintf(&script, "%s || { echo 'kiln: cannot mount the disk' >&2; exit %d; }\n", shellQuote(mount), exitMountFailed)
+	opts := m.nspawnOptions()
+	fmt.Fprintf(&script, "%s\n", nspawn.JoinScript(procs))
+	fmt.Fprintf(&script, "%s || { echo 'kiln: cannot mount the disk' >&2; exit %d; }\n", nspawn.ShellQuote(mount), exitMountFailed)
 	fmt.Fprintf(&script, "for i in sbin/init usr/sbin/init usr/lib/systemd/systemd lib/systemd/systemd; do [ -e %s/$i ] && exec systemd-nspawn %s; done\n",
-		shellQuote([]string{m.mnt}), shellQuote(m.nspawnArgs()))
+		nspawn.ShellQuote([]string{m.mnt}), nspawn.ShellQuote(nspawn.Args(opts)))
 	fmt.Fprintf(&script, "echo 'kiln: the disk root has no init' >&2; exit %d\n", exitNoInit)
 	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script.String())
-	cmd.Env = append(os.Environ(), "SYSTEMD_NSPAWN_API_VFS_WRITABLE=network")
+	cmd.Env = append(os.Environ(), nspawn.Env(opts)...)
 	cmd.Stdout, cmd.Stderr = console, console
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -692,7 +680,7 @@ func (m *Machine) supervise(b *boot, cmd *exec.Cmd, procs, mount []string) {
 		b.pid = 0
 		b.mu.Unlock()
 		m.killCgroups() // nothing of the last boot survives it
-		_ = os.RemoveAll(m.propagateDir())
+		_ = os.RemoveAll(nspawn.PropagateDir(m.name))
 		if !b.stopping() && (code == exitMountFailed || code == exitNoInit) {
 			reason := "disk is not bootable: it cannot be mounted"
 			if code == exitNoInit {
@@ -725,10 +713,6 @@ func (m *Machine) supervise(b *boot, cmd *exec.Cmd, procs, mount []string) {
 	close(b.done)
 }
 
-func (m *Machine) propagateDir() string {
-	return filepath.Join("/run/systemd/nspawn/propagate", m.name)
-}
-
 // teardownDisk makes sure the disk's loop device is detached and removes
 // the machine's cgroups and nspawn's propagation directory.
 func (m *Machine) teardownDisk(ctx context.Context) {
@@ -737,9 +721,9 @@ func (m *Machine) teardownDisk(ctx context.Context) {
 	if err := DetachLoops(ctx, m.disk); err != nil {
 		m.log.Warn("loop device left attached", "disk", m.disk, "err", err)
 	}
-	_ = os.RemoveAll(m.propagateDir())
-	for _, d := range m.cgroupDirs() {
-		if err := RemoveCgroup(d); err != nil {
+	_ = os.RemoveAll(nspawn.PropagateDir(m.name))
+	for _, d := range m.cgroups().Dirs {
+		if err := nspawn.RemoveCgroup(d); err != nil {
 			m.log.Warn("cgroup left behind", "cgroup", d, "err", err)
 		}
 	}
@@ -764,39 +748,18 @@ func (m *Machine) unmount(ctx context.Context) {
 
 // --- cgroups
 
-// cgroupDirs are the machine's cgroup directories, one per hierarchy.
-func (m *Machine) cgroupDirs() []string {
-	var dirs []string
-	for _, h := range Hierarchies() {
-		dirs = append(dirs, filepath.Join(h, m.name))
-	}
-	return dirs
-}
+// cgroups are the machine's cgroups, one per hierarchy.
+func (m *Machine) cgroups() nspawn.Cgroups { return nspawn.NewCgroups(m.name) }
 
-// makeCgroups makes the machine's cgroup in every hierarchy (copying
-// cpuset.cpus and cpuset.mems, which a new cpuset cgroup lacks) and
+// makeCgroups reports the machine's cgroups to Track, makes them and
 // returns their cgroup.procs files.
 func (m *Machine) makeCgroups() ([]string, error) {
-	var procs []string
-	for _, d := range m.cgroupDirs() {
+	cg := m.cgroups()
+	for _, d := range cg.Dirs {
 		m.o.Track(Resource{KindCgroup, d})
-		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-			return nil, fmt.Errorf("cgroup: %w", err)
-		}
-		if strings.Contains(filepath.Base(filepath.Dir(d)), "cpuset") {
-			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
-				b, _ := os.ReadFile(filepath.Join(filepath.Dir(d), f))
-				_ = os.WriteFile(filepath.Join(d, f), b, 0o644)
-			}
-		}
-		procs = append(procs, filepath.Join(d, "cgroup.procs"))
 	}
-	return procs, nil
+	return cg.Create()
 }
 
 // killCgroups kills every process left in the machine's cgroups.
-func (m *Machine) killCgroups() {
-	for _, d := range m.cgroupDirs() {
-		KillCgroup(d)
-	}
-}
+func (m *Machine) killCgroups() { m.cgroups().Kill() }

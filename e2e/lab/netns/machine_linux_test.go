@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnhq/kiln/e2e/lab/machine"
+	"github.com/kilnhq/kiln/e2e/lab/nspawn"
 	"github.com/kilnhq/kiln/imagebuilder/disk"
 	"github.com/kilnhq/kiln/imagebuilder/rootfs"
 )
@@ -60,7 +61,7 @@ func snapshot(t *testing.T) hostState {
 			s.mounts = append(s.mounts, f[1])
 		}
 	}
-	for _, h := range Hierarchies() {
+	for _, h := range nspawn.Hierarchies() {
 		ents, _ := os.ReadDir(h)
 		for _, e := range ents {
 			if e.IsDir() && strings.HasPrefix(e.Name(), "kiln-") {

@@ -8,12 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/kilnhq/kiln/e2e/lab/nspawn"
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
@@ -106,23 +106,6 @@ func state(pid int) string {
 		return ""
 	}
 	return s[i+2 : i+3]
-}
-
-// child returns the first child of pid, or 0.
-func child(pid int) int {
-	if pid <= 0 {
-		return 0
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 0
-	}
-	n, _ := strconv.Atoi(f[0])
-	return n
 }
 
 // mountSource is the source device of the mount at dir, "" when dir is
@@ -247,83 +230,6 @@ func loopsOf(file string) []string {
 	return loops
 }
 
-// Hierarchies are the mounted cgroup hierarchies (each v1 controller
-// mount once, and the v2 one).
-func Hierarchies() []string {
-	entries, err := os.ReadDir("/sys/fs/cgroup")
-	if err != nil {
-		return nil
-	}
-	var hs []string
-	seen := map[string]bool{}
-	for _, e := range entries {
-		real, err := filepath.EvalSymlinks(filepath.Join("/sys/fs/cgroup", e.Name()))
-		if err != nil || seen[real] {
-			continue
-		}
-		if _, err := os.Stat(filepath.Join(real, "cgroup.procs")); err != nil {
-			continue
-		}
-		seen[real] = true
-		hs = append(hs, real)
-	}
-	return hs
-}
-
-// cgroupTree lists dir and its descendants, deepest first.
-func cgroupTree(dir string) []string {
-	var sub []string
-	_ = filepath.WalkDir(dir, func(p string, e os.DirEntry, err error) error {
-		if err == nil && e.IsDir() {
-			sub = append(sub, p)
-		}
-		return nil
-	})
-	slices.Reverse(sub)
-	return sub
-}
-
-// KillCgroup sends SIGKILL to every process in the cgroup dir and below,
-// until none is left (at most 5 s).
-func KillCgroup(dir string) {
-	for range 50 {
-		n := 0
-		for _, d := range cgroupTree(dir) {
-			b, _ := os.ReadFile(filepath.Join(d, "cgroup.procs"))
-			for _, f := range strings.Fields(string(b)) {
-				if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
-					_ = syscall.Kill(pid, syscall.SIGKILL)
-					n++
-				}
-			}
-		}
-		if n == 0 {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// RemoveCgroup removes the cgroup dir and everything below it, deepest
-// first; a missing cgroup is not an error. Equivalent to `find DIR -depth
-// -type d -exec rmdir {} \;`.
-func RemoveCgroup(dir string) error {
-	var err error
-	for range 20 {
-		err = nil
-		for _, d := range cgroupTree(dir) {
-			if e := syscall.Rmdir(d); e != nil && !errors.Is(e, syscall.ENOENT) {
-				err = fmt.Errorf("rmdir %s: %w", d, e)
-			}
-		}
-		if err == nil {
-			return nil
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return err
-}
-
 // Remove undoes one resource a machine (or the rack) created: kills a
 // process, unmounts, detaches a loop device, removes a cgroup, a
 // directory, a network namespace or a link. Resources that are already
@@ -339,8 +245,8 @@ func Remove(ctx context.Context, r Resource) error {
 		loop, backing, _ := strings.Cut(r.Value, "=")
 		return DetachLoop(ctx, loop, backing)
 	case KindCgroup:
-		KillCgroup(r.Value)
-		return RemoveCgroup(r.Value)
+		nspawn.KillCgroup(r.Value)
+		return nspawn.RemoveCgroup(r.Value)
 	case KindDir:
 		return os.RemoveAll(r.Value)
 	case KindNetns:
