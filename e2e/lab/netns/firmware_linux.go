@@ -151,22 +151,17 @@ func ReadISOCmdline(ctx context.Context, path string) (string, error) {
 		return "", err
 	}
 	defer os.RemoveAll(dir)
-	var lastErr string
 	for i, cfg := range BootConfigs {
 		out := filepath.Join(dir, fmt.Sprintf("%d.cfg", i))
 		b, err := exec.CommandContext(ctx, "xorriso", "-osirrox", "on", "-indev", path, "-extract", cfg, out).CombinedOutput()
 		if ctx.Err() != nil {
 			return "", ctx.Err()
 		}
+		if strings.Contains(string(b), "No ISO 9660 image") || strings.Contains(string(b), "Media status : is blank") {
+			return "", errdefs.InvalidArgument("not an ISO 9660 image")
+		}
 		if err != nil {
-			if i == 0 && !strings.Contains(string(b), "Not found in ISO image") {
-				// Not a (readable) ISO: no point in looking further.
-				lastErr = xorrisoError(b)
-				if strings.Contains(string(b), "NOT READABLE") || strings.Contains(string(b), "not a") || strings.Contains(string(b), "Cannot") {
-					return "", errdefs.InvalidArgument("not an ISO 9660 image: %s", lastErr)
-				}
-			}
-			continue
+			continue // no such file in the image
 		}
 		content, err := os.ReadFile(out)
 		if err != nil {
@@ -176,20 +171,7 @@ func ReadISOCmdline(ctx context.Context, path string) (string, error) {
 			return c, nil
 		}
 	}
-	if lastErr != "" {
-		return "", errdefs.InvalidArgument("cannot read the ISO: %s", lastErr)
-	}
 	return "", errdefs.InvalidArgument("no kernel command line in the ISO (looked in %s)", strings.Join(BootConfigs, ", "))
-}
-
-// xorrisoError is the first FAILURE or SORRY line of xorriso's output.
-func xorrisoError(out []byte) string {
-	for _, l := range strings.Split(string(out), "\n") {
-		if strings.Contains(l, "FAILURE") || strings.Contains(l, "SORRY") {
-			return strings.TrimSpace(l)
-		}
-	}
-	return strings.TrimSpace(string(out))
 }
 
 // ParseBootConfig returns the kernel command line of the first boot entry
