@@ -1,0 +1,213 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/kilnhq/kiln/controller/controllertest"
+	"github.com/kilnhq/kiln/internal/errdefs"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+func TestParseWaitFor(t *testing.T) {
+	tests := []struct{ in, cond, status string }{
+		{"condition=Ready", "Ready", "True"},
+		{"condition=Ready=True", "Ready", "True"},
+		{"condition=Provisioned=false", "Provisioned", "False"},
+		{"condition=BMCReachable=UNKNOWN", "BMCReachable", "Unknown"},
+	}
+	for _, tt := range tests {
+		cond, status, err := parseWaitFor(tt.in)
+		if err != nil || cond != tt.cond || status != tt.status {
+			t.Errorf("parseWaitFor(%q) = %q, %q, %v, want %q, %q", tt.in, cond, status, err, tt.cond, tt.status)
+		}
+	}
+	for _, bad := range []string{"", "Ready", "condition=", "condition==True", "condition=Ready=yes", "delete", "jsonpath={.status.phase}"} {
+		if _, _, err := parseWaitFor(bad); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("parseWaitFor(%q) = %v, want InvalidArgument", bad, err)
+		}
+	}
+}
+
+// TestWaitRefusesBadArgumentsWithoutDialing: no kilnconfig exists, so
+// each refusal must come before a dial.
+func TestWaitRefusesBadArgumentsWithoutDialing(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"wait", "host/h1", "--for", "Ready"}, `wait: --for "Ready": use --for condition=TYPE or --for condition=TYPE=STATUS (STATUS True, False or Unknown; default True), e.g. --for condition=Ready`},
+		{[]string{"wait", "host/h1", "--for", "condition=Ready=Yes"}, `wait: --for "condition=Ready=Yes": status "Yes": use --for condition=TYPE`},
+		{[]string{"wait", "host/h1"}, "wait: --for is required: use --for condition=TYPE"},
+		{[]string{"wait", "h1", "--for", "condition=Ready"}, `wait: "h1": name the resource as KIND/NAME, e.g. cluster/lab or host/h1`},
+		{[]string{"wait", "node/h1", "--for", "condition=Ready"}, `unknown kind "node"`},
+		{[]string{"wait", "host/h1", "--for", "condition=Ready", "--timeout", "-1s"}, "wait: --timeout -1s: use a positive duration"},
+	}
+	for _, tt := range tests {
+		_, _, err := run(t, nil, tt.args...)
+		if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("kilnctl %s = %v, want InvalidArgument containing %q", strings.Join(tt.args, " "), err, tt.want)
+		}
+	}
+}
+
+// waitRun is a kilnctl wait running in the background.
+type waitRun struct {
+	stdout, stderr syncBuffer
+	done           chan error
+}
+
+func startWait(t *testing.T, config string, args ...string) *waitRun {
+	t.Helper()
+	w := &waitRun{done: make(chan error, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		opts := Options{Stdout: &w.stdout, Stderr: &w.stderr, Stdin: strings.NewReader(""),
+			Getenv: func(k string) string { return map[string]string{"KILNCONFIG": config}[k] }}
+		w.done <- Run(ctx, opts, append([]string{"wait"}, args...))
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-w.done
+	})
+	return w
+}
+
+// result waits for the command to end; a wait that does not end within a
+// minute is a failure.
+func (w *waitRun) result(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-w.done:
+		w.done <- err // for the cleanup
+		return err
+	case <-time.After(time.Minute):
+		t.Fatalf("kilnctl wait still running after a minute; stderr:\n%s", w.stderr.String())
+		return nil
+	}
+}
+
+// waitFor polls until the command printed want on stderr or ended.
+func (w *waitRun) waitForStderr(t *testing.T, want string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(w.stderr.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("kilnctl wait printed on stderr\n%s\nwant %q", w.stderr.String(), want)
+		}
+		select {
+		case err := <-w.done:
+			w.done <- err
+			t.Fatalf("kilnctl wait ended (%v) before printing %q; stderr:\n%s", err, want, w.stderr.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// setHostCondition writes a condition into a host's status, as the host
+// lifecycle would.
+func setHostCondition(t *testing.T, env *controllertest.Env, host string, state typesv1.HostState, c *typesv1.Condition) {
+	t.Helper()
+	ctx := context.Background()
+	for {
+		h := &typesv1.Host{}
+		rev, err := env.Store().Get(ctx, "hosts", host, h)
+		require.NoError(t, err)
+		if h.Status == nil {
+			h.Status = &typesv1.HostStatus{}
+		}
+		h.Status.State = state
+		c.LastTransitionTime = timestamppb.Now()
+		replaced := false
+		for i, old := range h.Status.Conditions {
+			if old.GetType() == c.GetType() {
+				h.Status.Conditions[i], replaced = c, true
+			}
+		}
+		if !replaced {
+			h.Status.Conditions = append(h.Status.Conditions, c)
+		}
+		_, err = env.Store().Update(ctx, "hosts", host, h, rev)
+		if errdefs.IsConflict(err) {
+			continue
+		}
+		require.NoError(t, err)
+		return
+	}
+}
+
+func TestWait(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a controller with embedded etcd")
+	}
+	env := controllertest.Start(t)
+	admin := env.AdminConfigPath
+	p := filepath.Join(t.TempDir(), "hosts.yaml")
+	var hosts strings.Builder
+	for _, h := range []string{"h1", "h2", "h3"} {
+		hosts.WriteString("---\napiVersion: kiln.dev/v1\nkind: Host\nmetadata:\n  name: " + h + "\nspec:\n  bmc: {protocol: none}\n")
+	}
+	require.NoError(t, os.WriteFile(p, []byte(hosts.String()), 0o644))
+	mustKilnctl(t, admin, "apply", "-f", p)
+
+	t.Run("a condition set later releases the wait", func(t *testing.T) {
+		reader := env.ConfigFor(t, "reader", "alice") // waiting needs no more than reading
+		w := startWait(t, reader, "host/h1", "--for", "condition=Provisioned", "--timeout", "2m")
+		w.waitForStderr(t, "host/h1: state -; no conditions\n")
+		setHostCondition(t, env, "h1", typesv1.HostState_HOST_STATE_PROVISIONING,
+			&typesv1.Condition{Type: "Provisioned", Status: "False", Reason: "Laying", Message: "writing the image: 40%"})
+		w.waitForStderr(t, "host/h1: state Provisioning; Provisioned=False (Laying)\n")
+		setHostCondition(t, env, "h1", typesv1.HostState_HOST_STATE_PROVISIONED,
+			&typesv1.Condition{Type: "Provisioned", Status: "True", Reason: "ImageLaid"})
+		require.NoError(t, w.result(t), "stderr:\n%s", w.stderr.String())
+		if got := w.stdout.String(); got != "host/h1 condition Provisioned=True met\n" {
+			t.Errorf("kilnctl wait host/h1 printed %q, want %q", got, "host/h1 condition Provisioned=True met\n")
+		}
+	})
+
+	t.Run("a condition that already holds returns at once", func(t *testing.T) {
+		out := mustKilnctl(t, admin, "wait", "HOST/h1", "--for", "condition=provisioned=true")
+		if out != "host/h1 condition provisioned=True met\n" {
+			t.Errorf("kilnctl wait (already true) = %q", out)
+		}
+	})
+
+	t.Run("a timeout fails with the last conditions", func(t *testing.T) {
+		setHostCondition(t, env, "h2", typesv1.HostState_HOST_STATE_REGISTERING,
+			&typesv1.Condition{Type: "BMCReachable", Status: "False", Reason: "ConnectionRefused", Message: "dial tcp 127.0.0.1:8001: connect: connection refused"})
+		_, err := kilnctl(t, admin, "wait", "host/h2", "--for", "condition=Provisioned", "--timeout", "1s")
+		if err == nil || !errors.Is(err, errdefs.ErrDeadlineExceeded) {
+			t.Fatalf("kilnctl wait host/h2 --timeout 1s = %v, want DeadlineExceeded", err)
+		}
+		want := "wait host/h2: timed out after 1s waiting for Provisioned=True; last state Registering; last conditions:\n" +
+			"  BMCReachable=False ConnectionRefused: dial tcp 127.0.0.1:8001: connect: connection refused"
+		if !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("kilnctl wait host/h2 --timeout 1s = %q, want it to start with %q", err, want)
+		}
+	})
+
+	t.Run("deleting the resource ends the wait", func(t *testing.T) {
+		w := startWait(t, admin, "host/h3", "--for", "condition=Provisioned", "--timeout", "2m")
+		w.waitForStderr(t, "host/h3: ")
+		mustKilnctl(t, admin, "delete", "host", "h3")
+		err := w.result(t)
+		if !errdefs.IsNotFound(err) || !strings.Contains(err.Error(), "wait host/h3: host h3 was deleted while waiting for Provisioned=True") {
+			t.Errorf("kilnctl wait host/h3 (deleted) = %v, want NotFound saying it was deleted", err)
+		}
+	})
+
+	t.Run("an unknown resource", func(t *testing.T) {
+		_, err := kilnctl(t, admin, "wait", "cluster/nope", "--for", "condition=Ready")
+		if !errdefs.IsNotFound(err) || !strings.HasPrefix(err.Error(), "wait cluster/nope: ") {
+			t.Errorf("kilnctl wait cluster/nope = %v, want NotFound", err)
+		}
+	})
+}
