@@ -147,7 +147,7 @@ func (w *waiter) run(parent context.Context, stdout io.Writer) error {
 			return errdefs.NotFound("wait %s: %s %s was deleted while waiting for %s=%s%s", w.target(), w.k.lower(), w.name, w.cond, w.want, w.lastConditions())
 		case parent.Err() != nil:
 			return fmt.Errorf("wait %s: interrupted while waiting for %s=%s%s: %w", w.target(), w.cond, w.want, w.lastConditions(), parent.Err())
-		case ctx.Err() != nil:
+		case ctx.Err() != nil || w.pastDeadline(ctx):
 			why := ""
 			if w.last == nil && w.lastErr != nil {
 				why = " (" + w.lastErr.Error() + ")"
@@ -165,6 +165,14 @@ func (w *waiter) run(parent context.Context, stdout io.Writer) error {
 			return w.a.rpcError("wait "+w.target(), err)
 		}
 	}
+}
+
+// pastDeadline reports whether ctx's deadline has passed even though
+// ctx may not say so yet: the controller enforces the same deadline on
+// the watch and its cancellation can arrive first.
+func (w *waiter) pastDeadline(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
 }
 
 // watch watches the resource until the condition holds (true), it is
