@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnhq/kiln/e2e/lab/rack"
+	"github.com/kilnhq/kiln/internal/manifest"
 )
 
 // TestLabCommands runs the real kilnctl binary: lab up (its supervisor is
@@ -52,6 +54,19 @@ func TestLabCommands(t *testing.T) {
 	status := run("lab", "status", "--state-dir", dir)
 	if !strings.Contains(status, "h1 ") || !strings.Contains(status, "h2 ") {
 		t.Errorf("kilnctl lab status printed:\n%s\nwant hosts h1 and h2", status)
+	}
+
+	// lab hosts prints Host resources kilnctl apply accepts, named LAB-hI.
+	hosts, err := exec.Command(kilnctl, "lab", "hosts", "--state-dir", dir).Output()
+	require.NoError(t, err)
+	docs, err := manifest.Load(bytes.NewReader(hosts), "-")
+	require.NoError(t, err, "kilnctl apply would refuse kilnctl lab hosts:\n%s", hosts)
+	require.Len(t, docs, 2)
+	for i, d := range docs {
+		h := d.Resource.GetHost()
+		if want := fmt.Sprintf("%s-h%d", name, i+1); h.GetMetadata().GetName() != want || h.GetSpec().GetBmc().GetPassword() == "" {
+			t.Errorf("kilnctl lab hosts: host %d = %v, want %s with its BMC password", i, h, want)
+		}
 	}
 
 	rep, err := rack.Status(dir)
