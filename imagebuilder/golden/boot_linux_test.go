@@ -7,10 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 
 	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
+	"github.com/kilnhq/kiln/e2e/lab/nspawn"
 	"github.com/kilnhq/kiln/host/systemd"
 	"github.com/kilnhq/kiln/imagebuilder/disk"
 	"github.com/kilnhq/kiln/imagebuilder/manifest"
@@ -143,112 +142,24 @@ func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool, det
 }
 
 // bootNspawn boots dir with systemd as PID 1 under systemd-nspawn in its
-// own cgroups and returns the PID of its init. The machine is powered off
-// and its cgroups and nspawn's leftovers are removed at cleanup. Equivalent
-// to: `systemd-nspawn -D DIR -M NAME -b --register=no --keep-unit ...`.
+// own cgroups, sharing this machine's network namespace, waits until the
+// boot is over and returns the PID of its init. The machine is powered
+// off and its cgroups and nspawn's leftovers are removed at cleanup.
 func bootNspawn(t *testing.T, dir, name string) int {
 	t.Helper()
-	procs := machineCgroups(t, name)
-	args := []string{"-D", dir, "-M", name, "-b", "--register=no", "--keep-unit", "--resolv-conf=off",
-		"--timezone=off", "--link-journal=no", "--console=read-only"}
-	script := `for p in ` + strings.Join(procs, " ") + `; do echo $$ > "$p"; done; exec systemd-nspawn "$@"`
-	cmd := exec.Command("sh", append([]string{"-c", script, "sh"}, args...)...)
-	// Pdeathsig: a test binary killed from outside (a timeout) still powers
-	// the machine off.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGTERM}
-	logPath := filepath.Join(t.TempDir(), "console.log")
-	log, err := os.Create(logPath)
+	c, err := nspawn.Start(nspawn.Options{Name: name, Dir: dir, HostNetwork: true,
+		Console: filepath.Join(t.TempDir(), "console.log"), StopTimeout: 30 * time.Second})
 	require.NoError(t, err)
-	cmd.Stdout, cmd.Stderr = log, log
-	require.NoError(t, cmd.Start())
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); log.Close(); close(done) }()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM) // nspawn powers the machine off
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		os.RemoveAll("/run/systemd/nspawn/propagate/" + name)
 		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("console:\n%s", b)
+			t.Logf("console:\n%s", c.ConsoleTail(200))
+		}
+		if err := c.Stop(context.Background()); err != nil {
+			t.Errorf("stopping the booted image: %v", err)
 		}
 	})
-	var leader int
-	waitUntil(t, 30*time.Second, "the machine's init", func() bool {
-		select {
-		case <-done:
-			b, _ := os.ReadFile(logPath)
-			t.Fatalf("systemd-nspawn exited:\n%s", b)
-		default:
-		}
-		leader = firstChild(cmd.Process.Pid)
-		return leader != 0
-	}, func() string { return "no child of systemd-nspawn" })
-	return leader
-}
-
-// machineCgroups makes a cgroup called name in every hierarchy, removed
-// with everything below it at cleanup, and returns their cgroup.procs.
-func machineCgroups(t *testing.T, name string) []string {
-	entries, err := os.ReadDir("/sys/fs/cgroup")
-	require.NoError(t, err)
-	var dirs, procs []string
-	seen := map[string]bool{}
-	for _, e := range entries {
-		real, err := filepath.EvalSymlinks(filepath.Join("/sys/fs/cgroup", e.Name()))
-		if err != nil || seen[real] {
-			continue
-		}
-		if _, err := os.Stat(filepath.Join(real, "cgroup.procs")); err != nil {
-			continue
-		}
-		seen[real] = true
-		d := filepath.Join(real, name)
-		if err := os.Mkdir(d, 0o755); err != nil {
-			continue
-		}
-		dirs = append(dirs, d)
-		if strings.Contains(filepath.Base(real), "cpuset") {
-			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
-				b, _ := os.ReadFile(filepath.Join(real, f))
-				_ = os.WriteFile(filepath.Join(d, f), b, 0o644)
-			}
-		}
-		procs = append(procs, filepath.Join(d, "cgroup.procs"))
-	}
-	t.Cleanup(func() {
-		for _, d := range dirs {
-			var sub []string
-			_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
-				if err == nil && e.IsDir() {
-					sub = append(sub, p)
-				}
-				return nil
-			})
-			slices.Reverse(sub)
-			for _, s := range sub {
-				if err := syscall.Rmdir(s); err != nil {
-					t.Logf("remove cgroup %s: %v", s, err)
-				}
-			}
-		}
-	})
-	return procs
-}
-
-func firstChild(pid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 0
-	}
-	n, _ := strconv.Atoi(f[0])
-	return n
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	require.NoError(t, c.WaitRunning(ctx))
+	return c.Leader()
 }
