@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -84,7 +85,11 @@ func (a *app) adminHint() string {
 	if err != nil {
 		return need
 	}
-	return fmt.Sprintf("kilnconfig %s holds a %s certificate for %q; %s", a.cfg.Path, role, name, need)
+	article := "a"
+	if r := string(role); r != "" && strings.ContainsRune("aeiou", rune(r[0])) {
+		article = "an"
+	}
+	return fmt.Sprintf("kilnconfig %s holds %s %s certificate for %q; %s", a.cfg.Path, article, role, name, need)
 }
 
 // writeFileAtomic writes data to a temporary file with mode in path's

@@ -88,7 +88,7 @@ func TestKubeconfig(t *testing.T) {
 	})
 
 	t.Run("readers and operators are refused", func(t *testing.T) {
-		for _, role := range []string{"reader", "operator"} {
+		for role, article := range map[string]string{"reader": "a", "operator": "an"} {
 			cfg := env.ConfigFor(t, role, "alice")
 			f := filepath.Join(t.TempDir(), "k")
 			out, err := kilnctl(t, cfg, "kubeconfig", "lab", "-o", f)
@@ -96,7 +96,7 @@ func TestKubeconfig(t *testing.T) {
 				t.Fatalf("kilnctl kubeconfig as %s = %v, want PermissionDenied", role, err)
 			}
 			for _, want := range []string{"kubeconfig lab: ", "role " + role + " (alice)", "it needs the admin role",
-				"hint: kilnconfig " + cfg + " holds a " + role + ` certificate for "alice"; a cluster's kubeconfig needs an admin certificate`} {
+				"hint: kilnconfig " + cfg + " holds " + article + " " + role + ` certificate for "alice"; a cluster's kubeconfig needs an admin certificate`} {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("kilnctl kubeconfig as %s = %q, want it to contain %q", role, err, want)
 				}
