@@ -21,7 +21,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -89,11 +88,12 @@ type Spec struct {
 	// NoISO skips the ISO (kernel and initramfs only, for iPXE).
 	NoISO bool
 	// SourceDateEpoch is the modification time of every initramfs entry
-	// (default: $SOURCE_DATE_EPOCH, else 0), so that a rebuild from the same
-	// inputs is byte-identical.
+	// and the date of the ISO and everything on it (default:
+	// $SOURCE_DATE_EPOCH, else 0), so that a rebuild from the same inputs
+	// is byte-identical.
 	SourceDateEpoch int64
-	// Runner runs apt-cache, apt-get, dpkg-deb and grub-mkrescue
-	// (default ExecRunner).
+	// Runner runs apt-cache, apt-get, dpkg-deb and the ISO tools
+	// (grub-mkimage, mformat, mcopy, xorriso; default ExecRunner).
 	Runner Runner
 }
 
@@ -112,9 +112,22 @@ type Manifest struct {
 	// MissingModules were asked for but are neither modules nor built in.
 	MissingModules []string `json:"missingModules,omitempty"`
 	// Cmdline is the ISO's kernel command line.
-	Cmdline   string    `json:"cmdline"`
-	Files     []File    `json:"files"`
+	Cmdline string `json:"cmdline"`
+	Files   []File `json:"files"`
+	// BuildDate is SourceDateEpoch as a date, so that the manifest of a
+	// rebuild is byte-identical too.
 	BuildDate time.Time `json:"buildDate"`
+	// SourceDateEpoch dates every initramfs entry and everything on the
+	// ISO (volume, files, EFI image) and seeds the ISO's identifiers.
+	SourceDateEpoch int64 `json:"sourceDateEpoch"`
+	// Inputs are the files built into the initramfs besides the kernel
+	// package's: the agent and busybox, by size and sha256.
+	Inputs []File `json:"inputs"`
+	// Tools are the versions of the programs that lay out the ISO
+	// (grub-mkimage, xorriso, mformat). Builds from the same kernel,
+	// inputs, command line, epoch and tools are byte-identical; when two
+	// builds differ, one of these fields does.
+	Tools map[string]string `json:"tools,omitempty"`
 }
 
 // File returns the manifest entry of name, or false.
@@ -240,11 +253,24 @@ func Build(ctx context.Context, spec Spec, progress func(string)) (*Manifest, er
 	}
 	say("initramfs: %d entries, %d modules, %.1f MiB", len(ar.Paths()), len(mods), float64(n)/(1<<20))
 
-	m := &Manifest{Kernel: *k, Modules: mods, MissingModules: missing, BuildDate: time.Now().UTC()}
+	m := &Manifest{Kernel: *k, Modules: mods, MissingModules: missing,
+		BuildDate: time.Unix(spec.SourceDateEpoch, 0).UTC(), SourceDateEpoch: spec.SourceDateEpoch}
+	for _, in := range []struct{ name, path string }{{"kiln-agent", spec.AgentBinary}, {"busybox", spec.Busybox}} {
+		f, err := hashFile(in.path)
+		if err != nil {
+			return nil, err
+		}
+		f.Name = in.name
+		m.Inputs = append(m.Inputs, f)
+	}
 	names := []string{KernelFile, InitrdFile}
 	if !spec.NoISO {
 		m.Cmdline = ISOCmdline(spec.Cmdline)
-		if err := BuildISO(ctx, run, filepath.Join(tmp, KernelFile), filepath.Join(tmp, InitrdFile), m.Cmdline, filepath.Join(tmp, ISOFile)); err != nil {
+		iso := ISO{Kernel: filepath.Join(tmp, KernelFile), Initrd: filepath.Join(tmp, InitrdFile), Cmdline: m.Cmdline, SourceDateEpoch: spec.SourceDateEpoch}
+		if err := WriteISO(ctx, run, iso, filepath.Join(tmp, ISOFile)); err != nil {
+			return nil, err
+		}
+		if m.Tools, err = isoToolVersions(ctx, run); err != nil {
 			return nil, err
 		}
 		say("iso: %s", ISOFile)
@@ -297,7 +323,10 @@ func (s *Spec) defaults() error {
 		s.CacheDir = DefaultCacheDir()
 	}
 	if s.SourceDateEpoch == 0 {
-		s.SourceDateEpoch, _ = strconv.ParseInt(os.Getenv("SOURCE_DATE_EPOCH"), 10, 64)
+		s.SourceDateEpoch = EnvSourceDateEpoch()
+	}
+	if s.SourceDateEpoch < 0 {
+		return errdefs.InvalidArgument("boot media: source date epoch %d is before 1970", s.SourceDateEpoch)
 	}
 	if s.Runner == nil {
 		s.Runner = ExecRunner{}
@@ -400,46 +429,6 @@ menuentry "Kiln agent" {
   initrd /boot/initrd.img
 }
 `
-}
-
-// BuildISO writes a hybrid BIOS+UEFI ISO to out that boots kernel and
-// initrd with cmdline. The ISO is built under a temporary name and
-// renamed. Equivalent to: `grub-mkrescue -o OUT DIR` with DIR holding
-// boot/vmlinuz, boot/initrd.img and boot/grub/grub.cfg (needs xorriso,
-// grub-pc-bin, grub-efi-amd64-bin and mtools).
-func BuildISO(ctx context.Context, run Runner, kernel, initrd, cmdline, out string) error {
-	if strings.ContainsAny(cmdline, "\n\"'$;\\") {
-		return errdefs.InvalidArgument("iso: kernel command line %q holds characters grub.cfg would interpret", cmdline)
-	}
-	if _, err := exec.LookPath("grub-mkrescue"); err != nil {
-		return errdefs.NotFound("iso: grub-mkrescue not found (apt-get install grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools)")
-	}
-	dir, err := os.MkdirTemp(filepath.Dir(out), ".iso-")
-	if err != nil {
-		return fmt.Errorf("iso: %w", err)
-	}
-	defer os.RemoveAll(dir)
-	root := filepath.Join(dir, "root")
-	if err := os.MkdirAll(filepath.Join(root, "boot", "grub"), 0o755); err != nil {
-		return fmt.Errorf("iso: %w", err)
-	}
-	if err := linkOrCopy(kernel, filepath.Join(root, "boot", "vmlinuz")); err != nil {
-		return fmt.Errorf("iso: %w", err)
-	}
-	if err := linkOrCopy(initrd, filepath.Join(root, "boot", "initrd.img")); err != nil {
-		return fmt.Errorf("iso: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(root, "boot", "grub", "grub.cfg"), []byte(GrubConfig(cmdline)), 0o644); err != nil {
-		return fmt.Errorf("iso: %w", err)
-	}
-	tmp := filepath.Join(dir, "out.iso")
-	if _, err := run.Run(ctx, dir, "grub-mkrescue", "-o", tmp, root, "--", "-volid", "KILN_AGENT"); err != nil {
-		return fmt.Errorf("iso: %w", err)
-	}
-	if err := os.Rename(tmp, out); err != nil {
-		return fmt.Errorf("iso: %w", err)
-	}
-	return nil
 }
 
 func linkOrCopy(src, dst string) error {

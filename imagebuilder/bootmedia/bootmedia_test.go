@@ -12,6 +12,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -156,7 +157,8 @@ func TestBuild(t *testing.T) {
 	out := t.TempDir()
 	var lines []string
 	cache := bootmediatest.CacheDir(t)
-	m, err := bootmedia.Build(context.Background(), bootmedia.Spec{AgentBinary: agent, OutDir: out, CacheDir: cache, Cmdline: "kiln.host=vm1"}, func(l string) { lines = append(lines, l) })
+	spec := bootmedia.Spec{AgentBinary: agent, OutDir: out, CacheDir: cache, Cmdline: "kiln.host=vm1", SourceDateEpoch: 1764633600}
+	m, err := bootmedia.Build(context.Background(), spec, func(l string) { lines = append(lines, l) })
 	bootmediatest.SkipIfUnavailable(t, err)
 	require.NoError(t, err)
 	t.Logf("progress:\n%s", strings.Join(lines, "\n"))
@@ -210,17 +212,44 @@ func TestBuild(t *testing.T) {
 		t.Errorf("modules: jbd2 at %d, ext4 at %d: want both, jbd2 first", jbd2, ext4)
 	}
 
-	// A second build from the cache gives the same initramfs.
-	out2 := t.TempDir()
-	m2, err := bootmedia.Build(context.Background(), bootmedia.Spec{AgentBinary: agent, OutDir: out2, CacheDir: cache, NoISO: true}, nil)
+	if !read.BuildDate.Equal(time.Unix(1764633600, 0)) || read.SourceDateEpoch != 1764633600 {
+		t.Errorf("manifest build date %s, epoch %d: want the spec's epoch 1764633600", read.BuildDate, read.SourceDateEpoch)
+	}
+	if len(read.Inputs) != 2 || read.Inputs[0].Name != "kiln-agent" || read.Inputs[0].SHA256 == "" || read.Inputs[1].Name != "busybox" {
+		t.Errorf("manifest inputs = %+v, want kiln-agent and busybox with their sha256", read.Inputs)
+	}
+	if !strings.HasPrefix(read.Tools["xorriso"], "xorriso ") || !strings.Contains(read.Tools["grub-mkimage"], "GRUB") || !strings.Contains(read.Tools["mformat"], "mtools") {
+		t.Errorf("manifest tools = %q, want the versions of grub-mkimage, xorriso and mformat", read.Tools)
+	}
+
+	// A second build from the cache, later, gives the same bytes: every
+	// file and the manifest.
+	for now := time.Now().Unix(); time.Now().Unix() == now; {
+		time.Sleep(50 * time.Millisecond)
+	}
+	spec.OutDir = t.TempDir()
+	_, err = bootmedia.Build(context.Background(), spec, nil)
+	require.NoError(t, err)
+	for _, name := range []string{bootmedia.KernelFile, bootmedia.InitrdFile, bootmedia.ISOFile, bootmedia.ManifestFile} {
+		a, err := os.ReadFile(filepath.Join(out, name))
+		require.NoError(t, err)
+		b, err := os.ReadFile(filepath.Join(spec.OutDir, name))
+		require.NoError(t, err)
+		if !bytes.Equal(a, b) {
+			t.Errorf("%s of two builds from the same spec and epoch differ", name)
+		}
+	}
+
+	// Kernel and initramfs only.
+	m3, err := bootmedia.Build(context.Background(), bootmedia.Spec{AgentBinary: agent, OutDir: t.TempDir(), CacheDir: cache, NoISO: true, SourceDateEpoch: 1764633600}, nil)
 	require.NoError(t, err)
 	a, _ := m.File(bootmedia.InitrdFile)
-	b, _ := m2.File(bootmedia.InitrdFile)
+	b, _ := m3.File(bootmedia.InitrdFile)
 	if a.SHA256 != b.SHA256 {
 		t.Errorf("initramfs of two builds: %s and %s, want identical", a.SHA256, b.SHA256)
 	}
-	if _, ok := m2.File(bootmedia.ISOFile); ok {
-		t.Errorf("NoISO build lists an ISO")
+	if _, ok := m3.File(bootmedia.ISOFile); ok || m3.Tools != nil {
+		t.Errorf("NoISO build lists an ISO or ISO tools")
 	}
 }
 
