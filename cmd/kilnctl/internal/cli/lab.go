@@ -29,7 +29,9 @@ with an nftables guard that keeps lab traffic off the uplink.
 
 "lab up" starts a supervisor ("lab serve") in the background that runs the
 BMC emulators and the hosts; "lab down" stops it and removes everything
-the lab created, as recorded in STATE_DIR/state.json. See docs/lab.md.`,
+the lab created, as recorded in STATE_DIR/state.json. "lab hosts" prints
+the hosts as Host resources named LAB-hI, for "kilnctl apply -f -".
+See docs/lab.md.`,
 	}
 	var name, stateDir string
 	dirOf := func() string {
@@ -140,10 +142,14 @@ func printLab(w io.Writer, rep *rack.Report) error {
 	}
 	fmt.Fprintf(w, "bridge %s, subnet %s, gateway %s; uplink %s guarded by nft table %s\n\n", rep.Bridge, rep.Subnet, rep.Gateway, rep.Uplink, rep.NFTTable)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "HOST\tADDRESS\tMAC\tBMC\tADDRESS\tUSER\tPASSWORD")
+	fmt.Fprintln(tw, "HOST\tRESOURCE\tADDRESS\tMAC\tBMC\tADDRESS\tUSER\tPASSWORD")
 	for _, h := range rep.Hosts {
 		c := rep.Credentials[h.Name]
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", h.Name, h.Address, h.MAC, h.BMC.Protocol, h.BMC.Address, c.Username, c.Password)
+		res := h.Resource
+		if res == "" {
+			res = rack.ResourceName(rep.Name, h.Name)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", h.Name, res, h.Address, h.MAC, h.BMC.Protocol, h.BMC.Address, c.Username, c.Password)
 	}
 	return tw.Flush()
 }

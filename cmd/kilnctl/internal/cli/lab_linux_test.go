@@ -52,8 +52,8 @@ func TestLabCommands(t *testing.T) {
 		}
 	}
 	status := run("lab", "status", "--state-dir", dir)
-	if !strings.Contains(status, "h1 ") || !strings.Contains(status, "h2 ") {
-		t.Errorf("kilnctl lab status printed:\n%s\nwant hosts h1 and h2", status)
+	if !strings.Contains(status, "h1 ") || !strings.Contains(status, "h2 ") || !strings.Contains(status, " "+name+"-h2 ") {
+		t.Errorf("kilnctl lab status printed:\n%s\nwant hosts h1 and h2 and their resource names", status)
 	}
 
 	// lab hosts prints Host resources kilnctl apply accepts, named LAB-hI.
