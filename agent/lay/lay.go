@@ -59,6 +59,8 @@ type Layer struct {
 	gap        int64
 	stall      time.Duration
 	fetchers   int
+	writers    int
+	maxGroup   int64
 	interval   time.Duration
 	now        func() time.Time
 	depth      int
@@ -104,7 +106,8 @@ func WithRetries(n int) Option { return func(l *Layer) { l.retries = n } }
 func WithBackoff(p backoff.Policy) Option { return func(l *Layer) { l.policy = p } }
 
 // WithBufferSize sets the size of the buffers passed between the fetch,
-// hash and write stages. Memory use is about 3*depth buffers. Default 1 MiB.
+// hash and write stages. Memory use is about fetchers+writers+4 buffers.
+// Default 1 MiB.
 func WithBufferSize(n int) Option { return func(l *Layer) { l.bufSize = n } }
 
 // WithBlockSize sets the granularity at which all-zero blocks are skipped.
@@ -118,6 +121,11 @@ func WithCoalesceGap(n int64) Option { return func(l *Layer) { l.gap = n } }
 
 // WithFetchers sets how many block-map requests run at once. Default 4.
 func WithFetchers(n int) Option { return func(l *Layer) { l.fetchers = n } }
+
+// WithWriters sets how many writes to the target are in flight at once.
+// Writes bypass the page cache (O_DIRECT) and each waits for the disk, so
+// more of them keep the disk's queue full. Default 4.
+func WithWriters(n int) Option { return func(l *Layer) { l.writers = max(1, n) } }
 
 // WithStallTimeout sets how long a connection may deliver no data before
 // it is dropped and the stream resumed elsewhere in it. Default 30s.
@@ -141,6 +149,8 @@ func New(log *slog.Logger, opts ...Option) *Layer {
 		gap:       256 << 10,
 		stall:     30 * time.Second,
 		fetchers:  4,
+		writers:   4,
+		maxGroup:  maxGroupSpan,
 		interval:  250 * time.Millisecond,
 		now:       time.Now,
 		depth:     4,
@@ -149,7 +159,13 @@ func New(log *slog.Logger, opts ...Option) *Layer {
 		o(l)
 	}
 	if l.httpClient == nil {
-		l.httpClient = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		// Keep a warm connection per fetcher: the default of 2 idle
+		// connections per host would close and reopen connections
+		// between the ranges of a block map, each new one starting
+		// with a small TCP window.
+		tr.MaxIdleConnsPerHost = max(l.fetchers, 2)
+		l.httpClient = &http.Client{Transport: tr}
 	}
 	l.client = &retryablehttp.Client{
 		HTTPClient:   l.httpClient,

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -716,5 +717,54 @@ func TestLayImageChangedDuringFetch(t *testing.T) {
 	defer mu.Unlock()
 	if len(ranges) < 2 || ranges[1] != `"old"` {
 		t.Errorf("resume request If-Range = %q, want the first answer's ETag", ranges)
+	}
+}
+
+// A dense image's ranges touch: they are still fetched as several
+// requests of at most maxGroup bytes, so that the fetchers hash them in
+// parallel, while small holes between small ranges are still coalesced.
+func TestLayBlockMapSplitsTouchingRanges(t *testing.T) {
+	const size = 8 << 20
+	img := make([]byte, size)
+	rand.NewChaCha8([32]byte{11}).Read(img)
+	var ranges []*agentv1.BlockRange
+	for off := 0; off < size; off += 1 << 20 {
+		ranges = append(ranges, &agentv1.BlockRange{Offset: uint64(off), Length: 1 << 20, Sha256: hexsum(img[off : off+1<<20])})
+	}
+	srv := newImageServer(t, img, nil)
+	dst := tempTarget(t)
+	l := testLayer(t)
+	l.maxGroup = 2 << 20
+	_, err := l.Lay(context.Background(), &agentv1.LayImageRequest{
+		Url: srv.url(), Target: dst, BlockMap: ranges, RawSize: size,
+	}, nil)
+	require.NoError(t, err)
+	if got := fileSum(t, dst); got != hexsum(img) {
+		t.Errorf("Lay(dense block map): target sha256 = %s, want %s", got, hexsum(img))
+	}
+	got := srv.requests()
+	slices.Sort(got)
+	want := []string{"bytes=0-2097151", "bytes=2097152-4194303", "bytes=4194304-6291455", "bytes=6291456-8388607"}
+	if !slices.Equal(got, want) {
+		t.Errorf("Lay(dense block map, 2 MiB groups) requests = %q, want %q", got, want)
+	}
+}
+
+func TestCoalesce(t *testing.T) {
+	br := func(off, n uint64) *agentv1.BlockRange { return &agentv1.BlockRange{Offset: off, Length: n} }
+	ranges := []*agentv1.BlockRange{br(0, 100), br(150, 100), br(250, 300), br(1000, 10), br(1010, 600)}
+	for _, tc := range []struct {
+		gap, span int64
+		want      []fetchGroup
+	}{
+		{0, 1 << 20, []fetchGroup{{0, 0, 0, 100}, {1, 2, 150, 550}, {3, 4, 1000, 1610}}},
+		{50, 1 << 20, []fetchGroup{{0, 2, 0, 550}, {3, 4, 1000, 1610}}},
+		{1000, 1 << 20, []fetchGroup{{0, 4, 0, 1610}}},
+		// The span caps a group; a range longer than it is a group of its own.
+		{1000, 500, []fetchGroup{{0, 1, 0, 250}, {2, 2, 250, 550}, {3, 3, 1000, 1010}, {4, 4, 1010, 1610}}},
+	} {
+		if got := coalesce(ranges, tc.gap, tc.span); !slices.Equal(got, tc.want) {
+			t.Errorf("coalesce(gap %d, span %d) = %v, want %v", tc.gap, tc.span, got, tc.want)
+		}
 	}
 }

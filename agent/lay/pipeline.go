@@ -248,11 +248,9 @@ func (l *Layer) layStream(ctx context.Context, t *target, url, format, wantSum s
 			return l.produce(ctx, dec, decodedCh, "zstd decode")
 		})
 	}
-	// Two writers keep two writes in flight: O_DIRECT writes wait for the
-	// disk, and chunks land at their own offsets in any order.
-	w, w2 := newWriter(t, zeroed, l.blockSize), newWriter(t, zeroed, l.blockSize)
-	g.spawn(func(ctx context.Context) error { return l.drain(ctx, w, toWrite) })
-	g.spawn(func(ctx context.Context) error { return l.drain(ctx, w2, toWrite) })
+	// Several writers keep several writes in flight: O_DIRECT writes wait
+	// for the disk, and chunks land at their own offsets in any order.
+	ws := l.spawnWriters(g, t, zeroed, toWrite)
 	if err := g.wait(); err != nil {
 		// A broken stream makes the decoder fail too: report the cause.
 		if fetchErr != nil && !errors.Is(fetchErr, context.Canceled) {
@@ -260,7 +258,7 @@ func (l *Layer) layStream(ctx context.Context, t *target, url, format, wantSum s
 		}
 		return nil, fmt.Errorf("lay %q: %w", t.path, err)
 	}
-	w.end, w.written = max(w.end, w2.end), w.written+w2.written
+	w := sumWriters(ws)
 	if s.end >= 0 && s.off < s.end {
 		return nil, errdefs.Unavailable("lay %q: stream truncated at %d of %d bytes", t.path, s.off, s.end)
 	}
@@ -280,6 +278,27 @@ func (l *Layer) layStream(ctx context.Context, t *target, url, format, wantSum s
 		t.size = w.end
 	}
 	return &agentv1.LayImageResult{BytesWritten: uint64(w.written), BytesFetched: uint64(fetched.Load()), Sha256: got}, nil
+}
+
+// spawnWriters starts l.writers writers draining in.
+func (l *Layer) spawnWriters(g *group, t *target, zeroed bool, in <-chan chunk) []*writer {
+	ws := make([]*writer, l.writers)
+	for i := range ws {
+		w := newWriter(t, zeroed, l.blockSize)
+		ws[i] = w
+		g.spawn(func(ctx context.Context) error { return l.drain(ctx, w, in) })
+	}
+	return ws
+}
+
+// sumWriters adds up what the writers wrote and saw.
+func sumWriters(ws []*writer) *writer {
+	sum := &writer{}
+	for _, w := range ws {
+		sum.written += w.written
+		sum.end = max(sum.end, w.end)
+	}
+	return sum
 }
 
 // hashStage hashes each chunk in order and passes it on.
@@ -310,11 +329,19 @@ type fetchGroup struct {
 	start, end  int64
 }
 
-func coalesce(ranges []*agentv1.BlockRange, gap int64) []fetchGroup {
+// maxGroupSpan bounds the bytes one request covers when ranges are
+// coalesced, so that a dense image (whose ranges touch) still becomes
+// many requests that the fetchers hash in parallel. A single range larger
+// than this is still one request: its sha256 covers it whole.
+const maxGroupSpan = 16 << 20
+
+// coalesce groups ranges whose holes are at most gap bytes into requests
+// of at most maxSpan bytes.
+func coalesce(ranges []*agentv1.BlockRange, gap, maxSpan int64) []fetchGroup {
 	var out []fetchGroup
 	for i, r := range ranges {
 		off, end := int64(r.GetOffset()), int64(r.GetOffset()+r.GetLength())
-		if n := len(out); n > 0 && off-out[n-1].end <= gap {
+		if n := len(out); n > 0 && off-out[n-1].end <= gap && end-out[n-1].start <= maxSpan {
 			out[n-1].last, out[n-1].end = i, end
 			continue
 		}
@@ -325,7 +352,8 @@ func coalesce(ranges []*agentv1.BlockRange, gap int64) []fetchGroup {
 
 // layMap lays the ranges of a block map. Several fetchers (WithFetchers)
 // each take a group of ranges, fetch it with one request, hash each range
-// as its bytes arrive and pass the chunks to two writers through a channel;
+// as its bytes arrive and pass the chunks to the writers (WithWriters)
+// through a channel;
 // a range whose sha256 is not the map's fails the whole lay. Ranges are
 // independent, so hashing runs on every core. Holes are never fetched
 // (beyond the small gaps inside a group), hashed or written.
@@ -337,9 +365,9 @@ func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequ
 	}
 	rep.setTotal(total)
 	rep.step(StepFetch, 0)
-	groups := coalesce(ranges, l.gap)
+	groups := coalesce(ranges, l.gap, l.maxGroup)
 	fetchers := max(1, min(l.fetchers, len(groups)))
-	log.Info("laying with a block map", "ranges", len(ranges), "requests", len(groups), "fetchers", fetchers, "dataBytes", total, "rawSize", req.GetRawSize())
+	log.Info("laying with a block map", "ranges", len(ranges), "requests", len(groups), "fetchers", fetchers, "writers", l.writers, "dataBytes", total, "rawSize", req.GetRawSize())
 
 	var fetched atomic.Int64
 	g := newGroup(ctx)
@@ -368,17 +396,14 @@ func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequ
 		})
 	}
 	go func() { fetching.Wait(); close(writeCh) }()
-	writers := []*writer{newWriter(t, zeroed, l.blockSize), newWriter(t, zeroed, l.blockSize)}
-	for _, w := range writers {
-		g.spawn(func(ctx context.Context) error { return l.drain(ctx, w, writeCh) })
-	}
+	writers := l.spawnWriters(g, t, zeroed, writeCh)
 	if err := g.wait(); err != nil {
 		if errors.Is(err, errRangeIgnored) {
 			return nil, err
 		}
 		return nil, fmt.Errorf("lay %q: %w", t.path, err)
 	}
-	written := writers[0].written + writers[1].written
+	written := sumWriters(writers).written
 	if !zeroed {
 		// The target cannot discard: the holes still hold old data.
 		var holes int64

@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"runtime/trace"
 	"time"
 
 	"github.com/kilnhq/kiln/agent/lay"
@@ -147,7 +148,16 @@ func layCmd(args []string) error {
 	bufSize := fs.Int("buffer", 1<<20, "pipeline buffer size")
 	fetchers := fs.Int("fetchers", 4, "parallel block-map fetchers")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile")
+	traceFile := fs.String("trace", "", "write an execution trace (go tool trace)")
 	fs.Parse(args)
+	if *traceFile != "" {
+		f, err := os.Create(*traceFile)
+		if err != nil {
+			return err
+		}
+		trace.Start(f)
+		defer trace.Stop()
+	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		if err != nil {
