@@ -29,7 +29,13 @@ The agent enrolls from the kernel command line: kiln.controller=HOST:PORT
 kiln.token=TOKEN kiln.ca_hash=sha256:... kiln.host=NAME. --cmdline bakes
 them into the ISO; the controller's boot server adds them per host.
 
-Needs: apt-get, dpkg-deb, busybox-static, grub-mkrescue (grub-common,
+The outputs are byte-reproducible: every date in the initramfs and on the
+ISO is --source-date-epoch (default $SOURCE_DATE_EPOCH, else 0), so the
+same kernel, agent, busybox, command line, epoch and tool versions give
+the same bytes. bootmedia.json records the inputs' sha256 and the tools'
+versions.
+
+Needs: apt-get, dpkg-deb, busybox-static, grub-mkimage (grub-common,
 grub-pc-bin, grub-efi-amd64-bin), xorriso, mtools.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -51,6 +57,7 @@ grub-pc-bin, grub-efi-amd64-bin), xorriso, mtools.`,
 	cmd.Flags().StringVar(&spec.Cmdline, "cmdline", "", "extra kernel parameters of the ISO, e.g. kiln.controller=10.0.0.1:7443")
 	cmd.Flags().StringVar(&spec.Busybox, "busybox", bootmedia.DefaultBusybox, "static busybox binary")
 	cmd.Flags().BoolVar(&spec.NoISO, "no-iso", false, "build kernel and initramfs only (iPXE)")
+	cmd.Flags().Int64Var(&spec.SourceDateEpoch, "source-date-epoch", 0, "date of every file in the initramfs and on the ISO, in seconds since 1970 (default $SOURCE_DATE_EPOCH, else 0)")
 	cmd.Flags().StringVar(&cache, "cache", envOr("KILN_CACHE", "/var/cache/kiln"), "cache root; kernels go to <cache>/bootmedia (env KILN_CACHE)")
 	_ = cmd.MarkFlagRequired("output")
 	_ = cmd.MarkFlagRequired("agent")
