@@ -270,3 +270,77 @@ func TestFirmwareBoot(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkFirmwareBoot measures a power-on through the lab's firmware
+// against a real boot server on the host's veth, until the agent has
+// started, and a hard power-off: "pxe" fetches the iPXE script from
+// inside the host's namespace and probes its kernel and initrd; "cd"
+// downloads the host's ISO (built once by the boot server, 8 MiB kernel
+// and 10 MiB initrd) and reads its grub.cfg with xorriso.
+func BenchmarkFirmwareBoot(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root")
+	}
+	for _, tool := range []string{"xorriso", "grub-mkrescue"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			b.Skipf("%s not installed", tool)
+		}
+	}
+	ctx := context.Background()
+	const gwAddr = "10.252.10.1"
+	media := b.TempDir()
+	for f, size := range map[string]int{bootmedia.KernelFile: 8 << 20, bootmedia.InitrdFile: 10 << 20} {
+		if err := os.WriteFile(filepath.Join(media, f), []byte(strings.Repeat("x", size)), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	iss := &recordingIssuer{hosts: map[string]bool{"lab-bench3": true}, tokens: map[string][]string{}}
+	srv, err := bootserver.New(bootserver.Options{MediaDir: media, ControllerAddr: gwAddr + ":7443",
+		CAHash: "sha256:" + strings.Repeat("0", 64), Tokens: iss, ISOCacheDir: b.TempDir()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer srv.Close()
+	m, err := New(ctx, Options{Name: "bench3", Lab: testLab(), StateDir: filepath.Join(b.TempDir(), "h"), Address: "10.252.10.2/24",
+		Agent: Agent{Command: []string{"sleep", "infinity"}, ReadMedia: true}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close(ctx)
+	if out, err := exec.Command("ip", "addr", "add", gwAddr+"/24", "dev", m.Veth()).CombinedOutput(); err != nil {
+		b.Fatalf("ip addr add: %v: %s", err, out)
+	}
+	ln, err := net.Listen("tcp", gwAddr+":0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	hs := &http.Server{Handler: srv}
+	go func() { _ = hs.Serve(ln) }()
+	defer hs.Close()
+	base := "http://" + ln.Addr().String()
+	m.o.Agent.BootScript = bootserver.IPXEURL(base, "lab-bench3")
+	if err := m.InsertMedia(bootserver.ISOURL(base, "lab-bench3")); err != nil {
+		b.Fatal(err)
+	}
+	// The boot server builds the ISO at the first request: not measured.
+	resp, err := http.Get(bootserver.ISOURL(base, "lab-bench3"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	resp.Body.Close()
+	for _, dev := range []string{machine.BootPXE, machine.BootCD} {
+		b.Run(dev, func(b *testing.B) {
+			for b.Loop() {
+				if err := m.PowerOn(ctx, dev); err != nil {
+					b.Fatal(err)
+				}
+				if m.PID() == 0 {
+					b.Fatalf("nothing booted: %s", m.LastBootError())
+				}
+				if err := m.PowerOff(ctx, false); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
