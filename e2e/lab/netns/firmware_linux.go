@@ -99,6 +99,9 @@ func (m *Machine) isoCmdline(ctx context.Context, media string) (string, error) 
 			return "", &notBootable{err.Error()}
 		}
 	}
+	if _, err := os.Stat(iso); err != nil {
+		return "", &notBootable{err.Error()}
+	}
 	c, err := ReadISOCmdline(ctx, iso)
 	if err != nil {
 		return "", &notBootable{err.Error()}

@@ -248,6 +248,8 @@ func TestFirmwareBoot(t *testing.T) {
 		{"iso 404", machine.BootCD, "", base + "/boot/iso/nohost.iso", "404"},
 		{"not an iso", machine.BootCD, "", base + "/boot/files/" + bootmedia.KernelFile, "not an ISO"},
 		{"unreachable media", machine.BootCD, "", "http://127.0.0.1:1/x.iso", "refused"},
+		{"missing file", machine.BootCD, "", "file:///nonexistent/kiln.iso", "no such file"},
+		{"not a URL", machine.BootCD, "", "nfs://10.0.0.1/x.iso", "not an http(s) URL"},
 		{"script 404", machine.BootPXE, bootserver.IPXEURL(base, "nohost"), "", "404"},
 		// The script is on the supervisor's loopback, which the host cannot reach.
 		{"script outside the host's network", machine.BootPXE, "http://127.0.0.1:" + strings.Split(ln.Addr().String(), ":")[1] + "/boot/ipxe/lab-boot3", "", "refused"},
