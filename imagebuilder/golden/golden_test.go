@@ -212,3 +212,23 @@ func TestLabFiles(t *testing.T) {
 		}
 	}
 }
+
+func TestDigest(t *testing.T) {
+	const pause = "registry.k8s.io/pause:3.10.1"
+	base := "kubernetesVersion: v1.34.4\nagent: x\n"
+	d := Digest(mustSpec(t, base), pause)
+	if len(d) != 64 || Digest(mustSpec(t, base), pause) != d {
+		t.Fatalf("Digest = %q, want 64 hex digits, the same for the same spec", d)
+	}
+	if Digest(mustSpec(t, "kubernetesVersion: v1.34.4\nagent: /other/agent\n"), pause) != d {
+		t.Errorf("Digest depends on the agent's path (an input, keyed separately)")
+	}
+	for _, other := range []string{"labNetwork: true\n", "slim: true\n", "cgroupDriver: cgroupfs\n", "packages: [less]\n", "sysctls: {vm.max_map_count: \"1\"}\n"} {
+		if Digest(mustSpec(t, base+other), pause) == d {
+			t.Errorf("Digest does not change with %q", other)
+		}
+	}
+	if Digest(mustSpec(t, base), "registry.k8s.io/pause:3.9") == d {
+		t.Errorf("Digest does not change with the pause image")
+	}
+}

@@ -1,6 +1,9 @@
 package golden
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
 	"path"
 
 	"github.com/kilnhq/kiln/imagebuilder/rootfs"
@@ -182,3 +185,23 @@ func labFiles(s *spec.Spec) []rootfs.File {
 // copyright files under usr/share/doc stay.
 var slimGlobs = []string{"usr/share/man/*", "usr/share/info/*", "usr/share/locale/*", "usr/share/doc/*/*",
 	"usr/share/doc-base/*", "usr/share/lintian/*", "var/lib/apt/lists/*", "var/cache/apt/*.bin"}
+
+// Digest is a sha256 (hex) of what a build of s bakes in from the builder
+// itself: the path, mode, link target and content of every unit, config
+// and script it adds, the package list and what a slim image leaves out;
+// not its inputs (the agent binary, the kube-tools cache, the rootfs cache
+// entry), which a cache of built images keys on separately. A changed
+// builder changes the digest, so such a cache builds again.
+func Digest(s *spec.Spec, pause string) string {
+	var kube *kubeFiles
+	if !s.Minimal {
+		kube = &kubeFiles{pause: pause}
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "packages %q\nslim %v %q\n", Packages(s), s.Slim, slimGlobs)
+	for _, f := range files(s, "", kube, "") {
+		fmt.Fprintf(h, "%s %o %q %d\n", f.Path, f.Mode, f.Symlink, len(f.Data))
+		h.Write(f.Data)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}

@@ -1,0 +1,485 @@
+package fleet
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/kilnhq/kiln/agent/lay"
+	"github.com/kilnhq/kiln/agent/personalize"
+	"github.com/kilnhq/kiln/agent/probe"
+	"github.com/kilnhq/kiln/e2e/lab/machine"
+	"github.com/kilnhq/kiln/e2e/lab/netns"
+	"github.com/kilnhq/kiln/host/command"
+	"github.com/kilnhq/kiln/imagebuilder/golden"
+	"github.com/kilnhq/kiln/imagebuilder/kubetools"
+	"github.com/kilnhq/kiln/imagebuilder/rootfs"
+	"github.com/kilnhq/kiln/imagebuilder/spec"
+	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/pki"
+	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
+)
+
+// The lab cluster's networks (examples/lab-cluster.yaml); the hosts' /24
+// (10.249.X.0/24, X from the test's PID) stays clear of them.
+const (
+	podCIDR     = "10.244.0.0/16"
+	serviceCIDR = "10.96.0.0/12"
+	agentPort   = "7441"
+)
+
+// needNodeTools skips unless this machine can build, lay and boot a lab
+// node: root, the tools, cgroup v1 (what the lab's nspawn hosts are
+// proven on), the kube-tools cache and a rootfs cache entry or debootstrap.
+func needNodeTools(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: builds a golden image and boots a Kubernetes node")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: builds an image, boots systemd-nspawn in a network namespace")
+	}
+	for tool, pkg := range map[string]string{"systemd-nspawn": "systemd-container", "busctl": "systemd",
+		"nft": "nftables", "ip": "iproute2", "unshare": "util-linux", "sfdisk": "fdisk", "losetup": "mount",
+		"debugfs": "e2fsprogs", "mkfs.ext4": "e2fsprogs"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed (Debian package %s)", tool, pkg)
+		}
+	}
+	if _, err := os.Stat("/sys/fs/cgroup/memory"); err != nil {
+		t.Skip("needs the cgroup v1 hierarchy the lab's nspawn hosts are proven on")
+	}
+	rel := kubetools.Pinned()
+	c := kubetools.Cache{Dir: filepath.Join(rootfs.CacheRoot(), "kube-tools")}
+	if _, err := c.Verify(rel); err != nil {
+		t.Skipf("kube-tools cache incomplete: %v (run: make kube-tools)", err)
+	}
+	if _, err := exec.LookPath("debootstrap"); err != nil {
+		s, err := loadLabSpec()
+		require.NoError(t, err)
+		if _, err := os.Stat(golden.RootfsSpec(s, "").Dir()); err != nil {
+			t.Skipf("no rootfs cache entry %s and no debootstrap to build it", golden.RootfsSpec(s, "").Dir())
+		}
+	}
+}
+
+func loadLabSpec() (*spec.Spec, error) { return spec.Load(DefaultLabSpec()) }
+
+// buildAgent builds a static kiln-agent whose bytes depend only on the
+// source (no VCS stamp), so the image cache key changes only when the
+// agent does.
+func buildAgent(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	dst := filepath.Join(t.TempDir(), "kiln-agent")
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	cmd := exec.CommandContext(ctx, goBin, "build", "-trimpath", "-buildvcs=false", "-o", dst, "github.com/kilnhq/kiln/cmd/kiln-agent")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "go build kiln-agent: %s", out)
+	return dst
+}
+
+// labNet is a guard (nft table dropping forwarded traffic out of the
+// uplinks) and a bridge with .1 of the hosts' /24; close undoes both.
+type labNet struct {
+	prefix, bridge, table string
+}
+
+func (n *labNet) addr(i int) string { return fmt.Sprintf("%s.%d", n.prefix, i) }
+
+func newLabNet(t *testing.T, ctx context.Context) *labNet {
+	t.Helper()
+	id := os.Getpid() % 100000
+	n := &labNet{prefix: fmt.Sprintf("10.249.%d", 20+id%200), bridge: "kfb" + strconv.Itoa(id), table: "kiln-fleet-" + strconv.Itoa(id)}
+	out, err := exec.CommandContext(ctx, "ip", "-o", "route", "show", "default").Output()
+	require.NoError(t, err)
+	var uplinks []string
+	f := strings.Fields(string(out))
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] == "dev" {
+			uplinks = append(uplinks, f[i+1])
+		}
+	}
+	if len(uplinks) == 0 {
+		t.Skip("no default route: cannot name the uplink to guard")
+	}
+	run(t, ctx, "nft", "add", "table", "inet", n.table)
+	t.Cleanup(func() { runCleanup(t, "nft", "delete", "table", "inet", n.table) })
+	run(t, ctx, "nft", "add", "chain", "inet", n.table, "guardfwd", "{ type filter hook forward priority -200; policy accept; }")
+	for _, up := range uplinks {
+		run(t, ctx, "nft", "add", "rule", "inet", n.table, "guardfwd", "oifname", up, "counter", "drop")
+	}
+	run(t, ctx, "ip", "link", "add", n.bridge, "type", "bridge")
+	t.Cleanup(func() { runCleanup(t, "ip", "link", "del", n.bridge) })
+	run(t, ctx, "ip", "addr", "add", n.addr(1)+"/24", "dev", n.bridge)
+	run(t, ctx, "ip", "link", "set", n.bridge, "up")
+	return n
+}
+
+func run(t *testing.T, ctx context.Context, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
+	require.NoError(t, err, "%s %s: %s", name, strings.Join(args, " "), out)
+	return string(out)
+}
+
+func runCleanup(t *testing.T, name string, args ...string) {
+	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		t.Errorf("cleanup: %s %s: %v: %s", name, strings.Join(args, " "), err, out)
+	}
+}
+
+// serveDir serves dir over HTTP on loopback (Range requests included, as
+// the controller's boot server does) and returns its base URL.
+func serveDir(t *testing.T, dir string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := &http.Server{Handler: http.FileServer(http.Dir(dir)), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String() + "/"
+}
+
+// timings collects "| step | seconds |" rows for the log.
+type timings struct {
+	t    *testing.T
+	rows []string
+}
+
+func (tm *timings) add(step string, d time.Duration) {
+	tm.rows = append(tm.rows, fmt.Sprintf("| %s | %.1f s |", step, d.Seconds()))
+	tm.t.Logf("%-32s %6.1fs", step, d.Seconds())
+}
+
+// TestLabImageBootsAsNode is a lab host's life up to a working
+// single-node cluster, as the controller drives it: the lab image (built
+// or cached) laid onto a netns machine's disk by agent/lay with the block
+// map from an HTTP server, the host's identity written into the laid disk
+// by agent/personalize, power on from disk, then through the installed
+// agent over mTLS: Prepare, Preflight, KubeadmInit and Probe until the node
+// is Ready and cluster DNS answers. Everything the image needs for that is
+// in the image; the test only plays the controller.
+func TestLabImageBootsAsNode(t *testing.T) {
+	needNodeTools(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	defer cancel()
+	tm := &timings{t: t}
+	t.Cleanup(func() { t.Logf("times:\n%s", strings.Join(tm.rows, "\n")) })
+
+	start := time.Now()
+	agent := buildAgent(t, ctx)
+	tm.add("build kiln-agent", time.Since(start))
+	start = time.Now()
+	dir, m, err := LabImage(ctx, ImageOptions{Agent: agent, Progress: testWriter{t}})
+	require.NoError(t, err)
+	tm.add("lab image (first call)", time.Since(start))
+	start = time.Now()
+	dir2, m2, err := LabImage(ctx, ImageOptions{Agent: agent})
+	require.NoError(t, err)
+	tm.add("lab image (warm call)", time.Since(start))
+	require.Equal(t, dir, dir2)
+	require.Equal(t, m.RawSHA256, m2.RawSHA256)
+	t.Logf("image %s in %s: %d MiB raw, %d MiB data", m.Tag, dir, m.RawSize>>20, m.DataSize()>>20)
+
+	lnet := newLabNet(t, ctx)
+	name := "fleet-cp1"
+	ip := lnet.addr(2)
+	// The disk is the image's size: netns reads `sfdisk -J` with its
+	// warnings, and a disk larger than the image makes sfdisk warn that
+	// the backup GPT is not at the end (reported; not this package's).
+	var tracked []netns.Resource
+	hostLog, err := os.Create(filepath.Join(t.TempDir(), "host.log"))
+	require.NoError(t, err)
+	t.Cleanup(func() { hostLog.Close() })
+	h, err := netns.New(ctx, netns.Options{
+		Name: name, Lab: "fl" + strconv.Itoa(os.Getpid()%100000), StateDir: filepath.Join(t.TempDir(), name),
+		Bridge: lnet.bridge, Address: ip + "/24", Gateway: lnet.addr(1), DiskSize: int64(m.RawSize),
+		Track:  func(r netns.Resource) { tracked = append(tracked, r) },
+		Logger: slog.New(slog.NewTextHandler(hostLog, nil)),
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { closeHost(t, h, tracked) })
+
+	// Lay the image as the boot agent does: the raw image by block map.
+	base := serveDir(t, dir)
+	raw, _, _, _ := golden.FileNames(m.Tag)
+	start = time.Now()
+	res, err := lay.New(slog.New(slog.NewTextHandler(hostLog, nil))).Lay(ctx, m.LayRequest(base+raw, h.DiskPath(), true), nil)
+	require.NoError(t, err)
+	tm.add("lay (block map)", time.Since(start))
+	t.Logf("laid %d MiB (fetched %d MiB) onto %s", res.GetBytesWritten()>>20, res.GetBytesFetched()>>20, h.DiskPath())
+
+	// The host's identity, issued by a test CA standing in for the
+	// controller's; the controller address answers nothing.
+	ca, err := pki.NewCA("kiln-e2e-fleet", time.Now())
+	require.NoError(t, err)
+	keyPEM, csr, err := pki.NewKeyAndCSR(name)
+	require.NoError(t, err)
+	certPEM, err := ca.SignCSR(csr, pki.RoleAgent, name, time.Hour, time.Now(), pki.WithHosts(ip))
+	require.NoError(t, err)
+	start = time.Now()
+	require.NoError(t, personalize.New(command.Exec{}, nil).WriteIdentity(ctx, &agentv1.WriteIdentityRequest{
+		Target: h.DiskPath(), Hostname: name, ControllerUrl: "https://127.0.0.1:9", CaHash: ca.Hash(),
+		CertificatePem: certPEM, KeyPem: keyPEM, CaPem: ca.CertPEM(),
+	}))
+	tm.add("write identity", time.Since(start))
+
+	start = time.Now()
+	require.NoError(t, h.PowerOn(ctx, machine.BootDisk))
+	waitFor(t, ctx, 2*time.Minute, "the host's systemd running", func() (bool, string) {
+		st, err := h.SystemState(ctx)
+		if err != nil {
+			return false, err.Error() + "; " + h.LastBootError()
+		}
+		return st == "running" || st == "degraded", st
+	}, func() string { return consoleTail(h) })
+	tm.add("boot to running", time.Since(start))
+
+	// The installed agent, dialled as the controller.
+	ctlCert, ctlKey, err := ca.Issue(pki.RoleController, pki.ControllerName, nil, time.Hour, time.Now())
+	require.NoError(t, err)
+	pair, err := tls.X509KeyPair(ctlCert, ctlKey)
+	require.NoError(t, err)
+	conn, err := grpc.NewClient(ip+":"+agentPort,
+		grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: ca.Pool(), ServerName: ip, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS13})),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 15 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}))
+	require.NoError(t, err)
+	defer conn.Close()
+	agentc := agentv1.NewAgentClient(conn)
+	n := &node{t: t, h: h, agent: agentc, log: filepath.Join(t.TempDir(), "operations.log")}
+	start = time.Now()
+	waitFor(t, ctx, 90*time.Second, "the installed agent answering Facts over mTLS", func() (bool, string) {
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err := agentc.Facts(fctx, &agentv1.FactsRequest{})
+		return err == nil, fmt.Sprint(err)
+	}, func() string { return n.exec("journalctl", "-u", "kiln-agent", "--no-pager", "-n", "30") })
+	tm.add("agent answers", time.Since(start))
+
+	cluster := &agentv1.ClusterConfig{
+		Name: "lab", KubernetesVersion: kubetools.Pinned().Kubernetes,
+		PodCidr: podCIDR, ServiceCidr: serviceCIDR, DnsDomain: "cluster.local",
+		ControlPlaneEndpoint: ip + ":6443", CgroupDriver: "cgroupfs",
+		Role: "control-plane", NodeName: name, AdvertiseAddress: ip,
+	}
+	start = time.Now()
+	s, err := agentc.Prepare(ctx, &agentv1.PrepareRequest{CgroupDriver: cluster.CgroupDriver})
+	n.succeed("prepare", s, err)
+	tm.add("prepare", time.Since(start))
+	start = time.Now()
+	rep, err := agentc.Preflight(ctx, &agentv1.PreflightRequest{Cluster: cluster})
+	require.NoError(t, err)
+	for _, c := range rep.GetChecks() {
+		if !c.GetPassed() {
+			t.Logf("preflight %s (%s): %s; fix: %s", c.GetName(), c.GetSeverity(), c.GetMessage(), c.GetFix())
+		}
+	}
+	require.True(t, rep.GetPassed(), "preflight failed")
+	tm.add("preflight", time.Since(start))
+
+	start = time.Now()
+	s2, err := agentc.KubeadmInit(ctx, &agentv1.KubeadmInitRequest{Cluster: cluster})
+	ev := n.succeed("kubeadm init", s2, err)
+	tm.add("kubeadm init", time.Since(start))
+	require.Equal(t, ip+":6443", ev.GetKubeadmInit().GetApiServerEndpoint())
+
+	start = time.Now()
+	var last *agentv1.ProbeResponse
+	waitFor(t, ctx, 5*time.Minute, "NodeReady and ClusterDNSResolves", func() (bool, string) {
+		pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		resp, err := agentc.Probe(pctx, &agentv1.ProbeRequest{Cluster: cluster})
+		if err != nil {
+			return false, err.Error()
+		}
+		last = resp
+		ready := conditions.Get(resp.GetConditions(), probe.NodeReady).GetStatus() == conditions.True
+		dns := conditions.Get(resp.GetConditions(), probe.ClusterDNSResolves).GetStatus() == conditions.True
+		return ready && dns, describe(resp)
+	}, n.diagnose)
+	tm.add("init to Ready + DNS", time.Since(start))
+	t.Logf("probe:%s", describe(last))
+	dns := conditions.Get(last.GetConditions(), probe.ClusterDNSResolves)
+	if !strings.Contains(dns.GetMessage(), "= 10.96.0.1") {
+		t.Errorf("ClusterDNSResolves = %q, want a real answer 10.96.0.1 for the kubernetes service", dns.GetMessage())
+	}
+	// The lab units did their part: the node's own name resolves, CoreDNS
+	// does not forward upstream.
+	if hosts := n.exec("cat", "/etc/hosts"); !strings.Contains(hosts, ip+"\t"+name) {
+		t.Errorf("/etc/hosts lacks %s %s:\n%s", ip, name, hosts)
+	}
+	if cf := n.exec("kubectl", "--kubeconfig", "/etc/kubernetes/admin.conf", "-n", "kube-system", "get", "configmap", "coredns", "-o", "jsonpath={.data.Corefile}"); strings.Contains(cf, "forward") {
+		t.Errorf("CoreDNS still forwards upstream:\n%s", cf)
+	}
+}
+
+// closeHost powers the host off gracefully (as a BMC would), removes its
+// namespace and veth, and checks nothing it tracked is left: no loop
+// device on its disk, no cgroup, no namespace.
+func closeHost(t *testing.T, h *netns.Machine, tracked []netns.Resource) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	start := time.Now()
+	if err := h.PowerOff(ctx, true); err != nil {
+		t.Errorf("power off: %v", err)
+	}
+	t.Logf("graceful power off: %.1fs", time.Since(start).Seconds())
+	if err := h.Close(ctx); err != nil {
+		t.Errorf("close host: %v", err)
+	}
+	if out, _ := exec.Command("losetup", "-j", h.DiskPath()).Output(); len(strings.TrimSpace(string(out))) > 0 {
+		t.Errorf("loop device left on the disk: %s", out)
+	}
+	for _, r := range tracked {
+		var left bool
+		switch r.Kind {
+		case netns.KindNetns:
+			_, err := os.Stat("/run/netns/" + r.Value)
+			left = err == nil
+		case netns.KindCgroup, netns.KindDir:
+			_, err := os.Stat(r.Value)
+			left = err == nil
+		case netns.KindPID:
+			left = netns.ProcessAlive(r.Value)
+		}
+		if left {
+			t.Errorf("left behind after power off and close: %s %s", r.Kind, r.Value)
+			if err := netns.Remove(ctx, r); err != nil {
+				t.Errorf("remove %s %s: %v", r.Kind, r.Value, err)
+			}
+		}
+	}
+}
+
+// node is the booted host seen through its agent.
+type node struct {
+	t     *testing.T
+	h     *netns.Machine
+	agent agentv1.AgentClient
+	log   string
+}
+
+// exec runs a command inside the host (all its namespaces) and returns
+// its output, or the error text. Equivalent to `nsenter -t LEADER -a CMD`.
+func (n *node) exec(name string, args ...string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l := n.h.Leader()
+	if l == 0 {
+		return "host not running"
+	}
+	out, err := exec.CommandContext(ctx, "nsenter", append([]string{"-t", strconv.Itoa(l), "-a", name}, args...)...).CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("%s (%v)", out, err)
+	}
+	return string(out)
+}
+
+// diagnose is what explains a node that does not come up.
+func (n *node) diagnose() string {
+	var b strings.Builder
+	for _, c := range [][]string{
+		{"systemctl", "--failed", "--no-pager"},
+		{"journalctl", "-u", "kiln-lab-net", "--no-pager", "-n", "20"},
+		{"journalctl", "-u", "kubelet", "--no-pager", "-n", "40"},
+		{"journalctl", "-u", "containerd", "--no-pager", "-n", "20"},
+		{"crictl", "ps", "-a"},
+		{"ls", "/etc/cni/net.d"},
+	} {
+		fmt.Fprintf(&b, "\n$ %s\n%s", strings.Join(c, " "), n.exec(c[0], c[1:]...))
+	}
+	return b.String()
+}
+
+type recver interface {
+	Recv() (*agentv1.OperationEvent, error)
+}
+
+// succeed reads an operation's events to the terminal one (logging them
+// to n.log) and fails the test unless it succeeded.
+func (n *node) succeed(what string, s recver, err error) *agentv1.OperationEvent {
+	t := n.t
+	t.Helper()
+	require.NoError(t, err, what)
+	f, ferr := os.OpenFile(n.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	require.NoError(t, ferr)
+	defer f.Close()
+	fmt.Fprintf(f, "=== %s\n", what)
+	var last *agentv1.OperationEvent
+	for {
+		ev, err := s.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err, "%s: stream", what)
+		fmt.Fprintf(f, "%s %s%s\n", ev.GetState(), ev.GetMessage(), ev.GetError())
+		last = ev
+	}
+	require.NotNil(t, last, "%s: no events", what)
+	if last.GetState() != agentv1.OperationState_OPERATION_STATE_SUCCEEDED {
+		b, _ := os.ReadFile(n.log)
+		t.Fatalf("%s = %s: %s\n%s\n%s", what, last.GetState(), last.GetError(), tail(string(b), 40), n.diagnose())
+	}
+	return last
+}
+
+func describe(r *agentv1.ProbeResponse) string {
+	var b strings.Builder
+	for _, c := range r.GetConditions() {
+		fmt.Fprintf(&b, "\n  %s=%s %s: %s", c.GetType(), c.GetStatus(), c.GetReason(), c.GetMessage())
+	}
+	return b.String()
+}
+
+// waitFor polls cond every second until it holds, failing after d with its
+// last detail and what diagnose says.
+func waitFor(t *testing.T, ctx context.Context, d time.Duration, what string, cond func() (bool, string), diagnose func() string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		ok, detail := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("waiting %s for %s: %s\n%s", d, what, detail, diagnose())
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+func consoleTail(h *netns.Machine) string {
+	b, _ := os.ReadFile(h.ConsoleLog())
+	return tail(string(b), 30)
+}
+
+func tail(s string, n int) string {
+	ls := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.Join(ls[max(0, len(ls)-n):], "\n")
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
