@@ -7,7 +7,10 @@
 // media's program) as a process in the host's network namespace and a
 // private mount namespace in which /proc/cmdline carries the kernel
 // command line boot media would (kiln.boot=, kiln.controller=,
-// kiln.token=, ...). Powering on from disk mounts the disk's discoverable
+// kiln.token=, ...): with Agent.ReadMedia the one of the inserted ISO's
+// boot configuration, with Agent.BootScript the one of the host's iPXE
+// script fetched from inside its namespace, as firmware would read them
+// (ReadISOCmdline, ParseIPXE). Powering on from disk mounts the disk's discoverable
 // root partition (`systemd-dissect --mount`) and boots it with
 // `systemd-nspawn -b` in the host's network namespace, so the image's own
 // systemd starts its units as on metal; a blank or corrupt disk boots
