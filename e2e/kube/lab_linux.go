@@ -8,11 +8,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/kilnhq/kiln/e2e/lab/nspawn"
 )
 
 // Net is a lab network: a bridge with an address on the host, one network
@@ -127,20 +126,17 @@ func (n *Net) Close() error {
 }
 
 // Node is a lab host: a Debian root with systemd as PID 1 under
-// systemd-nspawn, in its own network namespace, its root an overlay of
-// the lab's shared lower layers and its own upper directory.
+// systemd-nspawn (e2e/lab/nspawn), in its own network namespace, its root
+// an overlay of the lab's shared lower layers and its own upper directory.
 type Node struct {
-	Name   string   // machine and host name
-	NetNS  string   // network namespace name (/run/netns/NAME)
-	Dir    string   // the node's own files: upper, work, root, containerd, console.log
-	Lower  []string // overlay lower directories, top first
-	Binds  []string // extra nspawn --bind/--bind-ro arguments
-	Root   string   // the merged root, Dir/root
-	Leader int      // PID of the node's systemd (0 when not running)
+	Name  string   // machine and host name
+	NetNS string   // network namespace name (/run/netns/NAME)
+	Dir   string   // the node's own files: upper, work, root, containerd, console.log
+	Lower []string // overlay lower directories, top first
+	Binds []string // extra nspawn --bind/--bind-ro arguments
+	Root  string   // the merged root, Dir/root
 
-	cmd     *exec.Cmd
-	done    chan struct{}
-	cgroups []string
+	c       *nspawn.Container
 	mounted bool
 }
 
@@ -161,107 +157,53 @@ func (n *Node) Mount(ctx context.Context) error {
 	return nil
 }
 
-// Boot starts systemd-nspawn in the node's own cgroups and waits until
-// systemd reports the system running (or degraded). It returns the boot
-// time.
-//
-// Equivalent to: `SYSTEMD_NSPAWN_API_VFS_WRITABLE=network systemd-nspawn
-// -D ROOT -M NAME -b --register=no --keep-unit
-// --network-namespace-path=/run/netns/NS --capability=all
-// --system-call-filter=@keyring --resolv-conf=off --timezone=off
-// --link-journal=no --console=read-only --bind=/dev/kmsg
-// --bind=DIR/containerd:/var/lib/containerd ...`.
+// Boot starts the node (nspawn.Start, in its own cgroups, with
+// /var/lib/containerd bound from a plain directory: containerd's
+// snapshots cannot live on overlay) and waits until systemd reports the
+// system running (or degraded). It returns the boot time.
 func (n *Node) Boot(ctx context.Context) (time.Duration, error) {
 	start := time.Now()
-	procs, err := n.makeCgroups()
+	c, err := nspawn.Start(nspawn.Options{
+		Name: n.Name, Dir: n.Root, NetNS: "/run/netns/" + n.NetNS,
+		Binds:   append([]string{"--bind=" + filepath.Join(n.Dir, "containerd") + ":/var/lib/containerd"}, n.Binds...),
+		Console: filepath.Join(n.Dir, "console.log"),
+	})
 	if err != nil {
 		return 0, err
 	}
-	nspawn, err := exec.LookPath("systemd-nspawn")
-	if err != nil {
-		return 0, err
+	n.c = c
+	if err := c.WaitRunning(ctx); err != nil {
+		return 0, fmt.Errorf("node %s: boot: %w", n.Name, err)
 	}
-	args := []string{"-D", n.Root, "-M", n.Name, "-b", "--register=no", "--keep-unit",
-		"--network-namespace-path=/run/netns/" + n.NetNS, "--capability=all", "--system-call-filter=@keyring",
-		"--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=read-only",
-		"--bind=/dev/kmsg", "--bind=" + filepath.Join(n.Dir, "containerd") + ":/var/lib/containerd"}
-	args = append(args, n.Binds...)
-	script := `for p in ` + strings.Join(procs, " ") + `; do echo $$ > "$p"; done; exec "$0" "$@"`
-	n.cmd = exec.Command("sh", append([]string{"-c", script, nspawn}, args...)...)
-	n.cmd.Env = append(os.Environ(), "SYSTEMD_NSPAWN_API_VFS_WRITABLE=network")
-	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	logf, err := os.Create(filepath.Join(n.Dir, "console.log"))
-	if err != nil {
-		return 0, err
-	}
-	n.cmd.Stdout, n.cmd.Stderr = logf, logf
-	if err := n.cmd.Start(); err != nil {
-		logf.Close()
-		return 0, err
-	}
-	n.done = make(chan struct{})
-	go func() { _ = n.cmd.Wait(); logf.Close(); close(n.done) }()
+	return time.Since(start), nil
+}
 
-	for {
-		select {
-		case <-n.done:
-			b, _ := os.ReadFile(filepath.Join(n.Dir, "console.log"))
-			return 0, fmt.Errorf("node %s: systemd-nspawn exited: %s", n.Name, tail(string(b), 20))
-		case <-ctx.Done():
-			return 0, fmt.Errorf("node %s: boot: %w", n.Name, ctx.Err())
-		case <-time.After(200 * time.Millisecond):
-		}
-		if n.Leader == 0 {
-			n.Leader = child(n.cmd.Process.Pid)
-			continue
-		}
-		out, _ := exec.CommandContext(ctx, "nsenter", "-t", strconv.Itoa(n.Leader), "-a", "systemctl", "is-system-running").Output()
-		switch strings.TrimSpace(string(out)) {
-		case "running", "degraded":
-			return time.Since(start), nil
-		}
+// Leader is the PID of the node's systemd, 0 when it does not run.
+func (n *Node) Leader() int {
+	if n.c == nil {
+		return 0
 	}
+	return n.c.Leader()
 }
 
 // Exec runs a command inside the node (all its namespaces).
 //
 // Equivalent to: `nsenter -t LEADER -a CMD...`.
 func (n *Node) Exec(ctx context.Context, name string, args ...string) (string, error) {
-	if n.Leader == 0 {
+	if n.c == nil {
 		return "", fmt.Errorf("node %s is not running", n.Name)
 	}
-	return run(ctx, "nsenter", append([]string{"-t", strconv.Itoa(n.Leader), "-a", name}, args...)...)
+	return n.c.Exec(ctx, name, args...)
 }
 
-// Stop powers the node off (systemctl poweroff inside; SIGTERM then
-// SIGKILL of its nspawn process, by PID, when it does not end), unmounts
-// its root and removes its cgroups and nspawn's leftovers.
+// Stop powers the node off (nspawn's Stop: systemctl poweroff inside,
+// then SIGTERM and SIGKILL by PID; its cgroups and nspawn's leftovers
+// removed) and unmounts its root.
 func (n *Node) Stop() error {
 	var errs []error
-	if n.cmd != nil && n.cmd.Process != nil {
-		select {
-		case <-n.done:
-		default:
-			if n.Leader != 0 {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				_, _ = n.Exec(ctx, "systemctl", "poweroff", "--no-block")
-				cancel()
-			}
-			select {
-			case <-n.done:
-			case <-time.After(45 * time.Second):
-				_ = n.cmd.Process.Signal(syscall.SIGTERM)
-				select {
-				case <-n.done:
-				case <-time.After(15 * time.Second):
-					_ = n.cmd.Process.Kill()
-					<-n.done
-				}
-			}
-		}
-		n.Leader = 0
+	if n.c != nil {
+		errs = append(errs, n.c.Stop(context.Background()))
 	}
-	_ = os.RemoveAll("/run/systemd/nspawn/propagate/" + n.Name)
 	if n.mounted {
 		if _, err := run(context.Background(), "umount", n.Root); err != nil {
 			if _, err2 := run(context.Background(), "umount", "-l", n.Root); err2 != nil {
@@ -270,79 +212,7 @@ func (n *Node) Stop() error {
 		}
 		n.mounted = false
 	}
-	errs = append(errs, n.removeCgroups())
 	return errors.Join(errs...)
-}
-
-// makeCgroups creates a cgroup named for the node in every v1 hierarchy
-// (and the v2 one) and returns their cgroup.procs files.
-func (n *Node) makeCgroups() ([]string, error) {
-	entries, err := os.ReadDir("/sys/fs/cgroup")
-	if err != nil {
-		return nil, err
-	}
-	seen := map[string]bool{}
-	var procs []string
-	for _, e := range entries {
-		real, err := filepath.EvalSymlinks(filepath.Join("/sys/fs/cgroup", e.Name()))
-		if err != nil || seen[real] {
-			continue
-		}
-		if _, err := os.Stat(filepath.Join(real, "cgroup.procs")); err != nil {
-			continue
-		}
-		seen[real] = true
-		d := filepath.Join(real, n.Name)
-		if err := os.Mkdir(d, 0o755); err != nil && !os.IsExist(err) {
-			continue
-		}
-		n.cgroups = append(n.cgroups, d)
-		if strings.Contains(filepath.Base(real), "cpuset") {
-			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
-				b, _ := os.ReadFile(filepath.Join(real, f))
-				_ = os.WriteFile(filepath.Join(d, f), b, 0o644)
-			}
-		}
-		procs = append(procs, filepath.Join(d, "cgroup.procs"))
-	}
-	return procs, nil
-}
-
-// removeCgroups removes the node's cgroups, deepest first (kubelet's
-// kubepods trees live below them).
-func (n *Node) removeCgroups() error {
-	var errs []error
-	for _, d := range n.cgroups {
-		var sub []string
-		_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
-			if err == nil && e.IsDir() {
-				sub = append(sub, p)
-			}
-			return nil
-		})
-		slices.Reverse(sub)
-		for _, s := range sub {
-			if err := syscall.Rmdir(s); err != nil && !errors.Is(err, syscall.ENOENT) {
-				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", s, err))
-			}
-		}
-	}
-	n.cgroups = nil
-	return errors.Join(errs...)
-}
-
-// child returns the first child of pid, or 0.
-func child(pid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 0
-	}
-	c, _ := strconv.Atoi(f[0])
-	return c
 }
 
 func tail(s string, n int) string {
