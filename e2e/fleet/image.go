@@ -49,7 +49,14 @@ type ImageOptions struct {
 	RootfsCacheDir string
 	// Progress receives the build's progress lines; nil discards.
 	Progress io.Writer
+	// KeepUnused is how long an entry of CacheDir that no call has used
+	// stays after another entry is built (default 7 days; negative keeps
+	// every entry). Each call that returns an entry marks it used.
+	KeepUnused time.Duration
 }
+
+// DefaultKeepUnused is ImageOptions.KeepUnused's default.
+const DefaultKeepUnused = 7 * 24 * time.Hour
 
 // DefaultLabSpec is examples/images/lab.yaml in the source tree this
 // package was built from.
@@ -93,6 +100,9 @@ func LabImage(ctx context.Context, o ImageOptions) (string, *manifest.Manifest, 
 	if o.Progress == nil {
 		o.Progress = io.Discard
 	}
+	if o.KeepUnused == 0 {
+		o.KeepUnused = DefaultKeepUnused
+	}
 	specBytes, err := os.ReadFile(o.Spec)
 	if err != nil {
 		return "", nil, fmt.Errorf("lab image: %w", err)
@@ -120,6 +130,7 @@ func LabImage(ctx context.Context, o ImageOptions) (string, *manifest.Manifest, 
 	key := ImageKey(specBytes, s, agentSum, rel, kubeManifest)
 	dir := filepath.Join(o.CacheDir, key)
 	if m, err := cached(dir); err == nil {
+		touch(dir)
 		return dir, m, nil
 	}
 
@@ -132,6 +143,7 @@ func LabImage(ctx context.Context, o ImageOptions) (string, *manifest.Manifest, 
 	}
 	defer unlock()
 	if m, err := cached(dir); err == nil { // built while we waited
+		touch(dir)
 		return dir, m, nil
 	}
 	tmp := filepath.Join(o.CacheDir, ".tmp-"+key+"-"+strconv.Itoa(os.Getpid()))
@@ -154,7 +166,57 @@ func LabImage(ctx context.Context, o ImageOptions) (string, *manifest.Manifest, 
 		_ = d.Sync()
 		d.Close()
 	}
+	if o.KeepUnused > 0 {
+		for _, old := range prune(o.CacheDir, key, time.Now().Add(-o.KeepUnused)) {
+			fmt.Fprintf(o.Progress, "lab image: removed %s (unused for %s)\n", old, o.KeepUnused)
+		}
+	}
 	return dir, res.Manifest, nil
+}
+
+// touch marks a cache entry used now.
+func touch(dir string) {
+	now := time.Now()
+	_ = os.Chtimes(dir, now, now)
+}
+
+// prune removes the entries of cacheDir (key directories and their lock
+// files) other than keep that were last used before cutoff, and returns
+// them. Work directories of builds in progress (.tmp-*) are left alone.
+func prune(cacheDir, keep string, cutoff time.Time) []string {
+	entries, err := os.ReadDir(cacheDir)
+	if err != nil {
+		return nil
+	}
+	var removed []string
+	for _, e := range entries {
+		if !e.IsDir() || e.Name() == keep || !isKey(e.Name()) {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil || !info.ModTime().Before(cutoff) {
+			continue
+		}
+		p := filepath.Join(cacheDir, e.Name())
+		if os.RemoveAll(p) == nil {
+			_ = os.Remove(p + ".lock")
+			removed = append(removed, p)
+		}
+	}
+	return removed
+}
+
+// isKey says whether name is an ImageKey (16 lowercase hex digits).
+func isKey(name string) bool {
+	if len(name) != 16 {
+		return false
+	}
+	for _, c := range name {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // cached reads the manifest of a complete cache entry: the directory

@@ -179,7 +179,11 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, fmt.Errorf("golden %s: disk: %w", tag, err)
 	}
-	p.step("disk", "GPT: ESP + ext4 root "+disk.TypeRootX8664)
+	parts := "GPT: ESP + ext4 root "
+	if espDir == "" {
+		parts = "GPT: ext4 root "
+	}
+	p.step("disk", parts+disk.TypeRootX8664)
 	layout, err := disk.Build(ctx, disk.Spec{
 		RootDir: root, ESPDir: espDir, Output: filepath.Join(work, raw), RootSize: rootSize,
 		Seed: tag, RootUUID: rootPartUUID, SourceDateEpoch: epoch,

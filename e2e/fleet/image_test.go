@@ -1,0 +1,110 @@
+package fleet
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kilnhq/kiln/imagebuilder/kubetools"
+	"github.com/kilnhq/kiln/imagebuilder/spec"
+	"github.com/kilnhq/kiln/internal/errdefs"
+)
+
+func TestImageKey(t *testing.T) {
+	s, err := spec.Load(DefaultLabSpec())
+	require.NoError(t, err)
+	require.NoError(t, s.Validate(kubetools.Pinned().Kubernetes), "examples/images/lab.yaml")
+	b, err := os.ReadFile(DefaultLabSpec())
+	require.NoError(t, err)
+	rel := kubetools.Pinned()
+	agent := strings.Repeat("a", 64)
+	k := ImageKey(b, s, agent, rel, []byte("{}"))
+	if !isKey(k) || ImageKey(b, s, agent, rel, []byte("{}")) != k {
+		t.Fatalf("ImageKey = %q, want 16 hex digits, the same for the same inputs", k)
+	}
+	other := rel
+	other.Kubernetes = "v1.34.3"
+	s2, err := spec.Parse(b)
+	require.NoError(t, err)
+	s2.Slim = false // what the builder bakes differs, the file does not
+	for name, got := range map[string]string{
+		"spec file":      ImageKey(append([]byte("# edited\n"), b...), s, agent, rel, []byte("{}")),
+		"agent":          ImageKey(b, s, strings.Repeat("b", 64), rel, []byte("{}")),
+		"kubernetes":     ImageKey(b, s, agent, other, []byte("{}")),
+		"kube-tools":     ImageKey(b, s, agent, rel, []byte(`{"rebuilt":true}`)),
+		"builder digest": ImageKey(b, s2, agent, rel, []byte("{}")),
+	} {
+		if got == k {
+			t.Errorf("ImageKey does not change with the %s", name)
+		}
+	}
+}
+
+func TestLabImageErrors(t *testing.T) {
+	ctx := context.Background()
+	_, _, err := LabImage(ctx, ImageOptions{Spec: filepath.Join(t.TempDir(), "missing.yaml")})
+	if err == nil || !strings.Contains(err.Error(), "missing.yaml") {
+		t.Errorf("LabImage(missing spec) = %v, want the file named", err)
+	}
+	_, _, err = LabImage(ctx, ImageOptions{Agent: filepath.Join(t.TempDir(), "no-agent"), CacheDir: t.TempDir()})
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "no-agent") {
+		t.Errorf("LabImage(missing agent) = %v, want InvalidArgument naming it", err)
+	}
+	agent := filepath.Join(t.TempDir(), "kiln-agent")
+	require.NoError(t, os.WriteFile(agent, []byte("#!/bin/sh\n"), 0o755))
+	_, _, err = LabImage(ctx, ImageOptions{Agent: agent, CacheDir: t.TempDir(), KubeTools: kubetools.Cache{Dir: t.TempDir()}})
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "make kube-tools") {
+		t.Errorf("LabImage(no kube-tools) = %v, want FailedPrecondition saying how to build them", err)
+	}
+}
+
+// TestLock: a second locker waits for the first; ctx ends the wait.
+func TestLock(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "k.lock")
+	unlock, err := lock(context.Background(), p)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := lock(ctx, p); err == nil || !strings.Contains(err.Error(), "waiting for") {
+		t.Fatalf("lock while held = %v, want the wait ended by ctx", err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		u, err := lock(context.Background(), p)
+		if err == nil {
+			u()
+		}
+		got <- err
+	}()
+	unlock()
+	require.NoError(t, <-got)
+}
+
+func TestPrune(t *testing.T) {
+	dir := t.TempDir()
+	old := time.Now().Add(-48 * time.Hour)
+	for _, name := range []string{"0123456789abcdef", "fedcba9876543210", "00000000000000aa", ".tmp-0123456789abcdef-1", "notakey"} {
+		require.NoError(t, os.Mkdir(filepath.Join(dir, name), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name+".lock"), nil, 0o644))
+		require.NoError(t, os.Chtimes(filepath.Join(dir, name), old, old))
+	}
+	touch(filepath.Join(dir, "00000000000000aa")) // used just now
+	removed := prune(dir, "fedcba9876543210", time.Now().Add(-24*time.Hour))
+	if len(removed) != 1 || filepath.Base(removed[0]) != "0123456789abcdef" {
+		t.Errorf("prune removed %v, want only the unused entry 0123456789abcdef", removed)
+	}
+	for name, want := range map[string]bool{
+		"0123456789abcdef": false, "0123456789abcdef.lock": false,
+		"fedcba9876543210": true, "00000000000000aa": true, ".tmp-0123456789abcdef-1": true, "notakey": true,
+	} {
+		_, err := os.Stat(filepath.Join(dir, name))
+		if (err == nil) != want {
+			t.Errorf("after prune %s present = %v, want %v", name, err == nil, want)
+		}
+	}
+}
