@@ -122,7 +122,7 @@ type waiter struct {
 
 	last    *controllerv1.Resource // last seen
 	printed string                 // the last progress line
-	lastErr error                  // the last reason the watch broke
+	lastErr error                  // why the watch is broken; nil while it works
 }
 
 // errWaitDeleted ends a wait whose resource was deleted.
@@ -149,14 +149,17 @@ func (w *waiter) run(parent context.Context, stdout io.Writer) error {
 			return fmt.Errorf("wait %s: interrupted while waiting for %s=%s%s: %w", w.target(), w.cond, w.want, w.lastConditions(), parent.Err())
 		case ctx.Err() != nil || w.pastDeadline(ctx):
 			why := ""
-			if w.last == nil && w.lastErr != nil {
+			if w.lastErr != nil {
 				why = " (" + w.lastErr.Error() + ")"
 			}
 			return fmt.Errorf("wait %s: timed out after %v waiting for %s=%s%s%s: %w", w.target(), w.timeout, w.cond, w.want, why, w.lastConditions(), errdefs.ErrDeadlineExceeded)
 		case errdefs.IsUnavailable(err):
-			// The controller went away: watch again once it is back.
+			// The controller went away: watch again once it is back,
+			// saying so once per distinct reason.
+			if w.lastErr == nil || w.lastErr.Error() != err.Error() {
+				fmt.Fprintf(w.stderr, "%s: lost the watch (%v); watching again\n", w.target(), err)
+			}
 			w.lastErr = err
-			fmt.Fprintf(w.stderr, "%s: %v; watching again\n", w.target(), err)
 			select {
 			case <-ctx.Done():
 			case <-time.After(waitRetry):
@@ -193,6 +196,7 @@ func (w *waiter) watch(ctx context.Context) (bool, error) {
 	if met, err := w.get(ctx); met || err != nil {
 		return met, err
 	}
+	w.lastErr = nil
 	events := make(chan *controllerv1.WatchEvent)
 	broke := make(chan error, 1)
 	go func() {

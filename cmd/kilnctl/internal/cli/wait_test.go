@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,8 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/kilnconfig"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -204,10 +207,73 @@ func TestWait(t *testing.T) {
 		}
 	})
 
+	t.Run("a timeout while the controller is unreachable says why", func(t *testing.T) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		closed := l.Addr().String()
+		require.NoError(t, l.Close())
+		cfg, err := kilnconfig.Load(admin)
+		require.NoError(t, err)
+		cfg.Server = closed
+		p := filepath.Join(t.TempDir(), "down.yaml")
+		require.NoError(t, kilnconfig.Write(p, cfg))
+		_, err = kilnctl(t, p, "wait", "host/h1", "--for", "condition=Provisioned", "--timeout", "2s")
+		if !errors.Is(err, errdefs.ErrDeadlineExceeded) || !strings.Contains(err.Error(), "wait host/h1: timed out after 2s waiting for Provisioned=True (") ||
+			!strings.Contains(err.Error(), "connection refused") || !strings.Contains(err.Error(), "; the resource was never read") {
+			t.Errorf("kilnctl wait (controller down) = %v, want a timeout naming the connection error", err)
+		}
+	})
+
 	t.Run("an unknown resource", func(t *testing.T) {
 		_, err := kilnctl(t, admin, "wait", "cluster/nope", "--for", "condition=Ready")
 		if !errdefs.IsNotFound(err) || !strings.HasPrefix(err.Error(), "wait cluster/nope: ") {
 			t.Errorf("kilnctl wait cluster/nope = %v, want NotFound", err)
 		}
 	})
+}
+
+// TestWaitSurvivesControllerRestart: the controller stops (its watches
+// end with Unavailable) and starts again on the same address and data
+// directory; the wait watches again and sees the condition set after.
+func TestWaitSurvivesControllerRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a controller with embedded etcd twice")
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	dir := t.TempDir()
+	same := controllertest.WithConfig(func(c *controller.Config) { c.DataDir, c.ListenAddr = dir, addr })
+
+	var w *waitRun
+	var admin string
+	outer := t
+	t.Run("first controller", func(t *testing.T) {
+		env := controllertest.Start(t, same)
+		admin = env.AdminConfigPath
+		p := filepath.Join(t.TempDir(), "h.yaml")
+		require.NoError(t, os.WriteFile(p, []byte("apiVersion: kiln.dev/v1\nkind: Host\nmetadata:\n  name: h1\nspec:\n  bmc: {protocol: none}\n"), 0o644))
+		mustKilnctl(t, admin, "apply", "-f", p)
+		w = startWait(outer, admin, "host/h1", "--for", "condition=Provisioned", "--timeout", "5m")
+		w.waitForStderr(t, "host/h1: state -; no conditions\n")
+	}) // the controller stops here
+	w.waitForStderr(t, "; watching again\n")
+
+	env := controllertest.Start(t, same)
+	setHostCondition(t, env, "h1", typesv1.HostState_HOST_STATE_PROVISIONED,
+		&typesv1.Condition{Type: "Provisioned", Status: "True", Reason: "ImageLaid"})
+	require.NoError(t, w.result(t), "stderr:\n%s", w.stderr.String())
+	if got := w.stdout.String(); got != "host/h1 condition Provisioned=True met\n" {
+		t.Errorf("kilnctl wait across a restart printed %q, want the condition met", got)
+	}
+	t.Logf("kilnctl wait across a restart, stderr:\n%s", w.stderr.String())
+	// While the controller is down, wait says why once, not every retry.
+	prev := ""
+	for _, line := range strings.Split(w.stderr.String(), "\n") {
+		if strings.HasSuffix(line, "watching again") && line == prev {
+			t.Errorf("kilnctl wait repeated %q:\n%s", line, w.stderr.String())
+		}
+		prev = line
+	}
 }
