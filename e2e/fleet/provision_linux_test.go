@@ -1,0 +1,209 @@
+package fleet_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kilnhq/kiln/controller/clusterplan"
+	"github.com/kilnhq/kiln/e2e/fleet"
+	"github.com/kilnhq/kiln/imagebuilder/kubetools"
+	"github.com/kilnhq/kiln/imagebuilder/rootfs"
+	"github.com/kilnhq/kiln/internal/conditions"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
+)
+
+// repoRoot is the checkout this test was built from.
+func repoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// needLab skips unless the machine can run a lab that provisions a real
+// cluster: root, the tools, and the kube-tools cache (make kube-tools).
+func needLab(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("provisions a real cluster on a lab rack (minutes)")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: network namespaces, nftables, systemd-nspawn, loop devices")
+	}
+	for _, tool := range []string{"ip", "nft", "systemd-nspawn", "ipmi_sim", "sfdisk", "mkfs.ext4", "xorriso", "zstd"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("needs %s (hack/deps.sh installs it)", tool)
+		}
+	}
+	rel := kubetools.Pinned()
+	if _, err := os.Stat(filepath.Join(rootfs.CacheRoot(), "kube-tools", rel.Kubernetes, "manifest.json")); err != nil {
+		t.Skipf("needs the kube-tools cache for %s: run make kube-tools", rel.Kubernetes)
+	}
+}
+
+// buildBinaries builds the four binaries as make build does.
+func buildBinaries(t *testing.T) string {
+	t.Helper()
+	bin := t.TempDir()
+	for _, b := range []string{"kiln-agent", "kiln-controller", "kilnctl", "kiln-imagebuilder"} {
+		args := []string{"build", "-trimpath", "-o", filepath.Join(bin, b)}
+		if b == "kiln-agent" {
+			args = append(args, "-tags", "grpcnotrace")
+		}
+		cmd := exec.Command("go", append(args, "./cmd/"+b)...)
+		cmd.Dir = repoRoot()
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "go build %s: %s", b, out)
+	}
+	return bin
+}
+
+// freeSubnet picks a 10.251.X.0/24 that no interface of this machine uses.
+func freeSubnet(t *testing.T) string {
+	t.Helper()
+	ifs, err := net.InterfaceAddrs()
+	require.NoError(t, err)
+	for range 200 {
+		p := netip.MustParsePrefix(fmt.Sprintf("10.251.%d.0/24", 100+rand.IntN(150)))
+		used := false
+		for _, a := range ifs {
+			if n, ok := a.(*net.IPNet); ok {
+				if ip, ok := netip.AddrFromSlice(n.IP); ok && p.Contains(ip.Unmap()) {
+					used = true
+				}
+			}
+		}
+		if !used {
+			return p.String()
+		}
+	}
+	t.Fatal("no free 10.251.X.0/24")
+	return ""
+}
+
+// labCluster is examples/lab-cluster.yaml with the lab image's tag.
+func labCluster(t *testing.T, tag string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repoRoot(), "examples", "lab-cluster.yaml"))
+	require.NoError(t, err)
+	var docs [][]byte
+	for _, d := range bytes.Split(b, []byte("\n---\n")) {
+		var r map[string]any
+		require.NoError(t, yaml.Unmarshal(d, &r))
+		if spec, ok := r["spec"].(map[string]any); ok {
+			if _, ok := spec["image"]; ok {
+				spec["image"] = tag
+			}
+		}
+		out, err := yaml.Marshal(r)
+		require.NoError(t, err)
+		docs = append(docs, out)
+	}
+	return bytes.Join(docs, []byte("---\n"))
+}
+
+// startLab builds everything and brings up a lab with its hosts
+// registered and the lab image applied; Down runs at cleanup.
+func startLab(t *testing.T, ctx context.Context) (*fleet.Lab, string) {
+	t.Helper()
+	bin := buildBinaries(t)
+	out := &testWriter{t: t}
+	dir := t.TempDir()
+	require.NoError(t, fleet.BootMedia(ctx, filepath.Join(bin, "kiln-imagebuilder"), filepath.Join(bin, "kiln-agent"), filepath.Join(dir, "media"), out))
+	imgDir, m, err := fleet.LabImage(ctx, fleet.ImageOptions{Agent: filepath.Join(bin, "kiln-agent"), Progress: out})
+	require.NoError(t, err)
+	lab, err := fleet.New(fleet.Config{Name: fmt.Sprintf("f%04d", rand.IntN(10000)), Dir: dir, Bin: bin, Subnet: freeSubnet(t),
+		Hosts: 3, IPMI: 1, DiskSize: "6G", MediaDir: filepath.Join(dir, "media"), ImageDir: imgDir, Out: out})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("controller log (last lines):\n%s", tail(lab.ControllerLog(), 60))
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		if err := lab.Down(ctx); err != nil {
+			t.Errorf("lab down: %v", err)
+		}
+	})
+	require.NoError(t, lab.Up(ctx))
+	res, err := fleet.ImageResource(filepath.Join(imgDir, m.Tag+".image.yaml"), lab.BootURL())
+	require.NoError(t, err)
+	_, err = lab.Kilnctl(ctx, res, "apply", "-f", "-")
+	require.NoError(t, err)
+	return lab, m.Tag
+}
+
+// TestLabProvisionsCluster is make lab as a test: four powered-off lab
+// hosts (three behind Redfish emulators booted by virtual media, one
+// behind ipmi_sim booted by PXE) and examples/lab-cluster.yaml become a
+// cluster of one control plane and two workers with real kubeadm, whose
+// nodes are Ready and answer a real cluster DNS query.
+func TestLabProvisionsCluster(t *testing.T) {
+	needLab(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	defer cancel()
+	lab, tag := startLab(t, ctx)
+
+	_, err := lab.Kilnctl(ctx, labCluster(t, tag), "apply", "-f", "-")
+	require.NoError(t, err)
+	s, err := lab.Watch(ctx, "lab", 2*time.Second, (*fleet.Snapshot).Ready)
+	require.NoError(t, err)
+
+	roles := map[string]int{}
+	for name, m := range s.Machines {
+		roles[m.GetSpec().GetRole()]++
+		for _, c := range []string{clusterplan.MachineNodeReady, clusterplan.MachineClusterDNSResolves} {
+			require.True(t, conditions.IsTrue(m.GetStatus().GetConditions(), c), "machine %s: %s not True: %v", name, c, conditions.Get(m.GetStatus().GetConditions(), c))
+		}
+		h := s.Hosts[m.GetSpec().GetHost()]
+		require.NotNil(t, h, "machine %s: host %s", name, m.GetSpec().GetHost())
+		require.Equal(t, typesv1.HostState_HOST_STATE_PROVISIONED, h.GetStatus().GetState(), "host %s", h.GetMetadata().GetName())
+		require.EqualValues(t, 1, h.GetStatus().GetImageLays(), "host %s: image lays", h.GetMetadata().GetName())
+		require.Equal(t, tag, h.GetStatus().GetImage(), "host %s: image", h.GetMetadata().GetName())
+	}
+	require.Equal(t, map[string]int{"control-plane": 1, "worker": 2}, roles)
+
+	// What a user checks: kubectl with the kubeconfig kilnctl hands out.
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	_, err = lab.Kilnctl(ctx, nil, "kubeconfig", "lab", "-o", kc)
+	require.NoError(t, err)
+	kubectl := filepath.Join(rootfs.CacheRoot(), "kube-tools", kubetools.Pinned().Kubernetes, "bin", "kubectl")
+	out, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", kc, "get", "nodes", "--no-headers").CombinedOutput()
+	require.NoError(t, err, "kubectl get nodes: %s", out)
+	ready := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[1] == "Ready" {
+			ready++
+		}
+	}
+	require.Equal(t, 3, ready, "kubectl get nodes:\n%s", out)
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w *testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	ls := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(ls[max(0, len(ls)-n):], "\n")
+}
