@@ -3,6 +3,8 @@
 // disks and network, an init that brings up a NIC with DHCP, and the static
 // kiln-agent in boot mode; plus a hybrid BIOS+UEFI ISO that boots them for
 // virtual media. Kernel and initramfs serve iPXE (see controller/bootserver).
+// Every output is byte-reproducible: the same inputs, SOURCE_DATE_EPOCH and
+// tool versions give the same bytes (Spec.SourceDateEpoch, WriteISO).
 //
 // The agent on the media enrolls from the kernel command line
 // (kiln.controller=, kiln.token=, kiln.ca_hash=, kiln.host=) and reports how
