@@ -82,7 +82,9 @@ func listenFreebind(t *testing.T, addr string) net.Listener {
 // boots nothing, and the supervisor's log says why.
 func TestFirmwareBoot(t *testing.T) {
 	needLab(t)
-	for _, tool := range []string{"xorriso", "grub-mkrescue", "mformat"} {
+	// xorriso reads the ISOs; the rest is what the boot server's ISO
+	// builder (bootmedia.WriteISO) runs.
+	for _, tool := range []string{"xorriso", "grub-mkimage", "mformat", "mcopy"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("%s not installed (apt-get install xorriso grub-common grub-pc-bin grub-efi-amd64-bin mtools)", tool)
 		}
