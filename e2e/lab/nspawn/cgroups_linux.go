@@ -88,22 +88,6 @@ func (c Cgroups) Create() ([]string, error) {
 	return procs, nil
 }
 
-// JoinScript is the shell line that moves the shell into the cgroups
-// (procs from Create) before it execs nspawn, failing when one refuses.
-// Equivalent to: `for p in PROCS...; do echo $$ > "$p" || exit 1; done`.
-func JoinScript(procs []string) string {
-	return "for p in " + ShellQuote(procs) + `; do echo $$ > "$p" || exit 1; done`
-}
-
-// ShellQuote quotes args for sh, each in single quotes.
-func ShellQuote(args []string) string {
-	q := make([]string, len(args))
-	for i, a := range args {
-		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
-	}
-	return strings.Join(q, " ")
-}
-
 // Kill sends SIGKILL to every process in the cgroups and below, until
 // none is left (at most 5 s per cgroup). It blocks.
 func (c Cgroups) Kill() {

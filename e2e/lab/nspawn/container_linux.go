@@ -153,7 +153,9 @@ func (c *Container) WaitRunning(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		if leader := c.Leader(); leader != 0 {
-			out, _ := exec.CommandContext(ctx, "nsenter", "-t", strconv.Itoa(leader), "-a", "systemctl", "is-system-running").Output()
+			qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			out, _ := exec.CommandContext(qctx, "nsenter", "-t", strconv.Itoa(leader), "-a", "systemctl", "is-system-running").Output()
+			cancel()
 			switch s := strings.TrimSpace(string(out)); s {
 			case "running", "degraded":
 				return nil

@@ -17,6 +17,7 @@ package nspawn
 
 import (
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -88,4 +89,20 @@ func Env(o Options) []string {
 // and, where /run is not a tmpfs, leaves behind when it exits.
 func PropagateDir(name string) string {
 	return filepath.Join("/run/systemd/nspawn/propagate", name)
+}
+
+// JoinScript is the shell line that moves the shell into the cgroups
+// (procs from Create) before it execs nspawn, failing when one refuses.
+// Equivalent to: `for p in PROCS...; do echo $$ > "$p" || exit 1; done`.
+func JoinScript(procs []string) string {
+	return "for p in " + ShellQuote(procs) + `; do echo $$ > "$p" || exit 1; done`
+}
+
+// ShellQuote quotes args for sh, each in single quotes.
+func ShellQuote(args []string) string {
+	q := make([]string, len(args))
+	for i, a := range args {
+		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(q, " ")
 }

@@ -51,3 +51,37 @@ func (Cgroups) Remove() error { return nil }
 
 // LeaderOf returns 0.
 func LeaderOf(int) int { return 0 }
+
+// Name is the machine name.
+func (*Container) Name() string { return "" }
+
+// PID returns 0.
+func (*Container) PID() int { return 0 }
+
+// Cgroups returns none.
+func (*Container) Cgroups() Cgroups { return Cgroups{} }
+
+// ConsoleLog returns "".
+func (*Container) ConsoleLog() string { return "" }
+
+// ConsoleTail returns "".
+func (*Container) ConsoleTail(int) string { return "" }
+
+// Done returns a closed channel: nothing runs.
+func (*Container) Done() <-chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}
+
+// Kill does nothing.
+func (Cgroups) Kill() {}
+
+// Hierarchies returns none.
+func Hierarchies() []string { return nil }
+
+// KillCgroup does nothing.
+func KillCgroup(string) {}
+
+// RemoveCgroup returns NotSupported.
+func RemoveCgroup(string) error { return errdefs.NotSupported("nspawn: needs Linux") }

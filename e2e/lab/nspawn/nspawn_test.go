@@ -1,7 +1,9 @@
 package nspawn
 
 import (
+	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -42,5 +44,19 @@ func TestArgs(t *testing.T) {
 func TestPropagateDir(t *testing.T) {
 	if got, want := PropagateDir("kiln-a"), "/run/systemd/nspawn/propagate/kiln-a"; got != want {
 		t.Errorf("PropagateDir(%q) = %q, want %q", "kiln-a", got, want)
+	}
+}
+
+func TestShellQuote(t *testing.T) {
+	args := []string{"plain", "a b", "it's", `$HOME "x"`, ""}
+	out, err := exec.Command("sh", "-c", "printf '%s\\n' "+ShellQuote(args)).Output()
+	if err != nil {
+		t.Fatalf("sh: %v", err)
+	}
+	if got, want := string(out), strings.Join(args, "\n")+"\n"; got != want {
+		t.Errorf("sh printf %s = %q, want %q", ShellQuote(args), got, want)
+	}
+	if got, want := JoinScript([]string{"/a b/cgroup.procs"}), `for p in '/a b/cgroup.procs'; do echo $$ > "$p" || exit 1; done`; got != want {
+		t.Errorf("JoinScript() = %q, want %q", got, want)
 	}
 }
