@@ -439,11 +439,10 @@ func (l *Layer) fetchGroup(ctx context.Context, s *stream, ranges []*agentv1.Blo
 		for off < end {
 			b := l.getBuf()
 			n := min(int64(len(*b)), end-off)
-			if _, err := io.ReadFull(s, (*b)[:n]); err != nil {
+			if err := readHashed(s, (*b)[:n], h); err != nil {
 				l.putBuf(b)
 				return rangeFetchError(s, i, r, err)
 			}
-			h.Write((*b)[:n])
 			rep.add(int(n))
 			if off+n == end {
 				if got := hex.EncodeToString(h.Sum(nil)); !strings.EqualFold(got, r.GetSha256()) {
@@ -457,6 +456,26 @@ func (l *Layer) fetchGroup(ctx context.Context, s *stream, ranges []*agentv1.Blo
 			off += n
 		}
 		pos = end
+	}
+	return nil
+}
+
+// readHashed fills buf from r like io.ReadFull, hashing each read's bytes
+// as they arrive, while they are still in the CPU's cache.
+func readHashed(r io.Reader, buf []byte, h hash.Hash) error {
+	for pos := 0; pos < len(buf); {
+		n, err := r.Read(buf[pos:])
+		h.Write(buf[pos : pos+n])
+		pos += n
+		if err == io.EOF && pos < len(buf) {
+			if pos == 0 {
+				return io.EOF
+			}
+			return io.ErrUnexpectedEOF
+		}
+		if err != nil && err != io.EOF {
+			return err
+		}
 	}
 	return nil
 }
