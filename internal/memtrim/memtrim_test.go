@@ -1,0 +1,56 @@
+package memtrim_test
+
+import (
+	"runtime/metrics"
+	"testing"
+
+	"github.com/kilnhq/kiln/internal/memtrim"
+)
+
+func read(name string) uint64 {
+	s := []metrics.Sample{{Name: name}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+var sink [][]byte
+
+// garbage allocates about n bytes that are garbage once it returns.
+func garbage(n int) {
+	for i := 0; i < n/1024; i++ {
+		sink = append(sink, make([]byte, 1024))
+	}
+	sink = nil
+}
+
+// TestTrim: below the threshold nothing happens; past it, one forced
+// collection returns the freed pages to the OS; then the count starts again.
+func TestTrim(t *testing.T) {
+	const threshold = 4 << 20
+	tr := memtrim.New(threshold)
+	forced := read("/gc/cycles/forced:gc-cycles")
+
+	garbage(threshold / 8)
+	if tr.Trim() {
+		t.Fatalf("Trim() after %d bytes of garbage = true, want false below the threshold %d", threshold/8, threshold)
+	}
+	if got := read("/gc/cycles/forced:gc-cycles"); got != forced {
+		t.Fatalf("forced collections = %d, want still %d", got, forced)
+	}
+
+	garbage(2 * threshold)
+	released := read("/memory/classes/heap/released:bytes")
+	if !tr.Trim() {
+		t.Fatalf("Trim() after %d bytes of garbage = false, want true", 2*threshold)
+	}
+	if got := read("/gc/cycles/forced:gc-cycles"); got != forced+1 {
+		t.Errorf("forced collections = %d, want %d", got, forced+1)
+	}
+	if got := read("/memory/classes/heap/released:bytes"); got <= released {
+		t.Errorf("released heap = %d bytes after the trim, want more than the %d before: the garbage's pages go back to the OS", got, released)
+	}
+
+	if tr.Trim() {
+		t.Errorf("Trim() right after a trim = true, want false: the count starts again")
+	}
+}
