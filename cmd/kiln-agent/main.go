@@ -33,6 +33,7 @@ import (
 	"github.com/kilnhq/kiln/host/command"
 	"github.com/kilnhq/kiln/internal/backoff"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/memtrim"
 	"github.com/kilnhq/kiln/internal/version"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 )
@@ -47,6 +48,12 @@ const (
 	journalRetention = 14 * 24 * time.Hour
 	// logRingLines is how many recent log lines the Logs RPC can return.
 	logRingLines = 2000
+	// memoryTrimThreshold is how much the agent allocates before its
+	// free heap pages go back to the OS (docs/bench/agent.md): an idle
+	// agent allocates it in about 6 minutes at the default heartbeat rate.
+	memoryTrimThreshold = 256 << 10
+	// defaultMemoryTrimInterval is how often that is checked.
+	defaultMemoryTrimInterval = 30 * time.Second
 )
 
 func main() {
@@ -167,6 +174,7 @@ type runOptions struct {
 	listen, advertise              string
 	heartbeatInterval              time.Duration
 	rebootCommand, powerOffCommand string
+	memoryTrimInterval             time.Duration
 }
 
 func newRun(g *globals) *cobra.Command {
@@ -201,6 +209,7 @@ func newRun(g *globals) *cobra.Command {
 	cmd.Flags().DurationVar(&ro.heartbeatInterval, "heartbeat-interval", heartbeat.DefaultInterval, "heartbeat interval until the controller names one")
 	cmd.Flags().StringVar(&ro.rebootCommand, "reboot-command", "", `command the Reboot RPC runs, e.g. "systemctl reboot" (default: none, Reboot is refused)`)
 	cmd.Flags().StringVar(&ro.powerOffCommand, "poweroff-command", "", `command Reboot with power_off runs, e.g. "systemctl poweroff" (default: none)`)
+	cmd.Flags().DurationVar(&ro.memoryTrimInterval, "memory-trim-interval", defaultMemoryTrimInterval, "how often to return unused heap memory to the OS once 256 KiB were allocated since the last time (0: never)")
 	return cmd
 }
 
@@ -291,7 +300,13 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 	log.Info("agent serving", "listen", lis.Addr().String(), "host", id.Host(), "controller", id.Controller.Address, "version", version.Version)
 	ctx, cancel := context.WithCancel(ctx) // the loops also end when serving fails
 	defer cancel()
-	hbDone, renewDone := make(chan struct{}), make(chan struct{})
+	hbDone, renewDone, trimDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(trimDone)
+		if ro.memoryTrimInterval > 0 {
+			memtrim.New(memoryTrimThreshold).Run(ctx, ro.memoryTrimInterval)
+		}
+	}()
 	go func() {
 		defer close(hbDone)
 		_ = hb.Run(ctx)
@@ -305,6 +320,7 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 	cancel()
 	<-hbDone
 	<-renewDone
+	<-trimDone
 	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return fmt.Errorf("serve: %w", err)
 	}
