@@ -22,19 +22,21 @@ const DefaultTail = 200
 type Ring struct {
 	now func() time.Time
 
-	mu      sync.Mutex
-	lines   []*agentv1.LogLine // circular
-	start   int                // index of the oldest line
-	total   uint64             // lines ever written
-	changed chan struct{}      // closed and replaced on every write
+	mu       sync.Mutex
+	capacity int
+	lines    []*agentv1.LogLine // circular once len(lines) == capacity
+	start    int                // index of the oldest line
+	total    uint64             // lines ever written
+	changed  chan struct{}      // closed and replaced on every write
 }
 
-// New returns a Ring keeping capacity lines (at least 1).
+// New returns a Ring keeping capacity lines (at least 1). Its memory
+// grows with the lines written, up to capacity.
 func New(capacity int) *Ring {
 	if capacity < 1 {
 		capacity = 1
 	}
-	return &Ring{now: time.Now, lines: make([]*agentv1.LogLine, 0, capacity), changed: make(chan struct{})}
+	return &Ring{now: time.Now, capacity: capacity, changed: make(chan struct{})}
 }
 
 // Write stores p as one line (a trailing newline is dropped). It never
@@ -42,7 +44,7 @@ func New(capacity int) *Ring {
 func (r *Ring) Write(p []byte) (int, error) {
 	line := &agentv1.LogLine{Time: timestamppb.New(r.now()), Line: string(bytes.TrimRight(p, "\n"))}
 	r.mu.Lock()
-	if len(r.lines) < cap(r.lines) {
+	if len(r.lines) < r.capacity {
 		r.lines = append(r.lines, line)
 	} else {
 		r.lines[r.start] = line
