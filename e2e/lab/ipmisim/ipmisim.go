@@ -300,6 +300,10 @@ func ipmiBootToMachine(b string) string {
 	return machine.BootDisk
 }
 
+// NextBoot is the device the machine boots from when its OS reboots it
+// (the one-time boot device is consumed).
+func (s *Sim) NextBoot() string { return s.takeBoot() }
+
 // takeBoot returns the device of the next power-on and clears the
 // one-time override.
 func (s *Sim) takeBoot() string {

@@ -39,6 +39,7 @@ type Machine struct {
 	cur       *boot
 	launches  int
 	lastError string
+	nextBoot  func() string
 }
 
 var _ machine.Machine = (*Machine)(nil)
@@ -513,8 +514,12 @@ func (m *Machine) startAgent(ctx context.Context, dev string) error {
 	// `ip netns exec` enters the namespace with a private mount namespace
 	// (and /sys remounted for it); inside it the command line file is
 	// bound over /proc/cmdline.
-	args := append([]string{"netns", "exec", m.ns, "sh", "-c",
-		`mount --bind "$1" /proc/cmdline || exit 1; shift; exec "$@"`, "kiln-boot", m.cmdlinePath}, a.Command...)
+	script := `mount --bind "$1" /proc/cmdline || exit 1; shift; exec "$@"`
+	if a.OSPower {
+		// $$ is the agent's PID once sh has exec'd it.
+		script = `mount --bind "$1" /proc/cmdline || exit 1; shift; exec "$@" --reboot-command "kill -USR1 $$" --poweroff-command "kill -USR2 $$"`
+	}
+	args := append([]string{"netns", "exec", m.ns, "sh", "-c", script, "kiln-boot", m.cmdlinePath}, a.Command...)
 	cmd := exec.Command("ip", args...)
 	cmd.Dir = m.o.StateDir
 	cmd.Env = append(os.Environ(),
@@ -542,10 +547,50 @@ func (m *Machine) startAgent(ctx context.Context, dev string) error {
 		b.mu.Lock()
 		b.pid = 0
 		b.mu.Unlock()
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && a.OSPower && ws.Signaled() && ws.Signal() == syscall.SIGUSR1 && !b.stopping() {
+			close(b.done)
+			m.osReboot(b, pid)
+			return
+		}
 		m.ended(b, "boot agent exited", err)
 		close(b.done)
 	}()
 	return nil
+}
+
+// SetNextBoot sets how the machine picks its boot device when its own OS
+// reboots it: a BMC's choice (a one-time override consumed, else the
+// persistent setting). Without it the machine boots the same device again.
+func (m *Machine) SetNextBoot(next func() string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.nextBoot = next
+}
+
+// osReboot boots the machine again after its OS asked for a reboot
+// (the boot agent's --reboot-command), from the device the BMC picks.
+func (m *Machine) osReboot(b *boot, pid int) {
+	m.op.Lock()
+	defer m.op.Unlock()
+	m.mu.Lock()
+	if m.cur != b || !m.on {
+		m.mu.Unlock()
+		return
+	}
+	m.cur = nil
+	dev, next := m.dev, m.nextBoot
+	m.mu.Unlock()
+	_ = syscall.Kill(-pid, syscall.SIGKILL) // whatever the agent left in its process group
+	if next != nil {
+		dev = next()
+	}
+	m.log.Info("machine rebooting (asked by its OS)", "boot", dev)
+	m.mu.Lock()
+	m.dev, m.lastError = dev, ""
+	m.mu.Unlock()
+	if err := m.start(context.Background(), dev); err != nil {
+		m.log.Warn("reboot failed", "boot", dev, "error", err)
+	}
 }
 
 // ended records that a boot ended on its own (the host halted) unless it

@@ -218,8 +218,35 @@ func TestBootAgentInHostNamespace(t *testing.T) {
 		waitFor(t, "machine off after its agent exited", 30*time.Second, func() bool { return !m2.State() })
 	})
 
+	t.Run("OS reboot and power off", func(t *testing.T) {
+		// The agent gets --reboot-command and --poweroff-command; this
+		// one counts its boots in a file, reboots on the first and powers
+		// off on the second. The reboot boots what the BMC picks.
+		boots := filepath.Join(dir, "boots")
+		script := `n=$(cat "$0" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$0"
+while [ $# -gt 0 ]; do case "$1" in --reboot-command) r=$2; shift;; --poweroff-command) p=$2; shift;; esac; shift; done
+if [ $n = 1 ]; then $r; else $p; fi; exec sleep infinity`
+		m3, err := New(ctx, Options{Name: "boot3", Lab: testLab(), StateDir: filepath.Join(dir, "boot3"),
+			Agent: Agent{Command: []string{"sh", "-c", script, boots}, OSPower: true}})
+		require.NoError(t, err)
+		defer m3.Close(ctx)
+		var asked []string
+		var mu sync.Mutex
+		m3.SetNextBoot(func() string { mu.Lock(); defer mu.Unlock(); asked = append(asked, "pxe"); return machine.BootPXE })
+		require.NoError(t, m3.InsertMedia("http://10.252.7.1/agent.iso"))
+		require.NoError(t, m3.PowerOn(ctx, machine.BootCD))
+		waitFor(t, "machine off after its second boot powered it off", 30*time.Second, func() bool { return !m3.State() })
+		b, _ := os.ReadFile(boots)
+		mu.Lock()
+		defer mu.Unlock()
+		if strings.TrimSpace(string(b)) != "2" || len(asked) != 1 || m3.BootSource() != machine.BootPXE || m3.Launches() != 2 {
+			t.Errorf("after an OS reboot then power off: boots = %q, BMC asked %d times, BootSource() = %q, Launches() = %d; want 2 boots, 1 ask, pxe, 2 launches",
+				b, len(asked), m3.BootSource(), m3.Launches())
+		}
+	})
+
 	require.NoError(t, m.Close(ctx))
-	requireClean(t, before, snapshot(t), dir, "boot1", "boot2")
+	requireClean(t, before, snapshot(t), dir, "boot1", "boot2", "boot3")
 }
 
 // syncBuffer is a log sink for a test's slog handler.

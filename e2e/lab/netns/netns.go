@@ -112,6 +112,12 @@ type Agent struct {
 	// or isolinux's append) instead of Cmdline. Media that cannot be read
 	// boot nothing. Needs xorriso.
 	ReadMedia bool
+	// OSPower gives the agent (kiln-agent) commands to reboot and power
+	// off the machine it runs on, as boot media do with `reboot -f`:
+	// --reboot-command and --poweroff-command, which end the agent with
+	// SIGUSR1 (reboot: the machine boots again from the device its BMC
+	// picks, see Machine.SetNextBoot) or SIGUSR2 (power off).
+	OSPower bool
 }
 
 func (o *Options) defaults() error {

@@ -267,6 +267,7 @@ func (s *server) up(ctx context.Context) error {
 		agent := netns.Agent{CmdlineFile: filepath.Join(hdir, CmdlineExtra), Scratch: filepath.Join(hdir, "agent"), ReadMedia: true}
 		if o.AgentBinary != "" {
 			agent.Command = []string{o.AgentBinary, "run", "--data-dir", agent.Scratch}
+			agent.OSPower = true
 		}
 		if o.BootURL != "" {
 			agent.BootScript = BootScriptURL(o.BootURL, resource, gw.String())
@@ -314,6 +315,9 @@ func (s *server) up(ctx context.Context) error {
 				return err
 			}
 			bmc.Start()
+			if nm, ok := m.(*netns.Machine); ok {
+				nm.SetNextBoot(func() string { return bmc.NextBootDevice("1") })
+			}
 			s.redfish = append(s.redfish, bmc)
 			h.BMC = BMC{Protocol: ProtocolRedfish, Address: bmc.URL(), Insecure: true}
 		} else {
@@ -327,6 +331,9 @@ func (s *server) up(ctx context.Context) error {
 				return err
 			}
 			s.track(netns.Resource{Kind: netns.KindPID, Value: netns.ProcessID(sim.PID())})
+			if nm, ok := m.(*netns.Machine); ok {
+				nm.SetNextBoot(sim.NextBoot)
+			}
 			s.sims = append(s.sims, sim)
 			h.BMC = BMC{Protocol: ProtocolIPMI, Address: sim.Addr()}
 		}

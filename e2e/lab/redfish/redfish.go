@@ -527,6 +527,18 @@ func (b *BMC) noteChange(st *systemState, wasOn bool) {
 	st.lastChange = b.now()
 }
 
+// NextBootDevice is the device system id boots from when its OS reboots
+// it (a one-time override is consumed), for Machine backends whose OS can
+// reboot itself; "" for an unknown system.
+func (b *BMC) NextBootDevice(id string) string {
+	for _, st := range b.systems {
+		if st.cfg.ID == id {
+			return b.takeBootDevice(st)
+		}
+	}
+	return ""
+}
+
 // takeBootDevice returns the device the next power-on boots from and
 // consumes a one-time override.
 func (b *BMC) takeBootDevice(st *systemState) string {

@@ -31,8 +31,8 @@ func main() {
 
 type flags struct {
 	name, dir, bin, subnet, cluster, clusterName, imageSpec string
-	hosts, ipmi                                  int
-	timeout                                      time.Duration
+	hosts, ipmi                                             int
+	timeout                                                 time.Duration
 }
 
 func (f *flags) lab(imageDir string) (*fleet.Lab, error) {
