@@ -305,6 +305,7 @@ func (c *Controller) Run(ctx context.Context) error {
 
 	rec := events.New(client, events.DefaultTTL, c.cfg.Clock, c.log)
 	res := resources.New(st, rec, c.cfg.Clock, c.log)
+	res.SetOwnNetworks(ownNetworks(addr, c.cfg.BootListenAddr))
 	enr := enrollment.New(st, ca, rec, enrollment.Config{
 		HeartbeatInterval: c.cfg.HeartbeatInterval,
 		Clock:             c.cfg.Clock,

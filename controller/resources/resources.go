@@ -69,7 +69,16 @@ type Service struct {
 	events Recorder
 	clock  func() time.Time
 	log    *slog.Logger
+	// own are the networks the controller itself is attached to (see
+	// SetOwnNetworks).
+	own []netip.Prefix
 }
+
+// SetOwnNetworks adds networks a Cluster's pod and service CIDRs must not
+// overlap besides the agents' reports: the controller's own (its API and
+// boot server addresses' subnets, such as a provisioning network or a lab
+// bridge), known before any agent has reported. Call before serving.
+func (s *Service) SetOwnNetworks(nets []netip.Prefix) { s.own = nets }
 
 // New returns a Service.
 func New(st Store, rec Recorder, clock func() time.Time, log *slog.Logger) *Service {
@@ -371,6 +380,12 @@ func (s *Service) controlPlaneVersion(ctx context.Context, obj proto.Message) st
 func (s *Service) hostNetworks(ctx context.Context) ([]netip.Prefix, error) {
 	seen := map[netip.Prefix]bool{}
 	var out []netip.Prefix
+	for _, p := range s.own {
+		if p = p.Masked(); !seen[p] {
+			seen[p] = true
+			out = append(out, p)
+		}
+	}
 	add := func(str string) {
 		p, err := netip.ParsePrefix(str)
 		if err != nil {
