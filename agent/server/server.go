@@ -127,10 +127,13 @@ func New(o Options) *Service {
 
 // NewGRPCServer returns a gRPC server with the Agent service registered,
 // serving TLS with tlsConf (identity.ServerTLS) behind the authorization
-// interceptors.
+// interceptors. A connection's write buffer is returned to a pool between
+// writes rather than kept (the controller's connection is idle most of the
+// time; docs/bench/agent.md).
 func NewGRPCServer(tlsConf *tls.Config, svc *Service) *grpc.Server {
 	s := grpc.NewServer(
 		grpc.Creds(credentials.NewTLS(tlsConf)),
+		grpc.SharedWriteBuffer(true),
 		grpc.ChainUnaryInterceptor(UnaryAuthz),
 		grpc.ChainStreamInterceptor(StreamAuthz),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),

@@ -52,6 +52,9 @@ const (
 	// free heap pages go back to the OS (docs/bench/agent.md): an idle
 	// agent allocates it in about 6 minutes at the default heartbeat rate.
 	memoryTrimThreshold = 256 << 10
+	// controllerReadBuffer is the read buffer of the connection to the
+	// controller, which answers heartbeats with a few bytes.
+	controllerReadBuffer = 4 << 10
 	// defaultMemoryTrimInterval is how often that is checked.
 	defaultMemoryTrimInterval = 30 * time.Second
 )
@@ -275,9 +278,13 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 	gs := server.NewGRPCServer(id.ServerTLS(), svc)
 
 	la := &heartbeat.LocalAddr{}
+	// The connection carries small heartbeats: a 4 KiB read buffer instead
+	// of 32 KiB, and the write buffer goes back to a pool between writes.
 	conn, err := grpc.NewClient(id.Controller.Address,
 		grpc.WithTransportCredentials(credentials.NewTLS(id.ClientTLS())),
-		grpc.WithContextDialer(la.Dialer()))
+		grpc.WithContextDialer(la.Dialer()),
+		grpc.WithReadBufferSize(controllerReadBuffer),
+		grpc.WithSharedWriteBuffer(true))
 	if err != nil {
 		lis.Close()
 		return fmt.Errorf("controller %s: %w", id.Controller.Address, err)
