@@ -31,15 +31,15 @@ cat "$dir"/dense.raw "$dir"/sparse.raw "$dir"/sparse.raw.zst >/dev/null
 tgt="$dir/target.img"
 
 # once NAME CMD...: runs CMD once on a fresh target and appends
-# "NAME SECONDS" to the results.
+# "NAME SECONDS CPU_SECONDS" (wall clock; user+system time of CMD and its
+# children) to the results.
 once() {
 	local name=$1; shift
 	rm -f "$tgt"; sync
-	local t0 t1
-	t0=$(date +%s.%N)
-	"$@" >/dev/null 2>"$dir/err" || { cat "$dir/err" >&2; echo "$name failed" >&2; exit 1; }
-	t1=$(date +%s.%N)
-	echo "$name $(echo "$t1 - $t0" | bc)" | tee -a "$dir/times" >&2
+	local TIMEFORMAT='%3R %3U %3S' wall user sys
+	{ time "$@" >/dev/null 2>"$dir/err" || { cat "$dir/err" >&2; echo "$name failed" >&2; exit 1; }; } 2>"$dir/time"
+	read -r wall user sys <"$dir/time"
+	echo "$name $wall $(echo "$user + $sys" | bc)" | tee -a "$dir/times" >&2
 }
 
 lay() { "$dir/laybench" lay -target "$tgt" "$@"; }
@@ -79,28 +79,43 @@ run_case() {
 # load from other users of the machine (and the writeback left by the
 # previous case) spreads over all tools rather than hitting one.
 sync; sleep 2
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
 for r in $(seq 0 $((runs - 1))); do
 	for i in $(seq 0 $((ncases - 1))); do
 		run_case $(( (i + r * 5) % ncases ))
 	done
 done
 
-# NAME MEDIAN RUN1 RUN2 ..., sorted by case.
-awk '{ if (!($1 in n)) order[k++] = $1; t[$1, n[$1]++] = $2 }
+# NAME MEDIAN MEDIAN_CPU RUN1 RUN2 ..., sorted by case.
+awk '{ if (!($1 in n)) order[k++] = $1; j = n[$1]++; t[$1, j] = $2; c[$1, j] = $3 }
+function median(arr, m,   a, b, x) {
+	for (a = 0; a < m; a++) for (b = a + 1; b < m; b++) if (arr[b] < arr[a]) { x = arr[a]; arr[a] = arr[b]; arr[b] = x }
+	return arr[int((m - 1) / 2)]
+}
 END {
 	for (i = 0; i < k; i++) {
 		name = order[i]; m = n[name]; line = ""
-		for (j = 0; j < m; j++) { v[j] = t[name, j]; line = line " " sprintf("%.2f", v[j]) }
-		for (a = 0; a < m; a++) for (b = a + 1; b < m; b++) if (v[b] < v[a]) { x = v[a]; v[a] = v[b]; v[b] = x }
-		printf "%s %.2f%s\n", name, v[int((m - 1) / 2)], line
+		for (j = 0; j < m; j++) { v[j] = t[name, j]; u[j] = c[name, j]; line = line " " sprintf("%.2f", v[j]) }
+		printf "%s %.2f %.2f%s\n", name, median(v, m), median(u, m), line
 	}
 }' "$dir/times" | sort -t/ -k1,1 -s >"$dir/results"
 
 echo
-echo "| case | tool | median s | runs (s) |"
-echo "|---|---|---|---|"
-while read -r name median rest; do
-	echo "| ${name%%/*} | ${name#*/} | $median | $rest |"
+echo "load average before/after: $load0 / $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
+echo "| case | tool | median s | median CPU s | runs (s) |"
+echo "|---|---|---|---|---|"
+while read -r name median cpu rest; do
+	echo "| ${name%%/*} | ${name#*/} | $median | $cpu | $rest |"
 done <"$dir/results"
+echo
+# Ratios of medians, as the targets state them: >1 means kiln-lay is faster.
+awk '{ m[$1] = $2 }
+function r(a, b) { return (m[a] > 0 && m[b] > 0) ? sprintf("%.2f", m[a] / m[b]) : "n/a" }
+END {
+	print "- dense: kiln-lay stream is " r("dense/dd", "dense/kiln-lay-stream") "x and block map " r("dense/dd", "dense/kiln-lay-blockmap") "x as fast as dd (target >= 0.9)"
+	print "- sparse20: kiln-lay block map is " r("sparse20/bmaptool", "sparse20/kiln-lay-blockmap") "x as fast as bmaptool, " r("sparse20/qemu-img", "sparse20/kiln-lay-blockmap") "x qemu-img, " r("sparse20/qemu-img-t-none-W", "sparse20/kiln-lay-blockmap") "x qemu-img -t none -W (target > 1)"
+	print "- sparse20.zst: kiln-lay raw.zst takes " r("sparse20.zst/kiln-lay", "sparse20/kiln-lay-stream") "x the time of the raw stream (target <= 1.3)"
+}' "$dir/results"
 echo
 ls -ls "$dir"/dense.raw "$dir"/sparse.raw "$dir"/sparse.raw.zst >&2

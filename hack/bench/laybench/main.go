@@ -147,6 +147,7 @@ func layCmd(args []string) error {
 	verbose := fs.Bool("v", false, "print each step with its time")
 	bufSize := fs.Int("buffer", 1<<20, "pipeline buffer size")
 	fetchers := fs.Int("fetchers", 4, "parallel block-map fetchers")
+	writers := fs.Int("writers", 4, "writes in flight")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile")
 	traceFile := fs.String("trace", "", "write an execution trace (go tool trace)")
 	fs.Parse(args)
@@ -204,7 +205,7 @@ func layCmd(args []string) error {
 			}
 		}
 	}
-	res, err := lay.New(log, lay.WithBufferSize(*bufSize), lay.WithFetchers(*fetchers)).Lay(context.Background(), req, progress)
+	res, err := lay.New(log, lay.WithBufferSize(*bufSize), lay.WithFetchers(*fetchers), lay.WithWriters(*writers)).Lay(context.Background(), req, progress)
 	if err != nil {
 		return err
 	}
