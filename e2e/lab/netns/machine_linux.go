@@ -517,7 +517,7 @@ func (m *Machine) startAgent(ctx context.Context, dev string) error {
 	script := `mount --bind "$1" /proc/cmdline || exit 1; shift; exec "$@"`
 	if a.OSPower {
 		// $$ is the agent's PID once sh has exec'd it.
-		script = `mount --bind "$1" /proc/cmdline || exit 1; shift; exec "$@" --reboot-command "kill -USR1 $$" --poweroff-command "kill -USR2 $$"`
+		script = `mount --bind "$1" /proc/cmdline || exit 1; shift; exec "$@" --reboot-command "kill -KILL $$" --poweroff-command "kill -TERM $$"`
 	}
 	args := append([]string{"netns", "exec", m.ns, "sh", "-c", script, "kiln-boot", m.cmdlinePath}, a.Command...)
 	cmd := exec.Command("ip", args...)
@@ -547,7 +547,7 @@ func (m *Machine) startAgent(ctx context.Context, dev string) error {
 		b.mu.Lock()
 		b.pid = 0
 		b.mu.Unlock()
-		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && a.OSPower && ws.Signaled() && ws.Signal() == syscall.SIGUSR1 && !b.stopping() {
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && a.OSPower && ws.Signaled() && ws.Signal() == syscall.SIGKILL && !b.stopping() {
 			close(b.done)
 			m.osReboot(b, pid)
 			return

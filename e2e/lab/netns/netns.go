@@ -114,9 +114,12 @@ type Agent struct {
 	ReadMedia bool
 	// OSPower gives the agent (kiln-agent) commands to reboot and power
 	// off the machine it runs on, as boot media do with `reboot -f`:
-	// --reboot-command and --poweroff-command, which end the agent with
-	// SIGUSR1 (reboot: the machine boots again from the device its BMC
-	// picks, see Machine.SetNextBoot) or SIGUSR2 (power off).
+	// --reboot-command and --poweroff-command. Reboot kills the agent
+	// (SIGKILL, as `reboot -f` would) and the machine boots again from
+	// the device its BMC picks (Machine.SetNextBoot); power off sends it
+	// SIGTERM and the machine is off once it has exited. A boot agent
+	// killed by anything else (the OOM killer) reboots the machine too,
+	// like a kernel that panics.
 	OSPower bool
 }
 
