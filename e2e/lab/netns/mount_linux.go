@@ -1,6 +1,7 @@
 package netns
 
 import (
+	"bytes"
 	"bufio"
 	"context"
 	"encoding/json"
@@ -16,9 +17,15 @@ const rootTypeX8664 = "4F68BCE3-E8CD-4DB1-96E7-FBCAF984B709"
 // rootPartition finds the discoverable x86-64 root partition of a GPT
 // image. Equivalent to `sfdisk -J DISK`.
 func rootPartition(ctx context.Context, disk string) (offset, size int64, err error) {
-	out, err := exec.CommandContext(ctx, "sfdisk", "-J", disk).CombinedOutput()
+	// Only stdout is JSON: sfdisk warns on stderr, e.g. "GPT PMBR size
+	// mismatch" for an image laid onto a larger disk, which firmware
+	// boots all the same.
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, "sfdisk", "-J", disk)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		return 0, 0, fmt.Errorf("no partition table: %s", strings.TrimSpace(string(out)))
+		return 0, 0, fmt.Errorf("no partition table: %s", strings.TrimSpace(stderr.String()))
 	}
 	var pt struct {
 		PartitionTable struct {
