@@ -369,6 +369,10 @@ func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequ
 	fetchers := max(1, min(l.fetchers, len(groups)))
 	log.Info("laying with a block map", "ranges", len(ranges), "requests", len(groups), "fetchers", fetchers, "writers", l.writers, "dataBytes", total, "rawSize", req.GetRawSize())
 
+	if zeroed {
+		t.preallocate(spans(ranges))
+	}
+
 	var fetched atomic.Int64
 	g := newGroup(ctx)
 	groupCh := make(chan fetchGroup, len(groups))
@@ -421,6 +425,21 @@ func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequ
 		rep.note(fmt.Sprintf("wrote zeros over the %d bytes of holes, as the target cannot discard", holes))
 	}
 	return &agentv1.LayImageResult{BytesWritten: uint64(written), BytesFetched: uint64(fetched.Load()), Sha256: strings.ToLower(req.GetRawSha256())}, nil
+}
+
+// spans returns the ranges as [offset, length] pairs, touching ranges
+// merged.
+func spans(ranges []*agentv1.BlockRange) [][2]int64 {
+	var out [][2]int64
+	for _, r := range ranges {
+		off, n := int64(r.GetOffset()), int64(r.GetLength())
+		if k := len(out); k > 0 && out[k-1][0]+out[k-1][1] == off {
+			out[k-1][1] += n
+			continue
+		}
+		out = append(out, [2]int64{off, n})
+	}
+	return out
 }
 
 // fetchGroup reads one group's response: the ranges into chunks, hashed

@@ -35,3 +35,7 @@ func (t *target) discard(ctx context.Context, rawSize int64) (zeroed bool, note 
 }
 
 func (t *target) rereadPartitions() {}
+
+// preallocate: block allocation happens as the target is written on this
+// platform.
+func (t *target) preallocate([][2]int64) {}
