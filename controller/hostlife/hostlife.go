@@ -547,6 +547,11 @@ func (p *planner) agentCheckedIn(mode, device string) (bool, string) {
 	if a.GetLastHeartbeat() == nil || a.GetLastHeartbeat().AsTime().Before(since) {
 		return false, ""
 	}
+	// An agent that has not told its address yet (its first heartbeat can
+	// come before it knows its route to the controller) cannot be called.
+	if a.GetAddress() == "" {
+		return false, ""
+	}
 	if device != "" {
 		if msg := verifyBoot(device, a.GetBootSource()); msg != "" {
 			return false, msg

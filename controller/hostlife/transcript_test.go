@@ -26,7 +26,8 @@ var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 //
 //	host name=N protocol=redfish|ipmi|none [disk=D]   a new host, no status
 //	desire image=I machine=M | desire none            what is wanted
-//	heartbeat at=D mode=boot|installed source=S       an agent checks in
+//	heartbeat at=D mode=boot|installed source=S [address=none]
+//	                                                  an agent checks in
 //	bmc status=True|False [reason=R]                  the BMC's condition
 //	plan at=D [result=ok|transient|unreachable|agent|perm] [err=E] [consecutive=N]
 //	                                                  Plan with the outcome of
@@ -84,8 +85,12 @@ func (r *runner) exec(t *testing.T, cmd string) string {
 		if r.host.Status == nil {
 			r.host.Status = &typesv1.HostStatus{}
 		}
+		addr := "10.0.0.1:7444"
+		if a["address"] == "none" {
+			addr = ""
+		}
 		r.host.Status.Agent = &typesv1.AgentStatus{
-			Address:       "10.0.0.1:7444",
+			Address:       addr,
 			LastHeartbeat: timestamppb.New(at(t, a["at"])),
 			Mode:          a["mode"],
 			BootSource:    a["source"],
