@@ -51,8 +51,9 @@ lab-down:
 
 # The pinned Kubernetes release and its offline image archives, cached in
 # $${KILN_CACHE:-/var/cache/kiln}/kube-tools (docs/kube-tools.md).
+# KUBE_RELEASE=previous (or its version) builds the minor before instead.
 kube-tools:
-	./hack/kube-tools.sh
+	./hack/kube-tools.sh $(if $(KUBE_RELEASE),--version $(KUBE_RELEASE))
 
 # The full golden image (containerd, kubeadm/kubelet v1.34.4, staged
 # control-plane images, the agent) into out/images (docs/imagebuilder.md).

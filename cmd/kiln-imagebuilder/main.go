@@ -53,26 +53,51 @@ func newRoot() *cobra.Command {
 type kubeToolsFlags struct {
 	cache   string
 	verbose bool
+	release string
+	version string
 }
 
 func (f *kubeToolsFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.cache, "cache", envOr("KILN_CACHE", "/var/cache/kiln"),
 		"cache root; the tools go to <cache>/kube-tools/<version> (env KILN_CACHE)")
 	cmd.Flags().BoolVarP(&f.verbose, "verbose", "v", false, "log every command")
+	cmd.Flags().StringVar(&f.release, "release", kubetools.ReleasePinned,
+		"which release: pinned ("+kubetools.Pinned().Kubernetes+") or previous ("+kubetools.Previous().Kubernetes+", the minor before, for upgrade tests)")
+	cmd.Flags().StringVar(&f.version, "version", "",
+		"the Kubernetes version instead of --release; only versions with a recipe ("+kubetools.Pinned().Kubernetes+", "+kubetools.Previous().Kubernetes+")")
 }
 
-func (f *kubeToolsFlags) builder() *kubetools.Builder {
+// selectRelease resolves --release and --version.
+func (f *kubeToolsFlags) selectRelease(cmd *cobra.Command) (kubetools.Release, error) {
+	if f.version != "" {
+		if cmd.Flags().Changed("release") {
+			return kubetools.Release{}, fmt.Errorf("--release and --version are exclusive")
+		}
+		return kubetools.SelectRelease(f.version)
+	}
+	switch f.release {
+	case kubetools.ReleasePinned, kubetools.ReleasePrevious:
+		return kubetools.SelectRelease(f.release)
+	}
+	return kubetools.Release{}, fmt.Errorf("--release %q: want %s or %s (or --version)", f.release, kubetools.ReleasePinned, kubetools.ReleasePrevious)
+}
+
+func (f *kubeToolsFlags) builder(cmd *cobra.Command) (*kubetools.Builder, error) {
+	rel, err := f.selectRelease(cmd)
+	if err != nil {
+		return nil, err
+	}
 	level := slog.LevelInfo
 	if f.verbose {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("component", "kube-tools")
 	return &kubetools.Builder{
-		Release:  kubetools.Pinned(),
+		Release:  rel,
 		Cache:    kubetools.Cache{Dir: filepath.Join(f.cache, "kube-tools")},
 		Log:      log,
 		Progress: os.Stdout,
-	}
+	}, nil
 }
 
 func newKubeTools() *cobra.Command {
@@ -92,12 +117,19 @@ pause from the Go module proxy into <cache>/kube-tools/<version>/bin, with a
 manifest of their sha256, then writes the seven images kubeadm pulls as
 docker-archive tarballs into <cache>/kube-tools/<version>/images.
 
+--release previous (or --version ` + kubetools.Previous().Kubernetes + `) builds the minor before
+instead, with the etcd/CoreDNS/pause tags its kubeadm expects, for upgrade
+tests (make lab-upgrade); other versions are refused.
+
 A cache that verifies is used as is. With --mirror (env KILN_KUBE_MIRROR) the
 binaries are downloaded from a dl.k8s.io-style mirror and checked against its
 .sha256 files instead of being built.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			b := f.builder()
+			b, err := f.builder(cmd)
+			if err != nil {
+				return err
+			}
 			b.Mirror = mirror
 			b.Jobs = jobs
 			t0 := time.Now()
@@ -140,7 +172,10 @@ The kube-proxy image carries iptables (nft) and conntrack from this machine:
 install the Debian packages iptables and conntrack first.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			b := f.builder()
+			b, err := f.builder(cmd)
+			if err != nil {
+				return err
+			}
 			out, err := b.WriteArchives(cmd.Context())
 			if err != nil {
 				return err

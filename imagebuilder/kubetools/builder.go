@@ -118,7 +118,9 @@ func (b *Builder) Ensure(ctx context.Context) (*Manifest, error) {
 	if err := os.MkdirAll(b.Cache.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("kube-tools %s: %w", r.Kubernetes, err)
 	}
-	unlock, err := lock(ctx, filepath.Join(b.Cache.Dir, ".lock"))
+	// One lock per release: building the previous minor (30-40 min) must
+	// not hold up a run that only verifies the pinned one.
+	unlock, err := lock(ctx, filepath.Join(b.Cache.Dir, ".lock-"+r.Kubernetes))
 	if err != nil {
 		return nil, fmt.Errorf("kube-tools %s: %w", r.Kubernetes, err)
 	}
@@ -221,10 +223,12 @@ func (b *Builder) commit(tmp string) error {
 	return nil
 }
 
-// removeLeftovers deletes temporary directories of runs that were killed
-// (a defer does not run on SIGKILL). Called with the lock held.
+// removeLeftovers deletes temporary directories of this release's runs that
+// were killed (a defer does not run on SIGKILL). Called with the release's
+// lock held; another release's build may be running next to it.
 func (b *Builder) removeLeftovers() {
-	for _, pat := range []string{".*.tmp-*", ".*.old-*"} {
+	v := b.Release.Kubernetes
+	for _, pat := range []string{"." + v + ".tmp-*", "." + v + ".old-*"} {
 		matches, _ := filepath.Glob(filepath.Join(b.Cache.Dir, pat))
 		for _, m := range matches {
 			b.log().Info("remove leftover of an interrupted run", "dir", m)
