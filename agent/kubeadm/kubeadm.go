@@ -22,6 +22,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -132,10 +133,14 @@ func (k *Kubeadm) path(p string) string { return filepath.Join(k.root, p) }
 
 // Paths kubeadm writes, relative to the root.
 const (
-	configDir   = "/etc/kiln/kubeadm"
-	adminConf   = "/etc/kubernetes/admin.conf"
-	caCert      = "/etc/kubernetes/pki/ca.crt"
-	etcdReadyMf = "/etc/kubernetes/manifests/etcd.yaml"
+	configDir = "/etc/kiln/kubeadm"
+	adminConf = "/etc/kubernetes/admin.conf"
+	// apiServerManifest is kubeadm's static pod of the API server; its
+	// advertiseAnnotation holds the endpoint kubeadm advertises.
+	apiServerManifest   = "/etc/kubernetes/manifests/kube-apiserver.yaml"
+	advertiseAnnotation = "kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint"
+	caCert              = "/etc/kubernetes/pki/ca.crt"
+	etcdReadyMf         = "/etc/kubernetes/manifests/etcd.yaml"
 )
 
 // CheckVersions returns nil when `kubeadm version -o short` and
@@ -229,6 +234,14 @@ func (k *Kubeadm) Init(ctx context.Context, req *agentv1.KubeadmInitRequest, emi
 	ep := c.GetControlPlaneEndpoint()
 	if ep == "" && c.GetAdvertiseAddress() != "" {
 		ep = fmt.Sprintf("%s:%d", hostForEndpoint(c.GetAdvertiseAddress()), APIServerPort)
+	}
+	if ep == "" {
+		// kubeadm chose the address (its default route's interface) and
+		// wrote it into the API server's static pod.
+		ep = advertisedEndpoint(k.path(apiServerManifest))
+	}
+	if ep == "" {
+		return nil, fmt.Errorf("kubeadm init: cannot tell the API server's endpoint: no controlPlaneEndpoint or advertise address given, and %s has no %s annotation", apiServerManifest, advertiseAnnotation)
 	}
 	return &agentv1.KubeadmInitResult{
 		CaHash:            hash,
@@ -449,4 +462,23 @@ func (r *redactor) redact(s string) string {
 	}
 	s = tokenShape.ReplaceAllString(s, "<redacted>")
 	return flagValue.ReplaceAllString(s, "${1}<redacted>")
+}
+
+// advertisedEndpoint reads the endpoint kubeadm wrote into the API
+// server's static pod annotation ("10.0.0.2:6443"), or "".
+func advertisedEndpoint(manifest string) string {
+	b, err := os.ReadFile(manifest)
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && strings.Trim(k, `"' `) == advertiseAnnotation {
+			v = strings.Trim(strings.TrimSpace(v), `"'`)
+			if _, _, err := net.SplitHostPort(v); err == nil {
+				return v
+			}
+		}
+	}
+	return ""
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strconv"
 	"strings"
 
@@ -131,14 +132,24 @@ func opID(m *typesv1.Machine, kind string) string {
 	return id
 }
 
-// clusterConfig is what the agent is told of the cluster for machine m.
-func clusterConfig(c *typesv1.Cluster, m *typesv1.Machine) *agentv1.ClusterConfig {
+// clusterConfig is what the agent is told of the cluster for machine m on
+// host h. A control-plane node advertises its API server on the address
+// the controller reaches its agent at: the network the hosts share, not
+// whichever interface holds the node's default route.
+func clusterConfig(c *typesv1.Cluster, m *typesv1.Machine, h *typesv1.Host) *agentv1.ClusterConfig {
 	s := c.GetSpec()
 	v := m.GetSpec().GetVersion()
 	if v == "" {
 		v = s.GetKubernetesVersion()
 	}
+	advertise := ""
+	if m.GetSpec().GetRole() == clusterplan.RoleControlPlane {
+		if host, _, err := net.SplitHostPort(h.GetStatus().GetAgent().GetAddress()); err == nil && net.ParseIP(host) != nil && !net.ParseIP(host).IsUnspecified() {
+			advertise = host
+		}
+	}
 	return &agentv1.ClusterConfig{
+		AdvertiseAddress:     advertise,
 		Name:                 c.GetMetadata().GetName(),
 		KubernetesVersion:    v,
 		PodCidr:              s.GetPodCidr(),
@@ -190,7 +201,7 @@ func (e *Executor) bootstrap(ctx context.Context, m *typesv1.Machine, h *typesv1
 	if err != nil {
 		return errdefs.Unavailable("dial agent of host %s: %w", h.GetMetadata().GetName(), err)
 	}
-	cfg := clusterConfig(c, m)
+	cfg := clusterConfig(c, m, h)
 
 	opCtx, cancel := context.WithTimeout(ctx, e.cfg.OperationTimeout)
 	defer cancel()
@@ -375,7 +386,7 @@ func (e *Executor) probe(ctx context.Context, m *typesv1.Machine, h *typesv1.Hos
 	if err == nil {
 		callCtx, cancel := context.WithTimeout(ctx, e.cfg.CallTimeout)
 		var resp *agentv1.ProbeResponse
-		resp, err = agent.Probe(callCtx, &agentv1.ProbeRequest{Cluster: clusterConfig(c, m)})
+		resp, err = agent.Probe(callCtx, &agentv1.ProbeRequest{Cluster: clusterConfig(c, m, h)})
 		cancel()
 		err = errgrpc.FromGRPC(err)
 		conds = resp.GetConditions()
