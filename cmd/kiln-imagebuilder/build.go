@@ -25,7 +25,8 @@ func newBuild() *cobra.Command {
 		Long: `Builds the golden image an image spec describes (see
 examples/images/image-spec.yaml and docs/imagebuilder.md): a Debian root from the
 mirror (cached in <cache>/rootfs) with containerd, runc, the CNI plugins,
-kubeadm/kubelet/kubectl ` + kubetools.Pinned().Kubernetes + ` from the kube-tools cache, the control-plane
+kubeadm/kubelet/kubectl of the spec's kubernetesVersion from the kube-tools
+cache (` + kubetools.Pinned().Kubernetes + `, or ` + kubetools.Previous().Kubernetes + ` for upgrade tests: kube-tools --release previous), the control-plane
 images for offline use, the kiln-agent and its unit, the baked host
 preparation, a kernel and GRUB on the EFI system partition; laid out as a
 GPT raw disk, compressed with zstd. Writes to DIR:
@@ -61,7 +62,6 @@ dosfstools, mtools, e2fsprogs, grub-efi-amd64-bin and syslinux.`,
 				Spec:           s,
 				OutDir:         out,
 				KubeTools:      kubetools.Cache{Dir: filepath.Join(cache, "kube-tools")},
-				Release:        kubetools.Pinned(),
 				RootfsCacheDir: filepath.Join(cache, "rootfs"),
 				Progress:       os.Stdout,
 				ToolOutput:     tools,

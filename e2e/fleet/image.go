@@ -122,10 +122,15 @@ func LabImage(ctx context.Context, o ImageOptions) (string, *manifest.Manifest, 
 	if err != nil {
 		return "", nil, errdefs.InvalidArgument("lab image: agent binary %s: %v (build it with `make build`)", s.AgentPath(), err)
 	}
-	rel := kubetools.Pinned()
+	// The kube-tools release the spec names: the pinned one, or the
+	// previous minor for upgrades (examples/images/lab-previous.yaml).
+	rel, err := kubetools.ReleaseFor(s.KubernetesVersion)
+	if err != nil {
+		return "", nil, fmt.Errorf("lab image: %s: kubernetesVersion: %w", o.Spec, err)
+	}
 	kubeManifest, err := os.ReadFile(filepath.Join(o.KubeTools.VersionDir(rel), "manifest.json"))
 	if err != nil {
-		return "", nil, errdefs.FailedPrecondition("lab image: kube-tools %s: %v (run: make kube-tools)", rel.Kubernetes, err)
+		return "", nil, errdefs.FailedPrecondition("lab image: kube-tools %s: %v (run: %s)", rel.Kubernetes, err, kubetools.BuildCommand(rel))
 	}
 	key := ImageKey(specBytes, s, agentSum, rel, kubeManifest)
 	dir := filepath.Join(o.CacheDir, key)

@@ -34,7 +34,15 @@ func (o Options) withDefaults() Options {
 		o.KubeTools.Dir = filepath.Join(rootfs.CacheRoot(), "kube-tools")
 	}
 	if o.Release.Kubernetes == "" {
+		// The release the spec names when kube-tools has a recipe for it
+		// (kubetools.Releases); otherwise the pinned one, and Validate
+		// reports the mismatch.
 		o.Release = kubetools.Pinned()
+		if o.Spec != nil && o.Spec.KubernetesVersion != "" {
+			if r, err := kubetools.ReleaseFor(o.Spec.KubernetesVersion); err == nil {
+				o.Release = r
+			}
+		}
 	}
 	if o.Progress == nil {
 		o.Progress = io.Discard
@@ -333,7 +341,7 @@ func treeBytes(dir string) (int64, error) {
 // kube-tools cache that verifies.
 func kubeFrom(c kubetools.Cache, r kubetools.Release) (*kubeFiles, error) {
 	if _, err := c.Verify(r); err != nil {
-		return nil, errdefs.FailedPrecondition("golden: %v (run: kiln-imagebuilder kube-tools)", err)
+		return nil, errdefs.FailedPrecondition("golden: %v (run: %s)", err, kubetools.BuildCommand(r))
 	}
 	k := &kubeFiles{pause: r.Registry + "/pause:" + r.Pause}
 	for _, name := range []string{kubetools.Kubeadm, kubetools.Kubelet, kubetools.Kubectl} {

@@ -76,8 +76,9 @@ type Options struct {
 	// and <tag>.image.yaml; created when missing.
 	OutDir string
 	// KubeTools is the kube-tools cache (default
-	// ${KILN_CACHE:-/var/cache/kiln}/kube-tools) and Release its pinned
-	// release (default kubetools.Pinned()).
+	// ${KILN_CACHE:-/var/cache/kiln}/kube-tools) and Release the release
+	// to install (default the one of Spec.KubernetesVersion,
+	// kubetools.ReleaseFor; kubetools.Pinned() when it has no recipe).
 	KubeTools kubetools.Cache
 	Release   kubetools.Release
 	// RootfsCacheDir is the rootfs cache (default rootfs's).
