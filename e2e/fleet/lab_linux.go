@@ -168,6 +168,18 @@ func (l *Lab) labArgs(args ...string) []string {
 // registers the rack's hosts as Host resources. On error, what was created
 // stays for Down (which is always safe to call).
 func (l *Lab) Up(ctx context.Context) error {
+	if err := l.UpRack(ctx); err != nil {
+		return err
+	}
+	if err := l.StartController(ctx); err != nil {
+		return err
+	}
+	return l.RegisterHosts(ctx)
+}
+
+// UpRack creates the rack (kilnctl lab up): hosts powered off behind their
+// BMCs.
+func (l *Lab) UpRack(ctx context.Context) error {
 	if err := os.MkdirAll(l.cfg.Dir, 0o700); err != nil {
 		return fmt.Errorf("lab: %w", err)
 	}
@@ -181,9 +193,12 @@ func (l *Lab) Up(ctx context.Context) error {
 	if err := os.WriteFile(filepath.Join(l.cfg.Dir, "rack.txt"), []byte(out), 0o600); err != nil {
 		return fmt.Errorf("lab: %w", err)
 	}
-	if err := l.StartController(ctx); err != nil {
-		return err
-	}
+	return nil
+}
+
+// RegisterHosts applies the rack's hosts as Host resources (kilnctl lab
+// hosts | kilnctl apply -f -).
+func (l *Lab) RegisterHosts(ctx context.Context) error {
 	l.say("registering the rack's hosts (kilnctl lab hosts | kilnctl apply -f -)")
 	hosts, err := l.Kilnctl(ctx, nil, l.labArgs("hosts")...)
 	if err != nil {

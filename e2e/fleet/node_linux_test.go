@@ -31,6 +31,7 @@ import (
 	"github.com/kilnhq/kiln/host/command"
 	"github.com/kilnhq/kiln/imagebuilder/golden"
 	"github.com/kilnhq/kiln/imagebuilder/kubetools"
+	"github.com/kilnhq/kiln/imagebuilder/manifest"
 	"github.com/kilnhq/kiln/imagebuilder/rootfs"
 	"github.com/kilnhq/kiln/imagebuilder/spec"
 	"github.com/kilnhq/kiln/internal/conditions"
@@ -170,6 +171,182 @@ func (tm *timings) add(step string, d time.Duration) {
 	tm.t.Logf("%-32s %6.1fs", step, d.Seconds())
 }
 
+// rig is what the node tests share: the lab image served over loopback
+// HTTP, a guarded lab network, a test CA standing in for the controller's
+// and the controller's client certificate, and the times of each step.
+type rig struct {
+	t       *testing.T
+	ctx     context.Context
+	tm      *timings
+	lnet    *labNet
+	m       *manifest.Manifest
+	rawURL  string
+	ca      *pki.CA
+	client  tls.Certificate
+	hostLog *os.File
+}
+
+func newRig(t *testing.T, ctx context.Context) *rig {
+	t.Helper()
+	r := &rig{t: t, ctx: ctx, tm: &timings{t: t}}
+	t.Cleanup(func() { t.Logf("times:\n%s", strings.Join(r.tm.rows, "\n")) })
+
+	start := time.Now()
+	agent := buildAgent(t, ctx)
+	r.tm.add("build kiln-agent", time.Since(start))
+	start = time.Now()
+	dir, m, err := LabImage(ctx, ImageOptions{Agent: agent, Progress: testWriter{t}})
+	require.NoError(t, err)
+	r.tm.add("lab image (first call)", time.Since(start))
+	start = time.Now()
+	dir2, m2, err := LabImage(ctx, ImageOptions{Agent: agent})
+	require.NoError(t, err)
+	r.tm.add("lab image (warm call)", time.Since(start))
+	require.Equal(t, dir, dir2)
+	require.Equal(t, m.RawSHA256, m2.RawSHA256)
+	t.Logf("image %s in %s: %d MiB raw, %d MiB data", m.Tag, dir, m.RawSize>>20, m.DataSize()>>20)
+	r.m = m
+	raw, _, _, _ := golden.FileNames(m.Tag)
+	r.rawURL = serveDir(t, dir) + raw
+
+	r.lnet = newLabNet(t, ctx)
+	r.hostLog, err = os.Create(filepath.Join(t.TempDir(), "host.log"))
+	require.NoError(t, err)
+	t.Cleanup(func() { r.hostLog.Close() })
+	r.ca, err = pki.NewCA("kiln-e2e-fleet", time.Now())
+	require.NoError(t, err)
+	ctlCert, ctlKey, err := r.ca.Issue(pki.RoleController, pki.ControllerName, nil, time.Hour, time.Now())
+	require.NoError(t, err)
+	r.client, err = tls.X509KeyPair(ctlCert, ctlKey)
+	require.NoError(t, err)
+	return r
+}
+
+// boot makes host name (address .i of the lab network), lays the image
+// onto its disk, writes its identity, powers it on from disk and returns
+// it once its installed agent answers over mTLS.
+func (r *rig) boot(name string, i int) *node {
+	t, ctx := r.t, r.ctx
+	t.Helper()
+	ip := r.lnet.addr(i)
+	// The disk is the image's size: netns reads `sfdisk -J` with its
+	// warnings, and a disk larger than the image makes sfdisk warn that
+	// the backup GPT is not at the end (reported; not this package's).
+	var tracked []netns.Resource
+	h, err := netns.New(ctx, netns.Options{
+		Name: name, Lab: "fl" + strconv.Itoa(os.Getpid()%100000), StateDir: filepath.Join(t.TempDir(), name),
+		Bridge: r.lnet.bridge, Address: ip + "/24", Gateway: r.lnet.addr(1), DiskSize: int64(r.m.RawSize),
+		Track:  func(res netns.Resource) { tracked = append(tracked, res) },
+		Logger: slog.New(slog.NewTextHandler(r.hostLog, nil)).With("host", name),
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { closeHost(t, h, tracked) })
+
+	// Lay the image as the boot agent does: the raw image by block map.
+	start := time.Now()
+	res, err := lay.New(slog.New(slog.NewTextHandler(r.hostLog, nil))).Lay(ctx, r.m.LayRequest(r.rawURL, h.DiskPath(), true), nil)
+	require.NoError(t, err)
+	r.tm.add("lay (block map) "+name, time.Since(start))
+	t.Logf("laid %d MiB (fetched %d MiB) onto %s", res.GetBytesWritten()>>20, res.GetBytesFetched()>>20, h.DiskPath())
+
+	// The host's identity; the controller address answers nothing.
+	keyPEM, csr, err := pki.NewKeyAndCSR(name)
+	require.NoError(t, err)
+	certPEM, err := r.ca.SignCSR(csr, pki.RoleAgent, name, time.Hour, time.Now(), pki.WithHosts(ip))
+	require.NoError(t, err)
+	start = time.Now()
+	require.NoError(t, personalize.New(command.Exec{}, nil).WriteIdentity(ctx, &agentv1.WriteIdentityRequest{
+		Target: h.DiskPath(), Hostname: name, ControllerUrl: "https://127.0.0.1:9", CaHash: r.ca.Hash(),
+		CertificatePem: certPEM, KeyPem: keyPEM, CaPem: r.ca.CertPEM(),
+	}))
+	r.tm.add("write identity "+name, time.Since(start))
+
+	start = time.Now()
+	require.NoError(t, h.PowerOn(ctx, machine.BootDisk))
+	waitFor(t, ctx, 2*time.Minute, name+"'s systemd running", func() (bool, string) {
+		st, err := h.SystemState(ctx)
+		if err != nil {
+			return false, err.Error() + "; " + h.LastBootError()
+		}
+		return st == "running" || st == "degraded", st
+	}, func() string { return consoleTail(h) })
+	r.tm.add("boot to running "+name, time.Since(start))
+
+	// The installed agent, dialled as the controller.
+	conn, err := grpc.NewClient(ip+":"+agentPort,
+		grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: r.ca.Pool(), ServerName: ip, Certificates: []tls.Certificate{r.client}, MinVersion: tls.VersionTLS13})),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 15 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	n := &node{t: t, ctx: ctx, tm: r.tm, name: name, ip: ip, h: h, agent: agentv1.NewAgentClient(conn), log: filepath.Join(t.TempDir(), "operations.log")}
+	start = time.Now()
+	waitFor(t, ctx, 90*time.Second, "the installed agent of "+name+" answering Facts over mTLS", func() (bool, string) {
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err := n.agent.Facts(fctx, &agentv1.FactsRequest{})
+		return err == nil, fmt.Sprint(err)
+	}, func() string { return n.exec("journalctl", "-u", "kiln-agent", "--no-pager", "-n", "30") })
+	r.tm.add("agent answers "+name, time.Since(start))
+	return n
+}
+
+// cluster is the lab cluster (examples/lab-cluster.yaml) as n joins it
+// in role, with the API server at endpoint.
+func (n *node) cluster(role, endpoint string) *agentv1.ClusterConfig {
+	return &agentv1.ClusterConfig{
+		Name: "lab", KubernetesVersion: kubetools.Pinned().Kubernetes,
+		PodCidr: podCIDR, ServiceCidr: serviceCIDR, DnsDomain: "cluster.local",
+		ControlPlaneEndpoint: endpoint, CgroupDriver: "cgroupfs",
+		Role: role, NodeName: n.name, AdvertiseAddress: n.ip,
+	}
+}
+
+// prepare runs Prepare and Preflight, which must pass.
+func (n *node) prepare(c *agentv1.ClusterConfig) {
+	t := n.t
+	t.Helper()
+	start := time.Now()
+	s, err := n.agent.Prepare(n.ctx, &agentv1.PrepareRequest{CgroupDriver: c.GetCgroupDriver()})
+	n.succeed("prepare", s, err)
+	n.tm.add("prepare "+n.name, time.Since(start))
+	start = time.Now()
+	rep, err := n.agent.Preflight(n.ctx, &agentv1.PreflightRequest{Cluster: c})
+	require.NoError(t, err)
+	for _, c := range rep.GetChecks() {
+		if !c.GetPassed() {
+			t.Logf("%s preflight %s (%s): %s; fix: %s", n.name, c.GetName(), c.GetSeverity(), c.GetMessage(), c.GetFix())
+		}
+	}
+	require.True(t, rep.GetPassed(), "%s: preflight failed", n.name)
+	n.tm.add("preflight "+n.name, time.Since(start))
+}
+
+// waitReadyDNS probes n until NodeReady and ClusterDNSResolves are True,
+// and checks that the DNS answer is the kubernetes service's address.
+func (n *node) waitReadyDNS(c *agentv1.ClusterConfig) *agentv1.ProbeResponse {
+	t := n.t
+	t.Helper()
+	var last *agentv1.ProbeResponse
+	waitFor(t, n.ctx, 5*time.Minute, n.name+": NodeReady and ClusterDNSResolves", func() (bool, string) {
+		pctx, cancel := context.WithTimeout(n.ctx, 20*time.Second)
+		defer cancel()
+		resp, err := n.agent.Probe(pctx, &agentv1.ProbeRequest{Cluster: c})
+		if err != nil {
+			return false, err.Error()
+		}
+		last = resp
+		ready := conditions.Get(resp.GetConditions(), probe.NodeReady).GetStatus() == conditions.True
+		dns := conditions.Get(resp.GetConditions(), probe.ClusterDNSResolves).GetStatus() == conditions.True
+		return ready && dns, describe(resp)
+	}, n.diagnose)
+	t.Logf("%s probe:%s", n.name, describe(last))
+	dns := conditions.Get(last.GetConditions(), probe.ClusterDNSResolves)
+	if !strings.Contains(dns.GetMessage(), "= 10.96.0.1") {
+		t.Errorf("%s: ClusterDNSResolves = %q, want a real answer 10.96.0.1 for the kubernetes service", n.name, dns.GetMessage())
+	}
+	return last
+}
+
 // TestLabImageBootsAsNode is a lab host's life up to a working
 // single-node cluster, as the controller drives it: the lab image (built
 // or cached) laid onto a netns machine's disk by agent/lay with the block
@@ -182,154 +359,72 @@ func TestLabImageBootsAsNode(t *testing.T) {
 	needNodeTools(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
-	tm := &timings{t: t}
-	t.Cleanup(func() { t.Logf("times:\n%s", strings.Join(tm.rows, "\n")) })
+	r := newRig(t, ctx)
+	n := r.boot("fleet-cp1", 2)
+	c := n.cluster("control-plane", n.ip+":6443")
+	n.prepare(c)
 
 	start := time.Now()
-	agent := buildAgent(t, ctx)
-	tm.add("build kiln-agent", time.Since(start))
-	start = time.Now()
-	dir, m, err := LabImage(ctx, ImageOptions{Agent: agent, Progress: testWriter{t}})
-	require.NoError(t, err)
-	tm.add("lab image (first call)", time.Since(start))
-	start = time.Now()
-	dir2, m2, err := LabImage(ctx, ImageOptions{Agent: agent})
-	require.NoError(t, err)
-	tm.add("lab image (warm call)", time.Since(start))
-	require.Equal(t, dir, dir2)
-	require.Equal(t, m.RawSHA256, m2.RawSHA256)
-	t.Logf("image %s in %s: %d MiB raw, %d MiB data", m.Tag, dir, m.RawSize>>20, m.DataSize()>>20)
-
-	lnet := newLabNet(t, ctx)
-	name := "fleet-cp1"
-	ip := lnet.addr(2)
-	// The disk is the image's size: netns reads `sfdisk -J` with its
-	// warnings, and a disk larger than the image makes sfdisk warn that
-	// the backup GPT is not at the end (reported; not this package's).
-	var tracked []netns.Resource
-	hostLog, err := os.Create(filepath.Join(t.TempDir(), "host.log"))
-	require.NoError(t, err)
-	t.Cleanup(func() { hostLog.Close() })
-	h, err := netns.New(ctx, netns.Options{
-		Name: name, Lab: "fl" + strconv.Itoa(os.Getpid()%100000), StateDir: filepath.Join(t.TempDir(), name),
-		Bridge: lnet.bridge, Address: ip + "/24", Gateway: lnet.addr(1), DiskSize: int64(m.RawSize),
-		Track:  func(r netns.Resource) { tracked = append(tracked, r) },
-		Logger: slog.New(slog.NewTextHandler(hostLog, nil)),
-	})
-	require.NoError(t, err)
-	t.Cleanup(func() { closeHost(t, h, tracked) })
-
-	// Lay the image as the boot agent does: the raw image by block map.
-	base := serveDir(t, dir)
-	raw, _, _, _ := golden.FileNames(m.Tag)
-	start = time.Now()
-	res, err := lay.New(slog.New(slog.NewTextHandler(hostLog, nil))).Lay(ctx, m.LayRequest(base+raw, h.DiskPath(), true), nil)
-	require.NoError(t, err)
-	tm.add("lay (block map)", time.Since(start))
-	t.Logf("laid %d MiB (fetched %d MiB) onto %s", res.GetBytesWritten()>>20, res.GetBytesFetched()>>20, h.DiskPath())
-
-	// The host's identity, issued by a test CA standing in for the
-	// controller's; the controller address answers nothing.
-	ca, err := pki.NewCA("kiln-e2e-fleet", time.Now())
-	require.NoError(t, err)
-	keyPEM, csr, err := pki.NewKeyAndCSR(name)
-	require.NoError(t, err)
-	certPEM, err := ca.SignCSR(csr, pki.RoleAgent, name, time.Hour, time.Now(), pki.WithHosts(ip))
-	require.NoError(t, err)
-	start = time.Now()
-	require.NoError(t, personalize.New(command.Exec{}, nil).WriteIdentity(ctx, &agentv1.WriteIdentityRequest{
-		Target: h.DiskPath(), Hostname: name, ControllerUrl: "https://127.0.0.1:9", CaHash: ca.Hash(),
-		CertificatePem: certPEM, KeyPem: keyPEM, CaPem: ca.CertPEM(),
-	}))
-	tm.add("write identity", time.Since(start))
+	s, err := n.agent.KubeadmInit(ctx, &agentv1.KubeadmInitRequest{Cluster: c})
+	ev := n.succeed("kubeadm init", s, err)
+	r.tm.add("kubeadm init", time.Since(start))
+	require.Equal(t, n.ip+":6443", ev.GetKubeadmInit().GetApiServerEndpoint())
 
 	start = time.Now()
-	require.NoError(t, h.PowerOn(ctx, machine.BootDisk))
-	waitFor(t, ctx, 2*time.Minute, "the host's systemd running", func() (bool, string) {
-		st, err := h.SystemState(ctx)
-		if err != nil {
-			return false, err.Error() + "; " + h.LastBootError()
-		}
-		return st == "running" || st == "degraded", st
-	}, func() string { return consoleTail(h) })
-	tm.add("boot to running", time.Since(start))
-
-	// The installed agent, dialled as the controller.
-	ctlCert, ctlKey, err := ca.Issue(pki.RoleController, pki.ControllerName, nil, time.Hour, time.Now())
-	require.NoError(t, err)
-	pair, err := tls.X509KeyPair(ctlCert, ctlKey)
-	require.NoError(t, err)
-	conn, err := grpc.NewClient(ip+":"+agentPort,
-		grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: ca.Pool(), ServerName: ip, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS13})),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 15 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}))
-	require.NoError(t, err)
-	defer conn.Close()
-	agentc := agentv1.NewAgentClient(conn)
-	n := &node{t: t, h: h, agent: agentc, log: filepath.Join(t.TempDir(), "operations.log")}
-	start = time.Now()
-	waitFor(t, ctx, 90*time.Second, "the installed agent answering Facts over mTLS", func() (bool, string) {
-		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		_, err := agentc.Facts(fctx, &agentv1.FactsRequest{})
-		return err == nil, fmt.Sprint(err)
-	}, func() string { return n.exec("journalctl", "-u", "kiln-agent", "--no-pager", "-n", "30") })
-	tm.add("agent answers", time.Since(start))
-
-	cluster := &agentv1.ClusterConfig{
-		Name: "lab", KubernetesVersion: kubetools.Pinned().Kubernetes,
-		PodCidr: podCIDR, ServiceCidr: serviceCIDR, DnsDomain: "cluster.local",
-		ControlPlaneEndpoint: ip + ":6443", CgroupDriver: "cgroupfs",
-		Role: "control-plane", NodeName: name, AdvertiseAddress: ip,
-	}
-	start = time.Now()
-	s, err := agentc.Prepare(ctx, &agentv1.PrepareRequest{CgroupDriver: cluster.CgroupDriver})
-	n.succeed("prepare", s, err)
-	tm.add("prepare", time.Since(start))
-	start = time.Now()
-	rep, err := agentc.Preflight(ctx, &agentv1.PreflightRequest{Cluster: cluster})
-	require.NoError(t, err)
-	for _, c := range rep.GetChecks() {
-		if !c.GetPassed() {
-			t.Logf("preflight %s (%s): %s; fix: %s", c.GetName(), c.GetSeverity(), c.GetMessage(), c.GetFix())
-		}
-	}
-	require.True(t, rep.GetPassed(), "preflight failed")
-	tm.add("preflight", time.Since(start))
-
-	start = time.Now()
-	s2, err := agentc.KubeadmInit(ctx, &agentv1.KubeadmInitRequest{Cluster: cluster})
-	ev := n.succeed("kubeadm init", s2, err)
-	tm.add("kubeadm init", time.Since(start))
-	require.Equal(t, ip+":6443", ev.GetKubeadmInit().GetApiServerEndpoint())
-
-	start = time.Now()
-	var last *agentv1.ProbeResponse
-	waitFor(t, ctx, 5*time.Minute, "NodeReady and ClusterDNSResolves", func() (bool, string) {
-		pctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		defer cancel()
-		resp, err := agentc.Probe(pctx, &agentv1.ProbeRequest{Cluster: cluster})
-		if err != nil {
-			return false, err.Error()
-		}
-		last = resp
-		ready := conditions.Get(resp.GetConditions(), probe.NodeReady).GetStatus() == conditions.True
-		dns := conditions.Get(resp.GetConditions(), probe.ClusterDNSResolves).GetStatus() == conditions.True
-		return ready && dns, describe(resp)
-	}, n.diagnose)
-	tm.add("init to Ready + DNS", time.Since(start))
-	t.Logf("probe:%s", describe(last))
-	dns := conditions.Get(last.GetConditions(), probe.ClusterDNSResolves)
-	if !strings.Contains(dns.GetMessage(), "= 10.96.0.1") {
-		t.Errorf("ClusterDNSResolves = %q, want a real answer 10.96.0.1 for the kubernetes service", dns.GetMessage())
-	}
+	n.waitReadyDNS(c)
+	r.tm.add("init to Ready + DNS", time.Since(start))
 	// The lab units did their part: the node's own name resolves, CoreDNS
 	// does not forward upstream.
-	if hosts := n.exec("cat", "/etc/hosts"); !strings.Contains(hosts, ip+"\t"+name) {
-		t.Errorf("/etc/hosts lacks %s %s:\n%s", ip, name, hosts)
+	if hosts := n.exec("cat", "/etc/hosts"); !strings.Contains(hosts, n.ip+"\t"+n.name) {
+		t.Errorf("/etc/hosts lacks %s %s:\n%s", n.ip, n.name, hosts)
 	}
 	if cf := n.exec("kubectl", "--kubeconfig", "/etc/kubernetes/admin.conf", "-n", "kube-system", "get", "configmap", "coredns", "-o", "jsonpath={.data.Corefile}"); strings.Contains(cf, "forward") {
 		t.Errorf("CoreDNS still forwards upstream:\n%s", cf)
 	}
+}
+
+// TestLabImageWorkerJoins: a second lab host joins the first as a worker
+// and both are Ready with cluster DNS answering on each, which takes the
+// image's lab network across hosts: each node's pod CIDR routed via the
+// other (host-gw), so the worker reaches CoreDNS on the control plane.
+func TestLabImageWorkerJoins(t *testing.T) {
+	needNodeTools(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	defer cancel()
+	r := newRig(t, ctx)
+	cp := r.boot("fleet-cp1", 2)
+	w := r.boot("fleet-w1", 3)
+	endpoint := cp.ip + ":6443"
+	cc, wc := cp.cluster("control-plane", endpoint), w.cluster("worker", endpoint)
+	cp.prepare(cc)
+	w.prepare(wc)
+
+	start := time.Now()
+	s, err := cp.agent.KubeadmInit(ctx, &agentv1.KubeadmInitRequest{Cluster: cc})
+	init := cp.succeed("kubeadm init", s, err).GetKubeadmInit()
+	r.tm.add("kubeadm init", time.Since(start))
+	start = time.Now()
+	js, err := w.agent.KubeadmJoin(ctx, &agentv1.KubeadmJoinRequest{Cluster: wc, ApiServerEndpoint: init.GetApiServerEndpoint(), Token: init.GetJoinToken(), CaHash: init.GetCaHash()})
+	w.succeed("kubeadm join", js, err)
+	r.tm.add("kubeadm join", time.Since(start))
+
+	start = time.Now()
+	cp.waitReadyDNS(cc)
+	w.waitReadyDNS(wc)
+	r.tm.add("both Ready + DNS", time.Since(start))
+	// Each host routes the other's pod CIDR via the other's address.
+	for _, pair := range [][2]*node{{cp, w}, {w, cp}} {
+		out := pair[0].exec("ip", "-4", "route", "show")
+		routed := false
+		for _, l := range strings.Split(out, "\n") {
+			routed = routed || strings.HasPrefix(l, "10.244.") && strings.Contains(l, " via "+pair[1].ip+" ")
+		}
+		if !routed {
+			t.Errorf("%s has no route via %s to its pods:\n%s", pair[0].name, pair[1].name, out)
+		}
+	}
+	nodes := cp.exec("kubectl", "--kubeconfig", "/etc/kubernetes/admin.conf", "get", "nodes", "-o", "wide")
+	t.Logf("nodes:\n%s", nodes)
 }
 
 // closeHost powers the host off gracefully (as a BMC would), removes its
@@ -372,10 +467,13 @@ func closeHost(t *testing.T, h *netns.Machine, tracked []netns.Resource) {
 
 // node is the booted host seen through its agent.
 type node struct {
-	t     *testing.T
-	h     *netns.Machine
-	agent agentv1.AgentClient
-	log   string
+	t        *testing.T
+	ctx      context.Context
+	tm       *timings
+	name, ip string
+	h        *netns.Machine
+	agent    agentv1.AgentClient
+	log      string
 }
 
 // exec runs a command inside the host (all its namespaces) and returns
@@ -437,7 +535,7 @@ func (n *node) succeed(what string, s recver, err error) *agentv1.OperationEvent
 	require.NotNil(t, last, "%s: no events", what)
 	if last.GetState() != agentv1.OperationState_OPERATION_STATE_SUCCEEDED {
 		b, _ := os.ReadFile(n.log)
-		t.Fatalf("%s = %s: %s\n%s\n%s", what, last.GetState(), last.GetError(), tail(string(b), 40), n.diagnose())
+		t.Fatalf("%s: %s = %s: %s\n%s\n%s", n.name, what, last.GetState(), last.GetError(), tail(string(b), 40), n.diagnose())
 	}
 	return last
 }

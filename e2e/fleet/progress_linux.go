@@ -14,9 +14,12 @@ import (
 
 // Snapshot is what the controller says about the lab at one moment.
 type Snapshot struct {
-	Hosts    map[string]*typesv1.Host
-	Machines map[string]*typesv1.Machine
-	Cluster  *typesv1.Cluster
+	Hosts              map[string]*typesv1.Host
+	Machines           map[string]*typesv1.Machine
+	ControlPlanes      map[string]*typesv1.ControlPlane
+	MachineDeployments map[string]*typesv1.MachineDeployment
+	HealthChecks       map[string]*typesv1.HealthCheck
+	Cluster            *typesv1.Cluster
 }
 
 // Snapshot lists the lab's hosts, the cluster's machines and the cluster.
@@ -41,6 +44,25 @@ func (l *Lab) Snapshot(ctx context.Context, cluster string) (*Snapshot, error) {
 	for _, r := range ms {
 		if m := r.GetMachine(); m.GetSpec().GetCluster() == cluster {
 			s.Machines[m.GetMetadata().GetName()] = m
+		}
+	}
+	s.ControlPlanes = map[string]*typesv1.ControlPlane{}
+	s.MachineDeployments = map[string]*typesv1.MachineDeployment{}
+	s.HealthChecks = map[string]*typesv1.HealthCheck{}
+	for _, kind := range []string{"ControlPlane", "MachineDeployment", "HealthCheck"} {
+		rs, err := listAll(ctx, res, kind)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rs {
+			switch {
+			case r.GetControlPlane().GetSpec().GetCluster() == cluster && r.GetControlPlane() != nil:
+				s.ControlPlanes[r.GetControlPlane().GetMetadata().GetName()] = r.GetControlPlane()
+			case r.GetMachineDeployment().GetSpec().GetCluster() == cluster && r.GetMachineDeployment() != nil:
+				s.MachineDeployments[r.GetMachineDeployment().GetMetadata().GetName()] = r.GetMachineDeployment()
+			case r.GetHealthCheck().GetSpec().GetCluster() == cluster && r.GetHealthCheck() != nil:
+				s.HealthChecks[r.GetHealthCheck().GetMetadata().GetName()] = r.GetHealthCheck()
+			}
 		}
 	}
 	c, err := res.Get(ctx, &controllerv1.GetRequest{Kind: "Cluster", Name: cluster})
@@ -90,6 +112,19 @@ func (s *Snapshot) Lines() []string {
 			}
 		}
 		out = append(out, line)
+	}
+	for _, n := range sortedKeys(s.ControlPlanes) {
+		st := s.ControlPlanes[n].GetStatus()
+		out = append(out, fmt.Sprintf("control plane %s: %d/%d Ready, %d up to date, %d etcd members", n, st.GetReadyReplicas(), s.ControlPlanes[n].GetSpec().GetReplicas(), st.GetUpdatedReplicas(), st.GetEtcdMembers()))
+	}
+	for _, n := range sortedKeys(s.MachineDeployments) {
+		st := s.MachineDeployments[n].GetStatus()
+		out = append(out, fmt.Sprintf("deployment %s: %d/%d Ready, %d up to date", n, st.GetReadyReplicas(), s.MachineDeployments[n].GetSpec().GetReplicas(), st.GetUpdatedReplicas()))
+	}
+	for _, n := range sortedKeys(s.HealthChecks) {
+		if c := conditions.Get(s.HealthChecks[n].GetStatus().GetConditions(), clusterplan.ConditionRemediationAllowed); c != nil {
+			out = append(out, fmt.Sprintf("health check %s: RemediationAllowed=%s %s", n, c.GetStatus(), c.GetMessage()))
+		}
 	}
 	if c := s.Cluster; c != nil {
 		line := fmt.Sprintf("cluster %s %s", c.GetMetadata().GetName(), c.GetStatus().GetPhase())
