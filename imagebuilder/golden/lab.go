@@ -67,7 +67,7 @@ WantedBy=sysinit.target
 // LabNetUnitFile runs LabNetScript for as long as the host is up. It
 // runs only in a container (the lab's nspawn hosts).
 const LabNetUnitFile = `[Unit]
-Description=Lab host network: /etc/hosts, bridge CNI for the pod CIDR, host-gw routes, offline CoreDNS
+Description=Lab host network: /etc/hosts, bridge CNI for the pod CIDR, pod routes, offline CoreDNS
 ConditionVirtualization=container
 After=network.target
 Before=kiln-agent.service kubelet.service
@@ -81,31 +81,45 @@ RestartSec=5
 WantedBy=multi-user.target
 `
 
+// LabRouteProto is the routing protocol number of the routes
+// LabNetScript adds (`ip route ... proto 77`), so it can remove exactly
+// those: the lab host's network namespace outlives a reboot or a reimage,
+// and a stale route inside the pod CIDR would fail the next Preflight.
+const LabRouteProto = "77"
+
 // LabNetScriptFile is LabNetScript. At start it adds the host's name with
 // its address to /etc/hosts (kubeadm's checks and the kubelet look it up,
-// and a lab host has no DNS server to ask). Then every 3 s, once the host
-// is a Kubernetes node (kubelet.conf exists), it reads the nodes with
-// kubectl and
+// and a lab host has no DNS server to ask). Then every 3 s:
 //
-//   - writes LabCNIConfig (a bridge with host-local addresses from this
-//     node's spec.podCIDR) when missing or different; until then the
-//     node stays NotReady, as with any CNI;
-//   - routes every other node's pod CIDR via that node's InternalIP
-//     (`ip route replace CIDR via IP`), as a host-gw CNI would;
-//   - on a control plane (admin.conf exists), removes `forward` and `loop`
-//     from CoreDNS's Corefile, so cluster DNS never asks an upstream
-//     resolver (the lab's hosts may not reach outside).
+//   - while the host is not a node (no /etc/kubernetes/kubelet.conf: before
+//     init or join, after a reset), it removes what it set up: its routes
+//     (proto LabRouteProto), LabCNIConfig and the cni0 bridge;
+//   - on a node it writes LabCNIConfig (a bridge with host-local addresses
+//     from this node's spec.podCIDR, read with the kubelet's credentials)
+//     when missing or different; until then the node is NotReady, as
+//     with any CNI;
+//   - on a control plane (admin.conf exists) it routes every other node's
+//     pod CIDR via that node's InternalIP (host-gw) and removes `forward`
+//     and `loop` from CoreDNS's Corefile, so cluster DNS never asks an
+//     upstream resolver (the lab's hosts may not reach outside);
+//   - on a worker, which may read only its own Node, it routes the
+//     cluster's pod subnet (kubeadm-config's podSubnet) via the control
+//     plane its kubelet talks to, which forwards to the right node.
 const LabNetScriptFile = `#!/bin/sh
 # kiln-lab-net (written by kiln-imagebuilder, spec labNetwork): see docs/imagebuilder.md.
 set -u
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 conf=` + LabCNIConfig + `
+proto=` + LabRouteProto + `
 name=$(hostname)
-addr=$(ip -4 -o addr show scope global | awk '{split($4, a, "/"); print a[1]; exit}')
+addr=$(ip -4 -o addr show dev eth0 scope global | awk '{split($4, a, "/"); print a[1]; exit}')
 [ -s /etc/hosts ] || printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' > /etc/hosts
 if [ -n "$addr" ] && ! awk -v n="$name" '{for (i = 2; i <= NF; i++) if ($i == n) f = 1} END {exit !f}' /etc/hosts; then
 	printf '%s\t%s\n' "$addr" "$name" >> /etc/hosts
 fi
+
+kk() { kubectl --kubeconfig /etc/kubernetes/kubelet.conf "$@"; }
+ka() { kubectl --kubeconfig /etc/kubernetes/admin.conf "$@"; }
 
 cni() {
 	cat <<EOF
@@ -121,39 +135,59 @@ cni() {
 EOF
 }
 
+route() {
+	[ -n "$1" ] && [ -n "$2" ] && [ "$2" != "$addr" ] || return 0
+	ip route replace "$1" via "$2" proto "$proto"
+}
+
 offline_dns() {
-	cf=$(kubectl --kubeconfig "$1" -n kube-system get configmap coredns -o jsonpath='{.data.Corefile}' 2>/dev/null) || return 0
+	cf=$(ka -n kube-system get configmap coredns -o jsonpath='{.data.Corefile}' 2>/dev/null) || return 0
 	printf '%s\n' "$cf" | grep -Eq '^[[:space:]]*(forward|loop)([[:space:]]|$)' || return 0
 	printf '%s\n' "$cf" | awk '
 		skip { if ($0 ~ /^[ \t]*}[ \t]*$/) skip = 0; next }
 		/^[ \t]*forward[ \t]/ { if ($0 ~ /{[ \t]*$/) skip = 1; next }
 		/^[ \t]*loop[ \t]*$/ { next }
 		{ print }' > /run/kiln-lab-Corefile
-	kubectl --kubeconfig "$1" -n kube-system create configmap coredns --from-file=Corefile=/run/kiln-lab-Corefile \
-		--dry-run=client -o yaml | kubectl --kubeconfig "$1" replace -f - >/dev/null &&
-		echo "kiln-lab-net: CoreDNS no longer forwards upstream"
+	ka -n kube-system create configmap coredns --from-file=Corefile=/run/kiln-lab-Corefile --dry-run=client -o yaml |
+		ka replace -f - >/dev/null && echo "kiln-lab-net: CoreDNS no longer forwards upstream"
+}
+
+node=
+reconcile() {
+	if [ ! -f /etc/kubernetes/kubelet.conf ]; then
+		node=
+		ip route flush proto "$proto" 2>/dev/null
+		if [ -e "$conf" ] || ip link show cni0 >/dev/null 2>&1; then
+			rm -f "$conf"
+			ip link del cni0 2>/dev/null
+			echo "kiln-lab-net: not a node: pod network removed"
+		fi
+		return 0
+	fi
+	[ -n "$node" ] || node=$(kk auth whoami -o jsonpath='{.status.userInfo.username}' 2>/dev/null | sed -n 's/^system:node://p')
+	[ -n "$node" ] || return 0
+	cidr=$(kk get node "$node" -o jsonpath='{.spec.podCIDR}' 2>/dev/null)
+	if [ -n "$cidr" ]; then
+		want=$(cni "$cidr")
+		if [ "$(cat "$conf" 2>/dev/null)" != "$want" ]; then
+			mkdir -p "$(dirname "$conf")"
+			printf '%s\n' "$want" > "$conf.tmp" && mv "$conf.tmp" "$conf"
+			echo "kiln-lab-net: node $node: pod network $cidr on cni0"
+		fi
+	fi
+	if [ -f /etc/kubernetes/admin.conf ]; then
+		offline_dns
+		ka get nodes -o jsonpath='{range .items[*]}{.spec.podCIDR} {.status.addresses[?(@.type=="InternalIP")].address}{"\n"}{end}' 2>/dev/null |
+			while read -r c ip; do route "$c" "$ip"; done
+	else
+		cp=$(kk config view --minify -o jsonpath='{.clusters[0].cluster.server}' 2>/dev/null | sed -e 's#^https://##' -e 's#:[0-9]*$##')
+		pods=$(kk -n kube-system get configmap kubeadm-config -o jsonpath='{.data.ClusterConfiguration}' 2>/dev/null | awk '$1 == "podSubnet:" {print $2}')
+		route "$pods" "$cp"
+	fi
 }
 
 while :; do
-	kc=/etc/kubernetes/kubelet.conf
-	[ -f /etc/kubernetes/admin.conf ] && kc=/etc/kubernetes/admin.conf
-	if [ -f /etc/kubernetes/kubelet.conf ]; then
-		[ "$kc" = /etc/kubernetes/admin.conf ] && offline_dns "$kc"
-		kubectl --kubeconfig "$kc" get nodes -o jsonpath='{range .items[*]}{.spec.podCIDR} {.status.addresses[?(@.type=="InternalIP")].address}{"\n"}{end}' 2>/dev/null |
-		while read -r cidr ip; do
-			[ -n "$cidr" ] && [ -n "$ip" ] || continue
-			if [ "$ip" = "$addr" ]; then
-				want=$(cni "$cidr")
-				if [ "$(cat "$conf" 2>/dev/null)" != "$want" ]; then
-					mkdir -p "$(dirname "$conf")"
-					printf '%s\n' "$want" > "$conf.tmp" && mv "$conf.tmp" "$conf"
-					echo "kiln-lab-net: pod network $cidr on cni0"
-				fi
-			else
-				ip route replace "$cidr" via "$ip"
-			fi
-		done
-	fi
+	reconcile
 	sleep 3
 done
 `
