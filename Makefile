@@ -7,7 +7,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/kilnhq/kiln/internal/version.Version=$(VERSION)
 BINARIES := kiln-agent kiln-controller kilnctl kiln-imagebuilder
 
-.PHONY: all build test test-short check generate bench lab lab-down kube-tools image clean $(BINARIES)
+.PHONY: all build test test-short check generate bench lab lab-down lab-upgrade kube-tools image clean $(BINARIES)
 
 all: build
 
@@ -48,6 +48,13 @@ lab: build
 
 lab-down:
 	./hack/lab.sh down
+
+# The lab cluster provisioned at the previous Kubernetes minor, then upgraded
+# to the pinned one by reimaging, with the time of each phase (docs/lab.md,
+# "make lab-upgrade"). Not part of make test: the previous minor's
+# kube-tools are built from source once (30-40 min on 2 cores).
+lab-upgrade: build
+	./hack/lab.sh upgrade
 
 # The pinned Kubernetes release and its offline image archives, cached in
 # $${KILN_CACHE:-/var/cache/kiln}/kube-tools (docs/kube-tools.md).

@@ -65,3 +65,40 @@ func specSettings(t *testing.T, name string) string {
 	}
 	return strings.Join(keep, "\n")
 }
+
+func TestClusterDocsAt(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(DefaultLabSpec()), "..", "lab-cluster.yaml"))
+	require.NoError(t, err)
+	docs, err := ParseClusterDocs(b)
+	require.NoError(t, err)
+	require.Equal(t, "lab", docs.Name())
+	cp, w := docs.Replicas()
+	require.Equal(t, [2]int{1, 2}, [2]int{cp, w}, "lab-cluster.yaml replicas")
+
+	docs.At("v1.33.13", "debian12-k8s1.33.13-20251202")
+	all, err := docs.YAML()
+	require.NoError(t, err)
+	for _, want := range []string{"kubernetesVersion: v1.33.13", "version: v1.33.13", "image: debian12-k8s1.33.13-20251202", "rolloutMaxSurge: 1"} {
+		if !strings.Contains(string(all), want) {
+			t.Errorf("At(v1.33.13) lacks %q:\n%s", want, all)
+		}
+	}
+	if strings.Contains(string(all), "v1.34.4") {
+		t.Errorf("At(v1.33.13) left v1.34.4:\n%s", all)
+	}
+	cpOnly, err := docs.YAML("ControlPlane")
+	require.NoError(t, err)
+	if !strings.Contains(string(cpOnly), "kind: ControlPlane") || strings.Contains(string(cpOnly), "MachineDeployment") || strings.Contains(string(cpOnly), "kind: Cluster") {
+		t.Errorf("YAML(ControlPlane) =\n%s", cpOnly)
+	}
+	// What it renders parses back to the same documents.
+	again, err := ParseClusterDocs(all)
+	require.NoError(t, err)
+	again2, err := again.YAML()
+	require.NoError(t, err)
+	require.Equal(t, string(all), string(again2))
+
+	if _, err := ParseClusterDocs([]byte("kind: ControlPlane\n")); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("ParseClusterDocs(no Cluster) = %v, want InvalidArgument", err)
+	}
+}

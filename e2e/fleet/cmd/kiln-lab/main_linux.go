@@ -97,5 +97,6 @@ func command() *cobra.Command {
 		},
 	}
 	root.AddCommand(up, down)
+	root.AddCommand(newUpgrade(f))
 	return root
 }
