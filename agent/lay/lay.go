@@ -106,8 +106,9 @@ func WithRetries(n int) Option { return func(l *Layer) { l.retries = n } }
 func WithBackoff(p backoff.Policy) Option { return func(l *Layer) { l.policy = p } }
 
 // WithBufferSize sets the size of the buffers passed between the fetch,
-// hash and write stages. Memory use is about fetchers+writers+4 buffers.
-// Default 1 MiB.
+// hash and write stages. Memory use is bounded by about 20 buffers: 4 in
+// each channel between stages, plus one per fetcher and writer. Default
+// 1 MiB.
 func WithBufferSize(n int) Option { return func(l *Layer) { l.bufSize = n } }
 
 // WithBlockSize sets the granularity at which all-zero blocks are skipped.

@@ -10,6 +10,7 @@ import (
 	"hash"
 	"io"
 	"log/slog"
+	"runtime/trace"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -193,7 +194,9 @@ func (l *Layer) drain(ctx context.Context, w *writer, in <-chan chunk) error {
 			if !ok {
 				return nil
 			}
+			region := trace.StartRegion(ctx, "lay.write")
 			err := w.writeAt(c.data(), c.off)
+			region.End()
 			l.putBuf(c.buf)
 			if err != nil {
 				return err
@@ -350,13 +353,15 @@ func coalesce(ranges []*agentv1.BlockRange, gap, maxSpan int64) []fetchGroup {
 	return out
 }
 
-// layMap lays the ranges of a block map. Several fetchers (WithFetchers)
-// each take a group of ranges, fetch it with one request, hash each range
-// as its bytes arrive and pass the chunks to the writers (WithWriters)
-// through a channel;
-// a range whose sha256 is not the map's fails the whole lay. Ranges are
+// layMap lays the ranges of a block map. A file target's ranges are
+// preallocated first. Several fetchers (WithFetchers) each take a group of
+// ranges, fetch it with one request, hash each range as its bytes arrive
+// and pass the chunks to the writers (WithWriters) through a channel; a
+// range whose sha256 is not the map's fails the whole lay. Ranges are
 // independent, so hashing runs on every core. Holes are never fetched
-// (beyond the small gaps inside a group), hashed or written.
+// (beyond the small gaps inside a group), hashed or written. Under
+// runtime/trace, each read+hash and each write is a region ("lay.fetch+hash",
+// "lay.write"), so `go tool trace` shows where a lay waits.
 func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequest, zeroed bool, rep *reporter, log *slog.Logger) (*agentv1.LayImageResult, error) {
 	ranges := req.GetBlockMap()
 	var total uint64
@@ -458,7 +463,10 @@ func (l *Layer) fetchGroup(ctx context.Context, s *stream, ranges []*agentv1.Blo
 		for off < end {
 			b := l.getBuf()
 			n := min(int64(len(*b)), end-off)
-			if err := readHashed(s, (*b)[:n], h); err != nil {
+			region := trace.StartRegion(ctx, "lay.fetch+hash")
+			err := readHashed(s, (*b)[:n], h)
+			region.End()
+			if err != nil {
 				l.putBuf(b)
 				return rangeFetchError(s, i, r, err)
 			}
