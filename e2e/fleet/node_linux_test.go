@@ -387,6 +387,7 @@ func TestLabImageBootsAsNode(t *testing.T) {
 // and both are Ready with cluster DNS answering on each, which takes the
 // image's lab network across hosts: each node's pod CIDR routed via the
 // other (host-gw), so the worker reaches CoreDNS on the control plane.
+// Then the worker is reset, its lab network goes, and it joins again.
 func TestLabImageWorkerJoins(t *testing.T) {
 	needNodeTools(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
@@ -425,6 +426,28 @@ func TestLabImageWorkerJoins(t *testing.T) {
 	}
 	nodes := cp.exec("kubectl", "--kubeconfig", "/etc/kubernetes/admin.conf", "get", "nodes", "-o", "wide")
 	t.Logf("nodes:\n%s", nodes)
+
+	// Reset the worker (what remediation does before a rejoin): the lab
+	// network goes with it, so Preflight passes again (a route left inside
+	// the pod CIDR would fail it), and the host joins and is Ready again.
+	start = time.Now()
+	rs, err := w.agent.KubeadmReset(ctx, &agentv1.KubeadmResetRequest{})
+	w.succeed("kubeadm reset", rs, err)
+	waitFor(t, ctx, time.Minute, "fleet-w1's lab network removed after the reset", func() (bool, string) {
+		routes := w.exec("ip", "-4", "route", "show", "proto", golden.LabRouteProto)
+		links := w.exec("ip", "-o", "link", "show")
+		conf := w.exec("ls", "/etc/cni/net.d")
+		return strings.TrimSpace(routes) == "" && !strings.Contains(links, "cni0") && !strings.Contains(conf, "kiln-lab"),
+			"routes: " + routes + "; links: " + links + "; CNI configs: " + conf
+	}, func() string { return w.exec("journalctl", "-u", "kiln-lab-net", "--no-pager", "-n", "20") })
+	r.tm.add("reset worker, lab network gone", time.Since(start))
+	cp.exec("kubectl", "--kubeconfig", "/etc/kubernetes/admin.conf", "delete", "node", w.name)
+	w.prepare(wc)
+	start = time.Now()
+	js, err = w.agent.KubeadmJoin(ctx, &agentv1.KubeadmJoinRequest{Cluster: wc, ApiServerEndpoint: init.GetApiServerEndpoint(), Token: init.GetJoinToken(), CaHash: init.GetCaHash()})
+	w.succeed("kubeadm join again", js, err)
+	w.waitReadyDNS(wc)
+	r.tm.add("rejoin to Ready + DNS", time.Since(start))
 }
 
 // closeHost powers the host off gracefully (as a BMC would), removes its
