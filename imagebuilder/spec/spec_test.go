@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kilnhq/kiln/imagebuilder/kubetools"
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
@@ -196,7 +197,15 @@ func TestExamples(t *testing.T) {
 	for _, f := range files {
 		s, err := Load(f)
 		require.NoError(t, err, f)
-		if err := s.Validate("v1.34.4"); err != nil {
+		// Each against the kube-tools release it names (the pinned one, or
+		// the previous minor of lab-previous.yaml).
+		want := kubetools.Pinned().Kubernetes
+		if !s.Minimal {
+			r, err := kubetools.ReleaseFor(s.KubernetesVersion)
+			require.NoError(t, err, f)
+			want = r.Kubernetes
+		}
+		if err := s.Validate(want); err != nil {
 			t.Errorf("Validate(%q) = %v, want nil", f, err)
 		}
 	}
