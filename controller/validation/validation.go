@@ -11,6 +11,7 @@ package validation
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -331,13 +332,28 @@ func checkMachine(p *problems, s *typesv1.MachineSpec) {
 	}
 }
 
+// MachineConditions are the condition types a Machine carries, which a
+// HealthCheck can watch: the agent's probes of the node (agent/probe) and
+// the executor's own.
+var MachineConditions = []string{
+	"NodeReady", "KubeletHealthy", "ContainerdHealthy", "APIServerReady", "ClusterDNSResolves",
+	"CertificatesValid", "EtcdMemberHealthy", "CloudProviderInitialized",
+}
+
 func checkHealthCheck(p *problems, s *typesv1.HealthCheckSpec) {
 	checkClusterRef(p, s.GetCluster())
 	checkLabels(p, "spec.selector", s.GetSelector())
 	for i, c := range s.GetUnhealthyConditions() {
 		f := fmt.Sprintf("spec.unhealthyConditions[%d]", i)
-		if c.GetType() == "" {
-			p.add(f+".type", "required: a node condition type such as Ready")
+		switch t := c.GetType(); {
+		case t == "":
+			p.add(f+".type", "required: a machine condition such as NodeReady")
+		case !slices.Contains(MachineConditions, t):
+			hint := ""
+			if t == "Ready" {
+				hint = " (the node's Ready is NodeReady on a Machine)"
+			}
+			p.add(f+".type", "%q is not a condition the controller sets on Machines%s: use one of %s", t, hint, strings.Join(MachineConditions, ", "))
 		}
 		switch c.GetStatus() {
 		case "True", "False", "Unknown":

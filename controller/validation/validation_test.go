@@ -57,7 +57,7 @@ func validMachine() *typesv1.Machine {
 func validHC() *typesv1.HealthCheck {
 	return &typesv1.HealthCheck{Metadata: meta("lab-nodes"), Spec: &typesv1.HealthCheckSpec{
 		Cluster: "lab", NodeStartupTimeout: "10m", MaxUnhealthy: "40%",
-		UnhealthyConditions: []*typesv1.UnhealthyCondition{{Type: "Ready", Status: "False", Timeout: "5m"}},
+		UnhealthyConditions: []*typesv1.UnhealthyCondition{{Type: "NodeReady", Status: "False", Timeout: "5m"}},
 	}}
 }
 
@@ -223,6 +223,7 @@ func TestValidate(t *testing.T) {
 		{"hc timeout zero", hc(func(h *typesv1.HealthCheck) { h.Spec.UnhealthyConditions[0].Timeout = "0s" }), []string{`spec.unhealthyConditions[0].timeout: "0s" is zero`}},
 		{"hc timeout missing", hc(func(h *typesv1.HealthCheck) { h.Spec.UnhealthyConditions[0].Timeout = "" }), []string{"spec.unhealthyConditions[0].timeout: required"}},
 		{"hc status", hc(func(h *typesv1.HealthCheck) { h.Spec.UnhealthyConditions[0].Status = "false" }), []string{`spec.unhealthyConditions[0].status: "false" is not a condition status: use True, False or Unknown`}},
+		{"hc node Ready is NodeReady", hc(func(h *typesv1.HealthCheck) { h.Spec.UnhealthyConditions[0].Type = "Ready" }), []string{`spec.unhealthyConditions[0].type: "Ready" is not a condition the controller sets on Machines (the node's Ready is NodeReady on a Machine): use one of NodeReady`}},
 		{"hc type missing", hc(func(h *typesv1.HealthCheck) { h.Spec.UnhealthyConditions[0].Type = "" }), []string{"spec.unhealthyConditions[0].type: required"}},
 		{"hc startup timeout", hc(func(h *typesv1.HealthCheck) { h.Spec.NodeStartupTimeout = "ten minutes" }), []string{`spec.nodeStartupTimeout: "ten minutes" is not a duration`}},
 		{"hc max unhealthy", hc(func(h *typesv1.HealthCheck) { h.Spec.MaxUnhealthy = "40 %" }), []string{`spec.maxUnhealthy: "40 %" is not a count or a percentage`}},
