@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/kilnhq/kiln/e2e/lab/netns"
+	"github.com/kilnhq/kiln/e2e/lab/rack"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/kilnconfig"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
@@ -111,6 +112,15 @@ func New(cfg Config) (*Lab, error) {
 		}
 	}
 	return &Lab{cfg: cfg, gateway: pfx.Masked().Addr().Next()}, nil
+}
+
+// Subnet is the lab network (a /24).
+func (l *Lab) Subnet() string { return l.cfg.Subnet }
+
+// HostResource is the Host resource name of the lab's i-th host (1-based):
+// hosts 1..Hosts are behind Redfish emulators, the rest behind ipmi_sim.
+func (l *Lab) HostResource(i int) string {
+	return rack.ResourceName(l.cfg.Name, fmt.Sprintf("h%d", i))
 }
 
 // Gateway is the lab bridge's address, where the controller listens.

@@ -18,12 +18,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/yaml"
 
-	"github.com/kilnhq/kiln/controller/clusterplan"
 	"github.com/kilnhq/kiln/e2e/fleet"
 	"github.com/kilnhq/kiln/imagebuilder/kubetools"
 	"github.com/kilnhq/kiln/imagebuilder/rootfs"
-	"github.com/kilnhq/kiln/internal/conditions"
-	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
 // repoRoot is the checkout this test was built from.
@@ -115,8 +112,9 @@ func labCluster(t *testing.T, tag string) []byte {
 	return bytes.Join(docs, []byte("---\n"))
 }
 
-// startLab builds everything and brings up a lab with its hosts
-// registered and the lab image applied; Down runs at cleanup.
+// startLab builds everything and brings up a lab's rack and controller
+// with the lab image applied; the hosts are not registered yet. Down runs
+// at cleanup.
 func startLab(t *testing.T, ctx context.Context) (*fleet.Lab, string) {
 	t.Helper()
 	bin := buildBinaries(t)
@@ -138,58 +136,13 @@ func startLab(t *testing.T, ctx context.Context) (*fleet.Lab, string) {
 			t.Errorf("lab down: %v", err)
 		}
 	})
-	require.NoError(t, lab.Up(ctx))
+	require.NoError(t, lab.UpRack(ctx))
+	require.NoError(t, lab.StartController(ctx))
 	res, err := fleet.ImageResource(filepath.Join(imgDir, m.Tag+".image.yaml"), lab.BootURL())
 	require.NoError(t, err)
 	_, err = lab.Kilnctl(ctx, res, "apply", "-f", "-")
 	require.NoError(t, err)
 	return lab, m.Tag
-}
-
-// TestLabProvisionsCluster is make lab as a test: four powered-off lab
-// hosts (three behind Redfish emulators booted by virtual media, one
-// behind ipmi_sim booted by PXE) and examples/lab-cluster.yaml become a
-// cluster of one control plane and two workers with real kubeadm, whose
-// nodes are Ready and answer a real cluster DNS query.
-func TestLabProvisionsCluster(t *testing.T) {
-	needLab(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
-	defer cancel()
-	lab, tag := startLab(t, ctx)
-
-	_, err := lab.Kilnctl(ctx, labCluster(t, tag), "apply", "-f", "-")
-	require.NoError(t, err)
-	s, err := lab.Watch(ctx, "lab", 2*time.Second, (*fleet.Snapshot).Ready)
-	require.NoError(t, err)
-
-	roles := map[string]int{}
-	for name, m := range s.Machines {
-		roles[m.GetSpec().GetRole()]++
-		for _, c := range []string{clusterplan.MachineNodeReady, clusterplan.MachineClusterDNSResolves} {
-			require.True(t, conditions.IsTrue(m.GetStatus().GetConditions(), c), "machine %s: %s not True: %v", name, c, conditions.Get(m.GetStatus().GetConditions(), c))
-		}
-		h := s.Hosts[m.GetSpec().GetHost()]
-		require.NotNil(t, h, "machine %s: host %s", name, m.GetSpec().GetHost())
-		require.Equal(t, typesv1.HostState_HOST_STATE_PROVISIONED, h.GetStatus().GetState(), "host %s", h.GetMetadata().GetName())
-		require.EqualValues(t, 1, h.GetStatus().GetImageLays(), "host %s: image lays", h.GetMetadata().GetName())
-		require.Equal(t, tag, h.GetStatus().GetImage(), "host %s: image", h.GetMetadata().GetName())
-	}
-	require.Equal(t, map[string]int{"control-plane": 1, "worker": 2}, roles)
-
-	// What a user checks: kubectl with the kubeconfig kilnctl hands out.
-	kc := filepath.Join(t.TempDir(), "kubeconfig")
-	_, err = lab.Kilnctl(ctx, nil, "kubeconfig", "lab", "-o", kc)
-	require.NoError(t, err)
-	kubectl := filepath.Join(rootfs.CacheRoot(), "kube-tools", kubetools.Pinned().Kubernetes, "bin", "kubectl")
-	out, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", kc, "get", "nodes", "--no-headers").CombinedOutput()
-	require.NoError(t, err, "kubectl get nodes: %s", out)
-	ready := 0
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		if f := strings.Fields(line); len(f) > 1 && f[1] == "Ready" {
-			ready++
-		}
-	}
-	require.Equal(t, 3, ready, "kubectl get nodes:\n%s", out)
 }
 
 type testWriter struct{ t *testing.T }
