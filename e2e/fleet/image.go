@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -49,14 +50,21 @@ type ImageOptions struct {
 	RootfsCacheDir string
 	// Progress receives the build's progress lines; nil discards.
 	Progress io.Writer
-	// KeepUnused is how long an entry of CacheDir that no call has used
-	// stays after another entry is built (default 7 days; negative keeps
-	// every entry). Each call that returns an entry marks it used.
+	// Keep and KeepUnused bound the cache after a build: the Keep most
+	// recently used entries stay (default DefaultKeep), and of the others
+	// those unused for KeepUnused are removed (default DefaultKeepUnused;
+	// negative keeps every entry). Each call that returns an entry marks
+	// it used. An entry is ≈ 1.3 GiB on disk, and every change of the
+	// agent makes a new one.
+	Keep       int
 	KeepUnused time.Duration
 }
 
-// DefaultKeepUnused is ImageOptions.KeepUnused's default.
-const DefaultKeepUnused = 7 * 24 * time.Hour
+// Defaults of ImageOptions.Keep and KeepUnused.
+const (
+	DefaultKeep       = 3
+	DefaultKeepUnused = time.Hour
+)
 
 // DefaultLabSpec is examples/images/lab.yaml in the source tree this
 // package was built from.
@@ -102,6 +110,9 @@ func LabImage(ctx context.Context, o ImageOptions) (string, *manifest.Manifest, 
 	}
 	if o.KeepUnused == 0 {
 		o.KeepUnused = DefaultKeepUnused
+	}
+	if o.Keep <= 0 {
+		o.Keep = DefaultKeep
 	}
 	specBytes, err := os.ReadFile(o.Spec)
 	if err != nil {
@@ -172,7 +183,7 @@ func LabImage(ctx context.Context, o ImageOptions) (string, *manifest.Manifest, 
 		d.Close()
 	}
 	if o.KeepUnused > 0 {
-		for _, old := range prune(o.CacheDir, key, time.Now().Add(-o.KeepUnused)) {
+		for _, old := range prune(o.CacheDir, key, o.Keep, time.Now().Add(-o.KeepUnused)) {
 			fmt.Fprintf(o.Progress, "lab image: removed %s (unused for %s)\n", old, o.KeepUnused)
 		}
 	}
@@ -186,23 +197,35 @@ func touch(dir string) {
 }
 
 // prune removes the entries of cacheDir (key directories and their lock
-// files) other than keep that were last used before cutoff, and returns
-// them. Work directories of builds in progress (.tmp-*) are left alone.
-func prune(cacheDir, keep string, cutoff time.Time) []string {
+// files) other than the just built one (newKey) and the keep most recently
+// used ones (newKey among them) that were last used before cutoff, and
+// returns them. Work directories of builds in progress (.tmp-*) are left
+// alone.
+func prune(cacheDir, newKey string, keep int, cutoff time.Time) []string {
 	entries, err := os.ReadDir(cacheDir)
 	if err != nil {
 		return nil
 	}
-	var removed []string
+	type entry struct {
+		name string
+		used time.Time
+	}
+	var es []entry
 	for _, e := range entries {
-		if !e.IsDir() || e.Name() == keep || !isKey(e.Name()) {
+		if !e.IsDir() || e.Name() == newKey || !isKey(e.Name()) {
 			continue
 		}
-		info, err := e.Info()
-		if err != nil || !info.ModTime().Before(cutoff) {
+		if info, err := e.Info(); err == nil {
+			es = append(es, entry{e.Name(), info.ModTime()})
+		}
+	}
+	slices.SortFunc(es, func(a, b entry) int { return b.used.Compare(a.used) }) // newest first
+	var removed []string
+	for i, e := range es {
+		if i < keep-1 || !e.used.Before(cutoff) {
 			continue
 		}
-		p := filepath.Join(cacheDir, e.Name())
+		p := filepath.Join(cacheDir, e.name)
 		if os.RemoveAll(p) == nil {
 			_ = os.Remove(p + ".lock")
 			removed = append(removed, p)

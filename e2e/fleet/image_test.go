@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -87,20 +88,32 @@ func TestLock(t *testing.T) {
 
 func TestPrune(t *testing.T) {
 	dir := t.TempDir()
-	old := time.Now().Add(-48 * time.Hour)
-	for _, name := range []string{"0123456789abcdef", "fedcba9876543210", "00000000000000aa", ".tmp-0123456789abcdef-1", "notakey"} {
+	now := time.Now()
+	// Last used 1 h, 2 h, ... 5 h ago; "notakey" and a build in progress
+	// are not entries.
+	names := []string{"000000000000000a", "000000000000000b", "000000000000000c", "000000000000000d", "000000000000000e"}
+	for i, name := range append(names, ".tmp-0123456789abcdef-1", "notakey") {
 		require.NoError(t, os.Mkdir(filepath.Join(dir, name), 0o755))
 		require.NoError(t, os.WriteFile(filepath.Join(dir, name+".lock"), nil, 0o644))
-		require.NoError(t, os.Chtimes(filepath.Join(dir, name), old, old))
+		used := now.Add(-time.Duration(i+1) * time.Hour)
+		require.NoError(t, os.Chtimes(filepath.Join(dir, name), used, used))
 	}
-	touch(filepath.Join(dir, "00000000000000aa")) // used just now
-	removed := prune(dir, "fedcba9876543210", time.Now().Add(-24*time.Hour))
-	if len(removed) != 1 || filepath.Base(removed[0]) != "0123456789abcdef" {
-		t.Errorf("prune removed %v, want only the unused entry 0123456789abcdef", removed)
+	touch(filepath.Join(dir, "000000000000000e")) // used just now
+	// Keep 3: the new entry, then the two most recently used (e, a);
+	// of the rest, those unused for 150 min go (c, d), b stays.
+	removed := prune(dir, "ffffffffffffffff", 3, now.Add(-150*time.Minute))
+	var got []string
+	for _, r := range removed {
+		got = append(got, filepath.Base(r))
+	}
+	slices.Sort(got)
+	if want := []string{"000000000000000c", "000000000000000d"}; !slices.Equal(got, want) {
+		t.Errorf("prune removed %v, want %v", got, want)
 	}
 	for name, want := range map[string]bool{
-		"0123456789abcdef": false, "0123456789abcdef.lock": false,
-		"fedcba9876543210": true, "00000000000000aa": true, ".tmp-0123456789abcdef-1": true, "notakey": true,
+		"000000000000000a": true, "000000000000000b": true, "000000000000000e": true,
+		"000000000000000c": false, "000000000000000c.lock": false, "000000000000000d": false,
+		".tmp-0123456789abcdef-1": true, "notakey": true,
 	} {
 		_, err := os.Stat(filepath.Join(dir, name))
 		if (err == nil) != want {
