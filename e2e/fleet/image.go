@@ -74,7 +74,7 @@ func DefaultLabSpec() string {
 }
 
 // ImageKey is the cache key of a lab image: a sha256 of the spec file,
-// the agent binary's sha256, the pinned kube-tools release and the
+// the agent binary's sha256, the kube-tools release (its Kubernetes version) and its
 // cache's manifest, and what the builder bakes in (golden.Digest), cut to
 // 16 hex digits. Any change to one of them is a new image.
 func ImageKey(specBytes []byte, s *spec.Spec, agentSHA256 string, rel kubetools.Release, kubeManifest []byte) string {
