@@ -43,7 +43,10 @@ const maxScript = 1 << 20
 // are a *notBootable.
 func (m *Machine) firmwareCmdline(ctx context.Context, dev, media string) (string, error) {
 	a := m.o.Agent
-	ctx, cancel := context.WithTimeout(ctx, firmwareTimeout)
+	// Firmware boots whether or not whoever pressed the power button is
+	// still there: the BMC request that powered the host on may end (its
+	// client crashed) while the ISO is read.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), firmwareTimeout)
 	defer cancel()
 	switch {
 	case dev == machine.BootCD && a.ReadMedia && media != "":
