@@ -19,6 +19,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	grpcbackoff "google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/encoding/protojson"
 
@@ -284,7 +285,10 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 		grpc.WithTransportCredentials(credentials.NewTLS(id.ClientTLS())),
 		grpc.WithContextDialer(la.Dialer()),
 		grpc.WithReadBufferSize(controllerReadBuffer),
-		grpc.WithSharedWriteBuffer(true))
+		grpc.WithSharedWriteBuffer(true),
+		// A restarted or newly elected controller hears from every agent
+		// within seconds: gRPC's default reconnect backoff grows to 2 min.
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: controllerBackoff, MinConnectTimeout: 10 * time.Second}))
 	if err != nil {
 		lis.Close()
 		return fmt.Errorf("controller %s: %w", id.Controller.Address, err)
@@ -367,3 +371,7 @@ func newVersion() *cobra.Command {
 		},
 	}
 }
+
+// controllerBackoff is how the agent reconnects to the controller: from
+// 1 s up to 10 s between attempts.
+var controllerBackoff = grpcbackoff.Config{BaseDelay: time.Second, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 10 * time.Second}
