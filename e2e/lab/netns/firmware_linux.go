@@ -78,6 +78,34 @@ func redact(s string) string {
 	return s
 }
 
+// statusError is an HTTP answer other than 200.
+type statusError struct {
+	status string
+	code   int
+}
+
+func (e *statusError) Error() string { return "HTTP " + e.status }
+
+// retrying runs f until it succeeds, fails for good (an HTTP 4xx), or
+// Agent.FirmwareRetry has passed: firmware and BMCs try again when the
+// boot server is briefly away (restarting), not when it says no.
+func (m *Machine) retrying(ctx context.Context, f func() error) error {
+	deadline := time.Now().Add(m.o.Agent.FirmwareRetry)
+	for {
+		err := f()
+		var se *statusError
+		if err == nil || (errors.As(err, &se) && se.code < 500) || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		m.log.Info("boot media not available yet, retrying", "error", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
 // --- virtual media
 
 // isoCmdline downloads the ISO at media (http, https, file:// or an
@@ -98,7 +126,7 @@ func (m *Machine) isoCmdline(ctx context.Context, media string) (string, error) 
 		}
 		iso = filepath.Join(m.o.StateDir, "media.iso")
 		defer os.Remove(iso)
-		if err := download(ctx, &http.Client{}, media, iso); err != nil {
+		if err := m.retrying(ctx, func() error { return download(ctx, &http.Client{}, media, iso) }); err != nil {
 			return "", &notBootable{err.Error()}
 		}
 	}
@@ -128,7 +156,7 @@ func download(ctx context.Context, c *http.Client, u, path string) error {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("HTTP %s", resp.Status)
+		return &statusError{resp.Status, resp.StatusCode}
 	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
@@ -214,7 +242,8 @@ func (m *Machine) pxeCmdline(ctx context.Context, script string) (string, error)
 	c := &http.Client{Transport: tr}
 	u := script
 	for range 5 {
-		body, err := fetch(ctx, c, u, maxScript)
+		var body []byte
+		err := m.retrying(ctx, func() (err error) { body, err = fetch(ctx, c, u, maxScript); return err })
 		if err != nil {
 			return "", &notBootable{err.Error()}
 		}
@@ -261,7 +290,7 @@ func fetch(ctx context.Context, c *http.Client, u string, limit int64) ([]byte, 
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("HTTP %s", resp.Status)
+		return nil, &statusError{resp.Status, resp.StatusCode}
 	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	if err != nil {

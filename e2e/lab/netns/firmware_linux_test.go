@@ -4,11 +4,15 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -242,6 +246,29 @@ func TestFirmwareBoot(t *testing.T) {
 		t.Logf("LastBootError: %s", m.LastBootError())
 		if e := m.LastBootError(); !strings.Contains(e, "/boot/files/"+bootmedia.KernelFile+": HTTP 404") {
 			t.Errorf("LastBootError() = %q, want the kernel URL and 404 in it", e)
+		}
+	})
+	t.Run("boot server briefly away", func(t *testing.T) {
+		needXorriso(t)
+		// The first two reads of the ISO get 503 (a controller restarting),
+		// the third the ISO: firmware retries and boots.
+		var n atomic.Int32
+		target, err := url.Parse(base)
+		require.NoError(t, err)
+		proxy := httputil.NewSingleHostReverseProxy(target)
+		flaky := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if n.Add(1) <= 2 {
+				http.Error(w, "restarting", http.StatusServiceUnavailable)
+				return
+			}
+			proxy.ServeHTTP(w, r)
+		}))
+		defer flaky.Close()
+		m.o.Agent.FirmwareRetry = time.Minute
+		defer func() { m.o.Agent.FirmwareRetry = 0 }()
+		got := boot(t, machine.BootCD, "", bootserver.ISOURL(flaky.URL, "lab-boot3"))
+		if !strings.Contains(got, "kiln.token=") || n.Load() < 3 {
+			t.Errorf("virtual media boot through a boot server answering 503 twice: agent's /proc/cmdline = %q after %d requests (%s); want a boot after retries", got, n.Load(), m.LastBootError())
 		}
 	})
 	for _, tc := range []struct {

@@ -121,6 +121,11 @@ type Agent struct {
 	// killed by anything else (the OOM killer) reboots the machine too,
 	// like a kernel that panics.
 	OSPower bool
+	// FirmwareRetry is how long a boot keeps trying to read virtual media
+	// or fetch the iPXE script while the boot server is unreachable or
+	// answers 5xx (a restarting controller), as BMCs and iPXE retry; 4xx
+	// answers fail at once. 0: no retry.
+	FirmwareRetry time.Duration
 }
 
 func (o *Options) defaults() error {

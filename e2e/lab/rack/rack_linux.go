@@ -264,7 +264,7 @@ func (s *server) up(ctx context.Context) error {
 		addr = addr.Next()
 		hdir := filepath.Join(s.dir, "hosts", name)
 		resource := ResourceName(o.Name, name)
-		agent := netns.Agent{CmdlineFile: filepath.Join(hdir, CmdlineExtra), Scratch: filepath.Join(hdir, "agent"), ReadMedia: true}
+		agent := netns.Agent{CmdlineFile: filepath.Join(hdir, CmdlineExtra), Scratch: filepath.Join(hdir, "agent"), ReadMedia: true, FirmwareRetry: firmwareRetry}
 		if o.AgentBinary != "" {
 			agent.Command = []string{o.AgentBinary, "run", "--data-dir", agent.Scratch}
 			agent.OSPower = true
@@ -343,6 +343,10 @@ func (s *server) up(ctx context.Context) error {
 }
 
 func hostName(i int) string { return fmt.Sprintf("h%d", i) }
+
+// firmwareRetry is how long a lab host's firmware retries boot media
+// while the controller's boot server is away.
+const firmwareRetry = 90 * time.Second
 
 // randomPassword is 16 hex digits: IPMI passwords have at most 16 bytes
 // (20 with IPMI 2.0 only).
