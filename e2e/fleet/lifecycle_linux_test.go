@@ -58,7 +58,12 @@ var provisioningSteps = []string{
 //     remediated and the HealthCheck says why.
 func TestLabLifecycle(t *testing.T) {
 	needLab(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 80*time.Minute)
+	// End before go test's -timeout does, so that the lab is taken down.
+	end := time.Now().Add(80 * time.Minute)
+	if d, ok := t.Deadline(); ok && d.Add(-3*time.Minute).Before(end) {
+		end = d.Add(-3 * time.Minute)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), end)
 	defer cancel()
 	lab, tag := startLab(t, ctx)
 	st, err := lab.Snapshot(ctx, clusterName)
