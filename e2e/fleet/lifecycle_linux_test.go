@@ -146,31 +146,54 @@ func (c *crasher) observe(s *fleet.Snapshot) {
 	if len(c.killed) >= c.max {
 		return
 	}
-	var seen []string
-	for _, h := range s.Hosts {
-		if h.GetStatus().GetState() == typesv1.HostState_HOST_STATE_PROVISIONING {
-			seen = append(seen, h.GetStatus().GetProvisioningStep())
+	// A point is a step of one host (or a phase of one machine); steps
+	// not killed at yet come first.
+	type point struct{ who, step string }
+	var seen []point
+	for _, n := range sortedNames(s.Hosts) {
+		if h := s.Hosts[n]; h.GetStatus().GetState() == typesv1.HostState_HOST_STATE_PROVISIONING {
+			seen = append(seen, point{n, h.GetStatus().GetProvisioningStep()})
 		}
 	}
-	for _, m := range s.Machines {
-		seen = append(seen, "machine/"+m.GetStatus().GetPhase())
+	for _, n := range sortedNames(s.Machines) {
+		seen = append(seen, point{n, "machine/" + s.Machines[n].GetStatus().GetPhase()})
 	}
-	for _, step := range seen {
-		if !slices.Contains(provisioningSteps, step) || slices.Contains(c.killed, step) {
+	slices.SortStableFunc(seen, func(a, b point) int {
+		return btoi(c.steps()[a.step]) - btoi(c.steps()[b.step])
+	})
+	for _, p := range seen {
+		key := p.who + " " + p.step
+		if !slices.Contains(provisioningSteps, p.step) || slices.Contains(c.killed, key) {
 			continue
 		}
-		c.killed = append(c.killed, step)
-		c.t.Logf("kill -9 of the controller at %s (%d)", step, len(c.killed))
+		c.killed = append(c.killed, key)
+		c.t.Logf("kill -9 of the controller at %s (%d)", key, len(c.killed))
 		require.NoError(c.t, c.lab.KillController())
 		require.NoError(c.t, c.lab.StartController(c.ctx))
 		return
 	}
 }
 
+// steps are the distinct steps killed at so far.
+func (c *crasher) steps() map[string]bool {
+	m := map[string]bool{}
+	for _, k := range c.killed {
+		m[k[strings.LastIndex(k, " ")+1:]] = true
+	}
+	return m
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 func provision(t *testing.T, ctx context.Context, lab *fleet.Lab, tag, faulty string) {
 	_, err := lab.Kilnctl(ctx, labCluster(t, tag), "apply", "-f", "-")
 	require.NoError(t, err)
-	crash := &crasher{t: t, ctx: ctx, lab: lab, max: 6}
+	crash := &crasher{t: t, ctx: ctx, lab: lab, max: 7}
 	var bmcDown, cpReadyWhileDown, cleared bool
 	s, err := lab.Watch(ctx, clusterName, 2*time.Second, func(s *fleet.Snapshot) bool {
 		h := s.Hosts[faulty]
@@ -192,7 +215,8 @@ func provision(t *testing.T, ctx context.Context, lab *fleet.Lab, tag, faulty st
 	require.NoError(t, err)
 	require.True(t, bmcDown, "host %s never reported BMCReachable=False while its BMC failed", faulty)
 	require.True(t, cpReadyWhileDown, "the control plane was not Ready while %s's BMC failed: the others were held up", faulty)
-	require.GreaterOrEqual(t, len(crash.killed), 5, "the controller was killed at %v: want at least 5 steps", crash.killed)
+	require.GreaterOrEqual(t, len(crash.killed), 5, "the controller was killed at %v: want at least 5 points", crash.killed)
+	require.GreaterOrEqual(t, len(crash.steps()), 3, "the controller was killed at %v: want at least 3 different steps", crash.killed)
 
 	res, err := lab.Client(ctx)
 	require.NoError(t, err)
