@@ -51,7 +51,7 @@ const (
 	logRingLines = 2000
 	// memoryTrimThreshold is how much the agent allocates before its
 	// free heap pages go back to the OS (docs/bench/agent.md): an idle
-	// agent allocates it in about 6 minutes at the default heartbeat rate.
+	// agent allocates it in about 2 minutes at the default heartbeat rate.
 	memoryTrimThreshold = 256 << 10
 	// controllerReadBuffer is the read buffer of the connection to the
 	// controller, which answers heartbeats with a few bytes.
