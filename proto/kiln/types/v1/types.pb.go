@@ -3022,16 +3022,22 @@ func (x *Event) GetMessage() string {
 // EnrollmentToken is a one-time token an agent presents to get its
 // certificate. Only its hash is stored.
 type EnrollmentToken struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	SecretSha256  string                 `protobuf:"bytes,2,opt,name=secret_sha256,json=secretSha256,proto3" json:"secret_sha256,omitempty"`
-	Host          string                 `protobuf:"bytes,3,opt,name=host,proto3" json:"host,omitempty"`
-	Expires       *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expires,proto3" json:"expires,omitempty"`
-	Used          bool                   `protobuf:"varint,5,opt,name=used,proto3" json:"used,omitempty"`
-	Created       *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created,proto3" json:"created,omitempty"`
-	Description   string                 `protobuf:"bytes,7,opt,name=description,proto3" json:"description,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Id           string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	SecretSha256 string                 `protobuf:"bytes,2,opt,name=secret_sha256,json=secretSha256,proto3" json:"secret_sha256,omitempty"`
+	Host         string                 `protobuf:"bytes,3,opt,name=host,proto3" json:"host,omitempty"`
+	Expires      *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expires,proto3" json:"expires,omitempty"`
+	Used         bool                   `protobuf:"varint,5,opt,name=used,proto3" json:"used,omitempty"`
+	Created      *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created,proto3" json:"created,omitempty"`
+	Description  string                 `protobuf:"bytes,7,opt,name=description,proto3" json:"description,omitempty"`
+	// used_by_key_sha256 is the sha256 of the public key (DER
+	// SubjectPublicKeyInfo) of the CSR the token was used for, and
+	// used_by_host its host: the same key retrying (its answer was lost)
+	// gets its certificate again.
+	UsedByKeySha256 string `protobuf:"bytes,8,opt,name=used_by_key_sha256,json=usedByKeySha256,proto3" json:"used_by_key_sha256,omitempty"`
+	UsedByHost      string `protobuf:"bytes,9,opt,name=used_by_host,json=usedByHost,proto3" json:"used_by_host,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *EnrollmentToken) Reset() {
@@ -3109,6 +3115,20 @@ func (x *EnrollmentToken) GetCreated() *timestamppb.Timestamp {
 func (x *EnrollmentToken) GetDescription() string {
 	if x != nil {
 		return x.Description
+	}
+	return ""
+}
+
+func (x *EnrollmentToken) GetUsedByKeySha256() string {
+	if x != nil {
+		return x.UsedByKeySha256
+	}
+	return ""
+}
+
+func (x *EnrollmentToken) GetUsedByHost() string {
+	if x != nil {
+		return x.UsedByHost
 	}
 	return ""
 }
@@ -3425,7 +3445,7 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"objectName\x12\x12\n" +
 	"\x04type\x18\x05 \x01(\tR\x04type\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x18\n" +
-	"\amessage\x18\a \x01(\tR\amessage\"\xfc\x01\n" +
+	"\amessage\x18\a \x01(\tR\amessage\"\xcb\x02\n" +
 	"\x0fEnrollmentToken\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12#\n" +
 	"\rsecret_sha256\x18\x02 \x01(\tR\fsecretSha256\x12\x12\n" +
@@ -3433,7 +3453,10 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\aexpires\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\aexpires\x12\x12\n" +
 	"\x04used\x18\x05 \x01(\bR\x04used\x124\n" +
 	"\acreated\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x12 \n" +
-	"\vdescription\x18\a \x01(\tR\vdescription*\xfd\x01\n" +
+	"\vdescription\x18\a \x01(\tR\vdescription\x12+\n" +
+	"\x12used_by_key_sha256\x18\b \x01(\tR\x0fusedByKeySha256\x12 \n" +
+	"\fused_by_host\x18\t \x01(\tR\n" +
+	"usedByHost*\xfd\x01\n" +
 	"\tHostState\x12\x1a\n" +
 	"\x16HOST_STATE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16HOST_STATE_REGISTERING\x10\x01\x12\x19\n" +
