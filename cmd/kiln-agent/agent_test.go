@@ -115,7 +115,8 @@ func TestEnrollAndRun(t *testing.T) {
 	ring := logring.New(100)
 	log := slog.New(slog.NewTextHandler(io.MultiWriter(testWriter{t}, ring), nil))
 	go func() {
-		done <- run(ctx, g, id, runOptions{listen: "127.0.0.1:0", heartbeatInterval: time.Second}, ring, log)
+		// Trimming checks often so that it runs alongside everything below.
+		done <- run(ctx, g, id, runOptions{listen: "127.0.0.1:0", heartbeatInterval: time.Second, memoryTrimInterval: 20 * time.Millisecond}, ring, log)
 	}()
 	t.Cleanup(func() {
 		cancel()

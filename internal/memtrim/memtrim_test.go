@@ -1,8 +1,10 @@
 package memtrim_test
 
 import (
+	"context"
 	"runtime/metrics"
 	"testing"
+	"time"
 
 	"github.com/kilnhq/kiln/internal/memtrim"
 )
@@ -53,6 +55,27 @@ func TestTrim(t *testing.T) {
 	if tr.Trim() {
 		t.Errorf("Trim() right after a trim = true, want false: the count starts again")
 	}
+}
+
+// TestRunStops: Run trims while it runs and returns when its context ends.
+func TestRunStops(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	forced := read("/gc/cycles/forced:gc-cycles")
+	go func() {
+		defer close(done)
+		memtrim.New(1).Run(ctx, time.Millisecond)
+	}()
+	deadline := time.Now().Add(time.Minute)
+	for read("/gc/cycles/forced:gc-cycles") == forced {
+		if time.Now().After(deadline) {
+			t.Fatal("Run did not trim within a minute of allocating")
+		}
+		garbage(64 << 10)
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	<-done
 }
 
 type node struct {
