@@ -1,6 +1,7 @@
 package controller_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"encoding/pem"
@@ -305,6 +306,31 @@ func TestEnrollmentTokens(t *testing.T) {
 		_, err = enroll(ctx, t, env, tok, "reuse-02")
 		if code(err) != codes.PermissionDenied {
 			t.Errorf("second Enroll with one token = %v, want PermissionDenied", err)
+		}
+	})
+
+	t.Run("the same key retrying gets its certificate again", func(t *testing.T) {
+		// An agent whose answer was lost (the controller died after using
+		// the token) asks again with the same CSR: same winner, same host.
+		tok := env.Token(t, "", time.Hour)
+		_, csr, err := pki.NewKeyAndCSR("retry-01")
+		require.NoError(t, err)
+		enr := controllerv1.NewEnrollmentClient(env.DialAnonymous(t))
+		req := &controllerv1.EnrollRequest{Token: tok, CsrDer: csr, Host: "retry-01"}
+		first, err := enr.Enroll(ctx, req)
+		require.NoError(t, err)
+		again, err := enr.Enroll(ctx, req)
+		require.NoError(t, err, "Enroll retried with the same CSR")
+		c1, c2 := parseCert(t, first.GetCertificatePem()), parseCert(t, again.GetCertificatePem())
+		if again.GetHost() != "retry-01" || !bytes.Equal(c1.RawSubjectPublicKeyInfo, c2.RawSubjectPublicKeyInfo) {
+			t.Errorf("retried Enroll = host %q, same key %v; want retry-01 and the same key", again.GetHost(), bytes.Equal(c1.RawSubjectPublicKeyInfo, c2.RawSubjectPublicKeyInfo))
+		}
+		// Another key, or the same key for another host, is refused.
+		if _, err := enroll(ctx, t, env, tok, "retry-01"); code(err) != codes.PermissionDenied {
+			t.Errorf("Enroll with a used token and another key = %v, want PermissionDenied", err)
+		}
+		if _, err := enr.Enroll(ctx, &controllerv1.EnrollRequest{Token: tok, CsrDer: csr, Host: "retry-02"}); code(err) != codes.PermissionDenied {
+			t.Errorf("Enroll with a used token, same key, another host = %v, want PermissionDenied", err)
 		}
 	})
 

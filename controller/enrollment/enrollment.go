@@ -11,7 +11,9 @@ package enrollment
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/pem"
 	"fmt"
 	"log/slog"
@@ -185,7 +187,12 @@ func (s *Service) Enroll(ctx context.Context, req EnrollRequest) (*EnrollResult,
 		return nil, errdefs.PermissionDenied("enrollment token %s is not valid", tok.ID)
 	}
 	now := s.cfg.Clock()
-	if rec.GetUsed() {
+	keySum := csrKeySHA256(req.CSRDER)
+	// The same key asking again for the same host is the agent that used
+	// the token retrying after its answer was lost (the controller
+	// restarted mid-call): the CSR proves it holds that key.
+	retry := rec.GetUsed() && keySum != "" && rec.GetUsedByKeySha256() == keySum && rec.GetUsedByHost() != ""
+	if rec.GetUsed() && !retry {
 		return nil, errdefs.PermissionDenied("enrollment token %s was already used: create a new one", tok.ID)
 	}
 	if !now.Before(rec.GetExpires().AsTime()) {
@@ -207,18 +214,23 @@ func (s *Service) Enroll(ctx context.Context, req EnrollRequest) (*EnrollResult,
 	if err := checkHostName(host); err != nil {
 		return nil, err
 	}
+	if retry && host != rec.GetUsedByHost() {
+		return nil, errdefs.PermissionDenied("enrollment token %s was already used: create a new one", tok.ID)
+	}
 
 	// Sign before consuming the token, so a bad CSR does not burn it.
 	certPEM, err := s.ca.SignCSR(req.CSRDER, pki.RoleAgent, host, s.cfg.CertTTL, now, pki.WithHosts(agentSANs(host, req.Facts)...))
 	if err != nil {
 		return nil, fmt.Errorf("enroll host %q: %w", host, err)
 	}
-	rec.Used = true
-	if _, err := s.store.Update(ctx, TokensKind, tok.ID, rec, rev); err != nil {
-		if errdefs.IsConflict(err) || errdefs.IsNotFound(err) {
-			return nil, errdefs.PermissionDenied("enrollment token %s was already used: create a new one", tok.ID)
+	if !retry {
+		rec.Used, rec.UsedByKeySha256, rec.UsedByHost = true, keySum, host
+		if _, err := s.store.Update(ctx, TokensKind, tok.ID, rec, rev); err != nil {
+			if errdefs.IsConflict(err) || errdefs.IsNotFound(err) {
+				return nil, errdefs.PermissionDenied("enrollment token %s was already used: create a new one", tok.ID)
+			}
+			return nil, fmt.Errorf("enroll host %q: consume token: %w", host, err)
 		}
-		return nil, fmt.Errorf("enroll host %q: consume token: %w", host, err)
 	}
 	cert, err := parseCert(certPEM)
 	if err != nil {
@@ -423,3 +435,13 @@ func checkHostName(name string) error {
 
 // CAHash is the hash of the CA agents must pin ("sha256:...").
 func (s *Service) CAHash() string { return s.ca.Hash() }
+
+// csrKeySHA256 is the hex sha256 of the public key of a DER CSR, or "".
+func csrKeySHA256(der []byte) string {
+	csr, err := x509.ParseCertificateRequest(der)
+	if err != nil {
+		return ""
+	}
+	sum := sha256.Sum256(csr.RawSubjectPublicKeyInfo)
+	return hex.EncodeToString(sum[:])
+}
