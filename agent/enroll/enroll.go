@@ -14,7 +14,10 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"github.com/kilnhq/kiln/host/atomicfile"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -86,7 +89,7 @@ func Enroll(ctx context.Context, o Options) (*identity.Identity, error) {
 		return nil, errdefs.AlreadyExists("enroll: %s already holds an agent identity; remove it to enroll again", o.DataDir)
 	}
 
-	keyPEM, csr, err := pki.NewKeyAndCSR(o.Host)
+	keyPEM, csr, err := pendingKey(o.DataDir, o.Host)
 	if err != nil {
 		return nil, fmt.Errorf("enroll: %w", err)
 	}
@@ -133,8 +136,36 @@ func Enroll(ctx context.Context, o Options) (*identity.Identity, error) {
 	if err != nil {
 		return nil, fmt.Errorf("enroll: store identity: %w", err)
 	}
+	_ = os.Remove(filepath.Join(o.DataDir, PendingKeyFile))
 	log.Info("enrolled", "host", id.Host(), "serial", id.Certificate().Leaf.SerialNumber.Text(16), "data_dir", o.DataDir)
 	return id, nil
+}
+
+// PendingKeyFile keeps the key of an enrollment that has not been answered
+// yet, in the data directory: a retry (after a lost answer, or a restart
+// of the agent) asks with the same key, which the controller recognises as
+// the token's user. It is removed once the identity is stored.
+const PendingKeyFile = "enroll-key.pem"
+
+// pendingKey returns the pending enrollment key and a CSR for it, making
+// and storing (0600) a new key when there is none.
+func pendingKey(dataDir, host string) (keyPEM, csr []byte, err error) {
+	p := filepath.Join(dataDir, PendingKeyFile)
+	if keyPEM, err = os.ReadFile(p); err == nil {
+		if csr, err = pki.CSRForKey(keyPEM, host); err == nil {
+			return keyPEM, csr, nil
+		}
+	}
+	if keyPEM, csr, err = pki.NewKeyAndCSR(host); err != nil {
+		return nil, nil, err
+	}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return nil, nil, err
+	}
+	if err := atomicfile.Write(p, keyPEM, 0o600); err != nil {
+		return nil, nil, fmt.Errorf("store pending key: %w", err)
+	}
+	return keyPEM, csr, nil
 }
 
 // Address normalises a controller address: it drops an https:// or

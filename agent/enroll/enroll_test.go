@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"log/slog"
 	"net"
 	"os"
@@ -223,5 +224,32 @@ func TestFromCmdline(t *testing.T) {
 	}
 	if got := enroll.Address("https://10.0.0.1:7443/"); got != "10.0.0.1:7443" {
 		t.Errorf("Address(%q) = %q, want %q", "https://10.0.0.1:7443/", got, "10.0.0.1:7443")
+	}
+}
+
+// TestRetryAsksWithTheSameKey: an enrollment whose answer is lost is
+// retried with the same key (kept in the data directory until the
+// identity is stored), which the controller recognises as the token's
+// user.
+func TestRetryAsksWithTheSameKey(t *testing.T) {
+	dir := t.TempDir()
+	k1, csr1, err := enroll.PendingKeyForTest(dir, "h1")
+	require.NoError(t, err)
+	k2, csr2, err := enroll.PendingKeyForTest(dir, "h1")
+	require.NoError(t, err)
+	if !bytes.Equal(k1, k2) {
+		t.Fatalf("second attempt made a new key; want the pending one")
+	}
+	c1, err := x509.ParseCertificateRequest(csr1)
+	require.NoError(t, err)
+	c2, err := x509.ParseCertificateRequest(csr2)
+	require.NoError(t, err)
+	if !bytes.Equal(c1.RawSubjectPublicKeyInfo, c2.RawSubjectPublicKeyInfo) {
+		t.Errorf("the two CSRs carry different keys")
+	}
+	st, err := os.Stat(filepath.Join(dir, enroll.PendingKeyFile))
+	require.NoError(t, err)
+	if st.Mode().Perm() != 0o600 {
+		t.Errorf("pending key mode = %v, want 0600", st.Mode().Perm())
 	}
 }

@@ -343,6 +343,20 @@ func NewKeyAndCSR(name string) (keyPEM, csrDER []byte, err error) {
 	return keyPEM, csrDER, nil
 }
 
+// CSRForKey makes a CSR for an existing key (PEM, as NewKeyAndCSR
+// returns it): an agent retrying an enrollment asks with the same key.
+func CSRForKey(keyPEM []byte, name string) ([]byte, error) {
+	key, err := ParsePrivateKeyPEM(keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("CSR: %w", err)
+	}
+	csrDER, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: name}}, key)
+	if err != nil {
+		return nil, fmt.Errorf("CSR: %w", err)
+	}
+	return csrDER, nil
+}
+
 // Hash returns the pin of a CA certificate: "sha256:" followed by the hex
 // SHA-256 of its DER SubjectPublicKeyInfo. It is the same value as kubeadm's
 // --discovery-token-ca-cert-hash and as

@@ -1,0 +1,4 @@
+package enroll
+
+// PendingKeyForTest exposes pendingKey to the external tests.
+var PendingKeyForTest = pendingKey
