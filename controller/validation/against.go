@@ -54,8 +54,13 @@ func ValidateAgainst(r *controllerv1.Resource, o Observed) error {
 				p.add("spec.serviceCidr", "cannot change from %s to %s on an existing cluster: the API server's certificate and every Service use it; create a new Cluster instead", cur.GetServiceCidr(), s.GetServiceCidr())
 			}
 		}
-		checkNetworks(&p, "spec.podCidr", s.GetPodCidr(), o.Networks)
-		checkNetworks(&p, "spec.serviceCidr", s.GetServiceCidr(), o.Networks)
+		// Only a new cluster is checked: once it runs, its nodes report
+		// its own pod network (cni0 in the pod CIDR) among their addresses,
+		// and its CIDRs cannot change anyway.
+		if o.Current.GetCluster() == nil {
+			checkNetworks(&p, "spec.podCidr", s.GetPodCidr(), o.Networks)
+			checkNetworks(&p, "spec.serviceCidr", s.GetServiceCidr(), o.Networks)
+		}
 	case *controllerv1.Resource_ControlPlane:
 		if cur := o.Current.GetControlPlane(); cur != nil {
 			checkVersionChange(&p, "spec.version", cur.GetSpec().GetVersion(), x.ControlPlane.GetSpec().GetVersion())

@@ -296,6 +296,9 @@ func TestValidateAgainst(t *testing.T) {
 		{"cluster service cidr overlaps lab", cluster(func(c *typesv1.Cluster) { c.Spec.PodCidr, c.Spec.ServiceCidr = "172.20.0.0/16", "192.168.0.0/16" }), Observed{Networks: lab},
 			[]string{"spec.serviceCidr: 192.168.0.0/16 overlaps host network 192.168.1.0/24", "e.g. 10.96.0.0/12"}},
 		{"cluster clear of lab", cluster(func(c *typesv1.Cluster) { c.Spec.PodCidr = "10.245.0.0/16" }), Observed{Networks: lab}, nil},
+		// A running cluster's nodes report its own pod network (cni0);
+		// applying it again unchanged is fine.
+		{"existing cluster reapplied", cluster(func(c *typesv1.Cluster) {}), Observed{Current: cluster(func(*typesv1.Cluster) {}), Networks: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/24")}}, nil},
 		{"cluster pod cidr changed", cluster(func(c *typesv1.Cluster) { c.Spec.PodCidr = "10.245.0.0/16" }), Observed{Current: cluster(func(*typesv1.Cluster) {})},
 			[]string{"spec.podCidr: cannot change from 10.244.0.0/16 to 10.245.0.0/16 on an existing cluster"}},
 		{"md same as cp", md(func(*typesv1.MachineDeployment) {}), Observed{ControlPlaneVersion: "v1.34.4"}, nil},
