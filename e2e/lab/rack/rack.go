@@ -109,6 +109,11 @@ type Options struct {
 	// kiln.ca_hash=). Virtual-media boots always read the inserted ISO's
 	// kernel command line.
 	BootURL string `json:"bootURL,omitempty"`
+	// APIServerLB runs the lab's load balancer for Kubernetes API servers
+	// on the gateway (GATEWAY:6443, see LoadBalancer): a cluster's
+	// controlPlaneEndpoint that survives control-plane replacement.
+	// netns backend only.
+	APIServerLB bool `json:"apiServerLB,omitempty"`
 	// DiskSize of each host's sparse disk (default 8 GiB).
 	DiskSize int64 `json:"diskSize,omitempty"`
 	// ServeCommand starts the supervisor, for example {"kilnctl", "lab",
@@ -219,7 +224,9 @@ type State struct {
 	Bridge  string `json:"bridge,omitempty"`
 	Subnet  string `json:"subnet,omitempty"`
 	Gateway string `json:"gateway,omitempty"`
-	Hosts   []Host `json:"hosts,omitempty"`
+	// APIServer is the API load balancer's address (Options.APIServerLB).
+	APIServer string `json:"apiServer,omitempty"`
+	Hosts     []Host `json:"hosts,omitempty"`
 	// Resources is everything created, in order of creation.
 	Resources []netns.Resource `json:"resources,omitempty"`
 	Updated   time.Time        `json:"updated"`

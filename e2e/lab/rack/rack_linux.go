@@ -9,11 +9,13 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -130,6 +132,7 @@ type server struct {
 	vms      []*qemu.VM
 	redfish  []*redfish.BMC
 	sims     []*ipmisim.Sim
+	lb       *LoadBalancer
 }
 
 func (s *server) saveLocked() {
@@ -339,6 +342,18 @@ func (s *server) up(ctx context.Context) error {
 		}
 		s.update(func(st *State) { st.Hosts = append(st.Hosts, h) })
 	}
+	if o.APIServerLB && o.Backend == BackendNetns {
+		var backends []string
+		for _, h := range s.st.Hosts {
+			backends = append(backends, net.JoinHostPort(h.Address, strconv.Itoa(APIServerPort)))
+		}
+		lb, err := ListenLoadBalancer(net.JoinHostPort(gw.String(), strconv.Itoa(APIServerPort)), backends, s.log)
+		if err != nil {
+			return fmt.Errorf("lab: API load balancer: %w", err)
+		}
+		s.lb = lb
+		s.update(func(st *State) { st.APIServer = lb.Addr() })
+	}
 	return nil
 }
 
@@ -373,6 +388,9 @@ func (s *server) chassisWrapper() (string, error) {
 
 // shutdown powers every host off (hard) and stops the BMCs.
 func (s *server) shutdown() {
+	if s.lb != nil {
+		_ = s.lb.Close()
+	}
 	for _, b := range s.redfish {
 		b.Close()
 	}

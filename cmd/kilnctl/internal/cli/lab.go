@@ -75,6 +75,7 @@ See docs/lab.md.`,
 	up.Flags().StringVar(&o.ControllerURL, "controller", "", "controller address for the boot agent (kiln.controller=); listen on the lab's gateway address")
 	up.Flags().StringVar(&o.CAHash, "ca-hash", "", "controller CA pin for the boot agent (kiln.ca_hash=)")
 	up.Flags().StringVar(&o.BootURL, "boot-url", "", "iPXE script URL template for PXE boots, e.g. http://{gateway}:8080/boot/ipxe/{host} ({host}: the Host resource name LAB-hI; {gateway}: the bridge address); default: a static command line")
+	up.Flags().BoolVar(&o.APIServerLB, "apiserver-lb", false, "run a TCP load balancer for Kubernetes API servers on GATEWAY:6443 over every host (a controlPlaneEndpoint that survives control-plane replacement)")
 	up.Flags().StringVar(&diskSize, "disk-size", "8G", "size of each host's sparse disk (K, M, G suffixes)")
 
 	status := &cobra.Command{
