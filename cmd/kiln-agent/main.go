@@ -49,9 +49,11 @@ const (
 	journalRetention = 14 * 24 * time.Hour
 	// logRingLines is how many recent log lines the Logs RPC can return.
 	logRingLines = 2000
-	// memoryTrimThreshold is how much the agent allocates before its
-	// free heap pages go back to the OS (docs/bench/agent.md): an idle
-	// agent allocates it in about 2 minutes at the default heartbeat rate.
+	// memoryTrimFirst and memoryTrimThreshold are how much the agent
+	// allocates before its free heap pages go back to the OS, the first
+	// time and then each time (docs/bench/agent.md); an idle agent
+	// allocates ≈ 150 KiB a minute at the default heartbeat rate.
+	memoryTrimFirst     = 1 << 20
 	memoryTrimThreshold = 256 << 10
 	// controllerReadBuffer is the read buffer of the connection to the
 	// controller, which answers heartbeats with a few bytes.
@@ -213,7 +215,7 @@ func newRun(g *globals) *cobra.Command {
 	cmd.Flags().DurationVar(&ro.heartbeatInterval, "heartbeat-interval", heartbeat.DefaultInterval, "heartbeat interval until the controller names one")
 	cmd.Flags().StringVar(&ro.rebootCommand, "reboot-command", "", `command the Reboot RPC runs, e.g. "systemctl reboot" (default: none, Reboot is refused)`)
 	cmd.Flags().StringVar(&ro.powerOffCommand, "poweroff-command", "", `command Reboot with power_off runs, e.g. "systemctl poweroff" (default: none)`)
-	cmd.Flags().DurationVar(&ro.memoryTrimInterval, "memory-trim-interval", defaultMemoryTrimInterval, "how often to return unused heap memory to the OS once 256 KiB were allocated since the last time (0: never)")
+	cmd.Flags().DurationVar(&ro.memoryTrimInterval, "memory-trim-interval", defaultMemoryTrimInterval, "how often to check whether to return unused heap memory to the OS (after 1 MiB, then every 256 KiB allocated; 0: never)")
 	return cmd
 }
 
@@ -315,7 +317,7 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 	go func() {
 		defer close(trimDone)
 		if ro.memoryTrimInterval > 0 {
-			memtrim.New(memoryTrimThreshold).Run(ctx, ro.memoryTrimInterval)
+			memtrim.New(memoryTrimFirst, memoryTrimThreshold).Run(ctx, ro.memoryTrimInterval)
 		}
 	}()
 	go func() {

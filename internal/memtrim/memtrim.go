@@ -11,7 +11,12 @@
 // within threshold of its live memory at the cost of one collection of a
 // small heap every few minutes; a busy one (laying an image) is trimmed at
 // most once per check interval, which is negligible next to the collections
-// its own allocation rate causes. See docs/bench/agent.md for measurements.
+// its own allocation rate causes.
+//
+// The first trim waits for a larger amount: a program's first collections
+// leave about 1 MiB of runtime metadata resident for good, so collecting
+// before the runtime would have done so itself only costs memory. See
+// docs/bench/agent.md for measurements.
 package memtrim
 
 import (
@@ -30,15 +35,17 @@ const allocsMetric = "/gc/heap/allocs:bytes"
 // read MemStats raised the agent's resident memory by 0.5 MiB
 // (docs/bench/agent.md).
 type Trimmer struct {
+	need      uint64 // first, then threshold
 	threshold uint64
 	last      uint64
 	sample    [1]metrics.Sample
 }
 
-// New returns a Trimmer that trims once threshold bytes have been
-// allocated since it was made or since its last trim.
-func New(threshold uint64) *Trimmer {
-	t := &Trimmer{threshold: threshold}
+// New returns a Trimmer that trims once first bytes have been allocated
+// since it was made, and then each time threshold more have been allocated
+// since its last trim.
+func New(first, threshold uint64) *Trimmer {
+	t := &Trimmer{need: first, threshold: threshold}
 	t.sample[0].Name = allocsMetric
 	t.last = t.allocated()
 	return t
@@ -49,14 +56,15 @@ func (t *Trimmer) allocated() uint64 {
 	return t.sample[0].Value.Uint64()
 }
 
-// Trim runs debug.FreeOSMemory when at least the threshold has been
-// allocated since the last trim, and reports whether it did. It blocks for
-// one garbage collection when it trims.
+// Trim runs debug.FreeOSMemory when enough has been allocated since the
+// last trim (see New), and reports whether it did. It blocks for one
+// garbage collection when it trims.
 func (t *Trimmer) Trim() bool {
-	if t.allocated()-t.last < t.threshold {
+	if t.allocated()-t.last < t.need {
 		return false
 	}
 	debug.FreeOSMemory()
+	t.need = t.threshold
 	t.last = t.allocated()
 	return true
 }

@@ -25,25 +25,26 @@ func garbage(n int) {
 	sink = nil
 }
 
-// TestTrim: below the threshold nothing happens; past it, one forced
-// collection returns the freed pages to the OS; then the count starts again.
+// TestTrim: below the first amount nothing happens; past it, one forced
+// collection returns the freed pages to the OS; then the (smaller)
+// threshold counts from there.
 func TestTrim(t *testing.T) {
-	const threshold = 4 << 20
-	tr := memtrim.New(threshold)
+	const first, threshold = 8 << 20, 2 << 20
+	tr := memtrim.New(first, threshold)
 	forced := read("/gc/cycles/forced:gc-cycles")
 
-	garbage(threshold / 8)
+	garbage(4 << 20)
 	if tr.Trim() {
-		t.Fatalf("Trim() after %d bytes of garbage = true, want false below the threshold %d", threshold/8, threshold)
+		t.Fatalf("Trim() after 4 MiB of garbage = true, want false below the first %d bytes", first)
 	}
 	if got := read("/gc/cycles/forced:gc-cycles"); got != forced {
 		t.Fatalf("forced collections = %d, want still %d", got, forced)
 	}
 
-	garbage(2 * threshold)
+	garbage(6 << 20)
 	released := read("/memory/classes/heap/released:bytes")
 	if !tr.Trim() {
-		t.Fatalf("Trim() after %d bytes of garbage = false, want true", 2*threshold)
+		t.Fatalf("Trim() after 10 MiB of garbage = false, want true")
 	}
 	if got := read("/gc/cycles/forced:gc-cycles"); got != forced+1 {
 		t.Errorf("forced collections = %d, want %d", got, forced+1)
@@ -55,6 +56,14 @@ func TestTrim(t *testing.T) {
 	if tr.Trim() {
 		t.Errorf("Trim() right after a trim = true, want false: the count starts again")
 	}
+	garbage(threshold / 2)
+	if tr.Trim() {
+		t.Errorf("Trim() after 1 MiB = true, want false below the threshold %d", threshold)
+	}
+	garbage(threshold)
+	if !tr.Trim() {
+		t.Errorf("Trim() after 3 MiB since the last trim = false, want true past the threshold %d", threshold)
+	}
 }
 
 // TestRunStops: Run trims while it runs and returns when its context ends.
@@ -64,7 +73,7 @@ func TestRunStops(t *testing.T) {
 	forced := read("/gc/cycles/forced:gc-cycles")
 	go func() {
 		defer close(done)
-		memtrim.New(1).Run(ctx, time.Millisecond)
+		memtrim.New(1, 1).Run(ctx, time.Millisecond)
 	}()
 	deadline := time.Now().Add(time.Minute)
 	for read("/gc/cycles/forced:gc-cycles") == forced {
@@ -92,7 +101,7 @@ func BenchmarkTrim(b *testing.B) {
 	for i := 0; i < (1<<20)/64; i++ {
 		live = &node{next: live}
 	}
-	tr := memtrim.New(256 << 10)
+	tr := memtrim.New(256<<10, 256<<10)
 	for b.Loop() {
 		b.StopTimer()
 		garbage(256 << 10)
