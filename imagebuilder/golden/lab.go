@@ -103,8 +103,9 @@ const LabRouteProto = "77"
 //     and `loop` from CoreDNS's Corefile, so cluster DNS never asks an
 //     upstream resolver (the lab's hosts may not reach outside);
 //   - on a worker, which may read only its own Node, it routes the
-//     cluster's pod subnet (kubeadm-config's podSubnet) via the control
-//     plane its kubelet talks to, which forwards to the right node.
+//     cluster's pod subnet (kubeadm-config's podSubnet) via a control
+//     plane (the first address of the kubernetes Service's endpoints, else
+//     the one its kubelet talks to), which forwards to the right node.
 const LabNetScriptFile = `#!/bin/sh
 # kiln-lab-net (written by kiln-imagebuilder, spec labNetwork): see docs/imagebuilder.md.
 set -u
@@ -180,7 +181,11 @@ reconcile() {
 		ka get nodes -o jsonpath='{range .items[*]}{.spec.podCIDR} {.status.addresses[?(@.type=="InternalIP")].address}{"\n"}{end}' 2>/dev/null |
 			while read -r c ip; do route "$c" "$ip"; done
 	else
-		cp=$(kk config view --minify -o jsonpath='{.clusters[0].cluster.server}' 2>/dev/null | sed -e 's#^https://##' -e 's#:[0-9]*$##')
+		# An API server's own address (the kubernetes Service's endpoints):
+		# the kubelet may talk to a load balancer (controlPlaneEndpoint),
+		# which routes no pod traffic.
+		cp=$(kk -n default get endpoints kubernetes -o jsonpath='{.subsets[0].addresses[0].ip}' 2>/dev/null)
+		[ -n "$cp" ] || cp=$(kk config view --minify -o jsonpath='{.clusters[0].cluster.server}' 2>/dev/null | sed -e 's#^https://##' -e 's#:[0-9]*$##')
 		pods=$(kk -n kube-system get configmap kubeadm-config -o jsonpath='{.data.ClusterConfiguration}' 2>/dev/null | awk '$1 == "podSubnet:" {print $2}')
 		route "$pods" "$cp"
 	fi
