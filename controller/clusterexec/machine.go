@@ -205,35 +205,65 @@ func (e *Executor) bootstrap(ctx context.Context, m *typesv1.Machine, h *typesv1
 
 	opCtx, cancel := context.WithTimeout(ctx, e.cfg.OperationTimeout)
 	defer cancel()
-	stream, err := agent.Prepare(opCtx, &agentv1.PrepareRequest{OperationId: opID(m, "prepare")})
-	if err != nil {
-		return fmt.Errorf("prepare: %w", errgrpc.FromGRPC(err))
-	}
-	if _, err := follow(stream); err != nil {
-		return e.operationFailed(ctx, m, "PrepareFailed", fmt.Errorf("prepare: %w", err))
-	}
 
-	callCtx, cancelCall := context.WithTimeout(ctx, e.cfg.CallTimeout)
-	report, err := agent.Preflight(callCtx, &agentv1.PreflightRequest{Cluster: cfg})
-	cancelCall()
-	if err != nil {
-		return fmt.Errorf("preflight: %w", errgrpc.FromGRPC(err))
+	// A restarted controller (or a new leader) re-attaches to the kubeadm
+	// init or join the agent already runs or ran under this machine's
+	// operation id: preparing and checking again a node that is being (or
+	// was) joined fails its preflight (its ports are in use).
+	mainID := opID(m, "join")
+	if mode == clusterplan.BootstrapInit {
+		mainID = opID(m, "init")
 	}
-	if msg := failedChecks(report); msg != "" {
-		if prev := conditions.Get(m.GetStatus().GetConditions(), ConditionBootstrapFailed); prev.GetStatus() != conditions.True || prev.GetMessage() != msg {
-			e.event(ctx, name, "Warning", "PreflightFailed", msg)
+	var prior *agentv1.OperationEvent
+	var priorErr error
+	attached := false
+	if st, err := agent.Operation(opCtx, &agentv1.OperationRequest{OperationId: mainID}); err == nil {
+		prior, priorErr = follow(st)
+		attached = !errdefs.IsNotFound(priorErr)
+	}
+	var stream eventStream
+	if !attached {
+		st, err := agent.Prepare(opCtx, &agentv1.PrepareRequest{OperationId: opID(m, "prepare")})
+		if err != nil {
+			return fmt.Errorf("prepare: %w", errgrpc.FromGRPC(err))
 		}
-		return e.setCondition(ctx, name, conditions.New(ConditionBootstrapFailed, conditions.True, "PreflightFailed", msg), PhaseFailed)
+		if _, err := follow(st); err != nil {
+			return e.operationFailed(ctx, m, "PrepareFailed", fmt.Errorf("prepare: %w", err))
+		}
+
+		callCtx, cancelCall := context.WithTimeout(ctx, e.cfg.CallTimeout)
+		report, err := agent.Preflight(callCtx, &agentv1.PreflightRequest{Cluster: cfg})
+		cancelCall()
+		if err != nil {
+			return fmt.Errorf("preflight: %w", errgrpc.FromGRPC(err))
+		}
+		if msg := failedChecks(report); msg != "" {
+			if prev := conditions.Get(m.GetStatus().GetConditions(), ConditionBootstrapFailed); prev.GetStatus() != conditions.True || prev.GetMessage() != msg {
+				e.event(ctx, name, "Warning", "PreflightFailed", msg)
+			}
+			return e.setCondition(ctx, name, conditions.New(ConditionBootstrapFailed, conditions.True, "PreflightFailed", msg), PhaseFailed)
+		}
+	} else {
+		e.log.Info("re-attached to a running bootstrap", "machine", name, "operation", mainID)
+	}
+	result := func() (*agentv1.OperationEvent, error) {
+		if attached {
+			return prior, priorErr
+		}
+		return follow(stream)
 	}
 
 	var initResult *agentv1.KubeadmInitResult
 	switch mode {
 	case clusterplan.BootstrapInit:
-		stream, err = agent.KubeadmInit(opCtx, &agentv1.KubeadmInitRequest{OperationId: opID(m, "init"), Cluster: cfg, UploadCerts: true})
-		if err != nil {
-			return fmt.Errorf("kubeadm init: %w", errgrpc.FromGRPC(err))
+		if !attached {
+			st, err := agent.KubeadmInit(opCtx, &agentv1.KubeadmInitRequest{OperationId: mainID, Cluster: cfg, UploadCerts: true})
+			if err != nil {
+				return fmt.Errorf("kubeadm init: %w", errgrpc.FromGRPC(err))
+			}
+			stream = st
 		}
-		ev, err := follow(stream)
+		ev, err := result()
 		if err != nil {
 			return e.operationFailed(ctx, m, "KubeadmInitFailed", fmt.Errorf("kubeadm init: %w", err))
 		}
@@ -257,11 +287,14 @@ func (e *Executor) bootstrap(ctx context.Context, m *typesv1.Machine, h *typesv1
 		if cp {
 			req.CertificateKey = boot.CertificateKey
 		}
-		stream, err = agent.KubeadmJoin(opCtx, req)
-		if err != nil {
-			return fmt.Errorf("kubeadm join: %w", errgrpc.FromGRPC(err))
+		if !attached {
+			st, err := agent.KubeadmJoin(opCtx, req)
+			if err != nil {
+				return fmt.Errorf("kubeadm join: %w", errgrpc.FromGRPC(err))
+			}
+			stream = st
 		}
-		if _, err := follow(stream); err != nil {
+		if _, err := result(); err != nil {
 			return e.operationFailed(ctx, m, "KubeadmJoinFailed", fmt.Errorf("kubeadm join: %w", err))
 		}
 	}
