@@ -123,6 +123,12 @@ func (l *Lab) HostResource(i int) string {
 	return rack.ResourceName(l.cfg.Name, fmt.Sprintf("h%d", i))
 }
 
+// APIServerEndpoint is the lab's API load balancer (kilnctl lab up
+// --apiserver-lb): the controlPlaneEndpoint of the lab's clusters.
+func (l *Lab) APIServerEndpoint() string {
+	return net.JoinHostPort(l.Gateway(), strconv.Itoa(rack.APIServerPort))
+}
+
 // Gateway is the lab bridge's address, where the controller listens.
 func (l *Lab) Gateway() string { return l.gateway.String() }
 
@@ -196,7 +202,7 @@ func (l *Lab) UpRack(ctx context.Context) error {
 	l.say("creating the rack: %d Redfish and %d IPMI hosts on %s (kilnctl lab up)", l.cfg.Hosts, l.cfg.IPMI, l.cfg.Subnet)
 	out, err := l.Kilnctl(ctx, nil, l.labArgs("up", "--hosts", strconv.Itoa(l.cfg.Hosts), "--ipmi", strconv.Itoa(l.cfg.IPMI),
 		"--subnet", l.cfg.Subnet, "--agent", filepath.Join(l.cfg.Bin, "kiln-agent"), "--boot-url", l.BootURL()+"/boot/ipxe/{host}",
-		"--disk-size", l.cfg.DiskSize)...)
+		"--disk-size", l.cfg.DiskSize, "--apiserver-lb")...)
 	if err != nil {
 		return err
 	}

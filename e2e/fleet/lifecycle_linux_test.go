@@ -100,7 +100,7 @@ func TestLabLifecycle(t *testing.T) {
 }
 
 func badInput(t *testing.T, ctx context.Context, lab *fleet.Lab, tag string) {
-	docs := splitDocs(t, labCluster(t, tag))
+	docs := splitDocs(t, labCluster(t, lab, tag))
 	pfx := lab.Subnet()
 	overlapping := strings.Join(strings.Split(pfx, ".")[:2], ".") + ".0.0/16" // e.g. 10.251.0.0/16 over the lab's /24
 	for _, tc := range []struct {
@@ -191,7 +191,7 @@ func btoi(b bool) int {
 }
 
 func provision(t *testing.T, ctx context.Context, lab *fleet.Lab, tag, faulty string) {
-	_, err := lab.Kilnctl(ctx, labCluster(t, tag), "apply", "-f", "-")
+	_, err := lab.Kilnctl(ctx, labCluster(t, lab, tag), "apply", "-f", "-")
 	require.NoError(t, err)
 	crash := &crasher{t: t, ctx: ctx, lab: lab, max: 7}
 	var bmcDown, cpReadyWhileDown, cleared bool
@@ -248,7 +248,7 @@ func provision(t *testing.T, ctx context.Context, lab *fleet.Lab, tag, faulty st
 	// Bad input judged against what is stored: a control plane at v1.34
 	// cannot go to v1.36 in one step. Nothing changes.
 	var docs []map[string]any
-	for _, d := range splitDocs(t, labCluster(t, tag)) {
+	for _, d := range splitDocs(t, labCluster(t, lab, tag)) {
 		if d["kind"] == "ControlPlane" {
 			d["spec"].(map[string]any)["version"] = "v1.36.0"
 			docs = append(docs, d)
@@ -329,7 +329,7 @@ func rollout(t *testing.T, ctx context.Context, lab *fleet.Lab, tag string) {
 	before, err := lab.Snapshot(ctx, clusterName)
 	require.NoError(t, err)
 	var docs []map[string]any
-	for _, d := range splitDocs(t, labCluster(t, tag2)) {
+	for _, d := range splitDocs(t, labCluster(t, lab, tag2)) {
 		if d["kind"] == "ControlPlane" {
 			d["spec"].(map[string]any)["rolloutMaxSurge"] = 1 // 1→2→1 onto the spare host
 		}

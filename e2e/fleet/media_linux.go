@@ -70,3 +70,35 @@ func ImageResource(file, bootURL string) ([]byte, error) {
 	}
 	return bytes.TrimSpace(out), nil
 }
+
+// ClusterForLab returns the cluster manifests (YAML documents) with every
+// Cluster's empty spec.controlPlaneEndpoint set to endpoint (the lab's API
+// load balancer), so that its control plane can be replaced.
+func ClusterForLab(manifests []byte, endpoint string) ([]byte, error) {
+	var out [][]byte
+	for _, d := range bytes.Split(manifests, []byte("\n---")) {
+		if len(bytes.TrimSpace(d)) == 0 {
+			continue
+		}
+		var r map[string]any
+		if err := yaml.Unmarshal(d, &r); err != nil {
+			return nil, err
+		}
+		if r["kind"] == "Cluster" {
+			spec, _ := r["spec"].(map[string]any)
+			if spec == nil {
+				spec = map[string]any{}
+				r["spec"] = spec
+			}
+			if ep, _ := spec["controlPlaneEndpoint"].(string); ep == "" {
+				spec["controlPlaneEndpoint"] = endpoint
+			}
+		}
+		b, err := yaml.Marshal(r)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b)
+	}
+	return bytes.Join(out, []byte("---\n")), nil
+}

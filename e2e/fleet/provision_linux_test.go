@@ -91,8 +91,9 @@ func freeSubnet(t *testing.T) string {
 	return ""
 }
 
-// labCluster is examples/lab-cluster.yaml with the lab image's tag.
-func labCluster(t *testing.T, tag string) []byte {
+// labCluster is examples/lab-cluster.yaml with the lab image's tag and
+// the lab's API load balancer as controlPlaneEndpoint.
+func labCluster(t *testing.T, lab *fleet.Lab, tag string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(repoRoot(), "examples", "lab-cluster.yaml"))
 	require.NoError(t, err)
@@ -109,7 +110,9 @@ func labCluster(t *testing.T, tag string) []byte {
 		require.NoError(t, err)
 		docs = append(docs, out)
 	}
-	return bytes.Join(docs, []byte("---\n"))
+	out, err := fleet.ClusterForLab(bytes.Join(docs, []byte("---\n")), lab.APIServerEndpoint())
+	require.NoError(t, err)
+	return out
 }
 
 // startLab builds everything and brings up a lab's rack and controller

@@ -99,6 +99,26 @@ func (c *ClusterDocs) At(version, image string) {
 	}
 }
 
+// ControlPlaneEndpoint returns the Cluster's controlPlaneEndpoint.
+func (c *ClusterDocs) ControlPlaneEndpoint() string {
+	for _, d := range c.docs {
+		if d["kind"] == "Cluster" {
+			e, _ := c.spec(d)["controlPlaneEndpoint"].(string)
+			return e
+		}
+	}
+	return ""
+}
+
+// SetControlPlaneEndpoint sets the Cluster's controlPlaneEndpoint.
+func (c *ClusterDocs) SetControlPlaneEndpoint(e string) {
+	for _, d := range c.docs {
+		if d["kind"] == "Cluster" {
+			c.spec(d)["controlPlaneEndpoint"] = e
+		}
+	}
+}
+
 // Replicas returns the ControlPlane's replicas and the sum of the
 // MachineDeployments' (1 when unset, as the controller defaults).
 func (c *ClusterDocs) Replicas() (controlPlane, workers int) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -190,6 +191,17 @@ func (u *MinorUpgrade) Run(ctx context.Context) (*Lab, *UpgradeResult, error) {
 	phase("rack and controller", t0)
 
 	cps, workers := docs.Replicas()
+	if docs.ControlPlaneEndpoint() == "" {
+		// kubeadm lets a second control-plane member join only behind a
+		// stable endpoint; the lab provides one on its bridge.
+		lb, err := lab.StartAPIBalancer(ctx, net.JoinHostPort(lab.Gateway(), "6443"), name)
+		if err != nil {
+			return lab, nil, err
+		}
+		defer lb.Close()
+		docs.SetControlPlaneEndpoint(lb.Addr())
+		say("control-plane endpoint %s: the lab's balancer in front of the control-plane machines (lives while this runs)", lb.Addr())
+	}
 	t0 = time.Now()
 	docs.At(u.From.Kubernetes, fromImg.Tag)
 	all, err := docs.YAML()

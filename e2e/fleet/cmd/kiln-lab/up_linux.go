@@ -43,7 +43,11 @@ func up(ctx context.Context, f *flags) error {
 	if _, err := lab.Kilnctl(ctx, resource, "apply", "-f", "-"); err != nil {
 		return err
 	}
-	step("applying %s", f.cluster)
+	step("applying %s (controlPlaneEndpoint: the lab's API load balancer %s)", f.cluster, lab.APIServerEndpoint())
+	cluster, err = fleet.ClusterForLab(cluster, lab.APIServerEndpoint())
+	if err != nil {
+		return fmt.Errorf("cluster file %s: %w", f.cluster, err)
+	}
 	out, err := lab.Kilnctl(ctx, cluster, "apply", "-f", "-")
 	if err != nil {
 		return err
