@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kilnhq/kiln/controller/clusterexec"
 	"github.com/kilnhq/kiln/controller/clusterplan"
 	"github.com/kilnhq/kiln/imagebuilder/kubetools"
 	"github.com/kilnhq/kiln/imagebuilder/rootfs"
@@ -267,14 +268,36 @@ func (u *MinorUpgrade) Run(ctx context.Context) (*Lab, *UpgradeResult, error) {
 	return lab, res, nil
 }
 
-// wait watches the lab until done, for at most PhaseTimeout.
+// wait watches the lab until done, for at most PhaseTimeout. A machine in
+// phase Failed ends the wait at once: the controller does not retry it.
 func (u *MinorUpgrade) wait(ctx context.Context, lab *Lab, cluster string, done func(*Snapshot) bool) error {
 	wctx, cancel := context.WithTimeout(ctx, u.PhaseTimeout)
 	defer cancel()
-	if _, err := lab.Watch(wctx, cluster, 2*time.Second, done); err != nil {
+	s, err := lab.Watch(wctx, cluster, 2*time.Second, func(s *Snapshot) bool { return done(s) || FailedMachine(s) != "" })
+	if err != nil {
 		return fmt.Errorf("%w\n(kilnctl describe cluster %s shows every condition; the controller log is %s)", err, cluster, lab.ControllerLog())
 	}
+	if f := FailedMachine(s); f != "" {
+		return fmt.Errorf("lab upgrade: %s\n(kilnctl describe machine shows its events; the controller log is %s)", f, lab.ControllerLog())
+	}
 	return nil
+}
+
+// FailedMachine describes the first machine in phase Failed (name, host,
+// version and the message of its BootstrapFailed condition), or "".
+func FailedMachine(s *Snapshot) string {
+	for _, n := range sortedKeys(s.Machines) {
+		m := s.Machines[n]
+		if m.GetStatus().GetPhase() != clusterexec.PhaseFailed {
+			continue
+		}
+		msg := "no BootstrapFailed condition"
+		if c := conditions.Get(m.GetStatus().GetConditions(), clusterexec.ConditionBootstrapFailed); c != nil {
+			msg = c.GetReason() + ": " + c.GetMessage()
+		}
+		return fmt.Sprintf("machine %s (%s %s on host %s, image %s) failed: %s", n, m.GetSpec().GetRole(), m.GetSpec().GetVersion(), m.GetSpec().GetHost(), m.GetSpec().GetImage(), msg)
+	}
+	return ""
 }
 
 // roleAt is done when the cluster is Ready and exactly n machines of role

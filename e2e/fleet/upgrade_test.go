@@ -98,6 +98,16 @@ func TestClusterDocsAt(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, string(all), string(again2))
 
+	if docs.ControlPlaneEndpoint() != "" {
+		t.Errorf("lab-cluster.yaml has controlPlaneEndpoint %q; the upgrade expects to provide one", docs.ControlPlaneEndpoint())
+	}
+	docs.SetControlPlaneEndpoint("10.251.250.1:6443")
+	cl, err := docs.YAML("Cluster")
+	require.NoError(t, err)
+	if !strings.Contains(string(cl), "controlPlaneEndpoint: 10.251.250.1:6443") || docs.ControlPlaneEndpoint() != "10.251.250.1:6443" {
+		t.Errorf("SetControlPlaneEndpoint: Cluster =\n%s", cl)
+	}
+
 	if _, err := ParseClusterDocs([]byte("kind: ControlPlane\n")); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("ParseClusterDocs(no Cluster) = %v, want InvalidArgument", err)
 	}
