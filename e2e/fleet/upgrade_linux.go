@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -194,14 +193,9 @@ func (u *MinorUpgrade) Run(ctx context.Context) (*Lab, *UpgradeResult, error) {
 	cps, workers := docs.Replicas()
 	if docs.ControlPlaneEndpoint() == "" {
 		// kubeadm lets a second control-plane member join only behind a
-		// stable endpoint; the lab provides one on its bridge.
-		lb, err := lab.StartAPIBalancer(ctx, net.JoinHostPort(lab.Gateway(), "6443"), name)
-		if err != nil {
-			return lab, nil, err
-		}
-		defer lb.Close()
-		docs.SetControlPlaneEndpoint(lb.Addr())
-		say("control-plane endpoint %s: the lab's balancer in front of the control-plane machines (lives while this runs)", lb.Addr())
+		// stable endpoint: the rack's API load balancer.
+		docs.SetControlPlaneEndpoint(lab.APIServerEndpoint())
+		say("control-plane endpoint %s: the rack's API load balancer", lab.APIServerEndpoint())
 	}
 	t0 = time.Now()
 	docs.At(u.From.Kubernetes, fromImg.Tag)
