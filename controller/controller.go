@@ -413,7 +413,7 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 	ex := provision.New(deps, cfg, c.log)
 	// The cluster executor bootstraps the Machines of each Cluster on the
 	// hosts the lifecycle provisions (controller/clusterexec).
-	cx := clusterexec.New(clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(deps.Agents), Drain: drain.Drain},
+	cx := clusterexec.New(clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(deps.Agents), Drain: drain.Drain, DeleteNode: drain.DeleteNode},
 		clusterexec.Config{Interval: c.cfg.ReconcileInterval, Clock: c.cfg.Clock}, c.log)
 	done := make(chan struct{})
 	cxDone := make(chan struct{})

@@ -107,6 +107,9 @@ type AgentDialer func(ctx context.Context, h *typesv1.Host) (agentv1.AgentClient
 // (drain.Drain).
 type DrainFunc func(ctx context.Context, kubeconfig []byte, node string, timeout time.Duration) error
 
+// DeleteNodeFunc deletes a Node object from a cluster (drain.DeleteNode).
+type DeleteNodeFunc func(ctx context.Context, kubeconfig []byte, node string) error
+
 // Config configures an Executor.
 type Config struct {
 	// Interval is how often every cluster is planned and its machines
@@ -131,6 +134,9 @@ type Deps struct {
 	// Drain drains nodes; nil skips draining (condition Drained True,
 	// reason DrainSkipped).
 	Drain DrainFunc
+	// DeleteNode removes a deleted machine's Node object, so that its
+	// host can join again under the same name; nil leaves it.
+	DeleteNode DeleteNodeFunc
 }
 
 // Executor runs the cluster planners and bootstraps machines.

@@ -559,6 +559,17 @@ func (e *Executor) deleteMachine(ctx context.Context, name, reason string) error
 			return err
 		}
 	}
+	if node := m.GetStatus().GetNodeName(); node != "" && e.deps.DeleteNode != nil {
+		// The host may come back under the same name; kubeadm refuses
+		// to join a node whose Node object still exists.
+		if boot, err := LoadBootstrap(ctx, e.deps.Store, m.GetSpec().GetCluster()); err == nil && boot.Kubeconfig != "" {
+			if err := e.deps.DeleteNode(ctx, []byte(boot.Kubeconfig), node); err != nil {
+				// Best effort: a cluster whose API is down must not keep
+				// the machine (and its replacement) from going.
+				e.event(ctx, name, "Warning", "NodeNotDeleted", fmt.Sprintf("node %s left in the cluster: %v; delete it with kubectl delete node %s", node, err, node))
+			}
+		}
+	}
 	if bound {
 		if err := e.unbind(ctx, m.GetSpec().GetHost(), name); err != nil {
 			return fmt.Errorf("unbind host %s: %w", m.GetSpec().GetHost(), err)

@@ -49,6 +49,33 @@ func Drain(ctx context.Context, kubeconfig []byte, node string, timeout time.Dur
 	return (&Drainer{Client: cs}).Drain(ctx, node, timeout)
 }
 
+// DeleteNode deletes the Node object of a machine that left the cluster
+// (after its drain and kubeadm reset), as Cluster API does: its host may
+// join again under the same name, which kubeadm refuses while a Node of
+// that name exists. A Node that is already gone is not an error.
+//
+// Equivalent to: `kubectl delete node NODE --ignore-not-found`.
+func DeleteNode(ctx context.Context, kubeconfig []byte, node string) error {
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errdefs.InvalidArgument("delete node %q: kubeconfig", node), err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errdefs.InvalidArgument("delete node %q: client", node), err)
+	}
+	return (&Drainer{Client: cs}).DeleteNode(ctx, node)
+}
+
+// DeleteNode is DeleteNode with the client of d.
+func (d *Drainer) DeleteNode(ctx context.Context, node string) error {
+	err := d.Client.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return errdefs.Unavailable("delete node %q: %v", node, err)
+	}
+	return nil
+}
+
 // Drainer drains nodes through a Kubernetes client.
 type Drainer struct {
 	// Client talks to the cluster's API server.

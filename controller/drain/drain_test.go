@@ -194,3 +194,20 @@ func TestDrainErrors(t *testing.T) {
 		t.Errorf("Drain(bad kubeconfig) = %v, want InvalidArgument", err)
 	}
 }
+
+// TestDeleteNode: a deleted machine's Node goes, so that its host can join
+// again under the same name; a Node already gone is no error.
+func TestDeleteNode(t *testing.T) {
+	cs := newCluster(t, node("w1"), node("w2"))
+	d := &Drainer{Client: cs}
+	require.NoError(t, d.DeleteNode(context.Background(), "w1"))
+	if _, err := cs.CoreV1().Nodes().Get(context.Background(), "w1", metav1.GetOptions{}); err == nil {
+		t.Errorf("DeleteNode(w1): node still there")
+	}
+	if _, err := cs.CoreV1().Nodes().Get(context.Background(), "w2", metav1.GetOptions{}); err != nil {
+		t.Errorf("DeleteNode(w1) removed w2 too: %v", err)
+	}
+	if err := d.DeleteNode(context.Background(), "w1"); err != nil {
+		t.Errorf("DeleteNode of a node already gone = %v, want nil", err)
+	}
+}
