@@ -295,6 +295,13 @@ func (k *Kubeadm) Join(ctx context.Context, req *agentv1.KubeadmJoinRequest, emi
 	k.log.Info("kubeadm join", "version", c.GetKubernetesVersion(), "node", c.GetNodeName(), "endpoint", req.GetApiServerEndpoint(), "control_plane", req.GetControlPlane())
 	red := newRedactor(req.GetToken(), req.GetCertificateKey())
 	if err := k.stream(ctx, red, emit, "join", "--config", file); err != nil {
+		// A join that failed half way leaves files and a running kubelet
+		// that make the next attempt fail kubeadm's preflight: undo it,
+		// so the host is as before the attempt.
+		emit(&agentv1.OperationEvent{Message: "kubeadm join failed: kubeadm reset --force to undo what it did"})
+		if rerr := k.stream(context.WithoutCancel(ctx), red, emit, "reset", "--force"); rerr != nil {
+			k.log.Warn("kubeadm reset after a failed join", "error", rerr)
+		}
 		return fmt.Errorf("kubeadm join %s: %w", req.GetApiServerEndpoint(), err)
 	}
 	return nil

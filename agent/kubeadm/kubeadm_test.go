@@ -250,6 +250,10 @@ func TestJoinWrongCAHashSurfacesKubeadmError(t *testing.T) {
 	if strings.Contains(err.Error(), testToken) {
 		t.Errorf("Join(wrong CA hash) error contains the token: %v", err)
 	}
+	// The failed join is undone, so that the next attempt starts clean.
+	if calls := strings.Join(h.callLines(t), "\n"); !strings.Contains(calls, "kubeadm reset --force") {
+		t.Errorf("after a failed join, kubeadm calls = %q, want a kubeadm reset --force", calls)
+	}
 }
 
 func TestJoinMalformedCAHashRefusedUpFront(t *testing.T) {
