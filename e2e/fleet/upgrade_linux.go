@@ -110,7 +110,8 @@ func (u *MinorUpgrade) NeedReleases() error {
 // Run provisions the cluster at From and upgrades it to To. It returns the
 // lab (nil when it was not created), which the caller removes with Down
 // when done, also after an error: a failed run leaves the lab as it was
-// for inspection.
+// for inspection. The result holds the phases done so far, also with an
+// error.
 func (u *MinorUpgrade) Run(ctx context.Context) (*Lab, *UpgradeResult, error) {
 	u.defaults()
 	res := &UpgradeResult{Kubelets: map[string]string{}}
@@ -123,19 +124,19 @@ func (u *MinorUpgrade) Run(ctx context.Context) (*Lab, *UpgradeResult, error) {
 		fmt.Fprintf(u.Out, "upgrade: [%5ds] "+format+"\n", append([]any{int(time.Since(start).Seconds())}, args...)...)
 	}
 	if err := u.NeedReleases(); err != nil {
-		return nil, nil, err
+		return nil, res, err
 	}
 	clusterFile, err := os.ReadFile(u.ClusterFile)
 	if err != nil {
-		return nil, nil, fmt.Errorf("lab upgrade: %w", err)
+		return nil, res, fmt.Errorf("lab upgrade: %w", err)
 	}
 	docs, err := ParseClusterDocs(clusterFile)
 	if err != nil {
-		return nil, nil, err
+		return nil, res, err
 	}
 	name := docs.Name()
 	if u.Lab.Dir == "" || u.Lab.Bin == "" {
-		return nil, nil, errdefs.InvalidArgument("lab upgrade: Lab.Dir and Lab.Bin are required")
+		return nil, res, errdefs.InvalidArgument("lab upgrade: Lab.Dir and Lab.Bin are required")
 	}
 
 	t0 := time.Now()
@@ -146,7 +147,7 @@ func (u *MinorUpgrade) Run(ctx context.Context) (*Lab, *UpgradeResult, error) {
 		u.Lab.MediaDir = media
 	}
 	if err := BootMedia(ctx, filepath.Join(u.Lab.Bin, "kiln-imagebuilder"), filepath.Join(u.Lab.Bin, "kiln-agent"), media, u.Out); err != nil {
-		return nil, nil, err
+		return nil, res, err
 	}
 	phase("boot media", t0)
 
@@ -155,18 +156,18 @@ func (u *MinorUpgrade) Run(ctx context.Context) (*Lab, *UpgradeResult, error) {
 	agent := filepath.Join(u.Lab.Bin, "kiln-agent")
 	fromDir, fromImg, err := LabImage(ctx, ImageOptions{Spec: u.FromSpec, Agent: agent, KubeTools: u.KubeTools, CacheDir: u.ImageCacheDir, Progress: u.Out})
 	if err != nil {
-		return nil, nil, err
+		return nil, res, err
 	}
 	toDir, toImg, err := LabImage(ctx, ImageOptions{Spec: u.ToSpec, Agent: agent, KubeTools: u.KubeTools, CacheDir: u.ImageCacheDir, Progress: u.Out})
 	if err != nil {
-		return nil, nil, err
+		return nil, res, err
 	}
 	if fromImg.Tag == toImg.Tag {
-		return nil, nil, errdefs.InvalidArgument("lab upgrade: both images have tag %s: the specs must differ in kubernetesVersion", fromImg.Tag)
+		return nil, res, errdefs.InvalidArgument("lab upgrade: both images have tag %s: the specs must differ in kubernetesVersion", fromImg.Tag)
 	}
 	imageDir := filepath.Join(u.Lab.Dir, "images")
 	if err := LinkImages(imageDir, fromDir, toDir); err != nil {
-		return nil, nil, err
+		return nil, res, err
 	}
 	u.Lab.ImageDir = imageDir
 	phase("lab images", t0)
@@ -174,18 +175,18 @@ func (u *MinorUpgrade) Run(ctx context.Context) (*Lab, *UpgradeResult, error) {
 	t0 = time.Now()
 	lab, err := New(u.Lab)
 	if err != nil {
-		return nil, nil, err
+		return nil, res, err
 	}
 	if err := lab.Up(ctx); err != nil {
-		return lab, nil, err
+		return lab, res, err
 	}
 	for _, tag := range []string{fromImg.Tag, toImg.Tag} {
 		r, err := ImageResource(filepath.Join(imageDir, tag+".image.yaml"), lab.BootURL())
 		if err != nil {
-			return lab, nil, err
+			return lab, res, err
 		}
 		if _, err := lab.Kilnctl(ctx, r, "apply", "-f", "-"); err != nil {
-			return lab, nil, err
+			return lab, res, err
 		}
 	}
 	phase("rack and controller", t0)
@@ -201,14 +202,14 @@ func (u *MinorUpgrade) Run(ctx context.Context) (*Lab, *UpgradeResult, error) {
 	docs.At(u.From.Kubernetes, fromImg.Tag)
 	all, err := docs.YAML()
 	if err != nil {
-		return lab, nil, err
+		return lab, res, err
 	}
 	say("provisioning cluster %s at %s on %s (%d control plane, %d workers)", name, u.From.Kubernetes, fromImg.Tag, cps, workers)
 	if _, err := lab.Kilnctl(ctx, all, "apply", "-f", "-"); err != nil {
-		return lab, nil, err
+		return lab, res, err
 	}
 	if err := u.wait(ctx, lab, name, allAt(u.From.Kubernetes, fromImg.Tag, cps, workers)); err != nil {
-		return lab, nil, err
+		return lab, res, err
 	}
 	phase("provision at "+u.From.Kubernetes, t0)
 
@@ -216,35 +217,35 @@ func (u *MinorUpgrade) Run(ctx context.Context) (*Lab, *UpgradeResult, error) {
 	t0 = time.Now()
 	cp, err := docs.YAML("ControlPlane")
 	if err != nil {
-		return lab, nil, err
+		return lab, res, err
 	}
 	say("upgrading the control plane to %s (%s): a new member joins on the spare host, then the old one leaves etcd and its host is wiped", u.To.Kubernetes, toImg.Tag)
 	if _, err := lab.Kilnctl(ctx, cp, "apply", "-f", "-"); err != nil {
-		return lab, nil, err
+		return lab, res, err
 	}
 	if err := u.wait(ctx, lab, name, roleAt(clusterplan.RoleControlPlane, u.To.Kubernetes, toImg.Tag, cps)); err != nil {
-		return lab, nil, err
+		return lab, res, err
 	}
 	phase("control plane to "+u.To.Kubernetes, t0)
 
 	t0 = time.Now()
 	md, err := docs.YAML("MachineDeployment")
 	if err != nil {
-		return lab, nil, err
+		return lab, res, err
 	}
 	say("upgrading the workers to %s: each is drained, deleted and its host reimaged", u.To.Kubernetes)
 	if _, err := lab.Kilnctl(ctx, md, "apply", "-f", "-"); err != nil {
-		return lab, nil, err
+		return lab, res, err
 	}
 	if err := u.wait(ctx, lab, name, allAt(u.To.Kubernetes, toImg.Tag, cps, workers)); err != nil {
-		return lab, nil, err
+		return lab, res, err
 	}
 	cl, err := docs.YAML("Cluster")
 	if err != nil {
-		return lab, nil, err
+		return lab, res, err
 	}
 	if _, err := lab.Kilnctl(ctx, cl, "apply", "-f", "-"); err != nil {
-		return lab, nil, err
+		return lab, res, err
 	}
 	phase("workers to "+u.To.Kubernetes, t0)
 

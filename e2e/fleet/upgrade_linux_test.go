@@ -52,10 +52,12 @@ func TestLabMinorUpgrade(t *testing.T) {
 			}
 		})
 	}
-	require.NoError(t, err)
-	for _, p := range res.Phases {
-		t.Logf("%-28s %s", p.Name, p.Took.Round(time.Second))
+	if res != nil {
+		for _, p := range res.Phases {
+			t.Logf("%-28s %s", p.Name, p.Took.Round(time.Second))
+		}
 	}
+	require.NoError(t, err)
 	require.Len(t, res.Kubelets, 3)
 	for node, v := range res.Kubelets {
 		require.Equal(t, kubetools.Pinned().Kubernetes, v, "node %s kubelet", node)
