@@ -376,7 +376,11 @@ func rollout(t *testing.T, ctx context.Context, lab *fleet.Lab, tag string) {
 	require.NoError(t, err)
 	for name, m := range s.Machines {
 		requireWorking(t, m)
-		require.Nil(t, before.Machines[name], "machine %s was not replaced", name)
+		// A reimaged host's new machine may have the old one's name (the
+		// deployment's name and the host's): a new uid says it is new.
+		if old := before.Machines[name]; old != nil {
+			require.NotEqual(t, old.GetMetadata().GetUid(), m.GetMetadata().GetUid(), "machine %s was not replaced", name)
+		}
 		require.Equal(t, tag2, s.Hosts[m.GetSpec().GetHost()].GetStatus().GetImage(), "host of %s", name)
 	}
 	require.EqualValues(t, 2, maxEtcd, "etcd members went up to %d during the control-plane rollout, want 2 (1→2→1)", maxEtcd)
@@ -418,6 +422,16 @@ func workers(s *fleet.Snapshot) []*typesv1.Machine {
 	return ws
 }
 
+// hasUID reports whether a machine with uid exists.
+func hasUID(s *fleet.Snapshot, uid string) bool {
+	for _, m := range s.Machines {
+		if m.GetMetadata().GetUid() == uid {
+			return true
+		}
+	}
+	return false
+}
+
 func sortedNames[V any](m map[string]V) []string {
 	var ks []string
 	for k := range m {
@@ -438,7 +452,7 @@ func remediate(t *testing.T, ctx context.Context, lab *fleet.Lab) {
 	require.NoError(t, err)
 	t.Logf("kubelet stopped on %s (machine %s)", host, victim.GetMetadata().GetName())
 	s, err := lab.Watch(ctx, clusterName, 2*time.Second, func(s *fleet.Snapshot) bool {
-		return s.Ready() && s.Machines[victim.GetMetadata().GetName()] == nil && len(workers(s)) == 2
+		return s.Ready() && !hasUID(s, victim.GetMetadata().GetUid()) && len(workers(s)) == 2
 	})
 	require.NoError(t, err)
 	for _, m := range workers(s) {
@@ -463,7 +477,7 @@ func stormGuard(t *testing.T, ctx context.Context, lab *fleet.Lab) {
 	var blockedAt time.Time
 	s, err := lab.Watch(ctx, clusterName, 2*time.Second, func(s *fleet.Snapshot) bool {
 		for _, m := range ws {
-			if x := s.Machines[m.GetMetadata().GetName()]; x == nil || x.GetMetadata().GetDeletionTimestamp() != nil {
+			if x := s.Machines[m.GetMetadata().GetName()]; x == nil || x.GetMetadata().GetUid() != m.GetMetadata().GetUid() || x.GetMetadata().GetDeletionTimestamp() != nil {
 				t.Fatalf("machine %s was remediated although 2 of 2 workers were unhealthy (maxUnhealthy 40%%)", m.GetMetadata().GetName())
 			}
 		}
