@@ -355,6 +355,18 @@ func kubeFrom(c kubetools.Cache, r kubetools.Release) (*kubeFiles, error) {
 	for _, t := range tars {
 		k.archives = append(k.archives, named{filepath.Base(t), t})
 	}
+	if next, ok := NextMinorAddons(r.Kubernetes); ok {
+		if _, err := c.Verify(next); err != nil {
+			return nil, errdefs.FailedPrecondition("golden: an image of %s carries %s's kube-proxy and coredns: %v (run: %s)", r.Kubernetes, next.Kubernetes, err, kubetools.BuildCommand(next))
+		}
+		for _, name := range NextMinorArchives {
+			t := filepath.Join(c.ImagesDir(next), name+".tar")
+			if _, err := os.Stat(t); err != nil {
+				return nil, errdefs.FailedPrecondition("golden: kube-tools %s: %v (run: kiln-imagebuilder archives)", next.Kubernetes, err)
+			}
+			k.archives = append(k.archives, named{name + "-" + next.Kubernetes + ".tar", t})
+		}
+	}
 	return k, nil
 }
 

@@ -321,11 +321,34 @@ func files(s *spec.Spec, agent string, kube *kubeFiles, release string) []rootfs
 		rootfs.File{Path: "/etc/systemd/system/" + ImportUnit, Data: []byte(ImportUnitFile())},
 		wants("multi-user.target", ImportUnit, "/etc/systemd/system/"+ImportUnit),
 	)
+	if next, ok := NextMinorAddons(s.KubernetesVersion); ok {
+		fs = append(fs, rootfs.File{Path: ImagesDir + "/NEXT-MINOR", Data: []byte(
+			"kube-proxy and coredns of " + next.Kubernetes + ": a node of this image runs the addons of a cluster being upgraded to the next minor\n")})
+	}
 	for _, a := range kube.archives {
 		fs = append(fs, rootfs.File{Path: ImagesDir + "/" + a.name, Source: a.path})
 	}
 	return fs
 }
+
+// NextMinorAddons says whether an image of kubernetesVersion carries, besides
+// its own image archives, the kube-proxy and CoreDNS archives of the next
+// minor's release recipe (kubetools.Previous carries kubetools.Pinned's),
+// and that release. During a minor upgrade by reimaging the controller moves
+// the kube-proxy DaemonSet and the CoreDNS Deployment to the new minor as
+// soon as the first new control-plane member is Ready (docs/clusters.md,
+// Upgrades), while nodes of the old image still run: offline, they can only
+// run those images if they carry them.
+func NextMinorAddons(kubernetesVersion string) (kubetools.Release, bool) {
+	if kubernetesVersion != "" && kubernetesVersion == kubetools.Previous().Kubernetes {
+		return kubetools.Pinned(), true
+	}
+	return kubetools.Release{}, false
+}
+
+// NextMinorArchives are the base names of the next minor's archives an
+// image of NextMinorAddons carries.
+var NextMinorArchives = []string{kubetools.KubeProxy, kubetools.CoreDNS}
 
 // kubeFiles are the pieces of a full image taken from the kube-tools cache.
 type kubeFiles struct {

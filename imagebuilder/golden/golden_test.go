@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnhq/kiln/controller/validation"
+	"github.com/kilnhq/kiln/imagebuilder/kubetools"
 	"github.com/kilnhq/kiln/imagebuilder/manifest"
 	"github.com/kilnhq/kiln/imagebuilder/rootfs"
 	"github.com/kilnhq/kiln/imagebuilder/spec"
@@ -230,5 +231,32 @@ func TestDigest(t *testing.T) {
 	}
 	if Digest(mustSpec(t, base), "registry.k8s.io/pause:3.9") == d {
 		t.Errorf("Digest does not change with the pause image")
+	}
+}
+
+// An image of the previous minor carries the pinned minor's kube-proxy and
+// CoreDNS (a minor upgrade by reimaging moves the addons while its nodes
+// still run); the pinned minor's image carries only its own.
+func TestNextMinorAddons(t *testing.T) {
+	next, ok := NextMinorAddons(kubetools.Previous().Kubernetes)
+	if !ok || next.Kubernetes != kubetools.Pinned().Kubernetes {
+		t.Fatalf("NextMinorAddons(%s) = %s, %v; want %s, true", kubetools.Previous().Kubernetes, next.Kubernetes, ok, kubetools.Pinned().Kubernetes)
+	}
+	if _, ok := NextMinorAddons(kubetools.Pinned().Kubernetes); ok {
+		t.Errorf("NextMinorAddons(%s) = true, want false", kubetools.Pinned().Kubernetes)
+	}
+	const pause = "registry.k8s.io/pause:3.10"
+	prev, err := spec.Parse([]byte("kubernetesVersion: " + kubetools.Previous().Kubernetes + "\nagent: x\n"))
+	require.NoError(t, err)
+	require.NoError(t, prev.Validate(kubetools.Previous().Kubernetes))
+	marker := false
+	for _, f := range files(prev, "", &kubeFiles{pause: pause}, "") {
+		if f.Path == ImagesDir+"/NEXT-MINOR" {
+			marker = strings.Contains(string(f.Data), kubetools.Pinned().Kubernetes)
+		}
+	}
+	if !marker {
+		t.Errorf("an image of %s has no %s/NEXT-MINOR naming %s (it changes the image's digest, so cached images without the archives are rebuilt)",
+			kubetools.Previous().Kubernetes, ImagesDir, kubetools.Pinned().Kubernetes)
 	}
 }
