@@ -137,6 +137,9 @@ type Deps struct {
 	// DeleteNode removes a deleted machine's Node object, so that its
 	// host can join again under the same name; nil leaves it.
 	DeleteNode DeleteNodeFunc
+	// KubeClient builds a client of a cluster from its admin kubeconfig,
+	// for the upgrade steps (upgrade.go); nil uses client-go's.
+	KubeClient KubeClientFunc
 }
 
 // Executor runs the cluster planners and bootstraps machines.
@@ -151,6 +154,7 @@ type Executor struct {
 	bootSem chan struct{}
 	mu      sync.Mutex
 	booting map[string]bool
+	addons  map[string]string // cluster -> version its addons were moved to
 }
 
 // New returns an Executor; Run starts it.
@@ -174,7 +178,7 @@ func New(deps Deps, cfg Config, log *slog.Logger) *Executor {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Executor{cfg: cfg, deps: deps, log: log.With("component", "clusterexec"),
-		bootSem: make(chan struct{}, cfg.Workers), booting: map[string]bool{}}
+		bootSem: make(chan struct{}, cfg.Workers), booting: map[string]bool{}, addons: map[string]string{}}
 }
 
 // Run reconciles every cluster each Interval until ctx ends. It blocks,
@@ -328,6 +332,7 @@ func (e *Executor) Reconcile(ctx context.Context, name string) error {
 		}
 	}
 	errs = append(errs, e.advanceAll(ctx, name))
+	errs = append(errs, e.syncAddons(ctx, c, mine))
 	return errors.Join(errs...)
 }
 

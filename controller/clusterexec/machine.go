@@ -202,6 +202,11 @@ func (e *Executor) bootstrap(ctx context.Context, m *typesv1.Machine, h *typesv1
 		return errdefs.Unavailable("dial agent of host %s: %w", h.GetMetadata().GetName(), err)
 	}
 	cfg := clusterConfig(c, m, h)
+	if mode == clusterplan.BootstrapJoinControlPlane {
+		if err := e.prepareJoin(ctx, c, m, boot); err != nil {
+			return err
+		}
+	}
 
 	opCtx, cancel := context.WithTimeout(ctx, e.cfg.OperationTimeout)
 	defer cancel()
