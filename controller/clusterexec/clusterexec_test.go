@@ -40,6 +40,7 @@ type world struct {
 	rec     *events.Recorder
 	fleet   *sim.Fleet
 	kubeadm *sim.Kubeadm
+	kube    clusterexec.KubeClientFunc // nil: client-go's
 }
 
 func newWorld(t testing.TB, kubeadmDuration time.Duration) *world {
@@ -94,7 +95,7 @@ func (w *world) executor() *clusterexec.Executor {
 	if _, ok := w.t.(*testing.T); ok {
 		log = slog.New(slog.NewTextHandler(testWriter{w.t}, nil))
 	}
-	return clusterexec.New(clusterexec.Deps{Store: w.st, Recorder: w.rec, Agents: clusterexec.AgentDialer(w.kubeadm.AgentDialer())},
+	return clusterexec.New(clusterexec.Deps{Store: w.st, Recorder: w.rec, Agents: clusterexec.AgentDialer(w.kubeadm.AgentDialer()), KubeClient: w.kube},
 		clusterexec.Config{Interval: 100 * time.Millisecond}, log)
 }
 

@@ -2,20 +2,29 @@ package clusterexec_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"sigs.k8s.io/yaml"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/kilnhq/kiln/controller/clusterexec"
+	"github.com/kilnhq/kiln/controller/sim"
 	"github.com/kilnhq/kiln/imagebuilder/kubetools"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
 // What kubeadm init v1.33 uploads (kubeadm config view), with the etcd tag
@@ -177,4 +186,107 @@ func TestSetAddonImagesUpdateFails(t *testing.T) {
 	proxy, dns := images(t, cs)
 	require.Equal(t, "registry.k8s.io/kube-proxy:v1.34.4", proxy)
 	require.Equal(t, "registry.k8s.io/coredns/coredns:v1.12.0", dns, "left for the next pass")
+}
+
+// TestMinorUpgradeMovesKubeadmConfigAndAddons rolls a one-member control
+// plane from v1.33.13 to v1.34.4 (a spare host, rolloutMaxSurge 1) against
+// the simulated kubeadm, with the cluster's API server played by client-go's
+// fake clientset, whose first kubeadm-config update fails: the new member
+// joins only after kubeadm-config says v1.34.4, kube-proxy and CoreDNS end
+// at v1.34.4's images, and the Cluster's events say so.
+func TestMinorUpgradeMovesKubeadmConfigAndAddons(t *testing.T) {
+	prev, pinned := kubetools.Previous(), kubetools.Pinned()
+	w := newWorld(t, 0)
+	objs := append(addons("registry.k8s.io/kube-proxy:"+prev.Kubernetes, "registry.k8s.io/coredns/coredns:"+prev.CoreDNS),
+		kubeadmConfig(clusterConfiguration133))
+	cs := fake.NewClientset(objs...)
+	var mu sync.Mutex
+	failed, joinsBeforeConfig := false, -1
+	cs.PrependReactor("update", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !failed {
+			failed = true
+			return true, nil, errors.New("etcdserver: leader changed")
+		}
+		joinsBeforeConfig = count(w.kubeadm.Calls(), "KubeadmJoin", false)
+		return false, nil, nil
+	})
+	w.kube = func([]byte) (kubernetes.Interface, error) { return cs, nil }
+
+	now := timestamppb.Now()
+	meta := func(name string) *typesv1.ObjectMeta {
+		return &typesv1.ObjectMeta{Name: name, Generation: 1, CreationTimestamp: now}
+	}
+	w.create("images", sim.ImageName, &typesv1.Image{Metadata: meta(sim.ImageName), Spec: &typesv1.ImageSpec{
+		Url: "http://images.sim/" + sim.ImageName + ".raw.zst", Format: "raw.zst", Sha256: strings.Repeat("ab", 32)}})
+	for _, name := range []string{"h1", "h2"} {
+		w.create("hosts", name, &typesv1.Host{Metadata: meta(name),
+			Spec: &typesv1.HostSpec{Bmc: &typesv1.BMCSpec{Protocol: "redfish", Address: "sim://" + name}, RootDiskHint: "/dev/sda", Online: true}})
+	}
+	w.create("clusters", "c1", &typesv1.Cluster{Metadata: meta("c1"), Spec: &typesv1.ClusterSpec{
+		KubernetesVersion: prev.Kubernetes, PodCidr: "10.244.0.0/16", ServiceCidr: "10.96.0.0/12", ControlPlaneEndpoint: "10.0.0.10:6443", DnsDomain: "cluster.local"}})
+	w.create("controlplanes", "cp", &typesv1.ControlPlane{Metadata: meta("cp"), Spec: &typesv1.ControlPlaneSpec{
+		Cluster: "c1", Replicas: 1, Version: prev.Kubernetes, Image: sim.ImageName, RolloutMaxSurge: 1}})
+	stop := w.start()
+	defer stop()
+	old := w.waitRunning(1)[0]
+	require.Equal(t, prev.Kubernetes, old.GetSpec().GetVersion())
+	require.Equal(t, prev.Kubernetes, clusterConfigOf(t, cs)["kubernetesVersion"], "kubeadm-config moved before any upgrade")
+	// The simulated kubeadm init returns no admin kubeconfig; w.kube
+	// answers any.
+	boot, err := clusterexec.LoadBootstrap(w.ctx, w.st, "c1")
+	require.NoError(t, err)
+	boot.Kubeconfig = "apiVersion: v1\nkind: Config\n"
+	b, err := json.Marshal(boot)
+	require.NoError(t, err)
+	require.NoError(t, w.st.PutSecret(w.ctx, clusterexec.BootstrapSecretPath("c1"), b))
+
+	cp := &typesv1.ControlPlane{}
+	var rev int64
+	rev, err = w.st.Get(w.ctx, "controlplanes", "cp", cp)
+	require.NoError(t, err)
+	cp.Spec.Version = pinned.Kubernetes
+	_, err = w.st.Update(w.ctx, "controlplanes", "cp", cp, rev)
+	require.NoError(t, err)
+
+	var now1 *typesv1.Machine
+	done := func() bool {
+		ms := w.machines()
+		if len(ms) != 1 || ms[0].GetSpec().GetVersion() != pinned.Kubernetes || ms[0].GetStatus().GetPhase() != clusterexec.PhaseRunning {
+			return false
+		}
+		now1 = ms[0]
+		proxy, dns := images(t, cs)
+		return proxy == "registry.k8s.io/kube-proxy:"+pinned.Kubernetes && dns == "registry.k8s.io/coredns/coredns:"+pinned.CoreDNS
+	}
+	for deadline := time.Now().Add(40 * time.Second); !done(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			for _, m := range w.machines() {
+				t.Logf("machine %s %s %s %v", m.GetMetadata().GetName(), m.GetSpec().GetVersion(), m.GetStatus().GetPhase(), m.GetStatus().GetConditions())
+			}
+			proxy, dns := images(t, cs)
+			t.Fatalf("control plane never at %s with its addons: kubeadm-config %v, kube-proxy %s, coredns %s",
+				pinned.Kubernetes, clusterConfigOf(t, cs)["kubernetesVersion"], proxy, dns)
+		}
+	}
+	require.NotEqual(t, old.GetMetadata().GetUid(), now1.GetMetadata().GetUid())
+
+	cfg := clusterConfigOf(t, cs)
+	require.Equal(t, pinned.Kubernetes, cfg["kubernetesVersion"])
+	require.Equal(t, pinned.Etcd, cfg["etcd"].(map[string]any)["local"].(map[string]any)["imageTag"])
+	mu.Lock()
+	require.True(t, failed, "the injected update failure was not hit")
+	require.Equal(t, 0, joinsBeforeConfig, "the new member joined before kubeadm-config said %s", pinned.Kubernetes)
+	mu.Unlock()
+
+	evs, err := w.rec.List(w.ctx, "clusters", "c1", 0)
+	require.NoError(t, err)
+	reasons := map[string]string{}
+	for _, ev := range evs {
+		reasons[ev.GetReason()] = ev.GetMessage()
+	}
+	require.Contains(t, reasons["KubeadmConfigUpgraded"], "kubernetesVersion "+prev.Kubernetes+" -> "+pinned.Kubernetes)
+	require.Contains(t, reasons["AddonsUpgraded"], "registry.k8s.io/kube-proxy:"+pinned.Kubernetes)
+	require.Contains(t, reasons["AddonsUpgraded"], "registry.k8s.io/coredns/coredns:"+pinned.CoreDNS)
 }
