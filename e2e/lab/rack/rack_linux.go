@@ -195,6 +195,11 @@ func Serve(ctx context.Context, dir string, log *slog.Logger) error {
 
 func (s *server) up(ctx context.Context) error {
 	o := s.opts
+	if o.Backend == BackendNetns {
+		if err := raiseInotifyInstances(s.log); err != nil {
+			return err
+		}
+	}
 	// 1. The guard, before any lab network exists.
 	uplinks, err := uplinks(ctx)
 	if err != nil {
@@ -680,4 +685,35 @@ func usedPrefixes(ctx context.Context) ([]netip.Prefix, error) {
 		}
 	}
 	return used, nil
+}
+
+// inotifyInstances is the fs.inotify.max_user_instances a netns lab needs:
+// the hosts share this machine's user namespace, and each booted host's
+// systemd, journald, containerd (its CNI config watch) and kubelet take
+// instances from the same per-user budget. Debian's default, 128, runs
+// out at about eight Kubernetes hosts, and containerd then starts without
+// its CRI plugin ("failed to create fsnotify watcher: too many open
+// files").
+const inotifyInstances = 8192
+
+// raiseInotifyInstances raises fs.inotify.max_user_instances to
+// inotifyInstances when it is lower, as kind's documentation asks for
+// multi-node clusters. It never lowers it, and lab down leaves it (another
+// lab may be running). Equivalent to: `sysctl -w
+// fs.inotify.max_user_instances=8192`.
+func raiseInotifyInstances(log *slog.Logger) error {
+	const p = "/proc/sys/fs/inotify/max_user_instances"
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return nil // not Linux-like enough to matter
+	}
+	cur, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || cur >= inotifyInstances {
+		return nil
+	}
+	if err := os.WriteFile(p, []byte(strconv.Itoa(inotifyInstances)), 0o644); err != nil {
+		return fmt.Errorf("lab: fs.inotify.max_user_instances is %d, too few for lab hosts running Kubernetes; raising it to %d failed: %w (run: sysctl -w fs.inotify.max_user_instances=%d)", cur, inotifyInstances, err, inotifyInstances)
+	}
+	log.Info("raised fs.inotify.max_user_instances for the lab's hosts (left raised)", "from", cur, "to", inotifyInstances)
+	return nil
 }

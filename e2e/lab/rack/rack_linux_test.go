@@ -193,6 +193,13 @@ func TestUpDown(t *testing.T) {
 			t.Cleanup(func() { _ = Down(context.Background(), dir, nil) })
 
 			require.True(t, rep.Running, "supervisor not running")
+			// Hosts running Kubernetes need more inotify instances than
+			// Debian's 128 (shared by every host).
+			if b, err := os.ReadFile("/proc/sys/fs/inotify/max_user_instances"); err == nil {
+				if n, _ := strconv.Atoi(strings.TrimSpace(string(b))); n < inotifyInstances {
+					t.Errorf("fs.inotify.max_user_instances = %d after lab up, want at least %d", n, inotifyInstances)
+				}
+			}
 
 			// A second lab of the same name must not adopt (and later
 			// remove) this one's guard and bridge.
