@@ -95,17 +95,36 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	if cfg.ReadyTimeout <= 0 {
 		cfg.ReadyTimeout = 60 * time.Second
 	}
+	// Ports this function picks may be taken by another process between
+	// the pick and etcd's bind: pick again a few times.
+	pickClient, pickPeer, pickCluster := cfg.ClientURL == "", cfg.PeerURL == "", cfg.InitialCluster == ""
+	for attempt := 0; ; attempt++ {
+		c := cfg
+		var err error
+		if pickClient {
+			if c.ClientURL, err = FreeLoopbackURL(); err != nil {
+				return nil, err
+			}
+		}
+		if pickPeer {
+			if c.PeerURL, err = FreeLoopbackURL(); err != nil {
+				return nil, err
+			}
+		}
+		if pickCluster {
+			c.InitialCluster = ""
+		}
+		e, err := startEmbedded(ctx, c, log)
+		if err != nil && (pickClient || pickPeer) && attempt < 4 && strings.Contains(err.Error(), "address already in use") {
+			log.Info("embedded etcd: a picked port was taken meanwhile, picking again", "error", err)
+			continue
+		}
+		return e, err
+	}
+}
+
+func startEmbedded(ctx context.Context, cfg EmbeddedConfig, log *slog.Logger) (*Embedded, error) {
 	var err error
-	if cfg.ClientURL == "" {
-		if cfg.ClientURL, err = FreeLoopbackURL(); err != nil {
-			return nil, err
-		}
-	}
-	if cfg.PeerURL == "" {
-		if cfg.PeerURL, err = FreeLoopbackURL(); err != nil {
-			return nil, err
-		}
-	}
 	curl, err := url.Parse(cfg.ClientURL)
 	if err != nil {
 		return nil, errdefs.InvalidArgument("embedded etcd: client URL %q: %w", cfg.ClientURL, err)
