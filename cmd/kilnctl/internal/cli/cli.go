@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -188,7 +189,12 @@ func (a *app) rpcError(what string, err error) error {
 // roleHint names the role of the configured certificate and the roles a
 // change needs.
 func (a *app) roleHint() string {
-	const need = "changes need an operator or admin certificate; ask an admin for a kilnconfig with one"
+	return a.certHint("changes need an operator or admin certificate; ask an admin for a kilnconfig with one")
+}
+
+// certHint prefixes need with the role and name of the kilnconfig's
+// certificate, when it can be read.
+func (a *app) certHint(need string) string {
 	if a.cfg == nil {
 		return need
 	}
@@ -204,5 +210,9 @@ func (a *app) roleHint() string {
 	if err != nil {
 		return need
 	}
-	return fmt.Sprintf("kilnconfig %s holds a %s certificate for %q; %s", a.cfg.Path, role, name, need)
+	article := "a"
+	if r := string(role); r != "" && strings.ContainsRune("aeiou", rune(r[0])) {
+		article = "an"
+	}
+	return fmt.Sprintf("kilnconfig %s holds %s %s certificate for %q; %s", a.cfg.Path, article, role, name, need)
 }
