@@ -120,27 +120,6 @@ func writeFile(t *testing.T, root, p, content string, mode os.FileMode) {
 	require.NoError(t, os.WriteFile(full, []byte(content), mode))
 }
 
-// kernelDefaultsUnit shows the kubelet, inside the node only, the kernel
-// settings it insists on (vm.overcommit_memory=1, kernel.panic=10,
-// kernel.panic_on_oops=1). The kubelet writes them when they differ, but
-// they are not namespaced: a node in a container cannot (and must not)
-// change the machine's. Bind-mounting files over them in the node's own
-// mount namespace leaves the host untouched.
-const kernelDefaultsUnit = `[Unit]
-Description=Kubelet kernel defaults for a lab node (bind mounts in the node only)
-DefaultDependencies=no
-After=local-fs.target
-Before=kubelet.service sysinit.target
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart=/bin/sh -c 'for f in vm/overcommit_memory kernel/panic kernel/panic_on_oops; do mount --bind /etc/kiln-lab/sysctl/$f /proc/sys/$f; done'
-
-[Install]
-WantedBy=sysinit.target
-`
-
 const agentUnit = `[Unit]
 Description=Kiln host agent
 After=network.target
@@ -382,13 +361,15 @@ func startLab(t *testing.T, ctx context.Context, count int) *lab {
 	writeFile(t, layer, "etc/systemd/system/kubelet.service.d/10-kubeadm.conf", golden.KubeadmDropIn, 0o644)
 	writeFile(t, layer, "etc/systemd/system/cgroup-rw.service", golden.CgroupRWUnitFile, 0o644)
 	writeFile(t, layer, "etc/systemd/system/kiln-agent.service", agentUnit, 0o644)
-	writeFile(t, layer, "etc/systemd/system/kernel-defaults.service", kernelDefaultsUnit, 0o644)
-	writeFile(t, layer, "etc/kiln-lab/sysctl/vm/overcommit_memory", "1\n", 0o444)
-	writeFile(t, layer, "etc/kiln-lab/sysctl/kernel/panic", "10\n", 0o444)
-	writeFile(t, layer, "etc/kiln-lab/sysctl/kernel/panic_on_oops", "1\n", 0o444)
+	// The kubelet's kernel defaults, shown inside the node only (as the
+	// golden lab image does).
+	writeFile(t, layer, "etc/systemd/system/"+golden.LabSysctlUnit, golden.LabSysctlUnitFile(), 0o644)
+	for _, kv := range golden.LabSysctls {
+		writeFile(t, layer, strings.TrimPrefix(golden.LabSysctlDir, "/")+"/"+kv[0], kv[1]+"\n", 0o444)
+	}
 	require.NoError(t, os.MkdirAll(filepath.Join(layer, "etc/systemd/system/sysinit.target.wants"), 0o755))
 	require.NoError(t, os.Symlink("/etc/systemd/system/cgroup-rw.service", filepath.Join(layer, "etc/systemd/system/sysinit.target.wants/cgroup-rw.service")))
-	require.NoError(t, os.Symlink("/etc/systemd/system/kernel-defaults.service", filepath.Join(layer, "etc/systemd/system/sysinit.target.wants/kernel-defaults.service")))
+	require.NoError(t, os.Symlink("/etc/systemd/system/"+golden.LabSysctlUnit, filepath.Join(layer, "etc/systemd/system/sysinit.target.wants", golden.LabSysctlUnit)))
 	require.NoError(t, os.MkdirAll(filepath.Join(layer, "etc/systemd/system/multi-user.target.wants"), 0o755))
 	require.NoError(t, os.Symlink("/etc/systemd/system/kiln-agent.service", filepath.Join(layer, "etc/systemd/system/multi-user.target.wants/kiln-agent.service")))
 	writeFile(t, layer, "etc/containerd/config.toml", containerdConfig, 0o644)
