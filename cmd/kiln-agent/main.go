@@ -181,6 +181,7 @@ type runOptions struct {
 	heartbeatInterval              time.Duration
 	rebootCommand, powerOffCommand string
 	memoryTrimInterval             time.Duration
+	releaseExecutable              bool
 }
 
 func newRun(g *globals) *cobra.Command {
@@ -216,6 +217,7 @@ func newRun(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&ro.rebootCommand, "reboot-command", "", `command the Reboot RPC runs, e.g. "systemctl reboot" (default: none, Reboot is refused)`)
 	cmd.Flags().StringVar(&ro.powerOffCommand, "poweroff-command", "", `command Reboot with power_off runs, e.g. "systemctl poweroff" (default: none)`)
 	cmd.Flags().DurationVar(&ro.memoryTrimInterval, "memory-trim-interval", defaultMemoryTrimInterval, "how often to check whether to return unused heap memory to the OS (after 1 MiB, then every 256 KiB allocated; 0: never)")
+	cmd.Flags().BoolVar(&ro.releaseExecutable, "release-executable-pages", true, "at every memory-trim check (the first 2 s after start), unmap the agent binary's clean read-only pages; they stay in the page cache and the ones still used come back on use")
 	return cmd
 }
 
@@ -317,7 +319,9 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 	go func() {
 		defer close(trimDone)
 		if ro.memoryTrimInterval > 0 {
-			memtrim.New(memoryTrimFirst, memoryTrimThreshold).Run(ctx, ro.memoryTrimInterval)
+			t := memtrim.New(memoryTrimFirst, memoryTrimThreshold)
+			t.Executable = ro.releaseExecutable
+			t.Run(ctx, ro.memoryTrimInterval)
 		}
 	}()
 	go func() {

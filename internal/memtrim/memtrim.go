@@ -15,8 +15,12 @@
 //
 // The first trim waits for a larger amount: a program's first collections
 // leave about 1 MiB of runtime metadata resident for good, so collecting
-// before the runtime would have done so itself only costs memory. See
-// docs/bench/agent.md for measurements.
+// before the runtime would have done so itself only costs memory.
+//
+// A Trimmer can also drop the program's mappings of its own executable's
+// read-only pages at every check (ReleaseExecutable): start-up touches
+// nearly the whole binary once, while an idle daemon runs a small part of
+// it. See docs/bench/agent.md for measurements.
 package memtrim
 
 import (
@@ -35,6 +39,10 @@ const allocsMetric = "/gc/heap/allocs:bytes"
 // read MemStats raised the agent's resident memory by 0.5 MiB
 // (docs/bench/agent.md).
 type Trimmer struct {
+	// Executable makes Run also call ReleaseExecutable at every check,
+	// the first one StartupDelay after it starts.
+	Executable bool
+
 	need      uint64 // first, then threshold
 	threshold uint64
 	last      uint64
@@ -69,16 +77,27 @@ func (t *Trimmer) Trim() bool {
 	return true
 }
 
-// Run calls Trim every interval until ctx is done. It blocks.
+// StartupDelay is when Run checks first if the interval is longer: by then
+// a daemon has started, and the code only its start-up ran can go.
+const StartupDelay = 2 * time.Second
+
+// Run calls Trim every interval (the first time after StartupDelay, if that
+// is shorter) until ctx is done, and ReleaseExecutable after each Trim if
+// t.Executable is set. It blocks. Releasing is an optimisation: where it
+// fails (no /proc), Run goes on trimming the heap.
 func (t *Trimmer) Run(ctx context.Context, interval time.Duration) {
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
+	timer := time.NewTimer(min(interval, StartupDelay))
+	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-timer.C:
 			t.Trim()
+			if t.Executable {
+				_, _ = ReleaseExecutable()
+			}
+			timer.Reset(interval)
 		}
 	}
 }
