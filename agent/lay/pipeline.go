@@ -17,6 +17,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
+	"github.com/kilnhq/kiln/agent/lay/internal/sha256x16"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 )
@@ -358,9 +359,13 @@ func coalesce(ranges []*agentv1.BlockRange, gap, maxSpan int64) []fetchGroup {
 // ranges, fetch it with one request, hash each range as its bytes arrive
 // and pass the chunks to the writers (WithWriters) through a channel; a
 // range whose sha256 is not the map's fails the whole lay. Ranges are
-// independent, so hashing runs on every core. Holes are never fetched
-// (beyond the small gaps inside a group), hashed or written. Under
-// runtime/trace, each read+hash and each write is a region ("lay.fetch+hash",
+// independent, so hashing runs on every core. On CPUs with AVX-512, ranges
+// that fit in one buffer (but the first 16) are instead verified sixteen
+// at a time by one hasher (hashBatches), which costs about 40 % of the
+// CPU time of SHA-NI per byte. Holes are never fetched (beyond the small
+// gaps inside a group), hashed or written. Under runtime/trace, each
+// read+hash, each read of a batched range, each batch's hashing and each
+// write is a region ("lay.fetch+hash", "lay.fetch", "lay.hash",
 // "lay.write"), so `go tool trace` shows where a lay waits.
 func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequest, zeroed bool, rep *reporter, log *slog.Logger) (*agentv1.LayImageResult, error) {
 	ranges := req.GetBlockMap()
@@ -385,8 +390,19 @@ func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequ
 		groupCh <- fg
 	}
 	close(groupCh)
-	writeCh := make(chan chunk, l.depth)
-	var fetching sync.WaitGroup
+	// With batched hashing, ranges that fit in one buffer go through
+	// hashCh to one hasher, which verifies them 16 at a time; the writers'
+	// queue then holds a whole batch more, so that the hasher hands a
+	// batch over at once and hashes the next while the writers work.
+	var hashCh chan rangeChunk
+	writeDepth := l.depth
+	if l.batchHash {
+		hashCh = make(chan rangeChunk, l.depth)
+		writeDepth += sha256x16.Lanes
+	}
+	writeCh := make(chan chunk, writeDepth)
+	var small atomic.Int64 // ranges that fit in one buffer, counted as fetched
+	var fetching, sending sync.WaitGroup
 	for range fetchers {
 		fetching.Add(1)
 		g.spawn(func(ctx context.Context) error {
@@ -395,7 +411,7 @@ func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequ
 			for fg := range groupCh {
 				s := l.newStream(ctx, log, req.GetUrl(), fg.start, fg.end, true, &fetched)
 				s.note = rep.note
-				err := l.fetchGroup(ctx, s, ranges, fg, h, writeCh, rep)
+				err := l.fetchGroup(ctx, s, ranges, fg, h, writeCh, hashCh, &small, rep)
 				s.Close()
 				if err != nil {
 					return err
@@ -404,7 +420,17 @@ func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequ
 			return nil
 		})
 	}
-	go func() { fetching.Wait(); close(writeCh) }()
+	sending.Add(1)
+	go func() { fetching.Wait(); sending.Done() }()
+	if hashCh != nil {
+		sending.Add(1)
+		go func() { fetching.Wait(); close(hashCh) }()
+		g.spawn(func(ctx context.Context) error {
+			defer sending.Done()
+			return l.hashBatches(ctx, ranges, hashCh, writeCh, rep)
+		})
+	}
+	go func() { sending.Wait(); close(writeCh) }()
 	writers := l.spawnWriters(g, t, zeroed, writeCh)
 	if err := g.wait(); err != nil {
 		if errors.Is(err, errRangeIgnored) {
@@ -447,9 +473,15 @@ func spans(ranges []*agentv1.BlockRange) [][2]int64 {
 	return out
 }
 
-// fetchGroup reads one group's response: the ranges into chunks, hashed
-// and verified range by range, the gaps into nothing.
-func (l *Layer) fetchGroup(ctx context.Context, s *stream, ranges []*agentv1.BlockRange, fg fetchGroup, h hash.Hash, out chan<- chunk, rep *reporter) error {
+// fetchGroup reads one group's response: the ranges into chunks, the
+// gaps into nothing. When hashCh is not nil, a range that fits in one
+// buffer goes there unhashed (see hashBatches), but for the first
+// l.inlineFirst such ranges of the lay: those give the writers work while
+// the first batch fills. Any other range is hashed here as its bytes
+// arrive and verified when its last chunk has, which is sent on only then
+// (its earlier chunks go to the writers as they arrive: a range of any
+// length is laid in bounded memory, and a mismatch fails the lay).
+func (l *Layer) fetchGroup(ctx context.Context, s *stream, ranges []*agentv1.BlockRange, fg fetchGroup, h hash.Hash, out chan<- chunk, hashCh chan<- rangeChunk, small *atomic.Int64, rep *reporter) error {
 	pos := fg.start
 	for i := fg.first; i <= fg.last; i++ {
 		r := ranges[i]
@@ -458,6 +490,24 @@ func (l *Layer) fetchGroup(ctx context.Context, s *stream, ranges []*agentv1.Blo
 			if _, err := io.CopyN(io.Discard, s, gap); err != nil {
 				return rangeFetchError(s, i, r, err)
 			}
+		}
+		if hashCh != nil && end-off <= int64(l.bufSize) && small.Add(1) > int64(l.inlineFirst) {
+			b := l.getBuf()
+			region := trace.StartRegion(ctx, "lay.fetch")
+			_, err := io.ReadFull(s, (*b)[:end-off])
+			region.End()
+			if err != nil {
+				l.putBuf(b)
+				return rangeFetchError(s, i, r, err)
+			}
+			select {
+			case hashCh <- rangeChunk{chunk: chunk{buf: b, n: int(end - off), off: off}, index: i}:
+			case <-ctx.Done():
+				l.putBuf(b)
+				return ctx.Err()
+			}
+			pos = end
+			continue
 		}
 		h.Reset()
 		for off < end {
@@ -483,6 +533,67 @@ func (l *Layer) fetchGroup(ctx context.Context, s *stream, ranges []*agentv1.Blo
 			off += n
 		}
 		pos = end
+	}
+	return nil
+}
+
+// rangeChunk is a whole block-map range, fetched and not yet verified.
+type rangeChunk struct {
+	chunk
+	index int // in the block map
+}
+
+// hashBatches verifies the ranges arriving on in, sixteen at a time
+// (sha256x16.Sum: one AVX-512 computation hashes all sixteen), and sends
+// each on to the writers only once its sha256 is the map's: a range that
+// does not match is never written and fails the lay. It waits for a full
+// batch unless in is closed, as a batch costs as much as its longest
+// range whatever the number of ranges in it.
+func (l *Layer) hashBatches(ctx context.Context, ranges []*agentv1.BlockRange, in <-chan rangeChunk, out chan<- chunk, rep *reporter) error {
+	batch := make([]rangeChunk, 0, sha256x16.Lanes)
+	msgs := make([][]byte, 0, sha256x16.Lanes)
+	sums := make([][sha256.Size]byte, sha256x16.Lanes)
+	defer func() {
+		for _, c := range batch {
+			l.putBuf(c.buf)
+		}
+	}()
+	for open := true; open; {
+		batch, msgs = batch[:0], msgs[:0]
+		for len(batch) < sha256x16.Lanes {
+			var c rangeChunk
+			select {
+			case c, open = <-in:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			if !open {
+				break
+			}
+			batch = append(batch, c)
+			msgs = append(msgs, c.data())
+		}
+		if len(batch) == 0 {
+			break
+		}
+		region := trace.StartRegion(ctx, "lay.hash")
+		sha256x16.Sum(msgs, sums)
+		region.End()
+		for k, c := range batch {
+			r := ranges[c.index]
+			if got := hex.EncodeToString(sums[k][:]); !strings.EqualFold(got, r.GetSha256()) {
+				return errdefs.FailedPrecondition("range %d (offset %d, length %d): sha256 mismatch: got %s want %s", c.index, r.GetOffset(), r.GetLength(), got, strings.ToLower(r.GetSha256()))
+			}
+		}
+		for k, c := range batch {
+			if err := send(ctx, out, c.chunk); err != nil {
+				batch = batch[k:] // the rest go back to the pool
+				return err
+			}
+			rep.add(c.n)
+		}
+		l.batched.Add(int64(len(batch)))
+		batch = batch[:0]
 	}
 	return nil
 }
