@@ -137,15 +137,26 @@ func blocks(state *[512]byte, inputs *[Lanes][]byte) {
 
 // laneMasks returns, for each 64-byte block round, the bit set of lanes
 // that still have a block in that round (the kernel updates only those).
+// The set changes at most 16 times: it is filled run by run.
 func laneMasks(inputs *[Lanes][]byte) []uint64 {
-	var rounds int
-	for _, in := range inputs {
-		rounds = max(rounds, len(in)/64)
+	var blocks [Lanes]int
+	rounds := 0
+	for lane, in := range inputs {
+		blocks[lane] = len(in) / 64
+		rounds = max(rounds, blocks[lane])
 	}
 	mask := make([]uint64, rounds)
-	for lane, in := range inputs {
-		for r := range len(in) / 64 {
-			mask[r] |= 1 << lane
+	for r := 0; r < rounds; {
+		var m uint64
+		next := rounds // the next round at which a lane runs out
+		for lane, n := range blocks {
+			if n > r {
+				m |= 1 << lane
+				next = min(next, n)
+			}
+		}
+		for ; r < next; r++ {
+			mask[r] = m
 		}
 	}
 	return mask
