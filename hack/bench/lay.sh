@@ -6,6 +6,13 @@
 #
 #   hack/bench/lay.sh [SIZE_BYTES] [RUNS]
 #
+# ONLY=sparse20 runs only the cases of that image (dense, sparse20,
+# sparse20.zst). LAYBENCH_B=FILE adds the case sparse20/kiln-lay-blockmap-B:
+# the same lay with another build of laybench (e.g. of an earlier commit:
+# `mkdir /tmp/old && git archive COMMIT | tar -x -C /tmp/old && (cd /tmp/old
+# && go build -o /tmp/laybench-old ./hack/bench/laybench)`), interleaved
+# with the others, for before/after comparisons.
+#
 # Needs: qemu-utils, bmap-tools, zstd, coreutils. Writes a markdown table
 # on stdout. Uses a temporary directory on the filesystem of $TMPDIR
 # (default /var/tmp) and removes it at the end.
@@ -35,6 +42,7 @@ tgt="$dir/target.img"
 # children) to the results.
 once() {
 	local name=$1; shift
+	[[ -z ${ONLY:-} || ${name%%/*} == "$ONLY" ]] || return 0
 	rm -f "$tgt"; sync
 	local TIMEFORMAT='%3R %3U %3S' wall user sys
 	{ time "$@" >/dev/null 2>"$dir/err" || { cat "$dir/err" >&2; echo "$name failed" >&2; exit 1; }; } 2>"$dir/time"
@@ -55,6 +63,7 @@ unzst() { zstd -q -d -f --sparse "$1" -o "$tgt" && sync "$tgt"; }
 
 # run_case I: the I-th case, once.
 ncases=15
+[[ -z ${LAYBENCH_B:-} ]] || ncases=16
 run_case() {
 	case $1 in
 	0) once "dense/dd" dd_plain "$dir/dense.raw" ;;
@@ -72,6 +81,7 @@ run_case() {
 	12) once "sparse20/kiln-lay-blockmap" lay -image "$dir/sparse.raw" -manifest "$dir/sparse.json" ;;
 	13) once "sparse20.zst/zstd-d" unzst "$dir/sparse.raw.zst" ;;
 	14) once "sparse20.zst/kiln-lay" lay -image "$dir/sparse.raw.zst" -format raw.zst -sha256 "$zst_sha" -raw-size "$size" ;;
+	15) once "sparse20/kiln-lay-blockmap-B" "$LAYBENCH_B" lay -target "$tgt" -image "$dir/sparse.raw" -manifest "$dir/sparse.json" ;;
 	esac
 }
 
@@ -115,6 +125,7 @@ function r(a, b) { return (m[a] > 0 && m[b] > 0) ? sprintf("%.2f", m[a] / m[b]) 
 END {
 	print "- dense: kiln-lay stream is " r("dense/dd", "dense/kiln-lay-stream") "x and block map " r("dense/dd", "dense/kiln-lay-blockmap") "x as fast as dd (target >= 0.9)"
 	print "- sparse20: kiln-lay block map is " r("sparse20/bmaptool", "sparse20/kiln-lay-blockmap") "x as fast as bmaptool, " r("sparse20/qemu-img", "sparse20/kiln-lay-blockmap") "x qemu-img, " r("sparse20/qemu-img-t-none-W", "sparse20/kiln-lay-blockmap") "x qemu-img -t none -W (target > 1)"
+	if ("sparse20/kiln-lay-blockmap-B" in m) print "- sparse20: kiln-lay block map is " r("sparse20/kiln-lay-blockmap-B", "sparse20/kiln-lay-blockmap") "x as fast as build B (LAYBENCH_B)"
 	print "- sparse20.zst: kiln-lay raw.zst takes " r("sparse20.zst/kiln-lay", "sparse20/kiln-lay-stream") "x the time of the raw stream (target <= 1.3)"
 }' "$dir/results"
 echo
