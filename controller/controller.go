@@ -75,6 +75,12 @@ type Config struct {
 	// EtcdEndpoints are the client URLs of an external etcd cluster;
 	// empty runs a single-member etcd embedded in DataDir/etcd.
 	EtcdEndpoints []string
+	// EtcdCAFile, EtcdCertFile and EtcdKeyFile are PEM files for an
+	// external etcd served over TLS (https:// endpoints), as etcdctl's
+	// --cacert, --cert and --key: the CA that signed the members'
+	// certificates (empty: the system's roots) and the controller's client
+	// certificate and key (both or neither).
+	EtcdCAFile, EtcdCertFile, EtcdKeyFile string
 	// SecretKeyFile is the AES-256 key sealing secrets at rest (default
 	// DataDir/secret.key, created when missing). Replicas sharing one etcd
 	// must use the same key.
@@ -196,6 +202,9 @@ func New(cfg Config, log *slog.Logger) (*Controller, error) {
 		if cfg.BootMediaDir == "" {
 			return nil, errdefs.InvalidArgument("controller: the boot server needs a boot media directory (--boot-media-dir)")
 		}
+	}
+	if err := checkEtcdTLS(cfg); err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("controller: data directory: %w", err)
@@ -458,11 +467,11 @@ const etcdURLFile = "etcd.url"
 // openEtcd connects to the external etcd or starts the embedded one.
 func (c *Controller) openEtcd(ctx context.Context) (*clientv3.Client, func(), error) {
 	if len(c.cfg.EtcdEndpoints) > 0 {
-		cl, err := dialEtcd(c.cfg.EtcdEndpoints)
+		cl, err := dialExternalEtcd(c.cfg)
 		if err != nil {
 			return nil, nil, err
 		}
-		c.log.Info("using external etcd", "endpoints", strings.Join(c.cfg.EtcdEndpoints, ","))
+		c.log.Info("using external etcd", "endpoints", strings.Join(c.cfg.EtcdEndpoints, ","), "tls", c.cfg.etcdTLS())
 		return cl, func() { cl.Close() }, nil
 	}
 	emb, err := store.StartEmbedded(ctx, store.EmbeddedConfig{
@@ -477,7 +486,7 @@ func (c *Controller) openEtcd(ctx context.Context) (*clientv3.Client, func(), er
 		emb.Close()
 		return nil, nil, fmt.Errorf("controller: %w", err)
 	}
-	cl, err := dialEtcd(emb.Endpoints())
+	cl, err := dialEtcd(emb.Endpoints(), nil)
 	if err != nil {
 		emb.Close()
 		return nil, nil, err
@@ -489,8 +498,69 @@ func (c *Controller) openEtcd(ctx context.Context) (*clientv3.Client, func(), er
 	}, nil
 }
 
-func dialEtcd(endpoints []string) (*clientv3.Client, error) {
-	cl, err := store.Dial(endpoints, nil)
+// etcdTLS reports whether the external etcd is reached over TLS: an
+// https:// endpoint or a TLS file names it.
+func (cfg Config) etcdTLS() bool {
+	if cfg.EtcdCAFile != "" || cfg.EtcdCertFile != "" || cfg.EtcdKeyFile != "" {
+		return true
+	}
+	for _, e := range cfg.EtcdEndpoints {
+		if strings.HasPrefix(e, "https://") {
+			return true
+		}
+	}
+	return false
+}
+
+// checkEtcdTLS refuses TLS files without an external etcd, endpoints that
+// mix http:// and https://, TLS files for http:// endpoints, and a client
+// certificate without its key, before anything is touched.
+func checkEtcdTLS(cfg Config) error {
+	files := cfg.EtcdCAFile != "" || cfg.EtcdCertFile != "" || cfg.EtcdKeyFile != ""
+	if len(cfg.EtcdEndpoints) == 0 {
+		if files {
+			return errdefs.InvalidArgument("controller: --etcd-cacert, --etcd-cert and --etcd-key are for an external etcd: pass its https:// client URLs with --etcd-endpoints (the embedded etcd listens on loopback without TLS)")
+		}
+		return nil
+	}
+	var plain, secure []string
+	for _, e := range cfg.EtcdEndpoints {
+		switch {
+		case strings.HasPrefix(e, "https://"):
+			secure = append(secure, e)
+		case strings.HasPrefix(e, "http://"):
+			plain = append(plain, e)
+		default:
+			return errdefs.InvalidArgument("controller: etcd endpoint %q: want a client URL, http://HOST:PORT or https://HOST:PORT", e)
+		}
+	}
+	if len(plain) > 0 && len(secure) > 0 {
+		return errdefs.InvalidArgument("controller: --etcd-endpoints mixes http:// (%s) and https:// (%s): an etcd cluster serves clients one way; use https:// for all", strings.Join(plain, ","), strings.Join(secure, ","))
+	}
+	if len(plain) > 0 && files {
+		return errdefs.InvalidArgument("controller: --etcd-cacert/--etcd-cert/--etcd-key given but --etcd-endpoints are http:// (%s): use the members' https:// client URLs", strings.Join(plain, ","))
+	}
+	if (cfg.EtcdCertFile == "") != (cfg.EtcdKeyFile == "") {
+		return errdefs.InvalidArgument("controller: --etcd-cert and --etcd-key go together: pass both the client certificate and its key")
+	}
+	return nil
+}
+
+// dialExternalEtcd connects to cfg's external etcd, over TLS with cfg's
+// files when it serves https://.
+func dialExternalEtcd(cfg Config) (*clientv3.Client, error) {
+	if !cfg.etcdTLS() {
+		return dialEtcd(cfg.EtcdEndpoints, nil)
+	}
+	tlsCfg, err := store.ClientTLS(cfg.EtcdCAFile, cfg.EtcdCertFile, cfg.EtcdKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("controller: %w", err)
+	}
+	return dialEtcd(cfg.EtcdEndpoints, tlsCfg)
+}
+
+func dialEtcd(endpoints []string, tlsCfg *tls.Config) (*clientv3.Client, error) {
+	cl, err := store.Dial(endpoints, tlsCfg)
 	if err != nil {
 		return nil, errdefs.Unavailable("controller: %w", err)
 	}

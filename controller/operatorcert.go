@@ -115,7 +115,10 @@ func WriteOperatorConfig(ctx context.Context, cfg Config, req OperatorCertReques
 // here when the controller is stopped.
 func operatorEtcd(ctx context.Context, cfg Config, log *slog.Logger) (*clientv3.Client, func(), error) {
 	if len(cfg.EtcdEndpoints) > 0 {
-		cl, err := dialEtcd(cfg.EtcdEndpoints)
+		if err := checkEtcdTLS(cfg); err != nil {
+			return nil, nil, err
+		}
+		cl, err := dialExternalEtcd(cfg)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -123,7 +126,7 @@ func operatorEtcd(ctx context.Context, cfg Config, log *slog.Logger) (*clientv3.
 	}
 	if b, err := os.ReadFile(filepath.Join(cfg.DataDir, etcdURLFile)); err == nil {
 		eps := strings.Split(strings.TrimSpace(string(b)), ",")
-		if cl, err := dialEtcd(eps); err == nil {
+		if cl, err := dialEtcd(eps, nil); err == nil {
 			pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 			_, err := cl.Get(pctx, "/kiln/v1/pki/ca.crt")
 			cancel()
@@ -141,7 +144,7 @@ func operatorEtcd(ctx context.Context, cfg Config, log *slog.Logger) (*clientv3.
 	if err != nil {
 		return nil, nil, fmt.Errorf("open the controller's embedded etcd (is the controller running with another data directory?): %w", err)
 	}
-	cl, err := dialEtcd(emb.Endpoints())
+	cl, err := dialEtcd(emb.Endpoints(), nil)
 	if err != nil {
 		emb.Close()
 		return nil, nil, err

@@ -28,6 +28,9 @@ func main() {
 type common struct {
 	dataDir       string
 	etcdEndpoints string
+	etcdCA        string
+	etcdCert      string
+	etcdKey       string
 	secretKeyFile string
 	logLevel      string
 }
@@ -35,12 +38,16 @@ type common struct {
 func (c *common) bind(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&c.dataDir, "data-dir", "/var/lib/kiln-controller", "directory of the embedded etcd, the secret key and the admin kilnconfig")
 	cmd.Flags().StringVar(&c.etcdEndpoints, "etcd-endpoints", "", "comma-separated client URLs of an external etcd cluster (empty: embedded etcd in --data-dir)")
+	cmd.Flags().StringVar(&c.etcdCA, "etcd-cacert", "", "CA certificate (PEM) that signed the external etcd members' certificates, for https:// endpoints (default: the system's roots)")
+	cmd.Flags().StringVar(&c.etcdCert, "etcd-cert", "", "client certificate (PEM) the controller presents to an external etcd that requires one (with --etcd-key)")
+	cmd.Flags().StringVar(&c.etcdKey, "etcd-key", "", "key (PEM) of --etcd-cert")
 	cmd.Flags().StringVar(&c.secretKeyFile, "secret-key-file", "", "AES-256 key sealing secrets at rest (default <data-dir>/secret.key; all replicas must share it)")
 	cmd.Flags().StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 }
 
 func (c *common) config() controller.Config {
-	cfg := controller.Config{DataDir: c.dataDir, SecretKeyFile: c.secretKeyFile}
+	cfg := controller.Config{DataDir: c.dataDir, SecretKeyFile: c.secretKeyFile,
+		EtcdCAFile: c.etcdCA, EtcdCertFile: c.etcdCert, EtcdKeyFile: c.etcdKey}
 	for _, e := range strings.Split(c.etcdEndpoints, ",") {
 		if e = strings.TrimSpace(e); e != "" {
 			cfg.EtcdEndpoints = append(cfg.EtcdEndpoints, e)

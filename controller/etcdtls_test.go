@@ -1,0 +1,126 @@
+package controller_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kilnhq/kiln/controller"
+	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/kilnconfig"
+	"github.com/kilnhq/kiln/internal/pki"
+)
+
+// TestExternalEtcdOverTLS: a controller reaches an external etcd that
+// serves clients over TLS and requires client certificates (as a
+// production etcd cluster does) with --etcd-cacert, --etcd-cert and
+// --etcd-key, keeps its state there, and operator-cert reaches the same
+// etcd with the same flags.
+func TestExternalEtcdOverTLS(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, data, 0o600))
+		return p
+	}
+	etcdCA, err := pki.NewCA("etcd-ca", time.Now())
+	require.NoError(t, err)
+	caFile := write("etcd-ca.crt", etcdCA.CertPEM())
+	srvCert, srvKey, err := etcdCA.Issue(pki.RoleController, "etcd", []string{"127.0.0.1", "localhost"}, time.Hour, time.Now())
+	require.NoError(t, err)
+	cliCert, cliKey, err := etcdCA.Issue(pki.RoleController, "kiln-controller", nil, time.Hour, time.Now())
+	require.NoError(t, err)
+	u, err := store.FreeLoopbackURL()
+	require.NoError(t, err)
+	emb, err := store.StartEmbedded(ctx, store.EmbeddedConfig{
+		DataDir:   filepath.Join(dir, "etcd"),
+		ClientURL: strings.Replace(u, "http://", "https://", 1),
+		TLS: &store.EmbeddedTLS{
+			CertFile:      write("etcd.crt", srvCert),
+			KeyFile:       write("etcd.key", srvKey),
+			TrustedCAFile: caFile,
+		},
+	})
+	require.NoError(t, err)
+	defer emb.Close()
+
+	cfg := controller.Config{
+		DataDir:       filepath.Join(dir, "controller"),
+		ListenAddr:    "127.0.0.1:0",
+		EtcdEndpoints: emb.Endpoints(),
+		EtcdCAFile:    caFile,
+		EtcdCertFile:  write("client.crt", cliCert),
+		EtcdKeyFile:   write("client.key", cliKey),
+	}
+	var logs syncBuffer
+	c, err := controller.New(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
+	require.NoError(t, err)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	select {
+	case <-c.Ready():
+	case err := <-done:
+		t.Fatalf("controller exited: %v; log:\n%s", err, logs.String())
+	case <-ctx.Done():
+		t.Fatalf("controller not ready on a TLS etcd; log:\n%s", logs.String())
+	}
+	require.Contains(t, logs.String(), "tls=true", "the controller's log says it reaches etcd over TLS")
+
+	// Its CA lives in the external etcd: read it there with the same files.
+	tlsCfg, err := store.ClientTLS(cfg.EtcdCAFile, cfg.EtcdCertFile, cfg.EtcdKeyFile)
+	require.NoError(t, err)
+	cl, err := store.Dial(emb.Endpoints(), tlsCfg)
+	require.NoError(t, err)
+	defer cl.Close()
+	resp, err := cl.Get(ctx, "/kiln/v1/pki/ca.crt")
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1, "the controller's CA is not in the external etcd")
+
+	// operator-cert reaches the same etcd with the same flags.
+	out := filepath.Join(dir, "alice.yaml")
+	require.NoError(t, controller.WriteOperatorConfig(ctx, cfg, controller.OperatorCertRequest{
+		Role: "reader", Name: "alice", Out: out, Server: c.Addr(),
+	}, nil))
+	kc, err := kilnconfig.Load(out)
+	require.NoError(t, err)
+	require.Equal(t, c.Addr(), kc.Server)
+
+	stop()
+	require.NoError(t, <-done)
+}
+
+// TestExternalEtcdTLSFlagsRefused: TLS settings that cannot work are
+// refused by New, before anything is created, with the fix.
+func TestExternalEtcdTLSFlagsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  controller.Config
+		want string
+	}{
+		{"TLS files without an external etcd", controller.Config{EtcdCAFile: "ca.crt"}, "pass its https:// client URLs with --etcd-endpoints"},
+		{"mixed schemes", controller.Config{EtcdEndpoints: []string{"http://10.0.0.1:2379", "https://10.0.0.2:2379"}}, "mixes http:// (http://10.0.0.1:2379) and https://"},
+		{"TLS files for http endpoints", controller.Config{EtcdEndpoints: []string{"http://10.0.0.1:2379"}, EtcdCAFile: "ca.crt"}, "use the members' https:// client URLs"},
+		{"certificate without key", controller.Config{EtcdEndpoints: []string{"https://10.0.0.1:2379"}, EtcdCertFile: "c.crt"}, "--etcd-cert and --etcd-key go together"},
+		{"no scheme", controller.Config{EtcdEndpoints: []string{"10.0.0.1:2379"}}, `etcd endpoint "10.0.0.1:2379": want a client URL`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dataDir := filepath.Join(t.TempDir(), "controller")
+			tc.cfg.DataDir = dataDir
+			_, err := controller.New(tc.cfg, nil)
+			require.Error(t, err)
+			require.True(t, errdefs.IsInvalidArgument(err), "New() = %v, want InvalidArgument", err)
+			require.Contains(t, err.Error(), tc.want)
+			require.NoDirExists(t, dataDir, "a refused configuration created the data directory")
+		})
+	}
+}
