@@ -62,8 +62,8 @@ bmap() { bmaptool -q copy --bmap "$dir/sparse.bmap" "$1" "$tgt"; }
 unzst() { zstd -q -d -f --sparse "$1" -o "$tgt" && sync "$tgt"; }
 
 # run_case I: the I-th case, once.
-ncases=15
-[[ -z ${LAYBENCH_B:-} ]] || ncases=16
+ncases=16
+[[ -z ${LAYBENCH_B:-} ]] || ncases=17
 run_case() {
 	case $1 in
 	0) once "dense/dd" dd_plain "$dir/dense.raw" ;;
@@ -81,7 +81,9 @@ run_case() {
 	12) once "sparse20/kiln-lay-blockmap" lay -image "$dir/sparse.raw" -manifest "$dir/sparse.json" ;;
 	13) once "sparse20.zst/zstd-d" unzst "$dir/sparse.raw.zst" ;;
 	14) once "sparse20.zst/kiln-lay" lay -image "$dir/sparse.raw.zst" -format raw.zst -sha256 "$zst_sha" -raw-size "$size" ;;
-	15) once "sparse20/kiln-lay-blockmap-B" "$LAYBENCH_B" lay -target "$tgt" -image "$dir/sparse.raw" -manifest "$dir/sparse.json" ;;
+	# The disk's part of a block-map lay alone: the same writes, from memory.
+	15) once "sparse20/writes-only" "$dir/laybench" writes -manifest "$dir/sparse.json" -target "$tgt" ;;
+	16) once "sparse20/kiln-lay-blockmap-B" "$LAYBENCH_B" lay -target "$tgt" -image "$dir/sparse.raw" -manifest "$dir/sparse.json" ;;
 	esac
 }
 

@@ -3,6 +3,12 @@
 //
 //	laybench gen -dir DIR -size 1073741824 -data 20
 //	laybench lay -image FILE -format raw|raw.zst -sha256 HEX -raw-size N -target FILE [-manifest M]
+//	laybench writes -manifest M -target FILE [-writers 4] [-fallocate=true]
+//
+// writes measures the disk's part alone: it writes the manifest's ranges
+// (from memory, no fetching or hashing) onto a new target the way a
+// block-map lay does (O_DIRECT, several writes in flight, ranges
+// preallocated, one fsync), the floor under kiln-lay's time.
 package main
 
 import (
@@ -21,7 +27,9 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"runtime/trace"
+	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/kilnhq/kiln/agent/lay"
 	"github.com/kilnhq/kiln/imagebuilder/manifest"
@@ -39,6 +47,8 @@ func main() {
 		err = gen(os.Args[2:])
 	case "lay":
 		err = layCmd(os.Args[2:])
+	case "writes":
+		err = writesCmd(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q", os.Args[1])
 	}
@@ -210,5 +220,76 @@ func layCmd(args []string) error {
 		return err
 	}
 	fmt.Printf("lay %.3f s fetched %d written %d\n", time.Since(start).Seconds(), res.GetBytesFetched(), res.GetBytesWritten())
+	return nil
+}
+
+// writesCmd writes the ranges of a manifest's block map onto a new target
+// with O_DIRECT from -writers goroutines, after preallocating them, then
+// fsyncs, and prints the time from creating the target to the fsync.
+func writesCmd(args []string) error {
+	fs := flag.NewFlagSet("writes", flag.ExitOnError)
+	man := fs.String("manifest", "", "manifest whose block map to write")
+	target := fs.String("target", "", "file to create")
+	writers := fs.Int("writers", 4, "writes in flight")
+	prealloc := fs.Bool("fallocate", true, "preallocate the ranges first, as agent/lay does")
+	fs.Parse(args)
+	if *man == "" || *target == "" {
+		return errors.New("-manifest and -target are required")
+	}
+	m, err := manifest.Read(*man)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	f, err := os.OpenFile(*target, os.O_CREATE|os.O_EXCL|os.O_RDWR|syscall.O_DIRECT, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Truncate(int64(m.RawSize)); err != nil {
+		return err
+	}
+	if *prealloc {
+		for _, r := range m.BlockMap {
+			if err := syscall.Fallocate(int(f.Fd()), 1 /* FALLOC_FL_KEEP_SIZE */, int64(r.Offset), int64(r.Length)); err != nil {
+				return err
+			}
+		}
+	}
+	const chunk = 1 << 20
+	type piece struct{ off, n int64 }
+	work := make(chan piece, 1024)
+	go func() {
+		defer close(work)
+		for _, r := range m.BlockMap {
+			for off := int64(r.Offset); off < int64(r.Offset+r.Length); off += chunk {
+				work <- piece{off, min(chunk, int64(r.Offset+r.Length)-off)}
+			}
+		}
+	}()
+	errs := make(chan error, *writers)
+	for range *writers {
+		go func() {
+			raw := make([]byte, chunk+4096)
+			buf := raw[4096-int(uintptr(unsafe.Pointer(&raw[0]))%4096):][:chunk] // O_DIRECT alignment
+			rand.NewChaCha8([32]byte{3}).Read(buf)
+			for p := range work {
+				if _, err := f.WriteAt(buf[:p.n], p.off); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range *writers {
+		if err := <-errs; err != nil {
+			return err
+		}
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	fmt.Printf("writes %.3f s (%d ranges, %d bytes, %d writers, fallocate %v)\n", time.Since(start).Seconds(), len(m.BlockMap), m.DataSize(), *writers, *prealloc)
 	return nil
 }
