@@ -138,15 +138,17 @@ type Controller struct {
 	cfg Config
 	log *slog.Logger
 
-	ready   chan struct{}
-	mu      sync.Mutex
-	addr    string
-	ca      *pki.CA
-	store   *store.Store
-	elector *election.Elector
-	enroll  *enrollment.Service
-	sealer  *seal.Sealer
-	own     *ownCert
+	ready chan struct{}
+	mu    sync.Mutex
+	addr  string
+	ca    *pki.CA
+	store *store.Store
+	// etcdTLSConfig is the external etcd's client TLS, if any.
+	etcdTLSConfig *tls.Config
+	elector       *election.Elector
+	enroll        *enrollment.Service
+	sealer        *seal.Sealer
+	own           *ownCert
 
 	bootAddr string
 }
@@ -450,6 +452,12 @@ func (c *Controller) waitForCA(ctx context.Context, st *store.Store) (*pki.CA, e
 		if err == nil || ctx.Err() != nil || !(errdefs.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded)) {
 			return ca, err
 		}
+		if c.etcdTLSConfig != nil {
+			// The etcd client reports a refused certificate as a timeout.
+			if why := store.CheckTLS(ctx, c.cfg.EtcdEndpoints, c.etcdTLSConfig); why != nil {
+				err = fmt.Errorf("%w; %v: check --etcd-cacert, --etcd-cert and --etcd-key", err, why)
+			}
+		}
 		d := retry.Delay(attempt, rnd)
 		c.log.Warn("etcd unavailable, retrying", "err", err, "retry_in", d)
 		select {
@@ -467,10 +475,11 @@ const etcdURLFile = "etcd.url"
 // openEtcd connects to the external etcd or starts the embedded one.
 func (c *Controller) openEtcd(ctx context.Context) (*clientv3.Client, func(), error) {
 	if len(c.cfg.EtcdEndpoints) > 0 {
-		cl, err := dialExternalEtcd(c.cfg)
+		cl, tlsCfg, err := dialExternalEtcd(c.cfg)
 		if err != nil {
 			return nil, nil, err
 		}
+		c.etcdTLSConfig = tlsCfg
 		c.log.Info("using external etcd", "endpoints", strings.Join(c.cfg.EtcdEndpoints, ","), "tls", c.cfg.etcdTLS())
 		return cl, func() { cl.Close() }, nil
 	}
@@ -547,16 +556,18 @@ func checkEtcdTLS(cfg Config) error {
 }
 
 // dialExternalEtcd connects to cfg's external etcd, over TLS with cfg's
-// files when it serves https://.
-func dialExternalEtcd(cfg Config) (*clientv3.Client, error) {
+// files (returned) when it serves https://.
+func dialExternalEtcd(cfg Config) (*clientv3.Client, *tls.Config, error) {
 	if !cfg.etcdTLS() {
-		return dialEtcd(cfg.EtcdEndpoints, nil)
+		cl, err := dialEtcd(cfg.EtcdEndpoints, nil)
+		return cl, nil, err
 	}
 	tlsCfg, err := store.ClientTLS(cfg.EtcdCAFile, cfg.EtcdCertFile, cfg.EtcdKeyFile)
 	if err != nil {
-		return nil, fmt.Errorf("controller: %w", err)
+		return nil, nil, fmt.Errorf("controller: %w", err)
 	}
-	return dialEtcd(cfg.EtcdEndpoints, tlsCfg)
+	cl, err := dialEtcd(cfg.EtcdEndpoints, tlsCfg)
+	return cl, tlsCfg, err
 }
 
 func dialEtcd(endpoints []string, tlsCfg *tls.Config) (*clientv3.Client, error) {

@@ -99,6 +99,85 @@ func TestExternalEtcdOverTLS(t *testing.T) {
 	require.NoError(t, <-done)
 }
 
+// TestExternalEtcdTLSRefusalExplained: when the members refuse the
+// controller's TLS (no client certificate, a CA that did not sign them),
+// the controller keeps waiting for etcd and its log says why and which
+// flags to check; the etcd client alone only reports a timeout.
+func TestExternalEtcdTLSRefusalExplained(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a 5 s etcd request timeout: skipped with -short")
+	}
+	dir := t.TempDir()
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, data, 0o600))
+		return p
+	}
+	etcdCA, err := pki.NewCA("etcd-ca", time.Now())
+	require.NoError(t, err)
+	otherCA, err := pki.NewCA("other-ca", time.Now())
+	require.NoError(t, err)
+	srvCert, srvKey, err := etcdCA.Issue(pki.RoleController, "etcd", []string{"127.0.0.1", "localhost"}, time.Hour, time.Now())
+	require.NoError(t, err)
+	cliCert, cliKey, err := etcdCA.Issue(pki.RoleController, "kiln-controller", nil, time.Hour, time.Now())
+	require.NoError(t, err)
+	u, err := store.FreeLoopbackURL()
+	require.NoError(t, err)
+	// t.Cleanup, not defer: the subtests run in parallel after this
+	// function returns.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	emb, err := store.StartEmbedded(ctx, store.EmbeddedConfig{
+		DataDir:   filepath.Join(dir, "etcd"),
+		ClientURL: strings.Replace(u, "http://", "https://", 1),
+		TLS: &store.EmbeddedTLS{
+			CertFile:      write("etcd.crt", srvCert),
+			KeyFile:       write("etcd.key", srvKey),
+			TrustedCAFile: write("etcd-ca.crt", etcdCA.CertPEM()),
+		},
+	})
+	require.NoError(t, err)
+	t.Cleanup(emb.Close)
+
+	for _, tc := range []struct {
+		name, ca, cert, key, want string
+	}{
+		{"no client certificate", filepath.Join(dir, "etcd-ca.crt"), "", "", "certificate required"},
+		{"CA that did not sign the members", write("other-ca.crt", otherCA.CertPEM()), write("client.crt", cliCert), write("client.key", cliKey), "x509:"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var logs syncBuffer
+			c, err := controller.New(controller.Config{
+				DataDir: t.TempDir(), ListenAddr: "127.0.0.1:0", EtcdEndpoints: emb.Endpoints(),
+				EtcdCAFile: tc.ca, EtcdCertFile: tc.cert, EtcdKeyFile: tc.key,
+			}, slog.New(slog.NewTextHandler(&logs, nil)))
+			require.NoError(t, err)
+			runCtx, stop := context.WithTimeout(ctx, 30*time.Second)
+			defer stop()
+			done := make(chan error, 1)
+			go func() { done <- c.Run(runCtx) }()
+			for !strings.Contains(logs.String(), "etcd unavailable, retrying") {
+				select {
+				case err := <-done:
+					t.Fatalf("controller exited: %v; log:\n%s", err, logs.String())
+				case <-c.Ready():
+					t.Fatalf("controller became ready with a refused TLS configuration; log:\n%s", logs.String())
+				case <-runCtx.Done():
+					t.Fatalf("controller never reported waiting for etcd; log:\n%s", logs.String())
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+			stop()
+			<-done
+			log := logs.String()
+			require.Contains(t, log, "refused the TLS connection")
+			require.Contains(t, log, tc.want)
+			require.Contains(t, log, "check --etcd-cacert, --etcd-cert and --etcd-key")
+		})
+	}
+}
+
 // TestExternalEtcdTLSFlagsRefused: TLS settings that cannot work are
 // refused by New, before anything is created, with the fix.
 func TestExternalEtcdTLSFlagsRefused(t *testing.T) {

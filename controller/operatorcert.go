@@ -118,7 +118,7 @@ func operatorEtcd(ctx context.Context, cfg Config, log *slog.Logger) (*clientv3.
 		if err := checkEtcdTLS(cfg); err != nil {
 			return nil, nil, err
 		}
-		cl, err := dialExternalEtcd(cfg)
+		cl, _, err := dialExternalEtcd(cfg)
 		if err != nil {
 			return nil, nil, err
 		}

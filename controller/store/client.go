@@ -1,9 +1,13 @@
 package store
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"time"
 
@@ -65,4 +69,59 @@ func ClientTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
 		cfg.Certificates = []tls.Certificate{pair}
 	}
 	return cfg, nil
+}
+
+// CheckTLS tells why members refuse a TLS connection, which the etcd
+// client reports only as a timeout: it dials each endpoint, completes the
+// TLS handshake with cfg and waits briefly for the member's answer (with
+// TLS 1.3 a member rejects a client certificate after the handshake). It
+// returns the first refusal, naming the endpoint and the TLS error, or nil
+// when no member refused (members that do not answer at all are not its
+// business: the caller retries those).
+func CheckTLS(ctx context.Context, endpoints []string, cfg *tls.Config) error {
+	for _, ep := range endpoints {
+		u, err := url.Parse(ep)
+		if err != nil || u.Scheme != "https" {
+			continue
+		}
+		if err := checkTLS(ctx, u.Host, cfg); err != nil {
+			return fmt.Errorf("etcd %s refused the TLS connection: %w", ep, err)
+		}
+	}
+	return nil
+}
+
+func checkTLS(ctx context.Context, hostport string, cfg *tls.Config) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	c := cfg.Clone()
+	if c.ServerName == "" {
+		host, _, err := net.SplitHostPort(hostport)
+		if err != nil {
+			return nil
+		}
+		c.ServerName = host
+	}
+	c.NextProtos = []string{"h2"}
+	raw, err := (&net.Dialer{}).DialContext(ctx, "tcp", hostport)
+	if err != nil {
+		return nil // not answering: not a TLS refusal
+	}
+	conn := tls.Client(raw, c)
+	defer conn.Close()
+	if err := conn.HandshakeContext(ctx); err != nil {
+		return err
+	}
+	// A refused client certificate arrives as an alert on the first read;
+	// a member that accepted us waits for the HTTP/2 preface instead.
+	_ = conn.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	var b [1]byte
+	if _, err := conn.Read(b[:]); err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return nil
+		}
+		return err // "remote error: tls: certificate required", EOF
+	}
+	return nil
 }
