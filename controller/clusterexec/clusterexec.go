@@ -90,6 +90,7 @@ type Store interface {
 	List(ctx context.Context, kind string, newMsg func() proto.Message, opts store.ListOptions) ([]store.Item, string, error)
 	PutSecret(ctx context.Context, path string, plaintext []byte) error
 	GetSecret(ctx context.Context, path string) ([]byte, error)
+	DeleteSecret(ctx context.Context, path string) error
 }
 
 var _ Store = (*store.Store)(nil)
@@ -210,9 +211,62 @@ func (e *Executor) reconcileAll(ctx context.Context) {
 			e.log.Warn("reconcile cluster", "cluster", it.Name, "err", err)
 		}
 	}
+	if err := e.CollectDeletedClusters(ctx); err != nil && ctx.Err() == nil {
+		e.log.Warn("delete the machines of deleted clusters", "err", err)
+	}
 	if err := e.ReleaseOrphans(ctx); err != nil && ctx.Err() == nil {
 		e.log.Warn("release orphaned hosts", "err", err)
 	}
+}
+
+// CollectDeletedClusters deletes the Machines of every Cluster that no
+// longer exists (deleted through the API) and the cluster's sealed
+// bootstrap credentials. Their nodes are not reset one by one: the whole
+// cluster is gone, and ReleaseOrphans then unbinds their hosts, which the
+// host lifecycle wipes and makes Available. The cluster's ControlPlane,
+// MachineDeployments and HealthChecks stay until they are deleted too
+// (they act again if a Cluster of that name is created).
+func (e *Executor) CollectDeletedClusters(ctx context.Context) error {
+	// Machines before clusters: a machine is created after its cluster,
+	// so a machine of the first list whose cluster is missing from the
+	// second belongs to a cluster that was deleted.
+	ms, err := listAll(ctx, e.deps.Store, MachinesKind, func() proto.Message { return &typesv1.Machine{} })
+	if err != nil {
+		return err
+	}
+	cs, err := listAll(ctx, e.deps.Store, ClustersKind, func() proto.Message { return &typesv1.Cluster{} })
+	if err != nil {
+		return err
+	}
+	exists := make(map[string]bool, len(cs))
+	for _, it := range cs {
+		exists[it.Name] = true
+	}
+	var errs []error
+	gone := map[string]bool{}
+	for _, it := range ms {
+		m := it.Msg.(*typesv1.Machine)
+		cluster := m.GetSpec().GetCluster()
+		if exists[cluster] {
+			continue
+		}
+		if err := e.deps.Store.Delete(ctx, MachinesKind, it.Name, 0); err != nil && !errdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("machine %s of deleted cluster %s: %w", it.Name, cluster, err))
+			continue
+		}
+		gone[cluster] = true
+		e.log.Info("machine deleted: its cluster is gone", "machine", it.Name, "cluster", cluster, "host", m.GetSpec().GetHost())
+		if e.deps.Recorder != nil {
+			e.deps.Recorder.Record(ctx, ClustersKind, cluster, "Normal", "MachineDeleted",
+				fmt.Sprintf("cluster %s was deleted: machine %s deleted; its host %s is released, wiped and becomes Available", cluster, it.Name, m.GetSpec().GetHost()))
+		}
+	}
+	for cluster := range gone {
+		if err := e.deps.Store.DeleteSecret(ctx, BootstrapSecretPath(cluster)); err != nil && !errdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("bootstrap credentials of deleted cluster %s: %w", cluster, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // ReleaseOrphans unbinds every host whose status.machine names a Machine

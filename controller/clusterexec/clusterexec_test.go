@@ -24,6 +24,7 @@ import (
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/backoff"
 	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/seal"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
@@ -430,6 +431,49 @@ func TestMachineDeletedThroughAPI(t *testing.T) {
 	for _, m := range after {
 		require.NotEqual(t, victim.GetMetadata().GetName(), m.GetMetadata().GetName())
 	}
+}
+
+// TestClusterDeleted: deleting a running Cluster through the API deletes
+// its machines and its sealed bootstrap credentials, and every host it
+// used is wiped and becomes Available again; its ControlPlane and
+// MachineDeployment stay but create nothing without the Cluster.
+func TestClusterDeleted(t *testing.T) {
+	w := newWorld(t, 0)
+	w.apply(4, 1, 2)
+	stop := w.start()
+	defer stop()
+	running := w.waitRunning(3)
+	_, err := clusterexec.LoadBootstrap(w.ctx, w.st, "c1")
+	require.NoError(t, err, "a running cluster has bootstrap credentials")
+
+	require.NoError(t, w.st.Delete(w.ctx, "clusters", "c1", 0))
+
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		free := 0
+		for _, m := range running {
+			h := &typesv1.Host{}
+			_, err := w.st.Get(w.ctx, "hosts", m.GetSpec().GetHost(), h)
+			require.NoError(t, err)
+			if h.GetStatus().GetMachine() == "" && h.GetStatus().GetState() == typesv1.HostState_HOST_STATE_AVAILABLE {
+				free++
+			}
+		}
+		if free == len(running) && len(w.machines()) == 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "%d of %d hosts of the deleted cluster Available, %d machines left", free, len(running), len(w.machines()))
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, m := range running {
+		require.Empty(t, w.fleet.Host(m.GetSpec().GetHost()).DiskImage(), "host %s of the deleted cluster not wiped", m.GetSpec().GetHost())
+	}
+	_, err = clusterexec.LoadBootstrap(w.ctx, w.st, "c1")
+	require.True(t, errdefs.IsNotFound(err), "bootstrap credentials of the deleted cluster: %v, want NotFound", err)
+
+	// Nothing comes back while the Cluster is gone.
+	time.Sleep(time.Second)
+	require.Empty(t, w.machines(), "machines created for a deleted cluster")
 }
 
 // TestHealthCheckReplaces makes a worker's node NotReady: after the
