@@ -187,8 +187,8 @@ func (w *writer) put(b []byte, off int64) error {
 // `zstd --long` (27); images compressed with a larger window are refused.
 const maxZstdWindow = 1 << 27
 
-// drain writes every chunk of in, returning buffers to the pool.
-func (l *Layer) drain(ctx context.Context, w *writer, in <-chan chunk) error {
+// drain writes every chunk of in, returning buffers to bufs.
+func (l *Layer) drain(ctx context.Context, w *writer, in <-chan chunk, bufs buffers) error {
 	for {
 		select {
 		case c, ok := <-in:
@@ -198,7 +198,7 @@ func (l *Layer) drain(ctx context.Context, w *writer, in <-chan chunk) error {
 			region := trace.StartRegion(ctx, "lay.write")
 			err := w.writeAt(c.data(), c.off)
 			region.End()
-			l.putBuf(c.buf)
+			bufs.put(c.buf)
 			if err != nil {
 				return err
 			}
@@ -254,7 +254,7 @@ func (l *Layer) layStream(ctx context.Context, t *target, url, format, wantSum s
 	}
 	// Several writers keep several writes in flight: O_DIRECT writes wait
 	// for the disk, and chunks land at their own offsets in any order.
-	ws := l.spawnWriters(g, t, zeroed, toWrite)
+	ws := l.spawnWriters(g, t, zeroed, toWrite, poolBuffers{l})
 	if err := g.wait(); err != nil {
 		// A broken stream makes the decoder fail too: report the cause.
 		if fetchErr != nil && !errors.Is(fetchErr, context.Canceled) {
@@ -285,12 +285,12 @@ func (l *Layer) layStream(ctx context.Context, t *target, url, format, wantSum s
 }
 
 // spawnWriters starts l.writers writers draining in.
-func (l *Layer) spawnWriters(g *group, t *target, zeroed bool, in <-chan chunk) []*writer {
+func (l *Layer) spawnWriters(g *group, t *target, zeroed bool, in <-chan chunk, bufs buffers) []*writer {
 	ws := make([]*writer, l.writers)
 	for i := range ws {
 		w := newWriter(t, zeroed, l.blockSize)
 		ws[i] = w
-		g.spawn(func(ctx context.Context) error { return l.drain(ctx, w, in) })
+		g.spawn(func(ctx context.Context) error { return l.drain(ctx, w, in, bufs) })
 	}
 	return ws
 }
@@ -383,6 +383,10 @@ func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequ
 		t.preallocate(spans(ranges))
 	}
 
+	// The lay's buffers come from an arena of huge pages, unmapped when
+	// layMap returns: after g.wait, when every goroutine using them ended.
+	bufs := newArena(l.bufSize)
+	defer bufs.release()
 	var fetched atomic.Int64
 	g := newGroup(ctx)
 	groupCh := make(chan fetchGroup, len(groups))
@@ -411,7 +415,7 @@ func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequ
 			for fg := range groupCh {
 				s := l.newStream(ctx, log, req.GetUrl(), fg.start, fg.end, true, &fetched)
 				s.note = rep.note
-				err := l.fetchGroup(ctx, s, ranges, fg, h, writeCh, hashCh, &small, rep)
+				err := l.fetchGroup(ctx, s, ranges, fg, h, writeCh, hashCh, &small, bufs, rep)
 				s.Close()
 				if err != nil {
 					return err
@@ -427,11 +431,11 @@ func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequ
 		go func() { fetching.Wait(); close(hashCh) }()
 		g.spawn(func(ctx context.Context) error {
 			defer sending.Done()
-			return l.hashBatches(ctx, ranges, hashCh, writeCh, rep)
+			return l.hashBatches(ctx, ranges, hashCh, writeCh, bufs, rep)
 		})
 	}
 	go func() { sending.Wait(); close(writeCh) }()
-	writers := l.spawnWriters(g, t, zeroed, writeCh)
+	writers := l.spawnWriters(g, t, zeroed, writeCh, bufs)
 	if err := g.wait(); err != nil {
 		if errors.Is(err, errRangeIgnored) {
 			return nil, err
@@ -481,7 +485,7 @@ func spans(ranges []*agentv1.BlockRange) [][2]int64 {
 // arrive and verified when its last chunk has, which is sent on only then
 // (its earlier chunks go to the writers as they arrive: a range of any
 // length is laid in bounded memory, and a mismatch fails the lay).
-func (l *Layer) fetchGroup(ctx context.Context, s *stream, ranges []*agentv1.BlockRange, fg fetchGroup, h hash.Hash, out chan<- chunk, hashCh chan<- rangeChunk, small *atomic.Int64, rep *reporter) error {
+func (l *Layer) fetchGroup(ctx context.Context, s *stream, ranges []*agentv1.BlockRange, fg fetchGroup, h hash.Hash, out chan<- chunk, hashCh chan<- rangeChunk, small *atomic.Int64, bufs buffers, rep *reporter) error {
 	pos := fg.start
 	for i := fg.first; i <= fg.last; i++ {
 		r := ranges[i]
@@ -492,18 +496,18 @@ func (l *Layer) fetchGroup(ctx context.Context, s *stream, ranges []*agentv1.Blo
 			}
 		}
 		if hashCh != nil && end-off <= int64(l.bufSize) && small.Add(1) > int64(l.inlineFirst) {
-			b := l.getBuf()
+			b := bufs.get()
 			region := trace.StartRegion(ctx, "lay.fetch")
 			_, err := io.ReadFull(s, (*b)[:end-off])
 			region.End()
 			if err != nil {
-				l.putBuf(b)
+				bufs.put(b)
 				return rangeFetchError(s, i, r, err)
 			}
 			select {
 			case hashCh <- rangeChunk{chunk: chunk{buf: b, n: int(end - off), off: off}, index: i}:
 			case <-ctx.Done():
-				l.putBuf(b)
+				bufs.put(b)
 				return ctx.Err()
 			}
 			pos = end
@@ -511,19 +515,19 @@ func (l *Layer) fetchGroup(ctx context.Context, s *stream, ranges []*agentv1.Blo
 		}
 		h.Reset()
 		for off < end {
-			b := l.getBuf()
+			b := bufs.get()
 			n := min(int64(len(*b)), end-off)
 			region := trace.StartRegion(ctx, "lay.fetch+hash")
 			err := readHashed(s, (*b)[:n], h)
 			region.End()
 			if err != nil {
-				l.putBuf(b)
+				bufs.put(b)
 				return rangeFetchError(s, i, r, err)
 			}
 			rep.add(int(n))
 			if off+n == end {
 				if got := hex.EncodeToString(h.Sum(nil)); !strings.EqualFold(got, r.GetSha256()) {
-					l.putBuf(b)
+					bufs.put(b)
 					return errdefs.FailedPrecondition("range %d (offset %d, length %d): sha256 mismatch: got %s want %s", i, r.GetOffset(), r.GetLength(), got, strings.ToLower(r.GetSha256()))
 				}
 			}
@@ -549,13 +553,13 @@ type rangeChunk struct {
 // does not match is never written and fails the lay. It waits for a full
 // batch unless in is closed, as a batch costs as much as its longest
 // range whatever the number of ranges in it.
-func (l *Layer) hashBatches(ctx context.Context, ranges []*agentv1.BlockRange, in <-chan rangeChunk, out chan<- chunk, rep *reporter) error {
+func (l *Layer) hashBatches(ctx context.Context, ranges []*agentv1.BlockRange, in <-chan rangeChunk, out chan<- chunk, bufs buffers, rep *reporter) error {
 	batch := make([]rangeChunk, 0, sha256x16.Lanes)
 	msgs := make([][]byte, 0, sha256x16.Lanes)
 	sums := make([][sha256.Size]byte, sha256x16.Lanes)
 	defer func() {
 		for _, c := range batch {
-			l.putBuf(c.buf)
+			bufs.put(c.buf)
 		}
 	}()
 	for open := true; open; {
