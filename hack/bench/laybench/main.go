@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command laybench generates benchmark images and times agent/lay laying
 // them from an HTTP server on loopback, for hack/bench/lay.sh.
 //
