@@ -114,8 +114,10 @@ func WithBackoff(p backoff.Policy) Option { return func(l *Layer) { l.policy = p
 // hash and write stages. Memory use is bounded by about 20 buffers: 4 in
 // each channel between stages, plus one per fetcher and writer; a block
 // map verified in batches of 16 (on CPUs with AVX-512) adds up to 36: the
-// batch being hashed and one more batch queued for the writers. Default
-// 1 MiB.
+// batch being hashed and one more batch queued for the writers. A
+// block-map lay maps its buffers itself, 2 MiB-aligned for transparent
+// huge pages, and unmaps them when it ends; the streaming paths pool them
+// on the Go heap. Default 1 MiB.
 func WithBufferSize(n int) Option { return func(l *Layer) { l.bufSize = n } }
 
 // WithBlockSize sets the granularity at which all-zero blocks are skipped.
