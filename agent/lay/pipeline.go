@@ -361,9 +361,10 @@ func coalesce(ranges []*agentv1.BlockRange, gap, maxSpan int64) []fetchGroup {
 // range whose sha256 is not the map's fails the whole lay. Ranges are
 // independent, so hashing runs on every core. On CPUs with AVX-512, ranges
 // that fit in one buffer (but the first 16) are instead verified sixteen
-// at a time by one hasher (hashBatches), which costs about 40 % of the
-// CPU time of SHA-NI per byte. Holes are never fetched (beyond the small
-// gaps inside a group), hashed or written. Under runtime/trace, each
+// at a time by one hasher (hashBatches), which costs about a third of
+// the CPU time of SHA-NI per byte. The buffers come from an arena of huge
+// pages that lives as long as the lay (see arena). Holes are never
+// fetched (beyond the small gaps inside a group), hashed or written. Under runtime/trace, each
 // read+hash, each read of a batched range, each batch's hashing and each
 // write is a region ("lay.fetch+hash", "lay.fetch", "lay.hash",
 // "lay.write"), so `go tool trace` shows where a lay waits.
