@@ -61,6 +61,13 @@ const AnnotationBootstrap = "kiln.dev/bootstrap"
 // is part of the operation ids, so a retry starts a new operation.
 const AnnotationAttempt = "kiln.dev/bootstrap-attempt"
 
+// AnnotationClusterUID on a Machine is the uid of the Cluster it was
+// created for. A Machine whose Cluster of that name and uid is gone
+// belongs to a deleted cluster (CollectDeletedClusters); Machines without
+// it (created by hand, by simulation mode, or before it existed) are never
+// taken for those.
+const AnnotationClusterUID = "kiln.dev/cluster-uid"
+
 // Machine phases.
 const (
 	PhasePending       = "Pending"
@@ -219,13 +226,16 @@ func (e *Executor) reconcileAll(ctx context.Context) {
 	}
 }
 
-// CollectDeletedClusters deletes the Machines of every Cluster that no
-// longer exists (deleted through the API) and the cluster's sealed
-// bootstrap credentials. Their nodes are not reset one by one: the whole
-// cluster is gone, and ReleaseOrphans then unbinds their hosts, which the
-// host lifecycle wipes and makes Available. The cluster's ControlPlane,
-// MachineDeployments and HealthChecks stay until they are deleted too
-// (they act again if a Cluster of that name is created).
+// CollectDeletedClusters deletes the Machines of every Cluster that was
+// deleted (through the API) and the cluster's sealed bootstrap
+// credentials: Machines whose AnnotationClusterUID names no existing
+// Cluster of their spec.cluster, including those of a Cluster deleted and
+// created again under the same name. Their nodes are not reset one by
+// one: the whole cluster is gone, and ReleaseOrphans then unbinds their
+// hosts, which the host lifecycle wipes and makes Available. The
+// cluster's ControlPlane, MachineDeployments and HealthChecks stay until
+// they are deleted too (they act again if a Cluster of that name is
+// created).
 func (e *Executor) CollectDeletedClusters(ctx context.Context) error {
 	// Machines before clusters: a machine is created after its cluster,
 	// so a machine of the first list whose cluster is missing from the
@@ -238,23 +248,28 @@ func (e *Executor) CollectDeletedClusters(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	exists := make(map[string]bool, len(cs))
+	uids := make(map[string]string, len(cs)) // name -> uid
 	for _, it := range cs {
-		exists[it.Name] = true
+		uids[it.Name] = it.Msg.(*typesv1.Cluster).GetMetadata().GetUid()
 	}
 	var errs []error
 	gone := map[string]bool{}
 	for _, it := range ms {
 		m := it.Msg.(*typesv1.Machine)
 		cluster := m.GetSpec().GetCluster()
-		if exists[cluster] {
+		uid := m.GetMetadata().GetAnnotations()[AnnotationClusterUID]
+		current, exists := uids[cluster]
+		if uid == "" || (exists && current == uid) {
 			continue
 		}
 		if err := e.deps.Store.Delete(ctx, MachinesKind, it.Name, 0); err != nil && !errdefs.IsNotFound(err) {
 			errs = append(errs, fmt.Errorf("machine %s of deleted cluster %s: %w", it.Name, cluster, err))
 			continue
 		}
-		gone[cluster] = true
+		if !exists {
+			// Not re-created meanwhile: a new cluster's init keeps its own.
+			gone[cluster] = true
+		}
 		e.log.Info("machine deleted: its cluster is gone", "machine", it.Name, "cluster", cluster, "host", m.GetSpec().GetHost())
 		if e.deps.Recorder != nil {
 			e.deps.Recorder.Record(ctx, ClustersKind, cluster, "Normal", "MachineDeleted",
@@ -532,6 +547,9 @@ func (e *Executor) createMachine(ctx context.Context, c *typesv1.Cluster, a clus
 		},
 		Spec:   &typesv1.MachineSpec{Cluster: c.GetMetadata().GetName(), Role: a.Role, Host: a.Host, Version: a.Version, Image: a.Image, Owner: a.Owner},
 		Status: &typesv1.MachineStatus{Phase: PhasePending},
+	}
+	if uid := c.GetMetadata().GetUid(); uid != "" {
+		m.Metadata.Annotations[AnnotationClusterUID] = uid
 	}
 	if _, err := e.deps.Store.Create(ctx, MachinesKind, a.Machine, m); err != nil {
 		if errdefs.IsAlreadyExists(err) {

@@ -127,7 +127,9 @@ func (w *world) apply(hosts, cpReplicas, workers int) {
 		w.create("hosts", name, &typesv1.Host{Metadata: meta(name),
 			Spec: &typesv1.HostSpec{Bmc: &typesv1.BMCSpec{Protocol: "redfish", Address: "sim://" + name}, RootDiskHint: "/dev/sda", Online: true}})
 	}
-	w.create("clusters", "c1", &typesv1.Cluster{Metadata: meta("c1"), Spec: &typesv1.ClusterSpec{
+	clusterMeta := meta("c1")
+	clusterMeta.Uid = "uid-c1" // as the API gives every resource it creates
+	w.create("clusters", "c1", &typesv1.Cluster{Metadata: clusterMeta, Spec: &typesv1.ClusterSpec{
 		KubernetesVersion: "v1.34.4", PodCidr: "10.244.0.0/16", ServiceCidr: "10.96.0.0/12", ControlPlaneEndpoint: "10.0.0.10:6443", DnsDomain: "cluster.local"}})
 	w.create("controlplanes", "cp", &typesv1.ControlPlane{Metadata: meta("cp"), Spec: &typesv1.ControlPlaneSpec{
 		Cluster: "c1", Replicas: int32(cpReplicas), Version: "v1.34.4", Image: sim.ImageName}})
@@ -436,13 +438,20 @@ func TestMachineDeletedThroughAPI(t *testing.T) {
 // TestClusterDeleted: deleting a running Cluster through the API deletes
 // its machines and its sealed bootstrap credentials, and every host it
 // used is wiped and becomes Available again; its ControlPlane and
-// MachineDeployment stay but create nothing without the Cluster.
+// MachineDeployment stay but create nothing without the Cluster. A
+// Machine that was not created for a Cluster (by hand, or by simulation
+// mode) is left alone.
 func TestClusterDeleted(t *testing.T) {
 	w := newWorld(t, 0)
 	w.apply(4, 1, 2)
 	stop := w.start()
 	defer stop()
 	running := w.waitRunning(3)
+	w.create("machines", "by-hand", &typesv1.Machine{Metadata: &typesv1.ObjectMeta{Name: "by-hand", Generation: 1},
+		Spec: &typesv1.MachineSpec{Cluster: "not-yet", Role: "worker"}})
+	for _, m := range running {
+		require.Equal(t, "uid-c1", m.GetMetadata().GetAnnotations()[clusterexec.AnnotationClusterUID], "machine %s does not name its cluster's uid", m.GetMetadata().GetName())
+	}
 	_, err := clusterexec.LoadBootstrap(w.ctx, w.st, "c1")
 	require.NoError(t, err, "a running cluster has bootstrap credentials")
 
@@ -459,10 +468,10 @@ func TestClusterDeleted(t *testing.T) {
 				free++
 			}
 		}
-		if free == len(running) && len(w.machines()) == 0 {
+		if free == len(running) && len(w.machines()) == 1 {
 			break
 		}
-		require.True(t, time.Now().Before(deadline), "%d of %d hosts of the deleted cluster Available, %d machines left", free, len(running), len(w.machines()))
+		require.True(t, time.Now().Before(deadline), "%d of %d hosts of the deleted cluster Available, %d machines left (want only by-hand)", free, len(running), len(w.machines()))
 		time.Sleep(50 * time.Millisecond)
 	}
 	for _, m := range running {
@@ -471,9 +480,12 @@ func TestClusterDeleted(t *testing.T) {
 	_, err = clusterexec.LoadBootstrap(w.ctx, w.st, "c1")
 	require.True(t, errdefs.IsNotFound(err), "bootstrap credentials of the deleted cluster: %v, want NotFound", err)
 
-	// Nothing comes back while the Cluster is gone.
+	// Nothing comes back while the Cluster is gone, and the hand-made
+	// Machine stays.
 	time.Sleep(time.Second)
-	require.Empty(t, w.machines(), "machines created for a deleted cluster")
+	ms := w.machines()
+	require.Len(t, ms, 1, "machines created for a deleted cluster")
+	require.Equal(t, "by-hand", ms[0].GetMetadata().GetName())
 }
 
 // TestHealthCheckReplaces makes a worker's node NotReady: after the

@@ -458,9 +458,13 @@ func remediate(t *testing.T, ctx context.Context, lab *fleet.Lab) {
 	for _, m := range workers(s) {
 		requireWorking(t, m)
 	}
-	// The victim's host was wiped and laid again (for the replacement or
-	// as the spare).
-	require.Greater(t, s.Hosts[host].GetStatus().GetImageLays(), lays, "host %s was not reimaged", host)
+	// The victim's host was wiped: laid again for the replacement, or
+	// Available with no image when the replacement took the spare host.
+	st := s.Hosts[host].GetStatus()
+	reimaged := st.GetImageLays() > lays
+	spare := st.GetState() == typesv1.HostState_HOST_STATE_AVAILABLE && st.GetImage() == "" && st.GetMachine() == ""
+	require.True(t, reimaged || spare, "host %s was neither reimaged (lays %d, before %d) nor wiped to Available: %s image=%q machine=%q",
+		host, st.GetImageLays(), lays, st.GetState(), st.GetImage(), st.GetMachine())
 	requireKubectlNodes(t, ctx, lab, 3)
 }
 
