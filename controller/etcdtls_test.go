@@ -18,6 +18,47 @@ import (
 	"github.com/kilnhq/kiln/internal/pki"
 )
 
+// tlsEtcd is a real etcd member in dir that serves clients over TLS and
+// requires client certificates signed by its CA, and the PEM files of
+// that CA and of a client certificate it accepts. The member stops when
+// the test ends.
+type tlsEtcd struct {
+	endpoints                 []string
+	caFile, certFile, keyFile string
+	write                     func(name string, data []byte) string
+}
+
+func startTLSEtcd(ctx context.Context, t *testing.T, dir string) tlsEtcd {
+	t.Helper()
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(p, data, 0o600))
+		return p
+	}
+	etcdCA, err := pki.NewCA("etcd-ca", time.Now())
+	require.NoError(t, err)
+	srvCert, srvKey, err := etcdCA.Issue(pki.RoleController, "etcd", []string{"127.0.0.1", "localhost"}, time.Hour, time.Now())
+	require.NoError(t, err)
+	cliCert, cliKey, err := etcdCA.Issue(pki.RoleController, "kiln-controller", nil, time.Hour, time.Now())
+	require.NoError(t, err)
+	u, err := store.FreeLoopbackURL()
+	require.NoError(t, err)
+	e := tlsEtcd{caFile: write("etcd-ca.crt", etcdCA.CertPEM()), certFile: write("client.crt", cliCert), keyFile: write("client.key", cliKey), write: write}
+	emb, err := store.StartEmbedded(ctx, store.EmbeddedConfig{
+		DataDir:   filepath.Join(dir, "etcd"),
+		ClientURL: strings.Replace(u, "http://", "https://", 1),
+		TLS: &store.EmbeddedTLS{
+			CertFile:      write("etcd.crt", srvCert),
+			KeyFile:       write("etcd.key", srvKey),
+			TrustedCAFile: e.caFile,
+		},
+	})
+	require.NoError(t, err)
+	t.Cleanup(emb.Close)
+	e.endpoints = emb.Endpoints()
+	return e
+}
+
 // TestExternalEtcdOverTLS: a controller reaches an external etcd that
 // serves clients over TLS and requires client certificates (as a
 // production etcd cluster does) with --etcd-cacert, --etcd-cert and
@@ -27,39 +68,15 @@ func TestExternalEtcdOverTLS(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	write := func(name string, data []byte) string {
-		p := filepath.Join(dir, name)
-		require.NoError(t, os.WriteFile(p, data, 0o600))
-		return p
-	}
-	etcdCA, err := pki.NewCA("etcd-ca", time.Now())
-	require.NoError(t, err)
-	caFile := write("etcd-ca.crt", etcdCA.CertPEM())
-	srvCert, srvKey, err := etcdCA.Issue(pki.RoleController, "etcd", []string{"127.0.0.1", "localhost"}, time.Hour, time.Now())
-	require.NoError(t, err)
-	cliCert, cliKey, err := etcdCA.Issue(pki.RoleController, "kiln-controller", nil, time.Hour, time.Now())
-	require.NoError(t, err)
-	u, err := store.FreeLoopbackURL()
-	require.NoError(t, err)
-	emb, err := store.StartEmbedded(ctx, store.EmbeddedConfig{
-		DataDir:   filepath.Join(dir, "etcd"),
-		ClientURL: strings.Replace(u, "http://", "https://", 1),
-		TLS: &store.EmbeddedTLS{
-			CertFile:      write("etcd.crt", srvCert),
-			KeyFile:       write("etcd.key", srvKey),
-			TrustedCAFile: caFile,
-		},
-	})
-	require.NoError(t, err)
-	defer emb.Close()
+	etcd := startTLSEtcd(ctx, t, dir)
 
 	cfg := controller.Config{
 		DataDir:       filepath.Join(dir, "controller"),
 		ListenAddr:    "127.0.0.1:0",
-		EtcdEndpoints: emb.Endpoints(),
-		EtcdCAFile:    caFile,
-		EtcdCertFile:  write("client.crt", cliCert),
-		EtcdKeyFile:   write("client.key", cliKey),
+		EtcdEndpoints: etcd.endpoints,
+		EtcdCAFile:    etcd.caFile,
+		EtcdCertFile:  etcd.certFile,
+		EtcdKeyFile:   etcd.keyFile,
 	}
 	var logs syncBuffer
 	c, err := controller.New(cfg, slog.New(slog.NewTextHandler(&logs, nil)))
@@ -79,7 +96,7 @@ func TestExternalEtcdOverTLS(t *testing.T) {
 	// Its CA lives in the external etcd: read it there with the same files.
 	tlsCfg, err := store.ClientTLS(cfg.EtcdCAFile, cfg.EtcdCertFile, cfg.EtcdKeyFile)
 	require.NoError(t, err)
-	cl, err := store.Dial(emb.Endpoints(), tlsCfg)
+	cl, err := store.Dial(etcd.endpoints, tlsCfg)
 	require.NoError(t, err)
 	defer cl.Close()
 	resp, err := cl.Get(ctx, "/kiln/v1/pki/ca.crt")
@@ -107,49 +124,25 @@ func TestExternalEtcdTLSRefusalExplained(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for a 5 s etcd request timeout: skipped with -short")
 	}
-	dir := t.TempDir()
-	write := func(name string, data []byte) string {
-		p := filepath.Join(dir, name)
-		require.NoError(t, os.WriteFile(p, data, 0o600))
-		return p
-	}
-	etcdCA, err := pki.NewCA("etcd-ca", time.Now())
-	require.NoError(t, err)
 	otherCA, err := pki.NewCA("other-ca", time.Now())
-	require.NoError(t, err)
-	srvCert, srvKey, err := etcdCA.Issue(pki.RoleController, "etcd", []string{"127.0.0.1", "localhost"}, time.Hour, time.Now())
-	require.NoError(t, err)
-	cliCert, cliKey, err := etcdCA.Issue(pki.RoleController, "kiln-controller", nil, time.Hour, time.Now())
-	require.NoError(t, err)
-	u, err := store.FreeLoopbackURL()
 	require.NoError(t, err)
 	// t.Cleanup, not defer: the subtests run in parallel after this
 	// function returns.
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
-	emb, err := store.StartEmbedded(ctx, store.EmbeddedConfig{
-		DataDir:   filepath.Join(dir, "etcd"),
-		ClientURL: strings.Replace(u, "http://", "https://", 1),
-		TLS: &store.EmbeddedTLS{
-			CertFile:      write("etcd.crt", srvCert),
-			KeyFile:       write("etcd.key", srvKey),
-			TrustedCAFile: write("etcd-ca.crt", etcdCA.CertPEM()),
-		},
-	})
-	require.NoError(t, err)
-	t.Cleanup(emb.Close)
+	etcd := startTLSEtcd(ctx, t, t.TempDir())
 
 	for _, tc := range []struct {
 		name, ca, cert, key, want string
 	}{
-		{"no client certificate", filepath.Join(dir, "etcd-ca.crt"), "", "", "certificate required"},
-		{"CA that did not sign the members", write("other-ca.crt", otherCA.CertPEM()), write("client.crt", cliCert), write("client.key", cliKey), "x509:"},
+		{"no client certificate", etcd.caFile, "", "", "certificate required"},
+		{"CA that did not sign the members", etcd.write("other-ca.crt", otherCA.CertPEM()), etcd.certFile, etcd.keyFile, "x509:"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			var logs syncBuffer
 			c, err := controller.New(controller.Config{
-				DataDir: t.TempDir(), ListenAddr: "127.0.0.1:0", EtcdEndpoints: emb.Endpoints(),
+				DataDir: t.TempDir(), ListenAddr: "127.0.0.1:0", EtcdEndpoints: etcd.endpoints,
 				EtcdCAFile: tc.ca, EtcdCertFile: tc.cert, EtcdKeyFile: tc.key,
 			}, slog.New(slog.NewTextHandler(&logs, nil)))
 			require.NoError(t, err)
