@@ -38,6 +38,7 @@ import (
 
 	"github.com/kilnhq/kiln/controller/clusterplan"
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
@@ -51,6 +52,7 @@ const (
 	MachinesKind           = "machines"
 	HostsKind              = "hosts"
 	HealthChecksKind       = "healthchecks"
+	ImagesKind             = "images"
 )
 
 // AnnotationBootstrap on a Machine says how its node joins: one of
@@ -85,7 +87,12 @@ const (
 	ConditionBootstrapped = "Bootstrapped"
 	// ConditionBootstrapFailed is True while the bootstrap is refused
 	// (a failed preflight check) or its last operation failed.
-	ConditionBootstrapFailed = "BootstrapFailed"
+	ConditionBootstrapFailed = clusterplan.MachineBootstrapFailed
+	// ConditionHostProvisioned mirrors, until the machine's host is
+	// Provisioned, what holds the host back (its failing condition or
+	// step), so that the cause shows on the Machine and in the planners'
+	// waiting messages, not only on the Host.
+	ConditionHostProvisioned = "HostProvisioned"
 )
 
 // Store is what the executor needs of the store (*store.Store).
@@ -347,7 +354,8 @@ func (e *Executor) Reconcile(ctx context.Context, name string) error {
 	var cp *typesv1.ControlPlane
 	for _, it := range w.cps {
 		x := it.Msg.(*typesv1.ControlPlane)
-		p := clusterplan.PlanControlPlane(clusterplan.ControlPlaneInput{Cluster: c, ControlPlane: x, Machines: w.machines, Hosts: w.hosts}, now)
+		p := clusterplan.PlanControlPlane(clusterplan.ControlPlaneInput{Cluster: c, ControlPlane: x, Machines: w.machines, Hosts: w.hosts, Images: w.images}, now)
+		e.warnStuck(ctx, ControlPlanesKind, it.Name, x.GetStatus().GetConditions(), p.Status.GetConditions())
 		e.storeStatus(ctx, ControlPlanesKind, it.Name, x, func(m proto.Message) { m.(*typesv1.ControlPlane).Status = p.Status })
 		x.Status = p.Status
 		if cp == nil {
@@ -357,7 +365,8 @@ func (e *Executor) Reconcile(ctx context.Context, name string) error {
 	}
 	for _, it := range w.mds {
 		x := it.Msg.(*typesv1.MachineDeployment)
-		p := clusterplan.PlanMachineDeployment(clusterplan.DeploymentInput{Cluster: c, ControlPlane: cp, MachineDeployment: x, Machines: w.machines, Hosts: w.hosts}, now)
+		p := clusterplan.PlanMachineDeployment(clusterplan.DeploymentInput{Cluster: c, ControlPlane: cp, MachineDeployment: x, Machines: w.machines, Hosts: w.hosts, Images: w.images}, now)
+		e.warnStuck(ctx, MachineDeploymentsKind, it.Name, x.GetStatus().GetConditions(), p.Status.GetConditions())
 		e.storeStatus(ctx, MachineDeploymentsKind, it.Name, x, func(m proto.Message) { m.(*typesv1.MachineDeployment).Status = p.Status })
 		x.Status = p.Status
 		actions = append(actions, p.Actions...)
@@ -388,6 +397,7 @@ func (e *Executor) Reconcile(ctx context.Context, name string) error {
 	for _, it := range w.hcs {
 		x := it.Msg.(*typesv1.HealthCheck)
 		p := clusterplan.PlanHealthCheck(clusterplan.HealthCheckInput{HealthCheck: x, Machines: mine}, now)
+		e.warnStuck(ctx, HealthChecksKind, it.Name, x.GetStatus().GetConditions(), p.Status.GetConditions())
 		e.storeStatus(ctx, HealthChecksKind, it.Name, x, func(m proto.Message) { m.(*typesv1.HealthCheck).Status = p.Status })
 		for machine, why := range p.Unhealthy {
 			e.log.Info("machine unhealthy", "machine", machine, "why", why)
@@ -410,6 +420,7 @@ type world struct {
 	cps, mds, hcs []store.Item
 	machines      []*typesv1.Machine
 	hosts         []*typesv1.Host
+	images        []*typesv1.Image
 }
 
 func (e *Executor) gather(ctx context.Context, cluster string) (*world, error) {
@@ -458,7 +469,32 @@ func (e *Executor) gather(ctx context.Context, cluster string) (*world, error) {
 	for _, it := range hs {
 		w.hosts = append(w.hosts, it.Msg.(*typesv1.Host))
 	}
+	imgs, err := listAll(ctx, st, ImagesKind, func() proto.Message { return &typesv1.Image{} })
+	if err != nil {
+		return nil, err
+	}
+	for _, it := range imgs {
+		w.images = append(w.images, it.Msg.(*typesv1.Image))
+	}
 	return w, nil
+}
+
+// warnStuck records a Warning event for each condition that newly holds
+// the object back (clusterplan.Stuck), so `kilnctl get events` and
+// describe show it when it happens.
+func (e *Executor) warnStuck(ctx context.Context, kind, name string, before, after []*typesv1.Condition) {
+	if e.deps.Recorder == nil {
+		return
+	}
+	for _, c := range after {
+		if !clusterplan.Stuck(c) {
+			continue
+		}
+		if old := conditions.Get(before, c.GetType()); old != nil && old.GetStatus() == c.GetStatus() && old.GetReason() == c.GetReason() && old.GetMessage() == c.GetMessage() {
+			continue
+		}
+		e.deps.Recorder.Record(ctx, kind, name, "Warning", c.GetReason(), c.GetType()+": "+c.GetMessage())
+	}
 }
 
 // storeStatus writes a planner's status unless it is unchanged; a

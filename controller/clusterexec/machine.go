@@ -14,6 +14,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kilnhq/kiln/controller/clusterplan"
+	"github.com/kilnhq/kiln/controller/hostlife"
+	"github.com/kilnhq/kiln/controller/liveness"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/errgrpc"
@@ -48,9 +50,17 @@ func (e *Executor) advance(ctx context.Context, name string) error {
 	bootstrapped := conditions.IsTrue(m.GetStatus().GetConditions(), ConditionBootstrapped)
 	if h.GetStatus().GetState() != typesv1.HostState_HOST_STATE_PROVISIONED {
 		if !bootstrapped {
-			return e.setPhase(ctx, name, PhaseProvisioning)
+			c := hostBlocker(h)
+			e.warnMachineHost(ctx, m, c)
+			return e.setCondition(ctx, name, c, PhaseProvisioning)
 		}
 		return nil
+	}
+	if c := conditions.Get(m.GetStatus().GetConditions(), ConditionHostProvisioned); c != nil && c.GetStatus() != conditions.True {
+		if err := e.setCondition(ctx, name, conditions.New(ConditionHostProvisioned, conditions.True, "Provisioned",
+			fmt.Sprintf("host %s laid with image %s and booted", hostName, h.GetStatus().GetImage())), ""); err != nil {
+			return err
+		}
 	}
 	if !bootstrapped {
 		e.startBootstrap(ctx, m, h)
@@ -60,6 +70,53 @@ func (e *Executor) advance(ctx context.Context, name string) error {
 		return nil // on its way out: no more probes
 	}
 	return e.probe(ctx, m, h)
+}
+
+// hostBlocker is the machine's HostProvisioned condition while its host h
+// is not Provisioned: False, with the reason and message of what holds
+// the host back (a False condition other than progress, such as
+// ImageResolved, BMCReachable or Provisioned with a failed step; or the
+// Error state's reason), else InProgress with the host's state and step.
+func hostBlocker(h *typesv1.Host) *typesv1.Condition {
+	name := h.GetMetadata().GetName()
+	st := h.GetStatus()
+	state := hostlife.StateName(st.GetState())
+	where := state
+	if s := st.GetProvisioningStep(); s != "" {
+		where += ", step " + s
+	}
+	if state == "" {
+		where = "not yet reconciled"
+	}
+	for _, c := range st.GetConditions() {
+		// A missed heartbeat is expected while the host reboots.
+		if c.GetStatus() != conditions.False || c.GetReason() == hostlife.ReasonInProgress || c.GetReason() == hostlife.ReasonNotWanted || c.GetType() == liveness.ConditionAgentReachable {
+			continue
+		}
+		return conditions.New(ConditionHostProvisioned, conditions.False, c.GetReason(),
+			fmt.Sprintf("host %s (%s): %s=False: %s (kilnctl describe host %s)", name, where, c.GetType(), c.GetMessage(), name))
+	}
+	if st.GetState() == typesv1.HostState_HOST_STATE_ERROR {
+		return conditions.New(ConditionHostProvisioned, conditions.False, "HostError",
+			fmt.Sprintf("host %s is in Error: %s (kilnctl describe host %s)", name, st.GetErrorReason(), name))
+	}
+	msg := fmt.Sprintf("host %s: %s", name, where)
+	if le := st.GetLastError(); le != "" {
+		msg += "; last error: " + le
+	}
+	return conditions.New(ConditionHostProvisioned, conditions.False, hostlife.ReasonInProgress, msg)
+}
+
+// warnMachineHost records a Warning event on m when its host newly holds
+// it back for a reason other than progress.
+func (e *Executor) warnMachineHost(ctx context.Context, m *typesv1.Machine, c *typesv1.Condition) {
+	if e.deps.Recorder == nil || c.GetReason() == hostlife.ReasonInProgress {
+		return
+	}
+	if old := conditions.Get(m.GetStatus().GetConditions(), c.GetType()); old != nil && old.GetReason() == c.GetReason() && old.GetMessage() == c.GetMessage() {
+		return
+	}
+	e.deps.Recorder.Record(ctx, MachinesKind, m.GetMetadata().GetName(), "Warning", c.GetReason(), c.GetMessage())
 }
 
 // startBootstrap runs bootstrap for m in the background unless it runs

@@ -48,7 +48,7 @@ func BenchmarkPlanMachineDeployment(b *testing.B) {
 	for _, n := range []int{50, 500} {
 		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
 			w := fleet(n, n/10)
-			in := DeploymentInput{Cluster: w.cluster, ControlPlane: w.cp, MachineDeployment: w.mds["md"], Machines: w.machineList(), Hosts: w.hostList()}
+			in := DeploymentInput{Cluster: w.cluster, ControlPlane: w.cp, MachineDeployment: w.mds["md"], Machines: w.machineList(), Hosts: w.hostList(), Images: w.imageList()}
 			b.ReportAllocs()
 			for b.Loop() {
 				PlanMachineDeployment(in, t0)
@@ -60,7 +60,7 @@ func BenchmarkPlanMachineDeployment(b *testing.B) {
 func BenchmarkPlanControlPlane(b *testing.B) {
 	w := fleet(500, 50)
 	w.cp.Spec.Version = "v1.35.1"
-	in := ControlPlaneInput{Cluster: w.cluster, ControlPlane: w.cp, Machines: w.machineList(), Hosts: w.hostList()}
+	in := ControlPlaneInput{Cluster: w.cluster, ControlPlane: w.cp, Machines: w.machineList(), Hosts: w.hostList(), Images: w.imageList()}
 	b.ReportAllocs()
 	for b.Loop() {
 		PlanControlPlane(in, t0)

@@ -57,6 +57,9 @@ const (
 	// and True when it finished. A machine with this condition is on its
 	// way out: the planners count it as unavailable and finish its removal.
 	MachineDrained = "Drained"
+	// MachineBootstrapFailed is True while the machine's kubeadm init or
+	// join is refused or failed (set by the executor).
+	MachineBootstrapFailed = "BootstrapFailed"
 )
 
 // Condition types and reasons the planners set on ControlPlane,
@@ -183,13 +186,13 @@ func (x machine) created() time.Time {
 
 // outdated says why x must be replaced to match version and image, or ""
 // when it matches. renewal is the certificate renewal window (0: off).
-func (x machine) outdated(version, image string, renewal time.Duration, now time.Time) string {
+func (x machine) outdated(version string, img resolution, renewal time.Duration, now time.Time) string {
 	s := x.m.GetSpec()
 	switch {
 	case version != "" && s.GetVersion() != version:
 		return fmt.Sprintf("rollout: version %s -> %s", s.GetVersion(), version)
-	case image != "" && s.GetImage() != image:
-		return fmt.Sprintf("rollout: image %s -> %s", s.GetImage(), image)
+	case !img.upToDate(s.GetImage()):
+		return fmt.Sprintf("rollout: image %s -> %s", s.GetImage(), orReason(img.image, img.want))
 	}
 	if renewal > 0 {
 		if na := x.m.GetStatus().GetCertificatesNotAfter(); na != nil && na.AsTime().Sub(now) < renewal {
@@ -198,6 +201,41 @@ func (x machine) outdated(version, image string, renewal time.Duration, now time
 		}
 	}
 	return ""
+}
+
+// blocker says what holds x back, from its first False condition other
+// than NodeReady ("; HostProvisioned=False ImageNotFound: image ... not
+// found"), or "" when nothing is known. It is added to the planners'
+// waiting messages so that the cause shows where the user looks.
+func (x machine) blocker() string {
+	for _, c := range x.m.GetStatus().GetConditions() {
+		failed := c.GetType() == MachineBootstrapFailed && c.GetStatus() == conditions.True
+		if !failed && (c.GetStatus() != conditions.False || c.GetType() == MachineNodeReady || c.GetType() == MachineDrained || c.GetType() == MachineBootstrapFailed) {
+			continue
+		}
+		msg := c.GetMessage()
+		if len(msg) > 300 {
+			msg = msg[:300] + "..."
+		}
+		return fmt.Sprintf(": %s=%s %s: %s", c.GetType(), c.GetStatus(), c.GetReason(), msg)
+	}
+	return ""
+}
+
+// stuckReasons are the reasons of planner conditions that hold an object
+// back until a person acts (as opposed to progress such as ScalingUp).
+var stuckReasons = map[string]bool{
+	ReasonImageNotFound: true, ReasonNoImageMatches: true, ReasonImageVersionMismatch: true,
+	ReasonNoSpareHost: true, ReasonQuorumAtRisk: true, ReasonMinorVersionSkipped: true,
+	ReasonDowngrade: true, ReasonKubeletNewer: true, ReasonTooManyUnhealthy: true,
+	ReasonRolloutBlocked: true,
+}
+
+// Stuck reports whether c holds its object back until a person acts: a
+// False condition with one of the planners' blocking reasons. The
+// executor records a Warning event when such a condition appears.
+func Stuck(c *typesv1.Condition) bool {
+	return c.GetStatus() == conditions.False && stuckReasons[c.GetReason()]
 }
 
 // certRequeue is how long until x's certificates enter the renewal

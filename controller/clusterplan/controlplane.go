@@ -20,6 +20,9 @@ type ControlPlaneInput struct {
 	// Hosts are all Hosts; spares are Available, unbound and match the
 	// host selector.
 	Hosts []*typesv1.Host
+	// Images are all Images: spec.image must name one, and
+	// spec.imageSelector picks the newest it matches.
+	Images []*typesv1.Image
 }
 
 // ControlPlanePlan is what PlanControlPlane decided.
@@ -58,6 +61,10 @@ func PlanControlPlane(in ControlPlaneInput, now time.Time) (p ControlPlanePlan) 
 
 	conds := status.GetConditions()
 	set := func(t, st, reason, msg string) { conds = setCond(conds, gen, now, t, st, reason, msg) }
+	ref := imageRef{name: spec.GetImage(), selector: spec.GetImageSelector()}
+	img := resolveImage(ref, version, in.Images)
+	status.Image = img.image
+	setImageCondition(set, ref, img)
 
 	// Counts for status.
 	var live, ready, updated, members, healthyMembers []machine
@@ -77,7 +84,7 @@ func PlanControlPlane(in ControlPlaneInput, now time.Time) (p ControlPlanePlan) 
 		if m.ready() {
 			ready = append(ready, m)
 		}
-		if r := m.outdated(version, spec.GetImage(), renewal, now); r != "" {
+		if r := m.outdated(version, img, renewal, now); r != "" {
 			outdated = append(outdated, m)
 			reasons[m.name()] = r
 		} else if !m.removing() {
@@ -127,7 +134,7 @@ func PlanControlPlane(in ControlPlaneInput, now time.Time) (p ControlPlanePlan) 
 		}
 		p.Actions = append(p.Actions, CreateMachine{
 			Machine: machineName(cp.GetMetadata().GetName(), spares[0], machineNames(in.Machines)), Host: spares[0],
-			Role: RoleControlPlane, Version: version, Image: spec.GetImage(), Owner: owner, Bootstrap: boot,
+			Role: RoleControlPlane, Version: version, Image: img.image, Owner: owner, Bootstrap: boot,
 		})
 		return true
 	}
@@ -155,7 +162,7 @@ func PlanControlPlane(in ControlPlaneInput, now time.Time) (p ControlPlanePlan) 
 	// 2. One at a time: wait for a machine that is coming up.
 	for _, m := range live {
 		if !m.ready() {
-			notReady(ReasonProvisioning, fmt.Sprintf("waiting for %s on host %s to become Ready", m.name(), m.host()))
+			notReady(ReasonProvisioning, fmt.Sprintf("waiting for %s on host %s to become Ready%s", m.name(), m.host(), m.blocker()))
 			return p
 		}
 	}
@@ -170,6 +177,10 @@ func PlanControlPlane(in ControlPlaneInput, now time.Time) (p ControlPlanePlan) 
 		}
 	}
 	switch {
+	case img.blocked() && (len(live) < replicas || len(outdated) > 0):
+		// No image to lay: neither scale up nor take a member out for a
+		// replacement that cannot come.
+		notReady(img.reason, img.msg)
 	case len(live) < replicas:
 		// Scale up (or replace a member taken out by scale-in-first).
 		if create(fmt.Sprintf("scaling up to %d", replicas)) {

@@ -27,6 +27,8 @@ type DeploymentInput struct {
 	// the API server's version is that of its oldest member).
 	Machines []*typesv1.Machine
 	Hosts    []*typesv1.Host
+	// Images are all Images (see ControlPlaneInput.Images).
+	Images []*typesv1.Image
 }
 
 // DeploymentPlan is what PlanMachineDeployment decided.
@@ -100,13 +102,17 @@ func PlanMachineDeployment(in DeploymentInput, now time.Time) (p DeploymentPlan)
 	b := ResolveBounds(st, replicas)
 	drainTimeout, _ := time.ParseDuration(st.GetNodeDrainTimeout())
 	minAvail := replicas - b.MaxUnavailable
+	ref := imageRef{name: spec.GetImage(), selector: spec.GetImageSelector()}
+	img := resolveImage(ref, version, in.Images)
+	status.Image = img.image
+	setImageCondition(set, ref, img)
 
 	var live, ready, available, fresh, outdated []machine
 	reasons := map[string]string{}
 	for _, m := range owned(in.Machines, owner) {
 		if m.deleting() || m.removing() {
 			// On its way out: finish the removal (drain, then delete).
-			p.Actions = append(p.Actions, removal(m, drainTimeout, orReason(m.outdated(version, spec.GetImage(), renewal, now), "removal in progress")))
+			p.Actions = append(p.Actions, removal(m, drainTimeout, orReason(m.outdated(version, img, renewal, now), "removal in progress")))
 			continue
 		}
 		live = append(live, m)
@@ -116,7 +122,7 @@ func PlanMachineDeployment(in DeploymentInput, now time.Time) (p DeploymentPlan)
 		if m.available() {
 			available = append(available, m)
 		}
-		if r := m.outdated(version, spec.GetImage(), renewal, now); r != "" {
+		if r := m.outdated(version, img, renewal, now); r != "" {
 			outdated = append(outdated, m)
 			reasons[m.name()] = r
 		} else {
@@ -146,14 +152,14 @@ func PlanMachineDeployment(in DeploymentInput, now time.Time) (p DeploymentPlan)
 	want := min(replicas-len(fresh), limit-len(live))
 	hostsMsg := ""
 	created := 0
-	if want > 0 && gateMsg == "" {
+	if want > 0 && gateMsg == "" && !img.blocked() {
 		taken := hostsInUse(in.Machines)
 		spares := spareHosts(in.Hosts, spec.GetHostSelector(), taken)
 		used := machineNames(in.Machines)
 		for i := 0; i < want && i < len(spares); i++ {
 			p.Actions = append(p.Actions, CreateMachine{
 				Machine: machineName(md.GetMetadata().GetName(), spares[i], used), Host: spares[i],
-				Role: RoleWorker, Version: version, Image: spec.GetImage(), Owner: owner, Bootstrap: BootstrapJoin,
+				Role: RoleWorker, Version: version, Image: img.image, Owner: owner, Bootstrap: BootstrapJoin,
 			})
 			created++
 		}
@@ -189,7 +195,7 @@ func PlanMachineDeployment(in DeploymentInput, now time.Time) (p DeploymentPlan)
 				break
 			}
 			why := orReason(reasons[m.name()], fmt.Sprintf("scale down to %d", replicas))
-			if m.outdated(version, spec.GetImage(), renewal, now) == "" && len(fresh) <= replicas && hasOutdated(live, reasons) && gateMsg == "" && !onDelete {
+			if m.outdated(version, img, renewal, now) == "" && len(fresh) <= replicas && hasOutdated(live, reasons) && gateMsg == "" && !onDelete {
 				// Keep up-to-date machines while outdated ones remain to go.
 				continue
 			}
@@ -198,7 +204,7 @@ func PlanMachineDeployment(in DeploymentInput, now time.Time) (p DeploymentPlan)
 			}
 		}
 	}
-	rolling := !onDelete && gateMsg == ""
+	rolling := !onDelete && gateMsg == "" && !img.blocked()
 	if rolling {
 		for _, m := range removalOrder(outdated, reasons) {
 			if removed[m.name()] {
@@ -216,6 +222,8 @@ func PlanMachineDeployment(in DeploymentInput, now time.Time) (p DeploymentPlan)
 		set(ConditionAvailable, conditions.False, ReasonBelowMinimum, fmt.Sprintf("%d of %d available, minimum %d", len(available), replicas, minAvail))
 	}
 	switch {
+	case img.blocked() && (len(outdated) > 0 || len(fresh) < replicas):
+		set(ConditionUpToDate, conditions.False, img.reason, fmt.Sprintf("%d of %d machines at %s: %s", len(fresh), replicas, version, img.msg))
 	case len(outdated) == 0 && len(fresh) == replicas:
 		set(ConditionUpToDate, conditions.True, ReasonAsExpected, fmt.Sprintf("%d machines at %s", replicas, version))
 	case len(outdated) > 0 && onDelete:

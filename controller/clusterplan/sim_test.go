@@ -25,6 +25,9 @@ type world struct {
 	hcs      map[string]*typesv1.HealthCheck
 	machines map[string]*typesv1.Machine
 	hosts    map[string]*typesv1.Host
+	// images are the Images declared with addImage; while none is, every
+	// image name the specs and machines use exists (imageList).
+	images map[string]*typesv1.Image
 }
 
 func newWorld(now time.Time) *world {
@@ -35,7 +38,43 @@ func newWorld(now time.Time) *world {
 		hcs:      map[string]*typesv1.HealthCheck{},
 		machines: map[string]*typesv1.Machine{},
 		hosts:    map[string]*typesv1.Host{},
+		images:   map[string]*typesv1.Image{},
 	}
+}
+
+func (w *world) addImage(name string, labels map[string]string, patch, version string) {
+	w.images[name] = &typesv1.Image{
+		Metadata: &typesv1.ObjectMeta{Name: name, Labels: labels},
+		Spec:     &typesv1.ImageSpec{PatchLevel: patch, KubernetesVersion: version},
+	}
+}
+
+// imageList is the declared images, or when none was declared an image
+// for every name the control plane, the deployments and the machines use.
+func (w *world) imageList() []*typesv1.Image {
+	out := []*typesv1.Image{}
+	if len(w.images) > 0 {
+		for _, img := range w.images {
+			out = append(out, img)
+		}
+	} else {
+		seen := map[string]bool{"": true}
+		add := func(n string) {
+			if !seen[n] {
+				seen[n] = true
+				out = append(out, &typesv1.Image{Metadata: &typesv1.ObjectMeta{Name: n}, Spec: &typesv1.ImageSpec{}})
+			}
+		}
+		add(w.cp.GetSpec().GetImage())
+		for _, md := range w.mds {
+			add(md.GetSpec().GetImage())
+		}
+		for _, m := range w.machines {
+			add(m.GetSpec().GetImage())
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].GetMetadata().GetName() < out[j].GetMetadata().GetName() })
+	return out
 }
 
 func (w *world) machineList() []*typesv1.Machine {
@@ -140,14 +179,14 @@ func (w *world) apply(actions []Action) {
 }
 
 func (w *world) planCP() ControlPlanePlan {
-	p := PlanControlPlane(ControlPlaneInput{Cluster: w.cluster, ControlPlane: w.cp, Machines: w.machineList(), Hosts: w.hostList()}, w.now)
+	p := PlanControlPlane(ControlPlaneInput{Cluster: w.cluster, ControlPlane: w.cp, Machines: w.machineList(), Hosts: w.hostList(), Images: w.imageList()}, w.now)
 	w.cp.Status = p.Status
 	return p
 }
 
 func (w *world) planMD(name string) DeploymentPlan {
 	md := w.mds[name]
-	p := PlanMachineDeployment(DeploymentInput{Cluster: w.cluster, ControlPlane: w.cp, MachineDeployment: md, Machines: w.machineList(), Hosts: w.hostList()}, w.now)
+	p := PlanMachineDeployment(DeploymentInput{Cluster: w.cluster, ControlPlane: w.cp, MachineDeployment: md, Machines: w.machineList(), Hosts: w.hostList(), Images: w.imageList()}, w.now)
 	md.Status = p.Status
 	return p
 }

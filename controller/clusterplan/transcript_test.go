@@ -26,8 +26,13 @@ var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 //
 //	cluster version=V [renewal=DAYS]
 //	controlplane replicas=N version=V image=I [surge=0|1] [selector=k=v]
+//	           [imageSelector=k=v,...]
 //	deployment name=N replicas=N version=V image=I [strategy=S] [maxSurge=X]
 //	           [maxUnavailable=X] [drain=D] [selector=k=v]
+//	           [imageSelector=k=v,...]
+//	image name=N [labels=k=v,...] [patch=YYYYMMDD] [version=V]
+//	                                      an Image; once one is declared,
+//	                                      only declared images exist
 //	healthcheck name=N [cond=Type:Status:Timeout,...] [startup=D]
 //	           [maxUnhealthy=X] [selector=k=v]
 //	host name=N [labels=k=v,...]          an Available host
@@ -113,7 +118,7 @@ func (r *runner) exec(t *testing.T, cmd string) string {
 		}
 		w.cp.Metadata.Generation++
 		w.cp.Spec = &typesv1.ControlPlaneSpec{Cluster: "c1", Replicas: int32(n), Version: a["version"], Image: a["image"],
-			HostSelector: labelMap(a["selector"]), RolloutMaxSurge: int32(surge)}
+			HostSelector: labelMap(a["selector"]), RolloutMaxSurge: int32(surge), ImageSelector: labelMap(a["imageSelector"])}
 		return ""
 	case "deployment":
 		n, err := strconv.Atoi(a["replicas"])
@@ -125,8 +130,11 @@ func (r *runner) exec(t *testing.T, cmd string) string {
 		}
 		md.Metadata.Generation++
 		md.Spec = &typesv1.MachineDeploymentSpec{Cluster: "c1", Replicas: int32(n), Version: a["version"], Image: a["image"],
-			HostSelector: labelMap(a["selector"]),
-			Strategy:     &typesv1.RolloutStrategy{Type: a["strategy"], MaxSurge: a["maxSurge"], MaxUnavailable: a["maxUnavailable"], NodeDrainTimeout: a["drain"]}}
+			HostSelector: labelMap(a["selector"]), ImageSelector: labelMap(a["imageSelector"]),
+			Strategy: &typesv1.RolloutStrategy{Type: a["strategy"], MaxSurge: a["maxSurge"], MaxUnavailable: a["maxUnavailable"], NodeDrainTimeout: a["drain"]}}
+		return ""
+	case "image":
+		w.addImage(a["name"], labelMap(a["labels"]), a["patch"], a["version"])
 		return ""
 	case "healthcheck":
 		hc := w.hcs[a["name"]]

@@ -111,6 +111,10 @@ const (
 	ReasonTooManyTries = "TooManyAttempts"
 	ReasonDone         = "Provisioned"
 	ReasonNotWanted    = "NotWanted"
+
+	// ConditionImageResolved is False while the image the host's Machine
+	// names cannot be used (Desired.Blocked).
+	ConditionImageResolved = "ImageResolved"
 )
 
 // Action is one thing to do against the host's BMC or agent.
@@ -167,6 +171,15 @@ type Desired struct {
 	// (a provisioned host is deprovisioned and wiped).
 	ImageName string
 	Image     *typesv1.ImageSpec
+	// Blocked, when set, says why the wanted image (ImageName) cannot be
+	// laid (it does not exist): the host does not start provisioning, or
+	// holds its step, and carries the ImageResolved condition with it.
+	Blocked *Blocked
+}
+
+// Blocked is why Desired's image cannot be used.
+type Blocked struct {
+	Reason, Message string
 }
 
 // Failure classes of a Result.
@@ -380,7 +393,29 @@ func StateName(s typesv1.HostState) string {
 }
 
 // wantsImage reports whether an image is wanted.
-func (p *planner) wantsImage() bool { return p.in.Desired.Image != nil }
+func (p *planner) wantsImage() bool { return p.in.Desired.Image != nil || p.in.Desired.Blocked != nil }
+
+// imageBlocked reports whether the wanted image cannot be used now: it
+// sets ImageResolved False with why and looks again later. Otherwise a
+// False ImageResolved left from before becomes True.
+func (p *planner) imageBlocked() bool {
+	b := p.in.Desired.Blocked
+	if b == nil {
+		if c := conditions.Get(p.st.GetConditions(), ConditionImageResolved); c != nil && c.GetStatus() != conditions.True {
+			p.st.Conditions, _ = conditions.Set(p.st.Conditions, conditions.New(ConditionImageResolved, conditions.True, "Resolved", "image "+p.in.Desired.ImageName), p.in.Now)
+		}
+		return false
+	}
+	c := conditions.New(ConditionImageResolved, conditions.False, b.Reason, b.Message)
+	c.Severity = "Warning"
+	var changed bool
+	p.st.Conditions, changed = conditions.Set(p.st.Conditions, c, p.in.Now)
+	if changed {
+		p.event("Warning", b.Reason, b.Message)
+	}
+	p.wait(p.in.Config.PollInterval)
+	return true
+}
 
 func (p *planner) registering() {
 	if p.st.GetState() == typesv1.HostState_HOST_STATE_UNSPECIFIED {
@@ -408,7 +443,7 @@ func (p *planner) inspecting() {
 }
 
 func (p *planner) available() {
-	if !p.wantsImage() {
+	if !p.wantsImage() || p.imageBlocked() {
 		return
 	}
 	p.st.Image = p.in.Desired.ImageName
@@ -421,6 +456,9 @@ func (p *planner) provisioning() {
 	if !p.wantsImage() || p.in.Desired.ImageName != p.st.GetImage() {
 		p.transition(typesv1.HostState_HOST_STATE_DEPROVISIONING, "image no longer wanted: deprovisioning")
 		p.deprovisioning()
+		return
+	}
+	if p.imageBlocked() {
 		return
 	}
 	p.sequence(p.provisionSteps(), typesv1.HostState_HOST_STATE_PROVISIONED, "installed agent checked in")

@@ -25,7 +25,9 @@ var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 // line and the expected output, separated by blank lines. Commands:
 //
 //	host name=N protocol=redfish|ipmi|none [disk=D]   a new host, no status
-//	desire image=I machine=M | desire none            what is wanted
+//	desire image=I machine=M [missing=true] | desire none
+//	                                                  what is wanted; missing:
+//	                                                  the image does not exist
 //	heartbeat at=D mode=boot|installed source=S [address=none]
 //	                                                  an agent checks in
 //	bmc status=True|False [reason=R]                  the BMC's condition
@@ -80,6 +82,10 @@ func (r *runner) exec(t *testing.T, cmd string) string {
 		return ""
 	case "desire":
 		r.desired = Desired{Machine: a["machine"], ImageName: a["image"], Image: &typesv1.ImageSpec{Url: "http://images/" + a["image"]}}
+		if a["missing"] == "true" {
+			r.desired.Image = nil
+			r.desired.Blocked = &Blocked{Reason: "ImageNotFound", Message: "machine " + a["machine"] + " names image " + a["image"] + ", which does not exist"}
+		}
 		return ""
 	case "heartbeat":
 		if r.host.Status == nil {

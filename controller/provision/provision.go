@@ -555,6 +555,13 @@ func StoreDesired(st Store) DesiredFunc {
 		}
 		img := &typesv1.Image{}
 		if _, err := st.Get(ctx, "images", m.GetSpec().GetImage(), img); err != nil {
+			if errdefs.IsNotFound(err) {
+				return hostlife.Desired{Machine: name, ImageName: m.GetSpec().GetImage(), Blocked: &hostlife.Blocked{
+					Reason: "ImageNotFound",
+					Message: fmt.Sprintf("machine %s names image %s, which does not exist: kilnctl get images lists those that do; apply the image, or delete the machine so its owner creates one with an image that exists",
+						name, m.GetSpec().GetImage()),
+				}}, nil
+			}
 			return hostlife.Desired{}, fmt.Errorf("machine %s: image %s: %w", name, m.GetSpec().GetImage(), err)
 		}
 		return hostlife.Desired{Machine: name, ImageName: m.GetSpec().GetImage(), Image: img.GetSpec()}, nil

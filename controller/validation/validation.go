@@ -270,6 +270,7 @@ func checkControlPlane(p *problems, s *typesv1.ControlPlaneSpec) {
 		}
 	}
 	checkImageRef(p, s.GetImage())
+	checkImageSelector(p, s.GetImage(), s.GetImageSelector())
 	checkLabels(p, "spec.hostSelector", s.GetHostSelector())
 	if m := s.GetRolloutMaxSurge(); m != 0 && m != 1 {
 		p.add("spec.rolloutMaxSurge", "%d is not supported: use 1 to roll out onto a spare host first (3→4→3) or 0 to reimage in place", m)
@@ -287,6 +288,7 @@ func checkMachineDeployment(p *problems, s *typesv1.MachineDeploymentSpec) {
 		}
 	}
 	checkImageRef(p, s.GetImage())
+	checkImageSelector(p, s.GetImage(), s.GetImageSelector())
 	checkLabels(p, "spec.hostSelector", s.GetHostSelector())
 	st := s.GetStrategy()
 	switch st.GetType() {
@@ -382,6 +384,17 @@ func checkClusterRef(p *problems, c string) {
 	} else if msg := dnsSubdomain(c); msg != "" {
 		p.add("spec.cluster", "%q %s", c, msg)
 	}
+}
+
+// checkImageSelector refuses an image named both ways.
+func checkImageSelector(p *problems, img string, sel map[string]string) {
+	if len(sel) == 0 {
+		return
+	}
+	if img != "" {
+		p.add("spec.imageSelector", "set together with spec.image %q: name the image (spec.image) or choose it by labels (spec.imageSelector), not both", img)
+	}
+	checkLabels(p, "spec.imageSelector", sel)
 }
 
 func checkImageRef(p *problems, img string) {

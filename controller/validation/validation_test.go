@@ -185,6 +185,15 @@ func TestValidate(t *testing.T) {
 		{"cp replicas even", cp(func(c *typesv1.ControlPlane) { c.Spec.Replicas = 2 }), []string{"spec.replicas: 2 is even: an even number of control-plane members cannot keep etcd quorum better than one less: use 1, 3 or 5"}},
 		{"cp replicas zero", cp(func(c *typesv1.ControlPlane) { c.Spec.Replicas = 0 }), []string{"spec.replicas: 0 is too few"}},
 		{"cp replicas one", cp(func(c *typesv1.ControlPlane) { c.Spec.Replicas = 1 }), nil},
+		{"cp image selector", cp(func(c *typesv1.ControlPlane) {
+			c.Spec.ImageSelector = map[string]string{"os": "debian12", "kubernetes": "v1.34.4"}
+		}), nil},
+		{"cp image and selector", cp(func(c *typesv1.ControlPlane) {
+			c.Spec.Image, c.Spec.ImageSelector = "debian12-k8s1.34.4-20261202", map[string]string{"os": "debian12"}
+		}), []string{`spec.imageSelector: set together with spec.image "debian12-k8s1.34.4-20261202"`}},
+		{"md image selector bad label", md(func(d *typesv1.MachineDeployment) {
+			d.Spec.ImageSelector = map[string]string{"os": "a b"}
+		}), []string{`spec.imageSelector.os: value "a b" is not a label value`}},
 		{"cp version", cp(func(c *typesv1.ControlPlane) { c.Spec.Version = "v1.34.x" }), []string{`spec.version: "v1.34.x" is not a pinned Kubernetes version`}},
 		{"cp surge", cp(func(c *typesv1.ControlPlane) { c.Spec.RolloutMaxSurge = 2 }), []string{"spec.rolloutMaxSurge: 2 is not supported: use 1"}},
 		{"cp cluster missing", cp(func(c *typesv1.ControlPlane) { c.Spec.Cluster = "" }), []string{"spec.cluster: required"}},

@@ -1838,16 +1838,24 @@ func (x *Cluster) GetStatus() *ClusterStatus {
 }
 
 type ControlPlaneSpec struct {
-	state        protoimpl.MessageState `protogen:"open.v1"`
-	Cluster      string                 `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
-	Replicas     int32                  `protobuf:"varint,2,opt,name=replicas,proto3" json:"replicas,omitempty"`
-	Version      string                 `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
-	Image        string                 `protobuf:"bytes,4,opt,name=image,proto3" json:"image,omitempty"`
-	HostSelector map[string]string      `protobuf:"bytes,5,rep,name=host_selector,json=hostSelector,proto3" json:"host_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Cluster  string                 `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	Replicas int32                  `protobuf:"varint,2,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	Version  string                 `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
+	// image names the Image new machines are laid with. Exactly one of
+	// image and image_selector is set (or neither, for hosts that keep
+	// their OS).
+	Image        string            `protobuf:"bytes,4,opt,name=image,proto3" json:"image,omitempty"`
+	HostSelector map[string]string `protobuf:"bytes,5,rep,name=host_selector,json=hostSelector,proto3" json:"host_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// rollout_max_surge is 0 or 1.
 	RolloutMaxSurge int32 `protobuf:"varint,6,opt,name=rollout_max_surge,json=rolloutMaxSurge,proto3" json:"rollout_max_surge,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// image_selector chooses the Image by its labels (for example os and
+	// kubernetes): a new machine gets the newest matching Image (highest
+	// patch level) at its creation and records it in its spec.image. A
+	// newer matching Image does not roll machines that run a matching one.
+	ImageSelector map[string]string `protobuf:"bytes,7,rep,name=image_selector,json=imageSelector,proto3" json:"image_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ControlPlaneSpec) Reset() {
@@ -1922,6 +1930,13 @@ func (x *ControlPlaneSpec) GetRolloutMaxSurge() int32 {
 	return 0
 }
 
+func (x *ControlPlaneSpec) GetImageSelector() map[string]string {
+	if x != nil {
+		return x.ImageSelector
+	}
+	return nil
+}
+
 type ControlPlaneStatus struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Replicas        int32                  `protobuf:"varint,1,opt,name=replicas,proto3" json:"replicas,omitempty"`
@@ -1929,8 +1944,11 @@ type ControlPlaneStatus struct {
 	UpdatedReplicas int32                  `protobuf:"varint,3,opt,name=updated_replicas,json=updatedReplicas,proto3" json:"updated_replicas,omitempty"`
 	EtcdMembers     int32                  `protobuf:"varint,4,opt,name=etcd_members,json=etcdMembers,proto3" json:"etcd_members,omitempty"`
 	Conditions      []*Condition           `protobuf:"bytes,5,rep,name=conditions,proto3" json:"conditions,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// image is the Image new machines get: spec.image, or the one
+	// spec.image_selector resolved to.
+	Image         string `protobuf:"bytes,6,opt,name=image,proto3" json:"image,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ControlPlaneStatus) Reset() {
@@ -1996,6 +2014,13 @@ func (x *ControlPlaneStatus) GetConditions() []*Condition {
 		return x.Conditions
 	}
 	return nil
+}
+
+func (x *ControlPlaneStatus) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
 }
 
 type ControlPlane struct {
@@ -2147,13 +2172,15 @@ func (x *RolloutStrategy) GetNodeDrainTimeout() string {
 }
 
 type MachineDeploymentSpec struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Cluster       string                 `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
-	Replicas      int32                  `protobuf:"varint,2,opt,name=replicas,proto3" json:"replicas,omitempty"`
-	Version       string                 `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
-	Image         string                 `protobuf:"bytes,4,opt,name=image,proto3" json:"image,omitempty"`
-	HostSelector  map[string]string      `protobuf:"bytes,5,rep,name=host_selector,json=hostSelector,proto3" json:"host_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Strategy      *RolloutStrategy       `protobuf:"bytes,6,opt,name=strategy,proto3" json:"strategy,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Cluster  string                 `protobuf:"bytes,1,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	Replicas int32                  `protobuf:"varint,2,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	Version  string                 `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
+	// image and image_selector are those of ControlPlaneSpec.
+	Image         string            `protobuf:"bytes,4,opt,name=image,proto3" json:"image,omitempty"`
+	HostSelector  map[string]string `protobuf:"bytes,5,rep,name=host_selector,json=hostSelector,proto3" json:"host_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Strategy      *RolloutStrategy  `protobuf:"bytes,6,opt,name=strategy,proto3" json:"strategy,omitempty"`
+	ImageSelector map[string]string `protobuf:"bytes,7,rep,name=image_selector,json=imageSelector,proto3" json:"image_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2230,6 +2257,13 @@ func (x *MachineDeploymentSpec) GetStrategy() *RolloutStrategy {
 	return nil
 }
 
+func (x *MachineDeploymentSpec) GetImageSelector() map[string]string {
+	if x != nil {
+		return x.ImageSelector
+	}
+	return nil
+}
+
 type MachineDeploymentStatus struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
 	Replicas            int32                  `protobuf:"varint,1,opt,name=replicas,proto3" json:"replicas,omitempty"`
@@ -2237,8 +2271,10 @@ type MachineDeploymentStatus struct {
 	UpdatedReplicas     int32                  `protobuf:"varint,3,opt,name=updated_replicas,json=updatedReplicas,proto3" json:"updated_replicas,omitempty"`
 	UnavailableReplicas int32                  `protobuf:"varint,4,opt,name=unavailable_replicas,json=unavailableReplicas,proto3" json:"unavailable_replicas,omitempty"`
 	Conditions          []*Condition           `protobuf:"bytes,5,rep,name=conditions,proto3" json:"conditions,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// image is the Image new machines get (see ControlPlaneStatus.image).
+	Image         string `protobuf:"bytes,6,opt,name=image,proto3" json:"image,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *MachineDeploymentStatus) Reset() {
@@ -2304,6 +2340,13 @@ func (x *MachineDeploymentStatus) GetConditions() []*Condition {
 		return x.Conditions
 	}
 	return nil
+}
+
+func (x *MachineDeploymentStatus) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
 }
 
 type MachineDeployment struct {
@@ -3328,17 +3371,21 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x125\n" +
 	"\bmetadata\x18\x03 \x01(\v2\x19.kiln.types.v1.ObjectMetaR\bmetadata\x12.\n" +
 	"\x04spec\x18\x04 \x01(\v2\x1a.kiln.types.v1.ClusterSpecR\x04spec\x124\n" +
-	"\x06status\x18\x05 \x01(\v2\x1c.kiln.types.v1.ClusterStatusR\x06status\"\xbd\x02\n" +
+	"\x06status\x18\x05 \x01(\v2\x1c.kiln.types.v1.ClusterStatusR\x06status\"\xda\x03\n" +
 	"\x10ControlPlaneSpec\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x1a\n" +
 	"\breplicas\x18\x02 \x01(\x05R\breplicas\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\tR\aversion\x12\x14\n" +
 	"\x05image\x18\x04 \x01(\tR\x05image\x12V\n" +
 	"\rhost_selector\x18\x05 \x03(\v21.kiln.types.v1.ControlPlaneSpec.HostSelectorEntryR\fhostSelector\x12*\n" +
-	"\x11rollout_max_surge\x18\x06 \x01(\x05R\x0frolloutMaxSurge\x1a?\n" +
+	"\x11rollout_max_surge\x18\x06 \x01(\x05R\x0frolloutMaxSurge\x12Y\n" +
+	"\x0eimage_selector\x18\a \x03(\v22.kiln.types.v1.ControlPlaneSpec.ImageSelectorEntryR\rimageSelector\x1a?\n" +
 	"\x11HostSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdf\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a@\n" +
+	"\x12ImageSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf5\x01\n" +
 	"\x12ControlPlaneStatus\x12\x1a\n" +
 	"\breplicas\x18\x01 \x01(\x05R\breplicas\x12%\n" +
 	"\x0eready_replicas\x18\x02 \x01(\x05R\rreadyReplicas\x12)\n" +
@@ -3346,7 +3393,8 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\fetcd_members\x18\x04 \x01(\x05R\vetcdMembers\x128\n" +
 	"\n" +
 	"conditions\x18\x05 \x03(\v2\x18.kiln.types.v1.ConditionR\n" +
-	"conditions\"\xea\x01\n" +
+	"conditions\x12\x14\n" +
+	"\x05image\x18\x06 \x01(\tR\x05image\"\xea\x01\n" +
 	"\fControlPlane\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\tR\n" +
 	"apiVersion\x12\x12\n" +
@@ -3358,17 +3406,21 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x1b\n" +
 	"\tmax_surge\x18\x02 \x01(\tR\bmaxSurge\x12'\n" +
 	"\x0fmax_unavailable\x18\x03 \x01(\tR\x0emaxUnavailable\x12,\n" +
-	"\x12node_drain_timeout\x18\x04 \x01(\tR\x10nodeDrainTimeout\"\xd7\x02\n" +
+	"\x12node_drain_timeout\x18\x04 \x01(\tR\x10nodeDrainTimeout\"\xf9\x03\n" +
 	"\x15MachineDeploymentSpec\x12\x18\n" +
 	"\acluster\x18\x01 \x01(\tR\acluster\x12\x1a\n" +
 	"\breplicas\x18\x02 \x01(\x05R\breplicas\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\tR\aversion\x12\x14\n" +
 	"\x05image\x18\x04 \x01(\tR\x05image\x12[\n" +
 	"\rhost_selector\x18\x05 \x03(\v26.kiln.types.v1.MachineDeploymentSpec.HostSelectorEntryR\fhostSelector\x12:\n" +
-	"\bstrategy\x18\x06 \x01(\v2\x1e.kiln.types.v1.RolloutStrategyR\bstrategy\x1a?\n" +
+	"\bstrategy\x18\x06 \x01(\v2\x1e.kiln.types.v1.RolloutStrategyR\bstrategy\x12^\n" +
+	"\x0eimage_selector\x18\a \x03(\v27.kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntryR\rimageSelector\x1a?\n" +
 	"\x11HostSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf4\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a@\n" +
+	"\x12ImageSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8a\x02\n" +
 	"\x17MachineDeploymentStatus\x12\x1a\n" +
 	"\breplicas\x18\x01 \x01(\x05R\breplicas\x12%\n" +
 	"\x0eready_replicas\x18\x02 \x01(\x05R\rreadyReplicas\x12)\n" +
@@ -3376,7 +3428,8 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\x14unavailable_replicas\x18\x04 \x01(\x05R\x13unavailableReplicas\x128\n" +
 	"\n" +
 	"conditions\x18\x05 \x03(\v2\x18.kiln.types.v1.ConditionR\n" +
-	"conditions\"\xf9\x01\n" +
+	"conditions\x12\x14\n" +
+	"\x05image\x18\x06 \x01(\tR\x05image\"\xf9\x01\n" +
 	"\x11MachineDeployment\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\tR\n" +
 	"apiVersion\x12\x12\n" +
@@ -3481,7 +3534,7 @@ func file_kiln_types_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_kiln_types_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kiln_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_kiln_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_kiln_types_v1_types_proto_goTypes = []any{
 	(HostState)(0),                  // 0: kiln.types.v1.HostState
 	(*ObjectMeta)(nil),              // 1: kiln.types.v1.ObjectMeta
@@ -3522,26 +3575,28 @@ var file_kiln_types_v1_types_proto_goTypes = []any{
 	nil,                             // 36: kiln.types.v1.ObjectMeta.AnnotationsEntry
 	nil,                             // 37: kiln.types.v1.Facts.KubeVersionsEntry
 	nil,                             // 38: kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
-	nil,                             // 39: kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
-	nil,                             // 40: kiln.types.v1.HealthCheckSpec.SelectorEntry
-	(*timestamppb.Timestamp)(nil),   // 41: google.protobuf.Timestamp
+	nil,                             // 39: kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
+	nil,                             // 40: kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
+	nil,                             // 41: kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
+	nil,                             // 42: kiln.types.v1.HealthCheckSpec.SelectorEntry
+	(*timestamppb.Timestamp)(nil),   // 43: google.protobuf.Timestamp
 }
 var file_kiln_types_v1_types_proto_depIdxs = []int32{
 	35, // 0: kiln.types.v1.ObjectMeta.labels:type_name -> kiln.types.v1.ObjectMeta.LabelsEntry
 	36, // 1: kiln.types.v1.ObjectMeta.annotations:type_name -> kiln.types.v1.ObjectMeta.AnnotationsEntry
-	41, // 2: kiln.types.v1.ObjectMeta.creation_timestamp:type_name -> google.protobuf.Timestamp
-	41, // 3: kiln.types.v1.ObjectMeta.deletion_timestamp:type_name -> google.protobuf.Timestamp
-	41, // 4: kiln.types.v1.Condition.last_transition_time:type_name -> google.protobuf.Timestamp
+	43, // 2: kiln.types.v1.ObjectMeta.creation_timestamp:type_name -> google.protobuf.Timestamp
+	43, // 3: kiln.types.v1.ObjectMeta.deletion_timestamp:type_name -> google.protobuf.Timestamp
+	43, // 4: kiln.types.v1.Condition.last_transition_time:type_name -> google.protobuf.Timestamp
 	3,  // 5: kiln.types.v1.HostSpec.bmc:type_name -> kiln.types.v1.BMCSpec
 	5,  // 6: kiln.types.v1.Facts.disks:type_name -> kiln.types.v1.Disk
 	6,  // 7: kiln.types.v1.Facts.nics:type_name -> kiln.types.v1.NIC
 	7,  // 8: kiln.types.v1.Facts.routes:type_name -> kiln.types.v1.Route
 	37, // 9: kiln.types.v1.Facts.kube_versions:type_name -> kiln.types.v1.Facts.KubeVersionsEntry
-	41, // 10: kiln.types.v1.AgentStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
-	41, // 11: kiln.types.v1.AgentStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
-	41, // 12: kiln.types.v1.OperationStatus.started:type_name -> google.protobuf.Timestamp
-	41, // 13: kiln.types.v1.OperationStatus.finished:type_name -> google.protobuf.Timestamp
-	41, // 14: kiln.types.v1.OperationStatus.retry_after:type_name -> google.protobuf.Timestamp
+	43, // 10: kiln.types.v1.AgentStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
+	43, // 11: kiln.types.v1.AgentStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
+	43, // 12: kiln.types.v1.OperationStatus.started:type_name -> google.protobuf.Timestamp
+	43, // 13: kiln.types.v1.OperationStatus.finished:type_name -> google.protobuf.Timestamp
+	43, // 14: kiln.types.v1.OperationStatus.retry_after:type_name -> google.protobuf.Timestamp
 	0,  // 15: kiln.types.v1.HostStatus.state:type_name -> kiln.types.v1.HostState
 	8,  // 16: kiln.types.v1.HostStatus.facts:type_name -> kiln.types.v1.Facts
 	9,  // 17: kiln.types.v1.HostStatus.agent:type_name -> kiln.types.v1.AgentStatus
@@ -3559,37 +3614,39 @@ var file_kiln_types_v1_types_proto_depIdxs = []int32{
 	16, // 29: kiln.types.v1.Cluster.spec:type_name -> kiln.types.v1.ClusterSpec
 	17, // 30: kiln.types.v1.Cluster.status:type_name -> kiln.types.v1.ClusterStatus
 	38, // 31: kiln.types.v1.ControlPlaneSpec.host_selector:type_name -> kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
-	2,  // 32: kiln.types.v1.ControlPlaneStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 33: kiln.types.v1.ControlPlane.metadata:type_name -> kiln.types.v1.ObjectMeta
-	19, // 34: kiln.types.v1.ControlPlane.spec:type_name -> kiln.types.v1.ControlPlaneSpec
-	20, // 35: kiln.types.v1.ControlPlane.status:type_name -> kiln.types.v1.ControlPlaneStatus
-	39, // 36: kiln.types.v1.MachineDeploymentSpec.host_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
-	22, // 37: kiln.types.v1.MachineDeploymentSpec.strategy:type_name -> kiln.types.v1.RolloutStrategy
-	2,  // 38: kiln.types.v1.MachineDeploymentStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 39: kiln.types.v1.MachineDeployment.metadata:type_name -> kiln.types.v1.ObjectMeta
-	23, // 40: kiln.types.v1.MachineDeployment.spec:type_name -> kiln.types.v1.MachineDeploymentSpec
-	24, // 41: kiln.types.v1.MachineDeployment.status:type_name -> kiln.types.v1.MachineDeploymentStatus
-	2,  // 42: kiln.types.v1.MachineStatus.conditions:type_name -> kiln.types.v1.Condition
-	41, // 43: kiln.types.v1.MachineStatus.bootstrap_time:type_name -> google.protobuf.Timestamp
-	41, // 44: kiln.types.v1.MachineStatus.node_ready_time:type_name -> google.protobuf.Timestamp
-	41, // 45: kiln.types.v1.MachineStatus.certificates_not_after:type_name -> google.protobuf.Timestamp
-	1,  // 46: kiln.types.v1.Machine.metadata:type_name -> kiln.types.v1.ObjectMeta
-	26, // 47: kiln.types.v1.Machine.spec:type_name -> kiln.types.v1.MachineSpec
-	27, // 48: kiln.types.v1.Machine.status:type_name -> kiln.types.v1.MachineStatus
-	40, // 49: kiln.types.v1.HealthCheckSpec.selector:type_name -> kiln.types.v1.HealthCheckSpec.SelectorEntry
-	29, // 50: kiln.types.v1.HealthCheckSpec.unhealthy_conditions:type_name -> kiln.types.v1.UnhealthyCondition
-	2,  // 51: kiln.types.v1.HealthCheckStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 52: kiln.types.v1.HealthCheck.metadata:type_name -> kiln.types.v1.ObjectMeta
-	30, // 53: kiln.types.v1.HealthCheck.spec:type_name -> kiln.types.v1.HealthCheckSpec
-	31, // 54: kiln.types.v1.HealthCheck.status:type_name -> kiln.types.v1.HealthCheckStatus
-	41, // 55: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
-	41, // 56: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
-	41, // 57: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
-	58, // [58:58] is the sub-list for method output_type
-	58, // [58:58] is the sub-list for method input_type
-	58, // [58:58] is the sub-list for extension type_name
-	58, // [58:58] is the sub-list for extension extendee
-	0,  // [0:58] is the sub-list for field type_name
+	39, // 32: kiln.types.v1.ControlPlaneSpec.image_selector:type_name -> kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
+	2,  // 33: kiln.types.v1.ControlPlaneStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 34: kiln.types.v1.ControlPlane.metadata:type_name -> kiln.types.v1.ObjectMeta
+	19, // 35: kiln.types.v1.ControlPlane.spec:type_name -> kiln.types.v1.ControlPlaneSpec
+	20, // 36: kiln.types.v1.ControlPlane.status:type_name -> kiln.types.v1.ControlPlaneStatus
+	40, // 37: kiln.types.v1.MachineDeploymentSpec.host_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
+	22, // 38: kiln.types.v1.MachineDeploymentSpec.strategy:type_name -> kiln.types.v1.RolloutStrategy
+	41, // 39: kiln.types.v1.MachineDeploymentSpec.image_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
+	2,  // 40: kiln.types.v1.MachineDeploymentStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 41: kiln.types.v1.MachineDeployment.metadata:type_name -> kiln.types.v1.ObjectMeta
+	23, // 42: kiln.types.v1.MachineDeployment.spec:type_name -> kiln.types.v1.MachineDeploymentSpec
+	24, // 43: kiln.types.v1.MachineDeployment.status:type_name -> kiln.types.v1.MachineDeploymentStatus
+	2,  // 44: kiln.types.v1.MachineStatus.conditions:type_name -> kiln.types.v1.Condition
+	43, // 45: kiln.types.v1.MachineStatus.bootstrap_time:type_name -> google.protobuf.Timestamp
+	43, // 46: kiln.types.v1.MachineStatus.node_ready_time:type_name -> google.protobuf.Timestamp
+	43, // 47: kiln.types.v1.MachineStatus.certificates_not_after:type_name -> google.protobuf.Timestamp
+	1,  // 48: kiln.types.v1.Machine.metadata:type_name -> kiln.types.v1.ObjectMeta
+	26, // 49: kiln.types.v1.Machine.spec:type_name -> kiln.types.v1.MachineSpec
+	27, // 50: kiln.types.v1.Machine.status:type_name -> kiln.types.v1.MachineStatus
+	42, // 51: kiln.types.v1.HealthCheckSpec.selector:type_name -> kiln.types.v1.HealthCheckSpec.SelectorEntry
+	29, // 52: kiln.types.v1.HealthCheckSpec.unhealthy_conditions:type_name -> kiln.types.v1.UnhealthyCondition
+	2,  // 53: kiln.types.v1.HealthCheckStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 54: kiln.types.v1.HealthCheck.metadata:type_name -> kiln.types.v1.ObjectMeta
+	30, // 55: kiln.types.v1.HealthCheck.spec:type_name -> kiln.types.v1.HealthCheckSpec
+	31, // 56: kiln.types.v1.HealthCheck.status:type_name -> kiln.types.v1.HealthCheckStatus
+	43, // 57: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
+	43, // 58: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
+	43, // 59: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
+	60, // [60:60] is the sub-list for method output_type
+	60, // [60:60] is the sub-list for method input_type
+	60, // [60:60] is the sub-list for extension type_name
+	60, // [60:60] is the sub-list for extension extendee
+	0,  // [0:60] is the sub-list for field type_name
 }
 
 func init() { file_kiln_types_v1_types_proto_init() }
@@ -3603,7 +3660,7 @@ func file_kiln_types_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kiln_types_v1_types_proto_rawDesc), len(file_kiln_types_v1_types_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   40,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
