@@ -40,6 +40,11 @@ type ImageOptions struct {
 	// Agent is the kiln-agent binary to install, overriding the spec's
 	// agent: (default the spec's, bin/kiln-agent for lab.yaml).
 	Agent string
+	// TagDate (yyyymmdd) overrides the spec's tagDate: the date in the
+	// image's tag, by default the day its OS packages were fetched. Tests
+	// set it to a date no example names, to show that nothing depends on
+	// the day the examples were written.
+	TagDate string
 	// CacheDir holds the built images, one directory per key (default
 	// ${KILN_CACHE:-/var/cache/kiln}/images).
 	CacheDir string
@@ -128,6 +133,14 @@ func LabImage(ctx context.Context, o ImageOptions) (string, *manifest.Manifest, 
 			return "", nil, fmt.Errorf("lab image: %w", err)
 		}
 		s.Agent = abs
+	}
+	if o.TagDate != "" {
+		if _, err := time.Parse("20060102", o.TagDate); err != nil || len(o.TagDate) != 8 {
+			return "", nil, errdefs.InvalidArgument("lab image: tag date %q: want yyyymmdd", o.TagDate)
+		}
+		s.TagDate = o.TagDate
+		// The tag is part of what is built: another date, another entry.
+		specBytes = append(specBytes, "\ntagDate: "+o.TagDate+"\n"...)
 	}
 	agentSum, err := fileSHA256(s.AgentPath())
 	if err != nil {

@@ -100,7 +100,7 @@ func TestLabLifecycle(t *testing.T) {
 }
 
 func badInput(t *testing.T, ctx context.Context, lab *fleet.Lab, tag string) {
-	docs := splitDocs(t, labCluster(t, lab, tag))
+	docs := splitDocs(t, labCluster(t, lab, ""))
 	pfx := lab.Subnet()
 	overlapping := strings.Join(strings.Split(pfx, ".")[:2], ".") + ".0.0/16" // e.g. 10.251.0.0/16 over the lab's /24
 	for _, tc := range []struct {
@@ -191,7 +191,9 @@ func btoi(b bool) int {
 }
 
 func provision(t *testing.T, ctx context.Context, lab *fleet.Lab, tag, faulty string) {
-	_, err := lab.Kilnctl(ctx, labCluster(t, lab, tag), "apply", "-f", "-")
+	// The shipped example, unmodified but for the lab's API endpoint: its
+	// imageSelector finds the lab image whatever the date in its tag.
+	_, err := lab.Kilnctl(ctx, labCluster(t, lab, ""), "apply", "-f", "-")
 	require.NoError(t, err)
 	crash := &crasher{t: t, ctx: ctx, lab: lab, max: 7}
 	var bmcDown, cpReadyWhileDown, cleared bool
@@ -248,7 +250,7 @@ func provision(t *testing.T, ctx context.Context, lab *fleet.Lab, tag, faulty st
 	// Bad input judged against what is stored: a control plane at v1.34
 	// cannot go to v1.36 in one step. Nothing changes.
 	var docs []map[string]any
-	for _, d := range splitDocs(t, labCluster(t, lab, tag)) {
+	for _, d := range splitDocs(t, labCluster(t, lab, "")) {
 		if d["kind"] == "ControlPlane" {
 			d["spec"].(map[string]any)["version"] = "v1.36.0"
 			docs = append(docs, d)
@@ -319,15 +321,39 @@ func rollout(t *testing.T, ctx context.Context, lab *fleet.Lab, tag string) {
 	b, err := lab.Kilnctl(ctx, nil, "get", "image", tag, "-o", "yaml")
 	require.NoError(t, err)
 	require.NoError(t, yaml.Unmarshal([]byte(b), &img))
-	img["metadata"] = map[string]any{"name": tag2}
+	// Its labels too (os, kubernetes), and a later patch level: the
+	// newest image the shipped imageSelector matches.
+	meta, _ := img["metadata"].(map[string]any)
+	img["metadata"] = map[string]any{"name": tag2, "labels": meta["labels"]}
+	if spec, ok := img["spec"].(map[string]any); ok {
+		spec["patchLevel"] = "99991231"
+	}
 	delete(img, "status")
 	out, err := yaml.Marshal(img)
+	require.NoError(t, err)
+	before, err := lab.Snapshot(ctx, clusterName)
 	require.NoError(t, err)
 	_, err = lab.Kilnctl(ctx, out, "apply", "-f", "-")
 	require.NoError(t, err)
 
-	before, err := lab.Snapshot(ctx, clusterName)
+	// A newer image rolls nothing while the spec names images by labels:
+	// once the control plane has seen it (ImageResolved names it), every
+	// machine is the one it was.
+	_, err = lab.Watch(ctx, clusterName, time.Second, func(s *fleet.Snapshot) bool {
+		c := conditions.Get(s.ControlPlanes[cpName].GetStatus().GetConditions(), clusterplan.ConditionImageResolved)
+		return c != nil && strings.Contains(c.GetMessage(), tag2)
+	})
 	require.NoError(t, err)
+	time.Sleep(3 * time.Second) // one more reconcile pass
+	unchanged, err := lab.Snapshot(ctx, clusterName)
+	require.NoError(t, err)
+	for name, m := range before.Machines {
+		now := unchanged.Machines[name]
+		require.NotNil(t, now, "machine %s went away after a newer image appeared", name)
+		require.Equal(t, m.GetMetadata().GetUid(), now.GetMetadata().GetUid(), "machine %s was replaced after a newer image appeared", name)
+		require.Equal(t, tag, now.GetSpec().GetImage(), "machine %s records the image it was laid with", name)
+	}
+	require.Len(t, unchanged.Machines, len(before.Machines))
 	var docs []map[string]any
 	for _, d := range splitDocs(t, labCluster(t, lab, tag2)) {
 		if d["kind"] == "ControlPlane" {

@@ -91,29 +91,41 @@ func freeSubnet(t *testing.T) string {
 	return ""
 }
 
-// labCluster is examples/lab-cluster.yaml with the lab image's tag and
-// the lab's API load balancer as controlPlaneEndpoint.
-func labCluster(t *testing.T, lab *fleet.Lab, tag string) []byte {
+// labCluster is examples/lab-cluster.yaml as shipped (it names its image
+// by labels, so it works whatever the lab image's tag), or, with image
+// set, with every spec naming that image instead; with the lab's API load
+// balancer as controlPlaneEndpoint either way, as make lab applies it.
+func labCluster(t *testing.T, lab *fleet.Lab, image string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(repoRoot(), "examples", "lab-cluster.yaml"))
 	require.NoError(t, err)
-	var docs [][]byte
-	for _, d := range bytes.Split(b, []byte("\n---\n")) {
-		var r map[string]any
-		require.NoError(t, yaml.Unmarshal(d, &r))
-		if spec, ok := r["spec"].(map[string]any); ok {
-			if _, ok := spec["image"]; ok {
-				spec["image"] = tag
+	if image != "" {
+		var docs [][]byte
+		for _, d := range bytes.Split(b, []byte("\n---\n")) {
+			var r map[string]any
+			require.NoError(t, yaml.Unmarshal(d, &r))
+			if spec, ok := r["spec"].(map[string]any); ok {
+				if _, ok := spec["imageSelector"]; ok {
+					delete(spec, "imageSelector")
+					spec["image"] = image
+				}
 			}
+			out, err := yaml.Marshal(r)
+			require.NoError(t, err)
+			docs = append(docs, out)
 		}
-		out, err := yaml.Marshal(r)
-		require.NoError(t, err)
-		docs = append(docs, out)
+		b = bytes.Join(docs, []byte("---\n"))
 	}
-	out, err := fleet.ClusterForLab(bytes.Join(docs, []byte("---\n")), lab.APIServerEndpoint())
+	out, err := fleet.ClusterForLab(b, lab.APIServerEndpoint())
 	require.NoError(t, err)
 	return out
 }
+
+// labTagDate is the date in the tests' lab image tag: one that no file of
+// examples/ names (TestExamplesNameNoLabTagDate), so that provisioning the
+// shipped examples shows they work on any day, not only the one they were
+// written on.
+const labTagDate = "20300102"
 
 // startLab builds everything and brings up a lab's rack and controller
 // with the lab image applied; the hosts are not registered yet. Down runs
@@ -124,8 +136,9 @@ func startLab(t *testing.T, ctx context.Context) (*fleet.Lab, string) {
 	out := &testWriter{t: t}
 	dir := t.TempDir()
 	require.NoError(t, fleet.BootMedia(ctx, filepath.Join(bin, "kiln-imagebuilder"), filepath.Join(bin, "kiln-agent"), filepath.Join(dir, "media"), out))
-	imgDir, m, err := fleet.LabImage(ctx, fleet.ImageOptions{Agent: filepath.Join(bin, "kiln-agent"), Progress: out})
+	imgDir, m, err := fleet.LabImage(ctx, fleet.ImageOptions{Agent: filepath.Join(bin, "kiln-agent"), TagDate: labTagDate, Progress: out})
 	require.NoError(t, err)
+	require.True(t, strings.HasSuffix(m.Tag, "-"+labTagDate), "lab image tag %s: want the date %s", m.Tag, labTagDate)
 	lab, err := fleet.New(fleet.Config{Name: fmt.Sprintf("f%04d", rand.IntN(10000)), Dir: dir, Bin: bin, Subnet: freeSubnet(t),
 		Hosts: 3, IPMI: 1, DiskSize: "6G", MediaDir: filepath.Join(dir, "media"), ImageDir: imgDir, Out: out})
 	require.NoError(t, err)

@@ -92,9 +92,11 @@ func (c *ClusterDocs) At(version, image string) {
 			s["kubernetesVersion"] = version
 		case "ControlPlane":
 			s["version"], s["image"] = version, image
+			delete(s, "imageSelector")
 			s["rolloutMaxSurge"] = 1
 		case "MachineDeployment":
 			s["version"], s["image"] = version, image
+			delete(s, "imageSelector")
 		}
 	}
 }

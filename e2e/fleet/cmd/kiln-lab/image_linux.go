@@ -11,7 +11,7 @@ import (
 // labImage builds (or finds in the cache) the lab's golden image and
 // returns its directory and Image resource file.
 func labImage(ctx context.Context, f *flags) (dir, resource string, err error) {
-	dir, m, err := fleet.LabImage(ctx, fleet.ImageOptions{Spec: f.imageSpec, Agent: filepath.Join(f.bin, "kiln-agent"), Progress: os.Stdout})
+	dir, m, err := fleet.LabImage(ctx, fleet.ImageOptions{Spec: f.imageSpec, Agent: filepath.Join(f.bin, "kiln-agent"), TagDate: f.tagDate, Progress: os.Stdout})
 	if err != nil {
 		return "", "", err
 	}

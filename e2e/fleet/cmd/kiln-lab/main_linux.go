@@ -30,7 +30,7 @@ func main() {
 }
 
 type flags struct {
-	name, dir, bin, subnet, cluster, clusterName, imageSpec string
+	name, dir, bin, subnet, cluster, clusterName, imageSpec, tagDate string
 	hosts, ipmi                                             int
 	timeout                                                 time.Duration
 }
@@ -72,6 +72,7 @@ func command() *cobra.Command {
 	up.Flags().IntVar(&f.ipmi, "ipmi", 1, "hosts behind ipmi_sim (booted by PXE)")
 	up.Flags().StringVar(&f.cluster, "cluster", "examples/lab-cluster.yaml", "cluster to apply")
 	up.Flags().StringVar(&f.imageSpec, "image-spec", "examples/images/lab.yaml", "golden image spec of the lab's nodes (built once, cached by its inputs)")
+	up.Flags().StringVar(&f.tagDate, "tag-date", "", "yyyymmdd in the lab image's tag instead of the day its OS packages were fetched (the cluster names its image by labels, so any date works)")
 	up.Flags().StringVar(&f.clusterName, "cluster-name", "lab", "name of the Cluster in --cluster, to wait for")
 	up.Flags().DurationVar(&f.timeout, "timeout", 45*time.Minute, "give up when the cluster is not Ready by then")
 
