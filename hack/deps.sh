@@ -13,6 +13,10 @@ pkgs=(
   # generation and checks: protoc and the well-known .proto files
   # (google/protobuf/timestamp.proto, ...) it compiles against
   protobuf-compiler libprotobuf-dev openssl
+  # the C headers cgo needs: with gcc on PATH, go builds runtime/cgo (the
+  # agent's dependency test, go vet) and fails without them (libc6-dev is
+  # only a recommend of gcc)
+  libc6-dev
   # BMC peers
   openipmi ipmitool
   # host operations, namespaces, systemd hosts
