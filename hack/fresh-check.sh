@@ -7,16 +7,16 @@
 # 1. Builds once, and caches in ${KILN_CACHE:-/var/cache/kiln}/fresh-root/<key>
 #    (keyed on the package list and this script's root version), a pristine
 #    Debian 12 root: debootstrap --variant=minbase bookworm plus only git,
-#    make, gcc and ca-certificates. Go comes from the host's /usr/local/go,
-#    bound read-only.
+#    make, gcc (with libc6-dev) and ca-certificates. Go comes from the
+#    host's /usr/local/go, bound read-only.
 # 2. Clones REF of this repository into a throw-away directory, with the
 #    project's shared/ (the Redfish mockups) beside it as CI lays it out.
 # 3. Runs, under systemd-nspawn on a throw-away overlay of the cached root,
 #    as root, with empty Go module and build caches (modules come from the Go
 #    proxy, packages from deb.debian.org, over the host's network):
-#      hack/deps.sh, make check, make build, make test-short, and
-#      go test of every package whose tests need no network namespace,
-#      nested container, loop device or VM boot (see FRESH_TESTS below).
+#      hack/deps.sh, make generate, make check, make build, make test-short,
+#      and go test of every package whose tests need no network namespace,
+#      nested container, loop device or VM boot (see fresh_tests below).
 #    Every step runs even when one before it failed (each one starts from
 #    the clean clone again), so one run shows every defect; the summary
 #    names each failed step and the first missing command or file in its
@@ -32,8 +32,10 @@ set -euo pipefail
 export PATH=/usr/local/go/bin:$PATH
 # Bump when the way the root is built changes: it is part of the cache key.
 root_version=1
-# What a new machine of this kind has before any project step.
-root_pkgs=(git make gcc ca-certificates)
+# What a new machine of this kind has before any project step: gcc as
+# `apt-get install gcc` brings it, with the C library headers (libc6-dev, a
+# recommend that debootstrap --include would leave out).
+root_pkgs=(git make gcc libc6-dev ca-certificates)
 mirror=${KILN_FRESH_MIRROR:-http://deb.debian.org/debian}
 cache=${KILN_CACHE:-/var/cache/kiln}/fresh-root
 start=$(date +%s)
@@ -60,6 +62,10 @@ done
 # ---- the cached root -------------------------------------------------------
 key=$(printf '%s\n' "v$root_version" bookworm minbase "$mirror" "${root_pkgs[@]}" | sha256sum | cut -c1-16)
 root=$cache/$key
+mkdir -p "$cache"
+# One build at a time; a second run waits and then uses it.
+exec 9>"$cache/.lock"
+flock 9
 if [ -f "$root/.complete" ]; then
   say "root: cached $root"
 else
@@ -81,6 +87,7 @@ else
   trap - EXIT
   say "root: built"
 fi
+flock -u 9
 
 # ---- the throw-away machine ------------------------------------------------
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/kiln-fresh.XXXXXX")
@@ -189,6 +196,8 @@ fresh_tests() {
     go test -count=1 -timeout 10m -skip 'Boot|Enrolls' ./e2e/lab/qemu
 }
 step deps ./hack/deps.sh
+# generate on its own too: make check stops at go vet's first failure.
+step generate make generate
 step check make check
 step build make build
 step test-short make test-short
@@ -229,7 +238,7 @@ if [ ! -f "$logs/failed" ]; then
 fi
 failed=$(cat "$logs/failed")
 if [ "$rc" = 0 ] && [ -z "$failed" ]; then
-  echo "fresh-check: PASS: ${KILN_FRESH_STEPS:-deps check build test-short tests} on a fresh Debian 12 root"
+  echo "fresh-check: PASS: ${KILN_FRESH_STEPS:-deps generate check build test-short tests} on a fresh Debian 12 root"
   exit 0
 fi
 # For each failed step: the first line that names something missing, and
