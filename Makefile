@@ -7,7 +7,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/kilnhq/kiln/internal/version.Version=$(VERSION)
 BINARIES := kiln-agent kiln-controller kilnctl kiln-imagebuilder
 
-.PHONY: all build test test-short check generate bench lab lab-down lab-upgrade kube-tools image clean $(BINARIES)
+.PHONY: all build test test-short check fresh-check generate bench lab lab-down lab-upgrade kube-tools image clean $(BINARIES)
 
 all: build
 
@@ -42,6 +42,14 @@ check:
 
 bench:
 	./hack/bench.sh
+
+# The install steps proven on a fresh Debian 12 root (cached debootstrap
+# minbase + git make gcc ca-certificates) under systemd-nspawn, on a fresh
+# clone of HEAD: hack/deps.sh, make check, make build, make test-short and
+# the tests that need no namespaces (docs/ci.md, "make fresh-check").
+# FRESH_REF=COMMIT checks another commit.
+fresh-check:
+	./hack/fresh-check.sh $(FRESH_REF)
 
 lab: build
 	./hack/lab.sh up

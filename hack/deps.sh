@@ -1,11 +1,22 @@
 #!/usr/bin/env bash
-# Installs the Debian packages Kiln's tests and lab need (as root), without
-# starting any of their system services. Used by .ci/run and make lab.
+# Installs the Debian packages Kiln's checks, tests, lab and benchmarks need
+# (make check, make test, make lab, make bench), as root, without starting
+# any of their system services. Used by .ci/run and make lab.
+#
+# Packages are installed with --no-install-recommends, so everything a step
+# uses is listed here, recommends included (libprotobuf-dev is only a
+# recommend of protobuf-compiler, qemu-block-extra only of qemu-system-x86).
+# make fresh-check proves the list on a fresh Debian 12 root (docs/ci.md).
 set -euo pipefail
 say() { echo "deps: $*"; }
 pkgs=(
-  # generation and checks
-  protobuf-compiler openssl
+  # generation and checks: protoc and the well-known .proto files
+  # (google/protobuf/timestamp.proto, ...) it compiles against
+  protobuf-compiler libprotobuf-dev openssl
+  # the C headers cgo needs: with gcc on PATH, go builds runtime/cgo (the
+  # agent's dependency test, go vet) and fails without them (libc6-dev is
+  # only a recommend of gcc)
+  libc6-dev
   # BMC peers
   openipmi ipmitool
   # host operations, namespaces, systemd hosts
@@ -14,8 +25,12 @@ pkgs=(
   # disks and images
   zstd bmap-tools qemu-utils dosfstools mtools fdisk e2fsprogs xorriso cpio busybox-static
   grub-pc-bin grub-efi-amd64-bin grub-common
-  # VMs and PXE; libvirtd for the libvirt backend (tests run a private one)
-  qemu-system-x86 ovmf ipxe-qemu dnsmasq-base syslinux syslinux-common
+  # make bench: hack/bench/lay.sh (with qemu-utils, bmap-tools, zstd above)
+  # sums CPU times with bc
+  bc
+  # VMs and PXE; qemu-block-extra holds QEMU's curl block driver (media
+  # inserted by URL); libvirtd for the libvirt backend (tests run a private one)
+  qemu-system-x86 qemu-block-extra ovmf ipxe-qemu seabios dnsmasq-base syslinux syslinux-common
   libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients
 )
 missing=()
