@@ -102,8 +102,16 @@ type Config struct {
 	// AgentReachable=False (DefaultAgentSilence).
 	AgentSilence time.Duration
 	// Lifecycle runs the host lifecycle (controller/provision: power, agent
-	// boot media, image laying) on the leader. Off by default.
+	// boot media, image laying) and the cluster executor
+	// (controller/clusterexec) on the leader. Off in a zero Config, which
+	// tests use to keep hosts still; `kiln-controller run` turns it on
+	// unless --api-only.
 	Lifecycle bool
+	// APIOnly serves the API and nothing else: the replica neither runs
+	// the lifecycle nor campaigns for leadership, so a replica that does
+	// run it always leads (`kiln-controller run --api-only`, see
+	// docs/controller.md). Excludes Lifecycle and Simulate.
+	APIOnly bool
 	// BootURL is the boot server's public URL; the agent ISO of host H is
 	// BootURL/boot/iso/H.iso (bootserver.ISOURL).
 	BootURL string
@@ -204,6 +212,9 @@ func New(cfg Config, log *slog.Logger) (*Controller, error) {
 		if cfg.BootMediaDir == "" {
 			return nil, errdefs.InvalidArgument("controller: the boot server needs a boot media directory (--boot-media-dir)")
 		}
+	}
+	if cfg.APIOnly && (cfg.Lifecycle || cfg.Simulate > 0) {
+		return nil, errdefs.InvalidArgument("controller: an API-only replica runs no lifecycle: drop --api-only, or --lifecycle and --simulate")
 	}
 	if err := checkEtcdTLS(cfg); err != nil {
 		return nil, err

@@ -235,7 +235,7 @@ func (l *Lab) StartController(ctx context.Context) error {
 		return errdefs.AlreadyExists("lab: a controller already runs (%s)", strings.TrimSpace(string(id)))
 	}
 	args := []string{"run", "--data-dir", l.DataDir(), "--listen", l.APIAddr(), "--server-name", l.Gateway(),
-		"--lifecycle", "--boot-listen", net.JoinHostPort(l.Gateway(), strconv.Itoa(BootPort)),
+		"--boot-listen", net.JoinHostPort(l.Gateway(), strconv.Itoa(BootPort)),
 		"--boot-url", l.BootURL(), "--boot-media-dir", l.cfg.MediaDir, "--image-dir", l.cfg.ImageDir,
 		"--controller-url", "https://" + l.APIAddr(), "--heartbeat-interval", l.cfg.HeartbeatInterval.String()}
 	args = append(args, l.cfg.ControllerArgs...)
