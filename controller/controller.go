@@ -366,16 +366,27 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		_ = elector.Run(ctx, func(lctx context.Context) {
-			c.log.Info("leading: reconcilers started")
-			stopLife := c.runLifecycle(lctx, st, rec, ca, enr, addr)
-			c.reconcile(lctx, st, rec)
-			stopLife()
-			c.log.Info("reconcilers stopped")
-		})
-	}()
+	if c.cfg.APIOnly {
+		// An API-only replica stays out of the election, so the leader is
+		// always a replica that runs the lifecycle; it says so on the hosts
+		// when there is none.
+		c.log.Info("api-only: serving the API; no lifecycle, no reconcilers")
+		go func() {
+			defer wg.Done()
+			c.watchForLeader(ctx, elector, st, rec)
+		}()
+	} else {
+		go func() {
+			defer wg.Done()
+			_ = elector.Run(ctx, func(lctx context.Context) {
+				c.log.Info("leading: reconcilers started")
+				stopLife := c.runLifecycle(lctx, st, rec, ca, enr, addr)
+				c.reconcile(lctx, st, rec)
+				stopLife()
+				c.log.Info("reconcilers stopped")
+			})
+		}()
+	}
 
 	select {
 	case <-ctx.Done():
@@ -400,7 +411,7 @@ func (c *Controller) Run(ctx context.Context) error {
 // runLifecycle starts the host lifecycle executor when configured and
 // returns a function that waits for it to end (after lctx ends).
 func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *events.Recorder, ca *pki.CA, enr *enrollment.Service, addr string) func() {
-	if !c.cfg.Lifecycle && c.cfg.Simulate <= 0 {
+	if !c.runsLifecycle() {
 		return func() {}
 	}
 	cfg := provision.Config{
