@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -362,14 +361,4 @@ func tailFile(path string, n int) string {
 	}
 	ls := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 	return strings.Join(ls[max(0, len(ls)-n):], "\n")
-}
-
-// sortedKeys returns m's keys in order.
-func sortedKeys[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	slices.Sort(ks)
-	return ks
 }
