@@ -102,8 +102,16 @@ type Config struct {
 	// AgentReachable=False (DefaultAgentSilence).
 	AgentSilence time.Duration
 	// Lifecycle runs the host lifecycle (controller/provision: power, agent
-	// boot media, image laying) on the leader. Off by default.
+	// boot media, image laying) and the cluster executor
+	// (controller/clusterexec) on the leader. Off in a zero Config, which
+	// tests use to keep hosts still; `kiln-controller run` turns it on
+	// unless --api-only.
 	Lifecycle bool
+	// APIOnly serves the API and nothing else: the replica neither runs
+	// the lifecycle nor campaigns for leadership, so a replica that does
+	// run it always leads (`kiln-controller run --api-only`, see
+	// docs/controller.md). Excludes Lifecycle and Simulate.
+	APIOnly bool
 	// BootURL is the boot server's public URL; the agent ISO of host H is
 	// BootURL/boot/iso/H.iso (bootserver.ISOURL).
 	BootURL string
@@ -204,6 +212,9 @@ func New(cfg Config, log *slog.Logger) (*Controller, error) {
 		if cfg.BootMediaDir == "" {
 			return nil, errdefs.InvalidArgument("controller: the boot server needs a boot media directory (--boot-media-dir)")
 		}
+	}
+	if cfg.APIOnly && (cfg.Lifecycle || cfg.Simulate > 0) {
+		return nil, errdefs.InvalidArgument("controller: an API-only replica runs no lifecycle: drop --api-only, or --lifecycle and --simulate")
 	}
 	if err := checkEtcdTLS(cfg); err != nil {
 		return nil, err
@@ -355,16 +366,27 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		_ = elector.Run(ctx, func(lctx context.Context) {
-			c.log.Info("leading: reconcilers started")
-			stopLife := c.runLifecycle(lctx, st, rec, ca, enr, addr)
-			c.reconcile(lctx, st, rec)
-			stopLife()
-			c.log.Info("reconcilers stopped")
-		})
-	}()
+	if c.cfg.APIOnly {
+		// An API-only replica stays out of the election, so the leader is
+		// always a replica that runs the lifecycle; it says so on the hosts
+		// when there is none.
+		c.log.Info("api-only: serving the API; no lifecycle, no reconcilers")
+		go func() {
+			defer wg.Done()
+			c.watchForLeader(ctx, elector, st, rec)
+		}()
+	} else {
+		go func() {
+			defer wg.Done()
+			_ = elector.Run(ctx, func(lctx context.Context) {
+				c.log.Info("leading: reconcilers started")
+				stopLife := c.runLifecycle(lctx, st, rec, ca, enr, addr)
+				c.reconcile(lctx, st, rec)
+				stopLife()
+				c.log.Info("reconcilers stopped")
+			})
+		}()
+	}
 
 	select {
 	case <-ctx.Done():
@@ -389,7 +411,7 @@ func (c *Controller) Run(ctx context.Context) error {
 // runLifecycle starts the host lifecycle executor when configured and
 // returns a function that waits for it to end (after lctx ends).
 func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *events.Recorder, ca *pki.CA, enr *enrollment.Service, addr string) func() {
-	if !c.cfg.Lifecycle && c.cfg.Simulate <= 0 {
+	if !c.runsLifecycle() {
 		return func() {}
 	}
 	cfg := provision.Config{

@@ -16,13 +16,14 @@ import (
 )
 
 // reconcile runs the leader's loops until ctx ends. For now: hosts whose
-// agent stopped sending heartbeats get AgentReachable=False, and
-// enrollment tokens are deleted a while after they expire.
+// agent stopped sending heartbeats get AgentReachable=False, a leader
+// that runs the lifecycle removes LifecycleRunning=False (lifecycle.go),
+// and enrollment tokens are deleted a while after they expire.
 func (c *Controller) reconcile(ctx context.Context, st *store.Store, rec *events.Recorder) {
 	t := time.NewTicker(c.cfg.ReconcileInterval)
 	defer t.Stop()
 	for {
-		c.markSilentAgents(ctx, st, rec)
+		c.reconcileHosts(ctx, st, rec)
 		c.deleteExpiredTokens(ctx, st)
 		select {
 		case <-ctx.Done():
@@ -32,41 +33,29 @@ func (c *Controller) reconcile(ctx context.Context, st *store.Store, rec *events
 	}
 }
 
-// markSilentAgents lists the hosts page by page and marks those whose
-// agent went silent.
-func (c *Controller) markSilentAgents(ctx context.Context, st *store.Store, rec *events.Recorder) {
-	newHost := func() proto.Message { return &typesv1.Host{} }
-	cont := ""
-	for {
-		items, next, err := st.List(ctx, "hosts", newHost, store.ListOptions{Limit: 500, Continue: cont})
-		if err != nil {
-			if ctx.Err() == nil {
-				c.log.Warn("liveness: list hosts", "err", err)
-			}
-			return
-		}
-		for _, it := range items {
-			now := c.cfg.Clock()
-			cond := liveness.Decide(it.Msg.(*typesv1.Host), now, c.cfg.AgentSilence)
-			if cond == nil {
-				continue
-			}
-			h := it.Msg.(*typesv1.Host)
+// runsLifecycle reports whether this replica runs the host lifecycle
+// when it leads.
+func (c *Controller) runsLifecycle() bool { return c.cfg.Lifecycle || c.cfg.Simulate > 0 }
+
+// reconcileHosts marks the hosts whose agent went silent and, when this
+// replica runs the lifecycle, clears LifecycleRunning=False.
+func (c *Controller) reconcileHosts(ctx context.Context, st *store.Store, rec *events.Recorder) {
+	silent := map[string]*typesv1.Condition{}
+	c.updateHosts(ctx, st, func(h *typesv1.Host, now time.Time) bool {
+		changed := c.runsLifecycle() && clearLifecycleDisabled(h)
+		if cond := liveness.Decide(h, now, c.cfg.AgentSilence); cond != nil {
 			h.Status.Conditions, _ = conditions.Set(h.Status.Conditions, cond, now)
-			if _, err := st.Update(ctx, "hosts", it.Name, h, it.Rev); err != nil {
-				if !errdefs.IsConflict(err) && !errdefs.IsNotFound(err) {
-					c.log.Warn("liveness: update host", "host", it.Name, "err", err)
-				}
-				continue // a heartbeat or apply won the race: look again next round
-			}
-			c.log.Info("agent unreachable", "host", it.Name, "reason", cond.GetReason())
-			rec.Record(ctx, "hosts", it.Name, events.Warning, liveness.ReasonHeartbeatMissed, cond.GetMessage())
+			silent[h.GetMetadata().GetName()] = cond
+			changed = true
 		}
-		if next == "" {
-			return
+		return changed
+	}, func(h *typesv1.Host) {
+		name := h.GetMetadata().GetName()
+		if cond := silent[name]; cond != nil {
+			c.log.Info("agent unreachable", "host", name, "reason", cond.GetReason())
+			rec.Record(ctx, "hosts", name, events.Warning, liveness.ReasonHeartbeatMissed, cond.GetMessage())
 		}
-		cont = next
-	}
+	})
 }
 
 // tokenRetention keeps expired tokens around for a while, so an agent

@@ -85,6 +85,7 @@ func runCmd() *cobra.Command {
 		heartbeat   time.Duration
 		silence     time.Duration
 		lifecycle   bool
+		apiOnly     bool
 		bootURL     string
 		ctlURL      string
 		simulate    int
@@ -105,7 +106,9 @@ func runCmd() *cobra.Command {
 			cfg.ElectionTTL = electionTTL
 			cfg.HeartbeatInterval = heartbeat
 			cfg.AgentSilence = silence
-			cfg.Lifecycle = lifecycle
+			if cfg.Lifecycle, cfg.APIOnly, err = lifecycleMode(lifecycle, cmd.Flags().Changed("lifecycle"), apiOnly, simulate); err != nil {
+				return err
+			}
 			cfg.BootURL = bootURL
 			cfg.ControllerURL = ctlURL
 			cfg.Simulate = simulate
@@ -137,12 +140,31 @@ func runCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&electionTTL, "election-ttl", controller.DefaultElectionTTL, "leader lease; a crashed leader is replaced after about this long")
 	cmd.Flags().DurationVar(&heartbeat, "heartbeat-interval", 10*time.Second, "interval agents are told to send heartbeats at")
 	cmd.Flags().DurationVar(&silence, "agent-silence", 0, "silence after which a host is marked AgentReachable=False (default 3 heartbeat intervals)")
-	cmd.Flags().BoolVar(&lifecycle, "lifecycle", false, "run the host lifecycle (power hosts through their BMCs, boot the agent media, lay images; docs/lifecycle.md) and the cluster executor (bind Machines to hosts, kubeadm init/join through the agent; docs/clusters.md)")
+	cmd.Flags().BoolVar(&apiOnly, "api-only", false, "serve the API only: run neither the host lifecycle (power hosts through their BMCs, boot the agent media, lay images; docs/lifecycle.md) nor the cluster executor (bind Machines to hosts, kubeadm init/join through the agent; docs/clusters.md), and stay out of the leader election; for extra API replicas next to one that runs them (docs/controller.md)")
+	cmd.Flags().BoolVar(&lifecycle, "lifecycle", true, "run the host lifecycle and the cluster executor (the default); --lifecycle=false is --api-only")
+	_ = cmd.Flags().MarkDeprecated("lifecycle", "the lifecycle runs by default; use --api-only to turn it off")
 	cmd.Flags().StringVar(&bootURL, "boot-url", "", "public URL of the boot server (agent ISOs for virtual media; default http://<--boot-listen> when that is an IP address)")
 	cmd.Flags().StringVar(&ctlURL, "controller-url", "", "URL installed and boot agents reach the API at (default https://<listen address>)")
 	boot.bind(cmd)
-	cmd.Flags().IntVar(&simulate, "simulate", 0, "create N simulated hosts with simulated BMCs and agents and provision them (demo; implies --lifecycle)")
+	cmd.Flags().IntVar(&simulate, "simulate", 0, "create N simulated hosts with simulated BMCs and agents and provision them (demo)")
 	return cmd
+}
+
+// lifecycleMode turns the --lifecycle (set: given on the command line),
+// --api-only and --simulate flags into Config.Lifecycle and Config.APIOnly:
+// the lifecycle runs unless --api-only or --lifecycle=false. It returns
+// an error for flags that contradict each other.
+func lifecycleMode(lifecycle, set, apiOnly bool, simulate int) (run, only bool, err error) {
+	if !apiOnly && lifecycle {
+		return true, false, nil
+	}
+	if apiOnly && set && lifecycle {
+		return false, false, fmt.Errorf("--api-only and --lifecycle contradict each other: an API-only replica runs no lifecycle")
+	}
+	if simulate > 0 {
+		return false, false, fmt.Errorf("--simulate drives simulated hosts through the lifecycle: it cannot run with --api-only (or --lifecycle=false)")
+	}
+	return false, true, nil
 }
 
 func operatorCertCmd() *cobra.Command {

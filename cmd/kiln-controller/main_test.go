@@ -146,3 +146,39 @@ func TestVersion(t *testing.T) {
 		t.Errorf("version printed nothing")
 	}
 }
+
+func TestLifecycleMode(t *testing.T) {
+	tests := []struct {
+		args          []string
+		run, apiOnly  bool
+		wantErrSubstr string
+	}{
+		{args: nil, run: true},
+		{args: []string{"--lifecycle"}, run: true},
+		{args: []string{"--simulate", "3"}, run: true},
+		{args: []string{"--api-only"}, apiOnly: true},
+		{args: []string{"--lifecycle=false"}, apiOnly: true},
+		{args: []string{"--api-only", "--lifecycle"}, wantErrSubstr: "contradict"},
+		{args: []string{"--api-only", "--simulate", "3"}, wantErrSubstr: "--simulate"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			cmd := runCmd()
+			require.NoError(t, cmd.ParseFlags(tt.args))
+			lifecycle, _ := cmd.Flags().GetBool("lifecycle")
+			apiOnly, _ := cmd.Flags().GetBool("api-only")
+			simulate, _ := cmd.Flags().GetInt("simulate")
+			run, only, err := lifecycleMode(lifecycle, cmd.Flags().Changed("lifecycle"), apiOnly, simulate)
+			if tt.wantErrSubstr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErrSubstr) {
+					t.Errorf("lifecycleMode(%q) = %v, want an error containing %q", tt.args, err, tt.wantErrSubstr)
+				}
+				return
+			}
+			require.NoError(t, err)
+			if run != tt.run || only != tt.apiOnly {
+				t.Errorf("lifecycleMode(%q) = lifecycle %v, api-only %v; want %v, %v", tt.args, run, only, tt.run, tt.apiOnly)
+			}
+		})
+	}
+}

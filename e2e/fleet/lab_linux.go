@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -235,7 +234,7 @@ func (l *Lab) StartController(ctx context.Context) error {
 		return errdefs.AlreadyExists("lab: a controller already runs (%s)", strings.TrimSpace(string(id)))
 	}
 	args := []string{"run", "--data-dir", l.DataDir(), "--listen", l.APIAddr(), "--server-name", l.Gateway(),
-		"--lifecycle", "--boot-listen", net.JoinHostPort(l.Gateway(), strconv.Itoa(BootPort)),
+		"--boot-listen", net.JoinHostPort(l.Gateway(), strconv.Itoa(BootPort)),
 		"--boot-url", l.BootURL(), "--boot-media-dir", l.cfg.MediaDir, "--image-dir", l.cfg.ImageDir,
 		"--controller-url", "https://" + l.APIAddr(), "--heartbeat-interval", l.cfg.HeartbeatInterval.String()}
 	args = append(args, l.cfg.ControllerArgs...)
@@ -362,14 +361,4 @@ func tailFile(path string, n int) string {
 	}
 	ls := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 	return strings.Join(ls[max(0, len(ls)-n):], "\n")
-}
-
-// sortedKeys returns m's keys in order.
-func sortedKeys[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	slices.Sort(ks)
-	return ks
 }

@@ -62,3 +62,14 @@ func Set(list []*typesv1.Condition, c *typesv1.Condition, now time.Time) ([]*typ
 func New(t, status, reason, message string) *typesv1.Condition {
 	return &typesv1.Condition{Type: t, Status: status, Reason: reason, Message: message}
 }
+
+// Remove drops the condition of type t from list. It returns the new list
+// and whether it held one.
+func Remove(list []*typesv1.Condition, t string) ([]*typesv1.Condition, bool) {
+	for i, c := range list {
+		if c.GetType() == t {
+			return append(list[:i:i], list[i+1:]...), true
+		}
+	}
+	return list, false
+}

@@ -32,7 +32,7 @@ func main() {
 type flags struct {
 	name, dir, bin, subnet, cluster, clusterName, imageSpec, tagDate string
 	hosts, ipmi                                             int
-	timeout                                                 time.Duration
+	timeout, stallTimeout                                   time.Duration
 }
 
 func (f *flags) lab(imageDir string) (*fleet.Lab, error) {
@@ -75,6 +75,7 @@ func command() *cobra.Command {
 	up.Flags().StringVar(&f.tagDate, "tag-date", "", "yyyymmdd in the lab image's tag instead of the day its OS packages were fetched (the cluster names its image by labels, so any date works)")
 	up.Flags().StringVar(&f.clusterName, "cluster-name", "lab", "name of the Cluster in --cluster, to wait for")
 	up.Flags().DurationVar(&f.timeout, "timeout", 45*time.Minute, "give up when the cluster is not Ready by then")
+	up.Flags().DurationVar(&f.stallTimeout, "stall-timeout", 5*time.Minute, "stop early when nothing has changed for this long, printing the blocked objects' conditions and kilnctl describe cluster (0: wait for --timeout)")
 
 	down := &cobra.Command{
 		Use:   "down",

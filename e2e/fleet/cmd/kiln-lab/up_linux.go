@@ -56,8 +56,17 @@ func up(ctx context.Context, f *flags) error {
 	step("provisioning: powering hosts through their BMCs, laying the image, kubeadm (progress below; the controller log is %s)", lab.ControllerLog())
 	wctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	if _, err := lab.Watch(wctx, f.clusterName, 2*time.Second, (*fleet.Snapshot).Ready); err != nil {
-		return fmt.Errorf("%w\n(kilnctl describe cluster %s shows every condition; make lab-down removes the lab)", err, f.clusterName)
+	if _, err := lab.WatchStall(wctx, f.clusterName, 2*time.Second, f.stallTimeout, (*fleet.Snapshot).Ready); err != nil {
+		// Show what the user would look at next, then fail.
+		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer dcancel()
+		describe, derr := lab.Kilnctl(dctx, nil, "describe", "cluster", f.clusterName)
+		if derr != nil {
+			describe = derr.Error()
+		}
+		fmt.Printf("\n$ kilnctl describe cluster %s\n%s\n", f.clusterName, describe)
+		return fmt.Errorf("%w\n(export KILNCONFIG=%s; kilnctl describe cluster %s shows every condition; the controller log is %s; make lab-down removes the lab)",
+			err, lab.Kilnconfig(), f.clusterName, lab.ControllerLog())
 	}
 	kubeconfig := filepath.Join(f.dir, "kubeconfig")
 	if _, err := lab.Kilnctl(ctx, nil, "kubeconfig", f.clusterName, "-o", kubeconfig); err != nil {
