@@ -144,7 +144,7 @@ func TestDescribeOutput(t *testing.T) {
 		"Labels:     rack=rack1\n",
 		"Created:    2026-12-02T13:55:00Z (5m ago)\n",
 		"Spec:\n  bmc:\n    protocol: redfish\n    address: https://10.0.0.5\n    passwordSet: true\n",
-		"Status:\n  state: HOST_STATE_INSPECTING\n  power: \"on\"\n",
+		"Status:\n  state: Inspecting\n  power: \"on\"\n",
 		"Conditions:\n  TYPE          STATUS  REASON             MESSAGE                                    AGE\n",
 		"  BMCReachable  False   ConnectionRefused  dial tcp 10.0.0.5:443: connection refused  30s\n",
 		"Events:\n  AGE  TYPE     REASON          MESSAGE\n  20s  Warning  BMCUnreachable  power on: connection refused\n",
