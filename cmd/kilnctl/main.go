@@ -19,6 +19,6 @@ func main() {
 	stop()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
-		os.Exit(1)
+		os.Exit(cli.ExitCode(err)) // 3: a wait stalled; 1: any other error
 	}
 }

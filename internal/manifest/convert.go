@@ -169,15 +169,26 @@ func (c *converter) single(n *yaml.Node, fd protoreflect.FieldDescriptor, path s
 		}
 		return f, true
 	case protoreflect.EnumKind:
+		// The API's word (Provisioned), or the proto name
+		// (HOST_STATE_PROVISIONED) that kilnctl once printed.
 		values := fd.Enum().Values()
-		if tag == "!!str" && values.ByName(protoreflect.Name(n.Value)) != nil {
-			return n.Value, true
+		if tag == "!!str" {
+			if values.ByName(protoreflect.Name(n.Value)) != nil {
+				return n.Value, true
+			}
+			for i := 0; i < values.Len(); i++ {
+				if EnumWord(values.Get(i)) == n.Value {
+					return string(values.Get(i).Name()), true
+				}
+			}
 		}
-		names := make([]string, values.Len())
-		for i := range names {
-			names[i] = string(values.Get(i).Name())
+		var words []string
+		for i := 0; i < values.Len(); i++ {
+			if values.Get(i).Number() != 0 {
+				words = append(words, EnumWord(values.Get(i)))
+			}
 		}
-		c.fail(n, path, "%q is not one of %s", n.Value, strings.Join(names, ", "))
+		c.fail(n, path, "%q is not one of %s", n.Value, strings.Join(words, ", "))
 		return nil, false
 	}
 	c.fail(n, path, "fields of type %v cannot be set from YAML", fd.Kind())

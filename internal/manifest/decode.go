@@ -23,6 +23,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -286,4 +287,40 @@ func decodeDocument(file string, n *yaml.Node, errs *Error) *Document {
 	r.ProtoReflect().Set(fd, protoreflect.ValueOfMessage(msg.ProtoReflect()))
 	d.Resource = r
 	return d
+}
+
+// UnmarshalMessage reads into m one message (a spec, a status) written by
+// MarshalMessage or by MarshalJSON, with the checks of Decode: unknown
+// fields and wrong types are an *Error (class errdefs.InvalidArgument)
+// naming file and line. Enums take the API's word or the proto name.
+func UnmarshalMessage(file string, data []byte, m proto.Message) error {
+	var n yaml.Node
+	if err := yaml.Unmarshal(data, &n); err != nil {
+		line, msg := yamlErrorLine(err)
+		errs := &Error{}
+		errs.add(file, line, "", "%s", msg)
+		return errs
+	}
+	root := &n
+	if root.Kind == yaml.DocumentNode {
+		if len(root.Content) == 0 {
+			return nil
+		}
+		root = root.Content[0]
+	}
+	errs := &Error{}
+	c := &converter{file: file, errs: errs, lines: map[string]int{}}
+	val, ok := c.message(deref(root), m.ProtoReflect().Descriptor(), "")
+	if !ok {
+		return errs.orNil()
+	}
+	b, err := json.Marshal(val)
+	if err != nil {
+		return fmt.Errorf("manifest: encode: %w", err)
+	}
+	if err := protojson.Unmarshal(b, m); err != nil {
+		errs.add(file, root.Line, "", "%v", err)
+		return errs
+	}
+	return nil
 }

@@ -4,13 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"go.yaml.in/yaml/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -80,24 +81,90 @@ func MarshalAll(rs []*controllerv1.Resource) ([]byte, error) {
 	return bytes.Join(parts, []byte("---\n")), nil
 }
 
-// MarshalJSON returns the object r holds as indented protojson.
+// MarshalJSON returns the object r holds as indented JSON: the document
+// Marshal writes, in the same order and with the same words (enums by
+// their short word, times in RFC 3339, 64-bit integers as numbers), so
+// YAML and JSON output say the same thing and both apply again.
 func MarshalJSON(r *controllerv1.Resource) ([]byte, error) {
 	m, err := Object(r)
 	if err != nil {
 		return nil, err
 	}
-	b, err := protojson.Marshal(m)
-	if err != nil {
+	var buf bytes.Buffer
+	if err := writeJSON(&buf, messageNode(m.ProtoReflect()), ""); err != nil {
 		return nil, fmt.Errorf("manifest: encode json: %w", err)
 	}
-	// protojson varies its whitespace on purpose; give scripts and diffs
-	// a stable form.
-	var out bytes.Buffer
-	if err := json.Indent(&out, b, "", "  "); err != nil {
-		return nil, fmt.Errorf("manifest: encode json: %w", err)
+	buf.WriteByte('\n')
+	return buf.Bytes(), nil
+}
+
+// writeJSON writes the node tree messageNode builds as JSON indented by
+// two spaces per level, keys in the tree's order.
+func writeJSON(buf *bytes.Buffer, n *yaml.Node, indent string) error {
+	inner := indent + "  "
+	switch n.Kind {
+	case yaml.MappingNode:
+		if len(n.Content) == 0 {
+			buf.WriteString("{}")
+			return nil
+		}
+		buf.WriteString("{")
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if i > 0 {
+				buf.WriteString(",")
+			}
+			buf.WriteString("\n" + inner)
+			if err := writeJSONString(buf, n.Content[i].Value); err != nil {
+				return err
+			}
+			buf.WriteString(": ")
+			if err := writeJSON(buf, n.Content[i+1], inner); err != nil {
+				return err
+			}
+		}
+		buf.WriteString("\n" + indent + "}")
+	case yaml.SequenceNode:
+		if len(n.Content) == 0 {
+			buf.WriteString("[]")
+			return nil
+		}
+		buf.WriteString("[")
+		for i, e := range n.Content {
+			if i > 0 {
+				buf.WriteString(",")
+			}
+			buf.WriteString("\n" + inner)
+			if err := writeJSON(buf, e, inner); err != nil {
+				return err
+			}
+		}
+		buf.WriteString("\n" + indent + "]")
+	default:
+		switch n.Tag {
+		case "!!bool", "!!int":
+			buf.WriteString(n.Value)
+		case "!!float":
+			if f, err := strconv.ParseFloat(n.Value, 64); err != nil || math.IsInf(f, 0) || math.IsNaN(f) {
+				// JSON has no NaN or infinity; protojson writes them as
+				// strings too.
+				return writeJSONString(buf, n.Value)
+			}
+			buf.WriteString(n.Value)
+		default:
+			return writeJSONString(buf, n.Value)
+		}
 	}
-	out.WriteByte('\n')
-	return out.Bytes(), nil
+	return nil
+}
+
+func writeJSONString(buf *bytes.Buffer, s string) error {
+	enc := json.NewEncoder(buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(s); err != nil {
+		return err
+	}
+	buf.Truncate(buf.Len() - 1) // Encode ends with a newline
+	return nil
 }
 
 func messageNode(m protoreflect.Message) *yaml.Node {
@@ -152,7 +219,7 @@ func scalarNode(fd protoreflect.FieldDescriptor, v protoreflect.Value) *yaml.Nod
 		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: strconv.FormatBool(v.Bool())}
 	case protoreflect.EnumKind:
 		if ev := fd.Enum().Values().ByNumber(v.Enum()); ev != nil {
-			return strNode(string(ev.Name()))
+			return strNode(EnumWord(ev))
 		}
 		return &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: strconv.Itoa(int(v.Enum()))}
 	case protoreflect.FloatKind, protoreflect.DoubleKind:
@@ -176,6 +243,46 @@ func strNode(s string) *yaml.Node {
 		n.Style = yaml.DoubleQuotedStyle
 	}
 	return n
+}
+
+// EnumWord returns the word the API uses for an enum value, as tables
+// show it: the value's name without the enum's prefix, in CamelCase
+// (HOST_STATE_PROVISIONED of HostState is "Provisioned"). Decode takes
+// both the word and the full name.
+func EnumWord(ev protoreflect.EnumValueDescriptor) string {
+	name := string(ev.Name())
+	if e, ok := ev.Parent().(protoreflect.EnumDescriptor); ok {
+		name = strings.TrimPrefix(name, upperSnake(string(e.Name()))+"_")
+	}
+	var b strings.Builder
+	for _, w := range strings.Split(name, "_") {
+		if w == "" {
+			continue
+		}
+		b.WriteString(w[:1])
+		b.WriteString(strings.ToLower(w[1:]))
+	}
+	if b.Len() == 0 {
+		return name
+	}
+	return b.String()
+}
+
+// upperSnake turns an enum's type name into the prefix protobuf style
+// gives its values: HostState is HOST_STATE, BMCProtocol is BMC_PROTOCOL.
+func upperSnake(s string) string {
+	var b strings.Builder
+	for i, r := range s {
+		if i > 0 && unicode.IsUpper(r) {
+			prev := rune(s[i-1])
+			nextLower := i+1 < len(s) && unicode.IsLower(rune(s[i+1]))
+			if unicode.IsLower(prev) || unicode.IsDigit(prev) || (unicode.IsUpper(prev) && nextLower) {
+				b.WriteByte('_')
+			}
+		}
+		b.WriteRune(unicode.ToUpper(r))
+	}
+	return b.String()
 }
 
 var yaml11Bool = map[string]bool{"y": true, "yes": true, "n": true, "no": true, "on": true, "off": true}

@@ -1,13 +1,17 @@
 package manifest
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kilnhq/kiln/controller/validation"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -218,6 +222,14 @@ func TestMarshalRoundTrip(t *testing.T) {
 		if !proto.Equal(back[0].Resource, d.Resource) {
 			t.Errorf("Decode(Marshal(%s)) = %v, want %v\n%s", d.Summary(), back[0].Resource, d.Resource, b)
 		}
+		j, err := MarshalJSON(d.Resource)
+		require.NoError(t, err)
+		back, err = Decode("out.json", j)
+		require.NoError(t, err, "output:\n%s", j)
+		require.Len(t, back, 1)
+		if !proto.Equal(back[0].Resource, d.Resource) {
+			t.Errorf("Decode(MarshalJSON(%s)) = %v, want %v\n%s", d.Summary(), back[0].Resource, d.Resource, j)
+		}
 	}
 }
 
@@ -260,7 +272,7 @@ status:
 	j, err := MarshalJSON(&controllerv1.Resource{Kind: &controllerv1.Resource_MachineDeployment{MachineDeployment: md}})
 	require.NoError(t, err)
 	if !strings.Contains(string(j), `"maxSurge": "1"`) || !strings.HasPrefix(string(j), "{\n  \"apiVersion\": \"kiln.dev/v1\"") {
-		t.Errorf("MarshalJSON(md) = %s, want indented protojson starting with apiVersion", j)
+		t.Errorf("MarshalJSON(md) = %s, want indented JSON starting with apiVersion", j)
 	}
 }
 
@@ -278,5 +290,72 @@ func TestSuggest(t *testing.T) {
 		if got := suggest(tt.key, names); got != tt.want {
 			t.Errorf("suggest(%q) = %q, want %q", tt.key, got, tt.want)
 		}
+	}
+}
+
+func TestEnumWord(t *testing.T) {
+	values := typesv1.HostState(0).Descriptor().Values()
+	tests := []struct {
+		name protoreflect.Name
+		want string
+	}{
+		{"HOST_STATE_PROVISIONED", "Provisioned"},
+		{"HOST_STATE_REGISTERING", "Registering"},
+		{"HOST_STATE_ERROR", "Error"},
+		{"HOST_STATE_UNSPECIFIED", "Unspecified"},
+	}
+	for _, tt := range tests {
+		ev := values.ByName(tt.name)
+		require.NotNil(t, ev, tt.name)
+		if got := EnumWord(ev); got != tt.want {
+			t.Errorf("EnumWord(%s) = %q, want %q", tt.name, got, tt.want)
+		}
+	}
+	for in, want := range map[string]string{"HostState": "HOST_STATE", "BMCProtocol": "BMC_PROTOCOL", "State": "STATE"} {
+		if got := upperSnake(in); got != want {
+			t.Errorf("upperSnake(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// The outputs use the API's word for enums, as the tables do, and read
+// back to the same message, as does the proto name older kilnctls wrote.
+func TestEnumWordsRoundTrip(t *testing.T) {
+	st := &typesv1.HostStatus{State: typesv1.HostState_HOST_STATE_PROVISIONED, Power: "on", Machine: "lab-cp-1",
+		Conditions: []*typesv1.Condition{{Type: "Ready", Status: "True", ObservedGeneration: 4,
+			LastTransitionTime: timestamppb.New(time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC))}}}
+	host := &controllerv1.Resource{Kind: &controllerv1.Resource_Host{Host: &typesv1.Host{
+		Metadata: &typesv1.ObjectMeta{Name: "h1"}, Spec: &typesv1.HostSpec{BootMac: "52:54:00:00:00:01"}, Status: st}}}
+
+	y, err := Marshal(host)
+	require.NoError(t, err)
+	if !strings.Contains(string(y), "\n  state: Provisioned\n") || strings.Contains(string(y), "HOST_STATE") {
+		t.Errorf("Marshal(host) =\n%s\nwant status.state: Provisioned", y)
+	}
+	j, err := MarshalJSON(host)
+	require.NoError(t, err)
+	if !strings.Contains(string(j), `"state": "Provisioned"`) || strings.Contains(string(j), "HOST_STATE") {
+		t.Errorf("MarshalJSON(host) =\n%s\nwant \"state\": \"Provisioned\"", j)
+	}
+	var any map[string]any
+	require.NoError(t, json.Unmarshal(j, &any), "MarshalJSON output is JSON")
+
+	sy, err := MarshalMessage(st)
+	require.NoError(t, err)
+	for name, text := range map[string]string{
+		"yaml":       string(sy),
+		"proto name": strings.Replace(string(sy), "Provisioned", "HOST_STATE_PROVISIONED", 1),
+	} {
+		got := &typesv1.HostStatus{}
+		require.NoError(t, UnmarshalMessage("status.yaml", []byte(text), got), name)
+		if !proto.Equal(got, st) {
+			t.Errorf("UnmarshalMessage(%s) = %v, want %v", name, got, st)
+		}
+	}
+
+	err = UnmarshalMessage("status.yaml", []byte("state: Cooked\n"), &typesv1.HostStatus{})
+	want := `status.yaml:1: state: "Cooked" is not one of Registering, Inspecting, Available, Provisioning, Provisioned, Deprovisioning, Wiping, Error`
+	if err == nil || err.Error() != want {
+		t.Errorf("UnmarshalMessage(state: Cooked) = %v, want %s", err, want)
 	}
 }

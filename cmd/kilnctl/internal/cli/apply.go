@@ -26,7 +26,11 @@ anything is sent: when any document is bad, nothing is applied and every
 problem is listed as FILE:LINE: FIELD: MESSAGE.
 
 Prints one line per resource: "host/rack1-01 created", "configured" or
-"unchanged".`,
+"unchanged". Then, on standard error, a "Warning: ..." line for each
+reference to something that does not exist (an image, a cluster or a
+host, or a host selector matching no host): the controller stores such
+objects, but nothing happens to them until what they name exists.
+References to objects in the same apply count as existing.`,
 		Example: `  kilnctl apply -f examples/
   kilnctl apply -f cluster.yaml --dry-run`,
 		Args: cobra.NoArgs,
@@ -66,6 +70,9 @@ Prints one line per resource: "host/rack1-01 created", "configured" or
 			for _, r := range resp.GetResults() {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s/%s %s%s\n", strings.ToLower(r.GetKind()), r.GetName(), r.GetAction(), suffix)
 			}
+			a.warnDangling(cmd.Context(), c, req.Resources, func(w string) {
+				fmt.Fprintf(cmd.ErrOrStderr(), "Warning: %s\n", w)
+			})
 			return nil
 		},
 	}

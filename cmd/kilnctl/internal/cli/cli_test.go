@@ -110,8 +110,8 @@ func TestTable(t *testing.T) {
 	k, _ := lookupKind("host")
 	a := newApp(Options{Now: func() time.Time { return testNow }})
 	require.NoError(t, a.print(&buf, &buf, k, []*controllerv1.Resource{sampleHost()}, "", false))
-	want := "NAME       STATE        POWER   BMC       MACHINE   IMAGE   AGE\n" +
-		"rack1-01   Inspecting   on      redfish   -         -       5m\n"
+	want := "NAME       STATE        POWER   BMC       MACHINE   IMAGE   REASON              AGE\n" +
+		"rack1-01   Inspecting   on      redfish   -         -       ConnectionRefused   5m\n"
 	if buf.String() != want {
 		t.Errorf("get hosts =\n%s\nwant\n%s", buf.String(), want)
 	}
@@ -133,6 +133,91 @@ func TestTable(t *testing.T) {
 	}
 }
 
+// A stuck object says why in its table row: the reason of its most
+// telling blocking condition, and with -o wide its message too.
+func TestReasonColumn(t *testing.T) {
+	a := newApp(Options{Now: func() time.Time { return testNow }})
+	stuck := &typesv1.Condition{Type: "ImageResolved", Status: "False", Reason: "ImageNotFound", Severity: "Error",
+		Message: "image debian12-k8s1.34.4-20261202 not found; kilnctl get images lists 1: debian12-k8s1.34.4-20261203"}
+	notReady := &typesv1.Condition{Type: "Ready", Status: "False", Reason: "WaitingForHost"}
+	machine := &controllerv1.Resource{Kind: &controllerv1.Resource_Machine{Machine: &typesv1.Machine{
+		Metadata: &typesv1.ObjectMeta{Name: "lab-cp-x"},
+		Spec:     &typesv1.MachineSpec{Cluster: "lab", Role: "control-plane"},
+		Status:   &typesv1.MachineStatus{Phase: "Pending", Conditions: []*typesv1.Condition{notReady, stuck}},
+	}}}
+	cluster := &controllerv1.Resource{Kind: &controllerv1.Resource_Cluster{Cluster: &typesv1.Cluster{
+		Metadata: &typesv1.ObjectMeta{Name: "lab"},
+		Status:   &typesv1.ClusterStatus{Conditions: []*typesv1.Condition{notReady}},
+	}}}
+	failed := &controllerv1.Resource{Kind: &controllerv1.Resource_Host{Host: &typesv1.Host{
+		Metadata: &typesv1.ObjectMeta{Name: "h2"},
+		Status:   &typesv1.HostStatus{State: typesv1.HostState_HOST_STATE_ERROR, ErrorReason: "disk /dev/vda not found"},
+	}}}
+	healthy := &controllerv1.Resource{Kind: &controllerv1.Resource_Host{Host: &typesv1.Host{
+		Metadata: &typesv1.ObjectMeta{Name: "h3"},
+		Status: &typesv1.HostStatus{State: typesv1.HostState_HOST_STATE_AVAILABLE, Conditions: []*typesv1.Condition{
+			{Type: "BMCReachable", Status: "True"}, {Type: "BootstrapFailed", Status: "False", Reason: "Bootstrapped"}}},
+	}}}
+	tests := []struct {
+		kind   string
+		r      *controllerv1.Resource
+		output string
+		want   string // the REASON cell
+	}{
+		{"machine", machine, "", "ImageNotFound"},
+		{"machine", machine, "wide", "ImageNotFound: image debian12-k8s1.34.4-20261202 not found; kilnctl get im…"},
+		{"host", failed, "", "Error"},
+		{"host", failed, "wide", "Error: disk /dev/vda not found"},
+		{"host", healthy, "", "-"},
+		{"cluster", cluster, "wide", "WaitingForHost"},
+	}
+	for _, tt := range tests {
+		k, _ := lookupKind(tt.kind)
+		var buf bytes.Buffer
+		require.NoError(t, a.print(&buf, &buf, k, []*controllerv1.Resource{tt.r}, tt.output, false))
+		if got := tableCell(buf.String(), "REASON"); got != tt.want {
+			t.Errorf("get %s -o %q REASON = %q, want %q\n%s", tt.kind, tt.output, got, tt.want, buf.String())
+		}
+	}
+	// Without -o wide, only hosts and machines have the column.
+	for _, kind := range []string{"cluster", "cp", "md", "hc"} {
+		k, _ := lookupKind(kind)
+		var buf bytes.Buffer
+		require.NoError(t, a.print(&buf, &buf, k, []*controllerv1.Resource{cluster}, "", false))
+		if strings.Contains(buf.String(), "REASON") {
+			t.Errorf("get %s =\n%s\nwant no REASON column (only with -o wide)", kind, buf.String())
+		}
+		buf.Reset()
+		require.NoError(t, a.print(&buf, &buf, k, []*controllerv1.Resource{cluster}, "wide", false))
+		if !strings.Contains(buf.String(), "REASON") {
+			t.Errorf("get %s -o wide =\n%s\nwant a REASON column", kind, buf.String())
+		}
+	}
+}
+
+// tableCell returns the cell under header in the first row of a table.
+func tableCell(table, header string) string {
+	lines := strings.Split(table, "\n")
+	if len(lines) < 2 {
+		return ""
+	}
+	head, row := []rune(lines[0]), []rune(lines[1])
+	start := strings.Index(lines[0], header)
+	if start < 0 {
+		return ""
+	}
+	start = len([]rune(lines[0][:start]))
+	end := len(row)
+	// The next column starts where the header's next word does.
+	for i := start + len(header); i < len(head); i++ {
+		if head[i] != ' ' && head[i-1] == ' ' {
+			end = min(i, len(row))
+			break
+		}
+	}
+	return strings.TrimSpace(string(row[start:end]))
+}
+
 func TestDescribeOutput(t *testing.T) {
 	var buf bytes.Buffer
 	k, _ := lookupKind("host")
@@ -144,7 +229,7 @@ func TestDescribeOutput(t *testing.T) {
 		"Labels:     rack=rack1\n",
 		"Created:    2026-12-02T13:55:00Z (5m ago)\n",
 		"Spec:\n  bmc:\n    protocol: redfish\n    address: https://10.0.0.5\n    passwordSet: true\n",
-		"Status:\n  state: HOST_STATE_INSPECTING\n  power: \"on\"\n",
+		"Status:\n  state: Inspecting\n  power: \"on\"\n",
 		"Conditions:\n  TYPE          STATUS  REASON             MESSAGE                                    AGE\n",
 		"  BMCReachable  False   ConnectionRefused  dial tcp 10.0.0.5:443: connection refused  30s\n",
 		"Events:\n  AGE  TYPE     REASON          MESSAGE\n  20s  Warning  BMCUnreachable  power on: connection refused\n",

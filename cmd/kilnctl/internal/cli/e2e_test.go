@@ -234,7 +234,7 @@ func TestEndToEnd(t *testing.T) {
 		for _, want := range []string{
 			"Name:", "rack1-01", "Labels:", "class=worker,rack=rack1,region=eu1",
 			"Spec:\n  bmc:\n    protocol: redfish\n",
-			"Status:\n  state: HOST_STATE_REGISTERING\n",
+			"Status:\n  state: Registering\n",
 			"Conditions:\n  TYPE", "REASON", "MESSAGE",
 			"BMCReachable", "ConnectionRefused", "dial tcp 127.0.0.1:8001: connect: connection refused",
 			"Events:\n  AGE", "Applied", "Host created",
@@ -246,8 +246,19 @@ func TestEndToEnd(t *testing.T) {
 		if strings.Contains(out, "change-me") {
 			t.Errorf("kilnctl describe host rack1-01 shows the password:\n%s", out)
 		}
-		if got := mustKilnctl(t, admin, "get", "host", "rack1-01", "-o", "yaml"); !strings.Contains(got, "status:\n  state: HOST_STATE_REGISTERING\n  conditions:\n    - type: BMCReachable\n") {
+		if got := mustKilnctl(t, admin, "get", "host", "rack1-01", "-o", "yaml"); !strings.Contains(got, "status:\n  state: Registering\n  conditions:\n    - type: BMCReachable\n") {
 			t.Errorf("kilnctl get host rack1-01 -o yaml =\n%s\nwant the status with its condition", got)
+		}
+		// Both outputs use the table's word for the state and apply
+		// again unchanged, status and all.
+		js := mustKilnctl(t, admin, "get", "host", "rack1-01", "-o", "json")
+		if !strings.Contains(js, `"state": "Registering"`) || strings.Contains(js, "HOST_STATE") {
+			t.Errorf("kilnctl get host rack1-01 -o json =\n%s\nwant \"state\": \"Registering\"", js)
+		}
+		p := filepath.Join(t.TempDir(), "rack1-01.json")
+		require.NoError(t, os.WriteFile(p, []byte(js), 0o600))
+		if got := mustKilnctl(t, admin, "apply", "-f", p); got != "host/rack1-01 unchanged\n" {
+			t.Errorf("kilnctl apply -f <get -o json output> = %q, want unchanged", got)
 		}
 		if got := mustKilnctl(t, admin, "get", "hosts", "rack1-01"); !strings.Contains(got, "Registering") {
 			t.Errorf("kilnctl get hosts rack1-01 = %q, want STATE Registering", got)

@@ -20,6 +20,8 @@ type column struct {
 	header string
 	wide   bool // only with -o wide
 	value  func(r *controllerv1.Resource, now time.Time) string
+	// wideValue, when set, replaces value with -o wide.
+	wideValue func(r *controllerv1.Resource) string
 }
 
 func col(header string, f func(r *controllerv1.Resource) string) column {
@@ -50,6 +52,47 @@ func readyCol(conds func(r *controllerv1.Resource) []*typesv1.Condition) column 
 	})
 }
 
+// reasonWidth is how much of a blocking condition's message -o wide
+// shows; describe shows it whole.
+const reasonWidth = 60
+
+// blocking returns what keeps r from progressing: its most telling
+// blocking condition (conditions.Blocking), or nil. For a host without
+// one, its error_reason in the Error state stands in.
+func blocking(r *controllerv1.Resource) *typesv1.Condition {
+	if b := conditions.Blocking(conditionsOf(r)); len(b) > 0 {
+		return b[0]
+	}
+	if h := r.GetHost(); h != nil && h.GetStatus().GetState() == typesv1.HostState_HOST_STATE_ERROR && h.GetStatus().GetErrorReason() != "" {
+		return &typesv1.Condition{Type: "Error", Status: conditions.True, Reason: "Error", Message: h.GetStatus().GetErrorReason()}
+	}
+	return nil
+}
+
+// reasonCol is the REASON column: the blocking condition's reason, and
+// with -o wide its message too ("ImageNotFound: image x not found; ...").
+func reasonCol() column {
+	return column{
+		header: "REASON",
+		value: func(r *controllerv1.Resource, _ time.Time) string {
+			c := blocking(r)
+			if c == nil {
+				return "-"
+			}
+			return conditions.Summary(&typesv1.Condition{Type: c.GetType(), Status: c.GetStatus(), Reason: c.GetReason()}, 0)
+		},
+		wideValue: func(r *controllerv1.Resource) string { return dash(conditions.Summary(blocking(r), reasonWidth)) },
+	}
+}
+
+// wideReasonCol is reasonCol for kinds whose normal table has no room
+// for it: only with -o wide.
+func wideReasonCol() column {
+	c := reasonCol()
+	c.wide = true
+	return c
+}
+
 // columns per kind name.
 var columns = map[string][]column{
 	"Host": {
@@ -59,6 +102,7 @@ var columns = map[string][]column{
 		col("BMC", func(r *controllerv1.Resource) string { return dash(r.GetHost().GetSpec().GetBmc().GetProtocol()) }),
 		col("MACHINE", func(r *controllerv1.Resource) string { return dash(r.GetHost().GetStatus().GetMachine()) }),
 		col("IMAGE", func(r *controllerv1.Resource) string { return dash(r.GetHost().GetStatus().GetImage()) }),
+		reasonCol(),
 		ageCol,
 		wideCol("ADDRESS", func(r *controllerv1.Resource) string { return dash(r.GetHost().GetSpec().GetBmc().GetAddress()) }),
 		wideCol("BOOT-MAC", func(r *controllerv1.Resource) string { return dash(r.GetHost().GetSpec().GetBootMac()) }),
@@ -86,6 +130,7 @@ var columns = map[string][]column{
 		ageCol,
 		wideCol("ENDPOINT", func(r *controllerv1.Resource) string { return dash(r.GetCluster().GetSpec().GetControlPlaneEndpoint()) }),
 		wideCol("API-SERVER", func(r *controllerv1.Resource) string { return dash(r.GetCluster().GetStatus().GetApiServerVersion()) }),
+		wideReasonCol(),
 	},
 	"ControlPlane": {
 		nameCol(),
@@ -101,6 +146,7 @@ var columns = map[string][]column{
 		ageCol,
 		wideCol("IMAGE", func(r *controllerv1.Resource) string { return dash(r.GetControlPlane().GetSpec().GetImage()) }),
 		wideCol("ETCD-MEMBERS", func(r *controllerv1.Resource) string { return itoa(r.GetControlPlane().GetStatus().GetEtcdMembers()) }),
+		wideReasonCol(),
 	},
 	"MachineDeployment": {
 		nameCol(),
@@ -125,6 +171,7 @@ var columns = map[string][]column{
 			}
 			return fmt.Sprintf("RollingUpdate(surge=%s,unavailable=%s)", orDefault(s.GetMaxSurge(), "1"), orDefault(s.GetMaxUnavailable(), "0"))
 		}),
+		wideReasonCol(),
 	},
 	"Machine": {
 		nameCol(),
@@ -133,6 +180,7 @@ var columns = map[string][]column{
 		col("HOST", func(r *controllerv1.Resource) string { return dash(r.GetMachine().GetSpec().GetHost()) }),
 		col("VERSION", func(r *controllerv1.Resource) string { return dash(r.GetMachine().GetSpec().GetVersion()) }),
 		col("PHASE", func(r *controllerv1.Resource) string { return dash(r.GetMachine().GetStatus().GetPhase()) }),
+		reasonCol(),
 		ageCol,
 		wideCol("NODE", func(r *controllerv1.Resource) string { return dash(r.GetMachine().GetStatus().GetNodeName()) }),
 		wideCol("IMAGE", func(r *controllerv1.Resource) string { return dash(r.GetMachine().GetSpec().GetImage()) }),
@@ -152,6 +200,7 @@ var columns = map[string][]column{
 		wideCol("REMEDIATIONS-ALLOWED", func(r *controllerv1.Resource) string {
 			return itoa(r.GetHealthCheck().GetStatus().GetRemediationsAllowed())
 		}),
+		wideReasonCol(),
 	},
 }
 
@@ -161,6 +210,7 @@ var columns = map[string][]column{
 type table struct {
 	w      *tabwriter.Writer
 	cols   []column
+	wide   bool
 	now    func() time.Time
 	header bool
 }
@@ -172,7 +222,7 @@ func newTable(out io.Writer, k kind, wide bool, now func() time.Time) *table {
 			cols = append(cols, c)
 		}
 	}
-	return &table{w: tabwriter.NewWriter(out, 0, 8, 3, ' ', 0), cols: cols, now: now}
+	return &table{w: tabwriter.NewWriter(out, 0, 8, 3, ' ', 0), cols: cols, wide: wide, now: now}
 }
 
 func (t *table) row(prefix []string, r *controllerv1.Resource) {
@@ -190,6 +240,10 @@ func (t *table) row(prefix []string, r *controllerv1.Resource) {
 	vs := append([]string(nil), prefix...)
 	now := t.now()
 	for _, c := range t.cols {
+		if t.wide && c.wideValue != nil {
+			vs = append(vs, clean(c.wideValue(r)))
+			continue
+		}
 		vs = append(vs, clean(c.value(r, now)))
 	}
 	fmt.Fprintln(t.w, strings.Join(vs, "\t"))

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/errgrpc"
+	"github.com/kilnhq/kiln/internal/stall"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
@@ -26,11 +27,28 @@ const waitRetry = time.Second
 
 const forForm = "use --for condition=TYPE or --for condition=TYPE=STATUS (STATUS True, False or Unknown; default True), e.g. --for condition=Ready"
 
+// ErrStalled is the class of the error of a wait that stopped because
+// nothing changed for --stall-timeout; kilnctl exits 3 on it (ExitCode).
+var ErrStalled = errors.New("stalled")
+
+// ExitCode is kilnctl's exit status for the error Run returned: 0 for
+// nil, 3 for a stalled wait (ErrStalled), 1 for anything else (a timed
+// out wait among them).
+func ExitCode(err error) int {
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, ErrStalled):
+		return 3
+	}
+	return 1
+}
+
 func (a *app) waitCommand() *cobra.Command {
 	var forFlag string
-	var timeout time.Duration
+	var timeout, stallTimeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "wait KIND/NAME --for condition=TYPE[=STATUS] [--timeout D]",
+		Use:   "wait KIND/NAME --for condition=TYPE[=STATUS] [--timeout D] [--stall-timeout D]",
 		Short: "Wait until a resource's condition has a status",
 		Long: `Wait until a condition of a resource has a status (True unless given),
 like kubectl wait. wait watches the resource and prints a line to standard
@@ -38,13 +56,28 @@ error whenever its state or phase or its conditions change; when the
 condition holds it prints "KIND/NAME condition TYPE=STATUS met" and exits
 0. It exits 1, printing the last conditions with their reasons and
 messages, when --timeout passes or the resource is deleted. --timeout 0
-waits without limit. A controller that restarts is watched again.`,
-		Example: `  kilnctl wait cluster/lab --for condition=Ready --timeout 30m
+waits without limit. A controller that restarts is watched again.
+
+--stall-timeout D stops the wait early when nothing has changed for D:
+no resource version changed among the resource and what it is made of
+(a cluster's control planes, machine deployments, health checks,
+machines and their hosts; a control plane's or deployment's machines and
+their hosts; a machine's host). It then prints every blocking condition
+of those objects (KIND/NAME: TYPE=STATUS REASON: MESSAGE) and exits 3.
+A timeout exits 1.`,
+		Example: `  kilnctl wait cluster/lab --for condition=Ready --timeout 30m --stall-timeout 5m
   kilnctl wait host/h1 --for condition=Provisioned
   kilnctl wait machine/lab-cp-x7k2 --for condition=BootstrapFailed=False`,
-		Args: cobra.ExactArgs(1),
+		Args: cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			k, name, err := parseWaitTarget(args[0])
+			target := args[0]
+			if len(args) == 2 {
+				if strings.Contains(target, "/") {
+					return errdefs.InvalidArgument("wait: %q %q: name the resource as KIND/NAME or KIND NAME, e.g. cluster/lab or cluster lab", args[0], args[1])
+				}
+				target += "/" + args[1]
+			}
+			k, name, err := parseWaitTarget(target)
 			if err != nil {
 				return err
 			}
@@ -55,19 +88,27 @@ waits without limit. A controller that restarts is watched again.`,
 			if timeout < 0 {
 				return errdefs.InvalidArgument("wait: --timeout %v: use a positive duration such as 30s or 30m, or 0 to wait without limit", timeout)
 			}
+			if stallTimeout < 0 {
+				return errdefs.InvalidArgument("wait: --stall-timeout %v: use a positive duration such as 5m, or 0 not to stop early", stallTimeout)
+			}
 			c, err := a.client(cmd.Context())
 			if err != nil {
 				return err
 			}
 			w := &waiter{
 				a: a, c: c, k: k, name: name, cond: cond, want: want, timeout: timeout,
-				stderr: cmd.ErrOrStderr(),
+				stderr: cmd.ErrOrStderr(), now: a.opts.Now,
+			}
+			if stallTimeout > 0 {
+				w.stall = stall.New(stallTimeout)
+				w.stallPoll = min(waitResync, max(stallTimeout/5, 50*time.Millisecond))
 			}
 			return w.run(cmd.Context(), cmd.OutOrStdout())
 		},
 	}
 	cmd.Flags().StringVar(&forFlag, "for", "", "the condition to wait for: condition=TYPE[=STATUS]")
 	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "give up after this long (0: no limit)")
+	cmd.Flags().DurationVar(&stallTimeout, "stall-timeout", 0, "stop (exit 3) when nothing in the resource's scope has changed for this long, printing what blocks it (0: never)")
 	return cmd
 }
 
@@ -123,7 +164,23 @@ type waiter struct {
 	last    *controllerv1.Resource // last seen
 	printed string                 // the last progress line
 	lastErr error                  // why the watch is broken; nil while it works
+
+	// stall, when set, ends the wait once nothing in the resource's
+	// scope changed for its timeout; the scope is read every stallPoll.
+	stall     *stall.Detector
+	stallPoll time.Duration
+	now       func() time.Time
 }
+
+// stalledError is the cause of a wait's end by the stall detector.
+type stalledError struct {
+	since   time.Time // the last change seen
+	objects int       // how many objects the scope held
+	blocked []string  // stall.Blocked of the scope
+}
+
+func (e *stalledError) Error() string { return "stalled" }
+func (e *stalledError) Unwrap() error { return ErrStalled }
 
 // errWaitDeleted ends a wait whose resource was deleted.
 var errWaitDeleted = errors.New("deleted")
@@ -131,22 +188,30 @@ var errWaitDeleted = errors.New("deleted")
 func (w *waiter) target() string { return w.k.lower() + "/" + w.name }
 
 func (w *waiter) run(parent context.Context, stdout io.Writer) error {
-	ctx, cancel := context.WithCancel(parent)
+	timed, cancel := context.WithCancel(parent)
 	if w.timeout > 0 {
-		ctx, cancel = context.WithTimeout(parent, w.timeout)
+		timed, cancel = context.WithTimeout(parent, w.timeout)
 	}
 	defer cancel()
+	ctx, stop := context.WithCancelCause(timed)
+	defer stop(nil)
+	if w.stall != nil {
+		go w.watchProgress(ctx, stop)
+	}
 	for {
 		met, err := w.watch(ctx)
 		if met {
 			fmt.Fprintf(stdout, "%s condition %s=%s met\n", w.target(), w.cond, w.want)
 			return nil
 		}
+		var stalled *stalledError
 		switch {
 		case errors.Is(err, errWaitDeleted):
 			return errdefs.NotFound("wait %s: %s %s was deleted while waiting for %s=%s%s", w.target(), w.k.lower(), w.name, w.cond, w.want, w.lastConditions())
 		case parent.Err() != nil:
 			return fmt.Errorf("wait %s: interrupted while waiting for %s=%s%s: %w", w.target(), w.cond, w.want, w.lastConditions(), parent.Err())
+		case errors.As(context.Cause(ctx), &stalled):
+			return w.stalledErr(stalled)
 		case ctx.Err() != nil || w.pastDeadline(ctx):
 			why := ""
 			if w.lastErr != nil {
@@ -169,6 +234,82 @@ func (w *waiter) run(parent context.Context, stdout io.Writer) error {
 		}
 	}
 }
+
+// watchProgress reads the wait's scope (stall.Scope) every stallPoll and
+// feeds its resource versions to the stall detector; when the detector
+// says nothing changed for its timeout it ends the wait with a
+// *stalledError. A read that fails is skipped: an unreachable controller
+// shows no progress either, and the watch reports it.
+func (w *waiter) watchProgress(ctx context.Context, stop context.CancelCauseFunc) {
+	t := time.NewTicker(w.stallPoll)
+	defer t.Stop()
+	for {
+		if scope, err := w.scope(ctx); err == nil && w.stall.Observe(w.now(), stall.Versions(scope)) {
+			stop(&stalledError{since: w.stall.LastChange(), objects: len(scope), blocked: stall.Blocked(scope)})
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// scope lists the objects whose progress is the wait's progress.
+func (w *waiter) scope(ctx context.Context) ([]*controllerv1.Resource, error) {
+	var items []*controllerv1.Resource
+	for _, kind := range stall.ScopeKinds(w.k.Name) {
+		if kind == w.k.Name && len(stall.ScopeKinds(kind)) == 1 {
+			cctx, cancel := w.a.call(ctx)
+			r, err := w.c.Get(cctx, &controllerv1.GetRequest{Kind: kind, Name: w.name})
+			cancel()
+			if err != nil {
+				return nil, err
+			}
+			items = append(items, r)
+			continue
+		}
+		rs, err := w.a.listAll(ctx, w.c, kind)
+		if err != nil {
+			return nil, err
+		}
+		items = append(items, rs...)
+	}
+	return stall.Scope(w.k.Name, w.name, items), nil
+}
+
+// stalledErr says the wait stalled, what was watched and what blocks.
+func (w *waiter) stalledErr(s *stalledError) error {
+	what := w.target()
+	switch s.objects {
+	case 0, 1:
+	case 2:
+		what = w.target() + " and the object it is made of"
+	default:
+		what = fmt.Sprintf("%s and the %d objects it is made of", w.target(), s.objects-1)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "wait %s: nothing changed in %s for %v (since %s) while waiting for %s=%s", w.target(), what,
+		w.stall.Timeout(), s.since.UTC().Format(time.RFC3339), w.cond, w.want)
+	if len(s.blocked) == 0 {
+		b.WriteString("; none of them has a blocking condition")
+	} else {
+		b.WriteString("; blocked by:")
+		for _, l := range s.blocked {
+			b.WriteString("\n  " + l)
+		}
+	}
+	fmt.Fprintf(&b, "\nhint: kilnctl describe %s %s shows every condition and the recent events", w.k.lower(), w.name)
+	return stalledMsg(b.String())
+}
+
+// stalledMsg is the error of a stalled wait: of class ErrStalled,
+// without repeating it in the message.
+type stalledMsg string
+
+func (e stalledMsg) Error() string { return string(e) }
+func (e stalledMsg) Unwrap() error { return ErrStalled }
 
 // pastDeadline reports whether ctx's deadline has passed even though
 // ctx may not say so yet: the controller enforces the same deadline on

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -276,4 +277,108 @@ func TestWaitSurvivesControllerRestart(t *testing.T) {
 		}
 		prev = line
 	}
+}
+
+// TestWaitStall: with --stall-timeout a wait whose resource (and, for a
+// cluster, what it is made of) stops changing ends early, exit status 3,
+// naming the blocking conditions; changes keep it waiting.
+func TestWaitStall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a controller with embedded etcd")
+	}
+	env := controllertest.Start(t)
+	admin := env.AdminConfigPath
+	p := filepath.Join(t.TempDir(), "hosts.yaml")
+	require.NoError(t, os.WriteFile(p, []byte("apiVersion: kiln.dev/v1\nkind: Host\nmetadata:\n  name: s1\nspec:\n  bmc: {protocol: none}\n"), 0o644))
+	mustKilnctl(t, admin, "apply", "-f", p)
+	setHostCondition(t, env, "s1", typesv1.HostState_HOST_STATE_REGISTERING,
+		&typesv1.Condition{Type: "BMCReachable", Status: "False", Reason: "ConnectionRefused", Message: "dial tcp 127.0.0.1:8001: connect: connection refused"})
+
+	t.Run("a host that does not change", func(t *testing.T) {
+		start := time.Now()
+		w := startWait(t, admin, "host/s1", "--for", "condition=Provisioned", "--timeout", "1m", "--stall-timeout", "1s")
+		err := w.result(t)
+		if !errors.Is(err, ErrStalled) || ExitCode(err) != 3 {
+			t.Fatalf("kilnctl wait host/s1 --stall-timeout 1s = %v (exit %d), want ErrStalled (exit 3)", err, ExitCode(err))
+		}
+		if d := time.Since(start); d > 30*time.Second {
+			t.Errorf("kilnctl wait --stall-timeout 1s took %v", d)
+		}
+		for _, want := range []string{
+			"wait host/s1: nothing changed in host/s1 for 1s (since ",
+			") while waiting for Provisioned=True; blocked by:\n  host/s1: BMCReachable=False ConnectionRefused: dial tcp 127.0.0.1:8001: connect: connection refused\n",
+			"hint: kilnctl describe host s1 shows every condition and the recent events",
+		} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("kilnctl wait host/s1 (stalled) =\n%v\nwant it to contain %q", err, want)
+			}
+		}
+	})
+
+	t.Run("changes keep it waiting", func(t *testing.T) {
+		w := startWait(t, admin, "host", "s1", "--for", "condition=Provisioned", "--timeout", "1m", "--stall-timeout", "3s")
+		w.waitForStderr(t, "host/s1: ")
+		until := time.Now().Add(5 * time.Second)
+		for i := 0; time.Now().Before(until); i++ {
+			setHostCondition(t, env, "s1", typesv1.HostState_HOST_STATE_PROVISIONING,
+				&typesv1.Condition{Type: "Provisioned", Status: "False", Reason: "Laying", Message: fmt.Sprintf("writing the image: %d%%", i)})
+			select {
+			case err := <-w.done:
+				w.done <- err
+				t.Fatalf("kilnctl wait ended while the host kept changing: %v", err)
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+		err := w.result(t)
+		if !errors.Is(err, ErrStalled) || !strings.Contains(err.Error(), "host/s1: Provisioned=False Laying: writing the image: ") {
+			t.Errorf("kilnctl wait host s1 after the changes stopped = %v, want stalled on Provisioned=False Laying", err)
+		}
+	})
+
+	t.Run("a cluster and what it is made of", func(t *testing.T) {
+		p := filepath.Join(t.TempDir(), "edge.yaml")
+		require.NoError(t, os.WriteFile(p, []byte(`apiVersion: kiln.dev/v1
+kind: Cluster
+metadata:
+  name: edge
+spec:
+  kubernetesVersion: v1.34.4
+  podCidr: 10.244.0.0/16
+---
+apiVersion: kiln.dev/v1
+kind: ControlPlane
+metadata:
+  name: edge-cp
+spec:
+  cluster: edge
+  replicas: 1
+  version: v1.34.4
+  image: nope-20240101
+  hostSelector: {site: nowhere}
+`), 0o644))
+		mustKilnctl(t, admin, "apply", "-f", p)
+		w := startWait(t, admin, "cluster", "edge", "--for", "condition=Ready", "--timeout", "1m", "--stall-timeout", "2s")
+		err := w.result(t)
+		if !errors.Is(err, ErrStalled) || ExitCode(err) != 3 {
+			t.Fatalf("kilnctl wait cluster edge --stall-timeout 2s = %v, want ErrStalled", err)
+		}
+		// This controller runs no cluster executor, so nothing reports on
+		// the cluster: the stall says so for each object.
+		for _, want := range []string{
+			"wait cluster/edge: nothing changed in cluster/edge and the object it is made of for 2s",
+			"blocked by:\n  cluster/edge: no conditions: nothing has reported on it\n  controlplane/edge-cp: no conditions: nothing has reported on it\n",
+		} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("kilnctl wait cluster edge (stalled) =\n%v\nwant it to contain %q", err, want)
+			}
+		}
+		t.Logf("kilnctl wait cluster edge (stalled):\n%v", err)
+	})
+
+	t.Run("a timeout is exit 1", func(t *testing.T) {
+		_, err := kilnctl(t, admin, "wait", "host/s1", "--for", "condition=Provisioned", "--timeout", "1s", "--stall-timeout", "1h")
+		if !errors.Is(err, errdefs.ErrDeadlineExceeded) || ExitCode(err) != 1 {
+			t.Errorf("kilnctl wait --timeout 1s = %v (exit %d), want DeadlineExceeded, exit 1", err, ExitCode(err))
+		}
+	})
 }
