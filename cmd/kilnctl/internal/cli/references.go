@@ -6,9 +6,6 @@ import (
 	"sort"
 	"strings"
 
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
-
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
@@ -117,33 +114,16 @@ func danglingRefs(applied []*controllerv1.Resource, f *fleet) []string {
 	return out
 }
 
-// imageSelector reads spec.imageSelector (a label selector over Images)
-// of a ControlPlane or MachineDeployment.
-//
-// HOOK(imageSelector): the field is being added to the protos; until it
-// is there this finds no such field and returns nil, and once it is,
-// danglingRefs checks it with no change here.
+// imageSelector is spec.imageSelector (a label selector over Images) of
+// a ControlPlane or MachineDeployment.
 func imageSelector(r *controllerv1.Resource) map[string]string {
-	var spec proto.Message
 	switch x := r.GetKind().(type) {
 	case *controllerv1.Resource_ControlPlane:
-		spec = x.ControlPlane.GetSpec()
+		return x.ControlPlane.GetSpec().GetImageSelector()
 	case *controllerv1.Resource_MachineDeployment:
-		spec = x.MachineDeployment.GetSpec()
-	default:
-		return nil
+		return x.MachineDeployment.GetSpec().GetImageSelector()
 	}
-	m := spec.ProtoReflect()
-	fd := m.Descriptor().Fields().ByName("image_selector")
-	if fd == nil || !fd.IsMap() || fd.MapKey().Kind() != protoreflect.StringKind || fd.MapValue().Kind() != protoreflect.StringKind {
-		return nil
-	}
-	out := map[string]string{}
-	m.Get(fd).Map().Range(func(k protoreflect.MapKey, v protoreflect.Value) bool {
-		out[k.String()] = v.String()
-		return true
-	})
-	return out
+	return nil
 }
 
 func (f *fleet) anyHost(sel map[string]string) bool {
