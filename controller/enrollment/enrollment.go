@@ -17,7 +17,6 @@ import (
 	"encoding/pem"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"strings"
 	"time"
 
@@ -219,7 +218,13 @@ func (s *Service) Enroll(ctx context.Context, req EnrollRequest) (*EnrollResult,
 	}
 
 	// Sign before consuming the token, so a bad CSR does not burn it.
-	certPEM, err := s.ca.SignCSR(req.CSRDER, pki.RoleAgent, host, s.cfg.CertTTL, now, pki.WithHosts(agentSANs(host, req.Facts)...))
+	// No subject alternative names: the controller identifies an agent by
+	// its role and CommonName (agent/client.VerifyAgent), never by the
+	// address it dials. Any name here would come from what the agent says
+	// about itself, and serve only clients that check an address and
+	// nothing else: an agent reporting 127.0.0.1 got a certificate valid
+	// for the controller's own loopback address (issue 12).
+	certPEM, err := s.ca.SignCSR(req.CSRDER, pki.RoleAgent, host, s.cfg.CertTTL, now)
 	if err != nil {
 		return nil, fmt.Errorf("enroll host %q: %w", host, err)
 	}
@@ -366,7 +371,8 @@ func (s *Service) Renew(ctx context.Context, host string, csrDER []byte) ([]byte
 	if _, err := s.store.Get(ctx, HostsKind, host, h); err != nil {
 		return nil, fmt.Errorf("renew host %q: %w", host, err)
 	}
-	certPEM, err := s.ca.SignCSR(csrDER, pki.RoleAgent, host, s.cfg.CertTTL, now, pki.WithHosts(agentSANs(host, h.GetStatus().GetFacts())...))
+	// No subject alternative names, as at enrollment (see Enroll).
+	certPEM, err := s.ca.SignCSR(csrDER, pki.RoleAgent, host, s.cfg.CertTTL, now)
 	if err != nil {
 		return nil, fmt.Errorf("renew host %q: %w", host, err)
 	}
@@ -389,22 +395,6 @@ func (s *Service) Renew(ctx context.Context, host string, csrDER []byte) ([]byte
 	}
 	s.events.Record(ctx, HostsKind, host, events.Normal, "CertificateRenewed", "certificate serial "+cert.SerialNumber.Text(16))
 	return certPEM, nil
-}
-
-// agentSANs are the names an agent's certificate serves under: its host
-// name and the addresses it reports.
-func agentSANs(host string, facts *typesv1.Facts) []string {
-	sans := []string{host}
-	for _, nic := range facts.GetNics() {
-		for _, a := range nic.GetAddresses() {
-			if p, err := netip.ParsePrefix(a); err == nil {
-				sans = append(sans, p.Addr().String())
-			} else if ip, err := netip.ParseAddr(a); err == nil {
-				sans = append(sans, ip.String())
-			}
-		}
-	}
-	return sans
 }
 
 func parseCert(certPEM []byte) (*x509.Certificate, error) {
