@@ -26,10 +26,12 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/errgrpc"
+	"github.com/kilnhq/kiln/internal/pki"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
@@ -482,6 +484,9 @@ func (e *Executor) do(ctx context.Context, h *typesv1.Host, a hostlife.Action) e
 			if req, err = e.deps.Identity(ctx, h); err != nil {
 				return fmt.Errorf("identity: %w", err)
 			}
+			if err := e.recordInstalledSerial(ctx, h.GetMetadata().GetName(), req.GetCertificatePem()); err != nil {
+				return fmt.Errorf("identity: %w", err)
+			}
 		}
 		req.Target = a.Target
 		req.Hostname = h.GetMetadata().GetName()
@@ -503,6 +508,36 @@ func (e *Executor) do(ctx context.Context, h *typesv1.Host, a hostlife.Action) e
 		return errgrpc.FromGRPC(err)
 	}
 	return errdefs.InvalidArgument("unknown action %q", a.Kind)
+}
+
+// recordInstalledSerial makes the certificate the installed agent will use
+// the host's latest, before the agent gets it, so that its calls are
+// accepted (enrollment.CheckSerial). The certificate in use by the boot
+// agent until the reboot stays accepted: the previous one if set (a
+// retried step), else the latest.
+func (e *Executor) recordInstalledSerial(ctx context.Context, name string, certPEM []byte) error {
+	cert, err := pki.ParseCertificatePEM(certPEM)
+	if err != nil {
+		return fmt.Errorf("installed agent certificate: %w", err)
+	}
+	for range 10 {
+		h := &typesv1.Host{}
+		rev, err := e.deps.Store.Get(ctx, HostsKind, name, h)
+		if err != nil {
+			return err
+		}
+		a := h.GetStatus().GetAgent()
+		inUse := a.GetPreviousCertificateSerial()
+		if inUse == "" {
+			inUse = a.GetCertificateSerial()
+		}
+		enrollment.RecordNewSerial(h, inUse, cert)
+		_, err = e.deps.Store.Update(ctx, HostsKind, name, h, rev)
+		if !errdefs.IsConflict(err) {
+			return err
+		}
+	}
+	return errdefs.Unavailable("host %q: too many concurrent updates", name)
 }
 
 // eventStream is a server stream of operation events.
