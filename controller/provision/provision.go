@@ -21,8 +21,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 
@@ -341,7 +344,7 @@ func (e *Executor) act(ctx context.Context, h *typesv1.Host, actions []hostlife.
 		if err == nil {
 			continue
 		}
-		r.Err = fmt.Sprintf("%s: %v", a.Kind, err)
+		r.Err = sanitizeMessage(fmt.Sprintf("%s: %v", a.Kind, err))
 		r.Failure = classify(a.Kind, err)
 		if r.Failure == hostlife.FailTransient || r.Failure == hostlife.FailUnreachable {
 			e.mu.Lock()
@@ -409,7 +412,42 @@ func (e *Executor) bmcCondition(name string) *typesv1.Condition {
 	if b == nil {
 		return nil
 	}
-	return b.Condition()
+	c := b.Condition()
+	if c != nil {
+		c = proto.Clone(c).(*typesv1.Condition)
+		c.Message = sanitizeMessage(c.Message)
+	}
+	return c
+}
+
+// maxMessage bounds an error message the executor copies into a host's
+// status (lastError, conditions) and events.
+const maxMessage = 512
+
+// sanitizeMessage makes an error message fit for status and events, which
+// every reader sees: a BMC's error response body can be anything (HTML,
+// a stack trace, megabytes, terminal escapes). Control characters become
+// spaces, runs of white space one space, and the message is cut to
+// maxMessage bytes (on a rune boundary) with a note saying so.
+func sanitizeMessage(s string) string {
+	var b strings.Builder
+	space := false
+	for _, r := range s {
+		if r == utf8.RuneError || unicode.IsControl(r) || unicode.IsSpace(r) || !unicode.IsPrint(r) {
+			space = true
+			continue
+		}
+		if space && b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		space = false
+		if b.Len()+utf8.RuneLen(r) > maxMessage {
+			b.WriteString(" ...(truncated)")
+			return b.String()
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // ownWrite reports whether rev is the executor's own last write of name.
