@@ -17,6 +17,7 @@ import (
 	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/pki"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
@@ -117,6 +118,12 @@ func (b *bootTokens) BootToken(ctx context.Context, host string) (string, error)
 	case typesv1.HostState_HOST_STATE_AVAILABLE, typesv1.HostState_HOST_STATE_PROVISIONED:
 		return "", errdefs.FailedPrecondition("host %q is %s: agent boot media are served only while a host registers, is provisioned, deprovisioned or wiped", host, hostlife.StateName(st))
 	}
+	// A token for a host whose enrolled agent is alive would let whoever
+	// asks replace that agent's identity (issue 12): only while the
+	// controller itself boots the host into the agent.
+	if conditions.IsTrue(h.GetStatus().GetConditions(), enrollment.ConditionAgentReachable) && !bootingAgent(h) {
+		return "", errdefs.FailedPrecondition("host %q has a live agent (AgentReachable): agent boot media are served for it only while the controller boots it into the agent (provisioning or deprovisioning)", host)
+	}
 	if ok, wait := b.take(host); !ok {
 		return "", errdefs.Unavailable("host %q asked for more than %d boot tokens in %v: retry in %v", host, b.limit, b.ttl, wait)
 	}
@@ -125,6 +132,22 @@ func (b *bootTokens) BootToken(ctx context.Context, host string) (string, error)
 		return "", fmt.Errorf("boot token for host %q: %w", host, err)
 	}
 	return tok.String(), nil
+}
+
+// bootingAgent reports whether the controller is booting h into the
+// agent: provisioning or deprovisioning, at the steps from inserting the
+// boot media to the boot agent's check-in.
+func bootingAgent(h *typesv1.Host) bool {
+	switch h.GetStatus().GetState() {
+	case typesv1.HostState_HOST_STATE_PROVISIONING, typesv1.HostState_HOST_STATE_DEPROVISIONING:
+	default:
+		return false
+	}
+	switch hostlife.Step(h.GetStatus().GetProvisioningStep()) {
+	case hostlife.StepBootAgentMedia, hostlife.StepPowerOn, hostlife.StepWaitBootAgent:
+		return true
+	}
+	return false
 }
 
 // tokenWatcher is what forgetSpentISOs needs of the store.

@@ -550,7 +550,7 @@ func checkEtcdTLS(cfg Config) error {
 	files := cfg.EtcdCAFile != "" || cfg.EtcdCertFile != "" || cfg.EtcdKeyFile != ""
 	if len(cfg.EtcdEndpoints) == 0 {
 		if files {
-			return errdefs.InvalidArgument("controller: --etcd-cacert, --etcd-cert and --etcd-key are for an external etcd: pass its https:// client URLs with --etcd-endpoints (the embedded etcd listens on loopback without TLS)")
+			return errdefs.InvalidArgument("controller: --etcd-cacert, --etcd-cert and --etcd-key are for an external etcd: pass its https:// client URLs with --etcd-endpoints (the embedded etcd serves only the controller, on a unix socket in its data directory)")
 		}
 		return nil
 	}

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	agentclient "github.com/kilnhq/kiln/agent/client"
 	"github.com/kilnhq/kiln/agent/identity"
 	"github.com/kilnhq/kiln/agent/logring"
 	"github.com/kilnhq/kiln/agent/renew"
@@ -138,7 +139,9 @@ func TestEnrollAndRun(t *testing.T) {
 	require.NoError(t, err)
 	pair, err := tls.X509KeyPair(certPEM, keyPEM)
 	require.NoError(t, err)
-	conf := &tls.Config{RootCAs: env.Controller.CA().Pool(), Certificates: []tls.Certificate{pair}, ServerName: "node-1"}
+	// As the controller does (agent/client): by host name and role, not
+	// by address; the agent's certificate names no address.
+	conf := agentclient.TLSConfig(env.Controller.CA().Pool(), pair, "node-1")
 	conn, err := grpc.NewClient(first.GetAddress(), grpc.WithTransportCredentials(credentials.NewTLS(conf)))
 	require.NoError(t, err)
 	defer conn.Close()

@@ -200,21 +200,22 @@ type agentsServer struct {
 	enr *enrollment.Service
 }
 
-// host is the caller's host, from its certificate only.
-func agentHost(ctx context.Context) (string, error) {
+// agentHost is the caller's host and certificate serial, from its
+// certificate only.
+func agentHost(ctx context.Context) (string, string, error) {
 	c := authz.CallerFrom(ctx)
-	if c.Role != authz.RoleAgent || c.Name == "" {
-		return "", errdefs.PermissionDenied("only agent certificates may call the Agents service")
+	if c.Role != authz.RoleAgent || c.Name == "" || c.Serial == "" {
+		return "", "", errdefs.PermissionDenied("only agent certificates may call the Agents service")
 	}
-	return c.Name, nil
+	return c.Name, c.Serial, nil
 }
 
 func (s *agentsServer) Heartbeat(ctx context.Context, req *controllerv1.HeartbeatRequest) (*controllerv1.HeartbeatResponse, error) {
-	host, err := agentHost(ctx)
+	host, serial, err := agentHost(ctx)
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	interval, err := s.enr.Heartbeat(ctx, host, enrollment.HeartbeatRequest{
+	interval, err := s.enr.Heartbeat(ctx, host, serial, enrollment.HeartbeatRequest{
 		AgentAddress: req.GetAgentAddress(),
 		Facts:        req.GetFacts(),
 		Version:      req.GetVersion(),
@@ -226,11 +227,11 @@ func (s *agentsServer) Heartbeat(ctx context.Context, req *controllerv1.Heartbea
 }
 
 func (s *agentsServer) Renew(ctx context.Context, req *controllerv1.RenewRequest) (*controllerv1.RenewResponse, error) {
-	host, err := agentHost(ctx)
+	host, serial, err := agentHost(ctx)
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	certPEM, err := s.enr.Renew(ctx, host, req.GetCsrDer())
+	certPEM, err := s.enr.Renew(ctx, host, serial, req.GetCsrDer())
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}

@@ -215,6 +215,13 @@ func New(o Options) (*Server, error) {
 	})
 	s.mux.HandleFunc("GET /boot/ipxe/{host}", s.serveIPXE)
 	s.mux.HandleFunc("GET /boot/iso/{file}", s.serveISO)
+	// HEAD never mints a boot token (a GET pattern also matches HEAD):
+	// the iPXE script is refused, an ISO is answered only when built.
+	s.mux.HandleFunc("HEAD /boot/ipxe/{host}", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Allow", "GET")
+		http.Error(w, "GET the iPXE script: each one carries a new boot token", http.StatusMethodNotAllowed)
+	})
+	s.mux.HandleFunc("HEAD /boot/iso/{file}", s.headISO)
 	return s, nil
 }
 
@@ -395,6 +402,35 @@ func (s *Server) serveISO(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Content-Type", "application/x-iso9660-image")
 	http.ServeContent(w, r, host+".iso", iso.built, f)
+}
+
+// headISO answers HEAD for a host's ISO from the ISO already built, and
+// 404 when there is none: building one would mint a boot token.
+func (s *Server) headISO(w http.ResponseWriter, r *http.Request) {
+	host, ok := strings.CutSuffix(r.PathValue("file"), ".iso")
+	if !ok || !hostRE.MatchString(host) {
+		http.NotFound(w, r)
+		return
+	}
+	s.mu.Lock()
+	h := s.isos[host]
+	s.mu.Unlock()
+	if h == nil {
+		http.Error(w, "no ISO built for host "+host+" yet: GET builds it", http.StatusNotFound)
+		return
+	}
+	h.mu.Lock()
+	path, built := h.path, h.built
+	h.mu.Unlock()
+	f, err := os.Open(path)
+	if path == "" || err != nil {
+		http.Error(w, "no ISO built for host "+host+" yet: GET builds it", http.StatusNotFound)
+		return
+	}
+	defer f.Close()
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Content-Type", "application/x-iso9660-image")
+	http.ServeContent(w, r, host+".iso", built, f)
 }
 
 // hostISO returns the host's ISO, building it (with a new boot token) when

@@ -17,7 +17,6 @@ import (
 	"encoding/pem"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"strings"
 	"time"
 
@@ -219,7 +218,13 @@ func (s *Service) Enroll(ctx context.Context, req EnrollRequest) (*EnrollResult,
 	}
 
 	// Sign before consuming the token, so a bad CSR does not burn it.
-	certPEM, err := s.ca.SignCSR(req.CSRDER, pki.RoleAgent, host, s.cfg.CertTTL, now, pki.WithHosts(agentSANs(host, req.Facts)...))
+	// No subject alternative names: the controller identifies an agent by
+	// its role and CommonName (agent/client.VerifyAgent), never by the
+	// address it dials. Any name here would come from what the agent says
+	// about itself, and serve only clients that check an address and
+	// nothing else: an agent reporting 127.0.0.1 got a certificate valid
+	// for the controller's own loopback address (issue 12).
+	certPEM, err := s.ca.SignCSR(req.CSRDER, pki.RoleAgent, host, s.cfg.CertTTL, now)
 	if err != nil {
 		return nil, fmt.Errorf("enroll host %q: %w", host, err)
 	}
@@ -247,7 +252,7 @@ func (s *Service) Enroll(ctx context.Context, req EnrollRequest) (*EnrollResult,
 // register creates the Host (state Registering) or records the new
 // agent identity and facts on an existing one.
 func (s *Service) register(ctx context.Context, host string, facts *typesv1.Facts, cert *x509.Certificate, now time.Time) error {
-	return s.updateHost(ctx, host, true, func(h *typesv1.Host) {
+	return s.updateHost(ctx, host, true, func(h *typesv1.Host) error {
 		if h.Status == nil {
 			h.Status = &typesv1.HostStatus{}
 		}
@@ -260,12 +265,15 @@ func (s *Service) register(ctx context.Context, host string, facts *typesv1.Fact
 		if h.Status.Agent == nil {
 			h.Status.Agent = &typesv1.AgentStatus{}
 		}
+		// A new enrollment revokes every earlier certificate of the host.
 		h.Status.Agent.CertificateSerial = cert.SerialNumber.Text(16)
+		h.Status.Agent.PreviousCertificateSerial = ""
 		h.Status.Agent.CertificateNotAfter = timestamppb.New(cert.NotAfter)
 		if facts != nil {
 			h.Status.Agent.Mode = facts.GetAgentMode()
 			h.Status.Agent.BootSource = facts.GetBootSource()
 		}
+		return nil
 	}, now)
 }
 
@@ -274,8 +282,8 @@ const maxRetries = 10
 
 // updateHost applies fn to the stored Host and writes it back with a
 // compare-and-swap, retrying on conflict. With create, a missing Host is
-// created.
-func (s *Service) updateHost(ctx context.Context, host string, create bool, fn func(*typesv1.Host), now time.Time) error {
+// created. An error from fn stops it, writing nothing.
+func (s *Service) updateHost(ctx context.Context, host string, create bool, fn func(*typesv1.Host) error, now time.Time) error {
 	for range maxRetries {
 		h := &typesv1.Host{}
 		rev, err := s.store.Get(ctx, HostsKind, host, h)
@@ -291,7 +299,9 @@ func (s *Service) updateHost(ctx context.Context, host string, create bool, fn f
 				},
 				Spec: &typesv1.HostSpec{Bmc: &typesv1.BMCSpec{Protocol: "none"}},
 			}
-			fn(h)
+			if err := fn(h); err != nil {
+				return err
+			}
 			_, err = s.store.Create(ctx, HostsKind, host, h)
 			if errdefs.IsAlreadyExists(err) {
 				continue
@@ -301,7 +311,9 @@ func (s *Service) updateHost(ctx context.Context, host string, create bool, fn f
 		if err != nil {
 			return err
 		}
-		fn(h)
+		if err := fn(h); err != nil {
+			return err
+		}
 		_, err = s.store.Update(ctx, HostsKind, host, h, rev)
 		if errdefs.IsConflict(err) {
 			continue
@@ -319,13 +331,33 @@ type HeartbeatRequest struct {
 }
 
 // Heartbeat records that the agent of host is alive, at its address, with
-// these facts, and returns the interval until the next heartbeat. host
-// must come from the caller's certificate. It returns NotFound when the
-// Host was deleted (the agent must enroll again).
-func (s *Service) Heartbeat(ctx context.Context, host string, req HeartbeatRequest) (time.Duration, error) {
+// these facts, and returns the interval until the next heartbeat. host and
+// serial (hex) must come from the caller's certificate: only the host's
+// latest certificate, or the one it replaced until the latest is first
+// used, is accepted (CheckSerial). It returns PermissionDenied for any
+// other certificate and NotFound when the Host was deleted (the agent must
+// enroll again).
+func (s *Service) Heartbeat(ctx context.Context, host, serial string, req HeartbeatRequest) (time.Duration, error) {
+	return s.heartbeat(ctx, host, &serial, req)
+}
+
+// SimulatedHeartbeat is Heartbeat for the simulated agents of simulation
+// mode (controller/sim), which run in the controller's process and hold
+// no certificate.
+func (s *Service) SimulatedHeartbeat(ctx context.Context, host string, req HeartbeatRequest) (time.Duration, error) {
+	return s.heartbeat(ctx, host, nil, req)
+}
+
+// heartbeat checks *serial unless serial is nil.
+func (s *Service) heartbeat(ctx context.Context, host string, serial *string, req HeartbeatRequest) (time.Duration, error) {
 	now := s.cfg.Clock()
 	var becameReachable bool
-	err := s.updateHost(ctx, host, false, func(h *typesv1.Host) {
+	err := s.updateHost(ctx, host, false, func(h *typesv1.Host) error {
+		if serial != nil {
+			if err := CheckSerial(h, *serial); err != nil {
+				return err
+			}
+		}
 		if h.Status == nil {
 			h.Status = &typesv1.HostStatus{}
 		}
@@ -333,6 +365,11 @@ func (s *Service) Heartbeat(ctx context.Context, host string, req HeartbeatReque
 			h.Status.Agent = &typesv1.AgentStatus{}
 		}
 		a := h.Status.Agent
+		if serial != nil && *serial == a.CertificateSerial {
+			// The latest certificate is in use: the one it replaced is
+			// revoked.
+			a.PreviousCertificateSerial = ""
+		}
 		a.Address = req.AgentAddress
 		a.LastHeartbeat = timestamppb.New(now)
 		a.Version = req.Version
@@ -345,6 +382,7 @@ func (s *Service) Heartbeat(ctx context.Context, host string, req HeartbeatReque
 		h.Status.Conditions, changed = conditions.Set(h.Status.Conditions,
 			conditions.New(ConditionAgentReachable, conditions.True, "HeartbeatReceived", "agent at "+req.AgentAddress+" sends heartbeats"), now)
 		becameReachable = changed
+		return nil
 	}, now)
 	if errdefs.IsNotFound(err) {
 		return 0, errdefs.NotFound("host %q is not registered (deleted?): enroll the agent again", host)
@@ -358,15 +396,21 @@ func (s *Service) Heartbeat(ctx context.Context, host string, req HeartbeatReque
 	return s.cfg.HeartbeatInterval, nil
 }
 
-// Renew signs a fresh agent certificate for host (from the caller's
-// certificate) and records its serial.
-func (s *Service) Renew(ctx context.Context, host string, csrDER []byte) ([]byte, error) {
+// Renew signs a fresh agent certificate for host and records its serial.
+// host and serial (hex) come from the caller's certificate, which must be
+// one CheckSerial accepts (PermissionDenied otherwise); it stays accepted
+// until the new one is first used.
+func (s *Service) Renew(ctx context.Context, host, serial string, csrDER []byte) ([]byte, error) {
 	now := s.cfg.Clock()
 	h := &typesv1.Host{}
 	if _, err := s.store.Get(ctx, HostsKind, host, h); err != nil {
 		return nil, fmt.Errorf("renew host %q: %w", host, err)
 	}
-	certPEM, err := s.ca.SignCSR(csrDER, pki.RoleAgent, host, s.cfg.CertTTL, now, pki.WithHosts(agentSANs(host, h.GetStatus().GetFacts())...))
+	if err := CheckSerial(h, serial); err != nil {
+		return nil, err
+	}
+	// No subject alternative names, as at enrollment (see Enroll).
+	certPEM, err := s.ca.SignCSR(csrDER, pki.RoleAgent, host, s.cfg.CertTTL, now)
 	if err != nil {
 		return nil, fmt.Errorf("renew host %q: %w", host, err)
 	}
@@ -374,15 +418,14 @@ func (s *Service) Renew(ctx context.Context, host string, csrDER []byte) ([]byte
 	if err != nil {
 		return nil, err
 	}
-	err = s.updateHost(ctx, host, false, func(h *typesv1.Host) {
-		if h.Status == nil {
-			h.Status = &typesv1.HostStatus{}
+	err = s.updateHost(ctx, host, false, func(h *typesv1.Host) error {
+		// Checked again in the compare-and-swap: a re-enrollment since
+		// the read revoked the caller.
+		if err := CheckSerial(h, serial); err != nil {
+			return err
 		}
-		if h.Status.Agent == nil {
-			h.Status.Agent = &typesv1.AgentStatus{}
-		}
-		h.Status.Agent.CertificateSerial = cert.SerialNumber.Text(16)
-		h.Status.Agent.CertificateNotAfter = timestamppb.New(cert.NotAfter)
+		RecordNewSerial(h, serial, cert)
+		return nil
 	}, now)
 	if err != nil {
 		return nil, fmt.Errorf("renew host %q: %w", host, err)
@@ -391,20 +434,32 @@ func (s *Service) Renew(ctx context.Context, host string, csrDER []byte) ([]byte
 	return certPEM, nil
 }
 
-// agentSANs are the names an agent's certificate serves under: its host
-// name and the addresses it reports.
-func agentSANs(host string, facts *typesv1.Facts) []string {
-	sans := []string{host}
-	for _, nic := range facts.GetNics() {
-		for _, a := range nic.GetAddresses() {
-			if p, err := netip.ParsePrefix(a); err == nil {
-				sans = append(sans, p.Addr().String())
-			} else if ip, err := netip.ParseAddr(a); err == nil {
-				sans = append(sans, ip.String())
-			}
-		}
+// CheckSerial returns nil when serial (hex) is host h's latest agent
+// certificate or the one it replaced, and a PermissionDenied error saying
+// what to do otherwise: a certificate superseded by a new enrollment, or
+// one of a host that was deleted and applied again, is revoked.
+func CheckSerial(h *typesv1.Host, serial string) error {
+	a := h.GetStatus().GetAgent()
+	if serial != "" && (serial == a.GetCertificateSerial() || serial == a.GetPreviousCertificateSerial()) {
+		return nil
 	}
-	return sans
+	return errdefs.PermissionDenied("host %q: agent certificate serial %s is not the host's current one (the host was enrolled again, reprovisioned, or deleted and applied again): enroll the agent again", h.GetMetadata().GetName(), serial)
+}
+
+// RecordNewSerial makes cert host h's latest agent certificate. from, the
+// serial of the certificate it replaces (the caller's, at renewal; the
+// boot agent's, for the installed agent's identity), stays accepted until
+// the new one is first used; every other earlier certificate is revoked.
+func RecordNewSerial(h *typesv1.Host, from string, cert *x509.Certificate) {
+	if h.Status == nil {
+		h.Status = &typesv1.HostStatus{}
+	}
+	if h.Status.Agent == nil {
+		h.Status.Agent = &typesv1.AgentStatus{}
+	}
+	h.Status.Agent.PreviousCertificateSerial = from
+	h.Status.Agent.CertificateSerial = cert.SerialNumber.Text(16)
+	h.Status.Agent.CertificateNotAfter = timestamppb.New(cert.NotAfter)
 }
 
 func parseCert(certPEM []byte) (*x509.Certificate, error) {

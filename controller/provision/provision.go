@@ -21,15 +21,20 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/errgrpc"
+	"github.com/kilnhq/kiln/internal/pki"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
@@ -339,7 +344,7 @@ func (e *Executor) act(ctx context.Context, h *typesv1.Host, actions []hostlife.
 		if err == nil {
 			continue
 		}
-		r.Err = fmt.Sprintf("%s: %v", a.Kind, err)
+		r.Err = sanitizeMessage(fmt.Sprintf("%s: %v", a.Kind, err))
 		r.Failure = classify(a.Kind, err)
 		if r.Failure == hostlife.FailTransient || r.Failure == hostlife.FailUnreachable {
 			e.mu.Lock()
@@ -407,7 +412,42 @@ func (e *Executor) bmcCondition(name string) *typesv1.Condition {
 	if b == nil {
 		return nil
 	}
-	return b.Condition()
+	c := b.Condition()
+	if c != nil {
+		c = proto.Clone(c).(*typesv1.Condition)
+		c.Message = sanitizeMessage(c.Message)
+	}
+	return c
+}
+
+// maxMessage bounds an error message the executor copies into a host's
+// status (lastError, conditions) and events.
+const maxMessage = 512
+
+// sanitizeMessage makes an error message fit for status and events, which
+// every reader sees: a BMC's error response body can be anything (HTML,
+// a stack trace, megabytes, terminal escapes). Control characters become
+// spaces, runs of white space one space, and the message is cut to
+// maxMessage bytes (on a rune boundary) with a note saying so.
+func sanitizeMessage(s string) string {
+	var b strings.Builder
+	space := false
+	for _, r := range s {
+		if r == utf8.RuneError || unicode.IsControl(r) || unicode.IsSpace(r) || !unicode.IsPrint(r) {
+			space = true
+			continue
+		}
+		if space && b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		space = false
+		if b.Len()+utf8.RuneLen(r) > maxMessage {
+			b.WriteString(" ...(truncated)")
+			return b.String()
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // ownWrite reports whether rev is the executor's own last write of name.
@@ -482,6 +522,9 @@ func (e *Executor) do(ctx context.Context, h *typesv1.Host, a hostlife.Action) e
 			if req, err = e.deps.Identity(ctx, h); err != nil {
 				return fmt.Errorf("identity: %w", err)
 			}
+			if err := e.recordInstalledSerial(ctx, h.GetMetadata().GetName(), req.GetCertificatePem()); err != nil {
+				return fmt.Errorf("identity: %w", err)
+			}
 		}
 		req.Target = a.Target
 		req.Hostname = h.GetMetadata().GetName()
@@ -503,6 +546,36 @@ func (e *Executor) do(ctx context.Context, h *typesv1.Host, a hostlife.Action) e
 		return errgrpc.FromGRPC(err)
 	}
 	return errdefs.InvalidArgument("unknown action %q", a.Kind)
+}
+
+// recordInstalledSerial makes the certificate the installed agent will use
+// the host's latest, before the agent gets it, so that its calls are
+// accepted (enrollment.CheckSerial). The certificate in use by the boot
+// agent until the reboot stays accepted: the previous one if set (a
+// retried step), else the latest.
+func (e *Executor) recordInstalledSerial(ctx context.Context, name string, certPEM []byte) error {
+	cert, err := pki.ParseCertificatePEM(certPEM)
+	if err != nil {
+		return fmt.Errorf("installed agent certificate: %w", err)
+	}
+	for range 10 {
+		h := &typesv1.Host{}
+		rev, err := e.deps.Store.Get(ctx, HostsKind, name, h)
+		if err != nil {
+			return err
+		}
+		a := h.GetStatus().GetAgent()
+		inUse := a.GetPreviousCertificateSerial()
+		if inUse == "" {
+			inUse = a.GetCertificateSerial()
+		}
+		enrollment.RecordNewSerial(h, inUse, cert)
+		_, err = e.deps.Store.Update(ctx, HostsKind, name, h, rev)
+		if !errdefs.IsConflict(err) {
+			return err
+		}
+	}
+	return errdefs.Unavailable("host %q: too many concurrent updates", name)
 }
 
 // eventStream is a server stream of operation events.

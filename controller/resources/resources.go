@@ -252,6 +252,9 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 		return Created, nil
 	}
 
+	if err := checkBMCMove(cur, obj, password); err != nil {
+		return "", err
+	}
 	pwChanged, err := s.passwordChanged(ctx, k, name, password)
 	if err != nil {
 		return "", err
@@ -322,6 +325,31 @@ func (s *Service) passwordChanged(ctx context.Context, k Kind, name, password st
 		return false, err
 	}
 	return !bytes.Equal(old, []byte(password)), nil
+}
+
+// checkBMCMove refuses a Host whose BMC protocol, address or username
+// changes while the stored password would be kept (password ""): the
+// stored password is sent only to the BMC it was given for, or an
+// operator, who may not read it, could point the host at a server of
+// their own and collect it (issue 12). It returns InvalidArgument.
+func checkBMCMove(cur, next proto.Message, password string) error {
+	ch, ok1 := cur.(*typesv1.Host)
+	nh, ok2 := next.(*typesv1.Host)
+	if !ok1 || !ok2 || password != "" || !ch.GetSpec().GetBmc().GetPasswordSet() {
+		return nil
+	}
+	cb, nb := ch.GetSpec().GetBmc(), nh.GetSpec().GetBmc()
+	for _, f := range []struct{ field, was, is string }{
+		{"protocol", cb.GetProtocol(), nb.GetProtocol()},
+		{"address", cb.GetAddress(), nb.GetAddress()},
+		{"username", cb.GetUsername(), nb.GetUsername()},
+	} {
+		if f.was != f.is {
+			return errdefs.InvalidArgument("host %q: spec.bmc.%s changes from %q to %q without spec.bmc.password: give the password again (the stored one is only sent to the BMC it was given for)",
+				ch.GetMetadata().GetName(), f.field, f.was, f.is)
+		}
+	}
+	return nil
 }
 
 func markPasswordSet(obj proto.Message, set bool) {

@@ -18,7 +18,7 @@ import (
 // controller's enrollment service, as real agents' heartbeats do.
 func EnrollmentCheckIn(s *enrollment.Service) CheckIn {
 	return func(ctx context.Context, host, address string, facts *typesv1.Facts) error {
-		_, err := s.Heartbeat(ctx, host, enrollment.HeartbeatRequest{AgentAddress: address, Facts: facts, Version: "sim"})
+		_, err := s.SimulatedHeartbeat(ctx, host, enrollment.HeartbeatRequest{AgentAddress: address, Facts: facts, Version: "sim"})
 		return err
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -24,10 +25,14 @@ type EmbeddedConfig struct {
 	// DataDir holds the member's WAL and database. Required.
 	DataDir string
 	// ClientURL is where clients connect, e.g. "http://127.0.0.1:2379".
-	// Empty picks a free loopback port.
+	// Empty (the controller's default) serves clients only on a unix
+	// socket inside DataDir, which is 0700: only the user running the
+	// controller (and root) can connect. A TCP URL has no authentication
+	// unless TLS is set: any local user can then read and write every key.
 	ClientURL string
-	// PeerURL is where other members connect. Empty picks a free loopback
-	// port.
+	// PeerURL is where other members connect. Empty with an empty
+	// InitialCluster (a member alone) opens no peer listener at all; empty
+	// in a new multi-member cluster picks a free loopback port.
 	PeerURL string
 	// Name names the member; default "kiln".
 	Name string
@@ -68,6 +73,35 @@ type Embedded struct {
 	clientURL string
 	log       *slog.Logger
 	closing   *atomic.Bool
+	// sockDir is a private directory made for the client socket when
+	// DataDir's path is too long for one; removed at Close.
+	sockDir string
+}
+
+// clientSocket is the name of the embedded member's client socket in its
+// data directory.
+const clientSocket = "kiln-client.sock"
+
+// maxSocketPath is the longest unix socket path Linux accepts (sun_path
+// holds 108 bytes with the terminating NUL).
+const maxSocketPath = 107
+
+// privateSocketURL returns "unix://<dataDir>/kiln-client.sock", or, when
+// that path is too long for a socket, a socket in a new 0700 directory
+// (returned, for removal) under the system's temporary directory.
+func privateSocketURL(dataDir string) (string, string, error) {
+	abs, err := filepath.Abs(dataDir)
+	if err != nil {
+		return "", "", fmt.Errorf("embedded etcd: %w", err)
+	}
+	if p := filepath.Join(abs, clientSocket); len(p) <= maxSocketPath {
+		return "unix://" + p, "", nil
+	}
+	dir, err := os.MkdirTemp("", "kiln-etcd-")
+	if err != nil {
+		return "", "", fmt.Errorf("embedded etcd: client socket directory: %w", err)
+	}
+	return "unix://" + filepath.Join(dir, clientSocket), dir, nil
 }
 
 // StartEmbedded starts an etcd member and blocks until it serves clients
@@ -95,17 +129,27 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	if cfg.ReadyTimeout <= 0 {
 		cfg.ReadyTimeout = 60 * time.Second
 	}
+	// A member alone serves clients on a unix socket in its data
+	// directory and listens for no peers: nothing on the network can reach
+	// it (issue 12: a local user read and wrote every key over loopback).
+	alone := cfg.InitialCluster == ""
+	sockDir := ""
+	if cfg.ClientURL == "" {
+		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+			return nil, fmt.Errorf("embedded etcd: %w", err)
+		}
+		u, dir, err := privateSocketURL(cfg.DataDir)
+		if err != nil {
+			return nil, err
+		}
+		cfg.ClientURL, sockDir = u, dir
+	}
 	// Ports this function picks may be taken by another process between
 	// the pick and etcd's bind: pick again a few times.
-	pickClient, pickPeer, pickCluster := cfg.ClientURL == "", cfg.PeerURL == "", cfg.InitialCluster == ""
+	pickPeer, pickCluster := cfg.PeerURL == "" && !alone, alone
 	for attempt := 0; ; attempt++ {
 		c := cfg
 		var err error
-		if pickClient {
-			if c.ClientURL, err = FreeLoopbackURL(); err != nil {
-				return nil, err
-			}
-		}
 		if pickPeer {
 			if c.PeerURL, err = FreeLoopbackURL(); err != nil {
 				return nil, err
@@ -115,11 +159,18 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 			c.InitialCluster = ""
 		}
 		e, err := startEmbedded(ctx, c, log)
-		if err != nil && (pickClient || pickPeer) && attempt < 4 && strings.Contains(err.Error(), "address already in use") {
+		if err != nil && pickPeer && attempt < 4 && strings.Contains(err.Error(), "address already in use") {
 			log.Info("embedded etcd: a picked port was taken meanwhile, picking again", "error", err)
 			continue
 		}
-		return e, err
+		if err != nil {
+			if sockDir != "" {
+				os.RemoveAll(sockDir)
+			}
+			return nil, err
+		}
+		e.sockDir = sockDir
+		return e, nil
 	}
 }
 
@@ -128,6 +179,13 @@ func startEmbedded(ctx context.Context, cfg EmbeddedConfig, log *slog.Logger) (*
 	curl, err := url.Parse(cfg.ClientURL)
 	if err != nil {
 		return nil, errdefs.InvalidArgument("embedded etcd: client URL %q: %w", cfg.ClientURL, err)
+	}
+	// A member alone with no peer URL listens for no peers; it still
+	// needs a peer URL to name itself in its cluster: one that nothing
+	// listens on.
+	listenPeer := true
+	if cfg.PeerURL == "" {
+		cfg.PeerURL, listenPeer = "unix://"+filepath.Join(cfg.DataDir, "no-peers.sock"), false
 	}
 	purl, err := url.Parse(cfg.PeerURL)
 	if err != nil {
@@ -145,8 +203,15 @@ func startEmbedded(ctx context.Context, cfg EmbeddedConfig, log *slog.Logger) (*
 	ec.Dir = cfg.DataDir
 	ec.ListenClientUrls = []url.URL{*curl}
 	ec.AdvertiseClientUrls = []url.URL{*curl}
-	ec.ListenPeerUrls = []url.URL{*purl}
+	ec.ListenPeerUrls = nil
+	if listenPeer {
+		ec.ListenPeerUrls = []url.URL{*purl}
+	}
 	ec.AdvertisePeerUrls = []url.URL{*purl}
+	// etcd treats an empty CORS list as "allow every origin"; allow one
+	// that no browser sends instead, so no web page can script the
+	// member even where a browser can reach it.
+	ec.CORS = map[string]struct{}{"kiln.invalid": {}}
 	ec.InitialCluster = cfg.InitialCluster
 	ec.InitialClusterToken = cfg.ClusterToken
 	ec.ClusterState = embed.ClusterStateFlagNew
@@ -157,7 +222,7 @@ func startEmbedded(ctx context.Context, cfg EmbeddedConfig, log *slog.Logger) (*
 		ec.ElectionMs = uint(cfg.ElectionTimeout.Milliseconds())
 	}
 	if cfg.TLS != nil {
-		if curl.Scheme != "https" {
+		if curl.Scheme != "https" && curl.Scheme != "unixs" {
 			return nil, errdefs.InvalidArgument("embedded etcd: TLS set but client URL %q is not https", cfg.ClientURL)
 		}
 		ec.ClientTLSInfo = transport.TLSInfo{
@@ -216,6 +281,9 @@ func (e *Embedded) Close() {
 	e.closing.Store(true)
 	e.etcd.Close()
 	<-e.etcd.Server.StopNotify()
+	if e.sockDir != "" {
+		os.RemoveAll(e.sockDir)
+	}
 	e.log.Info("etcd member stopped")
 }
 

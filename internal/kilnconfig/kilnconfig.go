@@ -35,6 +35,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/pki"
 )
 
 // EnvVar names the environment variable holding the config path.
@@ -152,6 +153,19 @@ func (c *Config) TLS() (*tls.Config, error) {
 		MinVersion:   tls.VersionTLS13,
 		RootCAs:      pool,
 		Certificates: []tls.Certificate{pair},
+		// The CA and the address are not enough: agents hold certificates
+		// of the same CA. Only a certificate with the controller role is
+		// the controller (issue 12: an agent's certificate received a BMC
+		// password from kilnctl apply).
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errdefs.PermissionDenied("server %s presented no certificate", c.Server)
+			}
+			if err := pki.RequireRole(cs.PeerCertificates[0], pki.RoleController); err != nil {
+				return errdefs.PermissionDenied("server %s is not the Kiln controller: %w", c.Server, err)
+			}
+			return nil
+		},
 	}, nil
 }
 

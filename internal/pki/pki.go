@@ -113,6 +113,20 @@ func Identity(cert *x509.Certificate) (Role, string, error) {
 	return role, cert.Subject.CommonName, nil
 }
 
+// RequireRole returns nil when cert carries role (and an identity), and a
+// PermissionDenied error naming the role it carries otherwise. Like
+// Identity, it does not verify the chain: do that first.
+func RequireRole(cert *x509.Certificate, role Role) error {
+	got, name, err := Identity(cert)
+	if err != nil {
+		return err
+	}
+	if got != role {
+		return errdefs.PermissionDenied("certificate %q has role %s, not %s", name, got, role)
+	}
+	return nil
+}
+
 // CA is a certificate authority: its certificate and private key.
 type CA struct {
 	cert    *x509.Certificate

@@ -891,15 +891,23 @@ func (x *Facts) GetAgentMode() string {
 type AgentStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// address is host:port of the agent API.
-	Address             string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	Address string `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	// certificate_serial (hex) is the host's latest agent certificate: from
+	// enrollment, renewal or the identity written for the installed agent.
+	// Only it and previous_certificate_serial are accepted from agents.
 	CertificateSerial   string                 `protobuf:"bytes,2,opt,name=certificate_serial,json=certificateSerial,proto3" json:"certificate_serial,omitempty"`
 	CertificateNotAfter *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=certificate_not_after,json=certificateNotAfter,proto3" json:"certificate_not_after,omitempty"`
 	LastHeartbeat       *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=last_heartbeat,json=lastHeartbeat,proto3" json:"last_heartbeat,omitempty"`
 	Version             string                 `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`
 	Mode                string                 `protobuf:"bytes,6,opt,name=mode,proto3" json:"mode,omitempty"`
 	BootSource          string                 `protobuf:"bytes,7,opt,name=boot_source,json=bootSource,proto3" json:"boot_source,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// previous_certificate_serial (hex) is the certificate certificate_serial
+	// replaced by renewal or by the installed agent's identity; it is still
+	// accepted until the agent first calls with the new one (its open
+	// connection keeps the old certificate). Enrollment clears it.
+	PreviousCertificateSerial string `protobuf:"bytes,8,opt,name=previous_certificate_serial,json=previousCertificateSerial,proto3" json:"previous_certificate_serial,omitempty"`
+	unknownFields             protoimpl.UnknownFields
+	sizeCache                 protoimpl.SizeCache
 }
 
 func (x *AgentStatus) Reset() {
@@ -977,6 +985,13 @@ func (x *AgentStatus) GetMode() string {
 func (x *AgentStatus) GetBootSource() string {
 	if x != nil {
 		return x.BootSource
+	}
+	return ""
+}
+
+func (x *AgentStatus) GetPreviousCertificateSerial() string {
+	if x != nil {
+		return x.PreviousCertificateSerial
 	}
 	return ""
 }
@@ -3268,7 +3283,7 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"agent_mode\x18\x11 \x01(\tR\tagentMode\x1a?\n" +
 	"\x11KubeVersionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb8\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf8\x02\n" +
 	"\vAgentStatus\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12-\n" +
 	"\x12certificate_serial\x18\x02 \x01(\tR\x11certificateSerial\x12N\n" +
@@ -3277,7 +3292,8 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\aversion\x18\x05 \x01(\tR\aversion\x12\x12\n" +
 	"\x04mode\x18\x06 \x01(\tR\x04mode\x12\x1f\n" +
 	"\vboot_source\x18\a \x01(\tR\n" +
-	"bootSource\"\xda\x02\n" +
+	"bootSource\x12>\n" +
+	"\x1bprevious_certificate_serial\x18\b \x01(\tR\x19previousCertificateSerial\"\xda\x02\n" +
 	"\x0fOperationStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x14\n" +
