@@ -36,6 +36,19 @@ const (
 	ProtocolIPMI    = "ipmi"
 )
 
+// Redfish authentication methods (Endpoint.Auth).
+const (
+	// AuthAuto uses a session when the service root links a
+	// SessionService (Links.Sessions) and basic authentication otherwise,
+	// or when the service refuses session creation as unsupported (404,
+	// 405, 501). The default.
+	AuthAuto = "auto"
+	// AuthSession always logs in through the SessionService.
+	AuthSession = "session"
+	// AuthBasic sends HTTP basic authentication with every request.
+	AuthBasic = "basic"
+)
+
 // Normalised power states.
 const (
 	PowerOn      = "on"
@@ -64,6 +77,9 @@ type Endpoint struct {
 	// empty means the only one.
 	SystemID           string
 	InsecureSkipVerify bool
+	// Auth is the Redfish authentication method: "auto" (or empty),
+	// "session" or "basic". Unused for IPMI.
+	Auth string
 }
 
 // EndpointFromSpec converts a Host's BMC spec. The spec's password must
@@ -76,6 +92,7 @@ func EndpointFromSpec(s *typesv1.BMCSpec) Endpoint {
 		Password:           s.GetPassword(),
 		SystemID:           s.GetSystemId(),
 		InsecureSkipVerify: s.GetInsecureSkipVerify(),
+		Auth:               s.GetAuth(),
 	}
 }
 
@@ -178,6 +195,10 @@ type Capabilities struct {
 	// "honoured", "ignored" (the BMC stores it as persistent) or "unknown"
 	// (not observed yet, or the protocol cannot tell).
 	BootOnce string
+	// Auth is the Redfish authentication method in use, "session" or
+	// "basic" (empty for IPMI); with Endpoint.Auth "auto" it is the one
+	// auto chose.
+	Auth string
 }
 
 // MediaSlot is one virtual media slot of a BMC.
@@ -204,6 +225,14 @@ type driver interface {
 	setMedia(ctx context.Context, url string) error
 	inventory(ctx context.Context) (Inventory, error)
 	mediaSlots(ctx context.Context) ([]MediaSlot, error)
+}
+
+// describer is a driver that can say how it talks to its BMC (the
+// Redfish authentication method, the system it picked); the text is
+// shown in the BMCReachable condition.
+type describer interface {
+	describe() string
+	authInUse() string
 }
 
 // limiter is the global concurrency limit shared by a Manager's BMCs.
@@ -514,6 +543,9 @@ func (b *BMC) Capabilities(ctx context.Context) (Capabilities, error) {
 		return Capabilities{BootOnce: BootOnceUnknown}, err
 	}
 	c := Capabilities{MediaSlots: slots}
+	if d, ok := b.drv.(describer); ok {
+		c.Auth = d.authInUse()
+	}
 	for _, s := range slots {
 		if s.Insertable && (slices.Contains(s.Types, "CD") || slices.Contains(s.Types, "DVD")) {
 			c.VirtualMedia = true

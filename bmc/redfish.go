@@ -3,6 +3,10 @@ package bmc
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -12,6 +16,7 @@ import (
 	bmclibredfish "github.com/bmc-toolbox/bmclib/v2/providers/redfish"
 	"github.com/go-logr/logr"
 	"github.com/stmcginnis/gofish"
+	"github.com/stmcginnis/gofish/common"
 	rf "github.com/stmcginnis/gofish/redfish"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -32,7 +37,13 @@ type redfishDriver struct {
 	scheme, host, port string
 	transport          *http.Transport
 
-	mu       sync.Mutex
+	mu sync.Mutex
+	// auth is the authentication method in use ("session" or "basic"; ""
+	// until auto has chosen) and authWhy says why auto chose it.
+	auth, authWhy string
+	// pickWhy says why a system was chosen without a SystemID among
+	// several ("" otherwise).
+	pickWhy  string
 	resolved bool
 	sysName  string // Name passed to bmclib ("" when the BMC has one system)
 	sysPath  string // the system's @odata.id
@@ -57,7 +68,15 @@ func newRedfishDriver(ep Endpoint, opts Options) (*redfishDriver, error) {
 		MaxIdleConnsPerHost: 1,
 		IdleConnTimeout:     30 * time.Second,
 	}
-	return &redfishDriver{ep: ep, scheme: scheme, host: host, port: port, transport: tr}, nil
+	d := &redfishDriver{ep: ep, scheme: scheme, host: host, port: port, transport: tr}
+	switch ep.Auth {
+	case "", AuthAuto:
+	case AuthSession, AuthBasic:
+		d.auth = ep.Auth
+	default:
+		return nil, errdefs.InvalidArgument("redfish auth %q: want auto, session or basic", ep.Auth)
+	}
+	return d, nil
 }
 
 func (d *redfishDriver) base() string { return d.scheme + "://" + d.host + ":" + d.port }
@@ -71,7 +90,30 @@ func (d *redfishDriver) httpClient() *http.Client { return &http.Client{Transpor
 // rather than by ctx itself, so that the Logout after a call cut short by
 // its deadline still reaches the BMC instead of leaking the session (BMCs
 // allow few). do() returns to the caller at the deadline regardless.
+//
+// With auth "auto" the first connect reads the service root and picks
+// the method (see AuthAuto); a session login that the service refuses as
+// unsupported switches to basic authentication for good.
 func (d *redfishDriver) connect(ctx context.Context) (*gofish.APIClient, error) {
+	method, err := d.authMethod(ctx)
+	if err != nil {
+		return nil, d.explain(err)
+	}
+	c, err := d.connectWith(ctx, method)
+	if err != nil && method == AuthSession && d.isAuto() {
+		var rfe *common.Error
+		if errors.As(err, &rfe) && sessionsUnsupported(rfe.HTTPReturnedStatusCode) {
+			d.setAuth(AuthBasic, fmt.Sprintf("the service refused session creation with %d", rfe.HTTPReturnedStatusCode))
+			c, err = d.connectWith(ctx, AuthBasic)
+		}
+	}
+	if err != nil {
+		return nil, d.explain(err)
+	}
+	return c, nil
+}
+
+func (d *redfishDriver) connectWith(ctx context.Context, method string) (*gofish.APIClient, error) {
 	hc := d.httpClient()
 	if dl, ok := ctx.Deadline(); ok {
 		hc.Timeout = max(time.Until(dl), minRequestTimeout)
@@ -82,7 +124,114 @@ func (d *redfishDriver) connect(ctx context.Context) (*gofish.APIClient, error) 
 		Password:   d.ep.Password,
 		Insecure:   d.ep.InsecureSkipVerify,
 		HTTPClient: hc,
+		BasicAuth:  method == AuthBasic,
 	})
+}
+
+// sessionsUnsupported reports whether an HTTP status answering a session
+// login means the service has no sessions (rather than bad credentials).
+func sessionsUnsupported(code int) bool {
+	return code == http.StatusNotFound || code == http.StatusMethodNotAllowed || code == http.StatusNotImplemented
+}
+
+func (d *redfishDriver) isAuto() bool { return d.ep.Auth == "" || d.ep.Auth == AuthAuto }
+
+func (d *redfishDriver) setAuth(method, why string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.auth, d.authWhy = method, why
+}
+
+// authMethod returns the authentication method, choosing it once for
+// auto: a session when the service root links a session collection
+// (Links.Sessions, which a SessionService brings), else basic.
+func (d *redfishDriver) authMethod(ctx context.Context) (string, error) {
+	d.mu.Lock()
+	method := d.auth
+	d.mu.Unlock()
+	if method != "" {
+		return method, nil
+	}
+	root, err := d.readRoot(ctx)
+	if err != nil {
+		return "", err
+	}
+	if root.Links.Sessions.ID != "" {
+		d.setAuth(AuthSession, "the service root links a SessionService")
+	} else {
+		d.setAuth(AuthBasic, "the service root links no SessionService")
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.auth, nil
+}
+
+// serviceRoot is the part of the Redfish service root auto needs.
+type serviceRoot struct {
+	SessionService struct {
+		ID string `json:"@odata.id"`
+	}
+	Links struct {
+		Sessions struct {
+			ID string `json:"@odata.id"`
+		}
+	}
+}
+
+// readRoot reads the service root without credentials (DSP0266 serves it
+// to anyone, and gofish reads it the same way before logging in).
+func (d *redfishDriver) readRoot(ctx context.Context) (serviceRoot, error) {
+	var root serviceRoot
+	hc := d.httpClient()
+	if dl, ok := ctx.Deadline(); ok {
+		hc.Timeout = max(time.Until(dl), minRequestTimeout)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.base()+"/redfish/v1/", nil)
+	if err != nil {
+		return root, err
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return root, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return root, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return root, common.ConstructError(resp.StatusCode, body)
+	}
+	if err := json.Unmarshal(body, &root); err != nil {
+		return root, errdefs.Unavailable("the service root at %s/redfish/v1/ is not Redfish JSON: %v", d.base(), err)
+	}
+	return root, nil
+}
+
+// describe says how the driver talks to the BMC: the authentication
+// method and why, and the system chosen when the BMC has several.
+func (d *redfishDriver) describe() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var parts []string
+	if d.auth != "" {
+		s := "redfish " + d.auth + " auth"
+		if d.authWhy != "" {
+			s += " (" + d.authWhy + ")"
+		}
+		parts = append(parts, s)
+	}
+	if d.pickWhy != "" {
+		parts = append(parts, d.pickWhy)
+	}
+	return strings.Join(parts, "; ")
+}
+
+func (d *redfishDriver) authInUse() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.auth
 }
 
 // minRequestTimeout bounds a request (a Logout) sent after the deadline.
@@ -97,7 +246,7 @@ func (d *redfishDriver) resolve(ctx context.Context, c *gofish.APIClient) error 
 	}
 	systems, err := c.Service.Systems()
 	if err != nil {
-		return err
+		return err // explained by the caller: explain takes d.mu
 	}
 	if len(systems) == 0 {
 		return errdefs.NotFound("the bmc lists no systems")
@@ -149,13 +298,13 @@ func (d *redfishDriver) withGofish(ctx context.Context, fn func(*gofish.APIClien
 	}
 	defer c.Logout()
 	if err := d.resolve(ctx, c); err != nil {
-		return err
+		return d.explain(err)
 	}
 	sys, err := rf.GetComputerSystem(c, d.sysPath)
 	if err != nil {
-		return err
+		return d.explain(err)
 	}
-	return fn(c, sys)
+	return d.explain(fn(c, sys))
 }
 
 // withBmclib runs fn with bmclib's gofish provider opened for this
@@ -173,11 +322,11 @@ func (d *redfishDriver) withBmclib(ctx context.Context, fn func(*bmclibredfish.C
 		err = d.resolve(ctx, c)
 		c.Logout()
 		if err != nil {
-			return false, err
+			return false, d.explain(err)
 		}
 	}
 	d.mu.Lock()
-	direct, name := d.direct, d.sysName
+	direct, name, method := d.direct, d.sysName, d.auth
 	d.mu.Unlock()
 	if direct {
 		return true, nil
@@ -185,12 +334,13 @@ func (d *redfishDriver) withBmclib(ctx context.Context, fn func(*bmclibredfish.C
 	conn := bmclibredfish.New(d.scheme+"://"+d.host, d.ep.Username, d.ep.Password, logr.Discard(),
 		bmclibredfish.WithPort(d.port),
 		bmclibredfish.WithHttpClient(d.httpClient()),
+		bmclibredfish.WithUseBasicAuth(method == AuthBasic),
 		bmclibredfish.WithSystemName(name))
 	if err := conn.Open(ctx); err != nil {
-		return false, err
+		return false, d.explain(err)
 	}
 	defer conn.Close(ctx)
-	return false, fn(conn)
+	return false, d.explain(fn(conn))
 }
 
 func (d *redfishDriver) powerState(ctx context.Context) (string, error) {

@@ -46,8 +46,25 @@ type System struct {
 	Machine machine.Machine
 }
 
+// Authentication modes of an emulated BMC (Config.Auth).
+const (
+	// AuthBoth serves a SessionService and accepts basic authentication
+	// too (the default).
+	AuthBoth = "both"
+	// AuthBasicOnly serves no SessionService (the service root links
+	// none), answers a session login with 401 and accepts only HTTP basic
+	// authentication, as several BMCs and BMC simulators do.
+	AuthBasicOnly = "basic"
+	// AuthSessionOnly serves a SessionService and refuses basic
+	// authentication with 401.
+	AuthSessionOnly = "session"
+)
+
 // Config configures one emulated BMC.
 type Config struct {
+	// Auth is AuthBoth (default when empty), AuthBasicOnly or
+	// AuthSessionOnly.
+	Auth string
 	// Username and Password are the only valid credentials (session login
 	// and basic auth).
 	Username string
@@ -139,6 +156,13 @@ type mediaState struct {
 func New(cfg Config) (*BMC, error) {
 	if len(cfg.Systems) == 0 {
 		return nil, errdefs.InvalidArgument("redfish emulator: no systems")
+	}
+	switch cfg.Auth {
+	case "":
+		cfg.Auth = AuthBoth
+	case AuthBoth, AuthBasicOnly, AuthSessionOnly:
+	default:
+		return nil, errdefs.InvalidArgument("redfish emulator: auth %q: want both, basic or session", cfg.Auth)
 	}
 	if cfg.FirmwareVersion == "" {
 		cfg.FirmwareVersion = "1.45.455b66-rev4"
@@ -376,7 +400,9 @@ func (b *BMC) routes() {
 	auth := func(h http.HandlerFunc) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
 			if !b.authorized(r) {
-				w.Header().Set("WWW-Authenticate", `Basic realm="kiln-lab"`)
+				if b.cfg.Auth != AuthSessionOnly {
+					w.Header().Set("WWW-Authenticate", `Basic realm="kiln-lab"`)
+				}
 				writeError(w, http.StatusUnauthorized, "Base.1.8.NoValidSession", "no valid session or credentials")
 				return
 			}
@@ -425,11 +451,19 @@ func (b *BMC) authorized(r *http.Request) bool {
 		}
 		return false
 	}
+	if b.cfg.Auth == AuthSessionOnly {
+		return false
+	}
 	u, p, ok := r.BasicAuth()
 	return ok && u == b.cfg.Username && p == b.cfg.Password
 }
 
 func (b *BMC) login(w http.ResponseWriter, r *http.Request) {
+	if b.cfg.Auth == AuthBasicOnly {
+		w.Header().Set("WWW-Authenticate", `Basic realm="kiln-lab"`)
+		writeError(w, http.StatusUnauthorized, "Base.1.8.NoValidSession", "sessions are not supported: use basic authentication")
+		return
+	}
 	var body struct {
 		UserName string
 		Password string

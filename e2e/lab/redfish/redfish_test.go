@@ -221,3 +221,48 @@ func TestAdminAPI(t *testing.T) {
 		t.Fatalf("Stats().Requests = %d, want 1 (admin calls are not counted)", st.Requests)
 	}
 }
+
+func TestAuthModes(t *testing.T) {
+	tests := []struct {
+		auth                     string
+		wantSessionService       bool
+		loginStatus, basicStatus int
+	}{
+		{auth: redfish.AuthBoth, wantSessionService: true, loginStatus: 201, basicStatus: 200},
+		{auth: redfish.AuthBasicOnly, wantSessionService: false, loginStatus: 401, basicStatus: 200},
+		{auth: redfish.AuthSessionOnly, wantSessionService: true, loginStatus: 201, basicStatus: 401},
+	}
+	for _, tc := range tests {
+		t.Run(tc.auth, func(t *testing.T) {
+			e, err := redfish.New(redfish.Config{Username: "admin", Password: "pw", Auth: tc.auth,
+				Systems: []redfish.System{{ID: "S1", Machine: &machine.Memory{}}}})
+			require.NoError(t, err)
+			e.Start()
+			t.Cleanup(e.Close)
+			c := &client{t: t, base: e.URL(), http: http.DefaultClient}
+
+			_, root := c.do("GET", "/redfish/v1/", "")
+			_, hasSS := root["SessionService"]
+			links, _ := root["Links"].(map[string]any)
+			_, hasSessions := links["Sessions"]
+			if hasSS != tc.wantSessionService || hasSessions != tc.wantSessionService {
+				t.Fatalf("service root SessionService %v, Links.Sessions %v; want %v", hasSS, hasSessions, tc.wantSessionService)
+			}
+			resp, _ := c.do("POST", "/redfish/v1/SessionService/Sessions", `{"UserName":"admin","Password":"pw"}`)
+			if resp.StatusCode != tc.loginStatus {
+				t.Fatalf("session login = %d, want %d", resp.StatusCode, tc.loginStatus)
+			}
+			req, _ := http.NewRequest("GET", e.URL()+"/redfish/v1/Systems/S1", nil)
+			req.SetBasicAuth("admin", "pw")
+			r, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			r.Body.Close()
+			if r.StatusCode != tc.basicStatus {
+				t.Fatalf("GET with basic auth = %d, want %d", r.StatusCode, tc.basicStatus)
+			}
+		})
+	}
+	if _, err := redfish.New(redfish.Config{Auth: "digest", Systems: []redfish.System{{ID: "S1", Machine: &machine.Memory{}}}}); err == nil {
+		t.Fatal(`New(Auth: "digest") = nil error, want InvalidArgument`)
+	}
+}

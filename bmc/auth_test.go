@@ -1,0 +1,165 @@
+package bmc_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kilnhq/kiln/bmc"
+	"github.com/kilnhq/kiln/e2e/lab/machine"
+	"github.com/kilnhq/kiln/e2e/lab/redfish"
+	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/errdefs"
+)
+
+func dialAuth(t *testing.T, e *redfish.BMC, auth, password string) *bmc.BMC {
+	t.Helper()
+	b, err := bmc.Dial(context.Background(), bmc.Endpoint{
+		Protocol: bmc.ProtocolRedfish, Address: e.URL(), Username: testUser, Password: password, Auth: auth,
+	}, fastOpts("rack1-u1"))
+	require.NoError(t, err)
+	return b
+}
+
+// TestRedfishAuthPaths drives power, one-time boot and virtual media
+// through every authentication path the emulator offers.
+func TestRedfishAuthPaths(t *testing.T) {
+	tests := []struct {
+		service, auth string
+		wantAuth      string
+		wantWhy       string
+	}{
+		{service: redfish.AuthBoth, auth: "", wantAuth: bmc.AuthSession, wantWhy: "the service root links a SessionService"},
+		{service: redfish.AuthBoth, auth: bmc.AuthBasic, wantAuth: bmc.AuthBasic},
+		{service: redfish.AuthBasicOnly, auth: bmc.AuthAuto, wantAuth: bmc.AuthBasic, wantWhy: "the service root links no SessionService"},
+		{service: redfish.AuthBasicOnly, auth: bmc.AuthBasic, wantAuth: bmc.AuthBasic},
+		{service: redfish.AuthSessionOnly, auth: bmc.AuthAuto, wantAuth: bmc.AuthSession},
+		{service: redfish.AuthSessionOnly, auth: bmc.AuthSession, wantAuth: bmc.AuthSession},
+	}
+	for _, tc := range tests {
+		t.Run(tc.service+"/"+tc.auth, func(t *testing.T) {
+			m := &machine.Memory{}
+			e := startEmulator(t, redfish.Config{Systems: oneSystem(m), Auth: tc.service})
+			b := dialAuth(t, e, tc.auth, testPassword)
+			ctx := ctxTimeout(t, 30*time.Second)
+
+			inv, err := b.Inventory(ctx)
+			require.NoError(t, err)
+			if inv.SerialNumber != "437XR1138R2" {
+				t.Fatalf("Inventory().SerialNumber = %q, want 437XR1138R2", inv.SerialNumber)
+			}
+			caps, err := b.Capabilities(ctx)
+			require.NoError(t, err)
+			if caps.Auth != tc.wantAuth || !caps.VirtualMedia {
+				t.Fatalf("Capabilities() = auth %q, virtual media %v; want %q, true", caps.Auth, caps.VirtualMedia, tc.wantAuth)
+			}
+			require.NoError(t, b.InsertVirtualMedia(ctx, "http://127.0.0.1:9/agent.iso"))
+			require.NoError(t, b.SetBootDevice(ctx, bmc.BootCDROM, false, true))
+			require.NoError(t, b.PowerOn(ctx))
+			if !m.State() || m.BootSource() != machine.BootCD || m.Media() != "http://127.0.0.1:9/agent.iso" {
+				t.Fatalf("after PowerOn machine: %v media %q, want on from cd with the iso", m, m.Media())
+			}
+			require.NoError(t, b.EjectVirtualMedia(ctx))
+			require.NoError(t, b.PowerCycle(ctx))
+			require.NoError(t, b.PowerOff(ctx))
+			if state, err := b.PowerState(ctx); err != nil || state != bmc.PowerOff {
+				t.Fatalf("PowerState() = %q, %v; want off", state, err)
+			}
+
+			c := b.Condition()
+			want := "redfish " + tc.wantAuth + " auth"
+			if c.GetStatus() != conditions.True || !strings.Contains(c.GetMessage(), want) || !strings.Contains(c.GetMessage(), tc.wantWhy) {
+				t.Fatalf("Condition() = %s %q, want True naming %q (%s)", c.GetStatus(), c.GetMessage(), want, tc.wantWhy)
+			}
+			st := e.Stats()
+			if tc.wantAuth == bmc.AuthBasic && st.Sessions != 0 {
+				t.Fatalf("emulator has %d sessions with basic auth, want 0", st.Sessions)
+			}
+			if st := b.Stats(); st.Attempts != st.Calls {
+				t.Fatalf("Stats() = %+v: some calls were retried", st)
+			}
+		})
+	}
+}
+
+// TestRedfishAuthRefusals checks that authentication failures are
+// permanent (PermissionDenied or FailedPrecondition), not retried, not
+// counted by the circuit breaker, shown in the condition, and say what to
+// change without the password.
+func TestRedfishAuthRefusals(t *testing.T) {
+	tests := []struct {
+		name, service, auth, password string
+		isClass                       func(error) bool
+		want                          []string
+	}{
+		{
+			name: "session mode without SessionService", service: redfish.AuthBasicOnly, auth: bmc.AuthSession, password: testPassword,
+			isClass: errdefs.IsFailedPrecondition,
+			want:    []string{"has no SessionService", "set spec.bmc.auth to basic or auto"},
+		},
+		{
+			name: "wrong password, basic-only service, auto", service: redfish.AuthBasicOnly, auth: "", password: "wrong-" + testPassword,
+			isClass: errdefs.IsPermissionDenied,
+			want:    []string{`refused basic authentication for user "kiln-admin"`, "401 Base.1.8.NoValidSession", "check spec.bmc.username and password"},
+		},
+		{
+			name: "basic mode against a session-only service", service: redfish.AuthSessionOnly, auth: bmc.AuthBasic, password: testPassword,
+			isClass: errdefs.IsPermissionDenied,
+			want:    []string{`refused basic authentication for user "kiln-admin"`, "or set spec.bmc.auth to auto or session"},
+		},
+		{
+			name: "wrong password, session login", service: redfish.AuthBoth, auth: bmc.AuthAuto, password: "wrong-" + testPassword,
+			isClass: errdefs.IsPermissionDenied,
+			want:    []string{`refused the session login of user "kiln-admin"`, "401 Base.1.8.InsufficientPrivilege", "check spec.bmc.username and password"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := startEmulator(t, redfish.Config{Systems: oneSystem(&machine.Memory{}), Auth: tc.service})
+			b := dialAuth(t, e, tc.auth, tc.password)
+			ctx := ctxTimeout(t, 30*time.Second)
+			var err error
+			for range 7 { // more than the breaker's threshold of 5
+				_, err = b.PowerState(ctx)
+			}
+			if err == nil || !tc.isClass(err) {
+				t.Fatalf("PowerState() error = %v, want another class", err)
+			}
+			t.Logf("PowerState() = %v", err)
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("PowerState() error = %q, want it to contain %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), tc.password) || strings.Contains(err.Error(), "unable to execute request") {
+				t.Errorf("PowerState() error = %q: carries the password or gofish's raw message", err)
+			}
+			if st := b.Stats(); st.Attempts != st.Calls {
+				t.Errorf("Stats() = %+v, want one attempt per call (not retried)", st)
+			}
+			if b.CircuitOpen() {
+				t.Errorf("CircuitOpen() = true after %d refusals, want false", 7)
+			}
+			c := b.Condition()
+			if c.GetStatus() != conditions.False || c.GetReason() != bmc.ReasonRefused || c.GetMessage() != err.Error() {
+				t.Errorf("Condition() = %s/%s %q, want False/%s with the error", c.GetStatus(), c.GetReason(), c.GetMessage(), bmc.ReasonRefused)
+			}
+		})
+	}
+}
+
+// TestRedfishRightAndWrongPasswordDiffer: against a basic-only service the
+// right password works and a wrong one is refused, in auto mode.
+func TestRedfishRightAndWrongPasswordDiffer(t *testing.T) {
+	e := startEmulator(t, redfish.Config{Systems: oneSystem(&machine.Memory{}), Auth: redfish.AuthBasicOnly})
+	ctx := ctxTimeout(t, 30*time.Second)
+	if _, err := dialAuth(t, e, "", testPassword).PowerState(ctx); err != nil {
+		t.Fatalf("PowerState() with the right password = %v, want nil", err)
+	}
+	if _, err := dialAuth(t, e, "", "wrong").PowerState(ctx); !errdefs.IsPermissionDenied(err) {
+		t.Fatalf("PowerState() with a wrong password = %v, want PermissionDenied", err)
+	}
+}
