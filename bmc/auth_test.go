@@ -2,6 +2,8 @@ package bmc_test
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -161,5 +163,112 @@ func TestRedfishRightAndWrongPasswordDiffer(t *testing.T) {
 	}
 	if _, err := dialAuth(t, e, "", "wrong").PowerState(ctx); !errdefs.IsPermissionDenied(err) {
 		t.Fatalf("PowerState() with a wrong password = %v, want PermissionDenied", err)
+	}
+}
+
+// noLocation drops the Location header of session logins, like services
+// whose login answers carry a token but no session URI: gofish is then
+// left without a session and bmclib says "client not authenticated".
+type noLocation struct{ http.ResponseWriter }
+
+func (w noLocation) WriteHeader(code int) {
+	w.Header().Del("Location")
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func TestRedfishNoSessionAfterLogin(t *testing.T) {
+	e, err := redfish.New(redfish.Config{Username: testUser, Password: testPassword, Systems: oneSystem(&machine.Memory{})})
+	require.NoError(t, err)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.ServeHTTP(noLocation{w}, r) }))
+	t.Cleanup(srv.Close)
+	ctx := ctxTimeout(t, 30*time.Second)
+
+	dial := func(auth string) *bmc.BMC {
+		b, err := bmc.Dial(ctx, bmc.Endpoint{Protocol: bmc.ProtocolRedfish, Address: srv.URL, Username: testUser, Password: testPassword, Auth: auth}, fastOpts("noloc"))
+		require.NoError(t, err)
+		return b
+	}
+	b := dial(bmc.AuthSession)
+	_, err = b.PowerState(ctx)
+	if !errdefs.IsPermissionDenied(err) || !strings.Contains(err.Error(), `did not authenticate user "kiln-admin"`) ||
+		!strings.Contains(err.Error(), "set spec.bmc.auth to basic") {
+		t.Fatalf("PowerState() = %v, want PermissionDenied naming the user and the fix", err)
+	}
+	t.Logf("PowerState() = %v", err)
+	if st := b.Stats(); st.Attempts != 1 {
+		t.Fatalf("Stats().Attempts = %d, want 1 (not retried)", st.Attempts)
+	}
+	// The fix the message names works.
+	if _, err := dial(bmc.AuthBasic).PowerState(ctx); err != nil {
+		t.Fatalf("PowerState() with basic auth = %v, want nil", err)
+	}
+}
+
+// TestRedfishErrorTable pins the class and text of the common Redfish
+// failures (the table in docs/bmc.md).
+func TestRedfishErrorTable(t *testing.T) {
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closedURL := closed.URL
+	closed.Close()
+
+	tests := []struct {
+		name     string
+		cfg      redfish.Config
+		address  string // overrides the emulator's URL
+		auth     string
+		password string
+		systemID string
+		setup    func(e *redfish.BMC)
+		isClass  func(error) bool
+		retried  bool
+		want     string
+	}{
+		{name: "401 on session create", isClass: errdefs.IsPermissionDenied, password: "wrong",
+			want: `refused the session login of user "kiln-admin" (401 Base.1.8.InsufficientPrivilege: invalid username or password): check spec.bmc.username and password`},
+		{name: "401 on basic", cfg: redfish.Config{Auth: redfish.AuthBasicOnly}, password: "wrong", isClass: errdefs.IsPermissionDenied,
+			want: `refused basic authentication for user "kiln-admin" (401 Base.1.8.NoValidSession: no valid session or credentials, on /redfish/v1/Systems): check spec.bmc.username and password`},
+		{name: "no SessionService", cfg: redfish.Config{Auth: redfish.AuthBasicOnly}, auth: bmc.AuthSession, isClass: errdefs.IsFailedPrecondition,
+			want: "has no SessionService (its service root links no Sessions), so session authentication cannot work: set spec.bmc.auth to basic or auto"},
+		{name: "404 on the system", systemID: "nope", isClass: errdefs.IsNotFound,
+			want: `no system with id "nope" (systems: 437XR1138R2)`},
+		{name: "tls certificate unknown", cfg: redfish.Config{TLS: true}, isClass: errdefs.IsFailedPrecondition,
+			want: "the bmc's tls certificate is not trusted (set root CAs or insecure skip verify)"},
+		{name: "connection refused", address: closedURL, isClass: errdefs.IsUnavailable, retried: true,
+			want: "connection refused"},
+		{name: "timeout", setup: func(e *redfish.BMC) { e.SetLatency(time.Second) }, isClass: errdefs.IsUnavailable, retried: true,
+			want: "attempt timed out"},
+		{name: "503", setup: func(e *redfish.BMC) { e.FailNext(100, 503) }, isClass: errdefs.IsUnavailable, retried: true,
+			want: "is busy or failing (503 Base.1.8.GeneralError: injected fault"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			cfg.Systems = oneSystem(&machine.Memory{})
+			e := startEmulator(t, cfg)
+			if tc.setup != nil {
+				tc.setup(e)
+			}
+			addr := e.URL()
+			if tc.address != "" {
+				addr = tc.address
+			}
+			pw := testPassword
+			if tc.password != "" {
+				pw = tc.password
+			}
+			opts := fastOpts("r1")
+			opts.AttemptTimeout, opts.MaxAttempts = 300*time.Millisecond, 2
+			b, err := bmc.Dial(context.Background(), bmc.Endpoint{Protocol: bmc.ProtocolRedfish, Address: addr,
+				Username: testUser, Password: pw, Auth: tc.auth, SystemID: tc.systemID}, opts)
+			require.NoError(t, err)
+			_, err = b.PowerState(ctxTimeout(t, 10*time.Second))
+			t.Logf("%s: %v", tc.name, err)
+			if err == nil || !tc.isClass(err) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("PowerState() = %v, want the right class and %q", err, tc.want)
+			}
+			if got := b.Stats().Attempts > 1; got != tc.retried {
+				t.Fatalf("PowerState() retried = %v, want %v", got, tc.retried)
+			}
+		})
 	}
 }

@@ -181,7 +181,8 @@ func (b *BMC) classify(op string, err error, attemptTimedOut bool) error {
 		return errdefs.FailedPrecondition("%s: the bmc's tls certificate is not trusted (set root CAs or insecure skip verify): %s", prefix, msg)
 	}
 	if attemptTimedOut || errors.Is(err, context.DeadlineExceeded) {
-		return errdefs.Unavailable("%s: attempt timed out: %s: %w", prefix, msg, context.DeadlineExceeded)
+		msg = strings.TrimSuffix(msg, ": "+context.DeadlineExceeded.Error())
+		return errdefs.Unavailable("%s: attempt timed out: the bmc gave no answer within %s (%s): %w", prefix, b.opts.AttemptTimeout, msg, context.DeadlineExceeded)
 	}
 	if errors.Is(err, context.Canceled) {
 		return fmt.Errorf("%s: %s: %w", prefix, msg, context.Canceled)
@@ -189,7 +190,7 @@ func (b *BMC) classify(op string, err error, attemptTimedOut bool) error {
 	var ne net.Error
 	if errors.As(err, &ne) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return errdefs.Unavailable("%s: %s", prefix, msg)
+		return errdefs.Unavailable("%s: cannot reach the bmc (%s): check spec.bmc.address and the BMC network", prefix, msg)
 	}
 	lower := strings.ToLower(msg)
 	switch {

@@ -100,7 +100,38 @@ func TestMockups(t *testing.T) {
 			if strings.Join(slots, " ") != strings.Join(tt.slots, " ") || caps.VirtualMedia != tt.virtualMedia {
 				t.Fatalf("Capabilities(%q) = slots %v virtual media %v, want %v %v", tt.tree, slots, caps.VirtualMedia, tt.slots, tt.virtualMedia)
 			}
+			// Every DMTF mockup links a SessionService: auto picks sessions.
+			if caps.Auth != bmc.AuthSession {
+				t.Fatalf("Capabilities(%q).Auth = %q, want session", tt.tree, caps.Auth)
+			}
+			if !tt.virtualMedia {
+				err := b.InsertVirtualMedia(ctx, "http://127.0.0.1:9/a.iso")
+				if !errdefs.IsNotSupported(err) {
+					t.Fatalf("InsertVirtualMedia(%q) without an insertable slot = %v, want NotSupported", tt.tree, err)
+				}
+			}
 		})
+	}
+}
+
+// TestMockupErrors: what a read-only DMTF tree answers to writes is
+// translated, classed NotSupported and not retried.
+func TestMockupErrors(t *testing.T) {
+	url := serveMockup(t, "public-tower")
+	b, err := bmc.Dial(context.Background(), bmc.Endpoint{
+		Protocol: bmc.ProtocolRedfish, Address: url, Username: "root", Password: "pw", Auth: bmc.AuthBasic,
+	}, fastOpts("tower"))
+	require.NoError(t, err)
+	ctx := ctxTimeout(t, 10*time.Second)
+	if _, err := b.Inventory(ctx); err != nil {
+		t.Fatalf("Inventory() with basic auth = %v, want nil", err)
+	}
+	err = b.PowerOff(ctx)
+	if !errdefs.IsNotSupported(err) || !strings.Contains(err.Error(), "does not support this request (405 Base.1.8.OperationNotAllowed") {
+		t.Fatalf("PowerOff() on a read-only mockup = %v, want NotSupported ... 405", err)
+	}
+	if st := b.Stats(); st.Attempts != st.Calls {
+		t.Fatalf("Stats() = %+v: NotSupported was retried", st)
 	}
 }
 

@@ -160,8 +160,14 @@ func TestRedfishCapabilities(t *testing.T) {
 			t.Fatalf("Capabilities() = %+v, want no virtual media, boot once ignored", caps)
 		}
 		err = b.InsertVirtualMedia(ctx, "http://127.0.0.1:9/a.iso")
-		if err == nil {
-			t.Fatalf("InsertVirtualMedia on a bmc without virtual media = nil, want error")
+		if !errdefs.IsNotSupported(err) || !strings.Contains(err.Error(), "has no virtual media") {
+			t.Fatalf("InsertVirtualMedia on a bmc without virtual media = %v, want NotSupported ... has no virtual media", err)
+		}
+		if st := b.Stats(); st.Attempts != st.Calls {
+			t.Fatalf("Stats() = %+v: NotSupported was retried", st)
+		}
+		if c := b.Condition(); c.GetStatus() != conditions.True {
+			t.Fatalf("Condition() after NotSupported = %s %q, want True (the bmc answered)", c.GetStatus(), c.GetMessage())
 		}
 	})
 }
