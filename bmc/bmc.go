@@ -175,6 +175,12 @@ type Inventory struct {
 	BMCFirmware string
 	// MACs are the host's NIC addresses, lower case.
 	MACs []string
+	// SystemID is the Redfish Id of the system described.
+	SystemID string
+	// SystemPicked says why SystemID was chosen when the BMC lists several
+	// systems and the endpoint names none (the only Physical one beside
+	// DPUs); empty otherwise.
+	SystemPicked string
 }
 
 // Boot-once behaviours a BMC may show.

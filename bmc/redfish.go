@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
@@ -34,6 +35,7 @@ import (
 // @odata.id.
 type redfishDriver struct {
 	ep                 Endpoint
+	log                *slog.Logger
 	scheme, host, port string
 	transport          *http.Transport
 
@@ -68,7 +70,11 @@ func newRedfishDriver(ep Endpoint, opts Options) (*redfishDriver, error) {
 		MaxIdleConnsPerHost: 1,
 		IdleConnTimeout:     30 * time.Second,
 	}
-	d := &redfishDriver{ep: ep, scheme: scheme, host: host, port: port, transport: tr}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	d := &redfishDriver{ep: ep, log: log.With("component", "bmc", "bmc", opts.Name), scheme: scheme, host: host, port: port, transport: tr}
 	switch ep.Auth {
 	case "", AuthAuto:
 	case AuthSession, AuthBasic:
@@ -251,16 +257,32 @@ func (d *redfishDriver) resolve(ctx context.Context, c *gofish.APIClient) error 
 	if len(systems) == 0 {
 		return errdefs.NotFound("the bmc lists no systems")
 	}
+	// gofish reads collection members concurrently: sort for stable
+	// messages.
+	slices.SortFunc(systems, func(a, b *rf.ComputerSystem) int { return strings.Compare(a.ID, b.ID) })
 	var pick *rf.ComputerSystem
 	if d.ep.SystemID == "" {
-		if len(systems) > 1 {
-			ids := make([]string, 0, len(systems))
-			for _, s := range systems {
-				ids = append(ids, s.ID)
-			}
-			return errdefs.InvalidArgument("the bmc has %d systems (%s): set the host's system id", len(systems), strings.Join(ids, ", "))
-		}
 		pick = systems[0]
+		if len(systems) > 1 {
+			// A BMC may list a SmartNIC's SoC (SystemType DPU) or other
+			// non-host systems beside the host: when exactly one system
+			// is Physical, that is the host.
+			var physical []*rf.ComputerSystem
+			for _, s := range systems {
+				if s.SystemType == rf.PhysicalSystemType {
+					physical = append(physical, s)
+				}
+			}
+			if len(physical) != 1 {
+				return errdefs.InvalidArgument("the bmc has %d systems (%s), %d of them Physical: set the host's system id",
+					len(systems), describeSystems(systems, nil), len(physical))
+			}
+			pick = physical[0]
+			d.pickWhy = fmt.Sprintf("system %s picked as the only Physical one of %d (others: %s)",
+				pick.ID, len(systems), describeSystems(systems, pick))
+			d.log.Info("bmc lists several systems: picked the only physical one",
+				"system", pick.ID, "others", describeSystems(systems, pick))
+		}
 	} else {
 		for _, s := range systems {
 			if s.ID == d.ep.SystemID {
@@ -288,6 +310,22 @@ func (d *redfishDriver) resolve(ctx context.Context, c *gofish.APIClient) error 
 	}
 	d.resolved = true
 	return nil
+}
+
+// describeSystems lists systems as "Id (SystemType)", leaving out skip.
+func describeSystems(systems []*rf.ComputerSystem, skip *rf.ComputerSystem) string {
+	var out []string
+	for _, s := range systems {
+		if s == skip {
+			continue
+		}
+		t := string(s.SystemType)
+		if t == "" {
+			t = "no SystemType"
+		}
+		out = append(out, s.ID+" ("+t+")")
+	}
+	return strings.Join(out, ", ")
 }
 
 // withGofish runs fn with a gofish session and the resolved system.
@@ -525,6 +563,10 @@ func (d *redfishDriver) inventory(ctx context.Context) (Inventory, error) {
 	var inv Inventory
 	err := d.withGofish(ctx, func(c *gofish.APIClient, sys *rf.ComputerSystem) error {
 		inv.Manufacturer, inv.Model, inv.SerialNumber = sys.Manufacturer, sys.Model, sys.SerialNumber
+		inv.SystemID = sys.ID
+		d.mu.Lock()
+		inv.SystemPicked = d.pickWhy
+		d.mu.Unlock()
 		nics, err := sys.EthernetInterfaces()
 		if err != nil {
 			return err

@@ -411,3 +411,45 @@ func TestRedfishMultiSystem(t *testing.T) {
 		}
 	}
 }
+
+// TestRedfishDPUBesideHost: a BMC that lists a SmartNIC's SoC (SystemType
+// DPU) beside the host drives the host without a system id, and says so;
+// several Physical systems still need one.
+func TestRedfishDPUBesideHost(t *testing.T) {
+	host, dpu := &machine.Memory{}, &machine.Memory{}
+	e := startEmulator(t, redfish.Config{Systems: []redfish.System{
+		{ID: "Bluefield", Name: "SmartNIC SoC", SystemType: "DPU", Model: "BlueField-3", Machine: dpu},
+		{ID: "437XR1138R2", Name: "WebFrontEnd483", Model: "3500", SerialNumber: "437XR1138R2", Machine: host},
+	}})
+	b := dialEmulator(t, e, fastOpts("dpu-host"))
+	ctx := ctxTimeout(t, 30*time.Second)
+
+	inv, err := b.Inventory(ctx)
+	require.NoError(t, err)
+	if inv.SystemID != "437XR1138R2" || inv.SystemPicked != "system 437XR1138R2 picked as the only Physical one of 2 (others: Bluefield (DPU))" {
+		t.Fatalf("Inventory() = system %q picked %q, want 437XR1138R2 with the reason", inv.SystemID, inv.SystemPicked)
+	}
+	require.NoError(t, b.InsertVirtualMedia(ctx, "http://127.0.0.1:9/agent.iso"))
+	require.NoError(t, b.SetBootDevice(ctx, bmc.BootCDROM, false, true))
+	require.NoError(t, b.PowerOn(ctx))
+	if !host.State() || host.BootSource() != machine.BootCD {
+		t.Fatalf("host after PowerOn: %v, want on from cd", host)
+	}
+	if ev := dpu.Events(); len(ev) != 0 {
+		t.Fatalf("the DPU was driven: %v", ev)
+	}
+	if c := b.Condition(); !strings.Contains(c.GetMessage(), "system 437XR1138R2 picked as the only Physical one of 2") {
+		t.Fatalf("Condition() = %q, want it to name the picked system", c.GetMessage())
+	}
+
+	// Two Physical systems and a DPU: ambiguous, refused with the ids.
+	e2 := startEmulator(t, redfish.Config{Systems: []redfish.System{
+		{ID: "A", Machine: &machine.Memory{}}, {ID: "B", Machine: &machine.Memory{}},
+		{ID: "Bluefield", SystemType: "DPU", Machine: &machine.Memory{}},
+	}})
+	_, err = dialEmulator(t, e2, fastOpts("two-hosts")).PowerState(ctx)
+	want := "the bmc has 3 systems (A (Physical), B (Physical), Bluefield (DPU)), 2 of them Physical: set the host's system id"
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("PowerState() with two Physical systems = %v, want InvalidArgument %q", err, want)
+	}
+}

@@ -36,7 +36,10 @@ type System struct {
 	// ID is the Redfish Id (the last path element); required.
 	ID string
 	// Name is the Redfish Name; defaults to ID. Several systems may share one.
-	Name         string
+	Name string
+	// SystemType is the Redfish SystemType: "Physical" (default), or for
+	// example "DPU" for a SmartNIC's SoC that its BMC lists beside the host.
+	SystemType   string
 	Manufacturer string
 	Model        string
 	SerialNumber string
@@ -197,6 +200,9 @@ func New(cfg Config) (*BMC, error) {
 		}
 		if s.Name == "" {
 			s.Name = s.ID
+		}
+		if s.SystemType == "" {
+			s.SystemType = "Physical"
 		}
 		mid := "BMC"
 		if len(cfg.Systems) > 1 {

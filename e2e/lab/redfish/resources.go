@@ -131,7 +131,7 @@ func (b *BMC) serveSystem(w http.ResponseWriter, r *http.Request) {
 		"@odata.id":    base,
 		"Id":           st.cfg.ID,
 		"Name":         st.cfg.Name,
-		"SystemType":   "Physical",
+		"SystemType":   st.cfg.SystemType,
 		"Manufacturer": st.cfg.Manufacturer,
 		"Model":        st.cfg.Model,
 		"SerialNumber": st.cfg.SerialNumber,
