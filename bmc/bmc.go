@@ -9,7 +9,8 @@
 // the controller shows as the BMCReachable condition.
 //
 // Passwords never appear in errors or logs: every error leaving this
-// package has the endpoint's password redacted.
+// package has the endpoint's password redacted where it stands as a
+// credential (see redact).
 package bmc
 
 import (
@@ -338,7 +339,7 @@ func dial(_ context.Context, ep Endpoint, opts Options, lim *limiter) (*BMC, err
 		return nil, errdefs.InvalidArgument("bmc %s: protocol %q: want redfish or ipmi", opts.Name, ep.Protocol)
 	}
 	if err != nil {
-		return nil, redactErr(err, ep.Password)
+		return nil, redactErr(err, ep.Username, ep.Password)
 	}
 	b := &BMC{
 		ep:       ep,

@@ -140,7 +140,7 @@ func retryable(err error) bool {
 // wrapped (its text may carry what a BMC echoed back); only ctx errors
 // are.
 func (b *BMC) classify(op string, err error, attemptTimedOut bool) error {
-	msg := redact(err.Error(), b.ep.Password)
+	msg := redact(err.Error(), b.ep.Username, b.ep.Password)
 	prefix := fmt.Sprintf("bmc %s: %s", b.opts.Name, op)
 
 	// Our own errors (drivers, waitPower) keep their class.
@@ -208,21 +208,16 @@ func (b *BMC) classify(op string, err error, attemptTimedOut bool) error {
 	return errdefs.Unavailable("%s: %s", prefix, msg)
 }
 
-// redact replaces every occurrence of secret in s.
-func redact(s, secret string) string {
-	if secret == "" {
-		return s
+// redactErr rebuilds err with the credentials removed (see redact),
+// keeping its errdefs class.
+func redactErr(err error, user, secret string) error {
+	if err == nil {
+		return nil
 	}
-	return strings.ReplaceAll(s, secret, "<redacted>")
-}
-
-// redactErr rebuilds err with the secret removed, keeping its errdefs
-// class.
-func redactErr(err error, secret string) error {
-	if err == nil || secret == "" || !strings.Contains(err.Error(), secret) {
+	msg := redact(err.Error(), user, secret)
+	if msg == err.Error() {
 		return err
 	}
-	msg := redact(err.Error(), secret)
 	switch {
 	case errdefs.IsInvalidArgument(err):
 		return errdefs.InvalidArgument("%s", msg)
