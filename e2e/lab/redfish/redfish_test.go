@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/kilnhq/kiln/e2e/lab/machine"
 	"github.com/kilnhq/kiln/e2e/lab/redfish"
+	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
 type client struct {
@@ -163,9 +165,10 @@ func TestFaults(t *testing.T) {
 
 func TestMockupHandler(t *testing.T) {
 	root, err := redfish.MockupsDir()
-	if err != nil {
+	if errdefs.IsNotFound(err) {
 		t.Skip(err.Error())
 	}
+	require.NoError(t, err)
 	dir := filepath.Join(root, "public-tower")
 	srv := httptest.NewServer(redfish.MockupHandler(dir))
 	t.Cleanup(srv.Close)
@@ -185,8 +188,53 @@ func TestMockupHandler(t *testing.T) {
 			t.Errorf("GET %s = %d, want 404", path, resp.StatusCode)
 		}
 	}
-	if resp, _ := c.do("PATCH", "/redfish/v1/Systems/437XR1238R2", `{}`); resp.StatusCode != 405 {
-		t.Errorf("PATCH on a mockup = %d, want 405", resp.StatusCode)
+	if resp, _ := c.do("PATCH", "/redfish/v1/Systems/437XR1238R2", `{"AssetTag":"x"}`); resp.StatusCode != 405 {
+		t.Errorf("PATCH of AssetTag on a mockup = %d, want 405", resp.StatusCode)
+	}
+
+	// The write overlay: Boot PATCH checked against AllowableValues,
+	// Reset, virtual media actions where the resource offers them.
+	sys := "/redfish/v1/Systems/437XR1238R2"
+	for _, tc := range []struct {
+		method, path, body string
+		want               int
+	}{
+		{"PATCH", sys, `{"Boot":{"BootSourceOverrideTarget":"UefiHttp"}}`, 400},
+		{"PATCH", sys, `{"Boot":{"BootSourceOverrideTarget":"Cd","BootSourceOverrideEnabled":"Once"}}`, 204},
+		{"POST", sys + "/Actions/ComputerSystem.Reset", `{"ResetType":"Explode"}`, 400},
+		{"POST", sys + "/Actions/ComputerSystem.Reset", `{"ResetType":"ForceOff"}`, 204},
+		{"POST", "/redfish/v1/Managers/BMC/VirtualMedia/CD1/Actions/VirtualMedia.InsertMedia", `{"Image":"http://x/a.iso"}`, 404},
+	} {
+		if resp, _ := c.do(tc.method, tc.path, tc.body); resp.StatusCode != tc.want {
+			t.Errorf("%s %s %s = %d, want %d", tc.method, tc.path, tc.body, resp.StatusCode, tc.want)
+		}
+	}
+	_, body := c.do("GET", sys, "")
+	boot, _ := body["Boot"].(map[string]any)
+	if body["PowerState"] != "Off" || boot["BootSourceOverrideTarget"] != "Cd" || boot["BootSourceOverrideEnabled"] != "Once" {
+		t.Errorf("after the writes: PowerState %v, Boot %v; want Off, Cd Once", body["PowerState"], boot)
+	}
+	c.do("POST", sys+"/Actions/ComputerSystem.Reset", `{"ResetType":"On"}`)
+	_, body = c.do("GET", sys, "")
+	if boot, _ := body["Boot"].(map[string]any); body["PowerState"] != "On" || boot["BootSourceOverrideEnabled"] != "Disabled" {
+		t.Errorf("after Reset On: PowerState %v, Boot %v; want On with the override consumed", body["PowerState"], boot)
+	}
+}
+
+func TestMockupsDirEnv(t *testing.T) {
+	t.Setenv("KILN_REDFISH_MOCKUPS", t.TempDir())
+	if _, err := redfish.MockupsDir(); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("MockupsDir() with KILN_REDFISH_MOCKUPS naming an empty dir = %v, want FailedPrecondition", err)
+	}
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "vendor-x"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "vendor-x", "index.json"), []byte(`{}`), 0o644))
+	t.Setenv("KILN_REDFISH_MOCKUPS", dir)
+	if got, err := redfish.MockupsDir(); err != nil || got != dir {
+		t.Fatalf("MockupsDir() = %q, %v; want %q (any tree will do)", got, err, dir)
+	}
+	if trees, _ := redfish.MockupTrees(dir); len(trees) != 1 || trees[0] != "vendor-x" {
+		t.Fatalf("MockupTrees() = %v, want [vendor-x]", trees)
 	}
 }
 
