@@ -213,8 +213,10 @@ type MediaSlot struct {
 	ID string
 	// Types are Redfish media types: CD, DVD, Floppy, USBStick.
 	Types []string
-	// Insertable is true when the slot offers the InsertMedia action.
+	// Insertable is true when the slot offers the InsertMedia action,
+	// Ejectable when it offers EjectMedia.
 	Insertable bool
+	Ejectable  bool
 	Inserted   bool
 	Image      string
 }
@@ -505,15 +507,71 @@ func (b *BMC) InsertVirtualMedia(ctx context.Context, url string) error {
 		return errdefs.InvalidArgument("bmc %s: insert virtual media: empty url", b.opts.Name)
 	}
 	return b.do(ctx, "insert virtual media", func(ctx context.Context) error {
-		return b.drv.setMedia(ctx, url)
+		if err := b.drv.setMedia(ctx, url); err != nil {
+			return err
+		}
+		return b.readBackMedia(ctx, url)
 	})
 }
 
-// EjectVirtualMedia ejects the virtual CD. NotSupported on IPMI.
+// EjectVirtualMedia ejects the virtual CD. NotSupported on IPMI, and
+// when a CD slot holds an image but offers no EjectMedia action.
 func (b *BMC) EjectVirtualMedia(ctx context.Context) error {
 	return b.do(ctx, "eject virtual media", func(ctx context.Context) error {
-		return b.drv.setMedia(ctx, "")
+		if err := b.drv.setMedia(ctx, ""); err != nil {
+			return err
+		}
+		return b.readBackMedia(ctx, "")
 	})
+}
+
+// readBackMedia reads the slots after an insert of url ("" after an
+// eject) and reports the truth: the image in a CD slot, or no CD slot
+// holding one. The cached capabilities get the slots read.
+func (b *BMC) readBackMedia(ctx context.Context, url string) error {
+	slots, err := b.drv.mediaSlots(ctx)
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	if b.caps != nil {
+		b.caps.MediaSlots = slots
+	}
+	b.mu.Unlock()
+	var cds []MediaSlot
+	for _, s := range slots {
+		if slices.Contains(s.Types, "CD") || slices.Contains(s.Types, "DVD") {
+			cds = append(cds, s)
+		}
+	}
+	if url != "" {
+		for _, s := range cds {
+			if s.Inserted && s.Image == url {
+				return nil
+			}
+		}
+		return errdefs.Unavailable("the bmc accepted InsertMedia but no CD slot reports %s inserted (%s)", url, describeSlots(cds))
+	}
+	for _, s := range cds {
+		if s.Inserted {
+			if !s.Ejectable {
+				return errdefs.NotSupported("virtual media slot %s holds %q and offers no EjectMedia action", s.ID, s.Image)
+			}
+			return errdefs.Unavailable("the bmc accepted EjectMedia but slot %s still reports %q inserted", s.ID, s.Image)
+		}
+	}
+	return nil
+}
+
+func describeSlots(slots []MediaSlot) string {
+	if len(slots) == 0 {
+		return "no CD slots"
+	}
+	var out []string
+	for _, s := range slots {
+		out = append(out, fmt.Sprintf("%s: inserted=%v image=%q", s.ID, s.Inserted, s.Image))
+	}
+	return strings.Join(out, "; ")
 }
 
 // Inventory reads model, serial, BMC firmware and MACs. NotSupported on

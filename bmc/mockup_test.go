@@ -121,8 +121,9 @@ func TestMockups(t *testing.T) {
 	}
 }
 
-// TestMockupBasicAuth: a DMTF tree read with basic authentication, and a
-// slot without InsertMedia refused as NotSupported without retries.
+// TestMockupBasicAuth: a DMTF tree read with basic authentication, and
+// slots without InsertMedia or EjectMedia refused as NotSupported without
+// retries.
 func TestMockupBasicAuth(t *testing.T) {
 	url := serveMockup(t, "public-tower")
 	b, err := bmc.Dial(context.Background(), bmc.Endpoint{
@@ -135,6 +136,12 @@ func TestMockupBasicAuth(t *testing.T) {
 	}
 	if err := b.InsertVirtualMedia(ctx, "http://127.0.0.1:9/a.iso"); !errdefs.IsNotSupported(err) {
 		t.Fatalf("InsertVirtualMedia() without an insertable slot = %v, want NotSupported", err)
+	}
+	// CD1 holds freeOS.1.1.iso and offers no EjectMedia: an eject cannot
+	// succeed, and saying so is the truth.
+	err = b.EjectVirtualMedia(ctx)
+	if !errdefs.IsNotSupported(err) || !strings.Contains(err.Error(), `virtual media slot CD1 holds "redfish.dmtf.org/freeImages/freeOS.1.1.iso" and offers no EjectMedia action`) {
+		t.Fatalf("EjectVirtualMedia() on a slot without EjectMedia = %v, want NotSupported naming the slot and image", err)
 	}
 	if st := b.Stats(); st.Attempts != st.Calls {
 		t.Fatalf("Stats() = %+v: NotSupported was retried", st)

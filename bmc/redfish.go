@@ -598,7 +598,7 @@ func (d *redfishDriver) mediaSlots(ctx context.Context) ([]MediaSlot, error) {
 			return err
 		}
 		for _, vm := range slots {
-			ms := MediaSlot{ID: vm.ID, Inserted: vm.Inserted, Insertable: vm.SupportsMediaInsert, Image: vm.Image}
+			ms := MediaSlot{ID: vm.ID, Inserted: vm.Inserted, Insertable: vm.SupportsMediaInsert, Ejectable: vm.SupportsMediaEject, Image: vm.Image}
 			for _, t := range vm.MediaTypes {
 				ms.Types = append(ms.Types, string(t))
 			}
