@@ -202,6 +202,12 @@ type Capabilities struct {
 	// "honoured", "ignored" (the BMC stores it as persistent) or "unknown"
 	// (not observed yet, or the protocol cannot tell).
 	BootOnce string
+	// BootDevices are the SetBootDevice devices the BMC allows ("pxe",
+	// "disk", "cdrom"), from the system's
+	// BootSourceOverrideTarget@Redfish.AllowableValues (BootTargets); nil
+	// when the BMC does not say (IPMI, or a system without the annotation).
+	BootDevices []string
+	BootTargets []string
 	// Auth is the Redfish authentication method in use, "session" or
 	// "basic" (empty for IPMI); with Endpoint.Auth "auto" it is the one
 	// auto chose.
@@ -242,6 +248,12 @@ type driver interface {
 type describer interface {
 	describe() string
 	authInUse() string
+}
+
+// bootTargeter is a driver that knows which boot targets the system
+// allows.
+type bootTargeter interface {
+	bootTargets(ctx context.Context) ([]string, error)
 }
 
 // limiter is the global concurrency limit shared by a Manager's BMCs.
@@ -610,6 +622,17 @@ func (b *BMC) Capabilities(ctx context.Context) (Capabilities, error) {
 	c := Capabilities{MediaSlots: slots}
 	if d, ok := b.drv.(describer); ok {
 		c.Auth = d.authInUse()
+	}
+	if bt, ok := b.drv.(bootTargeter); ok {
+		// Resolved by mediaSlots above: no request.
+		if targets, err := bt.bootTargets(ctx); err == nil && targets != nil {
+			c.BootTargets = targets
+			for _, dev := range []string{BootPXE, BootDisk, BootCDROM} {
+				if slices.Contains(targets, string(redfishTargets[dev])) {
+					c.BootDevices = append(c.BootDevices, dev)
+				}
+			}
+		}
 	}
 	for _, s := range slots {
 		if s.Insertable && (slices.Contains(s.Types, "CD") || slices.Contains(s.Types, "DVD")) {

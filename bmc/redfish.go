@@ -45,7 +45,10 @@ type redfishDriver struct {
 	auth, authWhy string
 	// pickWhy says why a system was chosen without a SystemID among
 	// several ("" otherwise).
-	pickWhy  string
+	pickWhy string
+	// targets are the system's BootSourceOverrideTarget AllowableValues
+	// (nil when it lists none).
+	targets  []string
 	resolved bool
 	sysName  string // Name passed to bmclib ("" when the BMC has one system)
 	sysPath  string // the system's @odata.id
@@ -303,6 +306,7 @@ func (d *redfishDriver) resolve(ctx context.Context, c *gofish.APIClient) error 
 			sameName++
 		}
 	}
+	d.targets = allowableTargets(pick.RawData)
 	d.sysPath = pick.ODataID
 	d.direct = sameName > 1
 	if len(systems) > 1 {
@@ -345,23 +349,30 @@ func (d *redfishDriver) withGofish(ctx context.Context, fn func(*gofish.APIClien
 	return d.explain(fn(c, sys))
 }
 
+// ensureResolved resolves the system with a short session of its own
+// unless that is done.
+func (d *redfishDriver) ensureResolved(ctx context.Context) error {
+	d.mu.Lock()
+	resolved := d.resolved
+	d.mu.Unlock()
+	if resolved {
+		return nil
+	}
+	c, err := d.connect(ctx)
+	if err != nil {
+		return err
+	}
+	err = d.resolve(ctx, c)
+	c.Logout()
+	return d.explain(err)
+}
+
 // withBmclib runs fn with bmclib's gofish provider opened for this
 // operation, unless the system must be driven directly (then it returns
 // direct=true and does nothing).
 func (d *redfishDriver) withBmclib(ctx context.Context, fn func(*bmclibredfish.Conn) error) (direct bool, err error) {
-	d.mu.Lock()
-	resolved := d.resolved
-	d.mu.Unlock()
-	if !resolved {
-		c, err := d.connect(ctx)
-		if err != nil {
-			return false, err
-		}
-		err = d.resolve(ctx, c)
-		c.Logout()
-		if err != nil {
-			return false, d.explain(err)
-		}
+	if err := d.ensureResolved(ctx); err != nil {
+		return false, err
 	}
 	d.mu.Lock()
 	direct, name, method := d.direct, d.sysName, d.auth
@@ -439,6 +450,46 @@ func (d *redfishDriver) setPower(ctx context.Context, action string) error {
 	})
 }
 
+// allowableTargets reads Boot.BootSourceOverrideTarget@Redfish.AllowableValues
+// from a system's JSON.
+func allowableTargets(raw []byte) []string {
+	var v struct {
+		Boot struct {
+			Targets []string `json:"BootSourceOverrideTarget@Redfish.AllowableValues"`
+		}
+	}
+	if json.Unmarshal(raw, &v) != nil {
+		return nil
+	}
+	return v.Boot.Targets
+}
+
+// bootTargets returns the Redfish boot targets the system allows (nil
+// when it does not say).
+func (d *redfishDriver) bootTargets(ctx context.Context) ([]string, error) {
+	if err := d.ensureResolved(ctx); err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.targets), nil
+}
+
+// checkTarget refuses, before any PATCH, a device whose Redfish target is
+// not in the system's AllowableValues.
+func (d *redfishDriver) checkTarget(ctx context.Context, device string) error {
+	allowed, err := d.bootTargets(ctx)
+	if err != nil || allowed == nil {
+		return err
+	}
+	want := string(redfishTargets[device])
+	if !slices.Contains(allowed, want) {
+		return errdefs.NotSupported("the system does not allow boot target %s for %s (BootSourceOverrideTarget@Redfish.AllowableValues: %s)",
+			want, device, strings.Join(allowed, ", "))
+	}
+	return nil
+}
+
 var redfishTargets = map[string]rf.BootSourceOverrideTarget{
 	BootPXE:   rf.PxeBootSourceOverrideTarget,
 	BootDisk:  rf.HddBootSourceOverrideTarget,
@@ -446,6 +497,9 @@ var redfishTargets = map[string]rf.BootSourceOverrideTarget{
 }
 
 func (d *redfishDriver) setBoot(ctx context.Context, device string, persistent, efi bool) error {
+	if err := d.checkTarget(ctx, device); err != nil {
+		return err
+	}
 	direct, err := d.withBmclib(ctx, func(c *bmclibredfish.Conn) error {
 		ok, err := c.BootDeviceSet(ctx, device, persistent, efi)
 		if err == nil && !ok {

@@ -453,3 +453,30 @@ func TestRedfishDPUBesideHost(t *testing.T) {
 		t.Fatalf("PowerState() with two Physical systems = %v, want InvalidArgument %q", err, want)
 	}
 }
+
+// TestRedfishBootTargets: a target outside the system's AllowableValues is
+// refused before any PATCH, and Capabilities lists what is allowed.
+func TestRedfishBootTargets(t *testing.T) {
+	sys := oneSystem(&machine.Memory{})
+	sys[0].BootTargets = []string{"None", "Pxe", "Usb", "Hdd"}
+	e := startEmulator(t, redfish.Config{Systems: sys})
+	b := dialEmulator(t, e, fastOpts("no-cd"))
+	ctx := ctxTimeout(t, 30*time.Second)
+
+	caps, err := b.Capabilities(ctx)
+	require.NoError(t, err)
+	if strings.Join(caps.BootDevices, ",") != "pxe,disk" || strings.Join(caps.BootTargets, ",") != "None,Pxe,Usb,Hdd" {
+		t.Fatalf("Capabilities() = boot devices %v targets %v, want [pxe disk] [None Pxe Usb Hdd]", caps.BootDevices, caps.BootTargets)
+	}
+	before := e.Stats().Requests
+	err = b.SetBootDevice(ctx, bmc.BootCDROM, false, true)
+	want := "does not allow boot target Cd for cdrom (BootSourceOverrideTarget@Redfish.AllowableValues: None, Pxe, Usb, Hdd)"
+	if !errdefs.IsNotSupported(err) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("SetBootDevice(cdrom) = %v, want NotSupported %q", err, want)
+	}
+	if target, _, _ := e.BootOverride("437XR1138R2"); target != "None" {
+		t.Fatalf("boot override target = %q after a refused SetBootDevice, want None", target)
+	}
+	t.Logf("SetBootDevice(cdrom) = %v (%d requests)", err, e.Stats().Requests-before)
+	require.NoError(t, b.SetBootDevice(ctx, bmc.BootPXE, false, true))
+}

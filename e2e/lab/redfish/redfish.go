@@ -39,7 +39,10 @@ type System struct {
 	Name string
 	// SystemType is the Redfish SystemType: "Physical" (default), or for
 	// example "DPU" for a SmartNIC's SoC that its BMC lists beside the host.
-	SystemType   string
+	SystemType string
+	// BootTargets are the BootSourceOverrideTarget AllowableValues
+	// (default None, Pxe, Cd, Hdd); a PATCH of another target is 400.
+	BootTargets  []string
 	Manufacturer string
 	Model        string
 	SerialNumber string
@@ -203,6 +206,9 @@ func New(cfg Config) (*BMC, error) {
 		}
 		if s.SystemType == "" {
 			s.SystemType = "Physical"
+		}
+		if s.BootTargets == nil {
+			s.BootTargets = []string{"None", "Pxe", "Cd", "Hdd"}
 		}
 		mid := "BMC"
 		if len(cfg.Systems) > 1 {
@@ -689,11 +695,15 @@ func (b *BMC) patchSystem(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	bt := body.Boot
+	targets := map[string]bool{}
+	for _, t := range st.cfg.BootTargets {
+		targets[t] = validTargets[t]
+	}
 	for _, c := range []struct {
 		name, v string
 		ok      map[string]bool
 	}{
-		{"BootSourceOverrideTarget", bt.BootSourceOverrideTarget, validTargets},
+		{"BootSourceOverrideTarget", bt.BootSourceOverrideTarget, targets},
 		{"BootSourceOverrideEnabled", bt.BootSourceOverrideEnabled, validEnabled},
 		{"BootSourceOverrideMode", bt.BootSourceOverrideMode, validModes},
 	} {

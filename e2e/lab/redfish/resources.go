@@ -141,7 +141,7 @@ func (b *BMC) serveSystem(w http.ResponseWriter, r *http.Request) {
 		"Boot": map[string]any{
 			"BootSourceOverrideEnabled":                        enabled,
 			"BootSourceOverrideTarget":                         target,
-			"BootSourceOverrideTarget@Redfish.AllowableValues": []string{"None", "Pxe", "Cd", "Hdd"},
+			"BootSourceOverrideTarget@Redfish.AllowableValues": st.cfg.BootTargets,
 			"BootSourceOverrideMode":                           mode,
 		},
 		"BiosVersion":        "P79 v1.45 (12/06/2017)",
