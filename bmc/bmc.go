@@ -109,7 +109,17 @@ type Options struct {
 	Timeout time.Duration
 	// AttemptTimeout bounds one attempt inside a call (default 30s).
 	AttemptTimeout time.Duration
-	// MaxAttempts per call for transient failures (default 4).
+	// ConnectTimeout bounds a Redfish TCP connect and TLS handshake
+	// (default 5s); ResponseTimeout bounds the wait for a response's
+	// headers once a request is sent (default 20s). Both are much shorter
+	// than AttemptTimeout so that a BMC that accepts connections and never
+	// answers is noticed quickly.
+	ConnectTimeout  time.Duration
+	ResponseTimeout time.Duration
+	// MaxAttempts per call for transient failures (default 4). An attempt
+	// that timed out is tried again at most once per call (a hung BMC does
+	// not get better in a second), and every timed-out attempt counts
+	// toward the circuit breaker at once.
 	MaxAttempts int
 	// Backoff between attempts (default 250ms doubling to 5s, 20% jitter).
 	Backoff backoff.Policy
@@ -145,6 +155,12 @@ func (o Options) withDefaults(ep Endpoint) Options {
 	}
 	if o.MaxAttempts <= 0 {
 		o.MaxAttempts = 4
+	}
+	if o.ConnectTimeout <= 0 {
+		o.ConnectTimeout = 5 * time.Second
+	}
+	if o.ResponseTimeout <= 0 {
+		o.ResponseTimeout = 20 * time.Second
 	}
 	if o.Backoff.Base <= 0 {
 		o.Backoff = backoff.Policy{Base: 250 * time.Millisecond, Max: 5 * time.Second, Factor: 2, Jitter: 0.2}

@@ -105,6 +105,16 @@ func (b *BMC) record(err error) {
 	}
 }
 
+// recordAttempt counts a failed attempt (one that timed out) on the
+// breaker before its call ends. It reports whether the call may go on:
+// false once the circuit is open.
+func (b *BMC) recordAttempt(err error) bool {
+	b.record(err)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.brk.failures < b.brk.threshold
+}
+
 // Condition returns the BMCReachable condition for the host: Unknown
 // before the first call, True after a successful call, False with reason
 // CallFailed after failures, False with reason Refused after an error

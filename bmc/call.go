@@ -95,6 +95,7 @@ func (b *BMC) do(ctx context.Context, op string, fn func(context.Context) error)
 // attempts or of time.
 func (b *BMC) attempts(ctx context.Context, op string, fn func(context.Context) error) error {
 	var last error
+	timeouts := 0
 	for attempt := 0; ; attempt++ {
 		b.mu.Lock()
 		b.stats.Attempts++
@@ -110,6 +111,14 @@ func (b *BMC) attempts(ctx context.Context, op string, fn func(context.Context) 
 		last = b.classify(op, err, attemptTimedOut)
 		if !retryable(last) || attempt+1 >= b.opts.MaxAttempts || ctx.Err() != nil {
 			break
+		}
+		if isTimeout(last) {
+			// A BMC that gave no answer: count it now (the condition turns
+			// False before the call ends), and try once more at most.
+			timeouts++
+			if timeouts >= 2 || !b.recordAttempt(last) {
+				break
+			}
 		}
 		b.mu.Lock()
 		delay := b.opts.Backoff.Delay(attempt, b.rng)
@@ -129,6 +138,12 @@ func (b *BMC) attempts(ctx context.Context, op string, fn func(context.Context) 
 	b.stats.Failures++
 	b.mu.Unlock()
 	return last
+}
+
+// isTimeout reports whether a classified error is an attempt that got no
+// answer in time.
+func isTimeout(err error) bool {
+	return errdefs.IsUnavailable(err) && errors.Is(err, context.DeadlineExceeded)
 }
 
 func retryable(err error) bool {
@@ -180,9 +195,11 @@ func (b *BMC) classify(op string, err error, attemptTimedOut bool) error {
 	if errors.As(err, &cve) {
 		return errdefs.FailedPrecondition("%s: the bmc's tls certificate is not trusted (set root CAs or insecure skip verify): %s", prefix, msg)
 	}
-	if attemptTimedOut || errors.Is(err, context.DeadlineExceeded) {
+	var te interface{ Timeout() bool }
+	if attemptTimedOut || errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &te) && te.Timeout()) {
 		msg = strings.TrimSuffix(msg, ": "+context.DeadlineExceeded.Error())
-		return errdefs.Unavailable("%s: attempt timed out: the bmc gave no answer within %s (%s): %w", prefix, b.opts.AttemptTimeout, msg, context.DeadlineExceeded)
+		return errdefs.Unavailable("%s: attempt timed out: the bmc gave no answer (connect %s, response headers %s, attempt %s): %s: %w",
+			prefix, b.opts.ConnectTimeout, b.opts.ResponseTimeout, b.opts.AttemptTimeout, msg, context.DeadlineExceeded)
 	}
 	if errors.Is(err, context.Canceled) {
 		return fmt.Errorf("%s: %s: %w", prefix, msg, context.Canceled)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -63,8 +64,10 @@ func newRedfishDriver(ep Endpoint, opts Options) (*redfishDriver, error) {
 		return nil, err
 	}
 	tr := &http.Transport{
-		Proxy:               nil, // a BMC network is never proxied
-		TLSHandshakeTimeout: 10 * time.Second,
+		Proxy:                 nil, // a BMC network is never proxied
+		DialContext:           (&net.Dialer{Timeout: opts.ConnectTimeout}).DialContext,
+		TLSHandshakeTimeout:   opts.ConnectTimeout,
+		ResponseHeaderTimeout: opts.ResponseTimeout,
 		TLSClientConfig: &tls.Config{
 			InsecureSkipVerify: ep.InsecureSkipVerify, //nolint:gosec // operator's choice per host
 			RootCAs:            opts.RootCAs,
