@@ -272,3 +272,37 @@ func TestRedfishErrorTable(t *testing.T) {
 		})
 	}
 }
+
+// TestRedfishAutoFallsBackWhenSessionsRefused: a service root that links
+// sessions but refuses a login as unsupported (405) gets basic auth in
+// auto mode, and a clear error in session mode.
+func TestRedfishAutoFallsBackWhenSessionsRefused(t *testing.T) {
+	e, err := redfish.New(redfish.Config{Username: testUser, Password: testPassword, Systems: oneSystem(&machine.Memory{})})
+	require.NoError(t, err)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, "/redfish/v1/SessionService/Sessions") {
+			http.Error(w, `{"error":{"code":"Base.1.8.OperationNotAllowed","message":"sessions are disabled"}}`, http.StatusMethodNotAllowed)
+			return
+		}
+		e.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	ctx := ctxTimeout(t, 30*time.Second)
+	dial := func(auth string) *bmc.BMC {
+		b, err := bmc.Dial(ctx, bmc.Endpoint{Protocol: bmc.ProtocolRedfish, Address: srv.URL, Username: testUser, Password: testPassword, Auth: auth}, fastOpts("nosess"))
+		require.NoError(t, err)
+		return b
+	}
+	b := dial("")
+	require.NoError(t, b.PowerOn(ctx))
+	caps, err := b.Capabilities(ctx)
+	require.NoError(t, err)
+	if c := b.Condition(); caps.Auth != bmc.AuthBasic || !strings.Contains(c.GetMessage(), "redfish basic auth (the service refused session creation with 405)") {
+		t.Fatalf("auto against refused sessions: auth %q, condition %q; want basic, naming the 405", caps.Auth, c.GetMessage())
+	}
+	_, err = dial(bmc.AuthSession).PowerState(ctx)
+	if !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "refused session creation as unsupported (405 Base.1.8.OperationNotAllowed: sessions are disabled), so session authentication cannot work: set spec.bmc.auth to basic or auto") {
+		t.Fatalf("session mode against refused sessions = %v, want FailedPrecondition naming the 405 and the fix", err)
+	}
+	t.Logf("session mode: %v", err)
+}

@@ -112,12 +112,14 @@ func (d *redfishDriver) connect(ctx context.Context) (*gofish.APIClient, error) 
 		return nil, d.explain(err)
 	}
 	c, err := d.connectWith(ctx, method)
-	if err != nil && method == AuthSession && d.isAuto() {
-		var rfe *common.Error
-		if errors.As(err, &rfe) && sessionsUnsupported(rfe.HTTPReturnedStatusCode) {
-			d.setAuth(AuthBasic, fmt.Sprintf("the service refused session creation with %d", rfe.HTTPReturnedStatusCode))
-			c, err = d.connectWith(ctx, AuthBasic)
+	var rfe *common.Error
+	if err != nil && method == AuthSession && errors.As(err, &rfe) && sessionsUnsupported(rfe.HTTPReturnedStatusCode) {
+		if !d.isAuto() {
+			return nil, errdefs.FailedPrecondition("redfish service at %s refused session creation as unsupported (%s), so session authentication cannot work: set spec.bmc.auth to basic or auto",
+				d.base(), describeAnswer(rfe))
 		}
+		d.setAuth(AuthBasic, fmt.Sprintf("the service refused session creation with %d", rfe.HTTPReturnedStatusCode))
+		c, err = d.connectWith(ctx, AuthBasic)
 	}
 	if err != nil {
 		return nil, d.explain(err)
