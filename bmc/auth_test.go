@@ -235,8 +235,8 @@ func TestRedfishErrorTable(t *testing.T) {
 			want: "the bmc's tls certificate is not trusted (set root CAs or insecure skip verify)"},
 		{name: "connection refused", address: closedURL, isClass: errdefs.IsUnavailable, retried: true,
 			want: "connection refused"},
-		{name: "timeout", setup: func(e *redfish.BMC) { e.SetLatency(time.Second) }, isClass: errdefs.IsUnavailable, retried: true,
-			want: "attempt timed out"},
+		{name: "timeout", setup: func(e *redfish.BMC) { e.SetLatency(3 * time.Second) }, isClass: errdefs.IsUnavailable, retried: true,
+			want: "attempt timed out: the bmc gave no answer (connect 5s, response headers 700ms, attempt 5s)"},
 		{name: "503", setup: func(e *redfish.BMC) { e.FailNext(100, 503) }, isClass: errdefs.IsUnavailable, retried: true,
 			want: "is busy or failing (503 Base.1.8.GeneralError: injected fault"},
 	}
@@ -257,7 +257,7 @@ func TestRedfishErrorTable(t *testing.T) {
 				pw = tc.password
 			}
 			opts := fastOpts("r1")
-			opts.AttemptTimeout, opts.MaxAttempts = 300*time.Millisecond, 2
+			opts.AttemptTimeout, opts.ResponseTimeout, opts.MaxAttempts = 5*time.Second, 700*time.Millisecond, 2
 			b, err := bmc.Dial(context.Background(), bmc.Endpoint{Protocol: bmc.ProtocolRedfish, Address: addr,
 				Username: testUser, Password: pw, Auth: tc.auth, SystemID: tc.systemID}, opts)
 			require.NoError(t, err)
