@@ -306,3 +306,29 @@ func TestRedfishAutoFallsBackWhenSessionsRefused(t *testing.T) {
 	}
 	t.Logf("session mode: %v", err)
 }
+
+// TestRedfishRetryAfter: a 503 with Retry-After is waited out (not the
+// 20 ms backoff) and named in the error.
+func TestRedfishRetryAfter(t *testing.T) {
+	e := startEmulator(t, redfish.Config{Systems: oneSystem(&machine.Memory{})})
+	e.SetRetryAfter(time.Second)
+	b := dialEmulator(t, e, fastOpts("busy"))
+	ctx := ctxTimeout(t, 30*time.Second)
+
+	e.FailNext(1, 503)
+	start := time.Now()
+	_, err := b.PowerState(ctx)
+	require.NoError(t, err)
+	if took := time.Since(start); took < time.Second {
+		t.Fatalf("PowerState() after a 503 with Retry-After: 1 took %v, want at least 1s", took)
+	}
+
+	opts := fastOpts("busy-once")
+	opts.MaxAttempts = 1
+	b = dialEmulator(t, e, opts)
+	e.FailNext(1, 503)
+	_, err = b.PowerState(ctx)
+	if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "(503 Base.1.8.GeneralError: injected fault; Retry-After 1s)") {
+		t.Fatalf("PowerState() = %v, want Unavailable naming the 503 and its Retry-After", err)
+	}
+}

@@ -101,6 +101,9 @@ func (b *BMC) attempts(ctx context.Context, op string, fn func(context.Context) 
 		b.stats.Attempts++
 		b.mu.Unlock()
 
+		if ra, ok := b.drv.(retryAdviser); ok {
+			ra.retryAfter() // forget a Retry-After noted before this attempt
+		}
 		actx, cancel := context.WithTimeout(ctx, b.opts.AttemptTimeout)
 		err := fn(actx)
 		attemptTimedOut := actx.Err() != nil && ctx.Err() == nil
@@ -123,6 +126,11 @@ func (b *BMC) attempts(ctx context.Context, op string, fn func(context.Context) 
 		b.mu.Lock()
 		delay := b.opts.Backoff.Delay(attempt, b.rng)
 		b.mu.Unlock()
+		if ra, ok := b.drv.(retryAdviser); ok {
+			// A BMC that says when to come back (503/429 Retry-After) is
+			// believed, up to maxRetryAfter.
+			delay = max(delay, min(ra.retryAfter(), maxRetryAfter))
+		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < delay {
 			break
 		}
@@ -139,6 +147,14 @@ func (b *BMC) attempts(ctx context.Context, op string, fn func(context.Context) 
 	b.mu.Unlock()
 	return last
 }
+
+// retryAdviser is a driver that knows how long the BMC asked to wait.
+type retryAdviser interface {
+	retryAfter() time.Duration
+}
+
+// maxRetryAfter caps the wait a BMC's Retry-After can ask for.
+const maxRetryAfter = 30 * time.Second
 
 // isTimeout reports whether a classified error is an attempt that got no
 // answer in time.

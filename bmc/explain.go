@@ -49,6 +49,9 @@ func (d *redfishDriver) explain(err error) error {
 		case code == http.StatusMethodNotAllowed || code == http.StatusNotImplemented:
 			return errdefs.NotSupported("%s does not support this request (%s)", svc, answer)
 		case code == http.StatusTooManyRequests || code >= 500:
+			if ra := d.transport.peek(); ra > 0 {
+				answer += fmt.Sprintf("; Retry-After %s", ra)
+			}
 			return errdefs.Unavailable("%s is busy or failing (%s)", svc, answer)
 		case code >= 400:
 			return errdefs.InvalidArgument("%s rejected the request (%s)", svc, answer)

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -38,7 +39,7 @@ type redfishDriver struct {
 	ep                 Endpoint
 	log                *slog.Logger
 	scheme, host, port string
-	transport          *http.Transport
+	transport          *retryAfterTransport
 
 	mu sync.Mutex
 	// auth is the authentication method in use ("session" or "basic"; ""
@@ -80,7 +81,8 @@ func newRedfishDriver(ep Endpoint, opts Options) (*redfishDriver, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	d := &redfishDriver{ep: ep, log: log.With("component", "bmc", "bmc", opts.Name), scheme: scheme, host: host, port: port, transport: tr}
+	d := &redfishDriver{ep: ep, log: log.With("component", "bmc", "bmc", opts.Name), scheme: scheme, host: host, port: port,
+		transport: &retryAfterTransport{base: tr}}
 	switch ep.Auth {
 	case "", AuthAuto:
 	case AuthSession, AuthBasic:
@@ -90,6 +92,60 @@ func newRedfishDriver(ep Endpoint, opts Options) (*redfishDriver, error) {
 	}
 	return d, nil
 }
+
+// retryAfterTransport notes the Retry-After of the last 429 or 503
+// answer (gofish's errors keep only the status and body).
+type retryAfterTransport struct {
+	base http.RoundTripper
+
+	mu    sync.Mutex
+	after time.Duration
+}
+
+func (t *retryAfterTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := t.base.RoundTrip(r)
+	if err == nil && (resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests) {
+		if d := parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()); d > 0 {
+			t.mu.Lock()
+			t.after = d
+			t.mu.Unlock()
+		}
+	}
+	return resp, err
+}
+
+// peek returns the noted Retry-After; take also forgets it.
+func (t *retryAfterTransport) peek() time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.after
+}
+
+func (t *retryAfterTransport) take() time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	d := t.after
+	t.after = 0
+	return d
+}
+
+// parseRetryAfter reads a Retry-After value: seconds or an HTTP date.
+func parseRetryAfter(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && n > 0 {
+		return time.Duration(n) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return t.Sub(now)
+	}
+	return 0
+}
+
+// retryAfter is how long the BMC asked to wait before the next attempt
+// (0: it did not say).
+func (d *redfishDriver) retryAfter() time.Duration { return d.transport.take() }
 
 func (d *redfishDriver) base() string { return d.scheme + "://" + d.host + ":" + d.port }
 

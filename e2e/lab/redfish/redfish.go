@@ -146,6 +146,7 @@ type BMC struct {
 	maxSessions int
 	powerLag    time.Duration
 	powerLies   bool
+	retryAfter  time.Duration
 	inFlight    int
 	stats       Stats
 	now         func() time.Time
@@ -296,6 +297,14 @@ func (b *BMC) FailNext(n, status int) {
 	b.failN, b.failStatus = n, status
 }
 
+// SetRetryAfter makes injected 429 and 503 answers carry
+// Retry-After: d (in whole seconds; 0 removes the header).
+func (b *BMC) SetRetryAfter(d time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.retryAfter = d
+}
+
 // SetMaxSessions changes the session limit; logins beyond it get 503
 // SessionLimitExceeded. Existing sessions stay.
 func (b *BMC) SetMaxSessions(n int) {
@@ -328,7 +337,7 @@ func (b *BMC) SetPowerLies(lie bool) {
 func (b *BMC) ClearFaults() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.latency, b.failN, b.powerLag, b.powerLies = 0, 0, 0, false
+	b.latency, b.failN, b.powerLag, b.powerLies, b.retryAfter = 0, 0, 0, false, 0
 	b.maxSessions = b.cfg.MaxSessions
 }
 
@@ -370,7 +379,7 @@ func (b *BMC) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if b.inFlight > b.stats.MaxInFlight {
 		b.stats.MaxInFlight = b.inFlight
 	}
-	latency := b.latency
+	latency, retryAfter := b.latency, b.retryAfter
 	fail := 0
 	if b.failN > 0 {
 		b.failN--
@@ -394,6 +403,9 @@ func (b *BMC) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if fail != 0 {
 		b.log.Debug("injected failure", "status", fail, "path", r.URL.Path)
+		if retryAfter > 0 && (fail == http.StatusServiceUnavailable || fail == http.StatusTooManyRequests) {
+			w.Header().Set("Retry-After", fmt.Sprint(int(retryAfter.Seconds())))
+		}
 		writeError(w, fail, "Base.1.8.GeneralError", "injected fault")
 		return
 	}
