@@ -210,6 +210,10 @@ func TestRedfishErrorTable(t *testing.T) {
 	closed := httptest.NewServer(http.NotFoundHandler())
 	closedURL := closed.URL
 	closed.Close()
+	locked := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, `{"error":{"code":"Base.1.8.NoValidSession","message":"log in first"}}`, http.StatusUnauthorized)
+	}))
+	t.Cleanup(locked.Close)
 
 	tests := []struct {
 		name     string
@@ -229,6 +233,8 @@ func TestRedfishErrorTable(t *testing.T) {
 			want: `refused basic authentication for user "kiln-admin" (401 Base.1.8.NoValidSession: no valid session or credentials, on /redfish/v1/Systems): check spec.bmc.username and password`},
 		{name: "no SessionService", cfg: redfish.Config{Auth: redfish.AuthBasicOnly}, auth: bmc.AuthSession, isClass: errdefs.IsFailedPrecondition,
 			want: "has no SessionService (its service root links no Sessions), so session authentication cannot work: set spec.bmc.auth to basic or auto"},
+		{name: "401 on the service root", address: locked.URL, isClass: errdefs.IsPermissionDenied,
+			want: "refused to serve its service root /redfish/v1/ without credentials (401 Base.1.8.NoValidSession: log in first)"},
 		{name: "404 on the system", systemID: "nope", isClass: errdefs.IsNotFound,
 			want: `no system with id "nope" (systems: 437XR1138R2)`},
 		{name: "tls certificate unknown", cfg: redfish.Config{TLS: true}, isClass: errdefs.IsFailedPrecondition,

@@ -311,10 +311,15 @@ func (l *limiter) release() {
 // gets Options.Timeout) and returns by then.
 //
 // Errors are classified with errdefs: Unavailable (unreachable, 5xx,
-// session limit, timeouts, open circuit), PermissionDenied (bad
-// credentials), NotFound (no such system), NotSupported (the protocol or
-// BMC cannot do it), InvalidArgument (bad input), FailedPrecondition (the
-// host is not in a state that allows it). A call cut short by ctx wraps
+// session limit, timeouts, open circuit; retried and counted by the
+// circuit breaker), PermissionDenied (bad credentials, no session after
+// login), NotFound (no such system), NotSupported (the protocol or BMC
+// cannot do it: no virtual media, a boot target it does not allow),
+// InvalidArgument (bad input, several Physical systems and no system
+// id), FailedPrecondition (an auth method the service lacks, an
+// untrusted TLS certificate, a host not in a state that allows it). Only
+// Unavailable is retried and counts toward the breaker; PermissionDenied
+// and FailedPrecondition show in the condition as Refused. A call cut short by ctx wraps
 // ctx.Err().
 type BMC struct {
 	ep   Endpoint

@@ -34,6 +34,10 @@ func (d *redfishDriver) explain(err error) error {
 			answer += ", on " + at
 		}
 		switch {
+		case code == http.StatusUnauthorized && method == "":
+			// auto reads the service root without credentials, as gofish
+			// does before it logs in.
+			return errdefs.PermissionDenied("%s refused to serve its service root /redfish/v1/ without credentials (%s): Redfish (DSP0266) serves it to anyone; Kiln cannot log in to this service", svc, answer)
 		case code == http.StatusUnauthorized && method == AuthBasic:
 			hint := "check spec.bmc.username and password"
 			if !d.isAuto() {

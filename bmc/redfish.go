@@ -226,9 +226,13 @@ func (d *redfishDriver) authMethod(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if root.Links.Sessions.ID != "" {
+	switch {
+	case root.Links.Sessions.ID != "":
 		d.setAuth(AuthSession, "the service root links a SessionService")
-	} else {
+	case root.SessionService.ID != "":
+		// gofish logs in at Links.Sessions only.
+		d.setAuth(AuthBasic, "the service root links a SessionService but no Sessions collection")
+	default:
 		d.setAuth(AuthBasic, "the service root links no SessionService")
 	}
 	d.mu.Lock()
