@@ -9,7 +9,8 @@
 // the controller shows as the BMCReachable condition.
 //
 // Passwords never appear in errors or logs: every error leaving this
-// package has the endpoint's password redacted.
+// package has the endpoint's password redacted where it stands as a
+// credential (see redact).
 package bmc
 
 import (
@@ -34,6 +35,19 @@ import (
 const (
 	ProtocolRedfish = "redfish"
 	ProtocolIPMI    = "ipmi"
+)
+
+// Redfish authentication methods (Endpoint.Auth).
+const (
+	// AuthAuto uses a session when the service root links a
+	// SessionService (Links.Sessions) and basic authentication otherwise,
+	// or when the service refuses session creation as unsupported (404,
+	// 405, 501). The default.
+	AuthAuto = "auto"
+	// AuthSession always logs in through the SessionService.
+	AuthSession = "session"
+	// AuthBasic sends HTTP basic authentication with every request.
+	AuthBasic = "basic"
 )
 
 // Normalised power states.
@@ -64,6 +78,9 @@ type Endpoint struct {
 	// empty means the only one.
 	SystemID           string
 	InsecureSkipVerify bool
+	// Auth is the Redfish authentication method: "auto" (or empty),
+	// "session" or "basic". Unused for IPMI.
+	Auth string
 }
 
 // EndpointFromSpec converts a Host's BMC spec. The spec's password must
@@ -76,6 +93,7 @@ func EndpointFromSpec(s *typesv1.BMCSpec) Endpoint {
 		Password:           s.GetPassword(),
 		SystemID:           s.GetSystemId(),
 		InsecureSkipVerify: s.GetInsecureSkipVerify(),
+		Auth:               s.GetAuth(),
 	}
 }
 
@@ -91,7 +109,17 @@ type Options struct {
 	Timeout time.Duration
 	// AttemptTimeout bounds one attempt inside a call (default 30s).
 	AttemptTimeout time.Duration
-	// MaxAttempts per call for transient failures (default 4).
+	// ConnectTimeout bounds a Redfish TCP connect and TLS handshake
+	// (default 5s); ResponseTimeout bounds the wait for a response's
+	// headers once a request is sent (default 20s). Both are much shorter
+	// than AttemptTimeout so that a BMC that accepts connections and never
+	// answers is noticed quickly.
+	ConnectTimeout  time.Duration
+	ResponseTimeout time.Duration
+	// MaxAttempts per call for transient failures (default 4). An attempt
+	// that timed out is tried again at most once per call (a hung BMC does
+	// not get better in a second), and every timed-out attempt counts
+	// toward the circuit breaker at once.
 	MaxAttempts int
 	// Backoff between attempts (default 250ms doubling to 5s, 20% jitter).
 	Backoff backoff.Policy
@@ -128,6 +156,12 @@ func (o Options) withDefaults(ep Endpoint) Options {
 	if o.MaxAttempts <= 0 {
 		o.MaxAttempts = 4
 	}
+	if o.ConnectTimeout <= 0 {
+		o.ConnectTimeout = 5 * time.Second
+	}
+	if o.ResponseTimeout <= 0 {
+		o.ResponseTimeout = 20 * time.Second
+	}
 	if o.Backoff.Base <= 0 {
 		o.Backoff = backoff.Policy{Base: 250 * time.Millisecond, Max: 5 * time.Second, Factor: 2, Jitter: 0.2}
 	}
@@ -158,6 +192,12 @@ type Inventory struct {
 	BMCFirmware string
 	// MACs are the host's NIC addresses, lower case.
 	MACs []string
+	// SystemID is the Redfish Id of the system described.
+	SystemID string
+	// SystemPicked says why SystemID was chosen when the BMC lists several
+	// systems and the endpoint names none (the only Physical one beside
+	// DPUs); empty otherwise.
+	SystemPicked string
 }
 
 // Boot-once behaviours a BMC may show.
@@ -178,6 +218,16 @@ type Capabilities struct {
 	// "honoured", "ignored" (the BMC stores it as persistent) or "unknown"
 	// (not observed yet, or the protocol cannot tell).
 	BootOnce string
+	// BootDevices are the SetBootDevice devices the BMC allows ("pxe",
+	// "disk", "cdrom"), from the system's
+	// BootSourceOverrideTarget@Redfish.AllowableValues (BootTargets); nil
+	// when the BMC does not say (IPMI, or a system without the annotation).
+	BootDevices []string
+	BootTargets []string
+	// Auth is the Redfish authentication method in use, "session" or
+	// "basic" (empty for IPMI); with Endpoint.Auth "auto" it is the one
+	// auto chose.
+	Auth string
 }
 
 // MediaSlot is one virtual media slot of a BMC.
@@ -185,8 +235,10 @@ type MediaSlot struct {
 	ID string
 	// Types are Redfish media types: CD, DVD, Floppy, USBStick.
 	Types []string
-	// Insertable is true when the slot offers the InsertMedia action.
+	// Insertable is true when the slot offers the InsertMedia action,
+	// Ejectable when it offers EjectMedia.
 	Insertable bool
+	Ejectable  bool
 	Inserted   bool
 	Image      string
 }
@@ -204,6 +256,20 @@ type driver interface {
 	setMedia(ctx context.Context, url string) error
 	inventory(ctx context.Context) (Inventory, error)
 	mediaSlots(ctx context.Context) ([]MediaSlot, error)
+}
+
+// describer is a driver that can say how it talks to its BMC (the
+// Redfish authentication method, the system it picked); the text is
+// shown in the BMCReachable condition.
+type describer interface {
+	describe() string
+	authInUse() string
+}
+
+// bootTargeter is a driver that knows which boot targets the system
+// allows.
+type bootTargeter interface {
+	bootTargets(ctx context.Context) ([]string, error)
 }
 
 // limiter is the global concurrency limit shared by a Manager's BMCs.
@@ -245,10 +311,15 @@ func (l *limiter) release() {
 // gets Options.Timeout) and returns by then.
 //
 // Errors are classified with errdefs: Unavailable (unreachable, 5xx,
-// session limit, timeouts, open circuit), PermissionDenied (bad
-// credentials), NotFound (no such system), NotSupported (the protocol or
-// BMC cannot do it), InvalidArgument (bad input), FailedPrecondition (the
-// host is not in a state that allows it). A call cut short by ctx wraps
+// session limit, timeouts, open circuit; retried and counted by the
+// circuit breaker), PermissionDenied (bad credentials, no session after
+// login), NotFound (no such system), NotSupported (the protocol or BMC
+// cannot do it: no virtual media, a boot target it does not allow),
+// InvalidArgument (bad input, several Physical systems and no system
+// id), FailedPrecondition (an auth method the service lacks, an
+// untrusted TLS certificate, a host not in a state that allows it). Only
+// Unavailable is retried and counts toward the breaker; PermissionDenied
+// and FailedPrecondition show in the condition as Refused. A call cut short by ctx wraps
 // ctx.Err().
 type BMC struct {
 	ep   Endpoint
@@ -303,7 +374,7 @@ func dial(_ context.Context, ep Endpoint, opts Options, lim *limiter) (*BMC, err
 		return nil, errdefs.InvalidArgument("bmc %s: protocol %q: want redfish or ipmi", opts.Name, ep.Protocol)
 	}
 	if err != nil {
-		return nil, redactErr(err, ep.Password)
+		return nil, redactErr(err, ep.Username, ep.Password)
 	}
 	b := &BMC{
 		ep:       ep,
@@ -469,15 +540,71 @@ func (b *BMC) InsertVirtualMedia(ctx context.Context, url string) error {
 		return errdefs.InvalidArgument("bmc %s: insert virtual media: empty url", b.opts.Name)
 	}
 	return b.do(ctx, "insert virtual media", func(ctx context.Context) error {
-		return b.drv.setMedia(ctx, url)
+		if err := b.drv.setMedia(ctx, url); err != nil {
+			return err
+		}
+		return b.readBackMedia(ctx, url)
 	})
 }
 
-// EjectVirtualMedia ejects the virtual CD. NotSupported on IPMI.
+// EjectVirtualMedia ejects the virtual CD. NotSupported on IPMI, and
+// when a CD slot holds an image but offers no EjectMedia action.
 func (b *BMC) EjectVirtualMedia(ctx context.Context) error {
 	return b.do(ctx, "eject virtual media", func(ctx context.Context) error {
-		return b.drv.setMedia(ctx, "")
+		if err := b.drv.setMedia(ctx, ""); err != nil {
+			return err
+		}
+		return b.readBackMedia(ctx, "")
 	})
+}
+
+// readBackMedia reads the slots after an insert of url ("" after an
+// eject) and reports the truth: the image in a CD slot, or no CD slot
+// holding one. The cached capabilities get the slots read.
+func (b *BMC) readBackMedia(ctx context.Context, url string) error {
+	slots, err := b.drv.mediaSlots(ctx)
+	if err != nil {
+		return err
+	}
+	b.mu.Lock()
+	if b.caps != nil {
+		b.caps.MediaSlots = slots
+	}
+	b.mu.Unlock()
+	var cds []MediaSlot
+	for _, s := range slots {
+		if slices.Contains(s.Types, "CD") || slices.Contains(s.Types, "DVD") {
+			cds = append(cds, s)
+		}
+	}
+	if url != "" {
+		for _, s := range cds {
+			if s.Inserted && s.Image == url {
+				return nil
+			}
+		}
+		return errdefs.Unavailable("the bmc accepted InsertMedia but no CD slot reports %s inserted (%s)", url, describeSlots(cds))
+	}
+	for _, s := range cds {
+		if s.Inserted {
+			if !s.Ejectable {
+				return errdefs.NotSupported("virtual media slot %s holds %q and offers no EjectMedia action", s.ID, s.Image)
+			}
+			return errdefs.Unavailable("the bmc accepted EjectMedia but slot %s still reports %q inserted", s.ID, s.Image)
+		}
+	}
+	return nil
+}
+
+func describeSlots(slots []MediaSlot) string {
+	if len(slots) == 0 {
+		return "no CD slots"
+	}
+	var out []string
+	for _, s := range slots {
+		out = append(out, fmt.Sprintf("%s: inserted=%v image=%q", s.ID, s.Inserted, s.Image))
+	}
+	return strings.Join(out, "; ")
 }
 
 // Inventory reads model, serial, BMC firmware and MACs. NotSupported on
@@ -514,6 +641,20 @@ func (b *BMC) Capabilities(ctx context.Context) (Capabilities, error) {
 		return Capabilities{BootOnce: BootOnceUnknown}, err
 	}
 	c := Capabilities{MediaSlots: slots}
+	if d, ok := b.drv.(describer); ok {
+		c.Auth = d.authInUse()
+	}
+	if bt, ok := b.drv.(bootTargeter); ok {
+		// Resolved by mediaSlots above: no request.
+		if targets, err := bt.bootTargets(ctx); err == nil && targets != nil {
+			c.BootTargets = targets
+			for _, dev := range []string{BootPXE, BootDisk, BootCDROM} {
+				if slices.Contains(targets, string(redfishTargets[dev])) {
+					c.BootDevices = append(c.BootDevices, dev)
+				}
+			}
+		}
+	}
 	for _, s := range slots {
 		if s.Insertable && (slices.Contains(s.Types, "CD") || slices.Contains(s.Types, "DVD")) {
 			c.VirtualMedia = true

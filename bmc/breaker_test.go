@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -190,5 +191,65 @@ func TestPasswordNeverLogged(t *testing.T) {
 	}
 	if strings.Contains(out, testPassword) {
 		t.Fatalf("logs contain the password: %q", out)
+	}
+}
+
+// TestHungBMCDetectedFast: a BMC that accepts connections and never
+// answers costs one response timeout per attempt, is tried twice per
+// call, and every timed-out attempt counts toward the breaker.
+func TestHungBMCDetectedFast(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c) // held open, never answered
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+
+	opts := fastOpts("hung")
+	opts.ResponseTimeout = 200 * time.Millisecond
+	b, err := bmc.Dial(context.Background(), bmc.Endpoint{
+		Protocol: bmc.ProtocolRedfish, Address: "http://" + ln.Addr().String(), Username: testUser, Password: testPassword,
+	}, opts)
+	require.NoError(t, err)
+
+	start := time.Now()
+	_, err = b.PowerState(ctxTimeout(t, 30*time.Second))
+	took := time.Since(start)
+	if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "the bmc gave no answer") {
+		t.Fatalf("PowerState() on a hung bmc = %v, want Unavailable ... gave no answer", err)
+	}
+	t.Logf("PowerState() = %v after %v", err, took)
+	if st := b.Stats(); st.Attempts != 2 || took > 2*time.Second {
+		t.Fatalf("PowerState() on a hung bmc: %d attempts in %v, want 2 attempts in well under 2s", st.Attempts, took)
+	}
+	if c := b.Condition(); c.GetStatus() != conditions.False {
+		t.Fatalf("Condition() after one hung call = %s, want False", c.GetStatus())
+	}
+	// Each call counts both timed-out attempts: the third call opens the
+	// circuit (threshold 5).
+	for range 2 {
+		_, _ = b.PowerState(ctxTimeout(t, 30*time.Second))
+	}
+	if !b.CircuitOpen() {
+		t.Fatalf("CircuitOpen() = false after 3 calls (6 timed-out attempts) to a hung bmc, want true")
 	}
 }

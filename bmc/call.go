@@ -95,11 +95,15 @@ func (b *BMC) do(ctx context.Context, op string, fn func(context.Context) error)
 // attempts or of time.
 func (b *BMC) attempts(ctx context.Context, op string, fn func(context.Context) error) error {
 	var last error
+	timeouts := 0
 	for attempt := 0; ; attempt++ {
 		b.mu.Lock()
 		b.stats.Attempts++
 		b.mu.Unlock()
 
+		if ra, ok := b.drv.(retryAdviser); ok {
+			ra.retryAfter() // forget a Retry-After noted before this attempt
+		}
 		actx, cancel := context.WithTimeout(ctx, b.opts.AttemptTimeout)
 		err := fn(actx)
 		attemptTimedOut := actx.Err() != nil && ctx.Err() == nil
@@ -111,9 +115,22 @@ func (b *BMC) attempts(ctx context.Context, op string, fn func(context.Context) 
 		if !retryable(last) || attempt+1 >= b.opts.MaxAttempts || ctx.Err() != nil {
 			break
 		}
+		if isTimeout(last) {
+			// A BMC that gave no answer: count it now (the condition turns
+			// False before the call ends), and try once more at most.
+			timeouts++
+			if timeouts >= 2 || !b.recordAttempt(last) {
+				break
+			}
+		}
 		b.mu.Lock()
 		delay := b.opts.Backoff.Delay(attempt, b.rng)
 		b.mu.Unlock()
+		if ra, ok := b.drv.(retryAdviser); ok {
+			// A BMC that says when to come back (503/429 Retry-After) is
+			// believed, up to maxRetryAfter.
+			delay = max(delay, min(ra.retryAfter(), maxRetryAfter))
+		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < delay {
 			break
 		}
@@ -131,6 +148,20 @@ func (b *BMC) attempts(ctx context.Context, op string, fn func(context.Context) 
 	return last
 }
 
+// retryAdviser is a driver that knows how long the BMC asked to wait.
+type retryAdviser interface {
+	retryAfter() time.Duration
+}
+
+// maxRetryAfter caps the wait a BMC's Retry-After can ask for.
+const maxRetryAfter = 30 * time.Second
+
+// isTimeout reports whether a classified error is an attempt that got no
+// answer in time.
+func isTimeout(err error) bool {
+	return errdefs.IsUnavailable(err) && errors.Is(err, context.DeadlineExceeded)
+}
+
 func retryable(err error) bool {
 	return errdefs.IsUnavailable(err)
 }
@@ -140,7 +171,7 @@ func retryable(err error) bool {
 // wrapped (its text may carry what a BMC echoed back); only ctx errors
 // are.
 func (b *BMC) classify(op string, err error, attemptTimedOut bool) error {
-	msg := redact(err.Error(), b.ep.Password)
+	msg := redact(err.Error(), b.ep.Username, b.ep.Password)
 	prefix := fmt.Sprintf("bmc %s: %s", b.opts.Name, op)
 
 	// Our own errors (drivers, waitPower) keep their class.
@@ -180,8 +211,11 @@ func (b *BMC) classify(op string, err error, attemptTimedOut bool) error {
 	if errors.As(err, &cve) {
 		return errdefs.FailedPrecondition("%s: the bmc's tls certificate is not trusted (set root CAs or insecure skip verify): %s", prefix, msg)
 	}
-	if attemptTimedOut || errors.Is(err, context.DeadlineExceeded) {
-		return errdefs.Unavailable("%s: attempt timed out: %s: %w", prefix, msg, context.DeadlineExceeded)
+	var te interface{ Timeout() bool }
+	if attemptTimedOut || errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &te) && te.Timeout()) {
+		msg = strings.TrimSuffix(msg, ": "+context.DeadlineExceeded.Error())
+		return errdefs.Unavailable("%s: attempt timed out: the bmc gave no answer (connect %s, response headers %s, attempt %s): %s: %w",
+			prefix, b.opts.ConnectTimeout, b.opts.ResponseTimeout, b.opts.AttemptTimeout, msg, context.DeadlineExceeded)
 	}
 	if errors.Is(err, context.Canceled) {
 		return fmt.Errorf("%s: %s: %w", prefix, msg, context.Canceled)
@@ -189,7 +223,7 @@ func (b *BMC) classify(op string, err error, attemptTimedOut bool) error {
 	var ne net.Error
 	if errors.As(err, &ne) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return errdefs.Unavailable("%s: %s", prefix, msg)
+		return errdefs.Unavailable("%s: cannot reach the bmc (%s): check spec.bmc.address and the BMC network", prefix, msg)
 	}
 	lower := strings.ToLower(msg)
 	switch {
@@ -207,21 +241,16 @@ func (b *BMC) classify(op string, err error, attemptTimedOut bool) error {
 	return errdefs.Unavailable("%s: %s", prefix, msg)
 }
 
-// redact replaces every occurrence of secret in s.
-func redact(s, secret string) string {
-	if secret == "" {
-		return s
+// redactErr rebuilds err with the credentials removed (see redact),
+// keeping its errdefs class.
+func redactErr(err error, user, secret string) error {
+	if err == nil {
+		return nil
 	}
-	return strings.ReplaceAll(s, secret, "<redacted>")
-}
-
-// redactErr rebuilds err with the secret removed, keeping its errdefs
-// class.
-func redactErr(err error, secret string) error {
-	if err == nil || secret == "" || !strings.Contains(err.Error(), secret) {
+	msg := redact(err.Error(), user, secret)
+	if msg == err.Error() {
 		return err
 	}
-	msg := redact(err.Error(), secret)
 	switch {
 	case errdefs.IsInvalidArgument(err):
 		return errdefs.InvalidArgument("%s", msg)

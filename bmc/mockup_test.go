@@ -3,6 +3,7 @@ package bmc_test
 import (
 	"context"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,18 +16,24 @@ import (
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
-// mockupDir finds the DMTF mockups (see redfish.MockupsDir).
+// mockupDir finds the DMTF mockups (see redfish.MockupsDir): it skips
+// when there are none and fails when KILN_REDFISH_MOCKUPS names none.
 func mockupDir(t *testing.T) string {
 	t.Helper()
 	d, err := redfish.MockupsDir()
-	if err != nil {
+	if errdefs.IsNotFound(err) {
 		t.Skip(err.Error())
 	}
+	require.NoError(t, err)
 	return d
 }
 
 func serveMockup(t *testing.T, tree string) string {
-	srv := httptest.NewServer(redfish.MockupHandler(filepath.Join(mockupDir(t), tree)))
+	dir := filepath.Join(mockupDir(t), tree)
+	if _, err := os.Stat(filepath.Join(dir, "index.json")); err != nil {
+		t.Skipf("mockup tree %s is not in %s", tree, filepath.Dir(dir))
+	}
+	srv := httptest.NewServer(redfish.MockupHandler(dir))
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
@@ -100,27 +107,95 @@ func TestMockups(t *testing.T) {
 			if strings.Join(slots, " ") != strings.Join(tt.slots, " ") || caps.VirtualMedia != tt.virtualMedia {
 				t.Fatalf("Capabilities(%q) = slots %v virtual media %v, want %v %v", tt.tree, slots, caps.VirtualMedia, tt.slots, tt.virtualMedia)
 			}
+			// Every DMTF mockup links a SessionService: auto picks sessions.
+			if caps.Auth != bmc.AuthSession {
+				t.Fatalf("Capabilities(%q).Auth = %q, want session", tt.tree, caps.Auth)
+			}
+			if !tt.virtualMedia {
+				err := b.InsertVirtualMedia(ctx, "http://127.0.0.1:9/a.iso")
+				if !errdefs.IsNotSupported(err) {
+					t.Fatalf("InsertVirtualMedia(%q) without an insertable slot = %v, want NotSupported", tt.tree, err)
+				}
+			}
 		})
 	}
 }
 
-func TestMockupBladedNeedsSystemID(t *testing.T) {
-	url := serveMockup(t, "public-bladed")
-	for _, tt := range []struct {
-		systemID string
-		check    func(error) bool
-		want     string
-	}{
-		{"", errdefs.IsInvalidArgument, "4 systems"},
-		{"nope", errdefs.IsNotFound, `no system with id "nope"`},
-	} {
-		b, err := bmc.Dial(context.Background(), bmc.Endpoint{
-			Protocol: bmc.ProtocolRedfish, Address: url, Username: "root", Password: "pw", SystemID: tt.systemID,
-		}, fastOpts("blade"))
-		require.NoError(t, err)
-		_, err = b.PowerState(ctxTimeout(t, 10*time.Second))
-		if !tt.check(err) || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("PowerState(system %q) error = %v, want one containing %q", tt.systemID, err, tt.want)
-		}
+// TestMockupBasicAuth: a DMTF tree read with basic authentication, and
+// slots without InsertMedia or EjectMedia refused as NotSupported without
+// retries.
+func TestMockupBasicAuth(t *testing.T) {
+	url := serveMockup(t, "public-tower")
+	b, err := bmc.Dial(context.Background(), bmc.Endpoint{
+		Protocol: bmc.ProtocolRedfish, Address: url, Username: "root", Password: "pw", Auth: bmc.AuthBasic,
+	}, fastOpts("tower"))
+	require.NoError(t, err)
+	ctx := ctxTimeout(t, 10*time.Second)
+	if _, err := b.Inventory(ctx); err != nil {
+		t.Fatalf("Inventory() with basic auth = %v, want nil", err)
+	}
+	if err := b.InsertVirtualMedia(ctx, "http://127.0.0.1:9/a.iso"); !errdefs.IsNotSupported(err) {
+		t.Fatalf("InsertVirtualMedia() without an insertable slot = %v, want NotSupported", err)
+	}
+	// CD1 holds freeOS.1.1.iso and offers no EjectMedia: an eject cannot
+	// succeed, and saying so is the truth.
+	err = b.EjectVirtualMedia(ctx)
+	if !errdefs.IsNotSupported(err) || !strings.Contains(err.Error(), `virtual media slot CD1 holds "redfish.dmtf.org/freeImages/freeOS.1.1.iso" and offers no EjectMedia action`) {
+		t.Fatalf("EjectVirtualMedia() on a slot without EjectMedia = %v, want NotSupported naming the slot and image", err)
+	}
+	if st := b.Stats(); st.Attempts != st.Calls {
+		t.Fatalf("Stats() = %+v: NotSupported was retried", st)
+	}
+}
+
+// TestMockupTreesDriven drives power, one-time boot and virtual media on
+// every tree KILN_REDFISH_MOCKUPS (or the fixtures) holds, through the
+// mockup handler's write overlay. On a BMC with several Physical systems
+// the first is named by id.
+func TestMockupTreesDriven(t *testing.T) {
+	dir := mockupDir(t)
+	trees, err := redfish.MockupTrees(dir)
+	require.NoError(t, err)
+	for _, tree := range trees {
+		t.Run(tree, func(t *testing.T) {
+			url := serveMockup(t, tree)
+			ctx := ctxTimeout(t, 30*time.Second)
+			dial := func(systemID string) *bmc.BMC {
+				b, err := bmc.Dial(ctx, bmc.Endpoint{Protocol: bmc.ProtocolRedfish, Address: url, Username: "root", Password: "pw", SystemID: systemID}, fastOpts(tree))
+				require.NoError(t, err)
+				return b
+			}
+			b := dial("")
+			inv, err := b.Inventory(ctx)
+			if errdefs.IsInvalidArgument(err) {
+				// "the bmc has N systems (ID (Type), ...)": take the first id.
+				_, list, _ := strings.Cut(err.Error(), "systems (")
+				id, _, _ := strings.Cut(list, " ")
+				t.Logf("%s: %v; using system %s", tree, err, id)
+				b = dial(id)
+				inv, err = b.Inventory(ctx)
+			}
+			require.NoError(t, err)
+			t.Logf("%s: system %s, %s %s, %d MACs", tree, inv.SystemID, inv.Manufacturer, inv.Model, len(inv.MACs))
+
+			require.NoError(t, b.PowerOff(ctx))
+			if s, err := b.PowerState(ctx); err != nil || s != bmc.PowerOff {
+				t.Fatalf("PowerState() after PowerOff = %q, %v", s, err)
+			}
+			caps, err := b.Capabilities(ctx)
+			require.NoError(t, err)
+			require.NoError(t, b.SetBootDevice(ctx, bmc.BootPXE, false, true))
+			require.NoError(t, b.PowerOn(ctx))
+			if s, err := b.PowerState(ctx); err != nil || s != bmc.PowerOn {
+				t.Fatalf("PowerState() after PowerOn = %q, %v", s, err)
+			}
+			require.NoError(t, b.PowerCycle(ctx))
+			if caps.VirtualMedia {
+				require.NoError(t, b.InsertVirtualMedia(ctx, "http://127.0.0.1:9/agent.iso"))
+				require.NoError(t, b.EjectVirtualMedia(ctx))
+			} else if err := b.InsertVirtualMedia(ctx, "http://127.0.0.1:9/agent.iso"); !errdefs.IsNotSupported(err) {
+				t.Fatalf("InsertVirtualMedia() without an insertable slot = %v, want NotSupported", err)
+			}
+		})
 	}
 }

@@ -128,3 +128,29 @@ func TestEndpointFromSpec(t *testing.T) {
 		t.Errorf("Endpoint.String() = %q", s)
 	}
 }
+
+func TestRedact(t *testing.T) {
+	basic := "Basic " + "a2lsbi1hZG1pbjpw" // base64("kiln-admin:p")
+	tests := []struct {
+		s, secret, want string
+	}{
+		// The password stands as a credential: removed.
+		{`{"UserName":"kiln-admin","Password":"s3cret"}`, "s3cret", `{"UserName":"kiln-admin","Password":"<redacted>"}`},
+		{`{"password" : "a\"b"}`, `a"b`, `{"password" : "<redacted>"}`},
+		{`[{"error":"500: {\"Password\":\"s3cret\"}"}]`, "s3cret", `[{"error":"500: {\"Password\":\"<redacted>\"}"}]`},
+		{"user=kiln-admin&password=s3cret&x=1", "s3cret", "user=kiln-admin&password=<redacted>&x=1"},
+		{"https://root:s3cret@10.0.0.5/redfish/v1", "s3cret", "https://root:<redacted>@10.0.0.5/redfish/v1"},
+		{"request was: {} basic=kiln-admin:s3cret", "s3cret", "request was: {} basic=kiln-admin:<redacted>"},
+		{"Authorization: " + basic, "p", "Authorization: Basic <redacted>"},
+		// The password is a substring of other words: left alone.
+		{"Get https://127.0.0.1/redfish/v1/Systems: 401", "p", "Get https://127.0.0.1/redfish/v1/Systems: 401"},
+		{"no resource at /redfish/v1/Managers", "redfish", "no resource at /redfish/v1/Managers"},
+		{"401: invalid username or password", "password", "401: invalid username or password"},
+		{"password=password", "password", "password=<redacted>"},
+	}
+	for _, tt := range tests {
+		if got := redact(tt.s, "kiln-admin", tt.secret); got != tt.want {
+			t.Errorf("redact(%q, %q) = %q, want %q", tt.s, tt.secret, got, tt.want)
+		}
+	}
+}

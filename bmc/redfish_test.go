@@ -160,8 +160,14 @@ func TestRedfishCapabilities(t *testing.T) {
 			t.Fatalf("Capabilities() = %+v, want no virtual media, boot once ignored", caps)
 		}
 		err = b.InsertVirtualMedia(ctx, "http://127.0.0.1:9/a.iso")
-		if err == nil {
-			t.Fatalf("InsertVirtualMedia on a bmc without virtual media = nil, want error")
+		if !errdefs.IsNotSupported(err) || !strings.Contains(err.Error(), "has no virtual media") {
+			t.Fatalf("InsertVirtualMedia on a bmc without virtual media = %v, want NotSupported ... has no virtual media", err)
+		}
+		if st := b.Stats(); st.Attempts != st.Calls {
+			t.Fatalf("Stats() = %+v: NotSupported was retried", st)
+		}
+		if c := b.Condition(); c.GetStatus() != conditions.True {
+			t.Fatalf("Condition() after NotSupported = %s %q, want True (the bmc answered)", c.GetStatus(), c.GetMessage())
 		}
 	})
 }
@@ -404,4 +410,73 @@ func TestRedfishMultiSystem(t *testing.T) {
 			t.Fatalf("system %s was never addressed but saw %v", id, ev)
 		}
 	}
+}
+
+// TestRedfishDPUBesideHost: a BMC that lists a SmartNIC's SoC (SystemType
+// DPU) beside the host drives the host without a system id, and says so;
+// several Physical systems still need one.
+func TestRedfishDPUBesideHost(t *testing.T) {
+	host, dpu := &machine.Memory{}, &machine.Memory{}
+	e := startEmulator(t, redfish.Config{Systems: []redfish.System{
+		{ID: "Bluefield", Name: "SmartNIC SoC", SystemType: "DPU", Model: "BlueField-3", Machine: dpu},
+		{ID: "437XR1138R2", Name: "WebFrontEnd483", Model: "3500", SerialNumber: "437XR1138R2", Machine: host},
+	}})
+	b := dialEmulator(t, e, fastOpts("dpu-host"))
+	ctx := ctxTimeout(t, 30*time.Second)
+
+	inv, err := b.Inventory(ctx)
+	require.NoError(t, err)
+	if inv.SystemID != "437XR1138R2" || inv.SystemPicked != "system 437XR1138R2 picked as the only Physical one of 2 (others: Bluefield (DPU))" {
+		t.Fatalf("Inventory() = system %q picked %q, want 437XR1138R2 with the reason", inv.SystemID, inv.SystemPicked)
+	}
+	require.NoError(t, b.InsertVirtualMedia(ctx, "http://127.0.0.1:9/agent.iso"))
+	require.NoError(t, b.SetBootDevice(ctx, bmc.BootCDROM, false, true))
+	require.NoError(t, b.PowerOn(ctx))
+	if !host.State() || host.BootSource() != machine.BootCD {
+		t.Fatalf("host after PowerOn: %v, want on from cd", host)
+	}
+	if ev := dpu.Events(); len(ev) != 0 {
+		t.Fatalf("the DPU was driven: %v", ev)
+	}
+	if c := b.Condition(); !strings.Contains(c.GetMessage(), "system 437XR1138R2 picked as the only Physical one of 2") {
+		t.Fatalf("Condition() = %q, want it to name the picked system", c.GetMessage())
+	}
+
+	// Two Physical systems and a DPU: ambiguous, refused with the ids.
+	e2 := startEmulator(t, redfish.Config{Systems: []redfish.System{
+		{ID: "A", Machine: &machine.Memory{}}, {ID: "B", Machine: &machine.Memory{}},
+		{ID: "Bluefield", SystemType: "DPU", Machine: &machine.Memory{}},
+	}})
+	_, err = dialEmulator(t, e2, fastOpts("two-hosts")).PowerState(ctx)
+	want := "the bmc has 3 systems (A (Physical), B (Physical), Bluefield (DPU)), 2 of them Physical: set the host's system id"
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("PowerState() with two Physical systems = %v, want InvalidArgument %q", err, want)
+	}
+}
+
+// TestRedfishBootTargets: a target outside the system's AllowableValues is
+// refused before any PATCH, and Capabilities lists what is allowed.
+func TestRedfishBootTargets(t *testing.T) {
+	sys := oneSystem(&machine.Memory{})
+	sys[0].BootTargets = []string{"None", "Pxe", "Usb", "Hdd"}
+	e := startEmulator(t, redfish.Config{Systems: sys})
+	b := dialEmulator(t, e, fastOpts("no-cd"))
+	ctx := ctxTimeout(t, 30*time.Second)
+
+	caps, err := b.Capabilities(ctx)
+	require.NoError(t, err)
+	if strings.Join(caps.BootDevices, ",") != "pxe,disk" || strings.Join(caps.BootTargets, ",") != "None,Pxe,Usb,Hdd" {
+		t.Fatalf("Capabilities() = boot devices %v targets %v, want [pxe disk] [None Pxe Usb Hdd]", caps.BootDevices, caps.BootTargets)
+	}
+	before := e.Stats().Requests
+	err = b.SetBootDevice(ctx, bmc.BootCDROM, false, true)
+	want := "does not allow boot target Cd for cdrom (BootSourceOverrideTarget@Redfish.AllowableValues: None, Pxe, Usb, Hdd)"
+	if !errdefs.IsNotSupported(err) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("SetBootDevice(cdrom) = %v, want NotSupported %q", err, want)
+	}
+	if target, _, _ := e.BootOverride("437XR1138R2"); target != "None" {
+		t.Fatalf("boot override target = %q after a refused SetBootDevice, want None", target)
+	}
+	t.Logf("SetBootDevice(cdrom) = %v (%d requests)", err, e.Stats().Requests-before)
+	require.NoError(t, b.SetBootDevice(ctx, bmc.BootPXE, false, true))
 }

@@ -172,6 +172,13 @@ func checkHost(p *problems, s *typesv1.HostSpec) {
 	default:
 		p.add("spec.bmc.protocol", "%q is not supported: use redfish, ipmi or none", proto)
 	}
+	switch a := bmc.GetAuth(); {
+	case a == "":
+	case bmc.GetProtocol() != "redfish":
+		p.add("spec.bmc.auth", "is for protocol redfish only: remove it")
+	case a != "auto" && a != "session" && a != "basic":
+		p.add("spec.bmc.auth", "%q is not supported: use auto (session where the service offers one, else basic), session or basic", a)
+	}
 	if mac := s.GetBootMac(); mac != "" {
 		if msg := macAddress(mac); msg != "" {
 			p.add("spec.bootMac", "%q %s", mac, msg)

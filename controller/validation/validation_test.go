@@ -134,6 +134,11 @@ func TestValidate(t *testing.T) {
 		// Host.
 		{"bmc missing", host(func(h *typesv1.Host) { h.Spec.Bmc = nil }), []string{"spec.bmc.protocol: required: use redfish, ipmi or none"}},
 		{"bmc protocol unknown", host(func(h *typesv1.Host) { h.Spec.Bmc.Protocol = "amt" }), []string{`spec.bmc.protocol: "amt" is not supported: use redfish, ipmi or none`}},
+		{"redfish auth basic", host(func(h *typesv1.Host) { h.Spec.Bmc.Auth = "basic" }), nil},
+		{"redfish auth unknown", host(func(h *typesv1.Host) { h.Spec.Bmc.Auth = "digest" }), []string{`spec.bmc.auth: "digest" is not supported: use auto`}},
+		{"ipmi auth", host(func(h *typesv1.Host) {
+			h.Spec.Bmc.Protocol, h.Spec.Bmc.Address, h.Spec.Bmc.Auth = "ipmi", "10.0.0.5", "session"
+		}), []string{"spec.bmc.auth: is for protocol redfish only"}},
 		{"redfish address missing", host(func(h *typesv1.Host) { h.Spec.Bmc.Address = "" }), []string{"spec.bmc.address: required for protocol redfish"}},
 		{"redfish address scheme", host(func(h *typesv1.Host) { h.Spec.Bmc.Address = "ftp://10.0.0.5" }), []string{`spec.bmc.address: "ftp://10.0.0.5" has scheme "ftp": use https`}},
 		{"redfish address port", host(func(h *typesv1.Host) { h.Spec.Bmc.Address = "https://10.0.0.5:99999" }), []string{`has port "99999": use a number from 1 to 65535`}},

@@ -47,6 +47,9 @@ type Config struct {
 	Subnet string
 	// Hosts behind Redfish emulators, IPMI behind ipmi_sim (default 3 and 1).
 	Hosts, IPMI int
+	// RedfishAuth is the authentication mode of each Redfish emulator in
+	// host order (kilnctl lab up --redfish-auth): both, basic or session.
+	RedfishAuth []string
 	// DiskSize of each host's sparse disk (default "8G").
 	DiskSize string
 	// MediaDir holds the agent boot media (kiln-imagebuilder bootmedia -o).
@@ -201,7 +204,7 @@ func (l *Lab) UpRack(ctx context.Context) error {
 	l.say("creating the rack: %d Redfish and %d IPMI hosts on %s (kilnctl lab up)", l.cfg.Hosts, l.cfg.IPMI, l.cfg.Subnet)
 	out, err := l.Kilnctl(ctx, nil, l.labArgs("up", "--hosts", strconv.Itoa(l.cfg.Hosts), "--ipmi", strconv.Itoa(l.cfg.IPMI),
 		"--subnet", l.cfg.Subnet, "--agent", filepath.Join(l.cfg.Bin, "kiln-agent"), "--boot-url", l.BootURL()+"/boot/ipxe/{host}",
-		"--disk-size", l.cfg.DiskSize, "--apiserver-lb")...)
+		"--disk-size", l.cfg.DiskSize, "--apiserver-lb", "--redfish-auth", strings.Join(l.cfg.RedfishAuth, ","))...)
 	if err != nil {
 		return err
 	}

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/kilnhq/kiln/e2e/lab/netns"
+	"github.com/kilnhq/kiln/e2e/lab/redfish"
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
@@ -81,6 +82,11 @@ type Options struct {
 	Hosts int `json:"hosts"`
 	// IPMI is the number of further hosts behind ipmi_sim BMCs.
 	IPMI int `json:"ipmi"`
+	// RedfishAuth is the authentication mode of each Redfish emulator in
+	// host order: "both" (sessions and basic auth, the default for hosts
+	// past the list's end), "basic" (no SessionService, basic auth only)
+	// or "session" (basic auth refused). See redfish.Config.Auth.
+	RedfishAuth []string `json:"redfishAuth,omitempty"`
 	// Backend is the machine backend: "netns" (the default) or "qemu"
 	// (at most MaxQEMUHosts hosts without KVM; user-mode networking).
 	Backend string `json:"backend"`
@@ -173,6 +179,16 @@ func (o *Options) defaults() error {
 	if o.Hosts < 0 || o.IPMI < 0 || o.Hosts+o.IPMI == 0 || o.Hosts+o.IPMI > 200 {
 		return errdefs.InvalidArgument("lab: %d Redfish and %d IPMI hosts: want 1 to 200 in all", o.Hosts, o.IPMI)
 	}
+	if len(o.RedfishAuth) > o.Hosts {
+		return errdefs.InvalidArgument("lab: %d Redfish auth modes for %d Redfish hosts", len(o.RedfishAuth), o.Hosts)
+	}
+	for _, a := range o.RedfishAuth {
+		switch a {
+		case redfish.AuthBoth, redfish.AuthBasicOnly, redfish.AuthSessionOnly:
+		default:
+			return errdefs.InvalidArgument("lab: Redfish auth %q: want both, basic or session", a)
+		}
+	}
 	if o.Backend == BackendQEMU && o.Hosts+o.IPMI > MaxQEMUHosts && os.Getenv("KILN_QEMU_ACCEL") != "kvm" {
 		return errdefs.InvalidArgument("lab: %d qemu hosts: at most %d under TCG emulation (a TCG VM takes a core; KVM lifts the limit: KILN_QEMU_ACCEL=kvm)", o.Hosts+o.IPMI, MaxQEMUHosts)
 	}
@@ -256,6 +272,9 @@ type BMC struct {
 	Address string `json:"address,omitempty"`
 	// Insecure: the Redfish emulator's certificate is self-signed.
 	Insecure bool `json:"insecure,omitempty"`
+	// Auth is the Redfish emulator's authentication mode ("both", "basic"
+	// or "session").
+	Auth string `json:"auth,omitempty"`
 }
 
 // Credentials are a BMC's user and password.

@@ -314,8 +314,12 @@ func (s *server) up(ctx context.Context) error {
 		s.machines = append(s.machines, m)
 		c := creds[name]
 		if i <= o.Hosts {
+			auth := redfish.AuthBoth
+			if i-1 < len(o.RedfishAuth) {
+				auth = o.RedfishAuth[i-1]
+			}
 			bmc, err := redfish.New(redfish.Config{
-				Username: c.Username, Password: c.Password, TLS: true, Logger: s.log,
+				Username: c.Username, Password: c.Password, TLS: true, Logger: s.log, Auth: auth,
 				Systems: []redfish.System{{ID: "1", Name: name, Manufacturer: "Kiln", Model: "lab " + o.Backend + " host",
 					SerialNumber: "KILN-" + strings.ToUpper(o.Name+"-"+name), MACs: []string{h.MAC}, Machine: m}},
 			})
@@ -327,7 +331,7 @@ func (s *server) up(ctx context.Context) error {
 				nm.SetNextBoot(func() string { return bmc.NextBootDevice("1") })
 			}
 			s.redfish = append(s.redfish, bmc)
-			h.BMC = BMC{Protocol: ProtocolRedfish, Address: bmc.URL(), Insecure: true}
+			h.BMC = BMC{Protocol: ProtocolRedfish, Address: bmc.URL(), Insecure: true, Auth: auth}
 		} else {
 			sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			sim, err := ipmisim.Start(sctx, ipmisim.Options{

@@ -337,6 +337,8 @@ func TestUpInvalid(t *testing.T) {
 		{"boot URL not http", Options{Hosts: 1, BootURL: "tftp://10.0.0.1/{host}", ServeCommand: []string{"x"}}},
 		{"boot URL without host", Options{Hosts: 1, BootURL: "http://{gateway}:8080/boot/ipxe/h1", ServeCommand: []string{"x"}}},
 		{"boot URL on qemu", Options{Hosts: 1, Backend: BackendQEMU, BootURL: "http://{gateway}:8080/boot/ipxe/{host}", ServeCommand: []string{"x"}}},
+		{"unknown redfish auth", Options{Hosts: 1, RedfishAuth: []string{"digest"}, ServeCommand: []string{"x"}}},
+		{"more redfish auths than hosts", Options{Hosts: 1, RedfishAuth: []string{"basic", "basic"}, ServeCommand: []string{"x"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -36,7 +36,13 @@ type System struct {
 	// ID is the Redfish Id (the last path element); required.
 	ID string
 	// Name is the Redfish Name; defaults to ID. Several systems may share one.
-	Name         string
+	Name string
+	// SystemType is the Redfish SystemType: "Physical" (default), or for
+	// example "DPU" for a SmartNIC's SoC that its BMC lists beside the host.
+	SystemType string
+	// BootTargets are the BootSourceOverrideTarget AllowableValues
+	// (default None, Pxe, Cd, Hdd); a PATCH of another target is 400.
+	BootTargets  []string
 	Manufacturer string
 	Model        string
 	SerialNumber string
@@ -46,8 +52,25 @@ type System struct {
 	Machine machine.Machine
 }
 
+// Authentication modes of an emulated BMC (Config.Auth).
+const (
+	// AuthBoth serves a SessionService and accepts basic authentication
+	// too (the default).
+	AuthBoth = "both"
+	// AuthBasicOnly serves no SessionService (the service root links
+	// none), answers a session login with 401 and accepts only HTTP basic
+	// authentication, as several BMCs and BMC simulators do.
+	AuthBasicOnly = "basic"
+	// AuthSessionOnly serves a SessionService and refuses basic
+	// authentication with 401.
+	AuthSessionOnly = "session"
+)
+
 // Config configures one emulated BMC.
 type Config struct {
+	// Auth is AuthBoth (default when empty), AuthBasicOnly or
+	// AuthSessionOnly.
+	Auth string
 	// Username and Password are the only valid credentials (session login
 	// and basic auth).
 	Username string
@@ -123,6 +146,7 @@ type BMC struct {
 	maxSessions int
 	powerLag    time.Duration
 	powerLies   bool
+	retryAfter  time.Duration
 	inFlight    int
 	stats       Stats
 	now         func() time.Time
@@ -139,6 +163,13 @@ type mediaState struct {
 func New(cfg Config) (*BMC, error) {
 	if len(cfg.Systems) == 0 {
 		return nil, errdefs.InvalidArgument("redfish emulator: no systems")
+	}
+	switch cfg.Auth {
+	case "":
+		cfg.Auth = AuthBoth
+	case AuthBoth, AuthBasicOnly, AuthSessionOnly:
+	default:
+		return nil, errdefs.InvalidArgument("redfish emulator: auth %q: want both, basic or session", cfg.Auth)
 	}
 	if cfg.FirmwareVersion == "" {
 		cfg.FirmwareVersion = "1.45.455b66-rev4"
@@ -173,6 +204,12 @@ func New(cfg Config) (*BMC, error) {
 		}
 		if s.Name == "" {
 			s.Name = s.ID
+		}
+		if s.SystemType == "" {
+			s.SystemType = "Physical"
+		}
+		if s.BootTargets == nil {
+			s.BootTargets = []string{"None", "Pxe", "Cd", "Hdd"}
 		}
 		mid := "BMC"
 		if len(cfg.Systems) > 1 {
@@ -260,6 +297,14 @@ func (b *BMC) FailNext(n, status int) {
 	b.failN, b.failStatus = n, status
 }
 
+// SetRetryAfter makes injected 429 and 503 answers carry
+// Retry-After: d (in whole seconds; 0 removes the header).
+func (b *BMC) SetRetryAfter(d time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.retryAfter = d
+}
+
 // SetMaxSessions changes the session limit; logins beyond it get 503
 // SessionLimitExceeded. Existing sessions stay.
 func (b *BMC) SetMaxSessions(n int) {
@@ -292,7 +337,7 @@ func (b *BMC) SetPowerLies(lie bool) {
 func (b *BMC) ClearFaults() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.latency, b.failN, b.powerLag, b.powerLies = 0, 0, 0, false
+	b.latency, b.failN, b.powerLag, b.powerLies, b.retryAfter = 0, 0, 0, false, 0
 	b.maxSessions = b.cfg.MaxSessions
 }
 
@@ -334,7 +379,7 @@ func (b *BMC) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if b.inFlight > b.stats.MaxInFlight {
 		b.stats.MaxInFlight = b.inFlight
 	}
-	latency := b.latency
+	latency, retryAfter := b.latency, b.retryAfter
 	fail := 0
 	if b.failN > 0 {
 		b.failN--
@@ -358,6 +403,9 @@ func (b *BMC) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if fail != 0 {
 		b.log.Debug("injected failure", "status", fail, "path", r.URL.Path)
+		if retryAfter > 0 && (fail == http.StatusServiceUnavailable || fail == http.StatusTooManyRequests) {
+			w.Header().Set("Retry-After", fmt.Sprint(int(retryAfter.Seconds())))
+		}
 		writeError(w, fail, "Base.1.8.GeneralError", "injected fault")
 		return
 	}
@@ -376,7 +424,9 @@ func (b *BMC) routes() {
 	auth := func(h http.HandlerFunc) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
 			if !b.authorized(r) {
-				w.Header().Set("WWW-Authenticate", `Basic realm="kiln-lab"`)
+				if b.cfg.Auth != AuthSessionOnly {
+					w.Header().Set("WWW-Authenticate", `Basic realm="kiln-lab"`)
+				}
 				writeError(w, http.StatusUnauthorized, "Base.1.8.NoValidSession", "no valid session or credentials")
 				return
 			}
@@ -425,11 +475,19 @@ func (b *BMC) authorized(r *http.Request) bool {
 		}
 		return false
 	}
+	if b.cfg.Auth == AuthSessionOnly {
+		return false
+	}
 	u, p, ok := r.BasicAuth()
 	return ok && u == b.cfg.Username && p == b.cfg.Password
 }
 
 func (b *BMC) login(w http.ResponseWriter, r *http.Request) {
+	if b.cfg.Auth == AuthBasicOnly {
+		w.Header().Set("WWW-Authenticate", `Basic realm="kiln-lab"`)
+		writeError(w, http.StatusUnauthorized, "Base.1.8.NoValidSession", "sessions are not supported: use basic authentication")
+		return
+	}
 	var body struct {
 		UserName string
 		Password string
@@ -649,11 +707,15 @@ func (b *BMC) patchSystem(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	bt := body.Boot
+	targets := map[string]bool{}
+	for _, t := range st.cfg.BootTargets {
+		targets[t] = validTargets[t]
+	}
 	for _, c := range []struct {
 		name, v string
 		ok      map[string]bool
 	}{
-		{"BootSourceOverrideTarget", bt.BootSourceOverrideTarget, validTargets},
+		{"BootSourceOverrideTarget", bt.BootSourceOverrideTarget, targets},
 		{"BootSourceOverrideEnabled", bt.BootSourceOverrideEnabled, validEnabled},
 		{"BootSourceOverrideMode", bt.BootSourceOverrideMode, validModes},
 	} {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/kilnhq/kiln/e2e/lab/machine"
 	"github.com/kilnhq/kiln/e2e/lab/redfish"
+	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
 type client struct {
@@ -163,9 +165,10 @@ func TestFaults(t *testing.T) {
 
 func TestMockupHandler(t *testing.T) {
 	root, err := redfish.MockupsDir()
-	if err != nil {
+	if errdefs.IsNotFound(err) {
 		t.Skip(err.Error())
 	}
+	require.NoError(t, err)
 	dir := filepath.Join(root, "public-tower")
 	srv := httptest.NewServer(redfish.MockupHandler(dir))
 	t.Cleanup(srv.Close)
@@ -185,8 +188,53 @@ func TestMockupHandler(t *testing.T) {
 			t.Errorf("GET %s = %d, want 404", path, resp.StatusCode)
 		}
 	}
-	if resp, _ := c.do("PATCH", "/redfish/v1/Systems/437XR1238R2", `{}`); resp.StatusCode != 405 {
-		t.Errorf("PATCH on a mockup = %d, want 405", resp.StatusCode)
+	if resp, _ := c.do("PATCH", "/redfish/v1/Systems/437XR1238R2", `{"AssetTag":"x"}`); resp.StatusCode != 405 {
+		t.Errorf("PATCH of AssetTag on a mockup = %d, want 405", resp.StatusCode)
+	}
+
+	// The write overlay: Boot PATCH checked against AllowableValues,
+	// Reset, virtual media actions where the resource offers them.
+	sys := "/redfish/v1/Systems/437XR1238R2"
+	for _, tc := range []struct {
+		method, path, body string
+		want               int
+	}{
+		{"PATCH", sys, `{"Boot":{"BootSourceOverrideTarget":"UefiHttp"}}`, 400},
+		{"PATCH", sys, `{"Boot":{"BootSourceOverrideTarget":"Cd","BootSourceOverrideEnabled":"Once"}}`, 204},
+		{"POST", sys + "/Actions/ComputerSystem.Reset", `{"ResetType":"Explode"}`, 400},
+		{"POST", sys + "/Actions/ComputerSystem.Reset", `{"ResetType":"ForceOff"}`, 204},
+		{"POST", "/redfish/v1/Managers/BMC/VirtualMedia/CD1/Actions/VirtualMedia.InsertMedia", `{"Image":"http://x/a.iso"}`, 404},
+	} {
+		if resp, _ := c.do(tc.method, tc.path, tc.body); resp.StatusCode != tc.want {
+			t.Errorf("%s %s %s = %d, want %d", tc.method, tc.path, tc.body, resp.StatusCode, tc.want)
+		}
+	}
+	_, body := c.do("GET", sys, "")
+	boot, _ := body["Boot"].(map[string]any)
+	if body["PowerState"] != "Off" || boot["BootSourceOverrideTarget"] != "Cd" || boot["BootSourceOverrideEnabled"] != "Once" {
+		t.Errorf("after the writes: PowerState %v, Boot %v; want Off, Cd Once", body["PowerState"], boot)
+	}
+	c.do("POST", sys+"/Actions/ComputerSystem.Reset", `{"ResetType":"On"}`)
+	_, body = c.do("GET", sys, "")
+	if boot, _ := body["Boot"].(map[string]any); body["PowerState"] != "On" || boot["BootSourceOverrideEnabled"] != "Disabled" {
+		t.Errorf("after Reset On: PowerState %v, Boot %v; want On with the override consumed", body["PowerState"], boot)
+	}
+}
+
+func TestMockupsDirEnv(t *testing.T) {
+	t.Setenv("KILN_REDFISH_MOCKUPS", t.TempDir())
+	if _, err := redfish.MockupsDir(); !errdefs.IsFailedPrecondition(err) {
+		t.Fatalf("MockupsDir() with KILN_REDFISH_MOCKUPS naming an empty dir = %v, want FailedPrecondition", err)
+	}
+	dir := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "vendor-x"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "vendor-x", "index.json"), []byte(`{}`), 0o644))
+	t.Setenv("KILN_REDFISH_MOCKUPS", dir)
+	if got, err := redfish.MockupsDir(); err != nil || got != dir {
+		t.Fatalf("MockupsDir() = %q, %v; want %q (any tree will do)", got, err, dir)
+	}
+	if trees, _ := redfish.MockupTrees(dir); len(trees) != 1 || trees[0] != "vendor-x" {
+		t.Fatalf("MockupTrees() = %v, want [vendor-x]", trees)
 	}
 }
 
@@ -219,5 +267,50 @@ func TestAdminAPI(t *testing.T) {
 	}
 	if st := e.Stats(); st.Requests != 1 {
 		t.Fatalf("Stats().Requests = %d, want 1 (admin calls are not counted)", st.Requests)
+	}
+}
+
+func TestAuthModes(t *testing.T) {
+	tests := []struct {
+		auth                     string
+		wantSessionService       bool
+		loginStatus, basicStatus int
+	}{
+		{auth: redfish.AuthBoth, wantSessionService: true, loginStatus: 201, basicStatus: 200},
+		{auth: redfish.AuthBasicOnly, wantSessionService: false, loginStatus: 401, basicStatus: 200},
+		{auth: redfish.AuthSessionOnly, wantSessionService: true, loginStatus: 201, basicStatus: 401},
+	}
+	for _, tc := range tests {
+		t.Run(tc.auth, func(t *testing.T) {
+			e, err := redfish.New(redfish.Config{Username: "admin", Password: "pw", Auth: tc.auth,
+				Systems: []redfish.System{{ID: "S1", Machine: &machine.Memory{}}}})
+			require.NoError(t, err)
+			e.Start()
+			t.Cleanup(e.Close)
+			c := &client{t: t, base: e.URL(), http: http.DefaultClient}
+
+			_, root := c.do("GET", "/redfish/v1/", "")
+			_, hasSS := root["SessionService"]
+			links, _ := root["Links"].(map[string]any)
+			_, hasSessions := links["Sessions"]
+			if hasSS != tc.wantSessionService || hasSessions != tc.wantSessionService {
+				t.Fatalf("service root SessionService %v, Links.Sessions %v; want %v", hasSS, hasSessions, tc.wantSessionService)
+			}
+			resp, _ := c.do("POST", "/redfish/v1/SessionService/Sessions", `{"UserName":"admin","Password":"pw"}`)
+			if resp.StatusCode != tc.loginStatus {
+				t.Fatalf("session login = %d, want %d", resp.StatusCode, tc.loginStatus)
+			}
+			req, _ := http.NewRequest("GET", e.URL()+"/redfish/v1/Systems/S1", nil)
+			req.SetBasicAuth("admin", "pw")
+			r, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			r.Body.Close()
+			if r.StatusCode != tc.basicStatus {
+				t.Fatalf("GET with basic auth = %d, want %d", r.StatusCode, tc.basicStatus)
+			}
+		})
+	}
+	if _, err := redfish.New(redfish.Config{Auth: "digest", Systems: []redfish.System{{ID: "S1", Machine: &machine.Memory{}}}}); err == nil {
+		t.Fatal(`New(Auth: "digest") = nil error, want InvalidArgument`)
 	}
 }

@@ -29,7 +29,7 @@ func (b *BMC) serveVersions(w http.ResponseWriter, r *http.Request) {
 }
 
 func (b *BMC) serveRoot(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]any{
+	root := map[string]any{
 		"@odata.type":    "#ServiceRoot.v1_15_0.ServiceRoot",
 		"@odata.id":      "/redfish/v1/",
 		"Id":             "RootService",
@@ -45,10 +45,19 @@ func (b *BMC) serveRoot(w http.ResponseWriter, r *http.Request) {
 		"Links": map[string]any{
 			"Sessions": odataID("/redfish/v1/SessionService/Sessions"),
 		},
-	})
+	}
+	if b.cfg.Auth == AuthBasicOnly {
+		delete(root, "SessionService")
+		root["Links"] = map[string]any{}
+	}
+	writeJSON(w, http.StatusOK, root)
 }
 
 func (b *BMC) serveSessionService(w http.ResponseWriter, r *http.Request) {
+	if b.cfg.Auth == AuthBasicOnly {
+		writeError(w, http.StatusNotFound, "Base.1.8.ResourceMissingAtURI", "no resource at "+r.URL.Path)
+		return
+	}
 	b.mu.Lock()
 	timeout := int(b.cfg.SessionTimeout.Seconds())
 	b.mu.Unlock()
@@ -122,7 +131,7 @@ func (b *BMC) serveSystem(w http.ResponseWriter, r *http.Request) {
 		"@odata.id":    base,
 		"Id":           st.cfg.ID,
 		"Name":         st.cfg.Name,
-		"SystemType":   "Physical",
+		"SystemType":   st.cfg.SystemType,
 		"Manufacturer": st.cfg.Manufacturer,
 		"Model":        st.cfg.Model,
 		"SerialNumber": st.cfg.SerialNumber,
@@ -132,7 +141,7 @@ func (b *BMC) serveSystem(w http.ResponseWriter, r *http.Request) {
 		"Boot": map[string]any{
 			"BootSourceOverrideEnabled":                        enabled,
 			"BootSourceOverrideTarget":                         target,
-			"BootSourceOverrideTarget@Redfish.AllowableValues": []string{"None", "Pxe", "Cd", "Hdd"},
+			"BootSourceOverrideTarget@Redfish.AllowableValues": st.cfg.BootTargets,
 			"BootSourceOverrideMode":                           mode,
 		},
 		"BiosVersion":        "P79 v1.45 (12/06/2017)",

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kilnhq/kiln/e2e/lab/ipmisim"
 	"github.com/kilnhq/kiln/e2e/lab/rack"
+	"github.com/kilnhq/kiln/e2e/lab/redfish"
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
@@ -69,6 +70,7 @@ See docs/lab.md.`,
 	}
 	up.Flags().IntVar(&o.Hosts, "hosts", 3, "hosts behind Redfish emulators")
 	up.Flags().IntVar(&o.IPMI, "ipmi", 0, "further hosts behind ipmi_sim BMCs")
+	up.Flags().StringSliceVar(&o.RedfishAuth, "redfish-auth", nil, "authentication of each Redfish emulator in host order: both (default), basic (no SessionService, basic auth only, like several BMCs in the field) or session; e.g. --redfish-auth both,basic")
 	up.Flags().StringVar(&o.Backend, "backend", "netns", "machine backend: netns|qemu (qemu: QEMU VMs on user-mode networking, at most 2 hosts without KVM; see docs/lab.md)")
 	up.Flags().StringVar(&o.Subnet, "subnet", "", "lab IPv4 /24 (default: a free 10.251.X.0/24)")
 	up.Flags().StringVar(&o.AgentBinary, "agent", "", "boot media program: PXE and virtual-media boots run `AGENT run` (kiln-agent)")
@@ -150,7 +152,11 @@ func printLab(w io.Writer, rep *rack.Report) error {
 		if res == "" {
 			res = rack.ResourceName(rep.Name, h.Name)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", h.Name, res, h.Address, h.MAC, h.BMC.Protocol, h.BMC.Address, c.Username, c.Password)
+		bmcCol := h.BMC.Protocol
+		if h.BMC.Auth != "" && h.BMC.Auth != redfish.AuthBoth {
+			bmcCol += " (" + h.BMC.Auth + " auth only)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", h.Name, res, h.Address, h.MAC, bmcCol, h.BMC.Address, c.Username, c.Password)
 	}
 	return tw.Flush()
 }

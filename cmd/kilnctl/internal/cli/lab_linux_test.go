@@ -2,16 +2,20 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kilnhq/kiln/bmc"
 	"github.com/kilnhq/kiln/e2e/lab/rack"
+	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/manifest"
 )
 
@@ -45,14 +49,17 @@ func TestLabCommands(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = exec.Command(kilnctl, "lab", "down", "--state-dir", dir).Run() })
 
-	up := run("lab", "up", "--name", name, "--hosts", "1", "--ipmi", "1", "--state-dir", dir, "--disk-size", "64M")
+	// h1's Redfish emulator has no SessionService and takes basic auth
+	// only, like several BMCs in the field.
+	up := run("lab", "up", "--name", name, "--hosts", "1", "--redfish-auth", "basic", "--ipmi", "1", "--state-dir", dir, "--disk-size", "64M")
 	for _, want := range []string{"lab " + name + ": ready", "redfish", "ipmi", "nft table inet kiln-lab-" + name} {
 		if !strings.Contains(up, want) {
 			t.Errorf("kilnctl lab up printed:\n%s\nwant %q in it", up, want)
 		}
 	}
 	status := run("lab", "status", "--state-dir", dir)
-	if !strings.Contains(status, "h1 ") || !strings.Contains(status, "h2 ") || !strings.Contains(status, " "+name+"-h2 ") {
+	if !strings.Contains(status, "h1 ") || !strings.Contains(status, "h2 ") || !strings.Contains(status, " "+name+"-h2 ") ||
+		!strings.Contains(status, "redfish (basic auth only)") {
 		t.Errorf("kilnctl lab status printed:\n%s\nwant hosts h1 and h2 and their resource names", status)
 	}
 
@@ -67,6 +74,25 @@ func TestLabCommands(t *testing.T) {
 		if want := fmt.Sprintf("%s-h%d", name, i+1); h.GetMetadata().GetName() != want || h.GetSpec().GetBmc().GetPassword() == "" {
 			t.Errorf("kilnctl lab hosts: host %d = %v, want %s with its BMC password", i, h, want)
 		}
+	}
+
+	// The Host kilnctl lab hosts prints for h1 (spec.bmc.auth unset: auto)
+	// registers as the controller would dial it: auto finds no
+	// SessionService and uses basic auth.
+	spec := docs[0].Resource.GetHost().GetSpec().GetBmc()
+	b, err := bmc.Dial(context.Background(), bmc.EndpointFromSpec(spec), bmc.Options{Name: docs[0].Resource.GetHost().GetMetadata().GetName()})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	inv, err := b.Inventory(ctx)
+	require.NoError(t, err, "inventory of the basic-auth-only lab host")
+	if state, err := b.PowerState(ctx); err != nil || state != bmc.PowerOff {
+		t.Errorf("PowerState() of the basic-auth-only lab host = %q, %v; want off", state, err)
+	}
+	c := b.Condition()
+	t.Logf("%s: %s %s", spec.GetAddress(), c.GetStatus(), c.GetMessage())
+	if c.GetStatus() != conditions.True || !strings.Contains(c.GetMessage(), "redfish basic auth (the service root links no SessionService)") || len(inv.MACs) != 1 {
+		t.Errorf("basic-auth-only lab host: condition %s %q, inventory %+v; want True naming basic auth, one MAC", c.GetStatus(), c.GetMessage(), inv)
 	}
 
 	rep, err := rack.Status(dir)

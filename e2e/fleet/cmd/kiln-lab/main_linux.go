@@ -31,8 +31,9 @@ func main() {
 
 type flags struct {
 	name, dir, bin, subnet, cluster, clusterName, imageSpec, tagDate string
-	hosts, ipmi                                             int
-	timeout, stallTimeout                                   time.Duration
+	hosts, ipmi                                                      int
+	redfishAuth                                                      []string
+	timeout, stallTimeout                                            time.Duration
 }
 
 func (f *flags) lab(imageDir string) (*fleet.Lab, error) {
@@ -40,7 +41,7 @@ func (f *flags) lab(imageDir string) (*fleet.Lab, error) {
 	if err != nil {
 		return nil, err
 	}
-	return fleet.New(fleet.Config{Name: f.name, Dir: f.dir, Bin: bin, Subnet: f.subnet, Hosts: f.hosts, IPMI: f.ipmi,
+	return fleet.New(fleet.Config{Name: f.name, Dir: f.dir, Bin: bin, Subnet: f.subnet, Hosts: f.hosts, IPMI: f.ipmi, RedfishAuth: f.redfishAuth,
 		MediaDir: filepath.Join(f.dir, "media"), ImageDir: imageDir, Out: os.Stdout})
 }
 
@@ -70,6 +71,7 @@ func command() *cobra.Command {
 	}
 	up.Flags().IntVar(&f.hosts, "hosts", 3, "hosts behind Redfish emulators")
 	up.Flags().IntVar(&f.ipmi, "ipmi", 1, "hosts behind ipmi_sim (booted by PXE)")
+	up.Flags().StringSliceVar(&f.redfishAuth, "redfish-auth", nil, "authentication of each Redfish emulator in host order: both (default), basic (no SessionService, basic auth only) or session; e.g. KILN_LAB_ARGS='--redfish-auth both,both,basic' make lab")
 	up.Flags().StringVar(&f.cluster, "cluster", "examples/lab-cluster.yaml", "cluster to apply")
 	up.Flags().StringVar(&f.imageSpec, "image-spec", "examples/images/lab.yaml", "golden image spec of the lab's nodes (built once, cached by its inputs)")
 	up.Flags().StringVar(&f.tagDate, "tag-date", "", "yyyymmdd in the lab image's tag instead of the day its OS packages were fetched (the cluster names its image by labels, so any date works)")

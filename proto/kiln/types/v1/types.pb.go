@@ -311,7 +311,11 @@ type BMCSpec struct {
 	SystemId           string `protobuf:"bytes,5,opt,name=system_id,json=systemId,proto3" json:"system_id,omitempty"`
 	InsecureSkipVerify bool   `protobuf:"varint,6,opt,name=insecure_skip_verify,json=insecureSkipVerify,proto3" json:"insecure_skip_verify,omitempty"`
 	// password_set is true when a password is stored; output only.
-	PasswordSet   bool `protobuf:"varint,7,opt,name=password_set,json=passwordSet,proto3" json:"password_set,omitempty"`
+	PasswordSet bool `protobuf:"varint,7,opt,name=password_set,json=passwordSet,proto3" json:"password_set,omitempty"`
+	// auth is the Redfish authentication method: "auto" (default when
+	// empty: a session when the service root links a SessionService, HTTP
+	// basic authentication otherwise), "session" or "basic".
+	Auth          string `protobuf:"bytes,8,opt,name=auth,proto3" json:"auth,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -393,6 +397,13 @@ func (x *BMCSpec) GetPasswordSet() bool {
 		return x.PasswordSet
 	}
 	return false
+}
+
+func (x *BMCSpec) GetAuth() string {
+	if x != nil {
+		return x.Auth
+	}
+	return ""
 }
 
 type HostSpec struct {
@@ -3221,7 +3232,7 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x12\x1a\n" +
 	"\bseverity\x18\x05 \x01(\tR\bseverity\x12/\n" +
 	"\x13observed_generation\x18\x06 \x01(\x03R\x12observedGeneration\x12L\n" +
-	"\x14last_transition_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x12lastTransitionTime\"\xe9\x01\n" +
+	"\x14last_transition_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x12lastTransitionTime\"\xfd\x01\n" +
 	"\aBMCSpec\x12\x1a\n" +
 	"\bprotocol\x18\x01 \x01(\tR\bprotocol\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x1a\n" +
@@ -3229,7 +3240,8 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\bpassword\x18\x04 \x01(\tR\bpassword\x12\x1b\n" +
 	"\tsystem_id\x18\x05 \x01(\tR\bsystemId\x120\n" +
 	"\x14insecure_skip_verify\x18\x06 \x01(\bR\x12insecureSkipVerify\x12!\n" +
-	"\fpassword_set\x18\a \x01(\bR\vpasswordSet\"\xaa\x01\n" +
+	"\fpassword_set\x18\a \x01(\bR\vpasswordSet\x12\x12\n" +
+	"\x04auth\x18\b \x01(\tR\x04auth\"\xaa\x01\n" +
 	"\bHostSpec\x12(\n" +
 	"\x03bmc\x18\x01 \x01(\v2\x16.kiln.types.v1.BMCSpecR\x03bmc\x12\x19\n" +
 	"\bboot_mac\x18\x02 \x01(\tR\abootMac\x12$\n" +
