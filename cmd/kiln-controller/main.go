@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kilnhq/kiln/controller"
+	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/internal/version"
 )
 
@@ -90,6 +91,7 @@ func runCmd() *cobra.Command {
 		simulate    int
 		boot        bootFlags
 	)
+	var expectedBoot time.Duration
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the controller",
@@ -106,6 +108,7 @@ func runCmd() *cobra.Command {
 			cfg.HeartbeatInterval = heartbeat
 			cfg.AgentSilence = silence
 			cfg.Lifecycle = lifecycle
+			cfg.ExpectedBootTime = expectedBoot
 			cfg.BootURL = bootURL
 			cfg.ControllerURL = ctlURL
 			cfg.Simulate = simulate
@@ -138,6 +141,7 @@ func runCmd() *cobra.Command {
 	cmd.Flags().DurationVar(&heartbeat, "heartbeat-interval", 10*time.Second, "interval agents are told to send heartbeats at")
 	cmd.Flags().DurationVar(&silence, "agent-silence", 0, "silence after which a host is marked AgentReachable=False (default 3 heartbeat intervals)")
 	cmd.Flags().BoolVar(&lifecycle, "lifecycle", false, "run the host lifecycle (power hosts through their BMCs, boot the agent media, lay images; docs/lifecycle.md) and the cluster executor (bind Machines to hosts, kubeadm init/join through the agent; docs/clusters.md)")
+	cmd.Flags().DurationVar(&expectedBoot, "expected-boot-time", hostlife.DefaultExpectedBoot, "how long a host normally takes from power on to its boot agent's check-in; past it the host says BootAgentCheckedIn=False (BootAgentMissing) while it waits on")
 	cmd.Flags().StringVar(&bootURL, "boot-url", "", "public URL of the boot server (agent ISOs for virtual media; default http://<--boot-listen> when that is an IP address)")
 	cmd.Flags().StringVar(&ctlURL, "controller-url", "", "URL installed and boot agents reach the API at (default https://<listen address>)")
 	boot.bind(cmd)
