@@ -382,12 +382,16 @@ func runStuckRow(t *testing.T, ctx context.Context, sl *stuckLab, r stuckRow) st
 	return res
 }
 
-// matchLine returns the first describe line that carries one of reasons
-// (as a column) and a message matching msg.
+// matchLine returns a describe line that carries one of reasons (as a
+// column; the first of reasons that any line carries) and a message
+// matching msg.
 func matchLine(out string, reasons []string, msg *regexp.Regexp) string {
-	for _, line := range strings.Split(out, "\n") {
-		if conditionOf(line, reasons) != "" && msg.MatchString(line) {
-			return line
+	tree, _, _ := strings.Cut(out, "\nEvents:")
+	for _, r := range reasons {
+		for _, line := range strings.Split(tree, "\n") {
+			if conditionOf(line, []string{r}) != "" && msg.MatchString(line) {
+				return line
+			}
 		}
 	}
 	return ""
@@ -399,11 +403,17 @@ func conditionOf(line string, reasons []string) string {
 	f := strings.Fields(strings.TrimLeft(line, "│├└─ "))
 	for i, x := range f {
 		for _, r := range reasons {
-			if x == r && i >= 1 {
-				// NAME READY [SEVERITY] REASON ...
-				name := strings.TrimLeft(f[0], "│├└─")
-				return fmt.Sprintf("%s=%s %s", name, f[1], r)
+			if x != r || i < 1 {
+				continue
 			}
+			// NAME [(summary)] READY SEVERITY REASON SINCE MESSAGE
+			status := "-"
+			for _, y := range f[1:i] {
+				if y == "True" || y == "False" || y == "Unknown" {
+					status = y
+				}
+			}
+			return fmt.Sprintf("%s=%s %s", f[0], status, r)
 		}
 	}
 	return ""
