@@ -64,8 +64,9 @@ type stuckResult struct {
 // The target of the issue: a stuck step says why within 30 s.
 const visibleWithin = 30 * time.Second
 
-// TestStuckCausesAreVisible injects, one after the other on one lab of five
-// hosts (h1-h4 behind Redfish emulators, h5 behind ipmi_sim), each cause
+// TestStuckCausesAreVisible injects, on one lab of five hosts (h1-h4
+// behind Redfish emulators, h5 behind ipmi_sim; the rows of each cluster
+// in order, the clusters side by side as -parallel allows), each cause
 // that stops a cluster from progressing, and checks that `kilnctl describe
 // cluster` names it (reason and message) within 30 s of the step meeting
 // it, and that the step goes on once the cause is removed:
@@ -262,8 +263,6 @@ spec:
 		reasons: []string{hostlife.ReasonStepFailed, "CallFailed", "HostError"},
 		msg:     regexp.MustCompile(`(?i)401|unauthori|permission`),
 		inject: func(t *testing.T) {
-			sl.kilnctlDelete(t, "cluster", "stuck-b")
-			sl.kilnctlDelete(t, "controlplane", "stuck-b-cp")
 			sl.registerHosts(t, map[string]string{h(4): "not-the-password"})
 			sl.apply(t, sl.clusterDocs(t, "stuck-c", "stuck-hash", h(4)))
 		},
@@ -301,8 +300,6 @@ spec:
 		reasons: []string{hostlife.ReasonBootAgentMissing},
 		msg:     regexp.MustCompile(`no boot agent check-in .* pxe`),
 		inject: func(t *testing.T) {
-			sl.kilnctlDelete(t, "cluster", "stuck-c")
-			sl.kilnctlDelete(t, "controlplane", "stuck-c-cp")
 			sl.blockBootServer(t, h(5))
 			sl.apply(t, sl.clusterDocs(t, "stuck-d", sl.tag, h(5)))
 		},
@@ -315,15 +312,37 @@ spec:
 		},
 	}}
 
-	var results []stuckResult
-	for _, r := range rows {
-		res := runStuckRow(t, ctx, sl, r)
-		results = append(results, res)
-		t.Logf("%s: %s after %s (%s), recovered %t", res.cause, res.condition, res.visible.Round(time.Second), res.sinceWhat, res.recovered)
-		if !res.seen || !res.recovered {
-			break
+	// The rows of one cluster run in order; the clusters (on hosts of
+	// their own) side by side, as far as go test -parallel lets them.
+	var groups []string
+	byGroup := map[string][]int{}
+	for i, r := range rows {
+		if byGroup[r.cluster] == nil {
+			groups = append(groups, r.cluster)
 		}
+		byGroup[r.cluster] = append(byGroup[r.cluster], i)
 	}
+	results := make([]*stuckResult, len(rows))
+	t.Run("causes", func(t *testing.T) {
+		for _, g := range groups {
+			t.Run(g, func(t *testing.T) {
+				t.Parallel()
+				for _, i := range byGroup[g] {
+					res := runStuckRow(t, ctx, sl, rows[i])
+					results[i] = &res
+					t.Logf("%s: %s after %s (from %s), recovered %t", res.cause, res.condition, res.visible.Round(time.Second), res.sinceWhat, res.recovered)
+					if !res.seen || !res.recovered {
+						break
+					}
+				}
+				if g != "stuck" {
+					// Its host is wiped and powered off again.
+					sl.kilnctlDelete(t, "cluster", g)
+					sl.kilnctlDelete(t, "controlplane", g+"-cp")
+				}
+			})
+		}
+	})
 	table := stuckTable(results)
 	t.Logf("stuck causes (whole test %s):\n%s", time.Since(start).Round(time.Second), table)
 	if f := os.Getenv("KILN_STUCK_TABLE"); f != "" {
@@ -419,11 +438,14 @@ func conditionOf(line string, reasons []string) string {
 	return ""
 }
 
-func stuckTable(rs []stuckResult) string {
+func stuckTable(rs []*stuckResult) string {
 	var b bytes.Buffer
 	w := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "CAUSE\tCONDITION (describe cluster)\tVISIBLE AFTER\tRECOVERED\tRECOVERY")
 	for _, r := range rs {
+		if r == nil {
+			continue // not run: an earlier row of its cluster failed
+		}
 		vis, rec := "never", "no"
 		if r.seen {
 			vis = fmt.Sprintf("%.0f s (from %s)", r.visible.Seconds(), r.sinceWhat)
