@@ -34,6 +34,7 @@ import (
 	"github.com/kilnhq/kiln/controller/election"
 	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/events"
+	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/controller/provision"
 	"github.com/kilnhq/kiln/controller/resources"
 	"github.com/kilnhq/kiln/controller/sim"
@@ -112,6 +113,10 @@ type Config struct {
 	// run it always leads (`kiln-controller run --api-only`, see
 	// docs/controller.md). Excludes Lifecycle and Simulate.
 	APIOnly bool
+	// ExpectedBootTime is how long a host normally takes from power on to
+	// its boot agent's check-in; past it the host carries
+	// BootAgentCheckedIn=False (hostlife.DefaultExpectedBoot when 0).
+	ExpectedBootTime time.Duration
 	// BootURL is the boot server's public URL; the agent ISO of host H is
 	// BootURL/boot/iso/H.iso (bootserver.ISOURL).
 	BootURL string
@@ -417,6 +422,7 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 	cfg := provision.Config{
 		Clock:  c.cfg.Clock,
 		ISOURL: func(h string) string { return bootserver.ISOURL(c.cfg.BootURL, h) },
+		Plan:   hostlife.Config{ExpectedBoot: c.cfg.ExpectedBootTime},
 	}
 	deps := provision.Deps{Store: st, Recorder: rec}
 	var pool *provision.AgentPool

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kilnhq/kiln/controller"
+	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/internal/version"
 )
 
@@ -91,6 +92,7 @@ func runCmd() *cobra.Command {
 		simulate    int
 		boot        bootFlags
 	)
+	var expectedBoot time.Duration
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the controller",
@@ -109,6 +111,7 @@ func runCmd() *cobra.Command {
 			if cfg.Lifecycle, cfg.APIOnly, err = lifecycleMode(lifecycle, cmd.Flags().Changed("lifecycle"), apiOnly, simulate); err != nil {
 				return err
 			}
+			cfg.ExpectedBootTime = expectedBoot
 			cfg.BootURL = bootURL
 			cfg.ControllerURL = ctlURL
 			cfg.Simulate = simulate
@@ -143,6 +146,7 @@ func runCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&apiOnly, "api-only", false, "serve the API only: run neither the host lifecycle (power hosts through their BMCs, boot the agent media, lay images; docs/lifecycle.md) nor the cluster executor (bind Machines to hosts, kubeadm init/join through the agent; docs/clusters.md), and stay out of the leader election; for extra API replicas next to one that runs them (docs/controller.md)")
 	cmd.Flags().BoolVar(&lifecycle, "lifecycle", true, "run the host lifecycle and the cluster executor (the default); --lifecycle=false is --api-only")
 	_ = cmd.Flags().MarkDeprecated("lifecycle", "the lifecycle runs by default; use --api-only to turn it off")
+	cmd.Flags().DurationVar(&expectedBoot, "expected-boot-time", hostlife.DefaultExpectedBoot, "how long a host normally takes from power on to its boot agent's check-in; past it the host says BootAgentCheckedIn=False (BootAgentMissing) while it waits on")
 	cmd.Flags().StringVar(&bootURL, "boot-url", "", "public URL of the boot server (agent ISOs for virtual media; default http://<--boot-listen> when that is an IP address)")
 	cmd.Flags().StringVar(&ctlURL, "controller-url", "", "URL installed and boot agents reach the API at (default https://<listen address>)")
 	boot.bind(cmd)

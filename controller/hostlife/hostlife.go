@@ -115,6 +115,15 @@ const (
 	// ConditionImageResolved is False while the image the host's Machine
 	// names cannot be used (Desired.Blocked).
 	ConditionImageResolved = "ImageResolved"
+
+	// ConditionBootAgentCheckedIn is False (BootAgentMissing) while
+	// WaitBootAgent has waited longer than Config.ExpectedBoot since the
+	// power on, and True (CheckedIn) once the boot agent came after that:
+	// a host whose firmware boots nothing says so long before the step
+	// times out.
+	ConditionBootAgentCheckedIn = "BootAgentCheckedIn"
+	ReasonBootAgentMissing      = "BootAgentMissing"
+	ReasonCheckedIn             = "CheckedIn"
 )
 
 // Action is one thing to do against the host's BMC or agent.
@@ -240,6 +249,11 @@ type Config struct {
 	// PollInterval is how often a waiting step looks again when nothing
 	// else wakes it (default 10s).
 	PollInterval time.Duration
+	// ExpectedBoot is how long a host normally takes from power on to its
+	// boot agent's first check-in (default DefaultExpectedBoot). Past it,
+	// WaitBootAgent keeps waiting until its timeout but the host carries
+	// BootAgentCheckedIn=False, reason BootAgentMissing.
+	ExpectedBoot time.Duration
 }
 
 // Default values of Config.
@@ -247,6 +261,10 @@ const (
 	DefaultStepTimeout  = 10 * time.Minute
 	DefaultMaxAttempts  = 3
 	DefaultPollInterval = 10 * time.Second
+	// DefaultExpectedBoot allows for slow firmware (servers with much
+	// memory take minutes to POST) before a missing boot agent is called
+	// out; the step itself waits DefaultTimeouts[StepWaitBootAgent].
+	DefaultExpectedBoot = 5 * time.Minute
 )
 
 // DefaultTimeouts are the step timeouts of a real rack.
@@ -276,6 +294,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PollInterval <= 0 {
 		c.PollInterval = DefaultPollInterval
+	}
+	if c.ExpectedBoot <= 0 {
+		c.ExpectedBoot = DefaultExpectedBoot
 	}
 	return c
 }
@@ -681,12 +702,21 @@ func (p *planner) sequence(steps []stepDef, done typesv1.HostState, doneMsg stri
 				p.failOp(op, ReasonBootSource, mismatch)
 				p.fail(ReasonBootSource, fmt.Sprintf("%s: %s", step.name, mismatch))
 			case ok:
+				p.bootAgentArrived(step)
 				p.succeed(op)
 				p.advance(steps, idx, done, doneMsg)
 			case elapsed >= timeout:
 				p.timedOut(op, step, timeout)
 			default:
-				p.wait(min(p.in.Config.PollInterval, timeout-elapsed))
+				next := min(p.in.Config.PollInterval, timeout-elapsed)
+				if step.name == StepWaitBootAgent {
+					if overdue := p.in.Config.ExpectedBoot - elapsed; overdue > 0 {
+						next = min(next, overdue)
+					} else {
+						p.bootAgentMissing(timeout)
+					}
+				}
+				p.wait(next)
 			}
 			return
 		}
@@ -833,6 +863,48 @@ func (p *planner) countAttempt(op *typesv1.OperationStatus) {
 	d := p.delay(int(op.Attempt) - 1)
 	op.RetryAfter = timestamppb.New(p.in.Now.Add(d))
 	p.wait(d)
+}
+
+// bootAgentMissing sets BootAgentCheckedIn=False: the boot agent has not
+// checked in ExpectedBoot after the power on. The message says what the
+// host was told to boot and what to check; a Warning event goes with it
+// once.
+func (p *planner) bootAgentMissing(timeout time.Duration) {
+	var media string
+	switch dev := p.bootDevice(); dev {
+	case BootCDROM:
+		media = fmt.Sprintf("to boot once from cdrom (virtual media %s)", p.in.ISOURL)
+	default:
+		media = fmt.Sprintf("to boot once from %s (its iPXE script from the boot server)", dev)
+	}
+	msg := fmt.Sprintf("no boot agent check-in %s after power on (expected within --expected-boot-time %s; step %s gives up after %s and powers the host off and on again): the host was told %s; check its console: did the firmware boot that device, and can it reach the boot server and the controller?",
+		p.in.Config.ExpectedBoot, p.in.Config.ExpectedBoot, StepWaitBootAgent, timeout, media)
+	if a := p.st.GetAgent(); a.GetLastHeartbeat() != nil {
+		msg += fmt.Sprintf(" Last check-in: the %s agent, booted from %s, at %s.", a.GetMode(), a.GetBootSource(),
+			a.GetLastHeartbeat().AsTime().UTC().Format(time.RFC3339))
+	}
+	c := conditions.New(ConditionBootAgentCheckedIn, conditions.False, ReasonBootAgentMissing, msg)
+	c.Severity = "Warning"
+	var changed bool
+	p.st.Conditions, changed = conditions.Set(p.st.Conditions, c, p.in.Now)
+	if changed {
+		p.event("Warning", ReasonBootAgentMissing, msg)
+	}
+}
+
+// bootAgentArrived turns a False BootAgentCheckedIn True when the boot
+// agent checks in at last.
+func (p *planner) bootAgentArrived(s stepDef) {
+	if s.name != StepWaitBootAgent {
+		return
+	}
+	if c := conditions.Get(p.st.GetConditions(), ConditionBootAgentCheckedIn); c == nil || c.GetStatus() == conditions.True {
+		return
+	}
+	a := p.st.GetAgent()
+	p.st.Conditions, _ = conditions.Set(p.st.Conditions, conditions.New(ConditionBootAgentCheckedIn, conditions.True, ReasonCheckedIn,
+		fmt.Sprintf("the boot agent checked in from %s %s after power on", a.GetBootSource(),
+			p.in.Now.Sub(p.st.GetLastOperation().GetStarted().AsTime()).Round(time.Second))), p.in.Now)
 }
 
 // msgTimedOut marks an operation that failed by timing out.
