@@ -531,6 +531,13 @@ func (p *planner) wiping() {
 // errored stays in Error until the image is no longer wanted, which
 // deprovisions and wipes the host.
 func (p *planner) errored() {
+	if g := p.in.Host.GetMetadata().GetGeneration(); p.st.GetErrorGeneration() > 0 && g > p.st.GetErrorGeneration() {
+		p.st.ErrorGeneration = 0
+		p.st.LastError = ""
+		p.transition(typesv1.HostState_HOST_STATE_REGISTERING, fmt.Sprintf("host spec changed since the error (generation %d): trying again from registration", g))
+		p.registering()
+		return
+	}
 	if !p.wantsImage() {
 		p.st.ErrorReason = ""
 		p.transition(typesv1.HostState_HOST_STATE_DEPROVISIONING, "image no longer wanted: leaving Error to deprovision")
@@ -952,7 +959,8 @@ func (p *planner) fail(reason, msg string) {
 	if p.st.GetState() == typesv1.HostState_HOST_STATE_PROVISIONING {
 		p.setProvisioned(conditions.False, reason, msg)
 	}
-	p.transition(typesv1.HostState_HOST_STATE_ERROR, p.st.ErrorReason)
+	p.st.ErrorGeneration = max(p.in.Host.GetMetadata().GetGeneration(), 1)
+	p.transition(typesv1.HostState_HOST_STATE_ERROR, p.st.ErrorReason+" (fix the cause and apply the host again to retry)")
 	p.out.Actions = nil
 	p.out.RequeueAfter = 0
 }

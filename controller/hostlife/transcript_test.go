@@ -31,6 +31,8 @@ var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 //	heartbeat at=D mode=boot|installed source=S [address=none]
 //	                                                  an agent checks in
 //	bmc status=True|False [reason=R]                  the BMC's condition
+//	edit                                              the user changes the
+//	                                                  host's spec (generation+1)
 //	plan at=D [result=ok|transient|unreachable|agent|perm] [err=E] [consecutive=N]
 //	                                                  Plan with the outcome of
 //	                                                  the stored operation
@@ -68,6 +70,10 @@ func at(t *testing.T, s string) time.Time {
 func (r *runner) exec(t *testing.T, cmd string) string {
 	fields := strings.Fields(cmd)
 	require.NotEmpty(t, fields)
+	if cmd == "edit" {
+		r.host.Metadata.Generation++
+		return ""
+	}
 	if cmd == "desire none" {
 		r.desired = Desired{}
 		return ""
@@ -76,7 +82,7 @@ func (r *runner) exec(t *testing.T, cmd string) string {
 	switch fields[0] {
 	case "host":
 		r.host = &typesv1.Host{
-			Metadata: &typesv1.ObjectMeta{Name: a["name"]},
+			Metadata: &typesv1.ObjectMeta{Name: a["name"], Generation: 1},
 			Spec:     &typesv1.HostSpec{Bmc: &typesv1.BMCSpec{Protocol: a["protocol"]}, RootDiskHint: a["disk"]},
 		}
 		return ""

@@ -1145,10 +1145,14 @@ type HostStatus struct {
 	// machine is the Machine bound to the host, if any.
 	Machine string `protobuf:"bytes,10,opt,name=machine,proto3" json:"machine,omitempty"`
 	// image_lays counts completed image lays.
-	ImageLays     int64  `protobuf:"varint,11,opt,name=image_lays,json=imageLays,proto3" json:"image_lays,omitempty"`
-	LastError     string `protobuf:"bytes,12,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ImageLays int64  `protobuf:"varint,11,opt,name=image_lays,json=imageLays,proto3" json:"image_lays,omitempty"`
+	LastError string `protobuf:"bytes,12,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	// error_generation is the host's metadata.generation when it entered
+	// Error: a spec change after it (a corrected BMC password or address, a
+	// new root disk hint) takes the host out of Error to try again.
+	ErrorGeneration int64 `protobuf:"varint,13,opt,name=error_generation,json=errorGeneration,proto3" json:"error_generation,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *HostStatus) Reset() {
@@ -1263,6 +1267,13 @@ func (x *HostStatus) GetLastError() string {
 		return x.LastError
 	}
 	return ""
+}
+
+func (x *HostStatus) GetErrorGeneration() int64 {
+	if x != nil {
+		return x.ErrorGeneration
+	}
+	return 0
 }
 
 type Host struct {
@@ -3318,7 +3329,7 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\aattempt\x18\t \x01(\x05R\aattempt\x12;\n" +
 	"\vretry_after\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"retryAfter\"\xef\x03\n" +
+	"retryAfter\"\x9a\x04\n" +
 	"\n" +
 	"HostStatus\x12.\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x18.kiln.types.v1.HostStateR\x05state\x12\x14\n" +
@@ -3337,7 +3348,8 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"image_lays\x18\v \x01(\x03R\timageLays\x12\x1d\n" +
 	"\n" +
-	"last_error\x18\f \x01(\tR\tlastError\"\xd2\x01\n" +
+	"last_error\x18\f \x01(\tR\tlastError\x12)\n" +
+	"\x10error_generation\x18\r \x01(\x03R\x0ferrorGeneration\"\xd2\x01\n" +
 	"\x04Host\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\tR\n" +
 	"apiVersion\x12\x12\n" +
