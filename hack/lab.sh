@@ -46,11 +46,11 @@ case "$cmd" in
     elif [ -n "${KILN_KUBE_MIRROR:-}" ]; then
       kt="downloaded from \$KILN_KUBE_MIRROR (a few minutes)"
     else
-      kt="BUILT FROM SOURCE: about 30-40 minutes on 2 cores, once (progress below)"
+      kt="BUILT FROM SOURCE once: about 6 minutes on 2 idle cores, up to an hour when the machine is busy (progress below)"
     fi
-    if compgen -G "$KILN_CACHE/rootfs/*" >/dev/null; then rf="cached roots may be reused"; else rf="debootstrap of a Debian root: about 5 minutes, once"; fi
+    if compgen -G "$KILN_CACHE/rootfs/*" >/dev/null; then rf="cached roots may be reused"; else rf="debootstrap of a Debian root: about 1 minute, once"; fi
     say "this run: packages (apt, if missing); Kubernetes $ver: $kt; Debian root: $rf;"
-    say "  lab image: about 3 minutes when the agent changed, else cached; provisioning 1 control plane + 2 workers: about 5-10 minutes"
+    say "  lab image: about 1 minute when the agent changed, else cached; provisioning 1 control plane + 2 workers: about 2 minutes (stops after 5 minutes without progress, naming what blocks)"
     ./hack/deps.sh
     say "building Kiln"
     make --no-print-directory build
