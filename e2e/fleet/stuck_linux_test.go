@@ -77,7 +77,7 @@ const visibleWithin = 30 * time.Second
 //   - cluster "stuck-b" (one control-plane machine on h3, never
 //     bootstrapped): its BMC unreachable, then an image URL answering 404;
 //   - cluster "stuck-c" (h4): a wrong BMC password (the host goes to Error:
-//     recovered with the documented `kilnctl delete machine`), then an
+//     recovered by applying the host with the right password), then an
 //     Image whose sha256 is wrong;
 //   - cluster "stuck-d" (h5, PXE): firmware that boots nothing (its iPXE
 //     script cannot be fetched), shown once --expected-boot-time passed.
@@ -260,22 +260,16 @@ spec:
 	}, {
 		cause:   "BMC wrong password",
 		cluster: "stuck-c",
-		reasons: []string{hostlife.ReasonStepFailed, "CallFailed", "HostError"},
+		reasons: []string{"Refused", hostlife.ReasonStepFailed, "CallFailed", "HostError"},
 		msg:     regexp.MustCompile(`(?i)401|unauthori|permission`),
 		inject: func(t *testing.T) {
 			sl.registerHosts(t, map[string]string{h(4): "not-the-password"})
 			sl.apply(t, sl.clusterDocs(t, "stuck-c", "stuck-hash", h(4)))
 		},
-		fix: func(t *testing.T) {
-			sl.registerHosts(t, nil)
-			s, err := lab.Snapshot(ctx, "stuck-c")
-			require.NoError(t, err)
-			m := machineOn(s, h(4))
-			require.NotNil(t, m, "no machine on %s", h(4))
-			_, err = lab.Kilnctl(ctx, nil, "delete", "machine", m.GetMetadata().GetName())
-			require.NoError(t, err)
-		},
-		recovery: "kilnctl delete machine (host was in Error)",
+		// The right password applied again is a spec change, which takes
+		// the host out of Error (hostlife, errorGeneration).
+		fix:      func(t *testing.T) { sl.registerHosts(t, nil) },
+		recovery: "kilnctl apply of the host with the right password (the spec change takes it out of Error)",
 		recovered: func(s *fleet.Snapshot) bool {
 			st := s.Hosts[h(4)].GetStatus()
 			return st.GetState() != typesv1.HostState_HOST_STATE_ERROR && conditions.IsTrue(st.GetConditions(), "BMCReachable") &&
