@@ -378,6 +378,11 @@ func classify(k hostlife.ActionKind, err error) hostlife.Failure {
 	switch {
 	case errdefs.IsNotSupported(err) || errdefs.IsInvalidArgument(err) || errdefs.IsPermissionDenied(err):
 		return hostlife.FailPermanent
+	case isBMC(k) && errdefs.IsFailedPrecondition(err):
+		// The BMC refuses what the spec asks (session auth without a
+		// SessionService, an untrusted certificate): only a spec change
+		// helps, and it takes the host out of Error.
+		return hostlife.FailPermanent
 	case isBMC(k):
 		return hostlife.FailTransient
 	case errors.As(err, &opErr):

@@ -72,6 +72,7 @@ func TestClassify(t *testing.T) {
 		{hostlife.ActLayImage, errgrpc.FromGRPC(errgrpc.ToGRPC(errdefs.Unavailable("stream broke"))), hostlife.FailUnreachable},
 		{hostlife.ActLayImage, &operationError{"operation x failed: sha256 mismatch"}, hostlife.FailAgent},
 		{hostlife.ActWriteIdentity, errdefs.FailedPrecondition("no image"), hostlife.FailAgent},
+		{hostlife.ActCheckBMC, errdefs.FailedPrecondition("redfish service has no SessionService: set spec.bmc.auth"), hostlife.FailPermanent},
 		{hostlife.ActWipe, fmt.Errorf("wrapped: %w", errdefs.InvalidArgument("no target")), hostlife.FailPermanent},
 	}
 	for _, tt := range tests {
