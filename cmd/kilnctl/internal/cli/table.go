@@ -144,7 +144,10 @@ var columns = map[string][]column{
 		}),
 		col("VERSION", func(r *controllerv1.Resource) string { return dash(r.GetControlPlane().GetSpec().GetVersion()) }),
 		ageCol,
-		wideCol("IMAGE", func(r *controllerv1.Resource) string { return dash(r.GetControlPlane().GetSpec().GetImage()) }),
+		wideCol("IMAGE", func(r *controllerv1.Resource) string {
+			x := r.GetControlPlane()
+			return imageRef(x.GetSpec().GetImage(), x.GetSpec().GetImageSelector(), x.GetStatus().GetImage())
+		}),
 		wideCol("ETCD-MEMBERS", func(r *controllerv1.Resource) string { return itoa(r.GetControlPlane().GetStatus().GetEtcdMembers()) }),
 		wideReasonCol(),
 	},
@@ -163,7 +166,10 @@ var columns = map[string][]column{
 		}),
 		col("VERSION", func(r *controllerv1.Resource) string { return dash(r.GetMachineDeployment().GetSpec().GetVersion()) }),
 		ageCol,
-		wideCol("IMAGE", func(r *controllerv1.Resource) string { return dash(r.GetMachineDeployment().GetSpec().GetImage()) }),
+		wideCol("IMAGE", func(r *controllerv1.Resource) string {
+			x := r.GetMachineDeployment()
+			return imageRef(x.GetSpec().GetImage(), x.GetSpec().GetImageSelector(), x.GetStatus().GetImage())
+		}),
 		wideCol("STRATEGY", func(r *controllerv1.Resource) string {
 			s := r.GetMachineDeployment().GetSpec().GetStrategy()
 			if s.GetType() == "OnDelete" {
@@ -368,4 +374,14 @@ func itoa(i int32) string { return strconv.Itoa(int(i)) }
 // clean keeps a cell on one line and out of the column separators.
 func clean(s string) string {
 	return strings.NewReplacer("\n", " ", "\t", " ").Replace(s)
+}
+
+// imageRef shows how a ControlPlane or MachineDeployment names its image:
+// the name, or the image its selector resolved to with the selector
+// ("debian12-k8s1.34.4-20261203 (kubernetes=v1.34.4,os=debian12)").
+func imageRef(name string, selector map[string]string, resolved string) string {
+	if name != "" || len(selector) == 0 {
+		return dash(name)
+	}
+	return dash(resolved) + " (" + selectorString(selector) + ")"
 }
