@@ -402,6 +402,45 @@ func TestClusterCIDROverlappingAHostNetworkIsRefused(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// A node of a running cluster reports its CNI bridge and routes to the
+// other nodes' pod subnets (inside the cluster's podCidr): those are the
+// cluster's network, not the host's, and a second cluster may use the same
+// conventional range. Before, the first cluster's nodes made every later
+// Cluster with podCidr 10.244.0.0/16 fail to apply.
+func TestClusterPodNetworksAreNotHostNetworks(t *testing.T) {
+	ctx := context.Background()
+	env := controllertest.Start(t)
+	rc := resourcesClient(t, env, "admin")
+	cluster := func(name, pod string) *controllerv1.Resource {
+		return &controllerv1.Resource{Kind: &controllerv1.Resource_Cluster{Cluster: &typesv1.Cluster{
+			Metadata: &typesv1.ObjectMeta{Name: name},
+			Spec:     &typesv1.ClusterSpec{KubernetesVersion: "v1.34.4", PodCidr: pod, ServiceCidr: "10.96.0.0/12"},
+		}}}
+	}
+	_, err := rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{cluster("first", "10.244.0.0/16")}})
+	require.NoError(t, err)
+	_, csr, err := pki.NewKeyAndCSR("node-01")
+	require.NoError(t, err)
+	_, err = controllerv1.NewEnrollmentClient(env.DialAnonymous(t)).Enroll(ctx, &controllerv1.EnrollRequest{
+		Token: env.Token(t, "node-01", time.Hour), CsrDer: csr, Host: "node-01",
+		Facts: &typesv1.Facts{
+			Nics: []*typesv1.NIC{
+				{Name: "eth0", Addresses: []string{"192.168.77.5/24"}},
+				{Name: "cni0", Addresses: []string{"10.244.0.1/24"}},
+			},
+			Routes: []*typesv1.Route{{Destination: "10.244.1.0/24", Gateway: "192.168.77.6", Device: "eth0"}},
+		},
+	})
+	require.NoError(t, err)
+	_, err = rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{cluster("second", "10.244.0.0/16")}})
+	require.NoError(t, err, "a second cluster reusing the first one's pod range")
+	// The host's own network still counts.
+	_, err = rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{cluster("third", "192.168.0.0/16")}})
+	if code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "192.168.77.0/24") {
+		t.Errorf("Apply(cluster podCidr 192.168.0.0/16 over host 192.168.77.5/24) = %v, want InvalidArgument naming 192.168.77.0/24", err)
+	}
+}
+
 func TestEventsExpire(t *testing.T) {
 	ctx := context.Background()
 	env := controllertest.Start(t)

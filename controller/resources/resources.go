@@ -414,13 +414,46 @@ func (s *Service) hostNetworks(ctx context.Context) ([]netip.Prefix, error) {
 			out = append(out, p)
 		}
 	}
+	// The clusters' own pod and service ranges are not host networks: a
+	// node's CNI bridge and the routes to other nodes' pod subnets lie
+	// inside them, and clusters may reuse a range (each is its own
+	// network). Without this, one running cluster made every later Cluster
+	// with the same conventional pod range fail to apply.
+	var clusterNets []netip.Prefix
+	cc := ""
+	for {
+		items, next, err := s.store.List(ctx, "clusters", func() proto.Message { return &typesv1.Cluster{} }, store.ListOptions{Limit: maxPage, Continue: cc})
+		if err != nil {
+			return nil, fmt.Errorf("host networks: %w", err)
+		}
+		for _, it := range items {
+			sp := it.Msg.(*typesv1.Cluster).GetSpec()
+			for _, c := range []string{sp.GetPodCidr(), sp.GetServiceCidr()} {
+				if p, err := netip.ParsePrefix(c); err == nil {
+					clusterNets = append(clusterNets, p.Masked())
+				}
+			}
+		}
+		if next == "" {
+			break
+		}
+		cc = next
+	}
+	inCluster := func(p netip.Prefix) bool {
+		for _, c := range clusterNets {
+			if c.Bits() <= p.Bits() && c.Contains(p.Addr()) {
+				return true
+			}
+		}
+		return false
+	}
 	add := func(str string) {
 		p, err := netip.ParsePrefix(str)
 		if err != nil {
 			return
 		}
 		p = p.Masked()
-		if p.Bits() == 0 || p.Addr().IsLoopback() || p.Addr().IsLinkLocalUnicast() || seen[p] {
+		if p.Bits() == 0 || p.Addr().IsLoopback() || p.Addr().IsLinkLocalUnicast() || seen[p] || inCluster(p) {
 			return
 		}
 		seen[p] = true
