@@ -270,10 +270,14 @@ spec:
 		// the host out of Error (hostlife, errorGeneration).
 		fix:      func(t *testing.T) { sl.registerHosts(t, nil) },
 		recovery: "kilnctl apply of the host with the right password (the spec change takes it out of Error)",
+		// Recovered once the BMC steps are behind it: the host is out of
+		// Error with its BMC answering and waiting for, or laying onto,
+		// the booted agent (the next row's wrong sha256 then fails the lay).
 		recovered: func(s *fleet.Snapshot) bool {
 			st := s.Hosts[h(4)].GetStatus()
-			return st.GetState() != typesv1.HostState_HOST_STATE_ERROR && conditions.IsTrue(st.GetConditions(), "BMCReachable") &&
-				st.GetLastOperation().GetState() == hostlife.OpSucceeded
+			step := hostlife.Step(st.GetProvisioningStep())
+			return st.GetState() == typesv1.HostState_HOST_STATE_PROVISIONING && conditions.IsTrue(st.GetConditions(), "BMCReachable") &&
+				(step == hostlife.StepWaitBootAgent || step == hostlife.StepLayImage)
 		},
 	}, {
 		cause:     "image hash mismatch (Image sha256 wrong)",
