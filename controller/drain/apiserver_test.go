@@ -2,11 +2,11 @@ package drain
 
 import (
 	"context"
-	"errors"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"net"
 	"os"
