@@ -299,3 +299,56 @@ func TestDeposedLeaderIsFenced(t *testing.T) {
 		require.LessOrEqual(t, w.fleet.Host(h).Lays(), 1, "host %s laid twice", h)
 	}
 }
+
+// TestNodeDrainTimeoutProceeds: a MachineDeployment with nodeDrainTimeout
+// goes on when the drain misses it (as Cluster API's does): the machine's
+// hung drain ends at the deadline with a DrainTimeout warning, and the
+// machine is reset and deleted anyway.
+func TestNodeDrainTimeoutProceeds(t *testing.T) {
+	w := newWorld(t, 0)
+	w.kubeadm.SetAdminKubeconfig("apiVersion: v1\nkind: Config\n")
+	drainer := &stuckDrainer{prefix: "a", stuck: map[string]int{}, done: map[string]int{}}
+	w.drain = drainer.Drain
+	w.drainTimeout = time.Hour // not this one: the deployment names its own
+	w.applyImage()
+	w.applyCluster("a", []string{"a1", "a2", "a3"}, 1, 2)
+	md := &typesv1.MachineDeployment{}
+	rev, err := w.st.Get(w.ctx, "machinedeployments", "md-a", md)
+	require.NoError(t, err)
+	md.Spec.Strategy = &typesv1.RolloutStrategy{NodeDrainTimeout: "1s"}
+	_, err = w.st.Update(w.ctx, "machinedeployments", "md-a", md, rev)
+	require.NoError(t, err)
+	stop := w.start()
+	defer stop()
+	before := w.waitClusterRunning("a", 3)
+
+	w.scale("md-a", 1)
+	after := w.waitClusterRunning("a", 2)
+	kept := map[string]bool{}
+	for _, m := range after {
+		kept[m.GetMetadata().GetName()] = true
+	}
+	var gone *typesv1.Machine
+	for _, m := range before {
+		if !kept[m.GetMetadata().GetName()] {
+			gone = m
+		}
+	}
+	require.NotNil(t, gone, "no machine removed")
+	require.Equal(t, 1, drainer.started(gone.GetStatus().GetNodeName()), "drains of %s", gone.GetStatus().GetNodeName())
+	evs, err := w.rec.List(w.ctx, "machines", gone.GetMetadata().GetName(), 0)
+	require.NoError(t, err)
+	var timeout string
+	for _, ev := range evs {
+		if ev.GetReason() == clusterexec.ReasonDrainTimeout {
+			timeout = ev.GetMessage()
+		}
+	}
+	require.Contains(t, timeout, "nodeDrainTimeout says to go on", "DrainTimeout event of %s", gone.GetMetadata().GetName())
+	t.Logf("machine %s: %s", gone.GetMetadata().GetName(), timeout)
+	reset := false
+	for _, c := range w.kubeadm.Calls() {
+		reset = reset || (c.Method == "KubeadmReset" && c.Host == gone.GetSpec().GetHost())
+	}
+	require.True(t, reset, "node on %s not reset after its drain timed out", gone.GetSpec().GetHost())
+}
