@@ -154,10 +154,3 @@ func (e *Executor) startLong(ctx context.Context, cluster, what string, action f
 	}()
 	return true
 }
-
-// Running returns the long action cluster runs now, "" when none.
-func (e *Executor) Running(cluster string) string {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.running[cluster]
-}
