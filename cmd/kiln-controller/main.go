@@ -93,6 +93,7 @@ func runCmd() *cobra.Command {
 		boot        bootFlags
 	)
 	var expectedBoot time.Duration
+	var exec execFlags
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the controller",
@@ -116,6 +117,7 @@ func runCmd() *cobra.Command {
 			cfg.ControllerURL = ctlURL
 			cfg.Simulate = simulate
 			boot.apply(&cfg)
+			exec.apply(&cfg)
 			ctl, err := controller.New(cfg, log)
 			if err != nil {
 				return err
@@ -150,6 +152,7 @@ func runCmd() *cobra.Command {
 	cmd.Flags().StringVar(&bootURL, "boot-url", "", "public URL of the boot server (agent ISOs for virtual media; default http://<--boot-listen> when that is an IP address)")
 	cmd.Flags().StringVar(&ctlURL, "controller-url", "", "URL installed and boot agents reach the API at (default https://<listen address>)")
 	boot.bind(cmd)
+	exec.bind(cmd)
 	cmd.Flags().IntVar(&simulate, "simulate", 0, "create N simulated hosts with simulated BMCs and agents and provision them (demo)")
 	return cmd
 }
