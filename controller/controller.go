@@ -361,6 +361,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	life, endLife := context.WithCancel(ctx)
 	defer endLife()
 	api.Register(life, srv, res, enr, rec, st)
+	api.RegisterMaintenance(srv, st, c.cfg.SecretKeyFile)
 	boot, err := c.startBoot(life, st, enr, ca, addr)
 	if err != nil {
 		return err
