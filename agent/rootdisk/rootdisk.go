@@ -48,6 +48,15 @@ type Resolver struct {
 // host's disks: only a different hint helps. A disk listed by sysfs whose
 // device node is missing is errdefs.NotFound.
 func (r *Resolver) Resolve(ctx context.Context, target string, hints *typesv1.RootDeviceHints) (string, error) {
+	path, err := r.resolve(ctx, target, hints)
+	if err != nil && r.Log != nil {
+		// In full here: the host's status keeps a shortened copy.
+		r.Log.Warn("root disk hint refused", "component", "rootdisk", "error", err)
+	}
+	return path, err
+}
+
+func (r *Resolver) resolve(ctx context.Context, target string, hints *typesv1.RootDeviceHints) (string, error) {
 	if err := ctx.Err(); err != nil {
 		return "", err
 	}
@@ -67,7 +76,7 @@ func (r *Resolver) Resolve(ctx context.Context, target string, hints *typesv1.Ro
 
 	if name := h.GetDeviceName(); name != "" && !strings.HasPrefix(filepath.Clean(name), "/dev/") {
 		if !r.FileTargets {
-			return "", errdefs.InvalidArgument("root device hint %s: %q is not a device under /dev: images are laid only onto whole disks (regular files only by an agent run with --file-targets, as the lab's); this host's disks: %s; change spec.rootDiskHint (or spec.rootDeviceHints) to name one of them",
+			return "", errdefs.InvalidArgument("root device hint %s: %q is not a device under /dev: images are laid only onto whole disks (regular files only by an agent run with --file-targets, as the lab's); change spec.rootDiskHint (or spec.rootDeviceHints) to name one of this host's disks: %s",
 				diskhint.String(h), name, candidates(disks))
 		}
 		if !proto.Equal(h, &typesv1.RootDeviceHints{DeviceName: name}) {

@@ -67,7 +67,7 @@ func TestResolveRefusals(t *testing.T) {
 		want   []string
 	}{
 		{"serial of no disk", "NOSUCHSERIAL", nil, errdefs.IsInvalidArgument,
-			[]string{"serial=NOSUCHSERIAL matches none of this host's disks", "/dev/sda (3726.0 GiB, serial ZC11AAAA, by-path /dev/disk/by-path/pci-0000:00:17.0-ata-1, rotational)", "/dev/sdb (3726.0 GiB, serial ZC11BBBB, rotational)", "change spec.rootDiskHint"}},
+			[]string{"serial=NOSUCHSERIAL matches none of this host's 3 disks", "/dev/sda (3726.0 GiB, serial ZC11AAAA, by-path /dev/disk/by-path/pci-0000:00:17.0-ata-1, rotational)", "/dev/sdb (3726.0 GiB, serial ZC11BBBB, rotational)", "change spec.rootDiskHint (or spec.rootDeviceHints) to name one of them: /dev/null"}},
 		{"two disks", "", &typesv1.RootDeviceHints{MinSizeGigabytes: 3000, Rotational: new(true)}, errdefs.IsInvalidArgument,
 			[]string{"matches 3 disks", "add a hint that tells them apart"}},
 		{"a file outside file-target mode", file, nil, errdefs.IsInvalidArgument,
@@ -242,7 +242,7 @@ func TestLayByHintOnLoopDevices(t *testing.T) {
 	}
 	err = layBy("serial", "S45PNA0M512345", nil)
 	row("rootDiskHint: S45PNA0M512345", err, "")
-	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "matches none of this host's disks") || !strings.Contains(err.Error(), big.dev) {
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "matches none of this host's 2 disks") || !strings.Contains(err.Error(), big.dev) {
 		t.Errorf("LayImage(serial S45PNA0M512345) = %v, want InvalidArgument listing the disks", err)
 	}
 

@@ -158,9 +158,10 @@ func Matches(h *typesv1.RootDeviceHints, d *typesv1.Disk) bool {
 }
 
 // Choose returns the one disk of disks that h matches. A hint that matches
-// no disk, or more than one, is an errdefs.InvalidArgument error that
-// lists every disk (name, size, serial, WWN, by-path) and says what to
-// change: only a different hint helps.
+// no disk, or more than one, is an errdefs.InvalidArgument error that says
+// what to change (only a different hint helps) and then lists the disks
+// in question (path, size, serial, WWN, model, by-path), so that a message
+// cut short for a status field loses disks, not the advice.
 func Choose(h *typesv1.RootDeviceHints, disks []*typesv1.Disk) (*typesv1.Disk, error) {
 	var found []*typesv1.Disk
 	for _, d := range disks {
@@ -174,10 +175,10 @@ func Choose(h *typesv1.RootDeviceHints, disks []*typesv1.Disk) (*typesv1.Disk, e
 	case len(disks) == 0:
 		return nil, errdefs.InvalidArgument("root device hint %s: this host reports no disks: check that its disk controller is seen by the kernel", String(h))
 	case len(found) == 0:
-		return nil, errdefs.InvalidArgument("root device hint %s matches none of this host's disks: %s; change spec.rootDiskHint (or spec.rootDeviceHints) to name one of them",
-			String(h), Candidates(disks))
+		return nil, errdefs.InvalidArgument("root device hint %s matches none of this host's %d disks: change spec.rootDiskHint (or spec.rootDeviceHints) to name one of them: %s",
+			String(h), len(disks), Candidates(disks))
 	default:
-		return nil, errdefs.InvalidArgument("root device hint %s matches %d disks: %s; add a hint that tells them apart (deviceName with a by-path link, serial or wwn) in spec.rootDeviceHints",
+		return nil, errdefs.InvalidArgument("root device hint %s matches %d disks: add a hint that tells them apart (in spec.rootDeviceHints: deviceName with a by-path link, serial or wwn): %s",
 			String(h), len(found), Candidates(found))
 	}
 }
