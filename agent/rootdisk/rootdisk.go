@@ -101,6 +101,9 @@ func (r *Resolver) resolve(ctx context.Context, target string, hints *typesv1.Ro
 	}
 	d, err := diskhint.Choose(h, disks)
 	if err != nil {
+		if strings.HasPrefix(h.GetDeviceName(), "/dev/disk/") && !linked(disks) {
+			return "", fmt.Errorf("%w (this host has no /dev/disk links: udev does not run here, as on Kiln's boot media; name the disk by serial, wwn or size instead)", err)
+		}
 		return "", err
 	}
 	fi, err := os.Stat(d.GetPath())
@@ -127,6 +130,16 @@ func (r *Resolver) chosen(h *typesv1.RootDeviceHints, path, disk string) {
 func named(disks []*typesv1.Disk, name string) bool {
 	for _, d := range disks {
 		if diskhint.Matches(&typesv1.RootDeviceHints{DeviceName: name}, d) {
+			return true
+		}
+	}
+	return false
+}
+
+// linked reports whether any disk has a by-path or by-id link.
+func linked(disks []*typesv1.Disk) bool {
+	for _, d := range disks {
+		if len(d.GetByPath()) > 0 || len(d.GetById()) > 0 {
 			return true
 		}
 	}

@@ -94,6 +94,15 @@ func TestResolveRefusals(t *testing.T) {
 		})
 	}
 
+	// Without udev (boot media) there are no links to match: the refusal
+	// says to use another hint.
+	bare := t.TempDir()
+	writeFile(t, filepath.Join(bare, "sys/block/sda/size"), "7814037168\n")
+	_, err := (&rootdisk.Resolver{Root: bare}).Resolve(context.Background(), "/dev/disk/by-path/pci-0000:00:17.0-ata-1", nil)
+	if !errdefs.IsInvalidArgument(err) || !strings.Contains(err.Error(), "no /dev/disk links") || !strings.Contains(err.Error(), "serial, wwn or size") {
+		t.Errorf("Resolve(by-path) without udev links = %v, want InvalidArgument saying to name the disk by serial, wwn or size", err)
+	}
+
 	// The lab's mode takes the file as it is, and only alone.
 	lab := &rootdisk.Resolver{Root: root, FileTargets: true}
 	got, err := lab.Resolve(context.Background(), file, nil)
