@@ -75,6 +75,7 @@ func FactsWith(ctx context.Context, o FactsOptions) (*typesv1.Facts, error) {
 	if f.Disks, err = Disks(filepath.Join(root, "sys/block"), o.VirtualDisks); err != nil && !os.IsNotExist(err) {
 		return nil, fmt.Errorf("facts: block devices: %w", err)
 	}
+	DiskLinks(filepath.Join(root, "dev/disk"), f.Disks)
 
 	if f.Nics, f.Routes, err = network(); err != nil {
 		return nil, fmt.Errorf("facts: %w", err)

@@ -164,11 +164,64 @@ func Disks(sysDir string, virtual bool) ([]*typesv1.Disk, error) {
 			Removable:  readTrim(filepath.Join(dir, "removable")) == "1",
 			Model:      readTrim(filepath.Join(dir, "device/model")),
 			Serial:     firstNonEmpty(readTrim(filepath.Join(dir, "device/serial")), readTrim(filepath.Join(dir, "serial"))),
+			Wwn:        wwn(firstNonEmpty(readTrim(filepath.Join(dir, "device/wwid")), readTrim(filepath.Join(dir, "wwid")))),
 		}
 		disks = append(disks, d)
 	}
 	slices.SortFunc(disks, func(a, b *typesv1.Disk) int { return strings.Compare(a.Name, b.Name) })
 	return disks, nil
+}
+
+// wwn spells a sysfs wwid as udev's ID_WWN does: an NAA identifier
+// ("naa.5000c500a0b1c2d3") as 0x5000c500a0b1c2d3; others (eui.…, t10.…)
+// as they are.
+func wwn(wwid string) string {
+	if v, ok := strings.CutPrefix(wwid, "naa."); ok {
+		return "0x" + strings.ToLower(v)
+	}
+	return wwid
+}
+
+// DiskLinks adds to disks the udev links under devDiskDir (normally
+// ROOT/dev/disk) that name a whole disk: by-path and by-id, as full /dev
+// paths, sorted. A by-id wwn- link gives the disk's WWN in udev's
+// spelling. Links to partitions, and a missing directory (no udev), add
+// nothing.
+func DiskLinks(devDiskDir string, disks []*typesv1.Disk) {
+	byName := map[string]*typesv1.Disk{}
+	for _, d := range disks {
+		byName[d.GetName()] = d
+	}
+	for _, kind := range []string{"by-path", "by-id"} {
+		dir := filepath.Join(devDiskDir, kind)
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, e := range entries {
+			dest, err := os.Readlink(filepath.Join(dir, e.Name()))
+			if err != nil {
+				continue
+			}
+			d := byName[filepath.Base(dest)]
+			if d == nil {
+				continue
+			}
+			link := "/dev/disk/" + kind + "/" + e.Name()
+			if kind == "by-path" {
+				d.ByPath = append(d.ByPath, link)
+				continue
+			}
+			d.ById = append(d.ById, link)
+			if w, ok := strings.CutPrefix(e.Name(), "wwn-"); ok {
+				d.Wwn = w
+			}
+		}
+	}
+	for _, d := range disks {
+		slices.Sort(d.ByPath)
+		slices.Sort(d.ById)
+	}
 }
 
 // KubeVersion extracts a Kubernetes version ("v1.34.4") from a binary's

@@ -94,6 +94,7 @@ func TestDisks(t *testing.T) {
 	writeFile(t, filepath.Join(sys, "sda/removable"), "0\n", 0o644)
 	writeFile(t, filepath.Join(sys, "sda/device/model"), "ST1000DM003  \n", 0o644)
 	writeFile(t, filepath.Join(sys, "sda/device/serial"), "Z1D5K2\n", 0o644)
+	writeFile(t, filepath.Join(sys, "sda/device/wwid"), "naa.5000C500A0B1C2D3\n", 0o644)
 	writeFile(t, filepath.Join(sys, "nvme0n1/size"), "2048\n", 0o644)
 	writeFile(t, filepath.Join(sys, "nvme0n1/queue/rotational"), "0\n", 0o644)
 	writeFile(t, filepath.Join(sys, "loop0/size"), "8\n", 0o644)
@@ -102,7 +103,7 @@ func TestDisks(t *testing.T) {
 	require.NoError(t, err)
 	want := []*typesv1.Disk{
 		{Name: "nvme0n1", Path: "/dev/nvme0n1", SizeBytes: 2048 * 512},
-		{Name: "sda", Path: "/dev/sda", SizeBytes: 209715200 * 512, Rotational: true, Model: "ST1000DM003", Serial: "Z1D5K2"},
+		{Name: "sda", Path: "/dev/sda", SizeBytes: 209715200 * 512, Rotational: true, Model: "ST1000DM003", Serial: "Z1D5K2", Wwn: "0x5000c500a0b1c2d3"},
 	}
 	require.Len(t, disks, len(want), "Disks(%q) = %v", sys, disks)
 	for i := range want {
@@ -115,6 +116,35 @@ func TestDisks(t *testing.T) {
 	if len(all) != 3 {
 		t.Errorf("Disks(%q, virtual) = %d disks, want 3 (with loop0)", sys, len(all))
 	}
+}
+
+func TestDiskLinks(t *testing.T) {
+	dev := t.TempDir()
+	for link, dest := range map[string]string{
+		"by-path/pci-0000:00:17.0-ata-1":       "../../sda",
+		"by-path/pci-0000:00:17.0-ata-1-part1": "../../sda1",
+		"by-path/pci-0000:3b:00.0-nvme-1":      "../../nvme0n1",
+		"by-id/wwn-0x5002538e40a1b2c3":         "../../sda",
+		"by-id/ata-SAMSUNG_MZ7LH480_S45PNA0M":  "/dev/sda",
+		"by-id/ata-SAMSUNG_MZ7LH480_S45PN-p1":  "../../sda1",
+	} {
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(dev, link)), 0o755))
+		require.NoError(t, os.Symlink(dest, filepath.Join(dev, link)))
+	}
+	disks := []*typesv1.Disk{{Name: "nvme0n1", Path: "/dev/nvme0n1"}, {Name: "sda", Path: "/dev/sda"}, {Name: "sdb", Path: "/dev/sdb"}}
+	DiskLinks(dev, disks)
+	want := []*typesv1.Disk{
+		{Name: "nvme0n1", Path: "/dev/nvme0n1", ByPath: []string{"/dev/disk/by-path/pci-0000:3b:00.0-nvme-1"}},
+		{Name: "sda", Path: "/dev/sda", Wwn: "0x5002538e40a1b2c3", ByPath: []string{"/dev/disk/by-path/pci-0000:00:17.0-ata-1"},
+			ById: []string{"/dev/disk/by-id/ata-SAMSUNG_MZ7LH480_S45PNA0M", "/dev/disk/by-id/wwn-0x5002538e40a1b2c3"}},
+		{Name: "sdb", Path: "/dev/sdb"},
+	}
+	for i := range want {
+		if disks[i].String() != want[i].String() {
+			t.Errorf("DiskLinks(%q)[%d] = %v, want %v", dev, i, disks[i], want[i])
+		}
+	}
+	DiskLinks(filepath.Join(dev, "missing"), disks) // no udev: nothing changes, no panic
 }
 
 // fakeRoot builds a host root with the files Facts reads, and kubeadm and

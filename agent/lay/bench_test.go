@@ -55,7 +55,7 @@ func benchLay(b *testing.B, size int64, data int, useMap bool) {
 		require.NoError(b, err)
 		req.BlockMap, req.RawSha256, req.Sha256 = toBlockMap(ranges), sum, ""
 	}
-	l := New(slog.New(slog.DiscardHandler))
+	l := New(slog.New(slog.DiscardHandler), WithFileTargets(true))
 	b.SetBytes(size)
 	b.ResetTimer()
 	for b.Loop() {

@@ -6,7 +6,8 @@
 // ranges of the raw image that hold data and verifies each. It also wipes
 // disks.
 //
-// A target is a block device or a regular file (the lab's disks are files).
+// A target is a block device; a regular file only in file-target mode
+// (WithFileTargets: the lab's disks are files).
 package lay
 
 import (
@@ -70,6 +71,8 @@ type Layer struct {
 	inlineFirst int          // small ranges hashed by their fetcher before batching starts
 	batched     atomic.Int64 // ranges verified in batches, for tests
 	pool        sync.Pool
+
+	fileTargets bool // regular files accepted as targets (the lab)
 
 	mu   sync.Mutex
 	busy map[string]bool // targets being laid or wiped
@@ -145,6 +148,12 @@ func WithStallTimeout(d time.Duration) Option { return func(l *Layer) { l.stall 
 // of the same step. Default 250ms.
 func WithProgressInterval(d time.Duration) Option { return func(l *Layer) { l.interval = d } }
 
+// WithFileTargets accepts regular files as targets, and creates a missing
+// target outside /dev as one: the lab's disks are files. Default off: a
+// target must be a block device, and anything else is an
+// errdefs.InvalidArgument error.
+func WithFileTargets(on bool) Option { return func(l *Layer) { l.fileTargets = on } }
+
 // WithClock sets the clock used for rates and ETAs. Default time.Now.
 func WithClock(now func() time.Time) Option { return func(l *Layer) { l.now = now } }
 
@@ -219,7 +228,8 @@ func (l *Layer) putBuf(b *[]byte) { l.pool.Put(b) }
 // it cannot boot, and the error says why ("sha256 mismatch: got X want Y",
 // "stream truncated at N of M bytes", "range 3 (offset O, length L):
 // sha256 mismatch ..."). Errors are of class errdefs.InvalidArgument (bad
-// request), NotFound (target or URL missing), FailedPrecondition (hash
+// request, or a target that is not a block device outside file-target
+// mode), NotFound (target or URL missing), FailedPrecondition (hash
 // mismatch, target too small), Unavailable (network), Conflict (the target
 // is being laid or wiped already) or ctx's error.
 func (l *Layer) Lay(ctx context.Context, req *agentv1.LayImageRequest, progress func(*agentv1.Progress)) (*agentv1.LayImageResult, error) {
@@ -236,7 +246,7 @@ func (l *Layer) Lay(ctx context.Context, req *agentv1.LayImageRequest, progress 
 	rep := newReporter(progress, l.now, l.interval)
 	rep.step(StepOpen, 0)
 
-	t, err := openTarget(req.GetTarget(), true)
+	t, err := openTarget(req.GetTarget(), true, l.fileTargets)
 	if err != nil {
 		return nil, err
 	}
@@ -408,8 +418,9 @@ func httpStatusError(rawURL string, status int) error {
 // kernel to re-read the partition table, then discards the whole target.
 // Equivalent to: `wipefs -a TARGET && blkdiscard TARGET`.
 //
-// The target must exist (errdefs.NotFound). Discard is best effort; the
-// zeroing is not.
+// The target must exist (errdefs.NotFound) and be a block device, or a
+// regular file in file-target mode (else errdefs.InvalidArgument).
+// Discard is best effort; the zeroing is not.
 func (l *Layer) Wipe(ctx context.Context, target string, progress func(*agentv1.Progress)) error {
 	release, err := l.claim(target)
 	if err != nil {
@@ -418,7 +429,7 @@ func (l *Layer) Wipe(ctx context.Context, target string, progress func(*agentv1.
 	defer release()
 	rep := newReporter(progress, l.now, l.interval)
 	rep.step(StepWipe, 0)
-	t, err := openTarget(target, false)
+	t, err := openTarget(target, false, l.fileTargets)
 	if err != nil {
 		return err
 	}

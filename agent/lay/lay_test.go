@@ -49,6 +49,7 @@ func testLayer(t *testing.T, opts ...Option) *Layer {
 		WithBackoff(backoff.Policy{Base: time.Millisecond, Max: 5 * time.Millisecond, Factor: 2}),
 		WithRetries(3),
 		WithBufferSize(64 << 10),
+		WithFileTargets(true), // the tests' targets are files, as the lab's
 	}
 	return New(log, append(base, opts...)...)
 }
@@ -617,7 +618,7 @@ func TestLayWithoutDiscard(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			dst := tempTarget(t)
 			require.NoError(t, os.WriteFile(dst, bytes.Repeat([]byte{0xAB}, len(img)), 0o600))
-			tg, err := openTarget(dst, false)
+			tg, err := openTarget(dst, false, true)
 			require.NoError(t, err)
 			defer tg.Close()
 			require.NoError(t, lay(tg))

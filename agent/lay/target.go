@@ -15,7 +15,12 @@ import (
 
 const mib = 1 << 20
 
-// target is an open disk: a block device or a regular file.
+// fileTargetsHint says what to do about a target that is not a block
+// device.
+const fileTargetsHint = "images are laid only onto whole disks; name one in spec.rootDiskHint (a device, by-path or by-id name, or a serial) or spec.rootDeviceHints (files are accepted only by an agent run with --file-targets, as the lab's are)"
+
+// target is an open disk: a block device or, in file-target mode, a
+// regular file.
 type target struct {
 	f     *os.File
 	path  string
@@ -30,14 +35,23 @@ type target struct {
 	directOK atomic.Bool // direct is usable; cleared on its first failure
 }
 
-// openTarget opens path for writing. A missing path is created as a
-// regular file when create is set, except under /dev, where a missing
-// device is an errdefs.NotFound error (and not a file on a tmpfs). A block
+// openTarget opens path for writing. Only with files set (the lab's file
+// targets) is a regular file accepted, and a missing path created as one
+// when create is set too, except under /dev, where a missing device is an
+// errdefs.NotFound error (and not a file on a tmpfs). Without files a
+// regular file is an errdefs.InvalidArgument error: a hint that named no
+// disk must never turn into a new file that "holds" the image. A block
 // device is opened exclusively on Linux, so a mounted disk is refused.
-func openTarget(path string, create bool) (*target, error) {
+func openTarget(path string, create, files bool) (*target, error) {
 	fi, err := os.Stat(path)
 	if os.IsNotExist(err) {
-		if !create || strings.HasPrefix(filepath.Clean(path), "/dev/") {
+		if strings.HasPrefix(filepath.Clean(path), "/dev/") {
+			return nil, errdefs.NotFound("target %q: no such device", path)
+		}
+		if !files {
+			return nil, errdefs.InvalidArgument("target %q: no such device, and not a block device: %s", path, fileTargetsHint)
+		}
+		if !create {
 			return nil, errdefs.NotFound("target %q: no such device or file", path)
 		}
 		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
@@ -50,6 +64,9 @@ func openTarget(path string, create bool) (*target, error) {
 	}
 	if err != nil {
 		return nil, fmt.Errorf("target %q: %w", path, err)
+	}
+	if fi.Mode().IsRegular() && !files {
+		return nil, errdefs.InvalidArgument("target %q is a regular file, not a block device: %s", path, fileTargetsHint)
 	}
 	t := &target{path: path}
 	mode := fi.Mode()

@@ -12,6 +12,7 @@ package server
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnhq/kiln/agent/journal"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -79,6 +81,13 @@ type IdentityWriter interface {
 	WriteIdentity(ctx context.Context, req *agentv1.WriteIdentityRequest) error
 }
 
+// DiskResolver resolves the disk a request names (its target, or its
+// root device hints) to one device path (rootdisk.Resolver). A hint that
+// selects no single block device is an errdefs.InvalidArgument error.
+type DiskResolver interface {
+	Resolve(ctx context.Context, target string, hints *typesv1.RootDeviceHints) (string, error)
+}
+
 // Rebooter reboots or powers off the host. Reboot must return before the
 // host goes down, so that the controller receives the answer.
 type Rebooter interface {
@@ -102,9 +111,12 @@ type Options struct {
 	ImageLayer     ImageLayer
 	Wiper          Wiper
 	IdentityWriter IdentityWriter
-	Rebooter       Rebooter
-	Logs           LogSource
-	Log            *slog.Logger
+	// Disks resolves the disk of LayImage, Wipe and WriteIdentity before
+	// they start; nil passes target through as a path.
+	Disks    DiskResolver
+	Rebooter Rebooter
+	Logs     LogSource
+	Log      *slog.Logger
 }
 
 // Service implements agentv1.AgentServer.
@@ -210,9 +222,15 @@ func (s *Service) WriteIdentity(ctx context.Context, req *agentv1.WriteIdentityR
 	if s.o.IdentityWriter == nil {
 		return nil, notWired("WriteIdentity")
 	}
-	if req.GetTarget() == "" || req.GetHostname() == "" {
-		return nil, errgrpc.ToGRPC(errdefs.InvalidArgument("write identity: target and hostname are required"))
+	if (req.GetTarget() == "" && req.GetRootDeviceHints() == nil) || req.GetHostname() == "" {
+		return nil, errgrpc.ToGRPC(errdefs.InvalidArgument("write identity: target (or root_device_hints) and hostname are required"))
 	}
+	target, err := s.resolve(ctx, "write identity", req.GetTarget(), req.GetRootDeviceHints())
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	req = proto.CloneOf(req)
+	req.Target, req.RootDeviceHints = target, nil
 	if err := s.o.IdentityWriter.WriteIdentity(ctx, req); err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
@@ -304,9 +322,18 @@ func (s *Service) LayImage(req *agentv1.LayImageRequest, stream agentv1.Agent_La
 		return notWired("LayImage")
 	}
 	// The image layer validates the rest (hashes, format, block map).
-	if req.GetUrl() == "" || req.GetTarget() == "" {
-		return errgrpc.ToGRPC(errdefs.InvalidArgument("lay image: url and target are required"))
+	if req.GetUrl() == "" || (req.GetTarget() == "" && req.GetRootDeviceHints() == nil) {
+		return errgrpc.ToGRPC(errdefs.InvalidArgument("lay image: url and target (or root_device_hints) are required"))
 	}
+	// The disk is chosen before the operation starts, so that a hint that
+	// selects none (or two) is refused with its class (InvalidArgument:
+	// only a new hint helps) rather than failing as an operation.
+	target, err := s.resolve(stream.Context(), "lay image", req.GetTarget(), req.GetRootDeviceHints())
+	if err != nil {
+		return errgrpc.ToGRPC(err)
+	}
+	req = proto.CloneOf(req)
+	req.Target, req.RootDeviceHints = target, nil
 	return s.operation(stream.Context(), "lay-image", req.GetOperationId(), stream.Send, func(ctx context.Context, emit journal.Emit) error {
 		res, err := s.o.ImageLayer.LayImage(ctx, req, emit)
 		if err != nil {
@@ -322,12 +349,34 @@ func (s *Service) Wipe(req *agentv1.WipeRequest, stream agentv1.Agent_WipeServer
 	if s.o.Wiper == nil {
 		return notWired("Wipe")
 	}
-	if req.GetTarget() == "" {
-		return errgrpc.ToGRPC(errdefs.InvalidArgument("wipe: target is required"))
+	if req.GetTarget() == "" && req.GetRootDeviceHints() == nil {
+		return errgrpc.ToGRPC(errdefs.InvalidArgument("wipe: target (or root_device_hints) is required"))
 	}
+	target, err := s.resolve(stream.Context(), "wipe", req.GetTarget(), req.GetRootDeviceHints())
+	if err != nil {
+		return errgrpc.ToGRPC(err)
+	}
+	req = proto.CloneOf(req)
+	req.Target, req.RootDeviceHints = target, nil
 	return s.operation(stream.Context(), "wipe", req.GetOperationId(), stream.Send, func(ctx context.Context, emit journal.Emit) error {
 		return s.o.Wiper.Wipe(ctx, req, emit)
 	})
+}
+
+// resolve returns the device path target and hints name, through
+// Options.Disks when set.
+func (s *Service) resolve(ctx context.Context, what, target string, hints *typesv1.RootDeviceHints) (string, error) {
+	if s.o.Disks == nil {
+		if target == "" {
+			return "", errdefs.InvalidArgument("%s: root_device_hints need a disk resolver, which this agent lacks: send target", what)
+		}
+		return target, nil
+	}
+	path, err := s.o.Disks.Resolve(ctx, target, hints)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", what, err)
+	}
+	return path, nil
 }
 
 // Logs streams the agent's recent log lines, and with follow new ones.

@@ -182,6 +182,7 @@ type runOptions struct {
 	rebootCommand, powerOffCommand string
 	memoryTrimInterval             time.Duration
 	releaseExecutable              bool
+	fileTargets                    bool
 }
 
 func newRun(g *globals) *cobra.Command {
@@ -217,6 +218,7 @@ func newRun(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&ro.rebootCommand, "reboot-command", "", `command the Reboot RPC runs, e.g. "systemctl reboot" (default: none, Reboot is refused)`)
 	cmd.Flags().StringVar(&ro.powerOffCommand, "poweroff-command", "", `command Reboot with power_off runs, e.g. "systemctl poweroff" (default: none)`)
 	cmd.Flags().DurationVar(&ro.memoryTrimInterval, "memory-trim-interval", defaultMemoryTrimInterval, "how often to check whether to return unused heap memory to the OS (after 1 MiB, then every 256 KiB allocated; 0: never)")
+	cmd.Flags().BoolVar(&ro.fileTargets, "file-targets", false, "lab only: accept a root-disk hint that names a regular file (outside /dev) and lay images into it; without it only whole block devices are written")
 	cmd.Flags().BoolVar(&ro.releaseExecutable, "release-executable-pages", true, "at every memory-trim check (the first 2 s after start), unmap the agent binary's clean read-only pages; they stay in the page cache and the ones still used come back on use")
 	return cmd
 }
@@ -276,7 +278,10 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", ro.listen, err)
 	}
-	opts := services(g.root, j, log)
+	if ro.fileTargets {
+		log.Warn("file-target mode: images may be laid into regular files (a lab, not a real host)")
+	}
+	opts := services(g.root, ro.fileTargets, j, log)
 	opts.Logs = logs
 	opts.Rebooter = &reboot.Commands{RebootCommand: ro.rebootCommand, PowerOffCommand: ro.powerOffCommand, Runner: command.Exec{}, Log: log}
 	svc := server.New(opts)

@@ -11,6 +11,7 @@ import (
 	"github.com/kilnhq/kiln/agent/preflight"
 	"github.com/kilnhq/kiln/agent/prep"
 	"github.com/kilnhq/kiln/agent/probe"
+	"github.com/kilnhq/kiln/agent/rootdisk"
 	"github.com/kilnhq/kiln/agent/server"
 	"github.com/kilnhq/kiln/host"
 	"github.com/kilnhq/kiln/host/command"
@@ -20,10 +21,12 @@ import (
 )
 
 // services builds the agent API's implementations. Reboot is set by run
-// from its flags.
-func services(root string, j *journal.Journal, log *slog.Logger) server.Options {
-	layer := lay.New(log)
+// from its flags. fileTargets (--file-targets, the lab) lets images be
+// laid into regular files.
+func services(root string, fileTargets bool, j *journal.Journal, log *slog.Logger) server.Options {
+	layer := lay.New(log, lay.WithFileTargets(fileTargets))
 	return server.Options{
+		Disks:          &rootdisk.Resolver{Root: root, FileTargets: fileTargets, Log: log},
 		Kubeadm:        kubeadm.New(kubeadm.Options{Root: root, Runner: kubeadm.Exec{}, Log: log}),
 		Prober:         probe.New(probe.Options{Root: root, Log: log}),
 		Journal:        j,
@@ -93,6 +96,7 @@ func progressTo(emit server.Emit) func(*agentv1.Progress) {
 }
 
 var (
-	_ server.Kubeadm = (*kubeadm.Kubeadm)(nil)
-	_ server.Prober  = (*probe.Prober)(nil)
+	_ server.DiskResolver = (*rootdisk.Resolver)(nil)
+	_ server.Kubeadm      = (*kubeadm.Kubeadm)(nil)
+	_ server.Prober       = (*probe.Prober)(nil)
 )

@@ -31,6 +31,7 @@ import (
 
 	"github.com/kilnhq/kiln/internal/backoff"
 	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/diskhint"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -140,8 +141,12 @@ type Action struct {
 	// ImageName and Image are what ActLayImage lays.
 	ImageName string
 	Image     *typesv1.ImageSpec
-	// Target is the disk of ActLayImage, ActWriteIdentity and ActWipe.
-	Target string
+	// Target and RootDevice name the disk of ActLayImage,
+	// ActWriteIdentity and ActWipe: the host's spec.rootDiskHint (default
+	// /dev/sda), or its spec.rootDeviceHints (Target then empty). The
+	// agent resolves them to one disk from its facts, or refuses.
+	Target     string
+	RootDevice *typesv1.RootDeviceHints
 	// UnlessAgent makes ActReboot a no-op when the agent answering runs
 	// in this mode: BootDisk run again after a restart must not reboot an
 	// installed agent that the first run's reboot already started (its
@@ -159,17 +164,25 @@ func (a Action) String() string {
 	case ActInsertMedia:
 		fmt.Fprintf(&b, " url=%s", a.URL)
 	case ActLayImage:
-		fmt.Fprintf(&b, " op=%s image=%s target=%s", a.OperationID, a.ImageName, a.Target)
+		fmt.Fprintf(&b, " op=%s image=%s target=%s", a.OperationID, a.ImageName, a.disk())
 	case ActWriteIdentity:
-		fmt.Fprintf(&b, " target=%s", a.Target)
+		fmt.Fprintf(&b, " target=%s", a.disk())
 	case ActWipe:
-		fmt.Fprintf(&b, " op=%s target=%s", a.OperationID, a.Target)
+		fmt.Fprintf(&b, " op=%s target=%s", a.OperationID, a.disk())
 	case ActReboot:
 		if a.UnlessAgent != "" {
 			fmt.Fprintf(&b, " unless=%s", a.UnlessAgent)
 		}
 	}
 	return b.String()
+}
+
+// disk renders the action's disk: Target, or the structured hints.
+func (a Action) disk() string {
+	if a.RootDevice != nil {
+		return "{" + diskhint.String(a.RootDevice) + "}"
+	}
+	return a.Target
 }
 
 // Desired is what is wanted of the host.
@@ -517,7 +530,7 @@ func (p *planner) wiping() {
 	}
 	steps := []stepDef{
 		{name: StepWipe, actions: func() []Action {
-			return []Action{{Kind: ActWipe, OperationID: p.st.GetLastOperation().GetId(), Target: p.target()}}
+			return []Action{{Kind: ActWipe, OperationID: p.st.GetLastOperation().GetId(), Target: p.target(), RootDevice: p.rootDevice()}}
 		}},
 		{name: StepPowerOffWiped, actions: func() []Action { return []Action{{Kind: ActPowerOff}} }},
 	}
@@ -545,11 +558,25 @@ func (p *planner) errored() {
 	}
 }
 
+// target is the one-string root-disk hint actions carry: the spec's, or
+// /dev/sda when the spec names no disk at all; empty when the spec has
+// structured hints (rootDevice).
 func (p *planner) target() string {
 	if t := p.in.Host.GetSpec().GetRootDiskHint(); t != "" {
 		return t
 	}
-	return "/dev/sda"
+	if p.rootDevice() != nil {
+		return ""
+	}
+	return diskhint.Default
+}
+
+// rootDevice is the spec's structured root-disk hints, or nil.
+func (p *planner) rootDevice() *typesv1.RootDeviceHints {
+	if h := p.in.Host.GetSpec().GetRootDeviceHints(); !diskhint.Empty(h) {
+		return h
+	}
+	return nil
 }
 
 // bootDevice is the one-time boot device of the agent media: virtual media
@@ -584,10 +611,10 @@ func (p *planner) provisionSteps() []stepDef {
 	return append(p.bootAgentSteps(),
 		stepDef{name: StepLayImage, retryFrom: StepPowerOff, actions: func() []Action {
 			return []Action{{Kind: ActLayImage, OperationID: p.st.GetLastOperation().GetId(),
-				ImageName: p.in.Desired.ImageName, Image: p.in.Desired.Image, Target: p.target()}}
+				ImageName: p.in.Desired.ImageName, Image: p.in.Desired.Image, Target: p.target(), RootDevice: p.rootDevice()}}
 		}},
 		stepDef{name: StepWriteIdentity, retryFrom: StepPowerOff, actions: func() []Action {
-			return []Action{{Kind: ActWriteIdentity, Target: p.target()}}
+			return []Action{{Kind: ActWriteIdentity, Target: p.target(), RootDevice: p.rootDevice()}}
 		}},
 		stepDef{name: StepBootDisk, retryFrom: StepPowerOff, actions: func() []Action {
 			return []Action{{Kind: ActSetBoot, Device: BootDisk, Persistent: true}, {Kind: ActReboot, UnlessAgent: "installed"}}

@@ -24,7 +24,9 @@ var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 // TestTranscripts replays testdata/*.txt: blocks of one command, a "----"
 // line and the expected output, separated by blank lines. Commands:
 //
-//	host name=N protocol=redfish|ipmi|none [disk=D]   a new host, no status
+//	host name=N protocol=redfish|ipmi|none [disk=D] [wwn=W]
+//	                                                  a new host, no status;
+//	                                                  wwn: rootDeviceHints
 //	desire image=I machine=M [missing=true] | desire none
 //	                                                  what is wanted; missing:
 //	                                                  the image does not exist
@@ -84,6 +86,9 @@ func (r *runner) exec(t *testing.T, cmd string) string {
 		r.host = &typesv1.Host{
 			Metadata: &typesv1.ObjectMeta{Name: a["name"], Generation: 1},
 			Spec:     &typesv1.HostSpec{Bmc: &typesv1.BMCSpec{Protocol: a["protocol"]}, RootDiskHint: a["disk"]},
+		}
+		if w := a["wwn"]; w != "" {
+			r.host.Spec.RootDeviceHints = &typesv1.RootDeviceHints{Wwn: w}
 		}
 		return ""
 	case "desire":

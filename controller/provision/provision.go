@@ -517,20 +517,21 @@ func (e *Executor) do(ctx context.Context, h *typesv1.Host, a hostlife.Action) e
 	case hostlife.ActLayImage:
 		img := a.Image
 		stream, err := c.LayImage(ctx, &agentv1.LayImageRequest{
-			OperationId: a.OperationID,
-			Url:         img.GetUrl(),
-			Sha256:      img.GetSha256(),
-			Format:      img.GetFormat(),
-			Target:      a.Target,
-			RawSize:     img.GetRawSize(),
-			RawSha256:   img.GetRawSha256(),
+			OperationId:     a.OperationID,
+			Url:             img.GetUrl(),
+			Sha256:          img.GetSha256(),
+			Format:          img.GetFormat(),
+			Target:          a.Target,
+			RootDeviceHints: a.RootDevice,
+			RawSize:         img.GetRawSize(),
+			RawSha256:       img.GetRawSha256(),
 		})
 		if err != nil {
 			return errgrpc.FromGRPC(err)
 		}
 		return follow(stream)
 	case hostlife.ActWipe:
-		stream, err := c.Wipe(ctx, &agentv1.WipeRequest{OperationId: a.OperationID, Target: a.Target})
+		stream, err := c.Wipe(ctx, &agentv1.WipeRequest{OperationId: a.OperationID, Target: a.Target, RootDeviceHints: a.RootDevice})
 		if err != nil {
 			return errgrpc.FromGRPC(err)
 		}
@@ -545,7 +546,7 @@ func (e *Executor) do(ctx context.Context, h *typesv1.Host, a hostlife.Action) e
 				return fmt.Errorf("identity: %w", err)
 			}
 		}
-		req.Target = a.Target
+		req.Target, req.RootDeviceHints = a.Target, a.RootDevice
 		req.Hostname = h.GetMetadata().GetName()
 		_, err := c.WriteIdentity(ctx, req)
 		return errgrpc.FromGRPC(err)

@@ -74,6 +74,9 @@ func TestClassify(t *testing.T) {
 		{hostlife.ActWriteIdentity, errdefs.FailedPrecondition("no image"), hostlife.FailAgent},
 		{hostlife.ActCheckBMC, errdefs.FailedPrecondition("redfish service has no SessionService: set spec.bmc.auth"), hostlife.FailPermanent},
 		{hostlife.ActWipe, fmt.Errorf("wrapped: %w", errdefs.InvalidArgument("no target")), hostlife.FailPermanent},
+		// The agent's refusal of a root-disk hint, as it crosses gRPC: only
+		// a new hint helps, so the host goes to Error at once.
+		{hostlife.ActLayImage, follow(&refused{errgrpc.ToGRPC(fmt.Errorf("lay image: %w", errdefs.InvalidArgument("root device hint serial=X matches none of this host's disks: /dev/sda (447.1 GiB, serial S45P)")))}), hostlife.FailPermanent},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%s/%v", tt.kind, tt.err), func(t *testing.T) {
@@ -83,6 +86,12 @@ func TestClassify(t *testing.T) {
 		})
 	}
 }
+
+// refused is a stream whose call the agent refused before the operation
+// started.
+type refused struct{ err error }
+
+func (r *refused) Recv() (*agentv1.OperationEvent, error) { return nil, r.err }
 
 type events []*agentv1.OperationEvent
 

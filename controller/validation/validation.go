@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/kilnhq/kiln/internal/diskhint"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
@@ -188,6 +189,32 @@ func checkHost(p *problems, s *typesv1.HostSpec) {
 	case "", "uefi", "legacy":
 	default:
 		p.add("spec.bootMode", "%q is not supported: use uefi or legacy", s.GetBootMode())
+	}
+	checkRootDisk(p, s)
+}
+
+// checkRootDisk checks the root-disk hints on their own; whether they name
+// one disk of the host only the agent can tell, from its facts, when it
+// lays.
+func checkRootDisk(p *problems, s *typesv1.HostSpec) {
+	if hint := s.GetRootDiskHint(); hint != "" {
+		if msg := diskhint.ValidateString(hint); msg != "" {
+			p.add("spec.rootDiskHint", "%s", msg)
+		}
+	}
+	h := s.GetRootDeviceHints()
+	if h == nil {
+		return
+	}
+	if s.GetRootDiskHint() != "" {
+		p.add("spec.rootDiskHint", "set together with spec.rootDeviceHints: keep one (rootDiskHint: /dev/sda, or rootDeviceHints: {deviceName: /dev/sda})")
+	}
+	for _, pr := range diskhint.Validate(h) {
+		field := "spec.rootDeviceHints"
+		if pr.Field != "" {
+			field += "." + pr.Field
+		}
+		p.add(field, "%s", pr.Message)
 	}
 }
 

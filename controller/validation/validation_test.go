@@ -156,6 +156,21 @@ func TestValidate(t *testing.T) {
 		{"password set is accepted", host(func(h *typesv1.Host) { h.Spec.Bmc.PasswordSet = true }), nil},
 		{"boot mac bad", host(func(h *typesv1.Host) { h.Spec.BootMac = "52:54:00" }), []string{`spec.bootMac: "52:54:00" is not a MAC address`}},
 		{"boot mode bad", host(func(h *typesv1.Host) { h.Spec.BootMode = "bios" }), []string{`spec.bootMode: "bios" is not supported: use uefi or legacy`}},
+		{"root disk hint serial", host(func(h *typesv1.Host) { h.Spec.RootDiskHint = "S45PNA0M512345" }), nil},
+		{"root disk hint with spaces", host(func(h *typesv1.Host) { h.Spec.RootDiskHint = "/dev/sda /dev/sdb" }), []string{`spec.rootDiskHint: "/dev/sda /dev/sdb" holds spaces`}},
+		{"root device hints", host(func(h *typesv1.Host) {
+			h.Spec.RootDiskHint = ""
+			h.Spec.RootDeviceHints = &typesv1.RootDeviceHints{Wwn: "0x5000c500a0b1c2d3", MinSizeGigabytes: 100}
+		}), nil},
+		{"root device hints and hint", host(func(h *typesv1.Host) {
+			h.Spec.RootDiskHint = "/dev/sda"
+			h.Spec.RootDeviceHints = &typesv1.RootDeviceHints{Serial: "X"}
+		}), []string{"spec.rootDiskHint: set together with spec.rootDeviceHints: keep one"}},
+		{"root device hints bad", host(func(h *typesv1.Host) {
+			h.Spec.RootDiskHint = ""
+			h.Spec.RootDeviceHints = &typesv1.RootDeviceHints{DeviceName: "sda", MinSizeGigabytes: 900, MaxSizeGigabytes: 100}
+		}), []string{`spec.rootDeviceHints.deviceName: "sda" is not a path`, "spec.rootDeviceHints.minSizeGigabytes: 900 is larger than maxSizeGigabytes 100"}},
+		{"root device hints empty", host(func(h *typesv1.Host) { h.Spec.RootDeviceHints = &typesv1.RootDeviceHints{} }), []string{"spec.rootDeviceHints: sets no hint"}},
 
 		// Image.
 		{"image sha short", image(func(i *typesv1.Image) { i.Spec.Sha256 = "abc" }), []string{`spec.sha256: "abc" has 3 characters: a sha256 is 64 hex digits`}},

@@ -244,7 +244,7 @@ func (r *rig) boot(name string, i int) *node {
 
 	// Lay the image as the boot agent does: the raw image by block map.
 	start := time.Now()
-	res, err := lay.New(slog.New(slog.NewTextHandler(r.hostLog, nil))).Lay(ctx, r.m.LayRequest(r.rawURL, h.DiskPath(), true), nil)
+	res, err := lay.New(slog.New(slog.NewTextHandler(r.hostLog, nil)), lay.WithFileTargets(true)).Lay(ctx, r.m.LayRequest(r.rawURL, h.DiskPath(), true), nil)
 	require.NoError(t, err)
 	r.tm.add("lay (block map) "+name, time.Since(start))
 	t.Logf("laid %d MiB (fetched %d MiB) onto %s", res.GetBytesWritten()>>20, res.GetBytesFetched()>>20, h.DiskPath())

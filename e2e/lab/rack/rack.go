@@ -97,8 +97,8 @@ type Options struct {
 	// bridge takes .1, hosts .2 onwards.
 	Subnet string `json:"subnet,omitempty"`
 	// AgentBinary is the boot media's program: PXE and virtual-media
-	// boots run `AGENT run --data-dir HOSTDIR/agent`. Empty: they boot
-	// nothing.
+	// boots run `AGENT run --data-dir HOSTDIR/agent --file-targets` (the
+	// disks are files). Empty: they boot nothing.
 	AgentBinary string `json:"agentBinary,omitempty"`
 	// ControllerURL and CAHash go on the boot agent's kernel command line
 	// (kiln.controller=, kiln.ca_hash=). The controller must listen on

@@ -274,7 +274,9 @@ func (s *server) up(ctx context.Context) error {
 		resource := ResourceName(o.Name, name)
 		agent := netns.Agent{CmdlineFile: filepath.Join(hdir, CmdlineExtra), Scratch: filepath.Join(hdir, "agent"), ReadMedia: true, FirmwareRetry: firmwareRetry}
 		if o.AgentBinary != "" {
-			agent.Command = []string{o.AgentBinary, "run", "--data-dir", agent.Scratch}
+			// The lab's disks are files: the boot agent lays into them
+			// only in its explicit file-target mode.
+			agent.Command = []string{o.AgentBinary, "run", "--data-dir", agent.Scratch, "--file-targets"}
 			agent.OSPower = true
 		}
 		if o.BootURL != "" {

@@ -217,7 +217,7 @@ func layCmd(args []string) error {
 			}
 		}
 	}
-	res, err := lay.New(log, lay.WithBufferSize(*bufSize), lay.WithFetchers(*fetchers), lay.WithWriters(*writers)).Lay(context.Background(), req, progress)
+	res, err := lay.New(log, lay.WithFileTargets(true), lay.WithBufferSize(*bufSize), lay.WithFetchers(*fetchers), lay.WithWriters(*writers)).Lay(context.Background(), req, progress)
 	if err != nil {
 		return err
 	}

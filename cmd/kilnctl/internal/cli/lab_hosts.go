@@ -20,6 +20,10 @@ const (
 	LabNameLabel = "kiln.dev/lab" // the lab's name
 )
 
+// QEMUGuestDisk is the device a QEMU lab host's disk file is inside its
+// VM (e2e/lab/qemu: one virtio-blk disk).
+const QEMUGuestDisk = "/dev/vda"
+
 // labHostsCommand is `kilnctl lab hosts`: the lab's hosts as Host
 // resources, for `kilnctl lab hosts | kilnctl apply -f -`.
 func labHostsCommand(dirOf func() string) *cobra.Command {
@@ -32,7 +36,8 @@ func labHostsCommand(dirOf func() string) *cobra.Command {
 use), labels lab: "true" and kiln.dev/lab: LAB, the BMC (the Redfish
 emulator's URL with insecureSkipVerify, or the ipmi_sim host:port) with
 its user and password from the lab's credentials, bootMac, the disk file
-as rootDiskHint, and online: true.
+as rootDiskHint (/dev/vda, the VM's disk, with --backend qemu), and
+online: true.
 
 The output carries the BMC passwords: pipe it into kilnctl apply rather
 than keeping it.`,
@@ -78,6 +83,9 @@ func LabHostResources(rep *rack.Report) []*controllerv1.Resource {
 		}
 		if rep.Backend == rack.BackendQEMU {
 			spec.BootMode = "legacy" // SeaBIOS
+			// The agent runs inside the VM, where the disk file is its
+			// one virtio disk: the file's path means nothing there.
+			spec.RootDiskHint = QEMUGuestDisk
 		}
 		rs = append(rs, &controllerv1.Resource{Kind: &controllerv1.Resource_Host{Host: &typesv1.Host{
 			ApiVersion: manifest.APIVersion, Kind: "Host",

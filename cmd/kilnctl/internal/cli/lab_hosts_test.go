@@ -103,3 +103,17 @@ func TestLabHosts(t *testing.T) {
 		t.Errorf("kilnctl lab hosts of a directory without a lab = %v, want NotFound", err)
 	}
 }
+
+// TestLabHostsQEMUDisk: a QEMU lab host's agent runs inside the VM, where
+// its disk is /dev/vda, not the disk file's path on the lab machine.
+func TestLabHostsQEMUDisk(t *testing.T) {
+	rep := &rack.Report{State: &rack.State{Name: "lab1", Backend: rack.BackendQEMU, Hosts: []rack.Host{
+		{Name: "h1", Resource: "lab1-h1", MAC: "52:54:00:4b:00:01", Disk: "/var/lib/kiln/lab/lab1/hosts/h1/disk.raw",
+			BMC: rack.BMC{Protocol: rack.ProtocolRedfish, Address: "https://127.0.0.1:40001", Insecure: true}},
+	}}}
+	rs := LabHostResources(rep)
+	require.Len(t, rs, 1)
+	if got := rs[0].GetHost().GetSpec().GetRootDiskHint(); got != "/dev/vda" {
+		t.Errorf("LabHostResources(qemu lab).rootDiskHint = %q, want /dev/vda", got)
+	}
+}

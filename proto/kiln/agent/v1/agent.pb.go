@@ -1406,7 +1406,11 @@ type LayImageRequest struct {
 	Sha256 string `protobuf:"bytes,3,opt,name=sha256,proto3" json:"sha256,omitempty"`
 	// format is "raw" or "raw.zst".
 	Format string `protobuf:"bytes,4,opt,name=format,proto3" json:"format,omitempty"`
-	// target is the disk device or file to write.
+	// target names the disk to write, as HostSpec.root_disk_hint does: a
+	// device name or by-path/by-id link ("/" first), else a serial. The
+	// agent resolves it (or root_device_hints) against its facts and
+	// refuses anything that is not one whole block device, unless it runs
+	// with --file-targets (the lab), where a regular file is accepted.
 	Target string `protobuf:"bytes,5,opt,name=target,proto3" json:"target,omitempty"`
 	// block_map, when given, lists the ranges of the raw image that hold
 	// data; only those are fetched (url must then serve the raw image).
@@ -1414,9 +1418,11 @@ type LayImageRequest struct {
 	RawSize  uint64        `protobuf:"varint,7,opt,name=raw_size,json=rawSize,proto3" json:"raw_size,omitempty"`
 	// raw_sha256 is the hash of the whole raw image, verified with a
 	// block map's ranges.
-	RawSha256     string `protobuf:"bytes,8,opt,name=raw_sha256,json=rawSha256,proto3" json:"raw_sha256,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RawSha256 string `protobuf:"bytes,8,opt,name=raw_sha256,json=rawSha256,proto3" json:"raw_sha256,omitempty"`
+	// root_device_hints, when set, select the disk instead of target.
+	RootDeviceHints *v1.RootDeviceHints `protobuf:"bytes,9,opt,name=root_device_hints,json=rootDeviceHints,proto3" json:"root_device_hints,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *LayImageRequest) Reset() {
@@ -1505,6 +1511,13 @@ func (x *LayImageRequest) GetRawSha256() string {
 	return ""
 }
 
+func (x *LayImageRequest) GetRootDeviceHints() *v1.RootDeviceHints {
+	if x != nil {
+		return x.RootDeviceHints
+	}
+	return nil
+}
+
 type LayImageResult struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	BytesWritten  uint64                 `protobuf:"varint,1,opt,name=bytes_written,json=bytesWritten,proto3" json:"bytes_written,omitempty"`
@@ -1574,19 +1587,21 @@ func (x *LayImageResult) GetSeconds() float64 {
 }
 
 type WriteIdentityRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Target        string                 `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
-	Hostname      string                 `protobuf:"bytes,2,opt,name=hostname,proto3" json:"hostname,omitempty"`
-	ControllerUrl string                 `protobuf:"bytes,3,opt,name=controller_url,json=controllerUrl,proto3" json:"controller_url,omitempty"`
-	CaHash        string                 `protobuf:"bytes,4,opt,name=ca_hash,json=caHash,proto3" json:"ca_hash,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// target and root_device_hints name the disk as in LayImageRequest.
+	Target        string `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
+	Hostname      string `protobuf:"bytes,2,opt,name=hostname,proto3" json:"hostname,omitempty"`
+	ControllerUrl string `protobuf:"bytes,3,opt,name=controller_url,json=controllerUrl,proto3" json:"controller_url,omitempty"`
+	CaHash        string `protobuf:"bytes,4,opt,name=ca_hash,json=caHash,proto3" json:"ca_hash,omitempty"`
 	// certificate_pem and key_pem are the installed agent's identity,
 	// issued to this host before the reboot.
-	CertificatePem []byte `protobuf:"bytes,5,opt,name=certificate_pem,json=certificatePem,proto3" json:"certificate_pem,omitempty"`
-	KeyPem         []byte `protobuf:"bytes,6,opt,name=key_pem,json=keyPem,proto3" json:"key_pem,omitempty"`
-	CaPem          []byte `protobuf:"bytes,7,opt,name=ca_pem,json=caPem,proto3" json:"ca_pem,omitempty"`
-	NetworkConfig  string `protobuf:"bytes,8,opt,name=network_config,json=networkConfig,proto3" json:"network_config,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	CertificatePem  []byte              `protobuf:"bytes,5,opt,name=certificate_pem,json=certificatePem,proto3" json:"certificate_pem,omitempty"`
+	KeyPem          []byte              `protobuf:"bytes,6,opt,name=key_pem,json=keyPem,proto3" json:"key_pem,omitempty"`
+	CaPem           []byte              `protobuf:"bytes,7,opt,name=ca_pem,json=caPem,proto3" json:"ca_pem,omitempty"`
+	NetworkConfig   string              `protobuf:"bytes,8,opt,name=network_config,json=networkConfig,proto3" json:"network_config,omitempty"`
+	RootDeviceHints *v1.RootDeviceHints `protobuf:"bytes,9,opt,name=root_device_hints,json=rootDeviceHints,proto3" json:"root_device_hints,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *WriteIdentityRequest) Reset() {
@@ -1675,6 +1690,13 @@ func (x *WriteIdentityRequest) GetNetworkConfig() string {
 	return ""
 }
 
+func (x *WriteIdentityRequest) GetRootDeviceHints() *v1.RootDeviceHints {
+	if x != nil {
+		return x.RootDeviceHints
+	}
+	return nil
+}
+
 type WriteIdentityResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1712,11 +1734,13 @@ func (*WriteIdentityResponse) Descriptor() ([]byte, []int) {
 }
 
 type WipeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	OperationId   string                 `protobuf:"bytes,1,opt,name=operation_id,json=operationId,proto3" json:"operation_id,omitempty"`
-	Target        string                 `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	OperationId string                 `protobuf:"bytes,1,opt,name=operation_id,json=operationId,proto3" json:"operation_id,omitempty"`
+	// target and root_device_hints name the disk as in LayImageRequest.
+	Target          string              `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
+	RootDeviceHints *v1.RootDeviceHints `protobuf:"bytes,3,opt,name=root_device_hints,json=rootDeviceHints,proto3" json:"root_device_hints,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *WipeRequest) Reset() {
@@ -1761,6 +1785,13 @@ func (x *WipeRequest) GetTarget() string {
 		return x.Target
 	}
 	return ""
+}
+
+func (x *WipeRequest) GetRootDeviceHints() *v1.RootDeviceHints {
+	if x != nil {
+		return x.RootDeviceHints
+	}
+	return nil
 }
 
 type RebootRequest struct {
@@ -2097,7 +2128,7 @@ const file_kiln_agent_v1_agent_proto_rawDesc = "" +
 	"BlockRange\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12\x16\n" +
 	"\x06length\x18\x02 \x01(\x04R\x06length\x12\x16\n" +
-	"\x06sha256\x18\x03 \x01(\tR\x06sha256\"\x80\x02\n" +
+	"\x06sha256\x18\x03 \x01(\tR\x06sha256\"\xcc\x02\n" +
 	"\x0fLayImageRequest\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12\x16\n" +
@@ -2107,12 +2138,13 @@ const file_kiln_agent_v1_agent_proto_rawDesc = "" +
 	"\tblock_map\x18\x06 \x03(\v2\x19.kiln.agent.v1.BlockRangeR\bblockMap\x12\x19\n" +
 	"\braw_size\x18\a \x01(\x04R\arawSize\x12\x1d\n" +
 	"\n" +
-	"raw_sha256\x18\b \x01(\tR\trawSha256\"\x8c\x01\n" +
+	"raw_sha256\x18\b \x01(\tR\trawSha256\x12J\n" +
+	"\x11root_device_hints\x18\t \x01(\v2\x1e.kiln.types.v1.RootDeviceHintsR\x0frootDeviceHints\"\x8c\x01\n" +
 	"\x0eLayImageResult\x12#\n" +
 	"\rbytes_written\x18\x01 \x01(\x04R\fbytesWritten\x12#\n" +
 	"\rbytes_fetched\x18\x02 \x01(\x04R\fbytesFetched\x12\x16\n" +
 	"\x06sha256\x18\x03 \x01(\tR\x06sha256\x12\x18\n" +
-	"\aseconds\x18\x04 \x01(\x01R\aseconds\"\x8a\x02\n" +
+	"\aseconds\x18\x04 \x01(\x01R\aseconds\"\xd6\x02\n" +
 	"\x14WriteIdentityRequest\x12\x16\n" +
 	"\x06target\x18\x01 \x01(\tR\x06target\x12\x1a\n" +
 	"\bhostname\x18\x02 \x01(\tR\bhostname\x12%\n" +
@@ -2121,11 +2153,13 @@ const file_kiln_agent_v1_agent_proto_rawDesc = "" +
 	"\x0fcertificate_pem\x18\x05 \x01(\fR\x0ecertificatePem\x12\x17\n" +
 	"\akey_pem\x18\x06 \x01(\fR\x06keyPem\x12\x15\n" +
 	"\x06ca_pem\x18\a \x01(\fR\x05caPem\x12%\n" +
-	"\x0enetwork_config\x18\b \x01(\tR\rnetworkConfig\"\x17\n" +
-	"\x15WriteIdentityResponse\"H\n" +
+	"\x0enetwork_config\x18\b \x01(\tR\rnetworkConfig\x12J\n" +
+	"\x11root_device_hints\x18\t \x01(\v2\x1e.kiln.types.v1.RootDeviceHintsR\x0frootDeviceHints\"\x17\n" +
+	"\x15WriteIdentityResponse\"\x94\x01\n" +
 	"\vWipeRequest\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12\x16\n" +
-	"\x06target\x18\x02 \x01(\tR\x06target\",\n" +
+	"\x06target\x18\x02 \x01(\tR\x06target\x12J\n" +
+	"\x11root_device_hints\x18\x03 \x01(\v2\x1e.kiln.types.v1.RootDeviceHintsR\x0frootDeviceHints\",\n" +
 	"\rRebootRequest\x12\x1b\n" +
 	"\tpower_off\x18\x01 \x01(\bR\bpowerOff\"\x10\n" +
 	"\x0eRebootResponse\"5\n" +
@@ -2211,6 +2245,7 @@ var file_kiln_agent_v1_agent_proto_goTypes = []any{
 	(*v1.Facts)(nil),              // 30: kiln.types.v1.Facts
 	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
 	(*v1.Condition)(nil),          // 32: kiln.types.v1.Condition
+	(*v1.RootDeviceHints)(nil),    // 33: kiln.types.v1.RootDeviceHints
 }
 var file_kiln_agent_v1_agent_proto_depIdxs = []int32{
 	30, // 0: kiln.agent.v1.FactsResponse.facts:type_name -> kiln.types.v1.Facts
@@ -2229,38 +2264,41 @@ var file_kiln_agent_v1_agent_proto_depIdxs = []int32{
 	9,  // 13: kiln.agent.v1.ProbeRequest.cluster:type_name -> kiln.agent.v1.ClusterConfig
 	32, // 14: kiln.agent.v1.ProbeResponse.conditions:type_name -> kiln.types.v1.Condition
 	19, // 15: kiln.agent.v1.LayImageRequest.block_map:type_name -> kiln.agent.v1.BlockRange
-	31, // 16: kiln.agent.v1.LogLine.time:type_name -> google.protobuf.Timestamp
-	2,  // 17: kiln.agent.v1.Agent.Facts:input_type -> kiln.agent.v1.FactsRequest
-	6,  // 18: kiln.agent.v1.Agent.Prepare:input_type -> kiln.agent.v1.PrepareRequest
-	10, // 19: kiln.agent.v1.Agent.Preflight:input_type -> kiln.agent.v1.PreflightRequest
-	13, // 20: kiln.agent.v1.Agent.KubeadmInit:input_type -> kiln.agent.v1.KubeadmInitRequest
-	15, // 21: kiln.agent.v1.Agent.KubeadmJoin:input_type -> kiln.agent.v1.KubeadmJoinRequest
-	16, // 22: kiln.agent.v1.Agent.KubeadmReset:input_type -> kiln.agent.v1.KubeadmResetRequest
-	17, // 23: kiln.agent.v1.Agent.Probe:input_type -> kiln.agent.v1.ProbeRequest
-	20, // 24: kiln.agent.v1.Agent.LayImage:input_type -> kiln.agent.v1.LayImageRequest
-	22, // 25: kiln.agent.v1.Agent.WriteIdentity:input_type -> kiln.agent.v1.WriteIdentityRequest
-	24, // 26: kiln.agent.v1.Agent.Wipe:input_type -> kiln.agent.v1.WipeRequest
-	25, // 27: kiln.agent.v1.Agent.Reboot:input_type -> kiln.agent.v1.RebootRequest
-	27, // 28: kiln.agent.v1.Agent.Operation:input_type -> kiln.agent.v1.OperationRequest
-	28, // 29: kiln.agent.v1.Agent.Logs:input_type -> kiln.agent.v1.LogsRequest
-	3,  // 30: kiln.agent.v1.Agent.Facts:output_type -> kiln.agent.v1.FactsResponse
-	5,  // 31: kiln.agent.v1.Agent.Prepare:output_type -> kiln.agent.v1.OperationEvent
-	12, // 32: kiln.agent.v1.Agent.Preflight:output_type -> kiln.agent.v1.PreflightReport
-	5,  // 33: kiln.agent.v1.Agent.KubeadmInit:output_type -> kiln.agent.v1.OperationEvent
-	5,  // 34: kiln.agent.v1.Agent.KubeadmJoin:output_type -> kiln.agent.v1.OperationEvent
-	5,  // 35: kiln.agent.v1.Agent.KubeadmReset:output_type -> kiln.agent.v1.OperationEvent
-	18, // 36: kiln.agent.v1.Agent.Probe:output_type -> kiln.agent.v1.ProbeResponse
-	5,  // 37: kiln.agent.v1.Agent.LayImage:output_type -> kiln.agent.v1.OperationEvent
-	23, // 38: kiln.agent.v1.Agent.WriteIdentity:output_type -> kiln.agent.v1.WriteIdentityResponse
-	5,  // 39: kiln.agent.v1.Agent.Wipe:output_type -> kiln.agent.v1.OperationEvent
-	26, // 40: kiln.agent.v1.Agent.Reboot:output_type -> kiln.agent.v1.RebootResponse
-	5,  // 41: kiln.agent.v1.Agent.Operation:output_type -> kiln.agent.v1.OperationEvent
-	29, // 42: kiln.agent.v1.Agent.Logs:output_type -> kiln.agent.v1.LogLine
-	30, // [30:43] is the sub-list for method output_type
-	17, // [17:30] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	33, // 16: kiln.agent.v1.LayImageRequest.root_device_hints:type_name -> kiln.types.v1.RootDeviceHints
+	33, // 17: kiln.agent.v1.WriteIdentityRequest.root_device_hints:type_name -> kiln.types.v1.RootDeviceHints
+	33, // 18: kiln.agent.v1.WipeRequest.root_device_hints:type_name -> kiln.types.v1.RootDeviceHints
+	31, // 19: kiln.agent.v1.LogLine.time:type_name -> google.protobuf.Timestamp
+	2,  // 20: kiln.agent.v1.Agent.Facts:input_type -> kiln.agent.v1.FactsRequest
+	6,  // 21: kiln.agent.v1.Agent.Prepare:input_type -> kiln.agent.v1.PrepareRequest
+	10, // 22: kiln.agent.v1.Agent.Preflight:input_type -> kiln.agent.v1.PreflightRequest
+	13, // 23: kiln.agent.v1.Agent.KubeadmInit:input_type -> kiln.agent.v1.KubeadmInitRequest
+	15, // 24: kiln.agent.v1.Agent.KubeadmJoin:input_type -> kiln.agent.v1.KubeadmJoinRequest
+	16, // 25: kiln.agent.v1.Agent.KubeadmReset:input_type -> kiln.agent.v1.KubeadmResetRequest
+	17, // 26: kiln.agent.v1.Agent.Probe:input_type -> kiln.agent.v1.ProbeRequest
+	20, // 27: kiln.agent.v1.Agent.LayImage:input_type -> kiln.agent.v1.LayImageRequest
+	22, // 28: kiln.agent.v1.Agent.WriteIdentity:input_type -> kiln.agent.v1.WriteIdentityRequest
+	24, // 29: kiln.agent.v1.Agent.Wipe:input_type -> kiln.agent.v1.WipeRequest
+	25, // 30: kiln.agent.v1.Agent.Reboot:input_type -> kiln.agent.v1.RebootRequest
+	27, // 31: kiln.agent.v1.Agent.Operation:input_type -> kiln.agent.v1.OperationRequest
+	28, // 32: kiln.agent.v1.Agent.Logs:input_type -> kiln.agent.v1.LogsRequest
+	3,  // 33: kiln.agent.v1.Agent.Facts:output_type -> kiln.agent.v1.FactsResponse
+	5,  // 34: kiln.agent.v1.Agent.Prepare:output_type -> kiln.agent.v1.OperationEvent
+	12, // 35: kiln.agent.v1.Agent.Preflight:output_type -> kiln.agent.v1.PreflightReport
+	5,  // 36: kiln.agent.v1.Agent.KubeadmInit:output_type -> kiln.agent.v1.OperationEvent
+	5,  // 37: kiln.agent.v1.Agent.KubeadmJoin:output_type -> kiln.agent.v1.OperationEvent
+	5,  // 38: kiln.agent.v1.Agent.KubeadmReset:output_type -> kiln.agent.v1.OperationEvent
+	18, // 39: kiln.agent.v1.Agent.Probe:output_type -> kiln.agent.v1.ProbeResponse
+	5,  // 40: kiln.agent.v1.Agent.LayImage:output_type -> kiln.agent.v1.OperationEvent
+	23, // 41: kiln.agent.v1.Agent.WriteIdentity:output_type -> kiln.agent.v1.WriteIdentityResponse
+	5,  // 42: kiln.agent.v1.Agent.Wipe:output_type -> kiln.agent.v1.OperationEvent
+	26, // 43: kiln.agent.v1.Agent.Reboot:output_type -> kiln.agent.v1.RebootResponse
+	5,  // 44: kiln.agent.v1.Agent.Operation:output_type -> kiln.agent.v1.OperationEvent
+	29, // 45: kiln.agent.v1.Agent.Logs:output_type -> kiln.agent.v1.LogLine
+	33, // [33:46] is the sub-list for method output_type
+	20, // [20:33] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_kiln_agent_v1_agent_proto_init() }

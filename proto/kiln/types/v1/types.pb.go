@@ -410,15 +410,24 @@ type HostSpec struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Bmc     *BMCSpec               `protobuf:"bytes,1,opt,name=bmc,proto3" json:"bmc,omitempty"`
 	BootMac string                 `protobuf:"bytes,2,opt,name=boot_mac,json=bootMac,proto3" json:"boot_mac,omitempty"`
-	// root_disk_hint names the disk to lay images on: a device path
-	// (/dev/sda), a serial or a by-path name.
+	// root_disk_hint names the disk to lay images on, in one string: a
+	// string that starts with "/" is a device name (/dev/sda,
+	// /dev/disk/by-path/..., /dev/disk/by-id/...), anything else is the
+	// disk's serial number. The agent chooses the disk from its own facts
+	// and refuses a hint that matches no disk or more than one. Empty, with
+	// no root_device_hints either: /dev/sda. Set this or
+	// root_device_hints, not both.
 	RootDiskHint string `protobuf:"bytes,3,opt,name=root_disk_hint,json=rootDiskHint,proto3" json:"root_disk_hint,omitempty"`
 	// online false keeps the host powered off.
 	Online bool `protobuf:"varint,4,opt,name=online,proto3" json:"online,omitempty"`
 	// boot_mode is "uefi" (default) or "legacy".
-	BootMode      string `protobuf:"bytes,5,opt,name=boot_mode,json=bootMode,proto3" json:"boot_mode,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	BootMode string `protobuf:"bytes,5,opt,name=boot_mode,json=bootMode,proto3" json:"boot_mode,omitempty"`
+	// root_device_hints selects the disk to lay images on by its
+	// properties, as Metal3's rootDeviceHints do. Set this or
+	// root_disk_hint, not both.
+	RootDeviceHints *RootDeviceHints `protobuf:"bytes,6,opt,name=root_device_hints,json=rootDeviceHints,proto3" json:"root_device_hints,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *HostSpec) Reset() {
@@ -486,22 +495,142 @@ func (x *HostSpec) GetBootMode() string {
 	return ""
 }
 
+func (x *HostSpec) GetRootDeviceHints() *RootDeviceHints {
+	if x != nil {
+		return x.RootDeviceHints
+	}
+	return nil
+}
+
+// RootDeviceHints select one disk of a host: a disk is chosen when it
+// matches every hint that is set. The agent resolves them against its own
+// facts when it lays, wipes or personalises; a hint that matches no disk,
+// or more than one, is refused with the list of the host's disks.
+type RootDeviceHints struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// device_name is a device path (/dev/sda) or a udev link to the whole
+	// disk (/dev/disk/by-path/pci-0000:00:1f.2-ata-1,
+	// /dev/disk/by-id/wwn-0x5000c500a0b1c2d3), matched exactly.
+	DeviceName string `protobuf:"bytes,1,opt,name=device_name,json=deviceName,proto3" json:"device_name,omitempty"`
+	// serial is the disk's serial number, matched exactly.
+	Serial string `protobuf:"bytes,2,opt,name=serial,proto3" json:"serial,omitempty"`
+	// wwn is the disk's World Wide Name as udev spells it
+	// (0x5000c500a0b1c2d3), matched exactly.
+	Wwn string `protobuf:"bytes,3,opt,name=wwn,proto3" json:"wwn,omitempty"`
+	// model matches when the disk's model contains it.
+	Model string `protobuf:"bytes,4,opt,name=model,proto3" json:"model,omitempty"`
+	// min_size_gigabytes and max_size_gigabytes bound the disk's size in
+	// GiB (2^30 bytes), inclusive; 0 is no bound.
+	MinSizeGigabytes uint32 `protobuf:"varint,5,opt,name=min_size_gigabytes,json=minSizeGigabytes,proto3" json:"min_size_gigabytes,omitempty"`
+	MaxSizeGigabytes uint32 `protobuf:"varint,6,opt,name=max_size_gigabytes,json=maxSizeGigabytes,proto3" json:"max_size_gigabytes,omitempty"`
+	// rotational, when set, matches spinning disks (true) or solid-state
+	// ones (false).
+	Rotational    *bool `protobuf:"varint,7,opt,name=rotational,proto3,oneof" json:"rotational,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RootDeviceHints) Reset() {
+	*x = RootDeviceHints{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RootDeviceHints) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RootDeviceHints) ProtoMessage() {}
+
+func (x *RootDeviceHints) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RootDeviceHints.ProtoReflect.Descriptor instead.
+func (*RootDeviceHints) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *RootDeviceHints) GetDeviceName() string {
+	if x != nil {
+		return x.DeviceName
+	}
+	return ""
+}
+
+func (x *RootDeviceHints) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *RootDeviceHints) GetWwn() string {
+	if x != nil {
+		return x.Wwn
+	}
+	return ""
+}
+
+func (x *RootDeviceHints) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *RootDeviceHints) GetMinSizeGigabytes() uint32 {
+	if x != nil {
+		return x.MinSizeGigabytes
+	}
+	return 0
+}
+
+func (x *RootDeviceHints) GetMaxSizeGigabytes() uint32 {
+	if x != nil {
+		return x.MaxSizeGigabytes
+	}
+	return 0
+}
+
+func (x *RootDeviceHints) GetRotational() bool {
+	if x != nil && x.Rotational != nil {
+		return *x.Rotational
+	}
+	return false
+}
+
 type Disk struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Path          string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
-	SizeBytes     uint64                 `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
-	Rotational    bool                   `protobuf:"varint,4,opt,name=rotational,proto3" json:"rotational,omitempty"`
-	Model         string                 `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
-	Serial        string                 `protobuf:"bytes,6,opt,name=serial,proto3" json:"serial,omitempty"`
-	Removable     bool                   `protobuf:"varint,7,opt,name=removable,proto3" json:"removable,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Name       string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Path       string                 `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	SizeBytes  uint64                 `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	Rotational bool                   `protobuf:"varint,4,opt,name=rotational,proto3" json:"rotational,omitempty"`
+	Model      string                 `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
+	Serial     string                 `protobuf:"bytes,6,opt,name=serial,proto3" json:"serial,omitempty"`
+	Removable  bool                   `protobuf:"varint,7,opt,name=removable,proto3" json:"removable,omitempty"`
+	// wwn is the World Wide Name udev reports (its by-id wwn- link), or "".
+	Wwn string `protobuf:"bytes,8,opt,name=wwn,proto3" json:"wwn,omitempty"`
+	// by_path and by_id are the disk's /dev/disk/by-path and
+	// /dev/disk/by-id links, as full paths.
+	ByPath        []string `protobuf:"bytes,9,rep,name=by_path,json=byPath,proto3" json:"by_path,omitempty"`
+	ById          []string `protobuf:"bytes,10,rep,name=by_id,json=byId,proto3" json:"by_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Disk) Reset() {
 	*x = Disk{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[4]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -513,7 +642,7 @@ func (x *Disk) String() string {
 func (*Disk) ProtoMessage() {}
 
 func (x *Disk) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[4]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -526,7 +655,7 @@ func (x *Disk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Disk.ProtoReflect.Descriptor instead.
 func (*Disk) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{4}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Disk) GetName() string {
@@ -578,6 +707,27 @@ func (x *Disk) GetRemovable() bool {
 	return false
 }
 
+func (x *Disk) GetWwn() string {
+	if x != nil {
+		return x.Wwn
+	}
+	return ""
+}
+
+func (x *Disk) GetByPath() []string {
+	if x != nil {
+		return x.ByPath
+	}
+	return nil
+}
+
+func (x *Disk) GetById() []string {
+	if x != nil {
+		return x.ById
+	}
+	return nil
+}
+
 type NIC struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -592,7 +742,7 @@ type NIC struct {
 
 func (x *NIC) Reset() {
 	*x = NIC{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[5]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -604,7 +754,7 @@ func (x *NIC) String() string {
 func (*NIC) ProtoMessage() {}
 
 func (x *NIC) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[5]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -617,7 +767,7 @@ func (x *NIC) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NIC.ProtoReflect.Descriptor instead.
 func (*NIC) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{5}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *NIC) GetName() string {
@@ -673,7 +823,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[6]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -685,7 +835,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[6]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -698,7 +848,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{6}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Route) GetDestination() string {
@@ -752,7 +902,7 @@ type Facts struct {
 
 func (x *Facts) Reset() {
 	*x = Facts{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[7]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -764,7 +914,7 @@ func (x *Facts) String() string {
 func (*Facts) ProtoMessage() {}
 
 func (x *Facts) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[7]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -777,7 +927,7 @@ func (x *Facts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Facts.ProtoReflect.Descriptor instead.
 func (*Facts) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{7}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Facts) GetHostname() string {
@@ -923,7 +1073,7 @@ type AgentStatus struct {
 
 func (x *AgentStatus) Reset() {
 	*x = AgentStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[8]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1085,7 @@ func (x *AgentStatus) String() string {
 func (*AgentStatus) ProtoMessage() {}
 
 func (x *AgentStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[8]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1098,7 @@ func (x *AgentStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentStatus.ProtoReflect.Descriptor instead.
 func (*AgentStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{8}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AgentStatus) GetAddress() string {
@@ -1029,7 +1179,7 @@ type OperationStatus struct {
 
 func (x *OperationStatus) Reset() {
 	*x = OperationStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[9]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1041,7 +1191,7 @@ func (x *OperationStatus) String() string {
 func (*OperationStatus) ProtoMessage() {}
 
 func (x *OperationStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[9]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1054,7 +1204,7 @@ func (x *OperationStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperationStatus.ProtoReflect.Descriptor instead.
 func (*OperationStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{9}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *OperationStatus) GetId() string {
@@ -1157,7 +1307,7 @@ type HostStatus struct {
 
 func (x *HostStatus) Reset() {
 	*x = HostStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[10]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1169,7 +1319,7 @@ func (x *HostStatus) String() string {
 func (*HostStatus) ProtoMessage() {}
 
 func (x *HostStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[10]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1182,7 +1332,7 @@ func (x *HostStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostStatus.ProtoReflect.Descriptor instead.
 func (*HostStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{10}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *HostStatus) GetState() HostState {
@@ -1289,7 +1439,7 @@ type Host struct {
 
 func (x *Host) Reset() {
 	*x = Host{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[11]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1301,7 +1451,7 @@ func (x *Host) String() string {
 func (*Host) ProtoMessage() {}
 
 func (x *Host) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[11]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1314,7 +1464,7 @@ func (x *Host) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Host.ProtoReflect.Descriptor instead.
 func (*Host) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Host) GetApiVersion() string {
@@ -1375,7 +1525,7 @@ type ImageSpec struct {
 
 func (x *ImageSpec) Reset() {
 	*x = ImageSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[12]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1387,7 +1537,7 @@ func (x *ImageSpec) String() string {
 func (*ImageSpec) ProtoMessage() {}
 
 func (x *ImageSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[12]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1400,7 +1550,7 @@ func (x *ImageSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageSpec.ProtoReflect.Descriptor instead.
 func (*ImageSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ImageSpec) GetUrl() string {
@@ -1496,7 +1646,7 @@ type ImageStatus struct {
 
 func (x *ImageStatus) Reset() {
 	*x = ImageStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[13]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +1658,7 @@ func (x *ImageStatus) String() string {
 func (*ImageStatus) ProtoMessage() {}
 
 func (x *ImageStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[13]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +1671,7 @@ func (x *ImageStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatus.ProtoReflect.Descriptor instead.
 func (*ImageStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ImageStatus) GetConditions() []*Condition {
@@ -1544,7 +1694,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[14]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1556,7 +1706,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[14]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1569,7 +1719,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Image) GetApiVersion() string {
@@ -1632,7 +1782,7 @@ type ClusterSpec struct {
 
 func (x *ClusterSpec) Reset() {
 	*x = ClusterSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[15]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1644,7 +1794,7 @@ func (x *ClusterSpec) String() string {
 func (*ClusterSpec) ProtoMessage() {}
 
 func (x *ClusterSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[15]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1657,7 +1807,7 @@ func (x *ClusterSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterSpec.ProtoReflect.Descriptor instead.
 func (*ClusterSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{15}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ClusterSpec) GetKubernetesVersion() string {
@@ -1742,7 +1892,7 @@ type ClusterStatus struct {
 
 func (x *ClusterStatus) Reset() {
 	*x = ClusterStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[16]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1754,7 +1904,7 @@ func (x *ClusterStatus) String() string {
 func (*ClusterStatus) ProtoMessage() {}
 
 func (x *ClusterStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[16]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1767,7 +1917,7 @@ func (x *ClusterStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatus.ProtoReflect.Descriptor instead.
 func (*ClusterStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{16}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ClusterStatus) GetPhase() string {
@@ -1811,7 +1961,7 @@ type Cluster struct {
 
 func (x *Cluster) Reset() {
 	*x = Cluster{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[17]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1823,7 +1973,7 @@ func (x *Cluster) String() string {
 func (*Cluster) ProtoMessage() {}
 
 func (x *Cluster) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[17]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1836,7 +1986,7 @@ func (x *Cluster) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cluster.ProtoReflect.Descriptor instead.
 func (*Cluster) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{17}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Cluster) GetApiVersion() string {
@@ -1897,7 +2047,7 @@ type ControlPlaneSpec struct {
 
 func (x *ControlPlaneSpec) Reset() {
 	*x = ControlPlaneSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[18]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1909,7 +2059,7 @@ func (x *ControlPlaneSpec) String() string {
 func (*ControlPlaneSpec) ProtoMessage() {}
 
 func (x *ControlPlaneSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[18]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1922,7 +2072,7 @@ func (x *ControlPlaneSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneSpec.ProtoReflect.Descriptor instead.
 func (*ControlPlaneSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{18}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ControlPlaneSpec) GetCluster() string {
@@ -1990,7 +2140,7 @@ type ControlPlaneStatus struct {
 
 func (x *ControlPlaneStatus) Reset() {
 	*x = ControlPlaneStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[19]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2002,7 +2152,7 @@ func (x *ControlPlaneStatus) String() string {
 func (*ControlPlaneStatus) ProtoMessage() {}
 
 func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[19]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2015,7 +2165,7 @@ func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneStatus.ProtoReflect.Descriptor instead.
 func (*ControlPlaneStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{19}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ControlPlaneStatus) GetReplicas() int32 {
@@ -2073,7 +2223,7 @@ type ControlPlane struct {
 
 func (x *ControlPlane) Reset() {
 	*x = ControlPlane{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2085,7 +2235,7 @@ func (x *ControlPlane) String() string {
 func (*ControlPlane) ProtoMessage() {}
 
 func (x *ControlPlane) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2098,7 +2248,7 @@ func (x *ControlPlane) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlane.ProtoReflect.Descriptor instead.
 func (*ControlPlane) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{20}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ControlPlane) GetApiVersion() string {
@@ -2152,7 +2302,7 @@ type RolloutStrategy struct {
 
 func (x *RolloutStrategy) Reset() {
 	*x = RolloutStrategy{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2164,7 +2314,7 @@ func (x *RolloutStrategy) String() string {
 func (*RolloutStrategy) ProtoMessage() {}
 
 func (x *RolloutStrategy) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2177,7 +2327,7 @@ func (x *RolloutStrategy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutStrategy.ProtoReflect.Descriptor instead.
 func (*RolloutStrategy) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{21}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RolloutStrategy) GetType() string {
@@ -2224,7 +2374,7 @@ type MachineDeploymentSpec struct {
 
 func (x *MachineDeploymentSpec) Reset() {
 	*x = MachineDeploymentSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2236,7 +2386,7 @@ func (x *MachineDeploymentSpec) String() string {
 func (*MachineDeploymentSpec) ProtoMessage() {}
 
 func (x *MachineDeploymentSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2249,7 +2399,7 @@ func (x *MachineDeploymentSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineDeploymentSpec.ProtoReflect.Descriptor instead.
 func (*MachineDeploymentSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{22}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *MachineDeploymentSpec) GetCluster() string {
@@ -2316,7 +2466,7 @@ type MachineDeploymentStatus struct {
 
 func (x *MachineDeploymentStatus) Reset() {
 	*x = MachineDeploymentStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2328,7 +2478,7 @@ func (x *MachineDeploymentStatus) String() string {
 func (*MachineDeploymentStatus) ProtoMessage() {}
 
 func (x *MachineDeploymentStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2341,7 +2491,7 @@ func (x *MachineDeploymentStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineDeploymentStatus.ProtoReflect.Descriptor instead.
 func (*MachineDeploymentStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{23}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *MachineDeploymentStatus) GetReplicas() int32 {
@@ -2399,7 +2549,7 @@ type MachineDeployment struct {
 
 func (x *MachineDeployment) Reset() {
 	*x = MachineDeployment{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2411,7 +2561,7 @@ func (x *MachineDeployment) String() string {
 func (*MachineDeployment) ProtoMessage() {}
 
 func (x *MachineDeployment) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2424,7 +2574,7 @@ func (x *MachineDeployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineDeployment.ProtoReflect.Descriptor instead.
 func (*MachineDeployment) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{24}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *MachineDeployment) GetApiVersion() string {
@@ -2478,7 +2628,7 @@ type MachineSpec struct {
 
 func (x *MachineSpec) Reset() {
 	*x = MachineSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2490,7 +2640,7 @@ func (x *MachineSpec) String() string {
 func (*MachineSpec) ProtoMessage() {}
 
 func (x *MachineSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2503,7 +2653,7 @@ func (x *MachineSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineSpec.ProtoReflect.Descriptor instead.
 func (*MachineSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{25}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *MachineSpec) GetCluster() string {
@@ -2568,7 +2718,7 @@ type MachineStatus struct {
 
 func (x *MachineStatus) Reset() {
 	*x = MachineStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2580,7 +2730,7 @@ func (x *MachineStatus) String() string {
 func (*MachineStatus) ProtoMessage() {}
 
 func (x *MachineStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2593,7 +2743,7 @@ func (x *MachineStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineStatus.ProtoReflect.Descriptor instead.
 func (*MachineStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{26}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MachineStatus) GetPhase() string {
@@ -2658,7 +2808,7 @@ type Machine struct {
 
 func (x *Machine) Reset() {
 	*x = Machine{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2670,7 +2820,7 @@ func (x *Machine) String() string {
 func (*Machine) ProtoMessage() {}
 
 func (x *Machine) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2683,7 +2833,7 @@ func (x *Machine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Machine.ProtoReflect.Descriptor instead.
 func (*Machine) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{27}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Machine) GetApiVersion() string {
@@ -2733,7 +2883,7 @@ type UnhealthyCondition struct {
 
 func (x *UnhealthyCondition) Reset() {
 	*x = UnhealthyCondition{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2745,7 +2895,7 @@ func (x *UnhealthyCondition) String() string {
 func (*UnhealthyCondition) ProtoMessage() {}
 
 func (x *UnhealthyCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2758,7 +2908,7 @@ func (x *UnhealthyCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnhealthyCondition.ProtoReflect.Descriptor instead.
 func (*UnhealthyCondition) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{28}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *UnhealthyCondition) GetType() string {
@@ -2798,7 +2948,7 @@ type HealthCheckSpec struct {
 
 func (x *HealthCheckSpec) Reset() {
 	*x = HealthCheckSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2810,7 +2960,7 @@ func (x *HealthCheckSpec) String() string {
 func (*HealthCheckSpec) ProtoMessage() {}
 
 func (x *HealthCheckSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2823,7 +2973,7 @@ func (x *HealthCheckSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheckSpec.ProtoReflect.Descriptor instead.
 func (*HealthCheckSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{29}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *HealthCheckSpec) GetCluster() string {
@@ -2873,7 +3023,7 @@ type HealthCheckStatus struct {
 
 func (x *HealthCheckStatus) Reset() {
 	*x = HealthCheckStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2885,7 +3035,7 @@ func (x *HealthCheckStatus) String() string {
 func (*HealthCheckStatus) ProtoMessage() {}
 
 func (x *HealthCheckStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2898,7 +3048,7 @@ func (x *HealthCheckStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheckStatus.ProtoReflect.Descriptor instead.
 func (*HealthCheckStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{30}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *HealthCheckStatus) GetExpectedMachines() int32 {
@@ -2942,7 +3092,7 @@ type HealthCheck struct {
 
 func (x *HealthCheck) Reset() {
 	*x = HealthCheck{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2954,7 +3104,7 @@ func (x *HealthCheck) String() string {
 func (*HealthCheck) ProtoMessage() {}
 
 func (x *HealthCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2967,7 +3117,7 @@ func (x *HealthCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheck.ProtoReflect.Descriptor instead.
 func (*HealthCheck) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{31}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *HealthCheck) GetApiVersion() string {
@@ -3022,7 +3172,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3034,7 +3184,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3047,7 +3197,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{32}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Event) GetName() string {
@@ -3122,7 +3272,7 @@ type EnrollmentToken struct {
 
 func (x *EnrollmentToken) Reset() {
 	*x = EnrollmentToken{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3134,7 +3284,7 @@ func (x *EnrollmentToken) String() string {
 func (*EnrollmentToken) ProtoMessage() {}
 
 func (x *EnrollmentToken) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3147,7 +3297,7 @@ func (x *EnrollmentToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollmentToken.ProtoReflect.Descriptor instead.
 func (*EnrollmentToken) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{33}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *EnrollmentToken) GetId() string {
@@ -3252,13 +3402,26 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\tsystem_id\x18\x05 \x01(\tR\bsystemId\x120\n" +
 	"\x14insecure_skip_verify\x18\x06 \x01(\bR\x12insecureSkipVerify\x12!\n" +
 	"\fpassword_set\x18\a \x01(\bR\vpasswordSet\x12\x12\n" +
-	"\x04auth\x18\b \x01(\tR\x04auth\"\xaa\x01\n" +
+	"\x04auth\x18\b \x01(\tR\x04auth\"\xf6\x01\n" +
 	"\bHostSpec\x12(\n" +
 	"\x03bmc\x18\x01 \x01(\v2\x16.kiln.types.v1.BMCSpecR\x03bmc\x12\x19\n" +
 	"\bboot_mac\x18\x02 \x01(\tR\abootMac\x12$\n" +
 	"\x0eroot_disk_hint\x18\x03 \x01(\tR\frootDiskHint\x12\x16\n" +
 	"\x06online\x18\x04 \x01(\bR\x06online\x12\x1b\n" +
-	"\tboot_mode\x18\x05 \x01(\tR\bbootMode\"\xb9\x01\n" +
+	"\tboot_mode\x18\x05 \x01(\tR\bbootMode\x12J\n" +
+	"\x11root_device_hints\x18\x06 \x01(\v2\x1e.kiln.types.v1.RootDeviceHintsR\x0frootDeviceHints\"\x82\x02\n" +
+	"\x0fRootDeviceHints\x12\x1f\n" +
+	"\vdevice_name\x18\x01 \x01(\tR\n" +
+	"deviceName\x12\x16\n" +
+	"\x06serial\x18\x02 \x01(\tR\x06serial\x12\x10\n" +
+	"\x03wwn\x18\x03 \x01(\tR\x03wwn\x12\x14\n" +
+	"\x05model\x18\x04 \x01(\tR\x05model\x12,\n" +
+	"\x12min_size_gigabytes\x18\x05 \x01(\rR\x10minSizeGigabytes\x12,\n" +
+	"\x12max_size_gigabytes\x18\x06 \x01(\rR\x10maxSizeGigabytes\x12#\n" +
+	"\n" +
+	"rotational\x18\a \x01(\bH\x00R\n" +
+	"rotational\x88\x01\x01B\r\n" +
+	"\v_rotational\"\xf9\x01\n" +
 	"\x04Disk\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1d\n" +
@@ -3269,7 +3432,11 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"rotational\x12\x14\n" +
 	"\x05model\x18\x05 \x01(\tR\x05model\x12\x16\n" +
 	"\x06serial\x18\x06 \x01(\tR\x06serial\x12\x1c\n" +
-	"\tremovable\x18\a \x01(\bR\tremovable\"\x83\x01\n" +
+	"\tremovable\x18\a \x01(\bR\tremovable\x12\x10\n" +
+	"\x03wwn\x18\b \x01(\tR\x03wwn\x12\x17\n" +
+	"\aby_path\x18\t \x03(\tR\x06byPath\x12\x13\n" +
+	"\x05by_id\x18\n" +
+	" \x03(\tR\x04byId\"\x83\x01\n" +
 	"\x03NIC\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03mac\x18\x02 \x01(\tR\x03mac\x12\x10\n" +
@@ -3574,119 +3741,121 @@ func file_kiln_types_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_kiln_types_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kiln_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_kiln_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_kiln_types_v1_types_proto_goTypes = []any{
 	(HostState)(0),                  // 0: kiln.types.v1.HostState
 	(*ObjectMeta)(nil),              // 1: kiln.types.v1.ObjectMeta
 	(*Condition)(nil),               // 2: kiln.types.v1.Condition
 	(*BMCSpec)(nil),                 // 3: kiln.types.v1.BMCSpec
 	(*HostSpec)(nil),                // 4: kiln.types.v1.HostSpec
-	(*Disk)(nil),                    // 5: kiln.types.v1.Disk
-	(*NIC)(nil),                     // 6: kiln.types.v1.NIC
-	(*Route)(nil),                   // 7: kiln.types.v1.Route
-	(*Facts)(nil),                   // 8: kiln.types.v1.Facts
-	(*AgentStatus)(nil),             // 9: kiln.types.v1.AgentStatus
-	(*OperationStatus)(nil),         // 10: kiln.types.v1.OperationStatus
-	(*HostStatus)(nil),              // 11: kiln.types.v1.HostStatus
-	(*Host)(nil),                    // 12: kiln.types.v1.Host
-	(*ImageSpec)(nil),               // 13: kiln.types.v1.ImageSpec
-	(*ImageStatus)(nil),             // 14: kiln.types.v1.ImageStatus
-	(*Image)(nil),                   // 15: kiln.types.v1.Image
-	(*ClusterSpec)(nil),             // 16: kiln.types.v1.ClusterSpec
-	(*ClusterStatus)(nil),           // 17: kiln.types.v1.ClusterStatus
-	(*Cluster)(nil),                 // 18: kiln.types.v1.Cluster
-	(*ControlPlaneSpec)(nil),        // 19: kiln.types.v1.ControlPlaneSpec
-	(*ControlPlaneStatus)(nil),      // 20: kiln.types.v1.ControlPlaneStatus
-	(*ControlPlane)(nil),            // 21: kiln.types.v1.ControlPlane
-	(*RolloutStrategy)(nil),         // 22: kiln.types.v1.RolloutStrategy
-	(*MachineDeploymentSpec)(nil),   // 23: kiln.types.v1.MachineDeploymentSpec
-	(*MachineDeploymentStatus)(nil), // 24: kiln.types.v1.MachineDeploymentStatus
-	(*MachineDeployment)(nil),       // 25: kiln.types.v1.MachineDeployment
-	(*MachineSpec)(nil),             // 26: kiln.types.v1.MachineSpec
-	(*MachineStatus)(nil),           // 27: kiln.types.v1.MachineStatus
-	(*Machine)(nil),                 // 28: kiln.types.v1.Machine
-	(*UnhealthyCondition)(nil),      // 29: kiln.types.v1.UnhealthyCondition
-	(*HealthCheckSpec)(nil),         // 30: kiln.types.v1.HealthCheckSpec
-	(*HealthCheckStatus)(nil),       // 31: kiln.types.v1.HealthCheckStatus
-	(*HealthCheck)(nil),             // 32: kiln.types.v1.HealthCheck
-	(*Event)(nil),                   // 33: kiln.types.v1.Event
-	(*EnrollmentToken)(nil),         // 34: kiln.types.v1.EnrollmentToken
-	nil,                             // 35: kiln.types.v1.ObjectMeta.LabelsEntry
-	nil,                             // 36: kiln.types.v1.ObjectMeta.AnnotationsEntry
-	nil,                             // 37: kiln.types.v1.Facts.KubeVersionsEntry
-	nil,                             // 38: kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
-	nil,                             // 39: kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
-	nil,                             // 40: kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
-	nil,                             // 41: kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
-	nil,                             // 42: kiln.types.v1.HealthCheckSpec.SelectorEntry
-	(*timestamppb.Timestamp)(nil),   // 43: google.protobuf.Timestamp
+	(*RootDeviceHints)(nil),         // 5: kiln.types.v1.RootDeviceHints
+	(*Disk)(nil),                    // 6: kiln.types.v1.Disk
+	(*NIC)(nil),                     // 7: kiln.types.v1.NIC
+	(*Route)(nil),                   // 8: kiln.types.v1.Route
+	(*Facts)(nil),                   // 9: kiln.types.v1.Facts
+	(*AgentStatus)(nil),             // 10: kiln.types.v1.AgentStatus
+	(*OperationStatus)(nil),         // 11: kiln.types.v1.OperationStatus
+	(*HostStatus)(nil),              // 12: kiln.types.v1.HostStatus
+	(*Host)(nil),                    // 13: kiln.types.v1.Host
+	(*ImageSpec)(nil),               // 14: kiln.types.v1.ImageSpec
+	(*ImageStatus)(nil),             // 15: kiln.types.v1.ImageStatus
+	(*Image)(nil),                   // 16: kiln.types.v1.Image
+	(*ClusterSpec)(nil),             // 17: kiln.types.v1.ClusterSpec
+	(*ClusterStatus)(nil),           // 18: kiln.types.v1.ClusterStatus
+	(*Cluster)(nil),                 // 19: kiln.types.v1.Cluster
+	(*ControlPlaneSpec)(nil),        // 20: kiln.types.v1.ControlPlaneSpec
+	(*ControlPlaneStatus)(nil),      // 21: kiln.types.v1.ControlPlaneStatus
+	(*ControlPlane)(nil),            // 22: kiln.types.v1.ControlPlane
+	(*RolloutStrategy)(nil),         // 23: kiln.types.v1.RolloutStrategy
+	(*MachineDeploymentSpec)(nil),   // 24: kiln.types.v1.MachineDeploymentSpec
+	(*MachineDeploymentStatus)(nil), // 25: kiln.types.v1.MachineDeploymentStatus
+	(*MachineDeployment)(nil),       // 26: kiln.types.v1.MachineDeployment
+	(*MachineSpec)(nil),             // 27: kiln.types.v1.MachineSpec
+	(*MachineStatus)(nil),           // 28: kiln.types.v1.MachineStatus
+	(*Machine)(nil),                 // 29: kiln.types.v1.Machine
+	(*UnhealthyCondition)(nil),      // 30: kiln.types.v1.UnhealthyCondition
+	(*HealthCheckSpec)(nil),         // 31: kiln.types.v1.HealthCheckSpec
+	(*HealthCheckStatus)(nil),       // 32: kiln.types.v1.HealthCheckStatus
+	(*HealthCheck)(nil),             // 33: kiln.types.v1.HealthCheck
+	(*Event)(nil),                   // 34: kiln.types.v1.Event
+	(*EnrollmentToken)(nil),         // 35: kiln.types.v1.EnrollmentToken
+	nil,                             // 36: kiln.types.v1.ObjectMeta.LabelsEntry
+	nil,                             // 37: kiln.types.v1.ObjectMeta.AnnotationsEntry
+	nil,                             // 38: kiln.types.v1.Facts.KubeVersionsEntry
+	nil,                             // 39: kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
+	nil,                             // 40: kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
+	nil,                             // 41: kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
+	nil,                             // 42: kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
+	nil,                             // 43: kiln.types.v1.HealthCheckSpec.SelectorEntry
+	(*timestamppb.Timestamp)(nil),   // 44: google.protobuf.Timestamp
 }
 var file_kiln_types_v1_types_proto_depIdxs = []int32{
-	35, // 0: kiln.types.v1.ObjectMeta.labels:type_name -> kiln.types.v1.ObjectMeta.LabelsEntry
-	36, // 1: kiln.types.v1.ObjectMeta.annotations:type_name -> kiln.types.v1.ObjectMeta.AnnotationsEntry
-	43, // 2: kiln.types.v1.ObjectMeta.creation_timestamp:type_name -> google.protobuf.Timestamp
-	43, // 3: kiln.types.v1.ObjectMeta.deletion_timestamp:type_name -> google.protobuf.Timestamp
-	43, // 4: kiln.types.v1.Condition.last_transition_time:type_name -> google.protobuf.Timestamp
+	36, // 0: kiln.types.v1.ObjectMeta.labels:type_name -> kiln.types.v1.ObjectMeta.LabelsEntry
+	37, // 1: kiln.types.v1.ObjectMeta.annotations:type_name -> kiln.types.v1.ObjectMeta.AnnotationsEntry
+	44, // 2: kiln.types.v1.ObjectMeta.creation_timestamp:type_name -> google.protobuf.Timestamp
+	44, // 3: kiln.types.v1.ObjectMeta.deletion_timestamp:type_name -> google.protobuf.Timestamp
+	44, // 4: kiln.types.v1.Condition.last_transition_time:type_name -> google.protobuf.Timestamp
 	3,  // 5: kiln.types.v1.HostSpec.bmc:type_name -> kiln.types.v1.BMCSpec
-	5,  // 6: kiln.types.v1.Facts.disks:type_name -> kiln.types.v1.Disk
-	6,  // 7: kiln.types.v1.Facts.nics:type_name -> kiln.types.v1.NIC
-	7,  // 8: kiln.types.v1.Facts.routes:type_name -> kiln.types.v1.Route
-	37, // 9: kiln.types.v1.Facts.kube_versions:type_name -> kiln.types.v1.Facts.KubeVersionsEntry
-	43, // 10: kiln.types.v1.AgentStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
-	43, // 11: kiln.types.v1.AgentStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
-	43, // 12: kiln.types.v1.OperationStatus.started:type_name -> google.protobuf.Timestamp
-	43, // 13: kiln.types.v1.OperationStatus.finished:type_name -> google.protobuf.Timestamp
-	43, // 14: kiln.types.v1.OperationStatus.retry_after:type_name -> google.protobuf.Timestamp
-	0,  // 15: kiln.types.v1.HostStatus.state:type_name -> kiln.types.v1.HostState
-	8,  // 16: kiln.types.v1.HostStatus.facts:type_name -> kiln.types.v1.Facts
-	9,  // 17: kiln.types.v1.HostStatus.agent:type_name -> kiln.types.v1.AgentStatus
-	10, // 18: kiln.types.v1.HostStatus.last_operation:type_name -> kiln.types.v1.OperationStatus
-	2,  // 19: kiln.types.v1.HostStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 20: kiln.types.v1.Host.metadata:type_name -> kiln.types.v1.ObjectMeta
-	4,  // 21: kiln.types.v1.Host.spec:type_name -> kiln.types.v1.HostSpec
-	11, // 22: kiln.types.v1.Host.status:type_name -> kiln.types.v1.HostStatus
-	2,  // 23: kiln.types.v1.ImageStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 24: kiln.types.v1.Image.metadata:type_name -> kiln.types.v1.ObjectMeta
-	13, // 25: kiln.types.v1.Image.spec:type_name -> kiln.types.v1.ImageSpec
-	14, // 26: kiln.types.v1.Image.status:type_name -> kiln.types.v1.ImageStatus
-	2,  // 27: kiln.types.v1.ClusterStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 28: kiln.types.v1.Cluster.metadata:type_name -> kiln.types.v1.ObjectMeta
-	16, // 29: kiln.types.v1.Cluster.spec:type_name -> kiln.types.v1.ClusterSpec
-	17, // 30: kiln.types.v1.Cluster.status:type_name -> kiln.types.v1.ClusterStatus
-	38, // 31: kiln.types.v1.ControlPlaneSpec.host_selector:type_name -> kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
-	39, // 32: kiln.types.v1.ControlPlaneSpec.image_selector:type_name -> kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
-	2,  // 33: kiln.types.v1.ControlPlaneStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 34: kiln.types.v1.ControlPlane.metadata:type_name -> kiln.types.v1.ObjectMeta
-	19, // 35: kiln.types.v1.ControlPlane.spec:type_name -> kiln.types.v1.ControlPlaneSpec
-	20, // 36: kiln.types.v1.ControlPlane.status:type_name -> kiln.types.v1.ControlPlaneStatus
-	40, // 37: kiln.types.v1.MachineDeploymentSpec.host_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
-	22, // 38: kiln.types.v1.MachineDeploymentSpec.strategy:type_name -> kiln.types.v1.RolloutStrategy
-	41, // 39: kiln.types.v1.MachineDeploymentSpec.image_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
-	2,  // 40: kiln.types.v1.MachineDeploymentStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 41: kiln.types.v1.MachineDeployment.metadata:type_name -> kiln.types.v1.ObjectMeta
-	23, // 42: kiln.types.v1.MachineDeployment.spec:type_name -> kiln.types.v1.MachineDeploymentSpec
-	24, // 43: kiln.types.v1.MachineDeployment.status:type_name -> kiln.types.v1.MachineDeploymentStatus
-	2,  // 44: kiln.types.v1.MachineStatus.conditions:type_name -> kiln.types.v1.Condition
-	43, // 45: kiln.types.v1.MachineStatus.bootstrap_time:type_name -> google.protobuf.Timestamp
-	43, // 46: kiln.types.v1.MachineStatus.node_ready_time:type_name -> google.protobuf.Timestamp
-	43, // 47: kiln.types.v1.MachineStatus.certificates_not_after:type_name -> google.protobuf.Timestamp
-	1,  // 48: kiln.types.v1.Machine.metadata:type_name -> kiln.types.v1.ObjectMeta
-	26, // 49: kiln.types.v1.Machine.spec:type_name -> kiln.types.v1.MachineSpec
-	27, // 50: kiln.types.v1.Machine.status:type_name -> kiln.types.v1.MachineStatus
-	42, // 51: kiln.types.v1.HealthCheckSpec.selector:type_name -> kiln.types.v1.HealthCheckSpec.SelectorEntry
-	29, // 52: kiln.types.v1.HealthCheckSpec.unhealthy_conditions:type_name -> kiln.types.v1.UnhealthyCondition
-	2,  // 53: kiln.types.v1.HealthCheckStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 54: kiln.types.v1.HealthCheck.metadata:type_name -> kiln.types.v1.ObjectMeta
-	30, // 55: kiln.types.v1.HealthCheck.spec:type_name -> kiln.types.v1.HealthCheckSpec
-	31, // 56: kiln.types.v1.HealthCheck.status:type_name -> kiln.types.v1.HealthCheckStatus
-	43, // 57: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
-	43, // 58: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
-	43, // 59: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
-	60, // [60:60] is the sub-list for method output_type
-	60, // [60:60] is the sub-list for method input_type
-	60, // [60:60] is the sub-list for extension type_name
-	60, // [60:60] is the sub-list for extension extendee
-	0,  // [0:60] is the sub-list for field type_name
+	5,  // 6: kiln.types.v1.HostSpec.root_device_hints:type_name -> kiln.types.v1.RootDeviceHints
+	6,  // 7: kiln.types.v1.Facts.disks:type_name -> kiln.types.v1.Disk
+	7,  // 8: kiln.types.v1.Facts.nics:type_name -> kiln.types.v1.NIC
+	8,  // 9: kiln.types.v1.Facts.routes:type_name -> kiln.types.v1.Route
+	38, // 10: kiln.types.v1.Facts.kube_versions:type_name -> kiln.types.v1.Facts.KubeVersionsEntry
+	44, // 11: kiln.types.v1.AgentStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
+	44, // 12: kiln.types.v1.AgentStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
+	44, // 13: kiln.types.v1.OperationStatus.started:type_name -> google.protobuf.Timestamp
+	44, // 14: kiln.types.v1.OperationStatus.finished:type_name -> google.protobuf.Timestamp
+	44, // 15: kiln.types.v1.OperationStatus.retry_after:type_name -> google.protobuf.Timestamp
+	0,  // 16: kiln.types.v1.HostStatus.state:type_name -> kiln.types.v1.HostState
+	9,  // 17: kiln.types.v1.HostStatus.facts:type_name -> kiln.types.v1.Facts
+	10, // 18: kiln.types.v1.HostStatus.agent:type_name -> kiln.types.v1.AgentStatus
+	11, // 19: kiln.types.v1.HostStatus.last_operation:type_name -> kiln.types.v1.OperationStatus
+	2,  // 20: kiln.types.v1.HostStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 21: kiln.types.v1.Host.metadata:type_name -> kiln.types.v1.ObjectMeta
+	4,  // 22: kiln.types.v1.Host.spec:type_name -> kiln.types.v1.HostSpec
+	12, // 23: kiln.types.v1.Host.status:type_name -> kiln.types.v1.HostStatus
+	2,  // 24: kiln.types.v1.ImageStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 25: kiln.types.v1.Image.metadata:type_name -> kiln.types.v1.ObjectMeta
+	14, // 26: kiln.types.v1.Image.spec:type_name -> kiln.types.v1.ImageSpec
+	15, // 27: kiln.types.v1.Image.status:type_name -> kiln.types.v1.ImageStatus
+	2,  // 28: kiln.types.v1.ClusterStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 29: kiln.types.v1.Cluster.metadata:type_name -> kiln.types.v1.ObjectMeta
+	17, // 30: kiln.types.v1.Cluster.spec:type_name -> kiln.types.v1.ClusterSpec
+	18, // 31: kiln.types.v1.Cluster.status:type_name -> kiln.types.v1.ClusterStatus
+	39, // 32: kiln.types.v1.ControlPlaneSpec.host_selector:type_name -> kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
+	40, // 33: kiln.types.v1.ControlPlaneSpec.image_selector:type_name -> kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
+	2,  // 34: kiln.types.v1.ControlPlaneStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 35: kiln.types.v1.ControlPlane.metadata:type_name -> kiln.types.v1.ObjectMeta
+	20, // 36: kiln.types.v1.ControlPlane.spec:type_name -> kiln.types.v1.ControlPlaneSpec
+	21, // 37: kiln.types.v1.ControlPlane.status:type_name -> kiln.types.v1.ControlPlaneStatus
+	41, // 38: kiln.types.v1.MachineDeploymentSpec.host_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
+	23, // 39: kiln.types.v1.MachineDeploymentSpec.strategy:type_name -> kiln.types.v1.RolloutStrategy
+	42, // 40: kiln.types.v1.MachineDeploymentSpec.image_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
+	2,  // 41: kiln.types.v1.MachineDeploymentStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 42: kiln.types.v1.MachineDeployment.metadata:type_name -> kiln.types.v1.ObjectMeta
+	24, // 43: kiln.types.v1.MachineDeployment.spec:type_name -> kiln.types.v1.MachineDeploymentSpec
+	25, // 44: kiln.types.v1.MachineDeployment.status:type_name -> kiln.types.v1.MachineDeploymentStatus
+	2,  // 45: kiln.types.v1.MachineStatus.conditions:type_name -> kiln.types.v1.Condition
+	44, // 46: kiln.types.v1.MachineStatus.bootstrap_time:type_name -> google.protobuf.Timestamp
+	44, // 47: kiln.types.v1.MachineStatus.node_ready_time:type_name -> google.protobuf.Timestamp
+	44, // 48: kiln.types.v1.MachineStatus.certificates_not_after:type_name -> google.protobuf.Timestamp
+	1,  // 49: kiln.types.v1.Machine.metadata:type_name -> kiln.types.v1.ObjectMeta
+	27, // 50: kiln.types.v1.Machine.spec:type_name -> kiln.types.v1.MachineSpec
+	28, // 51: kiln.types.v1.Machine.status:type_name -> kiln.types.v1.MachineStatus
+	43, // 52: kiln.types.v1.HealthCheckSpec.selector:type_name -> kiln.types.v1.HealthCheckSpec.SelectorEntry
+	30, // 53: kiln.types.v1.HealthCheckSpec.unhealthy_conditions:type_name -> kiln.types.v1.UnhealthyCondition
+	2,  // 54: kiln.types.v1.HealthCheckStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 55: kiln.types.v1.HealthCheck.metadata:type_name -> kiln.types.v1.ObjectMeta
+	31, // 56: kiln.types.v1.HealthCheck.spec:type_name -> kiln.types.v1.HealthCheckSpec
+	32, // 57: kiln.types.v1.HealthCheck.status:type_name -> kiln.types.v1.HealthCheckStatus
+	44, // 58: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
+	44, // 59: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
+	44, // 60: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
+	61, // [61:61] is the sub-list for method output_type
+	61, // [61:61] is the sub-list for method input_type
+	61, // [61:61] is the sub-list for extension type_name
+	61, // [61:61] is the sub-list for extension extendee
+	0,  // [0:61] is the sub-list for field type_name
 }
 
 func init() { file_kiln_types_v1_types_proto_init() }
@@ -3694,13 +3863,14 @@ func file_kiln_types_v1_types_proto_init() {
 	if File_kiln_types_v1_types_proto != nil {
 		return
 	}
+	file_kiln_types_v1_types_proto_msgTypes[4].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kiln_types_v1_types_proto_rawDesc), len(file_kiln_types_v1_types_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   42,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
