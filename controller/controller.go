@@ -34,6 +34,7 @@ import (
 	"github.com/kilnhq/kiln/controller/drain"
 	"github.com/kilnhq/kiln/controller/election"
 	"github.com/kilnhq/kiln/controller/enrollment"
+	"github.com/kilnhq/kiln/controller/limits"
 	"github.com/kilnhq/kiln/controller/events"
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/controller/provision"
@@ -158,6 +159,16 @@ type Config struct {
 	// AuditPruneInterval is how often each replica prunes the audit log
 	// (DefaultAuditPruneInterval).
 	AuditPruneInterval time.Duration
+	// Limits are the API's per-caller rate limits and stream bounds (zero
+	// fields: the limits package's defaults).
+	Limits limits.GRPCConfig
+	// MaxMessageBytes is the largest API request read, an apply's size
+	// limit (0: limits.DefaultMaxMessageBytes).
+	MaxMessageBytes int
+	// BootRate is the rate of each client address on the boot server's
+	// token-minting paths (zero: limits.DefaultBoot; PerSecond < 0: no
+	// limit).
+	BootRate limits.Rate
 }
 
 // DefaultAuditPruneInterval is how often the audit log is pruned.
@@ -229,6 +240,12 @@ func New(cfg Config, log *slog.Logger) (*Controller, error) {
 	}
 	if cfg.AuditMaxEntries == 0 {
 		cfg.AuditMaxEntries = audit.DefaultMaxEntries
+	}
+	if cfg.MaxMessageBytes <= 0 {
+		cfg.MaxMessageBytes = limits.DefaultMaxMessageBytes
+	}
+	if cfg.BootRate == (limits.Rate{}) {
+		cfg.BootRate = limits.DefaultBoot
 	}
 	if cfg.AuditPruneInterval <= 0 {
 		cfg.AuditPruneInterval = DefaultAuditPruneInterval
@@ -375,10 +392,14 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	// The auditor sits outside the authorizer so that it sees refusals.
 	aud := api.NewAuditor(st, az.Identify, c.cfg.Clock, c.log)
+	// The limits come first: a caller over its rate costs nothing more.
+	lim := limits.NewGRPC(c.cfg.Limits, az.Identify, c.cfg.Clock)
 	srv := grpc.NewServer(
 		grpc.Creds(credentials.NewTLS(serverTLS)),
-		grpc.ChainUnaryInterceptor(aud.Unary, az.Unary),
-		grpc.ChainStreamInterceptor(aud.Stream, az.Stream),
+		grpc.ChainUnaryInterceptor(lim.Unary, aud.Unary, az.Unary),
+		grpc.ChainStreamInterceptor(lim.Stream, aud.Stream, az.Stream),
+		grpc.MaxRecvMsgSize(c.cfg.MaxMessageBytes),
+		grpc.MaxConcurrentStreams(limits.DefaultMaxStreamsPerConnection),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 	)
 	life, endLife := context.WithCancel(ctx)
