@@ -91,6 +91,7 @@ func runCmd() *cobra.Command {
 		ctlURL      string
 		simulate    int
 		boot        bootFlags
+		security    securityFlags
 	)
 	var expectedBoot time.Duration
 	cmd := &cobra.Command{
@@ -116,6 +117,9 @@ func runCmd() *cobra.Command {
 			cfg.ControllerURL = ctlURL
 			cfg.Simulate = simulate
 			boot.apply(&cfg)
+			if err := security.apply(&cfg); err != nil {
+				return err
+			}
 			ctl, err := controller.New(cfg, log)
 			if err != nil {
 				return err
@@ -150,6 +154,7 @@ func runCmd() *cobra.Command {
 	cmd.Flags().StringVar(&bootURL, "boot-url", "", "public URL of the boot server (agent ISOs for virtual media; default http://<--boot-listen> when that is an IP address)")
 	cmd.Flags().StringVar(&ctlURL, "controller-url", "", "URL installed and boot agents reach the API at (default https://<listen address>)")
 	boot.bind(cmd)
+	security.bind(cmd)
 	cmd.Flags().IntVar(&simulate, "simulate", 0, "create N simulated hosts with simulated BMCs and agents and provision them (demo)")
 	return cmd
 }
