@@ -3,16 +3,19 @@ package api
 import (
 	"context"
 	"log/slog"
+	"net"
 	"strings"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnhq/kiln/controller/audit"
 	"github.com/kilnhq/kiln/controller/authz"
+	"github.com/kilnhq/kiln/controller/limits"
 	"github.com/kilnhq/kiln/controller/resources"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -49,7 +52,16 @@ type Auditor struct {
 	identify func(context.Context) authz.Caller
 	clock    func() time.Time
 	logger   *slog.Logger
+	// refusals bounds the entries of refused calls per caller, so that a
+	// caller hammering the API with calls it may not make cannot push
+	// real entries out of the log through retention.
+	refusals *limits.Limiter
 }
+
+// RefusalRecords is how many refused calls of one caller are recorded:
+// bursts of 30, then one per 10 seconds (8,640 a day). Refusals beyond
+// are counted in the controller's log, not recorded.
+var RefusalRecords = limits.Rate{PerSecond: 0.1, Burst: 30}
 
 // NewAuditor returns an Auditor appending to log; identify names callers
 // (authz.Authorizer.Identify).
@@ -57,7 +69,7 @@ func NewAuditor(log AuditLog, identify func(context.Context) authz.Caller, clock
 	if clock == nil {
 		clock = time.Now
 	}
-	return &Auditor{log: log, identify: identify, clock: clock, logger: logger.With("component", "audit")}
+	return &Auditor{log: log, identify: identify, clock: clock, logger: logger.With("component", "audit"), refusals: limits.NewLimiter(RefusalRecords, clock)}
 }
 
 // verb names a method for the log: its write verb, else its RPC name in
@@ -93,12 +105,42 @@ func refusal(err error) bool {
 // Unary is the unary server interceptor.
 func (a *Auditor) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	v, isWrite := verb(info.FullMethod)
-	call := audit.NewCall(a.identify(ctx), v, a.clock)
+	caller := a.identify(ctx)
+	call := audit.NewCall(caller, v, a.clock)
 	resp, err := handler(audit.WithCall(ctx, call), req)
-	if isWrite || refusal(err) {
+	switch {
+	case info.FullMethod == heartbeat:
+		// Heartbeats are never recorded, refused ones neither: a
+		// superseded agent is refused every interval, forever.
+	case isWrite && !refusal(err):
+		a.finish(ctx, call, req, resp, err)
+	case refusal(err) && a.recordRefusal(ctx, caller, v):
 		a.finish(ctx, call, req, resp, err)
 	}
 	return resp, err
+}
+
+// heartbeat is the agents' heartbeat RPC.
+const heartbeat = "/kiln.controller.v1.Agents/Heartbeat"
+
+// recordRefusal reports whether a refused call of caller is recorded
+// (RefusalRecords), logging the ones that are not.
+func (a *Auditor) recordRefusal(ctx context.Context, caller authz.Caller, verb string) bool {
+	key := caller.Role + ":" + caller.Name
+	if caller.Role == authz.RoleAnonymous {
+		key = "addr:"
+		if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+			key += p.Addr.String()
+			if h, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
+				key = "addr:" + h
+			}
+		}
+	}
+	if ok, _ := a.refusals.Allow(key); ok {
+		return true
+	}
+	a.logger.Warn("refused call not recorded in the audit log: caller over its refusal records", "caller", key, "verb", verb, "rate", RefusalRecords.String())
+	return false
 }
 
 // Stream is the stream server interceptor: streams (watches) are reads,
@@ -107,8 +149,10 @@ func (a *Auditor) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	err := handler(srv, ss)
 	if refusal(err) {
 		v, _ := verb(info.FullMethod)
-		call := audit.NewCall(a.identify(ss.Context()), v, a.clock)
-		a.finish(ss.Context(), call, nil, nil, err)
+		caller := a.identify(ss.Context())
+		if a.recordRefusal(ss.Context(), caller, v) {
+			a.finish(ss.Context(), audit.NewCall(caller, v, a.clock), nil, nil, err)
+		}
 	}
 	return err
 }
