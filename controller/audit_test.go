@@ -43,6 +43,9 @@ func TestAuditVerbs(t *testing.T) {
 	_, err = op.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{bad}})
 	require.Error(t, err, "apply invalid host")
 
+	_, err = enroll(ctx, t, env, tok.GetToken(), "edge-01")
+	require.NoError(t, err, "enroll edge-01")
+
 	require.NoError(t, controller.WriteOperatorConfig(ctx, controller.Config{DataDir: env.DataDir}, controller.OperatorCertRequest{
 		Role: "operator", Name: "oscar", Out: filepath.Join(t.TempDir(), "oscar.yaml"),
 	}, nil))
@@ -61,6 +64,9 @@ func TestAuditVerbs(t *testing.T) {
 	id, secret, _ := strings.Cut(tok.GetToken(), ".")
 	if e := find("create-token", "Token", id, "ok"); e != nil && (e.GetUser() != "olga" || e.GetRole() != "operator") {
 		t.Errorf("create-token entry = %v, want user olga, role operator", e)
+	}
+	if e := find("enroll", "Host", "edge-01", "ok"); e != nil && e.GetUser() != "token:"+id {
+		t.Errorf("enroll entry = %v, want user token:%s", e, id)
 	}
 	if e := find("delete", "Image", "debian12", "ok"); e != nil && (e.GetGenerationBefore() != 1 || e.GetGenerationAfter() != 0) {
 		t.Errorf("delete entry = %v, want generation 1 -> 0", e)
