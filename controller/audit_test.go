@@ -35,6 +35,8 @@ func TestAuditVerbs(t *testing.T) {
 	}}}
 	_, err = op.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{img}})
 	require.NoError(t, err, "apply image")
+	_, err = op.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{img}, DryRun: true})
+	require.NoError(t, err, "apply image --dry-run")
 	_, err = op.Delete(ctx, &controllerv1.DeleteRequest{Kind: "image", Name: "debian12"})
 	require.NoError(t, err)
 	_, err = op.Delete(ctx, &controllerv1.DeleteRequest{Kind: "image", Name: "debian12"})
@@ -92,7 +94,7 @@ func TestAuditVerbs(t *testing.T) {
 			t.Errorf("ListAudit(user olga, kind images) returned %v", e)
 		}
 	}
-	require.Len(t, byUser.GetEntries(), 3, "olga's image entries: apply, delete, failed delete")
+	require.Len(t, byUser.GetEntries(), 3, "olga's image entries: apply, delete, failed delete (no dry run)")
 }
 
 // TestAuditBoundsRefusalRecords: a reader hammering Apply, which it may

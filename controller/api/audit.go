@@ -112,12 +112,18 @@ func (a *Auditor) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	case info.FullMethod == heartbeat:
 		// Heartbeats are never recorded, refused ones neither: a
 		// superseded agent is refused every interval, forever.
-	case isWrite && !refusal(err):
+	case isWrite && !refusal(err) && !dryRun(req):
 		a.finish(ctx, call, req, resp, err)
 	case refusal(err) && a.recordRefusal(ctx, caller, v):
 		a.finish(ctx, call, req, resp, err)
 	}
 	return resp, err
+}
+
+// dryRun reports whether req is an apply that stores nothing.
+func dryRun(req any) bool {
+	r, ok := req.(*controllerv1.ApplyRequest)
+	return ok && r.GetDryRun()
 }
 
 // heartbeat is the agents' heartbeat RPC.

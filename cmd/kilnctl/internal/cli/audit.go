@@ -47,11 +47,13 @@ the controller grants it to (kiln-controller run --audit-readers).
 			}
 			req := &controllerv1.ListAuditRequest{User: user, Limit: limit}
 			if kindArg != "" {
-				k, err := lookupKind(kindArg)
-				if err != nil {
-					return err
+				// Resource kinds by any spelling; the kinds only the
+				// audit log names (Token, Certificate, AuditLog) as
+				// given, in any case.
+				req.Kind = kindArg
+				if k, err := lookupKind(kindArg); err == nil {
+					req.Kind = k.Name
 				}
-				req.Kind = k.Name
 			}
 			if since != "" {
 				t, err := parseSince(since, a.opts.Now())
@@ -84,7 +86,7 @@ the controller grants it to (kiln-controller run --audit-readers).
 		},
 	}
 	cmd.Flags().StringVar(&user, "user", "", "only entries of this caller (certificate name)")
-	cmd.Flags().StringVar(&kindArg, "kind", "", "only entries about objects of this kind (host, cluster, ...)")
+	cmd.Flags().StringVar(&kindArg, "kind", "", "only entries about objects of this kind (host, cluster, ..., token, certificate)")
 	cmd.Flags().StringVar(&since, "since", "", "only entries since this long ago (24h) or this RFC 3339 time")
 	cmd.Flags().Int64Var(&limit, "limit", 0, "show at most the newest N entries (default 1000)")
 	cmd.Flags().StringVarP(&output, "output", "o", "", "output format: yaml")
