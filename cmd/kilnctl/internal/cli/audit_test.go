@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -140,4 +141,24 @@ func TestAudit(t *testing.T) {
 			t.Errorf("kilnctl audit --kind host as the granted reader =\n%s\nwant olga's applies", out)
 		}
 	})
+}
+
+// TestApplyTooLargeSaysSo: a file larger than the controller's message
+// limit is refused with a message and a hint saying what to do.
+func TestApplyTooLargeSaysSo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a controller with embedded etcd")
+	}
+	env := controllertest.Start(t, controllertest.WithConfig(func(c *controller.Config) { c.MaxMessageBytes = 4 << 10 }))
+	var b strings.Builder
+	for i := range 200 {
+		fmt.Fprintf(&b, "---\napiVersion: kiln.dev/v1\nkind: Host\nmetadata:\n  name: big-%03d\nspec:\n  bmc:\n    protocol: none\n  bootMac: \"52:54:00:00:%02x:%02x\"\n", i, i/256, i%256)
+	}
+	file := filepath.Join(t.TempDir(), "hosts.yaml")
+	require.NoError(t, os.WriteFile(file, []byte(b.String()), 0o600))
+	_, err := kilnctl(t, env.AdminConfigPath, "apply", "-f", file)
+	t.Logf("kilnctl apply of %d bytes with a 4 KiB limit: %v", b.Len(), err)
+	if err == nil || !strings.Contains(err.Error(), "larger than max") || !strings.Contains(err.Error(), "--max-message-size") {
+		t.Errorf("kilnctl apply of a file over the limit = %v, want the refusal and a hint naming --max-message-size", err)
+	}
 }
