@@ -24,7 +24,7 @@ $(BINARIES):
 # Everything CI runs. Tests that need root, namespaces or tools skip with a
 # reason when those are missing; CI runs as root with the tools installed.
 test:
-	$(GO) test -count=1 -timeout 45m ./...
+	$(GO) test -count=1 -timeout 70m ./...
 
 # The fast tier: no root needed.
 test-short:

@@ -99,6 +99,17 @@ type Config struct {
 	// ReconcileInterval is how often the leader's reconcilers run
 	// (DefaultReconcileInterval).
 	ReconcileInterval time.Duration
+	// ClusterWorkers is how many clusters the leader reconciles at once
+	// (clusterexec.Config.ClusterWorkers; 0: its default).
+	ClusterWorkers int
+	// LongActions is how many drains, etcd member removals and machine
+	// deletions run at once across clusters, one per cluster
+	// (clusterexec.Config.LongActions; 0: its default).
+	LongActions int
+	// DrainTimeout is the deadline of control-plane drains and of drains
+	// of MachineDeployments without nodeDrainTimeout
+	// (clusterexec.DefaultDrainTimeout when 0).
+	DrainTimeout time.Duration
 	// HeartbeatInterval is the interval agents are told to use.
 	HeartbeatInterval time.Duration
 	// AgentSilence is how long an agent may be silent before its Host gets
@@ -405,6 +416,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	life, endLife := context.WithCancel(ctx)
 	defer endLife()
 	api.Register(life, srv, res, enr, rec, st, st)
+	api.RegisterMaintenance(srv, st, c.cfg.SecretKeyFile)
 	boot, err := c.startBoot(life, st, enr, ca, addr)
 	if err != nil {
 		return err
@@ -443,10 +455,14 @@ func (c *Controller) Run(ctx context.Context) error {
 	} else {
 		go func() {
 			defer wg.Done()
-			_ = elector.Run(ctx, func(lctx context.Context) {
-				c.log.Info("leading: reconcilers started")
-				stopLife := c.runLifecycle(lctx, st, rec, ca, enr, addr)
-				c.reconcile(lctx, st, rec)
+			_ = elector.Run(ctx, func(lctx context.Context, term election.Term) {
+				c.log.Info("leading: reconcilers started", "term_key", term.Key, "term_rev", term.Rev)
+				// Every write of the term is fenced on its election key: once
+				// deposed, this replica's writes are refused and it starts no
+				// step, even before its own lease deadline passes.
+				fenced := st.Fenced(store.Fence{Key: term.Key, Rev: term.Rev})
+				stopLife := c.runLifecycle(lctx, fenced, rec, ca, enr, addr)
+				c.reconcile(lctx, fenced, rec)
 				stopLife()
 				c.log.Info("reconcilers stopped")
 			})
@@ -513,7 +529,8 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 	// The cluster executor bootstraps the Machines of each Cluster on the
 	// hosts the lifecycle provisions (controller/clusterexec).
 	cx := clusterexec.New(clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(deps.Agents), Drain: drain.Drain, DeleteNode: drain.DeleteNode},
-		clusterexec.Config{Interval: c.cfg.ReconcileInterval, Clock: c.cfg.Clock}, c.log)
+		clusterexec.Config{Interval: c.cfg.ReconcileInterval, Clock: c.cfg.Clock,
+			ClusterWorkers: c.cfg.ClusterWorkers, LongActions: c.cfg.LongActions, DrainTimeout: c.cfg.DrainTimeout}, c.log)
 	done := make(chan struct{})
 	cxDone := make(chan struct{})
 	go func() { defer close(done); _ = ex.Run(lctx) }()

@@ -27,9 +27,11 @@ func TestRunBootServer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs kiln-controller: skipped with -short")
 	}
+	// The deadline starts after the build: building kiln-controller cold
+	// under CI's load can take longer than the whole run.
+	bin := build(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	bin := build(t)
 	dataDir, media := t.TempDir(), t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(media, "vmlinuz"), []byte("kernel"), 0o644))
 	require.NoError(t, os.WriteFile(filepath.Join(media, "initrd.img"), []byte("initrd"), 0o644))

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kilnhq/kiln/controller"
+	"github.com/kilnhq/kiln/controller/backup"
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/internal/version"
 )
@@ -72,7 +73,7 @@ func rootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(runCmd(), operatorCertCmd(), versionCmd())
+	root.AddCommand(runCmd(), operatorCertCmd(), restoreCmd(), versionCmd())
 	return root
 }
 
@@ -94,6 +95,7 @@ func runCmd() *cobra.Command {
 		security    securityFlags
 	)
 	var expectedBoot time.Duration
+	var exec execFlags
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the controller",
@@ -117,6 +119,7 @@ func runCmd() *cobra.Command {
 			cfg.ControllerURL = ctlURL
 			cfg.Simulate = simulate
 			boot.apply(&cfg)
+			exec.apply(&cfg)
 			if err := security.apply(&cfg); err != nil {
 				return err
 			}
@@ -154,6 +157,7 @@ func runCmd() *cobra.Command {
 	cmd.Flags().StringVar(&bootURL, "boot-url", "", "public URL of the boot server (agent ISOs for virtual media; default http://<--boot-listen> when that is an IP address)")
 	cmd.Flags().StringVar(&ctlURL, "controller-url", "", "URL installed and boot agents reach the API at (default https://<listen address>)")
 	boot.bind(cmd)
+	exec.bind(cmd)
 	security.bind(cmd)
 	cmd.Flags().IntVar(&simulate, "simulate", 0, "create N simulated hosts with simulated BMCs and agents and provision them (demo)")
 	return cmd
@@ -208,6 +212,59 @@ func operatorCertCmd() *cobra.Command {
 	_ = cmd.MarkFlagRequired("role")
 	_ = cmd.MarkFlagRequired("name")
 	_ = cmd.MarkFlagRequired("output")
+	return cmd
+}
+
+func restoreCmd() *cobra.Command {
+	var (
+		c              common
+		from, identity string
+		replace        bool
+	)
+	cmd := &cobra.Command{
+		Use:   "restore --from FILE --identity KEYFILE --data-dir DIR",
+		Short: "Restore a backup made by kilnctl backup onto this controller",
+		Long: `Restore a backup made by kilnctl backup: the sealing key becomes the
+secret key file, and every resource and sealed secret goes into the store
+(the embedded etcd in --data-dir, or the external etcd). Then start
+kiln-controller run on the same flags: it is the controller the backup was
+taken from. Agents keep their certificates and operators their
+kilnconfigs (the CA is the same); no host is reprovisioned.
+
+The controller must be stopped. A store that already holds resources is
+refused unless --replace; a data directory whose secret key is another
+controller's is always refused.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := c.logger()
+			if err != nil {
+				return err
+			}
+			ids, err := backup.ReadIdentities(identity)
+			if err != nil {
+				return err
+			}
+			f, err := os.Open(from)
+			if err != nil {
+				return fmt.Errorf("restore: %w", err)
+			}
+			defer f.Close()
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			info, err := controller.Restore(ctx, c.config(), controller.RestoreRequest{From: f, Identities: ids, Replace: replace}, log)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "restored %d keys (backup taken at etcd revision %d) into %s; start kiln-controller run with the same flags\n", info.Keys, info.Revision, c.dataDir)
+			return nil
+		},
+	}
+	c.bind(cmd)
+	cmd.Flags().StringVar(&from, "from", "", "backup file (kilnctl backup -o FILE)")
+	cmd.Flags().StringVar(&identity, "identity", "", "age identity file of one of the backup's recipients (kilnctl backup keygen)")
+	cmd.Flags().BoolVar(&replace, "replace", false, "delete what the store holds first")
+	_ = cmd.MarkFlagRequired("from")
+	_ = cmd.MarkFlagRequired("identity")
 	return cmd
 }
 

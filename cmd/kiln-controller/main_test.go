@@ -54,9 +54,9 @@ func TestRunAndOperatorCert(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs kiln-controller: skipped with -short")
 	}
+	bin := build(t) // before the deadline: a cold build under load is slow
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	bin := build(t)
 	dataDir := t.TempDir()
 
 	out, err := exec.Command(bin, "operator-cert", "--data-dir", dataDir, "--role", "reader", "--name", "early", "-o", filepath.Join(t.TempDir(), "x.yaml")).CombinedOutput()

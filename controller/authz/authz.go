@@ -46,6 +46,8 @@ const (
 	resources  = "/kiln.controller.v1.Resources/"
 	enrollment = "/kiln.controller.v1.Enrollment/"
 	agents     = "/kiln.controller.v1.Agents/"
+	// maintenance is the admin's service (backups): admin only.
+	maintenance = "/kiln.controller.v1.Maintenance/"
 )
 
 // readOnly are the Resources methods a reader may call.
@@ -79,6 +81,8 @@ func Allowed(role, fullMethod string) bool {
 		return false
 	case strings.HasPrefix(fullMethod, agents):
 		return role == RoleAgent
+	case strings.HasPrefix(fullMethod, maintenance):
+		return role == RoleAdmin
 	}
 	return false
 }
@@ -101,6 +105,8 @@ func Needed(fullMethod string) string {
 		return "the operator or admin role"
 	case strings.HasPrefix(fullMethod, agents):
 		return "an agent certificate"
+	case strings.HasPrefix(fullMethod, maintenance):
+		return "the admin role"
 	}
 	return ""
 }

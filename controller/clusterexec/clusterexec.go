@@ -105,6 +105,10 @@ type Store interface {
 	PutSecret(ctx context.Context, path string, plaintext []byte) error
 	GetSecret(ctx context.Context, path string) ([]byte, error)
 	DeleteSecret(ctx context.Context, path string) error
+	// CheckFence returns an error (store.ErrFenced) once this leader's
+	// term is over (store.Store.Fenced); the executor checks it before
+	// every step whose start writes nothing.
+	CheckFence(ctx context.Context) error
 }
 
 var _ Store = (*store.Store)(nil)
@@ -134,12 +138,28 @@ type Config struct {
 	OperationTimeout time.Duration
 	// CallTimeout bounds a short agent call: Preflight, Probe (default 30s).
 	CallTimeout time.Duration
-	// Workers is how many machines of a cluster are worked on at once
-	// (default 16).
+	// Workers is how many machines of a cluster are worked on at once,
+	// and how many bootstraps run at once in all (default 16).
 	Workers int
+	// ClusterWorkers is how many clusters are reconciled at once
+	// (default 8). One cluster is never reconciled by two at once.
+	ClusterWorkers int
+	// LongActions is how many long actions (drain, kubeadm reset with
+	// etcd member removal, machine deletion) run at once across all
+	// clusters (default 16); each cluster runs at most one at a time.
+	LongActions int
+	// DrainTimeout is the deadline of a drain whose action names none: a
+	// control-plane machine's, or a MachineDeployment's without
+	// nodeDrainTimeout (default DefaultDrainTimeout). When it passes the
+	// removal halts with Drained=False, reason DrainTimeout, and the
+	// drain is tried again.
+	DrainTimeout time.Duration
 	// Clock is the time source (time.Now).
 	Clock func() time.Time
 }
+
+// DefaultDrainTimeout is Config.DrainTimeout's default.
+const DefaultDrainTimeout = 5 * time.Minute
 
 // Deps are the executor's collaborators.
 type Deps struct {
@@ -167,8 +187,14 @@ type Executor struct {
 	// kubeadm join that takes minutes holds up no other machine's probe.
 	boots   sync.WaitGroup
 	bootSem chan struct{}
+	// Long actions run in the background, one per cluster and at most
+	// LongActions at once (run.go).
+	longs   sync.WaitGroup
+	longSem chan struct{}
 	mu      sync.Mutex
 	booting map[string]bool
+	running map[string]string // cluster -> its long action in flight
+	queue   clusterQueue      // set while Run runs
 	addons  map[string]string // cluster -> version its addons were moved to
 }
 
@@ -186,6 +212,15 @@ func New(deps Deps, cfg Config, log *slog.Logger) *Executor {
 	if cfg.Workers <= 0 {
 		cfg.Workers = 16
 	}
+	if cfg.ClusterWorkers <= 0 {
+		cfg.ClusterWorkers = 8
+	}
+	if cfg.LongActions <= 0 {
+		cfg.LongActions = 16
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = DefaultDrainTimeout
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
@@ -193,44 +228,8 @@ func New(deps Deps, cfg Config, log *slog.Logger) *Executor {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Executor{cfg: cfg, deps: deps, log: log.With("component", "clusterexec"),
-		bootSem: make(chan struct{}, cfg.Workers), booting: map[string]bool{}, addons: map[string]string{}}
-}
-
-// Run reconciles every cluster each Interval until ctx ends. It blocks,
-// and returns once the bootstraps it started have ended too.
-func (e *Executor) Run(ctx context.Context) error {
-	t := time.NewTicker(e.cfg.Interval)
-	defer t.Stop()
-	defer e.boots.Wait()
-	for {
-		e.reconcileAll(ctx)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
-}
-
-func (e *Executor) reconcileAll(ctx context.Context) {
-	items, err := listAll(ctx, e.deps.Store, ClustersKind, func() proto.Message { return &typesv1.Cluster{} })
-	if err != nil {
-		if ctx.Err() == nil {
-			e.log.Warn("list clusters", "err", err)
-		}
-		return
-	}
-	for _, it := range items {
-		if err := e.Reconcile(ctx, it.Name); err != nil && ctx.Err() == nil {
-			e.log.Warn("reconcile cluster", "cluster", it.Name, "err", err)
-		}
-	}
-	if err := e.CollectDeletedClusters(ctx); err != nil && ctx.Err() == nil {
-		e.log.Warn("delete the machines of deleted clusters", "err", err)
-	}
-	if err := e.ReleaseOrphans(ctx); err != nil && ctx.Err() == nil {
-		e.log.Warn("release orphaned hosts", "err", err)
-	}
+		bootSem: make(chan struct{}, cfg.Workers), longSem: make(chan struct{}, cfg.LongActions),
+		booting: map[string]bool{}, running: map[string]string{}, addons: map[string]string{}}
 }
 
 // CollectDeletedClusters deletes the Machines of every Cluster that was
@@ -329,11 +328,14 @@ func (e *Executor) ReleaseOrphans(ctx context.Context) error {
 }
 
 // Reconcile plans cluster name once, runs the planned actions and brings
-// each of its machines one step forward (bind, probe; a bootstrap is
-// started in the background under ctx and a later Reconcile sees its
-// outcome). It blocks while the actions run (each agent call under its
-// deadline) and returns the errors of the actions and machines joined; a
-// NotFound cluster is no error.
+// each of its machines one step forward (bind, probe). Short actions
+// (CreateMachine, binds, probes, each agent call under its deadline) run
+// before it returns; long ones (a drain, an etcd member removal, a
+// machine deletion with its kubeadm reset, a bootstrap) are started in the
+// background under ctx, one removal per cluster at a time, and a later
+// Reconcile sees their outcome (Wait waits for them). It returns the
+// errors of the short actions and machines joined; a NotFound cluster is
+// no error.
 func (e *Executor) Reconcile(ctx context.Context, name string) error {
 	c := &typesv1.Cluster{}
 	if _, err := e.deps.Store.Get(ctx, ClustersKind, name, c); err != nil {
@@ -553,17 +555,23 @@ func (e *Executor) advanceAll(ctx context.Context, cluster string) error {
 	return errors.Join(errs...)
 }
 
-// do runs one planned action.
+// do runs one planned action: CreateMachine at once, the long ones in
+// the background (startLong; skipped while the cluster runs another, the
+// planners plan it again).
 func (e *Executor) do(ctx context.Context, c *typesv1.Cluster, a clusterplan.Action) error {
+	cluster := c.GetMetadata().GetName()
 	switch a := a.(type) {
 	case clusterplan.CreateMachine:
 		return e.createMachine(ctx, c, a)
 	case clusterplan.Drain:
-		return e.drain(ctx, c, a)
+		e.startLong(ctx, cluster, a.String(), func(ctx context.Context) error { return e.drain(ctx, c, a) })
+		return nil
 	case clusterplan.RemoveEtcdMember:
-		return e.removeEtcdMember(ctx, a)
+		e.startLong(ctx, cluster, a.String(), func(ctx context.Context) error { return e.removeEtcdMember(ctx, a) })
+		return nil
 	case clusterplan.DeleteMachine:
-		return e.deleteMachine(ctx, a.Machine, a.Reason)
+		e.startLong(ctx, cluster, a.String(), func(ctx context.Context) error { return e.deleteMachine(ctx, a.Machine, a.Reason) })
+		return nil
 	}
 	return errdefs.InvalidArgument("unknown action %T", a)
 }

@@ -42,6 +42,9 @@ type world struct {
 	fleet   *sim.Fleet
 	kubeadm *sim.Kubeadm
 	kube    clusterexec.KubeClientFunc // nil: client-go's
+	drain   clusterexec.DrainFunc      // nil: drains are skipped
+	// drainTimeout is the executor's Config.DrainTimeout (0: its default).
+	drainTimeout time.Duration
 }
 
 func newWorld(t testing.TB, kubeadmDuration time.Duration) *world {
@@ -70,6 +73,17 @@ func newWorld(t testing.TB, kubeadmDuration time.Duration) *world {
 // start runs the host lifecycle and the cluster executor (new instances,
 // as a new leader would) until the returned stop is called.
 func (w *world) start() (stop func()) {
+	stopLife := w.startLifecycle()
+	ctx, cancel := context.WithCancel(w.ctx)
+	ex := w.executor()
+	done := make(chan struct{})
+	go func() { _ = ex.Run(ctx); close(done) }()
+	return func() { cancel(); <-done; stopLife() }
+}
+
+// startLifecycle runs the host lifecycle alone until the returned stop
+// is called.
+func (w *world) startLifecycle() (stop func()) {
 	ctx, cancel := context.WithCancel(w.ctx)
 	agents := w.kubeadm.AgentDialer()
 	life := provision.New(provision.Deps{Store: w.st, Recorder: w.rec, BMCs: w.fleet.BMCDialer(), Agents: agents},
@@ -83,21 +97,26 @@ func (w *world) start() (stop func()) {
 			ISOURL:         func(h string) string { return "http://boot.sim/boot/iso/" + h + ".iso" },
 			ResyncInterval: time.Second,
 		}, slog.New(slog.DiscardHandler))
-	ex := w.executor()
-	done := make(chan struct{}, 2)
-	go func() { _ = life.Run(ctx); done <- struct{}{} }()
-	go func() { _ = ex.Run(ctx); done <- struct{}{} }()
-	return func() { cancel(); <-done; <-done }
+	done := make(chan struct{})
+	go func() { _ = life.Run(ctx); close(done) }()
+	return func() { cancel(); <-done }
 }
 
 // executor is a new cluster executor over w.
-func (w *world) executor() *clusterexec.Executor {
+func (w *world) executor() *clusterexec.Executor { return w.executorOn(w.st, "") }
+
+// executorOn is a new cluster executor over st (a fenced view of w.st,
+// for one leader's term); id names it in its log lines.
+func (w *world) executorOn(st clusterexec.Store, id string) *clusterexec.Executor {
 	log := slog.New(slog.DiscardHandler)
 	if _, ok := w.t.(*testing.T); ok {
 		log = slog.New(slog.NewTextHandler(testWriter{w.t}, nil))
+		if id != "" {
+			log = log.With("leader", id)
+		}
 	}
-	return clusterexec.New(clusterexec.Deps{Store: w.st, Recorder: w.rec, Agents: clusterexec.AgentDialer(w.kubeadm.AgentDialer()), KubeClient: w.kube},
-		clusterexec.Config{Interval: 100 * time.Millisecond}, log)
+	return clusterexec.New(clusterexec.Deps{Store: st, Recorder: w.rec, Agents: clusterexec.AgentDialer(w.kubeadm.AgentDialer()), KubeClient: w.kube, Drain: w.drain},
+		clusterexec.Config{Interval: 100 * time.Millisecond, DrainTimeout: w.drainTimeout}, log)
 }
 
 type testWriter struct{ t testing.TB }

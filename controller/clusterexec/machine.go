@@ -9,6 +9,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -34,7 +35,8 @@ func (e *Executor) advance(ctx context.Context, name string) error {
 		return err
 	}
 	if m.GetMetadata().GetDeletionTimestamp() != nil {
-		return e.deleteMachine(ctx, name, "")
+		e.startLong(ctx, m.GetSpec().GetCluster(), "DeleteMachine "+name, func(ctx context.Context) error { return e.deleteMachine(ctx, name, "") })
+		return nil
 	}
 	hostName := m.GetSpec().GetHost()
 	if err := e.bindOrRelease(ctx, name, hostName); err != nil {
@@ -284,6 +286,9 @@ func (e *Executor) bootstrap(ctx context.Context, m *typesv1.Machine, h *typesv1
 		attached = !errdefs.IsNotFound(priorErr)
 	}
 	var stream eventStream
+	if err := e.fence(ctx, "bootstrap of machine "+name); err != nil {
+		return err
+	}
 	if !attached {
 		st, err := agent.Prepare(opCtx, &agentv1.PrepareRequest{OperationId: opID(m, "prepare")})
 		if err != nil {
@@ -505,15 +510,40 @@ func (e *Executor) probe(ctx context.Context, m *typesv1.Machine, h *typesv1.Hos
 	})
 }
 
+// Drain condition reasons the executor sets.
+const (
+	// ReasonDraining: the drain runs (Drained=False).
+	ReasonDraining = "Draining"
+	// ReasonDrainTimeout: the drain did not finish by its deadline. With
+	// Drained=False the removal halts and the drain is tried again; with
+	// Drained=True (the MachineDeployment's nodeDrainTimeout) the removal
+	// went on without it.
+	ReasonDrainTimeout = "DrainTimeout"
+)
+
 // drain cordons and drains the machine's node with the cluster's admin
-// kubeconfig; without one (or without a drainer) it records that the
-// node was not drained and lets the removal go on.
+// kubeconfig, by a deadline: the action's Timeout, else
+// Config.DrainTimeout; never unbounded. When the deadline passes it
+// sets Drained to what a.Proceed says (True: the removal goes on; False:
+// it halts and the next pass drains again), reason DrainTimeout, with a
+// message naming the node, the deadline and what to check. Without an
+// admin kubeconfig (or a drainer) it records that the node was not
+// drained and lets the removal go on. It blocks until the drain ends.
 func (e *Executor) drain(ctx context.Context, c *typesv1.Cluster, a clusterplan.Drain) error {
-	if conditions.IsTrue(e.machineConditions(ctx, a.Machine), clusterplan.MachineDrained) {
+	prev := conditions.Get(e.machineConditions(ctx, a.Machine), clusterplan.MachineDrained)
+	if prev.GetStatus() == conditions.True {
 		return nil
 	}
-	if err := e.setCondition(ctx, a.Machine, conditions.New(clusterplan.MachineDrained, conditions.False, "Draining", "draining node "+a.Node), ""); err != nil {
-		return err
+	timeout := a.Timeout
+	if timeout <= 0 {
+		timeout = e.cfg.DrainTimeout
+	}
+	deadline := e.cfg.Clock().Add(timeout)
+	if prev.GetReason() != ReasonDrainTimeout { // a retry keeps saying why it halted
+		if err := e.setCondition(ctx, a.Machine, conditions.New(clusterplan.MachineDrained, conditions.False, ReasonDraining,
+			fmt.Sprintf("draining node %s by %s (drain timeout %s)", a.Node, deadline.UTC().Format(time.RFC3339), timeout)), ""); err != nil {
+			return err
+		}
 	}
 	var kubeconfig []byte
 	boot, err := LoadBootstrap(ctx, e.deps.Store, c.GetMetadata().GetName())
@@ -531,13 +561,56 @@ func (e *Executor) drain(ctx context.Context, c *typesv1.Cluster, a clusterplan.
 		e.event(ctx, a.Machine, "Warning", "DrainSkipped", msg)
 		return e.setCondition(ctx, a.Machine, conditions.New(clusterplan.MachineDrained, conditions.True, "DrainSkipped", msg), "")
 	}
-	e.event(ctx, a.Machine, "Normal", "Draining", "draining node "+a.Node)
-	if err := e.deps.Drain(ctx, kubeconfig, a.Node, a.Timeout); err != nil {
-		_ = e.setCondition(ctx, a.Machine, conditions.New(clusterplan.MachineDrained, conditions.False, "Draining", err.Error()), "")
-		return fmt.Errorf("drain node %s: %w", a.Node, err)
+	if err := e.fence(ctx, "drain of node "+a.Node); err != nil {
+		return err
 	}
-	e.event(ctx, a.Machine, "Normal", "Drained", "node "+a.Node+" drained")
-	return e.setCondition(ctx, a.Machine, conditions.New(clusterplan.MachineDrained, conditions.True, "Drained", ""), "")
+	if prev.GetReason() != ReasonDrainTimeout {
+		e.event(ctx, a.Machine, "Normal", "Draining", "draining node "+a.Node)
+	}
+	dctx, cancel := context.WithTimeout(ctx, timeout)
+	err = e.deps.Drain(dctx, kubeconfig, a.Node, timeout)
+	expired := dctx.Err() != nil
+	cancel()
+	switch {
+	case err == nil:
+		e.event(ctx, a.Machine, "Normal", "Drained", "node "+a.Node+" drained")
+		return e.setCondition(ctx, a.Machine, conditions.New(clusterplan.MachineDrained, conditions.True, "Drained", ""), "")
+	case ctx.Err() != nil:
+		return ctx.Err() // no longer leading: the next leader drains again
+	case expired || errors.Is(err, errdefs.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded):
+		return e.drainTimedOut(ctx, a, timeout, deadline, prev, err)
+	}
+	_ = e.setCondition(ctx, a.Machine, conditions.New(clusterplan.MachineDrained, conditions.False, ReasonDraining, err.Error()), "")
+	return fmt.Errorf("drain node %s: %w", a.Node, err)
+}
+
+// drainTimedOut records a drain that missed its deadline.
+func (e *Executor) drainTimedOut(ctx context.Context, a clusterplan.Drain, timeout time.Duration, deadline time.Time, prev *typesv1.Condition, err error) error {
+	why := fmt.Sprintf("node %s not drained by its deadline %s (drain timeout %s): %v", a.Node, deadline.UTC().Format(time.RFC3339), timeout, err)
+	fix := "check the PodDisruptionBudgets of the pods left on the node (kubectl get pdb -A: one with ALLOWED DISRUPTIONS 0, such as minAvailable equal to its replicas, blocks every eviction) and relax or delete it, or move those pods by hand"
+	if a.Proceed {
+		msg := why + "; the MachineDeployment's nodeDrainTimeout says to go on: the removal proceeds and pods still on the node go with it; " + fix
+		e.event(ctx, a.Machine, "Warning", ReasonDrainTimeout, msg)
+		return e.setCondition(ctx, a.Machine, conditions.New(clusterplan.MachineDrained, conditions.True, ReasonDrainTimeout, msg), "")
+	}
+	msg := why + "; the removal is halted and the drain tried again: " + fix
+	if prev.GetReason() != ReasonDrainTimeout {
+		e.event(ctx, a.Machine, "Warning", ReasonDrainTimeout, msg)
+	}
+	if serr := e.setCondition(ctx, a.Machine, conditions.New(clusterplan.MachineDrained, conditions.False, ReasonDrainTimeout, msg), ""); serr != nil {
+		return serr
+	}
+	return errdefs.FailedPrecondition("%s", msg)
+}
+
+// fence returns an error, and step must not start, once this leader's
+// term is over.
+func (e *Executor) fence(ctx context.Context, step string) error {
+	if err := e.deps.Store.CheckFence(ctx); err != nil {
+		e.log.Warn("step not started: not the leader any more", "step", step, "err", err)
+		return fmt.Errorf("%s not started: %w", step, err)
+	}
+	return nil
 }
 
 // reset runs kubeadm reset on the machine's host (the etcd member leaves
@@ -550,6 +623,9 @@ func (e *Executor) reset(ctx context.Context, m *typesv1.Machine, removeMember b
 	agent, err := e.deps.Agents(ctx, h)
 	if err != nil {
 		return errdefs.Unavailable("dial agent of host %s: %w", h.GetMetadata().GetName(), err)
+	}
+	if err := e.fence(ctx, "kubeadm reset of machine "+m.GetMetadata().GetName()); err != nil {
+		return err
 	}
 	opCtx, cancel := context.WithTimeout(ctx, e.cfg.OperationTimeout)
 	defer cancel()
@@ -625,6 +701,9 @@ func (e *Executor) deleteMachine(ctx context.Context, name, reason string) error
 		// The host may come back under the same name; kubeadm refuses
 		// to join a node whose Node object still exists.
 		if boot, err := LoadBootstrap(ctx, e.deps.Store, m.GetSpec().GetCluster()); err == nil && boot.Kubeconfig != "" {
+			if err := e.fence(ctx, "delete node "+node); err != nil {
+				return err
+			}
 			if err := e.deps.DeleteNode(ctx, []byte(boot.Kubeconfig), node); err != nil {
 				// Best effort: a cluster whose API is down must not keep
 				// the machine (and its replacement) from going.

@@ -112,12 +112,19 @@ type CreateMachine struct {
 }
 
 // Drain cordons Node and evicts its pods, honouring PodDisruptionBudgets,
-// within Timeout (0: no limit). The executor sets the machine's Drained
-// condition: False (Draining) when it starts, True when done.
+// by a deadline: Timeout, or the executor's default drain timeout when 0
+// (a drain never waits forever). The executor sets the machine's Drained
+// condition: False (Draining) when it starts, True when done. When the
+// deadline passes, Proceed says what happens: true (a MachineDeployment
+// with nodeDrainTimeout, as in Cluster API) sets Drained True, reason
+// DrainTimeout, and the removal goes on; false (control planes, and
+// deployments without nodeDrainTimeout) sets Drained False, reason
+// DrainTimeout, and the removal halts while the drain is tried again.
 type Drain struct {
 	Machine string
 	Node    string
 	Timeout time.Duration
+	Proceed bool
 }
 
 // RemoveEtcdMember removes Member (the member of Machine) from etcd.
@@ -146,7 +153,11 @@ func (a CreateMachine) String() string {
 }
 
 func (a Drain) String() string {
-	return fmt.Sprintf("Drain %s node=%s timeout=%s", a.Machine, a.Node, a.Timeout)
+	s := fmt.Sprintf("Drain %s node=%s timeout=%s", a.Machine, a.Node, a.Timeout)
+	if a.Proceed {
+		s += " then=proceed"
+	}
+	return s
 }
 
 func (a RemoveEtcdMember) String() string {
@@ -417,12 +428,14 @@ func minorSkip(ms []machine, target string) (reason, msg string) {
 }
 
 // removal returns the actions that take x out: drain (when it has a node
-// and is not drained), then leave etcd, then delete. It returns the next
+// and is not drained; drainTimeout > 0 is a nodeDrainTimeout after which
+// the removal proceeds, 0 the executor's default after which it halts),
+// then leave etcd, then delete. It returns the next
 // action only, so each is observed before the next.
 func removal(x machine, drainTimeout time.Duration, reason string) Action {
 	switch {
 	case x.node() != "" && !x.drained() && x.ready():
-		return Drain{Machine: x.name(), Node: x.node(), Timeout: drainTimeout}
+		return Drain{Machine: x.name(), Node: x.node(), Timeout: drainTimeout, Proceed: drainTimeout > 0}
 	case x.member() != "":
 		return RemoveEtcdMember{Machine: x.name(), Member: x.member()}
 	default:

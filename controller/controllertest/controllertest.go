@@ -47,6 +47,7 @@ type Env struct {
 	BootURL string
 
 	logs *testWriter
+	stop func()
 }
 
 // Option adjusts the controller's configuration before it starts.
@@ -93,7 +94,7 @@ func Start(t testing.TB, opts ...Option) *Env {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
-	t.Cleanup(func() {
+	stop := sync.OnceFunc(func() {
 		cancel()
 		select {
 		case err := <-done:
@@ -105,6 +106,7 @@ func Start(t testing.TB, opts ...Option) *Env {
 		}
 		w.stop()
 	})
+	t.Cleanup(stop)
 	select {
 	case <-c.Ready():
 	case err := <-done:
@@ -123,10 +125,15 @@ func Start(t testing.TB, opts ...Option) *Env {
 		CAHash:          c.CA().Hash(),
 		CAPEM:           c.CA().CertPEM(),
 		AdminConfigPath: c.AdminConfigPath(),
-		DataDir:         dir,
+		DataDir:         cfg.DataDir,
 		Controller:      c,
+		stop:            stop,
 	}
 }
+
+// Stop stops the controller and waits for it, as the end of the test
+// would; calling it again does nothing.
+func (e *Env) Stop() { e.stop() }
 
 // ConfigFor issues a certificate with role ("reader", "operator" or
 // "admin") for name and returns the path of a kilnconfig file for it.

@@ -6,6 +6,7 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -196,8 +197,8 @@ func TestDrainRealAPIServer(t *testing.T) {
 
 	err = Drain(ctx, kubeconfig, "w1", 2*time.Second)
 	require.Error(t, err)
-	if !errdefs.IsUnavailable(err) || !strings.Contains(err.Error(), "PodDisruptionBudget") || !strings.Contains(err.Error(), "db-0") {
-		t.Errorf("Drain(w1) = %v, want Unavailable naming the PodDisruptionBudget and db-0", err)
+	if !errdefs.IsUnavailable(err) || !errors.Is(err, errdefs.ErrDeadlineExceeded) || !strings.Contains(err.Error(), "PodDisruptionBudget") || !strings.Contains(err.Error(), "db-0") {
+		t.Errorf("Drain(w1) = %v, want Unavailable and DeadlineExceeded naming the PodDisruptionBudget and db-0", err)
 	}
 	n, err := cs.CoreV1().Nodes().Get(ctx, "w1", metav1.GetOptions{})
 	require.NoError(t, err)

@@ -23,9 +23,14 @@ import (
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
+// DefaultTimeout is the deadline of a drain given no timeout: a drain
+// never waits forever (a PodDisruptionBudget that allows no eviction would
+// hold it for ever).
+const DefaultTimeout = 5 * time.Minute
+
 // Drain cordons node and evicts its pods through the API server that
-// kubeconfig names, waiting until they are gone or timeout passes (0
-// waits forever, bounded only by ctx). DaemonSet pods are left (they
+// kubeconfig names, waiting until they are gone or timeout passes
+// (DefaultTimeout when timeout <= 0; ctx may end it sooner). DaemonSet pods are left (they
 // would come back), pods with emptyDir data are evicted (the host is
 // about to be wiped anyway), unmanaged pods are deleted too.
 //
@@ -35,8 +40,10 @@ import (
 // It blocks until the node is empty. It returns an error of class
 // errdefs.InvalidArgument for an unusable kubeconfig, errdefs.NotFound
 // when the node does not exist, and errdefs.Unavailable when the drain
-// did not finish in time, for example because a PodDisruptionBudget
-// allows no eviction; the error names the pods that stayed.
+// did not finish; when that is because timeout passed (for example a
+// PodDisruptionBudget allows no eviction) the error is also
+// errdefs.ErrDeadlineExceeded (errors.Is). The error names the pods that
+// stayed.
 func Drain(ctx context.Context, kubeconfig []byte, node string, timeout time.Duration) error {
 	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
 	if err != nil {
@@ -92,6 +99,11 @@ func (d *Drainer) Drain(ctx context.Context, node string, timeout time.Duration)
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	log = log.With("component", "drain", "node", node)
+	if timeout <= 0 {
+		timeout = DefaultTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	n, err := d.Client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
 		if apierrors.IsNotFound(err) {
@@ -120,12 +132,12 @@ func (d *Drainer) Drain(ctx context.Context, node string, timeout time.Duration)
 		return fmt.Errorf("%w: %w", errdefs.Unavailable("drain node %q: cordon", node), err)
 	}
 	if err := kdrain.RunNodeDrain(h, node); err != nil {
-		msg := fmt.Sprintf("drain node %q", node)
-		if timeout > 0 {
-			msg += fmt.Sprintf(" within %s", timeout)
-		}
+		msg := fmt.Sprintf("drain node %q within %s", node, timeout)
 		if strings.Contains(errOut.String(), "disruption budget") {
 			msg += ": a PodDisruptionBudget allows no eviction"
+		}
+		if ctx.Err() != nil || strings.Contains(err.Error(), "global timeout") {
+			return fmt.Errorf("%w: %w (%w)", errdefs.Unavailable("%s", msg), err, errdefs.ErrDeadlineExceeded)
 		}
 		return fmt.Errorf("%w: %w", errdefs.Unavailable("%s", msg), err)
 	}

@@ -2,6 +2,7 @@ package drain
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -169,8 +170,8 @@ func TestDrainHonoursPodDisruptionBudget(t *testing.T) {
 	d := &Drainer{Client: cs}
 	err := d.Drain(context.Background(), "w1", time.Second)
 	require.Error(t, err)
-	if !errdefs.IsUnavailable(err) {
-		t.Errorf("Drain(%q) = %v, want an Unavailable error", "w1", err)
+	if !errdefs.IsUnavailable(err) || !errors.Is(err, errdefs.ErrDeadlineExceeded) {
+		t.Errorf("Drain(%q) = %v, want an Unavailable error that is also ErrDeadlineExceeded", "w1", err)
 	}
 	for _, want := range []string{"PodDisruptionBudget", "db-0", "within 1s"} {
 		if !strings.Contains(err.Error(), want) {

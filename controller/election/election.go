@@ -71,15 +71,27 @@ func (e *Elector) Leader(ctx context.Context) (string, error) {
 	return string(resp.Kvs[0].Value), nil
 }
 
+// Term is one term of leadership: the election key this replica created
+// when it won and that key's create revision. The key lives exactly as
+// long as the term (it is deleted when the leader resigns or its lease
+// expires or is revoked), so a write that compares
+// CreateRevision(Key) = Rev (store.Fenced) succeeds only within the term.
+type Term struct {
+	Key string
+	Rev int64
+}
+
 // Run campaigns until ctx ends. Each time this replica wins, it calls lead
-// with a context that is cancelled when leadership is lost (the lease
-// expired or could not be kept alive) or ctx ends; lead must return
-// promptly then. When lead returns, Run resigns and campaigns again.
+// with the term and a context that is cancelled when leadership is lost
+// (the lease expired or could not be kept alive) or ctx ends; lead must
+// return promptly then. When lead returns, Run resigns and campaigns again.
 //
 // Run blocks and returns ctx.Err() when ctx ends. Leadership is a lease:
 // a leader cut off from etcd learns it lost leadership only when its
-// client-side lease deadline passes, about when a stand-by takes over.
-func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context)) error {
+// client-side lease deadline passes, after a stand-by may have taken
+// over. Fence every write of the term with the term's key and revision
+// (store.Fenced) so that such a deposed leader's writes are refused.
+func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, term Term)) error {
 	for attempt := 0; ; attempt++ {
 		if err := e.term(ctx, lead); err != nil {
 			if ctx.Err() != nil {
@@ -102,7 +114,7 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context)) error
 }
 
 // term is one campaign and, if won, one term of leadership.
-func (e *Elector) term(ctx context.Context, lead func(ctx context.Context)) error {
+func (e *Elector) term(ctx context.Context, lead func(ctx context.Context, term Term)) error {
 	sess, err := concurrency.NewSession(e.client, concurrency.WithTTL(e.ttl), concurrency.WithContext(ctx))
 	if err != nil {
 		return fmt.Errorf("election %s: new session: %w", e.prefix, err)
@@ -143,8 +155,9 @@ func (e *Elector) term(ctx context.Context, lead func(ctx context.Context)) erro
 	}()
 	start := time.Now()
 	e.leader.Store(true)
-	e.log.Info("became leader", "key", el.Key(), "rev", el.Rev())
-	lead(lctx)
+	t := Term{Key: el.Key(), Rev: el.Rev()}
+	e.log.Info("became leader", "key", t.Key, "rev", t.Rev)
+	lead(lctx, t)
 	e.leader.Store(false)
 	e.log.Info("leadership ended", "held", time.Since(start).Round(time.Millisecond))
 

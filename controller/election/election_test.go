@@ -67,7 +67,7 @@ func startReplica(t *testing.T, ctx context.Context, client *clientv3.Client, id
 		done:    make(chan error, 1),
 	}
 	go func() {
-		r.done <- r.el.Run(ctx, func(lctx context.Context) {
+		r.done <- r.el.Run(ctx, func(lctx context.Context, _ Term) {
 			if n := active.Add(1); n > 1 {
 				t.Errorf("%d replicas lead at once", n)
 			}
@@ -190,7 +190,7 @@ func TestLeadReturningCampaignsAgain(t *testing.T) {
 	el := New(dial(t, endpoints), DefaultPrefix, "controller-a", 2, testLogger(t))
 	done := make(chan error, 1)
 	go func() {
-		done <- el.Run(ctx, func(context.Context) { terms <- struct{}{} })
+		done <- el.Run(ctx, func(context.Context, Term) { terms <- struct{}{} })
 	}()
 	for i := range 2 {
 		select {
@@ -218,10 +218,10 @@ func BenchmarkCrashTakeover(b *testing.B) {
 		leadingA := make(chan struct{}, 1)
 		leadingB := make(chan time.Time, 1)
 		prefix := DefaultPrefix + "-bench"
-		go New(clientA, prefix, "a", ttl, nil).Run(ctx, func(l context.Context) { leadingA <- struct{}{}; <-l.Done() })
+		go New(clientA, prefix, "a", ttl, nil).Run(ctx, func(l context.Context, _ Term) { leadingA <- struct{}{}; <-l.Done() })
 		<-leadingA
 		clientB := dial(b, endpoints)
-		go New(clientB, prefix, "b", ttl, nil).Run(ctx, func(l context.Context) { leadingB <- time.Now(); <-l.Done() })
+		go New(clientB, prefix, "b", ttl, nil).Run(ctx, func(l context.Context, _ Term) { leadingB <- time.Now(); <-l.Done() })
 		time.Sleep(200 * time.Millisecond) // Let b campaign and wait.
 		crashed := time.Now()
 		clientA.Close()

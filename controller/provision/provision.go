@@ -79,6 +79,15 @@ type Store interface {
 
 var _ Store = (*store.Store)(nil)
 
+// Fencer is a Store that knows whether this leader's term still holds
+// (store.Store.Fenced). With one, the executor starts no BMC or agent
+// action once the term is over, even one whose start writes nothing.
+type Fencer interface {
+	CheckFence(ctx context.Context) error
+}
+
+var _ Fencer = (*store.Store)(nil)
+
 // Recorder records events (*events.Recorder).
 type Recorder interface {
 	Record(ctx context.Context, kind, name, typ, reason, message string)
@@ -319,6 +328,11 @@ func (e *Executor) Reconcile(ctx context.Context, name string) (time.Duration, e
 				continue
 			}
 			return out.RequeueAfter, nil
+		}
+		if f, ok := e.deps.Store.(Fencer); ok {
+			if err := f.CheckFence(ctx); err != nil {
+				return 0, fmt.Errorf("host %s: %s not started: %w", name, out.Actions[0].Kind, err)
+			}
 		}
 		result = e.act(ctx, h, out.Actions, out.RequeueAfter)
 		if ctx.Err() != nil {

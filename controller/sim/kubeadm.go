@@ -42,6 +42,9 @@ type Kubeadm struct {
 	preflight map[string]*agentv1.Check
 	notReady  map[string]bool
 	caHash    string
+	// kubeconfig is what KubeadmInit returns as the admin kubeconfig
+	// (SetAdminKubeconfig); empty by default.
+	kubeconfig string
 }
 
 // Call is one call to a simulated installed agent.
@@ -73,6 +76,22 @@ func NewKubeadm(f *Fleet, d time.Duration) *Kubeadm {
 		notReady:  map[string]bool{},
 		caHash:    fmt.Sprintf("sha256:%x", sha256.Sum256([]byte("sim cluster CA"))),
 	}
+}
+
+// SetAdminKubeconfig makes later KubeadmInit results carry kc as the
+// cluster's admin kubeconfig, so that the executor drains nodes (through
+// a drainer of the test's that need not use it) instead of skipping the
+// drain.
+func (k *Kubeadm) SetAdminKubeconfig(kc string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.kubeconfig = kc
+}
+
+func (k *Kubeadm) adminKubeconfig() string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.kubeconfig
 }
 
 // AgentDialer is an AgentDialer whose clients are the fleet's simulated
@@ -226,8 +245,11 @@ func (a *kubeadmAgent) KubeadmInit(ctx context.Context, in *agentv1.KubeadmInitR
 			CaHash:         a.k.caHash,
 			JoinToken:      "abcdef.0123456789abcdef",
 			CertificateKey: fmt.Sprintf("%x", sha256.Sum256([]byte("certificate key "+host))),
-			// No kubeconfig: a simulated cluster has no API server to
-			// drain nodes through (the executor skips the drain and says so).
+			// No kubeconfig by default: a simulated cluster has no API
+			// server to drain nodes through (the executor skips the drain
+			// and says so). SetAdminKubeconfig gives one, for tests whose
+			// own drainer uses it.
+			Kubeconfig:        a.k.adminKubeconfig(),
 			ApiServerEndpoint: in.GetCluster().GetControlPlaneEndpoint(),
 		}}
 		return ev

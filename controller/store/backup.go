@@ -18,8 +18,8 @@ import (
 )
 
 // A backup is a logical copy of every key under /kiln/v1/ (resources and
-// sealed secrets; not election keys, which belong to live leases) read at
-// one etcd revision:
+// sealed secrets; not election keys or events, which belong to leases)
+// read at one etcd revision:
 //
 //	"KILNBAK1\n"  uvarint(revision)
 //	{ uvarint(len(key)) key uvarint(len(value)) value } ...
@@ -81,7 +81,9 @@ func (s *Store) Backup(ctx context.Context, w io.Writer) (BackupInfo, error) {
 			putUvarint(uint64(info.Revision))
 		}
 		for _, kv := range resp.Kvs {
-			if strings.HasPrefix(string(kv.Key), Prefix+electionKind+"/") {
+			// Election keys belong to live leases; so do events, which
+			// expire: restored without their lease they never would.
+			if strings.HasPrefix(string(kv.Key), Prefix+electionKind+"/") || kv.Lease != 0 {
 				continue
 			}
 			putUvarint(uint64(len(kv.Key)))

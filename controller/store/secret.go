@@ -4,6 +4,8 @@ import (
 	"context"
 	"strings"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
@@ -23,8 +25,12 @@ func (s *Store) PutSecret(ctx context.Context, path string, plaintext []byte) er
 	if err != nil {
 		return err
 	}
-	if _, err := s.client.Put(ctx, key, string(sealed)); err != nil {
+	resp, err := s.client.Txn(ctx).If(s.guard()...).Then(clientv3.OpPut(key, string(sealed))).Commit()
+	if err != nil {
 		return etcdErr(ctx, "put secret "+path, err)
+	}
+	if !resp.Succeeded {
+		return s.fencedErr("put secret " + path)
 	}
 	return nil
 }
@@ -59,11 +65,14 @@ func (s *Store) DeleteSecret(ctx context.Context, path string) error {
 	if err != nil {
 		return err
 	}
-	resp, err := s.client.Delete(ctx, key)
+	resp, err := s.client.Txn(ctx).If(s.guard()...).Then(clientv3.OpDelete(key)).Commit()
 	if err != nil {
 		return etcdErr(ctx, "delete secret "+path, err)
 	}
-	if resp.Deleted == 0 {
+	if !resp.Succeeded {
+		return s.fencedErr("delete secret " + path)
+	}
+	if resp.Responses[0].GetResponseDeleteRange().Deleted == 0 {
 		return errdefs.NotFound("secret %q not found", path)
 	}
 	return nil

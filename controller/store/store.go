@@ -42,6 +42,8 @@ type Store struct {
 	client *clientv3.Client
 	sealer *seal.Sealer
 	log    *slog.Logger
+	// fence, when set, is compared in every write (Fenced).
+	fence *Fence
 }
 
 // Option configures a Store.
@@ -115,13 +117,17 @@ func (s *Store) CreateAudited(ctx context.Context, kind, name string, m proto.Me
 		return 0, errdefs.InvalidArgument("create %s: encode: %w", key, err)
 	}
 	resp, err := s.client.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		If(s.guard(clientv3.Compare(clientv3.CreateRevision(key), "=", 0))...).
 		Then(append([]clientv3.Op{clientv3.OpPut(key, string(val))}, audit...)...).
+		Else(s.orElse()...).
 		Commit()
 	if err != nil {
 		return 0, etcdErr(ctx, "create "+key, err)
 	}
 	if !resp.Succeeded {
+		if err := s.broken(resp, "create "+key); err != nil {
+			return 0, err
+		}
 		return 0, errdefs.AlreadyExists("%s %q already exists", kind, name)
 	}
 	return resp.Header.Revision, nil
@@ -179,14 +185,17 @@ func (s *Store) UpdateAudited(ctx context.Context, kind, name string, m proto.Me
 		cmp = clientv3.Compare(clientv3.CreateRevision(key), ">", 0)
 	}
 	resp, err := s.client.Txn(ctx).
-		If(cmp).
+		If(s.guard(cmp)...).
 		Then(append([]clientv3.Op{clientv3.OpPut(key, string(val))}, audit...)...).
-		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
+		Else(s.orElse(clientv3.OpGet(key, clientv3.WithKeysOnly()))...).
 		Commit()
 	if err != nil {
 		return 0, etcdErr(ctx, "update "+key, err)
 	}
 	if !resp.Succeeded {
+		if err := s.broken(resp, "update "+key); err != nil {
+			return 0, err
+		}
 		return 0, mismatch(resp, kind, name, expectRev)
 	}
 	return resp.Header.Revision, nil
@@ -215,14 +224,17 @@ func (s *Store) DeleteAudited(ctx context.Context, kind, name string, expectRev 
 		cmp = clientv3.Compare(clientv3.CreateRevision(key), ">", 0)
 	}
 	resp, err := s.client.Txn(ctx).
-		If(cmp).
+		If(s.guard(cmp)...).
 		Then(append([]clientv3.Op{clientv3.OpDelete(key)}, audit...)...).
-		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
+		Else(s.orElse(clientv3.OpGet(key, clientv3.WithKeysOnly()))...).
 		Commit()
 	if err != nil {
 		return etcdErr(ctx, "delete "+key, err)
 	}
 	if !resp.Succeeded {
+		if err := s.broken(resp, "delete "+key); err != nil {
+			return err
+		}
 		return mismatch(resp, kind, name, expectRev)
 	}
 	return nil

@@ -283,14 +283,31 @@ func requireKubectlNodes(t *testing.T, ctx context.Context, lab *fleet.Lab, want
 	_, err := lab.Kilnctl(ctx, nil, "kubeconfig", clusterName, "-o", kc)
 	require.NoError(t, err)
 	kubectl := filepath.Join(rootfs.CacheRoot(), "kube-tools", kubetools.Pinned().Kubernetes, "bin", "kubectl")
-	out, err := exec.CommandContext(ctx, kubectl, "--kubeconfig", kc, "get", "nodes", "--no-headers").CombinedOutput()
-	require.NoError(t, err, "kubectl get nodes: %s", out)
+	// The kubelets report to the API server on their own schedule: a node
+	// the controller has just seen Ready may lag in kubectl's view (or the
+	// API server may just have moved), so ask again for up to 90 s.
+	var out []byte
 	ready := 0
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		if f := strings.Fields(line); len(f) > 1 && f[1] == "Ready" {
-			ready++
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		out, err = exec.CommandContext(ctx, kubectl, "--kubeconfig", kc, "get", "nodes", "--no-headers").CombinedOutput()
+		ready = 0
+		if err == nil {
+			for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+				if f := strings.Fields(line); len(f) > 1 && f[1] == "Ready" {
+					ready++
+				}
+			}
+		}
+		if (err == nil && ready == want) || time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(3 * time.Second):
 		}
 	}
+	require.NoError(t, err, "kubectl get nodes: %s", out)
 	require.Equal(t, want, ready, "kubectl get nodes:\n%s", out)
 }
 
@@ -302,11 +319,25 @@ func hostsOf(s *fleet.Snapshot) []string {
 	return hs
 }
 
-func readyWorkers(s *fleet.Snapshot) int {
+// availableWorkers counts the workers that are Ready, and those whose
+// NodeReady is Unknown after having been seen Ready: while the control
+// plane moves from one host to another the controller cannot read the
+// Nodes for a while and says Unknown, which is not a worker going away
+// (a drained or reimaged worker is False or deleted).
+func availableWorkers(s *fleet.Snapshot, seenReady map[string]bool) int {
 	n := 0
 	for _, m := range s.Machines {
-		if m.GetSpec().GetRole() == clusterplan.RoleWorker && m.GetMetadata().GetDeletionTimestamp() == nil &&
-			conditions.IsTrue(m.GetStatus().GetConditions(), clusterplan.MachineNodeReady) {
+		if m.GetSpec().GetRole() != clusterplan.RoleWorker || m.GetMetadata().GetDeletionTimestamp() != nil {
+			continue
+		}
+		uid := m.GetMetadata().GetUid()
+		c := conditions.Get(m.GetStatus().GetConditions(), clusterplan.MachineNodeReady)
+		switch {
+		case c == nil:
+		case c.GetStatus() == conditions.True:
+			seenReady[uid] = true
+			n++
+		case c.GetStatus() == conditions.Unknown && seenReady[uid]:
 			n++
 		}
 	}
@@ -366,13 +397,14 @@ func rollout(t *testing.T, ctx context.Context, lab *fleet.Lab, tag string) {
 
 	maxEtcd, minEtcd := int32(0), int32(99)
 	minReady := 99
+	seenReady := map[string]bool{} // worker machine uid → seen NodeReady=True
 	var cpNewReady, firstNewWorker time.Time
 	s, err := lab.Watch(ctx, clusterName, 2*time.Second, func(s *fleet.Snapshot) bool {
 		if cp := s.ControlPlanes[cpName]; cp != nil {
 			n := cp.GetStatus().GetEtcdMembers()
 			maxEtcd, minEtcd = max(maxEtcd, n), min(minEtcd, n)
 		}
-		minReady = min(minReady, readyWorkers(s))
+		minReady = min(minReady, availableWorkers(s, seenReady))
 		now := time.Now()
 		for _, m := range s.Machines {
 			if m.GetSpec().GetImage() != tag2 {

@@ -101,13 +101,32 @@ func readKey(path string) ([]byte, error) {
 	return key, nil
 }
 
-func createKey(path string) ([]byte, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("sealing key %s: %w", path, err)
+// ReadKeyFile returns the key in the sealing key file at path, with the
+// checks LoadOrCreateKey makes (a regular file, mode 0600, 32 bytes).
+func ReadKeyFile(path string) ([]byte, error) { return readKey(path) }
+
+// WriteKeyFile writes key as a new sealing key file at path (mode 0600,
+// parent directories 0700), atomically. It refuses, with fs.ErrExist, to
+// replace a file that is there: a key is never overwritten.
+func WriteKeyFile(path string, key []byte) error {
+	if len(key) != KeySize {
+		return errdefs.InvalidArgument("sealing key is %d bytes, want %d", len(key), KeySize)
 	}
+	_, err := writeKey(path, key)
+	return err
+}
+
+func createKey(path string) ([]byte, error) {
 	key := make([]byte, KeySize)
 	if _, err := rand.Read(key); err != nil {
 		return nil, fmt.Errorf("sealing key %s: random: %w", path, err)
+	}
+	return writeKey(path, key)
+}
+
+func writeKey(path string, key []byte) ([]byte, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("sealing key %s: %w", path, err)
 	}
 	// Write to a temporary file and link it into place, so a crash never
 	// leaves a short key file behind and a concurrent creator loses cleanly.

@@ -258,11 +258,19 @@ func Remove(ctx context.Context, r Resource) error {
 		if _, err := os.Stat("/sys/class/net/" + r.Value); err != nil {
 			return nil
 		}
-		// A veth goes away with its peer's namespace, asynchronously.
-		if err := ip(ctx, "link", "del", r.Value); err != nil && !strings.Contains(err.Error(), "Cannot find device") {
+		// A veth goes away with its peer's namespace, asynchronously: it may
+		// vanish between the stat and the delete, and ip says so either as
+		// "Cannot find device" or as RTNETLINK's "No such device".
+		if err := ip(ctx, "link", "del", r.Value); err != nil && !linkGone(err) {
 			return err
 		}
 		return nil
 	}
 	return errdefs.InvalidArgument("resource kind %q unknown", r.Kind)
+}
+
+// linkGone reports whether ip's error says the link does not exist (any
+// more).
+func linkGone(err error) bool {
+	return strings.Contains(err.Error(), "Cannot find device") || strings.Contains(err.Error(), "No such device")
 }

@@ -134,6 +134,16 @@ func TestAudit(t *testing.T) {
 		}
 	})
 
+	t.Run("a backup is recorded", func(t *testing.T) {
+		dir := t.TempDir()
+		pub := strings.TrimSpace(mustKilnctl(t, admin, "backup", "keygen", "-o", filepath.Join(dir, "key.txt")))
+		mustKilnctl(t, admin, "backup", "-o", filepath.Join(dir, "backup.age"), "--recipient", pub)
+		out := mustKilnctl(t, admin, "audit", "--kind", "controller")
+		if !strings.Contains(out, " backup ") || !strings.Contains(out, " ok ") {
+			t.Errorf("kilnctl audit --kind controller after a backup =\n%s\nwant a backup row", out)
+		}
+	})
+
 	t.Run("a granted reader may read it", func(t *testing.T) {
 		out, err := kilnctl(t, auditor, "audit", "--kind", "host", "--since", "1h")
 		require.NoError(t, err)

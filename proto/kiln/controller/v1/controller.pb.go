@@ -1625,6 +1625,113 @@ func (x *ListAuditResponse) GetEntries() []*AuditEntry {
 	return nil
 }
 
+type BackupRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// recipients are age X25519 public keys ("age1..."); the backup opens
+	// with any one of their identities. At least one is required.
+	Recipients    []string `protobuf:"bytes,1,rep,name=recipients,proto3" json:"recipients,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupRequest) Reset() {
+	*x = BackupRequest{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupRequest) ProtoMessage() {}
+
+func (x *BackupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
+func (*BackupRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *BackupRequest) GetRecipients() []string {
+	if x != nil {
+		return x.Recipients
+	}
+	return nil
+}
+
+type BackupChunk struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Data  []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	// revision and keys are set on the last chunk only.
+	Revision      int64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	Keys          int32 `protobuf:"varint,3,opt,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BackupChunk) Reset() {
+	*x = BackupChunk{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BackupChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BackupChunk) ProtoMessage() {}
+
+func (x *BackupChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BackupChunk.ProtoReflect.Descriptor instead.
+func (*BackupChunk) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *BackupChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *BackupChunk) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *BackupChunk) GetKeys() int32 {
+	if x != nil {
+		return x.Keys
+	}
+	return 0
+}
+
 var File_kiln_controller_v1_controller_proto protoreflect.FileDescriptor
 
 const file_kiln_controller_v1_controller_proto_rawDesc = "" +
@@ -1737,7 +1844,15 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\x05since\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x14\n" +
 	"\x05limit\x18\x04 \x01(\x03R\x05limit\"M\n" +
 	"\x11ListAuditResponse\x128\n" +
-	"\aentries\x18\x01 \x03(\v2\x1e.kiln.controller.v1.AuditEntryR\aentries2\x84\x06\n" +
+	"\aentries\x18\x01 \x03(\v2\x1e.kiln.controller.v1.AuditEntryR\aentries\"/\n" +
+	"\rBackupRequest\x12\x1e\n" +
+	"\n" +
+	"recipients\x18\x01 \x03(\tR\n" +
+	"recipients\"Q\n" +
+	"\vBackupChunk\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\x12\x12\n" +
+	"\x04keys\x18\x03 \x01(\x05R\x04keys2\x84\x06\n" +
 	"\tResources\x12L\n" +
 	"\x05Apply\x12 .kiln.controller.v1.ApplyRequest\x1a!.kiln.controller.v1.ApplyResponse\x12C\n" +
 	"\x03Get\x12\x1e.kiln.controller.v1.GetRequest\x1a\x1c.kiln.controller.v1.Resource\x12I\n" +
@@ -1754,7 +1869,9 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\x06Enroll\x12!.kiln.controller.v1.EnrollRequest\x1a\".kiln.controller.v1.EnrollResponse2\xb0\x01\n" +
 	"\x06Agents\x12X\n" +
 	"\tHeartbeat\x12$.kiln.controller.v1.HeartbeatRequest\x1a%.kiln.controller.v1.HeartbeatResponse\x12L\n" +
-	"\x05Renew\x12 .kiln.controller.v1.RenewRequest\x1a!.kiln.controller.v1.RenewResponseB>Z<github.com/kilnhq/kiln/proto/kiln/controller/v1;controllerv1b\x06proto3"
+	"\x05Renew\x12 .kiln.controller.v1.RenewRequest\x1a!.kiln.controller.v1.RenewResponse2]\n" +
+	"\vMaintenance\x12N\n" +
+	"\x06Backup\x12!.kiln.controller.v1.BackupRequest\x1a\x1f.kiln.controller.v1.BackupChunk0\x01B>Z<github.com/kilnhq/kiln/proto/kiln/controller/v1;controllerv1b\x06proto3"
 
 var (
 	file_kiln_controller_v1_controller_proto_rawDescOnce sync.Once
@@ -1768,7 +1885,7 @@ func file_kiln_controller_v1_controller_proto_rawDescGZIP() []byte {
 	return file_kiln_controller_v1_controller_proto_rawDescData
 }
 
-var file_kiln_controller_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_kiln_controller_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_kiln_controller_v1_controller_proto_goTypes = []any{
 	(*Resource)(nil),              // 0: kiln.controller.v1.Resource
 	(*ApplyRequest)(nil),          // 1: kiln.controller.v1.ApplyRequest
@@ -1796,37 +1913,39 @@ var file_kiln_controller_v1_controller_proto_goTypes = []any{
 	(*AuditEntry)(nil),            // 23: kiln.controller.v1.AuditEntry
 	(*ListAuditRequest)(nil),      // 24: kiln.controller.v1.ListAuditRequest
 	(*ListAuditResponse)(nil),     // 25: kiln.controller.v1.ListAuditResponse
-	nil,                           // 26: kiln.controller.v1.ListRequest.LabelSelectorEntry
-	(*v1.Host)(nil),               // 27: kiln.types.v1.Host
-	(*v1.Image)(nil),              // 28: kiln.types.v1.Image
-	(*v1.Cluster)(nil),            // 29: kiln.types.v1.Cluster
-	(*v1.ControlPlane)(nil),       // 30: kiln.types.v1.ControlPlane
-	(*v1.MachineDeployment)(nil),  // 31: kiln.types.v1.MachineDeployment
-	(*v1.Machine)(nil),            // 32: kiln.types.v1.Machine
-	(*v1.HealthCheck)(nil),        // 33: kiln.types.v1.HealthCheck
-	(*v1.Event)(nil),              // 34: kiln.types.v1.Event
-	(*timestamppb.Timestamp)(nil), // 35: google.protobuf.Timestamp
-	(*v1.Facts)(nil),              // 36: kiln.types.v1.Facts
+	(*BackupRequest)(nil),         // 26: kiln.controller.v1.BackupRequest
+	(*BackupChunk)(nil),           // 27: kiln.controller.v1.BackupChunk
+	nil,                           // 28: kiln.controller.v1.ListRequest.LabelSelectorEntry
+	(*v1.Host)(nil),               // 29: kiln.types.v1.Host
+	(*v1.Image)(nil),              // 30: kiln.types.v1.Image
+	(*v1.Cluster)(nil),            // 31: kiln.types.v1.Cluster
+	(*v1.ControlPlane)(nil),       // 32: kiln.types.v1.ControlPlane
+	(*v1.MachineDeployment)(nil),  // 33: kiln.types.v1.MachineDeployment
+	(*v1.Machine)(nil),            // 34: kiln.types.v1.Machine
+	(*v1.HealthCheck)(nil),        // 35: kiln.types.v1.HealthCheck
+	(*v1.Event)(nil),              // 36: kiln.types.v1.Event
+	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
+	(*v1.Facts)(nil),              // 38: kiln.types.v1.Facts
 }
 var file_kiln_controller_v1_controller_proto_depIdxs = []int32{
-	27, // 0: kiln.controller.v1.Resource.host:type_name -> kiln.types.v1.Host
-	28, // 1: kiln.controller.v1.Resource.image:type_name -> kiln.types.v1.Image
-	29, // 2: kiln.controller.v1.Resource.cluster:type_name -> kiln.types.v1.Cluster
-	30, // 3: kiln.controller.v1.Resource.control_plane:type_name -> kiln.types.v1.ControlPlane
-	31, // 4: kiln.controller.v1.Resource.machine_deployment:type_name -> kiln.types.v1.MachineDeployment
-	32, // 5: kiln.controller.v1.Resource.machine:type_name -> kiln.types.v1.Machine
-	33, // 6: kiln.controller.v1.Resource.health_check:type_name -> kiln.types.v1.HealthCheck
+	29, // 0: kiln.controller.v1.Resource.host:type_name -> kiln.types.v1.Host
+	30, // 1: kiln.controller.v1.Resource.image:type_name -> kiln.types.v1.Image
+	31, // 2: kiln.controller.v1.Resource.cluster:type_name -> kiln.types.v1.Cluster
+	32, // 3: kiln.controller.v1.Resource.control_plane:type_name -> kiln.types.v1.ControlPlane
+	33, // 4: kiln.controller.v1.Resource.machine_deployment:type_name -> kiln.types.v1.MachineDeployment
+	34, // 5: kiln.controller.v1.Resource.machine:type_name -> kiln.types.v1.Machine
+	35, // 6: kiln.controller.v1.Resource.health_check:type_name -> kiln.types.v1.HealthCheck
 	0,  // 7: kiln.controller.v1.ApplyRequest.resources:type_name -> kiln.controller.v1.Resource
 	2,  // 8: kiln.controller.v1.ApplyResponse.results:type_name -> kiln.controller.v1.ApplyResult
-	26, // 9: kiln.controller.v1.ListRequest.label_selector:type_name -> kiln.controller.v1.ListRequest.LabelSelectorEntry
+	28, // 9: kiln.controller.v1.ListRequest.label_selector:type_name -> kiln.controller.v1.ListRequest.LabelSelectorEntry
 	0,  // 10: kiln.controller.v1.ListResponse.items:type_name -> kiln.controller.v1.Resource
 	0,  // 11: kiln.controller.v1.WatchEvent.resource:type_name -> kiln.controller.v1.Resource
-	34, // 12: kiln.controller.v1.ListEventsResponse.events:type_name -> kiln.types.v1.Event
-	35, // 13: kiln.controller.v1.CreateTokenResponse.expires:type_name -> google.protobuf.Timestamp
-	36, // 14: kiln.controller.v1.EnrollRequest.facts:type_name -> kiln.types.v1.Facts
-	36, // 15: kiln.controller.v1.HeartbeatRequest.facts:type_name -> kiln.types.v1.Facts
-	35, // 16: kiln.controller.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	35, // 17: kiln.controller.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	36, // 12: kiln.controller.v1.ListEventsResponse.events:type_name -> kiln.types.v1.Event
+	37, // 13: kiln.controller.v1.CreateTokenResponse.expires:type_name -> google.protobuf.Timestamp
+	38, // 14: kiln.controller.v1.EnrollRequest.facts:type_name -> kiln.types.v1.Facts
+	38, // 15: kiln.controller.v1.HeartbeatRequest.facts:type_name -> kiln.types.v1.Facts
+	37, // 16: kiln.controller.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	37, // 17: kiln.controller.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
 	23, // 18: kiln.controller.v1.ListAuditResponse.entries:type_name -> kiln.controller.v1.AuditEntry
 	1,  // 19: kiln.controller.v1.Resources.Apply:input_type -> kiln.controller.v1.ApplyRequest
 	4,  // 20: kiln.controller.v1.Resources.Get:input_type -> kiln.controller.v1.GetRequest
@@ -1840,20 +1959,22 @@ var file_kiln_controller_v1_controller_proto_depIdxs = []int32{
 	17, // 28: kiln.controller.v1.Enrollment.Enroll:input_type -> kiln.controller.v1.EnrollRequest
 	19, // 29: kiln.controller.v1.Agents.Heartbeat:input_type -> kiln.controller.v1.HeartbeatRequest
 	21, // 30: kiln.controller.v1.Agents.Renew:input_type -> kiln.controller.v1.RenewRequest
-	3,  // 31: kiln.controller.v1.Resources.Apply:output_type -> kiln.controller.v1.ApplyResponse
-	0,  // 32: kiln.controller.v1.Resources.Get:output_type -> kiln.controller.v1.Resource
-	6,  // 33: kiln.controller.v1.Resources.List:output_type -> kiln.controller.v1.ListResponse
-	8,  // 34: kiln.controller.v1.Resources.Delete:output_type -> kiln.controller.v1.DeleteResponse
-	10, // 35: kiln.controller.v1.Resources.Watch:output_type -> kiln.controller.v1.WatchEvent
-	12, // 36: kiln.controller.v1.Resources.ListEvents:output_type -> kiln.controller.v1.ListEventsResponse
-	14, // 37: kiln.controller.v1.Resources.CreateToken:output_type -> kiln.controller.v1.CreateTokenResponse
-	16, // 38: kiln.controller.v1.Resources.GetKubeconfig:output_type -> kiln.controller.v1.GetKubeconfigResponse
-	25, // 39: kiln.controller.v1.Resources.ListAudit:output_type -> kiln.controller.v1.ListAuditResponse
-	18, // 40: kiln.controller.v1.Enrollment.Enroll:output_type -> kiln.controller.v1.EnrollResponse
-	20, // 41: kiln.controller.v1.Agents.Heartbeat:output_type -> kiln.controller.v1.HeartbeatResponse
-	22, // 42: kiln.controller.v1.Agents.Renew:output_type -> kiln.controller.v1.RenewResponse
-	31, // [31:43] is the sub-list for method output_type
-	19, // [19:31] is the sub-list for method input_type
+	26, // 31: kiln.controller.v1.Maintenance.Backup:input_type -> kiln.controller.v1.BackupRequest
+	3,  // 32: kiln.controller.v1.Resources.Apply:output_type -> kiln.controller.v1.ApplyResponse
+	0,  // 33: kiln.controller.v1.Resources.Get:output_type -> kiln.controller.v1.Resource
+	6,  // 34: kiln.controller.v1.Resources.List:output_type -> kiln.controller.v1.ListResponse
+	8,  // 35: kiln.controller.v1.Resources.Delete:output_type -> kiln.controller.v1.DeleteResponse
+	10, // 36: kiln.controller.v1.Resources.Watch:output_type -> kiln.controller.v1.WatchEvent
+	12, // 37: kiln.controller.v1.Resources.ListEvents:output_type -> kiln.controller.v1.ListEventsResponse
+	14, // 38: kiln.controller.v1.Resources.CreateToken:output_type -> kiln.controller.v1.CreateTokenResponse
+	16, // 39: kiln.controller.v1.Resources.GetKubeconfig:output_type -> kiln.controller.v1.GetKubeconfigResponse
+	25, // 40: kiln.controller.v1.Resources.ListAudit:output_type -> kiln.controller.v1.ListAuditResponse
+	18, // 41: kiln.controller.v1.Enrollment.Enroll:output_type -> kiln.controller.v1.EnrollResponse
+	20, // 42: kiln.controller.v1.Agents.Heartbeat:output_type -> kiln.controller.v1.HeartbeatResponse
+	22, // 43: kiln.controller.v1.Agents.Renew:output_type -> kiln.controller.v1.RenewResponse
+	27, // 44: kiln.controller.v1.Maintenance.Backup:output_type -> kiln.controller.v1.BackupChunk
+	32, // [32:45] is the sub-list for method output_type
+	19, // [19:32] is the sub-list for method input_type
 	19, // [19:19] is the sub-list for extension type_name
 	19, // [19:19] is the sub-list for extension extendee
 	0,  // [0:19] is the sub-list for field type_name
@@ -1879,9 +2000,9 @@ func file_kiln_controller_v1_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kiln_controller_v1_controller_proto_rawDesc), len(file_kiln_controller_v1_controller_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   29,
 			NumExtensions: 0,
-			NumServices:   3,
+			NumServices:   4,
 		},
 		GoTypes:           file_kiln_controller_v1_controller_proto_goTypes,
 		DependencyIndexes: file_kiln_controller_v1_controller_proto_depIdxs,

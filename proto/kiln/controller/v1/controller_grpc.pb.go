@@ -718,3 +718,122 @@ var Agents_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "kiln/controller/v1/controller.proto",
 }
+
+const (
+	Maintenance_Backup_FullMethodName = "/kiln.controller.v1.Maintenance/Backup"
+)
+
+// MaintenanceClient is the client API for Maintenance service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Maintenance is the admin's service for the controller itself. Only admin
+// certificates may call it.
+type MaintenanceClient interface {
+	// Backup streams a backup of the whole controller: every resource and
+	// sealed secret read at one etcd revision, and the sealing key that opens
+	// them, encrypted (age) to the request's recipients before it leaves the
+	// controller. The last chunk carries the revision and the key count.
+	Backup(ctx context.Context, in *BackupRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[BackupChunk], error)
+}
+
+type maintenanceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewMaintenanceClient(cc grpc.ClientConnInterface) MaintenanceClient {
+	return &maintenanceClient{cc}
+}
+
+func (c *maintenanceClient) Backup(ctx context.Context, in *BackupRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[BackupChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Maintenance_ServiceDesc.Streams[0], Maintenance_Backup_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[BackupRequest, BackupChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Maintenance_BackupClient = grpc.ServerStreamingClient[BackupChunk]
+
+// MaintenanceServer is the server API for Maintenance service.
+// All implementations must embed UnimplementedMaintenanceServer
+// for forward compatibility.
+//
+// Maintenance is the admin's service for the controller itself. Only admin
+// certificates may call it.
+type MaintenanceServer interface {
+	// Backup streams a backup of the whole controller: every resource and
+	// sealed secret read at one etcd revision, and the sealing key that opens
+	// them, encrypted (age) to the request's recipients before it leaves the
+	// controller. The last chunk carries the revision and the key count.
+	Backup(*BackupRequest, grpc.ServerStreamingServer[BackupChunk]) error
+	mustEmbedUnimplementedMaintenanceServer()
+}
+
+// UnimplementedMaintenanceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedMaintenanceServer struct{}
+
+func (UnimplementedMaintenanceServer) Backup(*BackupRequest, grpc.ServerStreamingServer[BackupChunk]) error {
+	return status.Errorf(codes.Unimplemented, "method Backup not implemented")
+}
+func (UnimplementedMaintenanceServer) mustEmbedUnimplementedMaintenanceServer() {}
+func (UnimplementedMaintenanceServer) testEmbeddedByValue()                     {}
+
+// UnsafeMaintenanceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to MaintenanceServer will
+// result in compilation errors.
+type UnsafeMaintenanceServer interface {
+	mustEmbedUnimplementedMaintenanceServer()
+}
+
+func RegisterMaintenanceServer(s grpc.ServiceRegistrar, srv MaintenanceServer) {
+	// If the following call pancis, it indicates UnimplementedMaintenanceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Maintenance_ServiceDesc, srv)
+}
+
+func _Maintenance_Backup_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(BackupRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(MaintenanceServer).Backup(m, &grpc.GenericServerStream[BackupRequest, BackupChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Maintenance_BackupServer = grpc.ServerStreamingServer[BackupChunk]
+
+// Maintenance_ServiceDesc is the grpc.ServiceDesc for Maintenance service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Maintenance_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "kiln.controller.v1.Maintenance",
+	HandlerType: (*MaintenanceServer)(nil),
+	Methods:     []grpc.MethodDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Backup",
+			Handler:       _Maintenance_Backup_Handler,
+			ServerStreams: true,
+		},
+	},
+	Metadata: "kiln/controller/v1/controller.proto",
+}

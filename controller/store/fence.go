@@ -1,0 +1,95 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kilnhq/kiln/internal/errdefs"
+)
+
+// ErrFenced is the class of a write a fenced Store refused because its
+// fence no longer holds: the controller that made it was deposed. Test
+// with errors.Is; it is also FailedPrecondition.
+var ErrFenced = errors.New("fenced")
+
+// Fence names the election key of a leader's term and the revision that
+// created it (election.Term). While the key exists with that create
+// revision, the term lasts.
+type Fence struct {
+	Key string
+	Rev int64
+}
+
+// Fenced returns a view of s whose every write (Create, Update, Delete,
+// PutSecret, DeleteSecret) also compares, in the same etcd transaction,
+// the create revision of f.Key with f.Rev: once the term ends (the leader
+// resigned, or its lease expired or was revoked, and another replica may
+// lead) the write is refused with ErrFenced and nothing is written. Reads
+// are not fenced. The view shares s's client and sealer.
+//
+// Equivalent to: `etcdctl txn` with `c(KEY) = REV` added to every compare.
+func (s *Store) Fenced(f Fence) *Store {
+	c := *s
+	c.fence = &f
+	return &c
+}
+
+// CheckFence returns nil while the fence of s holds (always, for an
+// unfenced Store) and an ErrFenced error once it does not. It is a
+// linearizable read through etcd, for a step whose start writes nothing.
+func (s *Store) CheckFence(ctx context.Context) error {
+	if s.fence == nil {
+		return nil
+	}
+	resp, err := s.client.Txn(ctx).If(s.fenceCmp()).Commit()
+	if err != nil {
+		return etcdErr(ctx, "check leader fence "+s.fence.Key, err)
+	}
+	if !resp.Succeeded {
+		return s.fencedErr("start a step")
+	}
+	return nil
+}
+
+// guard adds the fence's compare to cmps.
+func (s *Store) guard(cmps ...clientv3.Cmp) []clientv3.Cmp {
+	if s.fence == nil {
+		return cmps
+	}
+	return append(cmps, s.fenceCmp())
+}
+
+// orElse adds, to the else branch, a read of the fence key that
+// broken then looks at.
+func (s *Store) orElse(ops ...clientv3.Op) []clientv3.Op {
+	if s.fence == nil {
+		return ops
+	}
+	return append(ops, clientv3.OpGet(s.fence.Key, clientv3.WithKeysOnly()))
+}
+
+// broken reports whether a failed transaction built with guard and
+// orElse failed because of the fence, and returns the fence's error.
+func (s *Store) broken(resp *clientv3.TxnResponse, op string) error {
+	if s.fence == nil || len(resp.Responses) == 0 {
+		return nil
+	}
+	kvs := resp.Responses[len(resp.Responses)-1].GetResponseRange().Kvs
+	if len(kvs) == 1 && kvs[0].CreateRevision == s.fence.Rev {
+		return nil
+	}
+	return s.fencedErr(op)
+}
+
+func (s *Store) fenceCmp() clientv3.Cmp {
+	return clientv3.Compare(clientv3.CreateRevision(s.fence.Key), "=", s.fence.Rev)
+}
+
+func (s *Store) fencedErr(op string) error {
+	return fmt.Errorf("%w (%w)", errdefs.FailedPrecondition(
+		"%s refused: this controller is no longer the leader (election key %s of revision %d is gone: lease expired, revoked or resigned); it writes nothing more and the new leader carries on",
+		op, s.fence.Key, s.fence.Rev), ErrFenced)
+}
