@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/kilnhq/kiln/controller/bootserver"
 	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/hostlife"
+	"github.com/kilnhq/kiln/controller/limits"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -244,7 +246,9 @@ func (c *Controller) startBoot(ctx context.Context, st *store.Store, enr *enroll
 	}
 	b := &bootService{
 		srv: &http.Server{
-			Handler:           bs,
+			// Every GET of an iPXE script or ISO mints a token: those
+			// paths are rate limited per client address.
+			Handler:           limits.HTTP(limits.NewLimiter(c.cfg.BootRate, c.cfg.Clock), mintsToken, bs),
 			ReadHeaderTimeout: 30 * time.Second,
 			IdleTimeout:       2 * time.Minute,
 			ErrorLog:          slog.NewLogLogger(c.log.Handler(), slog.LevelWarn),
@@ -288,6 +292,12 @@ func (b *bootService) stop() {
 	if err := b.bs.Close(); err != nil {
 		b.log.Warn("boot server: remove ISO cache", "err", err)
 	}
+}
+
+// mintsToken reports whether a boot server request mints an enrollment
+// token (an iPXE script or an ISO).
+func mintsToken(r *http.Request) bool {
+	return strings.HasPrefix(r.URL.Path, "/boot/ipxe/") || strings.HasPrefix(r.URL.Path, "/boot/iso/")
 }
 
 // agentControllerAddr is the API address boot agents enroll with,

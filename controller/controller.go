@@ -27,6 +27,7 @@ import (
 
 	"github.com/kilnhq/kiln/bmc"
 	"github.com/kilnhq/kiln/controller/api"
+	"github.com/kilnhq/kiln/controller/audit"
 	"github.com/kilnhq/kiln/controller/authz"
 	"github.com/kilnhq/kiln/controller/bootserver"
 	"github.com/kilnhq/kiln/controller/clusterexec"
@@ -35,6 +36,7 @@ import (
 	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/events"
 	"github.com/kilnhq/kiln/controller/hostlife"
+	"github.com/kilnhq/kiln/controller/limits"
 	"github.com/kilnhq/kiln/controller/provision"
 	"github.com/kilnhq/kiln/controller/resources"
 	"github.com/kilnhq/kiln/controller/sim"
@@ -155,7 +157,33 @@ type Config struct {
 	// BootTokenLimit is how many boot tokens one host may get per
 	// BootTokenTTL (0: DefaultBootTokenLimit; < 0: no limit).
 	BootTokenLimit int
+	// AuditReaders may read the audit log besides admins: roles
+	// ("operator") or roles and certificate names ("reader:alice"); see
+	// authz.Authorizer.GrantAuditRead.
+	AuditReaders []string
+	// AuditMaxAge is how long audit entries are kept (0:
+	// audit.DefaultMaxAge; < 0: no age limit).
+	AuditMaxAge time.Duration
+	// AuditMaxEntries is how many audit entries are kept at most (0:
+	// audit.DefaultMaxEntries; < 0: no count limit).
+	AuditMaxEntries int64
+	// AuditPruneInterval is how often each replica prunes the audit log
+	// (DefaultAuditPruneInterval).
+	AuditPruneInterval time.Duration
+	// Limits are the API's per-caller rate limits and stream bounds (zero
+	// fields: the limits package's defaults).
+	Limits limits.GRPCConfig
+	// MaxMessageBytes is the largest API request read, an apply's size
+	// limit (0: limits.DefaultMaxMessageBytes).
+	MaxMessageBytes int
+	// BootRate is the rate of each client address on the boot server's
+	// token-minting paths (zero: limits.DefaultBoot; PerSecond < 0: no
+	// limit).
+	BootRate limits.Rate
 }
+
+// DefaultAuditPruneInterval is how often the audit log is pruned.
+const DefaultAuditPruneInterval = time.Hour
 
 // Controller is one controller replica.
 type Controller struct {
@@ -217,6 +245,24 @@ func New(cfg Config, log *slog.Logger) (*Controller, error) {
 	}
 	if cfg.BootTokenTTL <= 0 {
 		cfg.BootTokenTTL = DefaultBootTokenTTL
+	}
+	if cfg.AuditMaxAge == 0 {
+		cfg.AuditMaxAge = audit.DefaultMaxAge
+	}
+	if cfg.AuditMaxEntries == 0 {
+		cfg.AuditMaxEntries = audit.DefaultMaxEntries
+	}
+	if cfg.MaxMessageBytes <= 0 {
+		cfg.MaxMessageBytes = limits.DefaultMaxMessageBytes
+	}
+	if cfg.BootRate == (limits.Rate{}) {
+		cfg.BootRate = limits.DefaultBoot
+	}
+	if cfg.AuditPruneInterval <= 0 {
+		cfg.AuditPruneInterval = DefaultAuditPruneInterval
+	}
+	if err := authz.New(nil).GrantAuditRead(cfg.AuditReaders...); err != nil {
+		return nil, fmt.Errorf("controller: %w", err)
 	}
 	if cfg.BootTokenLimit == 0 {
 		cfg.BootTokenLimit = DefaultBootTokenLimit
@@ -352,15 +398,24 @@ func (c *Controller) Run(ctx context.Context) error {
 		role, name, err := pki.Identity(cert)
 		return string(role), name, err
 	})
+	if err := az.GrantAuditRead(c.cfg.AuditReaders...); err != nil {
+		return fmt.Errorf("controller: %w", err)
+	}
+	// The auditor sits outside the authorizer so that it sees refusals.
+	aud := api.NewAuditor(st, az.Identify, c.cfg.Clock, c.log)
+	// The limits come first: a caller over its rate costs nothing more.
+	lim := limits.NewGRPC(c.cfg.Limits, az.Identify, c.cfg.Clock)
 	srv := grpc.NewServer(
 		grpc.Creds(credentials.NewTLS(serverTLS)),
-		grpc.ChainUnaryInterceptor(az.Unary),
-		grpc.ChainStreamInterceptor(az.Stream),
+		grpc.ChainUnaryInterceptor(lim.Unary, aud.Unary, az.Unary),
+		grpc.ChainStreamInterceptor(lim.Stream, aud.Stream, az.Stream),
+		grpc.MaxRecvMsgSize(c.cfg.MaxMessageBytes),
+		grpc.MaxConcurrentStreams(limits.DefaultMaxStreamsPerConnection),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 	)
 	life, endLife := context.WithCancel(ctx)
 	defer endLife()
-	api.Register(life, srv, res, enr, rec, st)
+	api.Register(life, srv, res, enr, rec, st, st)
 	api.RegisterMaintenance(srv, st, c.cfg.SecretKeyFile)
 	boot, err := c.startBoot(life, st, enr, ca, addr)
 	if err != nil {
@@ -382,6 +437,11 @@ func (c *Controller) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		c.pruneAudit(ctx, st)
+	}()
 	wg.Add(1)
 	if c.cfg.APIOnly {
 		// An API-only replica stays out of the election, so the leader is
@@ -795,4 +855,30 @@ func dedupe(in []string) []string {
 		}
 	}
 	return out
+}
+
+// pruneAudit applies the audit log's retention now and every
+// AuditPruneInterval until ctx ends. Every replica prunes (deleting an
+// old range twice is harmless), so retention holds without a leader.
+func (c *Controller) pruneAudit(ctx context.Context, st *store.Store) {
+	t := time.NewTicker(c.cfg.AuditPruneInterval)
+	defer t.Stop()
+	for {
+		var before time.Time
+		if c.cfg.AuditMaxAge > 0 {
+			before = c.cfg.Clock().Add(-c.cfg.AuditMaxAge)
+		}
+		n, err := st.PruneAudit(ctx, before, c.cfg.AuditMaxEntries)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			c.log.Warn("audit log not pruned", "err", err)
+		case n > 0:
+			c.log.Info("audit log pruned", "deleted", n, "max_age", c.cfg.AuditMaxAge, "max_entries", c.cfg.AuditMaxEntries)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

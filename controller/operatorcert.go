@@ -2,20 +2,26 @@ package controller
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"log/slog"
 	"os"
+	"os/user"
 	"path/filepath"
 	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kilnhq/kiln/controller/audit"
+	"github.com/kilnhq/kiln/controller/authz"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/kilnconfig"
 	"github.com/kilnhq/kiln/internal/pki"
 	"github.com/kilnhq/kiln/internal/seal"
+	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 )
 
 // OperatorCertRequest asks for a kilnconfig for an operator.
@@ -103,11 +109,36 @@ func WriteOperatorConfig(ctx context.Context, cfg Config, req OperatorCertReques
 	if err != nil {
 		return err
 	}
+	// Recorded before the certificate is handed out: a certificate nobody
+	// can see in the audit log is never written. The issuer has no
+	// certificate; it is whoever can read the data directory and the
+	// secret key, named by the local user.
+	if err := st.AppendAudit(ctx, audit.Record(operatorCertEntry(kc, role, req.Name, clock()))); err != nil {
+		return fmt.Errorf("operator certificate: audit record: %w", err)
+	}
 	if err := kilnconfig.Write(req.Out, kc); err != nil {
 		return err
 	}
 	log.Info("operator kilnconfig written", "role", role, "name", req.Name, "path", req.Out, "server", server)
 	return nil
+}
+
+// operatorCertEntry is the audit entry of an operator certificate issued
+// from the data directory.
+func operatorCertEntry(kc *kilnconfig.Config, role pki.Role, name string, now time.Time) *controllerv1.AuditEntry {
+	issuer := "local"
+	if u, err := user.Current(); err == nil {
+		issuer = "local:" + u.Username
+	}
+	e := audit.NewCall(authz.Caller{Name: issuer, Role: "data-dir"}, "issue-operator-cert", func() time.Time { return now }).Entry("Certificate", name)
+	e.Result = audit.OK
+	e.Message = "role " + string(role)
+	if block, _ := pem.Decode([]byte(kc.Cert)); block != nil {
+		if cert, err := x509.ParseCertificate(block.Bytes); err == nil {
+			e.Message += ", serial " + cert.SerialNumber.Text(16)
+		}
+	}
+	return e
 }
 
 // operatorEtcd reaches the controller's etcd: the external endpoints, the

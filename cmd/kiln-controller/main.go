@@ -92,6 +92,7 @@ func runCmd() *cobra.Command {
 		ctlURL      string
 		simulate    int
 		boot        bootFlags
+		security    securityFlags
 	)
 	var expectedBoot time.Duration
 	var exec execFlags
@@ -119,6 +120,9 @@ func runCmd() *cobra.Command {
 			cfg.Simulate = simulate
 			boot.apply(&cfg)
 			exec.apply(&cfg)
+			if err := security.apply(&cfg); err != nil {
+				return err
+			}
 			ctl, err := controller.New(cfg, log)
 			if err != nil {
 				return err
@@ -154,6 +158,7 @@ func runCmd() *cobra.Command {
 	cmd.Flags().StringVar(&ctlURL, "controller-url", "", "URL installed and boot agents reach the API at (default https://<listen address>)")
 	boot.bind(cmd)
 	exec.bind(cmd)
+	security.bind(cmd)
 	cmd.Flags().IntVar(&simulate, "simulate", 0, "create N simulated hosts with simulated BMCs and agents and provision them (demo)")
 	return cmd
 }

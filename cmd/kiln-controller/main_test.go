@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	"github.com/kilnhq/kiln/controller/limits"
 	"github.com/kilnhq/kiln/internal/kilnconfig"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 )
@@ -180,5 +181,27 @@ func TestLifecycleMode(t *testing.T) {
 				t.Errorf("lifecycleMode(%q) = lifecycle %v, api-only %v; want %v, %v", tt.args, run, only, tt.run, tt.apiOnly)
 			}
 		})
+	}
+}
+
+func TestParseRate(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    limits.Rate
+		wantErr bool
+	}{
+		{"50/200", limits.Rate{PerSecond: 50, Burst: 200}, false},
+		{"0.5/3", limits.Rate{PerSecond: 0.5, Burst: 3}, false},
+		{"-1", limits.Rate{PerSecond: -1}, false},
+		{"50", limits.Rate{}, true},
+		{"0/10", limits.Rate{}, true},
+		{"5/0", limits.Rate{}, true},
+		{"fast", limits.Rate{}, true},
+	}
+	for _, tt := range tests {
+		got, err := parseRate("rate-limit", tt.in)
+		if (err != nil) != tt.wantErr || (!tt.wantErr && got != tt.want) {
+			t.Errorf("parseRate(%q) = %v, %v, want %v (error %v)", tt.in, got, err, tt.want, tt.wantErr)
+		}
 	}
 }

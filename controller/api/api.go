@@ -28,9 +28,10 @@ import (
 // end with Unavailable when life ends (the controller is shutting down),
 // so that a graceful stop does not wait for them and clients reconnect,
 // possibly to another replica. st is the store the sealed cluster
-// credentials are read from (GetKubeconfig).
-func Register(life context.Context, srv *grpc.Server, res *resources.Service, enr *enrollment.Service, ev *events.Recorder, st clusterexec.Store) {
-	controllerv1.RegisterResourcesServer(srv, &resourcesServer{life: life, res: res, enr: enr, events: ev, store: st})
+// credentials are read from (GetKubeconfig); al is the audit log ListAudit
+// reads (nil: the controller keeps none).
+func Register(life context.Context, srv *grpc.Server, res *resources.Service, enr *enrollment.Service, ev *events.Recorder, st clusterexec.Store, al AuditLog) {
+	controllerv1.RegisterResourcesServer(srv, &resourcesServer{life: life, res: res, enr: enr, events: ev, store: st, audit: al})
 	controllerv1.RegisterEnrollmentServer(srv, &enrollmentServer{enr: enr})
 	controllerv1.RegisterAgentsServer(srv, &agentsServer{enr: enr})
 }
@@ -42,6 +43,7 @@ type resourcesServer struct {
 	enr    *enrollment.Service
 	events *events.Recorder
 	store  clusterexec.Store
+	audit  AuditLog
 }
 
 func (s *resourcesServer) Apply(ctx context.Context, req *controllerv1.ApplyRequest) (*controllerv1.ApplyResponse, error) {

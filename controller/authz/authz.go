@@ -57,6 +57,11 @@ var readOnly = map[string]bool{"Get": true, "List": true, "Watch": true, "ListEv
 // out credentials (a cluster's admin kubeconfig).
 var adminOnly = map[string]bool{"GetKubeconfig": true}
 
+// auditRead are the Resources methods that read the audit log: admins may
+// call them, and the roles and identities an Authorizer grants it to
+// (GrantAuditRead); reading it is not part of the reader role.
+var auditRead = map[string]bool{"ListAudit": true}
+
 // Allowed reports whether role may call fullMethod
 // ("/kiln.controller.v1.Resources/Apply"). Unknown methods are refused.
 func Allowed(role, fullMethod string) bool {
@@ -69,7 +74,7 @@ func Allowed(role, fullMethod string) bool {
 		case RoleAdmin:
 			return true
 		case RoleOperator:
-			return !adminOnly[m]
+			return !adminOnly[m] && !auditRead[m]
 		case RoleReader:
 			return readOnly[m]
 		}
@@ -92,6 +97,8 @@ func Needed(fullMethod string) string {
 		switch {
 		case adminOnly[m]:
 			return "the admin role"
+		case auditRead[m]:
+			return "the admin role or an audit-log grant (kiln-controller run --audit-readers ROLE or ROLE:NAME)"
 		case readOnly[m]:
 			return "the reader, operator or admin role"
 		}
@@ -121,6 +128,55 @@ func CallerFrom(ctx context.Context) Caller {
 // Authorizer holds the interceptors.
 type Authorizer struct {
 	identity IdentityFunc
+	// auditGrants are "role" and "role:name" entries that may read the
+	// audit log besides admins.
+	auditGrants map[string]bool
+}
+
+// GrantAuditRead lets callers read the audit log besides admins: each
+// grant is a role ("operator": every operator certificate) or a role and
+// a certificate name ("reader:alice"). Call it before serving. It returns
+// InvalidArgument for an unknown role or an empty name.
+func (a *Authorizer) GrantAuditRead(grants ...string) error {
+	for _, g := range grants {
+		role, name, hasName := strings.Cut(g, ":")
+		switch role {
+		case RoleReader, RoleOperator, RoleAdmin:
+		default:
+			return errdefs.InvalidArgument("audit-log grant %q: role %q is not reader, operator or admin", g, role)
+		}
+		if hasName && name == "" {
+			return errdefs.InvalidArgument("audit-log grant %q: empty name after the colon (want ROLE or ROLE:NAME)", g)
+		}
+		if a.auditGrants == nil {
+			a.auditGrants = map[string]bool{}
+		}
+		a.auditGrants[g] = true
+	}
+	return nil
+}
+
+// allowed is Allowed with the Authorizer's grants.
+func (a *Authorizer) allowed(c Caller, method string) bool {
+	if Allowed(c.Role, method) {
+		return true
+	}
+	m, ok := strings.CutPrefix(method, resources)
+	if !ok || !auditRead[m] || c.Role == RoleAnonymous || c.Role == RoleAgent || c.Role == RoleController {
+		return false
+	}
+	return a.auditGrants[c.Role] || a.auditGrants[c.Role+":"+c.Name]
+}
+
+// Identify returns the caller of ctx from its verified certificate, an
+// anonymous caller when it has none or the certificate names no valid
+// identity. It decides nothing; auditing uses it to name refused callers.
+func (a *Authorizer) Identify(ctx context.Context) Caller {
+	c, err := a.callerOf(ctx)
+	if err != nil {
+		return Caller{}
+	}
+	return c
 }
 
 // New returns an Authorizer that reads identities with id.
@@ -149,7 +205,7 @@ func (a *Authorizer) authorize(ctx context.Context, method string) (context.Cont
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	if !Allowed(c.Role, method) {
+	if !a.allowed(c, method) {
 		who := "unauthenticated caller"
 		if c.Role != RoleAnonymous {
 			who = "role " + c.Role + " (" + c.Name + ")"

@@ -19,6 +19,9 @@ func TestAllowed(t *testing.T) {
 		{RoleOperator, "/kiln.controller.v1.Resources/GetKubeconfig", false},
 		{RoleReader, "/kiln.controller.v1.Resources/GetKubeconfig", false},
 		{RoleAdmin, "/kiln.controller.v1.Resources/GetKubeconfig", true},
+		{RoleAdmin, "/kiln.controller.v1.Resources/ListAudit", true},
+		{RoleOperator, "/kiln.controller.v1.Resources/ListAudit", false},
+		{RoleReader, "/kiln.controller.v1.Resources/ListAudit", false},
 		{RoleAdmin, "/kiln.controller.v1.Resources/Delete", true},
 		{RoleAdmin, "/kiln.controller.v1.Agents/Heartbeat", false},
 		{RoleAgent, "/kiln.controller.v1.Agents/Heartbeat", true},
@@ -64,6 +67,39 @@ func TestNeeded(t *testing.T) {
 	for _, tt := range tests {
 		if got := Needed(tt.method); got != tt.want {
 			t.Errorf("Needed(%q) = %q, want %q", tt.method, got, tt.want)
+		}
+	}
+}
+
+func TestGrantAuditRead(t *testing.T) {
+	a := New(nil)
+	if err := a.GrantAuditRead("operator", "reader:alice"); err != nil {
+		t.Fatalf("GrantAuditRead = %v", err)
+	}
+	const m = "/kiln.controller.v1.Resources/ListAudit"
+	tests := []struct {
+		c    Caller
+		want bool
+	}{
+		{Caller{Role: RoleAdmin, Name: "root"}, true},
+		{Caller{Role: RoleOperator, Name: "olga"}, true},
+		{Caller{Role: RoleReader, Name: "alice"}, true},
+		{Caller{Role: RoleReader, Name: "bob"}, false},
+		{Caller{Role: RoleAgent, Name: "alice"}, false},
+		{Caller{Role: RoleAnonymous}, false},
+	}
+	for _, tt := range tests {
+		if got := a.allowed(tt.c, m); got != tt.want {
+			t.Errorf("allowed(%v, ListAudit) = %v, want %v", tt.c, got, tt.want)
+		}
+	}
+	// A grant opens the audit log only, nothing else.
+	if a.allowed(Caller{Role: RoleReader, Name: "alice"}, "/kiln.controller.v1.Resources/Apply") {
+		t.Errorf("allowed(reader alice, Apply) = true, want false")
+	}
+	for _, bad := range []string{"agent", "reader:", "root"} {
+		if err := New(nil).GrantAuditRead(bad); err == nil {
+			t.Errorf("GrantAuditRead(%q) = nil, want an error", bad)
 		}
 	}
 }

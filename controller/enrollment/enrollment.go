@@ -23,11 +23,14 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/kilnhq/kiln/controller/audit"
 	"github.com/kilnhq/kiln/controller/events"
 	"github.com/kilnhq/kiln/controller/liveness"
+	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/pki"
+	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -53,6 +56,7 @@ type Store interface {
 	Create(ctx context.Context, kind, name string, m proto.Message) (int64, error)
 	Get(ctx context.Context, kind, name string, into proto.Message) (int64, error)
 	Update(ctx context.Context, kind, name string, m proto.Message, expectRev int64) (int64, error)
+	CreateAudited(ctx context.Context, kind, name string, m proto.Message, rec store.AuditRecord) (int64, error)
 }
 
 // Signer signs agent CSRs (*pki.CA).
@@ -134,7 +138,21 @@ func (s *Service) CreateToken(ctx context.Context, ttl time.Duration, host, desc
 			Created:      timestamppb.New(now),
 			Description:  description,
 		}
-		_, err = s.store.Create(ctx, TokensKind, t.ID, rec)
+		// An API call's audit entry is stored with the token (the
+		// token's ID only, never its secret).
+		var entry *controllerv1.AuditEntry
+		call := audit.CallFrom(ctx)
+		if call != nil {
+			entry = call.Entry("Token", t.ID)
+			entry.Result = audit.OK
+			if host != "" {
+				entry.Message = "bound to host " + host
+			}
+		}
+		_, err = s.store.CreateAudited(ctx, TokensKind, t.ID, rec, audit.Record(entry))
+		if err == nil && call != nil {
+			call.Committed(entry)
+		}
 		if errdefs.IsAlreadyExists(err) {
 			continue // an id collision: draw again
 		}

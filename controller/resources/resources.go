@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/kilnhq/kiln/controller/audit"
 	"github.com/kilnhq/kiln/controller/events"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/controller/validation"
@@ -42,6 +44,9 @@ type Store interface {
 	PutSecret(ctx context.Context, path string, plaintext []byte) error
 	GetSecret(ctx context.Context, path string) ([]byte, error)
 	DeleteSecret(ctx context.Context, path string) error
+	CreateAudited(ctx context.Context, kind, name string, m proto.Message, rec store.AuditRecord) (int64, error)
+	UpdateAudited(ctx context.Context, kind, name string, m proto.Message, expectRev int64, rec store.AuditRecord) (int64, error)
+	DeleteAudited(ctx context.Context, kind, name string, expectRev int64, rec store.AuditRecord) error
 }
 
 var _ Store = (*store.Store)(nil)
@@ -171,12 +176,30 @@ func (s *Service) Apply(ctx context.Context, objs []*controllerv1.Resource, dryR
 // between read and write (unless the user pinned a resourceVersion).
 func (s *Service) applyWithRetry(ctx context.Context, k Kind, obj proto.Message, dryRun bool) (*controllerv1.ApplyResult, error) {
 	name := Meta(obj).GetName()
+	call := audit.CallFrom(ctx)
 	var action string
 	var err error
+	var entry *controllerv1.AuditEntry
 	for attempt := 0; ; attempt++ {
-		action, err = s.applyOne(ctx, k, proto.Clone(obj), dryRun)
+		entry = nil
+		if call != nil && !dryRun {
+			entry = call.Entry(k.Name, name)
+		}
+		action, err = s.applyOne(ctx, k, proto.Clone(obj), dryRun, entry)
 		if !errdefs.IsConflict(err) || Meta(obj).GetResourceVersion() != "" || attempt >= maxConflictRetries {
 			break
+		}
+	}
+	if entry != nil {
+		// A write that stored its entry with it is committed; anything
+		// else (unchanged, an error) is appended when the call ends.
+		if err == nil && action != Unchanged {
+			call.Committed(entry)
+		} else {
+			if err == nil {
+				entry.Result = audit.Unchanged
+			}
+			call.Note(entry)
 		}
 	}
 	if err != nil {
@@ -188,7 +211,21 @@ func (s *Service) applyWithRetry(ctx context.Context, k Kind, obj proto.Message,
 	return &controllerv1.ApplyResult{Kind: k.Name, Name: name, Action: action}, nil
 }
 
-func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRun bool) (string, error) {
+// applyOne applies one resource. With a non-nil entry it fills in the
+// generations and changed fields and stores the entry in the write's
+// transaction (Result OK), so the write and its audit record are stored
+// together or not at all.
+func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRun bool, entry *controllerv1.AuditEntry) (string, error) {
+	if entry == nil {
+		entry = &controllerv1.AuditEntry{} // filled and dropped
+	}
+	record := func() store.AuditRecord {
+		if entry.GetTime() == nil {
+			return store.AuditRecord{}
+		}
+		entry.Result = audit.OK
+		return audit.Record(entry)
+	}
 	md := Meta(obj)
 	name := md.GetName()
 	wantRV := md.GetResourceVersion()
@@ -234,6 +271,11 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 		md.CreationTimestamp = timestamppb.New(s.clock())
 		md.DeletionTimestamp = nil
 		markPasswordSet(obj, password != "")
+		entry.GenerationAfter = 1
+		entry.Changed = audit.Changed(nil, obj, "spec", "metadata.labels", "metadata.annotations")
+		if password != "" {
+			entry.Changed = addField(entry.Changed, "spec.bmc.password")
+		}
 		if dryRun {
 			return Created, nil
 		}
@@ -242,7 +284,7 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 				return "", err
 			}
 		}
-		if _, err := s.store.Create(ctx, k.Plural, name, obj); err != nil {
+		if _, err := s.store.CreateAudited(ctx, k.Plural, name, obj, record()); err != nil {
 			if errdefs.IsAlreadyExists(err) {
 				// Created meanwhile (an agent enrolled it): read it again.
 				return "", errdefs.Conflict("%s %q was created concurrently", k.Name, name)
@@ -267,6 +309,8 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 	specChanged := !specEqual(cur, obj)
 	metaChanged := !maps.Equal(nmd.GetLabels(), md.GetLabels()) || !maps.Equal(nmd.GetAnnotations(), md.GetAnnotations())
 	headerChanged := !headerOK(cur, k)
+	entry.GenerationBefore = Meta(cur).GetGeneration()
+	entry.GenerationAfter = entry.GenerationBefore
 	if !specChanged && !metaChanged && !pwChanged && !headerChanged {
 		return Unchanged, nil
 	}
@@ -278,6 +322,11 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 	if specChanged || pwChanged {
 		nmd.Generation++
 	}
+	entry.GenerationAfter = nmd.GetGeneration()
+	entry.Changed = audit.Changed(cur, next, "spec", "metadata.labels", "metadata.annotations")
+	if pwChanged {
+		entry.Changed = addField(entry.Changed, "spec.bmc.password")
+	}
 	if dryRun {
 		return Configured, nil
 	}
@@ -286,7 +335,7 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 			return "", err
 		}
 	}
-	if _, err := s.store.Update(ctx, k.Plural, name, next, rev); err != nil {
+	if _, err := s.store.UpdateAudited(ctx, k.Plural, name, next, rev, record()); err != nil {
 		if errdefs.IsNotFound(err) && wantRV == "" {
 			// Deleted meanwhile: read it again (and create it).
 			return "", errdefs.Conflict("%s %q was deleted concurrently", k.Name, name)
@@ -294,6 +343,16 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 		return "", err
 	}
 	return Configured, nil
+}
+
+// addField adds a field name to a sorted list of changed fields.
+func addField(fields []string, f string) []string {
+	if slices.Contains(fields, f) {
+		return fields
+	}
+	fields = append(fields, f)
+	slices.Sort(fields)
+	return fields
 }
 
 // takeBMCPassword removes the write-only password from a Host and returns
@@ -572,7 +631,11 @@ func (s *Service) Delete(ctx context.Context, kind, name string) error {
 	if name == "" {
 		return errdefs.InvalidArgument("delete %s: name is required", k.Plural)
 	}
-	if err := s.store.Delete(ctx, k.Plural, name, 0); err != nil {
+	if call := audit.CallFrom(ctx); call != nil {
+		if err := s.deleteAudited(ctx, call, k, name); err != nil {
+			return err
+		}
+	} else if err := s.store.Delete(ctx, k.Plural, name, 0); err != nil {
 		return err
 	}
 	if k.Plural == "hosts" {
@@ -582,6 +645,31 @@ func (s *Service) Delete(ctx context.Context, kind, name string) error {
 	}
 	s.events.Record(ctx, k.Plural, name, events.Normal, "Deleted", k.Name+" deleted")
 	return nil
+}
+
+// deleteAudited deletes a resource with its audit entry in the same
+// transaction: it reads the generation for the entry and deletes exactly
+// what it read, reading again when a reconciler wrote in between.
+func (s *Service) deleteAudited(ctx context.Context, call *audit.Call, k Kind, name string) error {
+	var err error
+	for attempt := 0; ; attempt++ {
+		e := call.Entry(k.Name, name)
+		cur := k.New()
+		var rev int64
+		if rev, err = s.store.Get(ctx, k.Plural, name, cur); err == nil {
+			e.GenerationBefore = Meta(cur).GetGeneration()
+			e.Result = audit.OK
+			if err = s.store.DeleteAudited(ctx, k.Plural, name, rev, audit.Record(e)); err == nil {
+				call.Committed(e)
+				return nil
+			}
+		}
+		if !errdefs.IsConflict(err) || attempt >= maxConflictRetries {
+			e.Result = ""
+			call.Note(e)
+			return err
+		}
+	}
 }
 
 // Watch calls fn for every change of resources of kind (only name, when

@@ -98,6 +98,16 @@ var marshal = proto.MarshalOptions{Deterministic: true}
 // Create stores m as a new resource and returns its revision. It returns
 // AlreadyExists when the resource exists.
 func (s *Store) Create(ctx context.Context, kind, name string, m proto.Message) (int64, error) {
+	return s.CreateAudited(ctx, kind, name, m, AuditRecord{})
+}
+
+// CreateAudited is Create that stores rec in the same etcd transaction:
+// both are stored or neither.
+func (s *Store) CreateAudited(ctx context.Context, kind, name string, m proto.Message, rec AuditRecord) (int64, error) {
+	audit, err := rec.ops()
+	if err != nil {
+		return 0, err
+	}
 	key, err := resourceKey(kind, name)
 	if err != nil {
 		return 0, err
@@ -108,7 +118,7 @@ func (s *Store) Create(ctx context.Context, kind, name string, m proto.Message) 
 	}
 	resp, err := s.client.Txn(ctx).
 		If(s.guard(clientv3.Compare(clientv3.CreateRevision(key), "=", 0))...).
-		Then(clientv3.OpPut(key, string(val))).
+		Then(append([]clientv3.Op{clientv3.OpPut(key, string(val))}, audit...)...).
 		Else(s.orElse()...).
 		Commit()
 	if err != nil {
@@ -149,6 +159,16 @@ func (s *Store) Get(ctx context.Context, kind, name string, into proto.Message) 
 // exist and Conflict when it changed since expectRev was read. expectRev 0
 // updates whatever revision is stored (the resource must still exist).
 func (s *Store) Update(ctx context.Context, kind, name string, m proto.Message, expectRev int64) (int64, error) {
+	return s.UpdateAudited(ctx, kind, name, m, expectRev, AuditRecord{})
+}
+
+// UpdateAudited is Update that stores rec in the same etcd transaction:
+// both are stored or neither.
+func (s *Store) UpdateAudited(ctx context.Context, kind, name string, m proto.Message, expectRev int64, rec AuditRecord) (int64, error) {
+	audit, err := rec.ops()
+	if err != nil {
+		return 0, err
+	}
 	key, err := resourceKey(kind, name)
 	if err != nil {
 		return 0, err
@@ -166,7 +186,7 @@ func (s *Store) Update(ctx context.Context, kind, name string, m proto.Message, 
 	}
 	resp, err := s.client.Txn(ctx).
 		If(s.guard(cmp)...).
-		Then(clientv3.OpPut(key, string(val))).
+		Then(append([]clientv3.Op{clientv3.OpPut(key, string(val))}, audit...)...).
 		Else(s.orElse(clientv3.OpGet(key, clientv3.WithKeysOnly()))...).
 		Commit()
 	if err != nil {
@@ -185,6 +205,16 @@ func (s *Store) Update(ctx context.Context, kind, name string, m proto.Message, 
 // any revision). It returns NotFound when the resource does not exist and
 // Conflict when it changed since expectRev was read.
 func (s *Store) Delete(ctx context.Context, kind, name string, expectRev int64) error {
+	return s.DeleteAudited(ctx, kind, name, expectRev, AuditRecord{})
+}
+
+// DeleteAudited is Delete that stores rec in the same etcd transaction:
+// both happen or neither.
+func (s *Store) DeleteAudited(ctx context.Context, kind, name string, expectRev int64, rec AuditRecord) error {
+	audit, err := rec.ops()
+	if err != nil {
+		return err
+	}
 	key, err := resourceKey(kind, name)
 	if err != nil {
 		return err
@@ -195,7 +225,7 @@ func (s *Store) Delete(ctx context.Context, kind, name string, expectRev int64) 
 	}
 	resp, err := s.client.Txn(ctx).
 		If(s.guard(cmp)...).
-		Then(clientv3.OpDelete(key)).
+		Then(append([]clientv3.Op{clientv3.OpDelete(key)}, audit...)...).
 		Else(s.orElse(clientv3.OpGet(key, clientv3.WithKeysOnly()))...).
 		Commit()
 	if err != nil {
@@ -311,7 +341,7 @@ func checkKind(kind string) error {
 	if kind == "" {
 		return errdefs.InvalidArgument("empty kind")
 	}
-	if kind == secretsKind || kind == electionKind {
+	if kind == secretsKind || kind == electionKind || kind == auditKind {
 		return errdefs.InvalidArgument("kind %q is reserved", kind)
 	}
 	for _, r := range kind {

@@ -16,6 +16,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/errgrpc"
@@ -114,6 +116,7 @@ one for its admin to DATA_DIR/kilnconfig-admin.yaml.`,
 		a.waitCommand(),
 		a.kubeconfigCommand(),
 		a.tokenCommand(),
+		a.auditCommand(),
 		a.backupCommand(),
 		a.dnsmasqConfigCommand(),
 		completionCommand(),
@@ -168,6 +171,14 @@ func (a *app) call(ctx context.Context) (context.Context, context.CancelFunc) {
 func (a *app) rpcError(what string, err error) error {
 	if err == nil {
 		return nil
+	}
+	if st, ok := status.FromError(err); ok && st.Code() == codes.ResourceExhausted {
+		// The controller's limits (docs/security.md).
+		hint := "the controller limits each caller's request rate and open watches; wait as it says and retry"
+		if strings.Contains(st.Message(), "larger than max") {
+			hint = "the request is larger than the controller accepts (kiln-controller run --max-message-size); apply the objects in several smaller files"
+		}
+		return fmt.Errorf("%s: the controller refused the request: %s\nhint: %s", what, st.Message(), hint)
 	}
 	e := errgrpc.FromGRPC(err)
 	switch {

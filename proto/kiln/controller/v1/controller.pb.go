@@ -1360,6 +1360,271 @@ func (x *RenewResponse) GetCertificatePem() []byte {
 	return nil
 }
 
+// AuditEntry records one API write (or a refused call): who, what, to
+// which object, and how it ended. It never holds a secret value: a
+// changed password is named in changed ("spec.bmc.password"), never
+// quoted.
+type AuditEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Time  *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=time,proto3" json:"time,omitempty"`
+	// user and role are the caller's certificate name and role; serial is
+	// the certificate's serial number (hex). Empty for a caller without a
+	// certificate (enrollment).
+	User   string `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
+	Role   string `protobuf:"bytes,3,opt,name=role,proto3" json:"role,omitempty"`
+	Serial string `protobuf:"bytes,4,opt,name=serial,proto3" json:"serial,omitempty"`
+	// verb is "apply", "delete", "create-token", "get-kubeconfig",
+	// "enroll", "renew", "issue-operator-cert", or for a refused call the
+	// RPC's name ("list-audit", "get", ...).
+	Verb string `protobuf:"bytes,5,opt,name=verb,proto3" json:"verb,omitempty"`
+	// kind and name are the object (kind "Host", "Token", "Cluster"...).
+	Kind string `protobuf:"bytes,6,opt,name=kind,proto3" json:"kind,omitempty"`
+	Name string `protobuf:"bytes,7,opt,name=name,proto3" json:"name,omitempty"`
+	// generation_before and generation_after are the object's
+	// metadata.generation before and after (0: it did not exist).
+	GenerationBefore int64 `protobuf:"varint,8,opt,name=generation_before,json=generationBefore,proto3" json:"generation_before,omitempty"`
+	GenerationAfter  int64 `protobuf:"varint,9,opt,name=generation_after,json=generationAfter,proto3" json:"generation_after,omitempty"`
+	// changed names the fields the call changed ("spec.bmc.address",
+	// "metadata.labels"), never their values.
+	Changed []string `protobuf:"bytes,10,rep,name=changed,proto3" json:"changed,omitempty"`
+	// result is "ok", "unchanged", "refused" (permission denied, limits)
+	// or "failed".
+	Result string `protobuf:"bytes,11,opt,name=result,proto3" json:"result,omitempty"`
+	// message says why a call was refused or failed (the error returned).
+	Message       string `protobuf:"bytes,12,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuditEntry) Reset() {
+	*x = AuditEntry{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuditEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuditEntry) ProtoMessage() {}
+
+func (x *AuditEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
+func (*AuditEntry) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *AuditEntry) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *AuditEntry) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetVerb() string {
+	if x != nil {
+		return x.Verb
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetGenerationBefore() int64 {
+	if x != nil {
+		return x.GenerationBefore
+	}
+	return 0
+}
+
+func (x *AuditEntry) GetGenerationAfter() int64 {
+	if x != nil {
+		return x.GenerationAfter
+	}
+	return 0
+}
+
+func (x *AuditEntry) GetChanged() []string {
+	if x != nil {
+		return x.Changed
+	}
+	return nil
+}
+
+func (x *AuditEntry) GetResult() string {
+	if x != nil {
+		return x.Result
+	}
+	return ""
+}
+
+func (x *AuditEntry) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+type ListAuditRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// user and kind keep only entries of that caller name and object kind.
+	User string `protobuf:"bytes,1,opt,name=user,proto3" json:"user,omitempty"`
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	// since keeps only entries at or after it.
+	Since *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=since,proto3" json:"since,omitempty"`
+	// limit keeps the newest limit entries (default 1000).
+	Limit         int64 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAuditRequest) Reset() {
+	*x = ListAuditRequest{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAuditRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAuditRequest) ProtoMessage() {}
+
+func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
+func (*ListAuditRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ListAuditRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *ListAuditRequest) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *ListAuditRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *ListAuditRequest) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type ListAuditResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entries       []*AuditEntry          `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAuditResponse) Reset() {
+	*x = ListAuditResponse{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAuditResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAuditResponse) ProtoMessage() {}
+
+func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
+func (*ListAuditResponse) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ListAuditResponse) GetEntries() []*AuditEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
 type BackupRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// recipients are age X25519 public keys ("age1..."); the backup opens
@@ -1371,7 +1636,7 @@ type BackupRequest struct {
 
 func (x *BackupRequest) Reset() {
 	*x = BackupRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[23]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1383,7 +1648,7 @@ func (x *BackupRequest) String() string {
 func (*BackupRequest) ProtoMessage() {}
 
 func (x *BackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[23]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1396,7 +1661,7 @@ func (x *BackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
 func (*BackupRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{23}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *BackupRequest) GetRecipients() []string {
@@ -1418,7 +1683,7 @@ type BackupChunk struct {
 
 func (x *BackupChunk) Reset() {
 	*x = BackupChunk{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[24]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1430,7 +1695,7 @@ func (x *BackupChunk) String() string {
 func (*BackupChunk) ProtoMessage() {}
 
 func (x *BackupChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[24]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1443,7 +1708,7 @@ func (x *BackupChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupChunk.ProtoReflect.Descriptor instead.
 func (*BackupChunk) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{24}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *BackupChunk) GetData() []byte {
@@ -1557,7 +1822,29 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\fRenewRequest\x12\x17\n" +
 	"\acsr_der\x18\x01 \x01(\fR\x06csrDer\"8\n" +
 	"\rRenewResponse\x12'\n" +
-	"\x0fcertificate_pem\x18\x01 \x01(\fR\x0ecertificatePem\"/\n" +
+	"\x0fcertificate_pem\x18\x01 \x01(\fR\x0ecertificatePem\"\xdc\x02\n" +
+	"\n" +
+	"AuditEntry\x12.\n" +
+	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +
+	"\x04user\x18\x02 \x01(\tR\x04user\x12\x12\n" +
+	"\x04role\x18\x03 \x01(\tR\x04role\x12\x16\n" +
+	"\x06serial\x18\x04 \x01(\tR\x06serial\x12\x12\n" +
+	"\x04verb\x18\x05 \x01(\tR\x04verb\x12\x12\n" +
+	"\x04kind\x18\x06 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04name\x18\a \x01(\tR\x04name\x12+\n" +
+	"\x11generation_before\x18\b \x01(\x03R\x10generationBefore\x12)\n" +
+	"\x10generation_after\x18\t \x01(\x03R\x0fgenerationAfter\x12\x18\n" +
+	"\achanged\x18\n" +
+	" \x03(\tR\achanged\x12\x16\n" +
+	"\x06result\x18\v \x01(\tR\x06result\x12\x18\n" +
+	"\amessage\x18\f \x01(\tR\amessage\"\x82\x01\n" +
+	"\x10ListAuditRequest\x12\x12\n" +
+	"\x04user\x18\x01 \x01(\tR\x04user\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x120\n" +
+	"\x05since\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x03R\x05limit\"M\n" +
+	"\x11ListAuditResponse\x128\n" +
+	"\aentries\x18\x01 \x03(\v2\x1e.kiln.controller.v1.AuditEntryR\aentries\"/\n" +
 	"\rBackupRequest\x12\x1e\n" +
 	"\n" +
 	"recipients\x18\x01 \x03(\tR\n" +
@@ -1565,7 +1852,7 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\vBackupChunk\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x12\x12\n" +
-	"\x04keys\x18\x03 \x01(\x05R\x04keys2\xaa\x05\n" +
+	"\x04keys\x18\x03 \x01(\x05R\x04keys2\x84\x06\n" +
 	"\tResources\x12L\n" +
 	"\x05Apply\x12 .kiln.controller.v1.ApplyRequest\x1a!.kiln.controller.v1.ApplyResponse\x12C\n" +
 	"\x03Get\x12\x1e.kiln.controller.v1.GetRequest\x1a\x1c.kiln.controller.v1.Resource\x12I\n" +
@@ -1575,7 +1862,8 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\n" +
 	"ListEvents\x12%.kiln.controller.v1.ListEventsRequest\x1a&.kiln.controller.v1.ListEventsResponse\x12^\n" +
 	"\vCreateToken\x12&.kiln.controller.v1.CreateTokenRequest\x1a'.kiln.controller.v1.CreateTokenResponse\x12d\n" +
-	"\rGetKubeconfig\x12(.kiln.controller.v1.GetKubeconfigRequest\x1a).kiln.controller.v1.GetKubeconfigResponse2]\n" +
+	"\rGetKubeconfig\x12(.kiln.controller.v1.GetKubeconfigRequest\x1a).kiln.controller.v1.GetKubeconfigResponse\x12X\n" +
+	"\tListAudit\x12$.kiln.controller.v1.ListAuditRequest\x1a%.kiln.controller.v1.ListAuditResponse2]\n" +
 	"\n" +
 	"Enrollment\x12O\n" +
 	"\x06Enroll\x12!.kiln.controller.v1.EnrollRequest\x1a\".kiln.controller.v1.EnrollResponse2\xb0\x01\n" +
@@ -1597,7 +1885,7 @@ func file_kiln_controller_v1_controller_proto_rawDescGZIP() []byte {
 	return file_kiln_controller_v1_controller_proto_rawDescData
 }
 
-var file_kiln_controller_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_kiln_controller_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_kiln_controller_v1_controller_proto_goTypes = []any{
 	(*Resource)(nil),              // 0: kiln.controller.v1.Resource
 	(*ApplyRequest)(nil),          // 1: kiln.controller.v1.ApplyRequest
@@ -1622,66 +1910,74 @@ var file_kiln_controller_v1_controller_proto_goTypes = []any{
 	(*HeartbeatResponse)(nil),     // 20: kiln.controller.v1.HeartbeatResponse
 	(*RenewRequest)(nil),          // 21: kiln.controller.v1.RenewRequest
 	(*RenewResponse)(nil),         // 22: kiln.controller.v1.RenewResponse
-	(*BackupRequest)(nil),         // 23: kiln.controller.v1.BackupRequest
-	(*BackupChunk)(nil),           // 24: kiln.controller.v1.BackupChunk
-	nil,                           // 25: kiln.controller.v1.ListRequest.LabelSelectorEntry
-	(*v1.Host)(nil),               // 26: kiln.types.v1.Host
-	(*v1.Image)(nil),              // 27: kiln.types.v1.Image
-	(*v1.Cluster)(nil),            // 28: kiln.types.v1.Cluster
-	(*v1.ControlPlane)(nil),       // 29: kiln.types.v1.ControlPlane
-	(*v1.MachineDeployment)(nil),  // 30: kiln.types.v1.MachineDeployment
-	(*v1.Machine)(nil),            // 31: kiln.types.v1.Machine
-	(*v1.HealthCheck)(nil),        // 32: kiln.types.v1.HealthCheck
-	(*v1.Event)(nil),              // 33: kiln.types.v1.Event
-	(*timestamppb.Timestamp)(nil), // 34: google.protobuf.Timestamp
-	(*v1.Facts)(nil),              // 35: kiln.types.v1.Facts
+	(*AuditEntry)(nil),            // 23: kiln.controller.v1.AuditEntry
+	(*ListAuditRequest)(nil),      // 24: kiln.controller.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),     // 25: kiln.controller.v1.ListAuditResponse
+	(*BackupRequest)(nil),         // 26: kiln.controller.v1.BackupRequest
+	(*BackupChunk)(nil),           // 27: kiln.controller.v1.BackupChunk
+	nil,                           // 28: kiln.controller.v1.ListRequest.LabelSelectorEntry
+	(*v1.Host)(nil),               // 29: kiln.types.v1.Host
+	(*v1.Image)(nil),              // 30: kiln.types.v1.Image
+	(*v1.Cluster)(nil),            // 31: kiln.types.v1.Cluster
+	(*v1.ControlPlane)(nil),       // 32: kiln.types.v1.ControlPlane
+	(*v1.MachineDeployment)(nil),  // 33: kiln.types.v1.MachineDeployment
+	(*v1.Machine)(nil),            // 34: kiln.types.v1.Machine
+	(*v1.HealthCheck)(nil),        // 35: kiln.types.v1.HealthCheck
+	(*v1.Event)(nil),              // 36: kiln.types.v1.Event
+	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
+	(*v1.Facts)(nil),              // 38: kiln.types.v1.Facts
 }
 var file_kiln_controller_v1_controller_proto_depIdxs = []int32{
-	26, // 0: kiln.controller.v1.Resource.host:type_name -> kiln.types.v1.Host
-	27, // 1: kiln.controller.v1.Resource.image:type_name -> kiln.types.v1.Image
-	28, // 2: kiln.controller.v1.Resource.cluster:type_name -> kiln.types.v1.Cluster
-	29, // 3: kiln.controller.v1.Resource.control_plane:type_name -> kiln.types.v1.ControlPlane
-	30, // 4: kiln.controller.v1.Resource.machine_deployment:type_name -> kiln.types.v1.MachineDeployment
-	31, // 5: kiln.controller.v1.Resource.machine:type_name -> kiln.types.v1.Machine
-	32, // 6: kiln.controller.v1.Resource.health_check:type_name -> kiln.types.v1.HealthCheck
+	29, // 0: kiln.controller.v1.Resource.host:type_name -> kiln.types.v1.Host
+	30, // 1: kiln.controller.v1.Resource.image:type_name -> kiln.types.v1.Image
+	31, // 2: kiln.controller.v1.Resource.cluster:type_name -> kiln.types.v1.Cluster
+	32, // 3: kiln.controller.v1.Resource.control_plane:type_name -> kiln.types.v1.ControlPlane
+	33, // 4: kiln.controller.v1.Resource.machine_deployment:type_name -> kiln.types.v1.MachineDeployment
+	34, // 5: kiln.controller.v1.Resource.machine:type_name -> kiln.types.v1.Machine
+	35, // 6: kiln.controller.v1.Resource.health_check:type_name -> kiln.types.v1.HealthCheck
 	0,  // 7: kiln.controller.v1.ApplyRequest.resources:type_name -> kiln.controller.v1.Resource
 	2,  // 8: kiln.controller.v1.ApplyResponse.results:type_name -> kiln.controller.v1.ApplyResult
-	25, // 9: kiln.controller.v1.ListRequest.label_selector:type_name -> kiln.controller.v1.ListRequest.LabelSelectorEntry
+	28, // 9: kiln.controller.v1.ListRequest.label_selector:type_name -> kiln.controller.v1.ListRequest.LabelSelectorEntry
 	0,  // 10: kiln.controller.v1.ListResponse.items:type_name -> kiln.controller.v1.Resource
 	0,  // 11: kiln.controller.v1.WatchEvent.resource:type_name -> kiln.controller.v1.Resource
-	33, // 12: kiln.controller.v1.ListEventsResponse.events:type_name -> kiln.types.v1.Event
-	34, // 13: kiln.controller.v1.CreateTokenResponse.expires:type_name -> google.protobuf.Timestamp
-	35, // 14: kiln.controller.v1.EnrollRequest.facts:type_name -> kiln.types.v1.Facts
-	35, // 15: kiln.controller.v1.HeartbeatRequest.facts:type_name -> kiln.types.v1.Facts
-	1,  // 16: kiln.controller.v1.Resources.Apply:input_type -> kiln.controller.v1.ApplyRequest
-	4,  // 17: kiln.controller.v1.Resources.Get:input_type -> kiln.controller.v1.GetRequest
-	5,  // 18: kiln.controller.v1.Resources.List:input_type -> kiln.controller.v1.ListRequest
-	7,  // 19: kiln.controller.v1.Resources.Delete:input_type -> kiln.controller.v1.DeleteRequest
-	9,  // 20: kiln.controller.v1.Resources.Watch:input_type -> kiln.controller.v1.WatchRequest
-	11, // 21: kiln.controller.v1.Resources.ListEvents:input_type -> kiln.controller.v1.ListEventsRequest
-	13, // 22: kiln.controller.v1.Resources.CreateToken:input_type -> kiln.controller.v1.CreateTokenRequest
-	15, // 23: kiln.controller.v1.Resources.GetKubeconfig:input_type -> kiln.controller.v1.GetKubeconfigRequest
-	17, // 24: kiln.controller.v1.Enrollment.Enroll:input_type -> kiln.controller.v1.EnrollRequest
-	19, // 25: kiln.controller.v1.Agents.Heartbeat:input_type -> kiln.controller.v1.HeartbeatRequest
-	21, // 26: kiln.controller.v1.Agents.Renew:input_type -> kiln.controller.v1.RenewRequest
-	23, // 27: kiln.controller.v1.Maintenance.Backup:input_type -> kiln.controller.v1.BackupRequest
-	3,  // 28: kiln.controller.v1.Resources.Apply:output_type -> kiln.controller.v1.ApplyResponse
-	0,  // 29: kiln.controller.v1.Resources.Get:output_type -> kiln.controller.v1.Resource
-	6,  // 30: kiln.controller.v1.Resources.List:output_type -> kiln.controller.v1.ListResponse
-	8,  // 31: kiln.controller.v1.Resources.Delete:output_type -> kiln.controller.v1.DeleteResponse
-	10, // 32: kiln.controller.v1.Resources.Watch:output_type -> kiln.controller.v1.WatchEvent
-	12, // 33: kiln.controller.v1.Resources.ListEvents:output_type -> kiln.controller.v1.ListEventsResponse
-	14, // 34: kiln.controller.v1.Resources.CreateToken:output_type -> kiln.controller.v1.CreateTokenResponse
-	16, // 35: kiln.controller.v1.Resources.GetKubeconfig:output_type -> kiln.controller.v1.GetKubeconfigResponse
-	18, // 36: kiln.controller.v1.Enrollment.Enroll:output_type -> kiln.controller.v1.EnrollResponse
-	20, // 37: kiln.controller.v1.Agents.Heartbeat:output_type -> kiln.controller.v1.HeartbeatResponse
-	22, // 38: kiln.controller.v1.Agents.Renew:output_type -> kiln.controller.v1.RenewResponse
-	24, // 39: kiln.controller.v1.Maintenance.Backup:output_type -> kiln.controller.v1.BackupChunk
-	28, // [28:40] is the sub-list for method output_type
-	16, // [16:28] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	36, // 12: kiln.controller.v1.ListEventsResponse.events:type_name -> kiln.types.v1.Event
+	37, // 13: kiln.controller.v1.CreateTokenResponse.expires:type_name -> google.protobuf.Timestamp
+	38, // 14: kiln.controller.v1.EnrollRequest.facts:type_name -> kiln.types.v1.Facts
+	38, // 15: kiln.controller.v1.HeartbeatRequest.facts:type_name -> kiln.types.v1.Facts
+	37, // 16: kiln.controller.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	37, // 17: kiln.controller.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	23, // 18: kiln.controller.v1.ListAuditResponse.entries:type_name -> kiln.controller.v1.AuditEntry
+	1,  // 19: kiln.controller.v1.Resources.Apply:input_type -> kiln.controller.v1.ApplyRequest
+	4,  // 20: kiln.controller.v1.Resources.Get:input_type -> kiln.controller.v1.GetRequest
+	5,  // 21: kiln.controller.v1.Resources.List:input_type -> kiln.controller.v1.ListRequest
+	7,  // 22: kiln.controller.v1.Resources.Delete:input_type -> kiln.controller.v1.DeleteRequest
+	9,  // 23: kiln.controller.v1.Resources.Watch:input_type -> kiln.controller.v1.WatchRequest
+	11, // 24: kiln.controller.v1.Resources.ListEvents:input_type -> kiln.controller.v1.ListEventsRequest
+	13, // 25: kiln.controller.v1.Resources.CreateToken:input_type -> kiln.controller.v1.CreateTokenRequest
+	15, // 26: kiln.controller.v1.Resources.GetKubeconfig:input_type -> kiln.controller.v1.GetKubeconfigRequest
+	24, // 27: kiln.controller.v1.Resources.ListAudit:input_type -> kiln.controller.v1.ListAuditRequest
+	17, // 28: kiln.controller.v1.Enrollment.Enroll:input_type -> kiln.controller.v1.EnrollRequest
+	19, // 29: kiln.controller.v1.Agents.Heartbeat:input_type -> kiln.controller.v1.HeartbeatRequest
+	21, // 30: kiln.controller.v1.Agents.Renew:input_type -> kiln.controller.v1.RenewRequest
+	26, // 31: kiln.controller.v1.Maintenance.Backup:input_type -> kiln.controller.v1.BackupRequest
+	3,  // 32: kiln.controller.v1.Resources.Apply:output_type -> kiln.controller.v1.ApplyResponse
+	0,  // 33: kiln.controller.v1.Resources.Get:output_type -> kiln.controller.v1.Resource
+	6,  // 34: kiln.controller.v1.Resources.List:output_type -> kiln.controller.v1.ListResponse
+	8,  // 35: kiln.controller.v1.Resources.Delete:output_type -> kiln.controller.v1.DeleteResponse
+	10, // 36: kiln.controller.v1.Resources.Watch:output_type -> kiln.controller.v1.WatchEvent
+	12, // 37: kiln.controller.v1.Resources.ListEvents:output_type -> kiln.controller.v1.ListEventsResponse
+	14, // 38: kiln.controller.v1.Resources.CreateToken:output_type -> kiln.controller.v1.CreateTokenResponse
+	16, // 39: kiln.controller.v1.Resources.GetKubeconfig:output_type -> kiln.controller.v1.GetKubeconfigResponse
+	25, // 40: kiln.controller.v1.Resources.ListAudit:output_type -> kiln.controller.v1.ListAuditResponse
+	18, // 41: kiln.controller.v1.Enrollment.Enroll:output_type -> kiln.controller.v1.EnrollResponse
+	20, // 42: kiln.controller.v1.Agents.Heartbeat:output_type -> kiln.controller.v1.HeartbeatResponse
+	22, // 43: kiln.controller.v1.Agents.Renew:output_type -> kiln.controller.v1.RenewResponse
+	27, // 44: kiln.controller.v1.Maintenance.Backup:output_type -> kiln.controller.v1.BackupChunk
+	32, // [32:45] is the sub-list for method output_type
+	19, // [19:32] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_kiln_controller_v1_controller_proto_init() }
@@ -1704,7 +2000,7 @@ func file_kiln_controller_v1_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kiln_controller_v1_controller_proto_rawDesc), len(file_kiln_controller_v1_controller_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   26,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

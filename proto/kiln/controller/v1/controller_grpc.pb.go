@@ -30,6 +30,7 @@ const (
 	Resources_ListEvents_FullMethodName    = "/kiln.controller.v1.Resources/ListEvents"
 	Resources_CreateToken_FullMethodName   = "/kiln.controller.v1.Resources/CreateToken"
 	Resources_GetKubeconfig_FullMethodName = "/kiln.controller.v1.Resources/GetKubeconfig"
+	Resources_ListAudit_FullMethodName     = "/kiln.controller.v1.Resources/ListAudit"
 )
 
 // ResourcesClient is the client API for Resources service.
@@ -55,6 +56,11 @@ type ResourcesClient interface {
 	// NotFound when the cluster does not exist, FailedPrecondition while its
 	// first control plane has not finished kubeadm init.
 	GetKubeconfig(ctx context.Context, in *GetKubeconfigRequest, opts ...grpc.CallOption) (*GetKubeconfigResponse, error)
+	// ListAudit returns audit log entries, oldest first. Reading the audit
+	// log is its own permission: admin certificates, and the roles or
+	// identities the controller grants it to (kiln-controller run
+	// --audit-readers).
+	ListAudit(ctx context.Context, in *ListAuditRequest, opts ...grpc.CallOption) (*ListAuditResponse, error)
 }
 
 type resourcesClient struct {
@@ -154,6 +160,16 @@ func (c *resourcesClient) GetKubeconfig(ctx context.Context, in *GetKubeconfigRe
 	return out, nil
 }
 
+func (c *resourcesClient) ListAudit(ctx context.Context, in *ListAuditRequest, opts ...grpc.CallOption) (*ListAuditResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListAuditResponse)
+	err := c.cc.Invoke(ctx, Resources_ListAudit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ResourcesServer is the server API for Resources service.
 // All implementations must embed UnimplementedResourcesServer
 // for forward compatibility.
@@ -177,6 +193,11 @@ type ResourcesServer interface {
 	// NotFound when the cluster does not exist, FailedPrecondition while its
 	// first control plane has not finished kubeadm init.
 	GetKubeconfig(context.Context, *GetKubeconfigRequest) (*GetKubeconfigResponse, error)
+	// ListAudit returns audit log entries, oldest first. Reading the audit
+	// log is its own permission: admin certificates, and the roles or
+	// identities the controller grants it to (kiln-controller run
+	// --audit-readers).
+	ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error)
 	mustEmbedUnimplementedResourcesServer()
 }
 
@@ -210,6 +231,9 @@ func (UnimplementedResourcesServer) CreateToken(context.Context, *CreateTokenReq
 }
 func (UnimplementedResourcesServer) GetKubeconfig(context.Context, *GetKubeconfigRequest) (*GetKubeconfigResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetKubeconfig not implemented")
+}
+func (UnimplementedResourcesServer) ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListAudit not implemented")
 }
 func (UnimplementedResourcesServer) mustEmbedUnimplementedResourcesServer() {}
 func (UnimplementedResourcesServer) testEmbeddedByValue()                   {}
@@ -369,6 +393,24 @@ func _Resources_GetKubeconfig_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Resources_ListAudit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListAuditRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ResourcesServer).ListAudit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Resources_ListAudit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ResourcesServer).ListAudit(ctx, req.(*ListAuditRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Resources_ServiceDesc is the grpc.ServiceDesc for Resources service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -403,6 +445,10 @@ var Resources_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetKubeconfig",
 			Handler:    _Resources_GetKubeconfig_Handler,
+		},
+		{
+			MethodName: "ListAudit",
+			Handler:    _Resources_ListAudit_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
