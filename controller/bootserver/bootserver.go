@@ -80,6 +80,10 @@ func (n *BootNetwork) Cmdline() (string, error) {
 		if err != nil {
 			return "", errdefs.InvalidArgument("boot network gateway %q: %v", n.Gateway, err)
 		}
+		if gw.Zone() != "" {
+			// A zone is free text: it would put anything on the command line.
+			return "", errdefs.InvalidArgument("boot network gateway %q: remove the zone (%%%s): the boot NIC is chosen by kiln.mac", n.Gateway, gw.Zone())
+		}
 		parts = append(parts, "kiln.gateway="+gw.String())
 	}
 	if n.MAC != "" {
@@ -94,6 +98,9 @@ func (n *BootNetwork) Cmdline() (string, error) {
 		a, err := netip.ParseAddr(d)
 		if err != nil {
 			return "", errdefs.InvalidArgument("boot network DNS server %q: %v", d, err)
+		}
+		if a.Zone() != "" {
+			return "", errdefs.InvalidArgument("boot network DNS server %q: remove the zone (%%%s)", d, a.Zone())
 		}
 		dns = append(dns, a.String())
 	}
@@ -250,7 +257,8 @@ func (s *Server) serveFile(w http.ResponseWriter, r *http.Request, dir, name str
 		return
 	}
 	p := filepath.Join(dir, name)
-	f, err := os.Open(p)
+	// Inside dir only: a symlink out of it is not followed.
+	f, err := os.OpenInRoot(dir, name)
 	if err != nil {
 		http.NotFound(w, r)
 		return

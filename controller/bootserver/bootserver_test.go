@@ -148,6 +148,15 @@ func TestFilesRangeAndDigest(t *testing.T) {
 		t.Errorf("GET with a matching If-Range = %d (%d bytes), want 206 (%d bytes)", resp2.StatusCode, len(body), len(initrd)-10)
 	}
 
+	// Found by FuzzBootServer: a symlink out of the images directory was
+	// followed (issue 12, hole 6).
+	outside := filepath.Join(t.TempDir(), "secret")
+	require.NoError(t, os.WriteFile(outside, []byte("outside"), 0o600))
+	require.NoError(t, os.Symlink(outside, filepath.Join(images, "escape.raw")))
+	if resp, body := get(t, ts.URL+"/images/escape.raw"); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("GET /images/escape.raw (a symlink out of the directory) = %d %q, want 404", resp.StatusCode, body)
+	}
+
 	for _, p := range []string{"/boot/files/missing", "/boot/files/..%2fbootmedia.json", "/boot/files/.hidden", "/images/", "/boot/files/"} {
 		if resp, _ := get(t, ts.URL+p); resp.StatusCode != http.StatusNotFound {
 			t.Errorf("GET %s = %d, want 404", p, resp.StatusCode)
@@ -395,6 +404,10 @@ func TestBootNetworkCmdline(t *testing.T) {
 		{&bootserver.BootNetwork{Address: "10.0.0.5/24", Gateway: "gw"}, "", true},
 		{&bootserver.BootNetwork{Address: "10.0.0.5/24", MAC: "52:54"}, "", true},
 		{&bootserver.BootNetwork{Address: "10.0.0.5/24", DNS: []string{"8.8.8.8 x"}}, "", true},
+		// Found by FuzzBootNetworkCmdline: a zone is free text that went
+		// onto the command line as is.
+		{&bootserver.BootNetwork{Address: "fd00::5/64", Gateway: "fe80::1%x rd.break"}, "", true},
+		{&bootserver.BootNetwork{Address: "fd00::5/64", DNS: []string{"fe80::53%x kiln.host=other"}}, "", true},
 	} {
 		got, err := tc.n.Cmdline()
 		if got != tc.want || (err != nil) != tc.wantErr {
