@@ -25,6 +25,9 @@ func checkJSONResponse(t *testing.T, what string, rec *httptest.ResponseRecorder
 	if rec.Code == http.StatusNoContent || method == http.MethodHead {
 		return
 	}
+	if rec.Code/100 == 3 && rec.Header().Get("Location") != "" {
+		return // net/http's redirect to the clean path ("/." to "/")
+	}
 	if !json.Valid(rec.Body.Bytes()) {
 		t.Fatalf("%s = %d with a body that is not JSON: %q", what, rec.Code, rec.Body)
 	}
