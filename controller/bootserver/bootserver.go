@@ -286,7 +286,8 @@ func (s *Server) serveFile(w http.ResponseWriter, r *http.Request, dir, name str
 func serveContent(w http.ResponseWriter, r *http.Request, name string, modtime time.Time, size int64, content io.ReadSeeker) {
 	if spec, ok := strings.CutPrefix(r.Header.Get("Range"), "bytes="); ok {
 		for _, ra := range strings.Split(spec, ",") {
-			if n, ok := strings.CutPrefix(strings.TrimSpace(ra), "-"); ok && n != "" && strings.Trim(n, "0") == "" {
+			// net/http trims spaces around each number ("bytes=- 0").
+			if n, ok := strings.CutPrefix(strings.TrimSpace(ra), "-"); ok && strings.TrimSpace(n) != "" && strings.Trim(strings.TrimSpace(n), "0") == "" {
 				w.Header().Set("Content-Range", fmt.Sprintf("bytes */%d", size))
 				http.Error(w, "requested range not satisfiable: a suffix range of 0 bytes", http.StatusRequestedRangeNotSatisfiable)
 				return

@@ -143,9 +143,11 @@ func TestFilesRangeAndDigest(t *testing.T) {
 
 	// Found by FuzzBootServer: net/http answered the last 0 bytes with 206
 	// and Content-Range "bytes 10000-9999/10000".
-	if resp, body := get(t, ts.URL+"/boot/files/initrd.img", "Range", "bytes=-0"); resp.StatusCode != http.StatusRequestedRangeNotSatisfiable ||
-		resp.Header.Get("Content-Range") != fmt.Sprintf("bytes */%d", len(initrd)) {
-		t.Errorf("GET Range bytes=-0 = %d, Content-Range %q, %q; want 416, bytes */%d", resp.StatusCode, resp.Header.Get("Content-Range"), body, len(initrd))
+	for _, rng := range []string{"bytes=-0", "bytes=- 0", "bytes=0-1, -00"} {
+		if resp, body := get(t, ts.URL+"/boot/files/initrd.img", "Range", rng); resp.StatusCode != http.StatusRequestedRangeNotSatisfiable ||
+			resp.Header.Get("Content-Range") != fmt.Sprintf("bytes */%d", len(initrd)) {
+			t.Errorf("GET Range %q = %d, Content-Range %q, %q; want 416, bytes */%d", rng, resp.StatusCode, resp.Header.Get("Content-Range"), body, len(initrd))
+		}
 	}
 
 	// Resuming with If-Range against a changed file restarts from 0.
