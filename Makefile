@@ -7,7 +7,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/kilnhq/kiln/internal/version.Version=$(VERSION)
 BINARIES := kiln-agent kiln-controller kilnctl kiln-imagebuilder
 
-.PHONY: all build test test-short check fresh-check generate bench lab lab-down lab-upgrade kube-tools image clean $(BINARIES)
+.PHONY: all build test test-short fuzz check fresh-check generate bench lab lab-down lab-upgrade kube-tools image clean $(BINARIES)
 
 all: build
 
@@ -25,6 +25,13 @@ $(BINARIES):
 # reason when those are missing; CI runs as root with the tools installed.
 test:
 	$(GO) test -count=1 -timeout 70m ./...
+
+# Every fuzz target for FUZZTIME each (default 10m), one at a time;
+# `make test` runs only their seed corpora (docs/security.md, "Fuzzing").
+# FUZZ="FuzzDecode FuzzLoad" runs only those.
+FUZZTIME ?= 10m
+fuzz:
+	FUZZTIME=$(FUZZTIME) ./hack/fuzz.sh $(FUZZ)
 
 # The fast tier: no root needed.
 test-short:

@@ -5,6 +5,8 @@ import (
 	"net"
 	"regexp"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"sigs.k8s.io/yaml"
 
@@ -79,6 +81,21 @@ func validateCluster(c *agentv1.ClusterConfig) error {
 	}
 	if err := ValidateVersion(c.GetKubernetesVersion()); err != nil {
 		return err
+	}
+	// Free-text fields go into the YAML kubeadm reads: text only, so that
+	// what kubeadm reads is what was sent (invalid UTF-8 became U+FFFD;
+	// found by FuzzConfig).
+	for _, f := range []struct{ name, v string }{
+		{"cluster name", c.GetName()}, {"control-plane endpoint", c.GetControlPlaneEndpoint()},
+		{"DNS domain", c.GetDnsDomain()}, {"image repository", c.GetImageRepository()},
+	} {
+		if !utf8.ValidString(f.v) || strings.ContainsFunc(f.v, unicode.IsControl) {
+			return errdefs.InvalidArgument("%s %q: holds invalid UTF-8 or control characters", f.name, f.v)
+		}
+	}
+	if ep := c.GetControlPlaneEndpoint(); ep != "" && validateEndpoint(ep) != nil &&
+		net.ParseIP(strings.Trim(ep, "[]")) == nil && strings.ContainsAny(ep, " :/[]") {
+		return errdefs.InvalidArgument("control-plane endpoint %q: want host or host:port", ep)
 	}
 	if n := c.GetNodeName(); n != "" && (len(n) > 253 || !nodeNameRE.MatchString(n)) {
 		return errdefs.InvalidArgument("node name %q: want a lower-case DNS-1123 subdomain", n)

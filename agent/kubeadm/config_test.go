@@ -143,6 +143,11 @@ func TestInitConfigRefusesBadFields(t *testing.T) {
 		{"cgroup driver", func(c *agentv1.ClusterConfig) { c.CgroupDriver = "cgroupv2" }},
 		{"cloud provider", func(c *agentv1.ClusterConfig) { c.CloudProvider = "aws" }},
 		{"role", func(c *agentv1.ClusterConfig) { c.Role = "master" }},
+		// Found by FuzzConfig: free text went into the YAML as is, and
+		// invalid UTF-8 reached kubeadm as U+FFFD.
+		{"endpoint not UTF-8", func(c *agentv1.ClusterConfig) { c.ControlPlaneEndpoint = "\xd8" }},
+		{"endpoint with a path", func(c *agentv1.ClusterConfig) { c.ControlPlaneEndpoint = "https://10.0.0.1:6443/x" }},
+		{"repository with a newline", func(c *agentv1.ClusterConfig) { c.ImageRepository = "registry.lab\nx" }},
 	}
 	for _, tt := range tests {
 		c := labCluster()

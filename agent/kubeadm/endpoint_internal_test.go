@@ -19,6 +19,8 @@ metadata:
 		{"quoted IPv6", `    "kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint": "[fd00::2]:6443"` + "\n", "[fd00::2]:6443"},
 		{"no annotation", "kind: Pod\n", ""},
 		{"not an endpoint", "    kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint: nowhere\n", ""},
+		// Found by FuzzOutput: a port without a host was taken.
+		{"no host", "kubeadm.kubernetes.io/kube-apiserver.advertise-address.endpoint::6443\n", ""},
 	} {
 		p := filepath.Join(dir, tc.name)
 		if err := os.WriteFile(p, []byte(tc.manifest), 0o600); err != nil {

@@ -22,7 +22,6 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -482,7 +481,9 @@ func advertisedEndpoint(manifest string) string {
 		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
 		if ok && strings.Trim(k, `"' `) == advertiseAnnotation {
 			v = strings.Trim(strings.TrimSpace(v), `"'`)
-			if _, _, err := net.SplitHostPort(v); err == nil {
+			// Host and port both present: ":6443" names no endpoint
+			// (found by FuzzOutput).
+			if validateEndpoint(v) == nil {
 				return v
 			}
 		}

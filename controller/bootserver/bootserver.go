@@ -80,6 +80,10 @@ func (n *BootNetwork) Cmdline() (string, error) {
 		if err != nil {
 			return "", errdefs.InvalidArgument("boot network gateway %q: %v", n.Gateway, err)
 		}
+		if gw.Zone() != "" {
+			// A zone is free text: it would put anything on the command line.
+			return "", errdefs.InvalidArgument("boot network gateway %q: remove the zone (%%%s): the boot NIC is chosen by kiln.mac", n.Gateway, gw.Zone())
+		}
 		parts = append(parts, "kiln.gateway="+gw.String())
 	}
 	if n.MAC != "" {
@@ -94,6 +98,9 @@ func (n *BootNetwork) Cmdline() (string, error) {
 		a, err := netip.ParseAddr(d)
 		if err != nil {
 			return "", errdefs.InvalidArgument("boot network DNS server %q: %v", d, err)
+		}
+		if a.Zone() != "" {
+			return "", errdefs.InvalidArgument("boot network DNS server %q: remove the zone (%%%s)", d, a.Zone())
 		}
 		dns = append(dns, a.String())
 	}
@@ -250,7 +257,8 @@ func (s *Server) serveFile(w http.ResponseWriter, r *http.Request, dir, name str
 		return
 	}
 	p := filepath.Join(dir, name)
-	f, err := os.Open(p)
+	// Inside dir only: a symlink out of it is not followed.
+	f, err := os.OpenInRoot(dir, name)
 	if err != nil {
 		http.NotFound(w, r)
 		return
@@ -268,7 +276,32 @@ func (s *Server) serveFile(w http.ResponseWriter, r *http.Request, dir, name str
 		return
 	}
 	setDigest(w.Header(), sum)
-	http.ServeContent(w, r, name, st.ModTime(), f)
+	serveContent(w, r, name, st.ModTime(), st.Size(), f)
+}
+
+// serveContent is http.ServeContent, but a Range asking for the last 0
+// bytes ("bytes=-0") is answered 416: ServeContent answers it 206 with
+// the impossible Content-Range "bytes SIZE-(SIZE-1)/SIZE" (found by
+// FuzzBootServer).
+func serveContent(w http.ResponseWriter, r *http.Request, name string, modtime time.Time, size int64, content io.ReadSeeker) {
+	if spec, ok := strings.CutPrefix(r.Header.Get("Range"), "bytes="); ok {
+		for _, ra := range strings.Split(spec, ",") {
+			// net/http trims spaces around each number ("bytes=- 0").
+			if n, ok := strings.CutPrefix(strings.TrimSpace(ra), "-"); ok && strings.TrimSpace(n) != "" && strings.Trim(strings.TrimSpace(n), "0") == "" {
+				w.Header().Set("Content-Range", fmt.Sprintf("bytes */%d", size))
+				http.Error(w, "requested range not satisfiable: a suffix range of 0 bytes", http.StatusRequestedRangeNotSatisfiable)
+				return
+			}
+		}
+	}
+	http.ServeContent(w, r, name, modtime, content)
+}
+
+func fileSize(f *os.File) int64 {
+	if st, err := f.Stat(); err == nil {
+		return st.Size()
+	}
+	return 0
 }
 
 // setDigest sets X-Kiln-Sha256 (hex) and Digest: sha-256=<base64> (RFC 3230).
@@ -401,7 +434,7 @@ func (s *Server) serveISO(w http.ResponseWriter, r *http.Request) {
 	setDigest(w.Header(), sum)
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Content-Type", "application/x-iso9660-image")
-	http.ServeContent(w, r, host+".iso", iso.built, f)
+	serveContent(w, r, host+".iso", iso.built, fileSize(f), f)
 }
 
 // headISO answers HEAD for a host's ISO from the ISO already built, and
@@ -430,7 +463,7 @@ func (s *Server) headISO(w http.ResponseWriter, r *http.Request) {
 	defer f.Close()
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Content-Type", "application/x-iso9660-image")
-	http.ServeContent(w, r, host+".iso", built, f)
+	serveContent(w, r, host+".iso", built, fileSize(f), f)
 }
 
 // hostISO returns the host's ISO, building it (with a new boot token) when

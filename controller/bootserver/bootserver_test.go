@@ -141,11 +141,29 @@ func TestFilesRangeAndDigest(t *testing.T) {
 		}
 	}
 
+	// Found by FuzzBootServer: net/http answered the last 0 bytes with 206
+	// and Content-Range "bytes 10000-9999/10000".
+	for _, rng := range []string{"bytes=-0", "bytes=- 0", "bytes=0-1, -00"} {
+		if resp, body := get(t, ts.URL+"/boot/files/initrd.img", "Range", rng); resp.StatusCode != http.StatusRequestedRangeNotSatisfiable ||
+			resp.Header.Get("Content-Range") != fmt.Sprintf("bytes */%d", len(initrd)) {
+			t.Errorf("GET Range %q = %d, Content-Range %q, %q; want 416, bytes */%d", rng, resp.StatusCode, resp.Header.Get("Content-Range"), body, len(initrd))
+		}
+	}
+
 	// Resuming with If-Range against a changed file restarts from 0.
 	resp, _ := get(t, ts.URL+"/boot/files/initrd.img")
 	resp2, body := get(t, ts.URL+"/boot/files/initrd.img", "Range", "bytes=10-", "If-Range", resp.Header.Get("Last-Modified"))
 	if resp2.StatusCode != http.StatusPartialContent || len(body) != len(initrd)-10 {
 		t.Errorf("GET with a matching If-Range = %d (%d bytes), want 206 (%d bytes)", resp2.StatusCode, len(body), len(initrd)-10)
+	}
+
+	// Found by FuzzBootServer: a symlink out of the images directory was
+	// followed (issue 12, hole 6).
+	outside := filepath.Join(t.TempDir(), "secret")
+	require.NoError(t, os.WriteFile(outside, []byte("outside"), 0o600))
+	require.NoError(t, os.Symlink(outside, filepath.Join(images, "escape.raw")))
+	if resp, body := get(t, ts.URL+"/images/escape.raw"); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("GET /images/escape.raw (a symlink out of the directory) = %d %q, want 404", resp.StatusCode, body)
 	}
 
 	for _, p := range []string{"/boot/files/missing", "/boot/files/..%2fbootmedia.json", "/boot/files/.hidden", "/images/", "/boot/files/"} {
@@ -395,6 +413,10 @@ func TestBootNetworkCmdline(t *testing.T) {
 		{&bootserver.BootNetwork{Address: "10.0.0.5/24", Gateway: "gw"}, "", true},
 		{&bootserver.BootNetwork{Address: "10.0.0.5/24", MAC: "52:54"}, "", true},
 		{&bootserver.BootNetwork{Address: "10.0.0.5/24", DNS: []string{"8.8.8.8 x"}}, "", true},
+		// Found by FuzzBootNetworkCmdline: a zone is free text that went
+		// onto the command line as is.
+		{&bootserver.BootNetwork{Address: "fd00::5/64", Gateway: "fe80::1%x rd.break"}, "", true},
+		{&bootserver.BootNetwork{Address: "fd00::5/64", DNS: []string{"fe80::53%x kiln.host=other"}}, "", true},
 	} {
 		got, err := tc.n.Cmdline()
 		if got != tc.want || (err != nil) != tc.wantErr {

@@ -88,6 +88,20 @@ func labelName(s string) bool {
 
 const errCredentialsInURL = "carries credentials: put them in spec.bmc.username and spec.bmc.password instead"
 
+// carriesCredentials reports whether address a has a user-info part
+// ("user:password@host", "https://user@host/..."): '@' before the first
+// '/', '?' or '#' after any scheme. Such an address is refused without
+// being quoted, whether or not it parses.
+func carriesCredentials(a string) bool {
+	if _, rest, ok := strings.Cut(a, "://"); ok {
+		a = rest
+	}
+	if i := strings.IndexAny(a, "/?#"); i >= 0 {
+		a = a[:i]
+	}
+	return strings.Contains(a, "@")
+}
+
 // redfishAddress accepts a URL with scheme https, http, redfish+https or
 // redfish+http and a host, or a bare host[:port] (https is assumed).
 func redfishAddress(a string) string {

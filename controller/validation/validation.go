@@ -158,6 +158,10 @@ func checkHost(p *problems, s *typesv1.HostSpec) {
 	case "redfish":
 		if bmc.GetAddress() == "" {
 			p.add("spec.bmc.address", "required for protocol redfish: a URL such as https://10.0.0.5")
+		} else if carriesCredentials(bmc.GetAddress()) {
+			// Do not echo an address that may carry a password, even one
+			// that does not parse as a URL.
+			p.add("spec.bmc.address", "%s", errCredentialsInURL)
 		} else if msg := redfishAddress(bmc.GetAddress()); msg == errCredentialsInURL {
 			// Do not echo an address that carries a password.
 			p.add("spec.bmc.address", "%s", msg)
@@ -167,6 +171,8 @@ func checkHost(p *problems, s *typesv1.HostSpec) {
 	case "ipmi":
 		if bmc.GetAddress() == "" {
 			p.add("spec.bmc.address", "required for protocol ipmi: host or host:port such as 10.0.0.5:623")
+		} else if carriesCredentials(bmc.GetAddress()) {
+			p.add("spec.bmc.address", "%s", errCredentialsInURL)
 		} else if msg := ipmiAddress(bmc.GetAddress()); msg != "" {
 			p.add("spec.bmc.address", "%q %s", bmc.GetAddress(), msg)
 		}

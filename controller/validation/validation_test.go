@@ -289,8 +289,16 @@ func TestValidateNeverShowsPassword(t *testing.T) {
 	if strings.Contains(err.Error(), "hunter2-secret") {
 		t.Errorf("Validate() = %q, want no password in the message", err)
 	}
-	for _, addr := range []string{"https://root:hunter2-secret@10.0.0.5", "ftp://root:hunter2-secret@10.0.0.5:99999"} {
-		err = Validate(host(func(h *typesv1.Host) { h.Spec.Bmc.Address = addr }))
+	// The last two were found by FuzzValidate: an address that does not
+	// parse as a URL, and an IPMI host:port, were quoted whole.
+	for _, a := range []struct{ protocol, addr string }{
+		{"redfish", "https://root:hunter2-secret@10.0.0.5"},
+		{"redfish", "ftp://root:hunter2-secret@10.0.0.5:99999"},
+		{"redfish", "https://root:hunter2-secret%zz@10.0.0.5"},
+		{"ipmi", "root:hunter2-secret@10.0.0.5:623"},
+	} {
+		addr := a.addr
+		err = Validate(host(func(h *typesv1.Host) { h.Spec.Bmc.Protocol, h.Spec.Bmc.Address = a.protocol, addr }))
 		require.Error(t, err)
 		if strings.Contains(err.Error(), "hunter2-secret") || !strings.Contains(err.Error(), "spec.bmc.address: carries credentials") {
 			t.Errorf("Validate(address %q) = %q, want a credentials error without the password", addr, err)

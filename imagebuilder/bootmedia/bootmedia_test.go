@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -268,5 +269,35 @@ func BenchmarkBuild(b *testing.B) {
 		require.NoError(b, err)
 		f, _ := m.File(bootmedia.InitrdFile)
 		b.ReportMetric(float64(f.Size)/(1<<20), "MiB-initrd")
+	}
+}
+
+// TestArchiveRefusesWhatNewcCannotHold: each of these was written into a
+// corrupt archive before FuzzArchive found it (a TRAILER!!! entry ended
+// the archive early for the kernel; a NUL cut a name; sizes and times
+// were truncated to 32 bits).
+func TestArchiveRefusesWhatNewcCannotHold(t *testing.T) {
+	big := filepath.Join(t.TempDir(), "big")
+	f, err := os.Create(big)
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(1<<32)) // sparse: no disk used
+	require.NoError(t, f.Close())
+	for _, tc := range []struct {
+		name  string
+		e     bootmedia.Entry
+		mtime int64
+	}{
+		{"trailer name", bootmedia.Entry{Path: "TRAILER!!!", Mode: 0o644, Data: []byte("x")}, 0},
+		{"NUL in name", bootmedia.Entry{Path: "a\x00b", Mode: 0o644}, 0},
+		{"empty name", bootmedia.Entry{Path: "/", Mode: fs.ModeDir | 0o755}, 0},
+		{"4 GiB file", bootmedia.Entry{Path: "big", Mode: 0o644, Source: big}, 0},
+		{"negative mtime", bootmedia.Entry{Path: "a", Mode: 0o644}, -1},
+		{"mtime after 2106", bootmedia.Entry{Path: "a", Mode: 0o644}, 1 << 32},
+	} {
+		ar := &bootmedia.Archive{}
+		ar.Add(tc.e)
+		if _, err := ar.WriteTo(io.Discard, tc.mtime); !errdefs.IsInvalidArgument(err) {
+			t.Errorf("WriteTo(%s) = %v, want InvalidArgument", tc.name, err)
+		}
 	}
 }

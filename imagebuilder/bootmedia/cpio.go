@@ -4,9 +4,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"path"
 	"sort"
 	"strings"
+
+	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
 // Entry is one file of an initramfs archive.
@@ -59,11 +62,27 @@ func (a *Archive) Paths() []string {
 // owned by 0:0, all with modification time mtime (SOURCE_DATE_EPOCH), so
 // that the same inputs give the same bytes. Equivalent to:
 // `find . | LC_ALL=C sort | cpio -o -H newc -R 0:0 --reproducible`.
+//
+// It returns InvalidArgument, before writing anything, for an mtime
+// outside newc's 32 bits, and on reaching an entry newc cannot hold: an
+// empty path, the path TRAILER!!!, a NUL in a path, or a file of 4 GiB or
+// more.
 func (a *Archive) WriteTo(w io.Writer, mtime int64) (int64, error) {
+	if mtime < 0 || mtime > math.MaxUint32 {
+		return 0, errdefs.InvalidArgument("initramfs: modification time %d is outside cpio newc's 32-bit range (1970 to 2106)", mtime)
+	}
 	cw := &countWriter{w: w}
 	ino := uint32(1)
 	for _, p := range a.Paths() {
 		e := a.entries[p]
+		switch {
+		case p == "":
+			return cw.n, errdefs.InvalidArgument("initramfs: an entry has an empty path: the root directory is implied")
+		case p == "TRAILER!!!":
+			return cw.n, errdefs.InvalidArgument("initramfs: path %q marks the end of a cpio archive: rename it", p)
+		case strings.IndexByte(p, 0) >= 0:
+			return cw.n, errdefs.InvalidArgument("initramfs: path %q holds a NUL byte, which ends a cpio name", p)
+		}
 		var (
 			mode uint32
 			size int64
@@ -95,6 +114,12 @@ func (a *Archive) WriteTo(w io.Writer, mtime int64) (int64, error) {
 				size = int64(len(e.Data))
 				body = strings.NewReader(string(e.Data))
 			}
+		}
+		if size > math.MaxUint32 {
+			if rc != nil {
+				rc.Close()
+			}
+			return cw.n, errdefs.InvalidArgument("initramfs %s: %d bytes: a cpio newc entry holds at most 4 GiB", p, size)
 		}
 		nlink := uint32(1)
 		if mode&0o170000 == 0o040000 {

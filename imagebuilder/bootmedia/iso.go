@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
@@ -24,6 +25,13 @@ const ISOVolumeID = "KILN_AGENT"
 
 // fatMinEpoch is 1980-01-01T00:00:00Z, the earliest date FAT can hold.
 const fatMinEpoch = 315532800
+
+// grubMeta are the characters GRUB's script lexer gives a meaning in
+// grub.cfg: its metacharacters, quotes, variables and comments.
+const grubMeta = "{}|&$;<>\"'\\#"
+
+// maxEpoch is 9999-12-31T23:59:59Z: ISO 9660 dates have four-digit years.
+const maxEpoch = 253402300799
 
 // isoTools are the programs WriteISO runs.
 var isoTools = []string{"grub-mkimage", "xorriso", "mformat", "mcopy"}
@@ -80,14 +88,18 @@ func BuildISO(ctx context.Context, run Runner, kernel, initrd, cmdline, out stri
 // (load.cfg inserts GRUB's partition map modules; ROOT holds boot/vmlinuz,
 // boot/initrd.img, boot/grub/grub.cfg and GRUB's modules.)
 //
-// Errors: InvalidArgument for a command line grub.cfg would interpret,
+// Errors: InvalidArgument for a command line grub.cfg would interpret or
+// a date outside 1970-9999,
 // NotFound when a tool or GRUB platform is not installed.
 func WriteISO(ctx context.Context, run Runner, iso ISO, out string) error {
-	if strings.ContainsAny(iso.Cmdline, "\n\"'$;\\") {
-		return errdefs.InvalidArgument("iso: kernel command line %q holds characters grub.cfg would interpret", iso.Cmdline)
+	if strings.ContainsAny(iso.Cmdline, grubMeta) || strings.ContainsFunc(iso.Cmdline, unicode.IsControl) {
+		return errdefs.InvalidArgument("iso: kernel command line %q holds characters grub.cfg would interpret (any of %s or a control character)", iso.Cmdline, grubMeta)
 	}
 	if iso.SourceDateEpoch < 0 {
 		return errdefs.InvalidArgument("iso: source date epoch %d is before 1970", iso.SourceDateEpoch)
+	}
+	if iso.SourceDateEpoch > maxEpoch {
+		return errdefs.InvalidArgument("iso: source date epoch %d is after 9999-12-31, the last date an ISO 9660 volume holds", iso.SourceDateEpoch)
 	}
 	if iso.GrubDir == "" {
 		iso.GrubDir = DefaultGrubDir

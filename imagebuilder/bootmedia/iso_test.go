@@ -143,6 +143,11 @@ func TestWriteISOErrors(t *testing.T) {
 	}{
 		{"quote in cmdline", bootmedia.ISO{Kernel: k, Initrd: i, Cmdline: `kiln.host=a"; reboot`}, errdefs.IsInvalidArgument},
 		{"negative epoch", bootmedia.ISO{Kernel: k, Initrd: i, SourceDateEpoch: -1}, errdefs.IsInvalidArgument},
+		// Found by FuzzWriteISO: GRUB metacharacters other than quotes
+		// and ';' passed, and a year after 9999 made a 17-digit date.
+		{"brace in cmdline", bootmedia.ISO{Kernel: k, Initrd: i, Cmdline: "quiet } menuentry x {"}, errdefs.IsInvalidArgument},
+		{"pipe in cmdline", bootmedia.ISO{Kernel: k, Initrd: i, Cmdline: "a | b"}, errdefs.IsInvalidArgument},
+		{"epoch after 9999", bootmedia.ISO{Kernel: k, Initrd: i, SourceDateEpoch: 253402300800}, errdefs.IsInvalidArgument},
 		{"no GRUB", bootmedia.ISO{Kernel: k, Initrd: i, GrubDir: t.TempDir()}, errdefs.IsNotFound},
 	} {
 		err := bootmedia.WriteISO(context.Background(), bootmedia.ExecRunner{}, tc.iso, filepath.Join(t.TempDir(), "x.iso"))

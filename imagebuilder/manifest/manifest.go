@@ -111,11 +111,14 @@ func (m *Manifest) Validate() error {
 	default:
 		return errdefs.InvalidArgument("manifest %q: format %q: want %q or %q", m.Tag, m.Format, FormatRaw, FormatRawZst)
 	}
-	if m.RawSize == 0 || len(m.RawSHA256) != 64 {
+	if m.RawSize == 0 || m.RawSHA256 == "" {
 		return errdefs.InvalidArgument("manifest %q: raw size and sha256 are required", m.Tag)
 	}
-	if m.Format == FormatRawZst && len(m.CompressedSHA256) != 64 {
-		return errdefs.InvalidArgument("manifest %q: format raw.zst needs compressedSha256", m.Tag)
+	if !sha256Hex(m.RawSHA256) {
+		return errdefs.InvalidArgument("manifest %q: rawSha256 %q is not 64 lowercase hex digits", m.Tag, m.RawSHA256)
+	}
+	if m.Format == FormatRawZst && !sha256Hex(m.CompressedSHA256) {
+		return errdefs.InvalidArgument("manifest %q: format raw.zst needs compressedSha256, 64 lowercase hex digits", m.Tag)
 	}
 	return ValidateRanges(m.BlockMap, m.RawSize)
 }
@@ -133,12 +136,26 @@ func ValidateRanges(ranges []Range, size uint64) error {
 			return errdefs.InvalidArgument("block map range %d (offset %d): overlaps or is out of order", i, r.Offset)
 		case r.End() < r.Offset || r.End() > size:
 			return errdefs.InvalidArgument("block map range %d (offset %d, length %d): beyond image size %d", i, r.Offset, r.Length, size)
-		case len(r.SHA256) != 64:
-			return errdefs.InvalidArgument("block map range %d (offset %d): sha256 %q is not 64 hex digits", i, r.Offset, r.SHA256)
+		case !sha256Hex(r.SHA256):
+			return errdefs.InvalidArgument("block map range %d (offset %d): sha256 %q is not 64 lowercase hex digits", i, r.Offset, r.SHA256)
 		}
 		prevEnd = r.End()
 	}
 	return nil
+}
+
+// sha256Hex reports whether s is a sha256 as hex.EncodeToString writes
+// it, 64 lowercase hex digits: the form the agent compares sums with.
+func sha256Hex(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // Write stores m as indented JSON at path atomically: it writes a temporary

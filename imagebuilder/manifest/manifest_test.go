@@ -203,6 +203,11 @@ func TestValidate(t *testing.T) {
 		{"beyond size", func(m *Manifest) { m.BlockMap = []Range{{1 << 20, 1, h}} }, false},
 		{"empty range", func(m *Manifest) { m.BlockMap = []Range{{0, 0, h}} }, false},
 		{"bad hash", func(m *Manifest) { m.BlockMap = []Range{{0, 1, "xyz"}} }, false},
+		// Found by FuzzRead: 64 characters were enough, hex or not; an
+		// agent never matches such a sum.
+		{"raw hash not hex", func(m *Manifest) { m.RawSHA256 = strings.Repeat("Z", 64) }, false},
+		{"compressed hash upper case", func(m *Manifest) { m.CompressedSHA256 = strings.Repeat("B", 64) }, false},
+		{"range hash not hex", func(m *Manifest) { m.BlockMap = []Range{{0, 1, strings.Repeat("g", 64)}} }, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

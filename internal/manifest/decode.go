@@ -255,6 +255,11 @@ func decodeDocument(file string, n *yaml.Node, errs *Error) *Document {
 	c := &converter{file: file, errs: errs, lines: d.lines}
 	for _, name := range []string{"metadata", "spec"} {
 		v, ok := fields[name]
+		if ok && deref(v).ShortTag() == "!!null" {
+			// "spec:" with nothing after it is as good as no spec: one
+			// decoded, it could not be written back (FuzzDecode).
+			ok = false
+		}
 		if !ok {
 			if name == "spec" {
 				errs.add(file, root.Line, "spec", "required")

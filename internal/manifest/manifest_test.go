@@ -96,6 +96,10 @@ func TestDecodeErrors(t *testing.T) {
 			[]string{"f.yaml:9: spec.unhealthyConditions[0].statuss: unknown field (did you mean status?)"}},
 		{"duplicate field", goodCluster + "  podCidr: 10.245.0.0/16\n",
 			[]string{"f.yaml:11: spec.podCidr: duplicate field (first at line 9)"}},
+		// Found by FuzzDecode: empty metadata and spec were accepted, and
+		// the resource then marshalled to a document Decode refused.
+		{"empty metadata and spec", "apiVersion: kiln.dev/v1\nkind: Cluster\nmetadata:\nspec: ~\n",
+			[]string{"f.yaml:1: metadata: required: at least metadata.name", "f.yaml:1: spec: required"}},
 		{"unknown kind", strings.Replace(goodCluster, "kind: Cluster", "kind: Clustr", 1),
 			[]string{`f.yaml:2: kind: unknown kind "Clustr" (did you mean Cluster?)`}},
 		{"missing kind", strings.Replace(goodCluster, "kind: Cluster\n", "", 1),
