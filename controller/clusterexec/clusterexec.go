@@ -394,6 +394,10 @@ func (e *Executor) Reconcile(ctx context.Context, name string) error {
 		if cst.CaHash != "" && cst.Phase == clusterplan.ClusterProvisioning {
 			cst.Phase = clusterplan.ClusterNotReady
 		}
+		// So is the AddonUpgrade condition (upgrade.go).
+		if au := conditions.Get(x.GetStatus().GetConditions(), ConditionAddonUpgrade); au != nil {
+			cst.Conditions = append(cst.Conditions, au)
+		}
 		x.Status = cst
 	})
 	for _, it := range w.hcs {

@@ -3,6 +3,7 @@ package clusterexec
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/kilnhq/kiln/controller/clusterplan"
 	"github.com/kilnhq/kiln/imagebuilder/kubetools"
 	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/errdefs"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -32,11 +34,115 @@ import (
 //     ConfigMap, whose images a newer offline image does not hold;
 //   - once that member's node is Ready, its addon phase: the kube-proxy
 //     DaemonSet and the CoreDNS Deployment move to the new release's images
-//     (the tags of imagebuilder/kubetools' release recipe).
+//     (the tags the new version's Image carries, see RecipeFromImage).
 //
 // Both go through client-go with the cluster's admin kubeconfig, are
 // idempotent, record an event on the Cluster when they change something and
 // are retried on the next pass when they fail.
+//
+// The recipe (which etcd, CoreDNS, kube-proxy and pause tags a version
+// wants) comes from the Image the new members boot: kiln-imagebuilder
+// records what the image's own kubeadm pins (spec.addons). Kiln keeps no
+// table of versions. An image without them, or for another version, is an
+// unknown recipe: the Cluster's AddonUpgrade condition turns False with
+// reason RecipeUnknown, the new member does not join, and no addon is
+// touched until the image is rebuilt.
+
+// ConditionAddonUpgrade is the Cluster condition of the addon steps of an
+// upgrade by reimaging.
+const ConditionAddonUpgrade = "AddonUpgrade"
+
+// Reasons of ConditionAddonUpgrade.
+const (
+	// ReasonRecipeUnknown: the target version's Image carries no addon
+	// tags (or is missing, or is for another version); the rollout waits.
+	ReasonRecipeUnknown = "RecipeUnknown"
+	// ReasonRecipeFromImage: the target version's Image carries its
+	// recipe (after an earlier RecipeUnknown).
+	ReasonRecipeFromImage = "RecipeFromImage"
+	// ReasonKubeadmConfigUpgraded: kubeadm-config moved to the new version.
+	ReasonKubeadmConfigUpgraded = "KubeadmConfigUpgraded"
+	// ReasonAddonsUpgraded: kube-proxy and CoreDNS moved to the new version.
+	ReasonAddonsUpgraded = "AddonsUpgraded"
+)
+
+// RecipeFromImage returns the addon recipe of Kubernetes version from img,
+// the Image a member of that version boots: its spec.addons, recorded by
+// kiln-imagebuilder from the image's kubeadm. It returns a
+// FailedPrecondition error, naming the version and the image and saying to
+// rebuild the image, when img is nil (named imageName but not found), is
+// for another Kubernetes version, or carries no complete addon tags.
+func RecipeFromImage(img *typesv1.Image, imageName, version string) (kubetools.Release, error) {
+	rebuild := "rebuild the image with kiln-imagebuilder of this Kiln (it records the addon tags its kubeadm pins) " +
+		"with kubernetesVersion " + version + ", apply it and point the ControlPlane's image at it"
+	switch {
+	case imageName == "":
+		return kubetools.Release{}, errdefs.FailedPrecondition("no addon recipe for Kubernetes %s: its machines name no Image; %s", version, rebuild)
+	case img == nil:
+		return kubetools.Release{}, errdefs.FailedPrecondition("no addon recipe for Kubernetes %s: Image %q not found; %s", version, imageName, rebuild)
+	}
+	if iv := img.GetSpec().GetKubernetesVersion(); iv != "" && iv != version {
+		return kubetools.Release{}, errdefs.FailedPrecondition("no addon recipe for Kubernetes %s: Image %q is for Kubernetes %s; %s", version, imageName, iv, rebuild)
+	}
+	a := img.GetSpec().GetAddons()
+	if a.GetKubeProxy() == "" || a.GetCoredns() == "" || a.GetEtcd() == "" || a.GetPause() == "" {
+		return kubetools.Release{}, errdefs.FailedPrecondition("no addon recipe for Kubernetes %s: Image %q carries no addon tags (spec.addons: kube-proxy %q, coredns %q, etcd %q, pause %q); %s",
+			version, imageName, a.GetKubeProxy(), a.GetCoredns(), a.GetEtcd(), a.GetPause(), rebuild)
+	}
+	if a.GetKubeProxy() != version {
+		return kubetools.Release{}, errdefs.FailedPrecondition("no addon recipe for Kubernetes %s: Image %q pins kube-proxy %s; %s", version, imageName, a.GetKubeProxy(), rebuild)
+	}
+	return kubetools.Release{Kubernetes: version, Etcd: a.GetEtcd(), CoreDNS: a.GetCoredns(), Pause: a.GetPause()}, nil
+}
+
+// recipe loads the Image named imageName and returns its recipe for
+// version (RecipeFromImage). When the recipe is unknown it sets the
+// Cluster's AddonUpgrade condition to False, RecipeUnknown, records a
+// Warning event when that is new, and returns the error.
+func (e *Executor) recipe(ctx context.Context, cluster, imageName, version string) (kubetools.Release, error) {
+	var img *typesv1.Image
+	if imageName != "" {
+		x := &typesv1.Image{}
+		_, err := e.deps.Store.Get(ctx, ImagesKind, imageName, x)
+		switch {
+		case err == nil:
+			img = x
+		case !errdefs.IsNotFound(err):
+			return kubetools.Release{}, fmt.Errorf("read Image %q: %w", imageName, err)
+		}
+	}
+	r, err := RecipeFromImage(img, imageName, version)
+	if err != nil {
+		if e.setClusterCondition(ctx, cluster, conditions.New(ConditionAddonUpgrade, conditions.False, ReasonRecipeUnknown, err.Error())) {
+			e.clusterEvent(ctx, cluster, "Warning", ReasonRecipeUnknown, err.Error())
+		}
+		return r, err
+	}
+	// A rebuilt image lifts an earlier RecipeUnknown.
+	c := &typesv1.Cluster{}
+	if _, gerr := e.deps.Store.Get(ctx, ClustersKind, cluster, c); gerr == nil &&
+		conditions.Get(c.GetStatus().GetConditions(), ConditionAddonUpgrade).GetReason() == ReasonRecipeUnknown {
+		e.setClusterCondition(ctx, cluster, conditions.New(ConditionAddonUpgrade, conditions.True, ReasonRecipeFromImage,
+			fmt.Sprintf("recipe of Kubernetes %s from Image %q", version, imageName)))
+	}
+	return r, nil
+}
+
+// setClusterCondition sets c on the Cluster's status; it reports whether
+// that changed the condition's status, reason or message.
+func (e *Executor) setClusterCondition(ctx context.Context, cluster string, c *typesv1.Condition) bool {
+	changed := false
+	e.storeStatus(ctx, ClustersKind, cluster, &typesv1.Cluster{}, func(m proto.Message) {
+		x := m.(*typesv1.Cluster)
+		if x.Status == nil {
+			x.Status = &typesv1.ClusterStatus{}
+		}
+		old := conditions.Get(x.Status.Conditions, c.GetType())
+		changed = old == nil || old.GetStatus() != c.GetStatus() || old.GetReason() != c.GetReason() || old.GetMessage() != c.GetMessage()
+		x.Status.Conditions, _ = conditions.Set(x.Status.Conditions, c, e.cfg.Clock())
+	})
+	return changed
+}
 
 // KubeClientFunc builds a client of a cluster from its admin kubeconfig.
 type KubeClientFunc func(kubeconfig []byte) (kubernetes.Interface, error)
@@ -130,7 +236,7 @@ func withTag(image, tag string) string {
 }
 
 // SetAddonImages moves the kube-proxy DaemonSet's kube-proxy container to
-// kube-proxy:r.Kubernetes and the coredns Deployment's coredns container to
+// kube-proxy:r.Kubernetes (kubeadm tags kube-proxy with the version) and the coredns Deployment's coredns container to
 // coredns:r.CoreDNS (kube-system; the repository of each image is kept). A
 // missing addon is skipped (a cluster may run without either). It returns
 // what it changed.
@@ -197,7 +303,9 @@ func (e *Executor) clusterEvent(ctx context.Context, cluster, typ, reason, msg s
 
 // prepareJoin runs before a control-plane member joins: when the member's
 // version is newer than the cluster's kubeadm-config, it sets the config to
-// it (upload-config).
+// it (upload-config), with the recipe of the member's Image. An unknown
+// recipe is an error (and the Cluster's AddonUpgrade condition): the member
+// does not join.
 func (e *Executor) prepareJoin(ctx context.Context, c *typesv1.Cluster, m *typesv1.Machine, boot *Bootstrap) error {
 	if boot == nil || boot.Kubeconfig == "" {
 		return nil
@@ -226,9 +334,9 @@ func (e *Executor) prepareJoin(ctx context.Context, c *typesv1.Cluster, m *types
 	if !older {
 		return nil
 	}
-	r, err := kubetools.ReleaseFor(v)
+	r, err := e.recipe(ctx, c.GetMetadata().GetName(), m.GetSpec().GetImage(), v)
 	if err != nil {
-		return nil // no recipe: nothing known to set
+		return fmt.Errorf("before joining %s at %s: %w", m.GetMetadata().GetName(), v, err)
 	}
 	cs, err := e.kubeClient(boot.Kubeconfig)
 	if err != nil {
@@ -241,8 +349,9 @@ func (e *Executor) prepareJoin(ctx context.Context, c *typesv1.Cluster, m *types
 		return fmt.Errorf("before joining %s at %s: %w", m.GetMetadata().GetName(), v, err)
 	}
 	if what != "" {
-		e.clusterEvent(ctx, c.GetMetadata().GetName(), "Normal", "KubeadmConfigUpgraded",
-			fmt.Sprintf("before %s joins at %s: %s", m.GetMetadata().GetName(), v, what))
+		msg := fmt.Sprintf("before %s joins at %s (recipe of Image %q): %s", m.GetMetadata().GetName(), v, m.GetSpec().GetImage(), what)
+		e.clusterEvent(ctx, c.GetMetadata().GetName(), "Normal", ReasonKubeadmConfigUpgraded, msg)
+		e.setClusterCondition(ctx, c.GetMetadata().GetName(), conditions.New(ConditionAddonUpgrade, conditions.True, ReasonKubeadmConfigUpgraded, msg))
 	}
 	return nil
 }
@@ -253,7 +362,10 @@ func (e *Executor) prepareJoin(ctx context.Context, c *typesv1.Cluster, m *types
 // version and cluster for the life of this executor.
 func (e *Executor) syncAddons(ctx context.Context, c *typesv1.Cluster, machines []*typesv1.Machine) error {
 	name := c.GetMetadata().GetName()
-	var newest *version.Version
+	var (
+		newest *version.Version
+		image  string
+	)
 	for _, m := range machines {
 		if m.GetSpec().GetRole() != clusterplan.RoleControlPlane || m.GetMetadata().GetDeletionTimestamp() != nil ||
 			!conditions.IsTrue(m.GetStatus().GetConditions(), ConditionBootstrapped) ||
@@ -262,7 +374,7 @@ func (e *Executor) syncAddons(ctx context.Context, c *typesv1.Cluster, machines 
 		}
 		v, err := version.ParseSemantic(clusterConfig(c, m, &typesv1.Host{}).GetKubernetesVersion())
 		if err == nil && (newest == nil || newest.LessThan(v)) {
-			newest = v
+			newest, image = v, m.GetSpec().GetImage()
 		}
 	}
 	if newest == nil {
@@ -281,9 +393,9 @@ func (e *Executor) syncAddons(ctx context.Context, c *typesv1.Cluster, machines 
 	if !older || done {
 		return nil
 	}
-	r, err := kubetools.ReleaseFor(want)
+	r, err := e.recipe(ctx, name, image, want)
 	if err != nil {
-		return nil // no recipe: the images are not known
+		return nil // the AddonUpgrade condition says why; no addon step
 	}
 	boot, err := LoadBootstrap(ctx, e.deps.Store, name)
 	if err != nil || boot.Kubeconfig == "" {
@@ -297,7 +409,9 @@ func (e *Executor) syncAddons(ctx context.Context, c *typesv1.Cluster, machines 
 	defer cancel()
 	changed, err := SetAddonImages(ctx, cs, r)
 	if len(changed) > 0 {
-		e.clusterEvent(ctx, name, "Normal", "AddonsUpgraded", "control plane at "+want+" Ready: "+strings.Join(changed, "; "))
+		msg := "control plane at " + want + " Ready (recipe of Image " + strconv.Quote(image) + "): " + strings.Join(changed, "; ")
+		e.clusterEvent(ctx, name, "Normal", ReasonAddonsUpgraded, msg)
+		e.setClusterCondition(ctx, name, conditions.New(ConditionAddonUpgrade, conditions.True, ReasonAddonsUpgraded, msg))
 	}
 	if err != nil {
 		e.clusterEvent(ctx, name, "Warning", "AddonsUpgradeFailed", err.Error())

@@ -24,6 +24,8 @@ import (
 	"github.com/kilnhq/kiln/controller/clusterexec"
 	"github.com/kilnhq/kiln/controller/sim"
 	"github.com/kilnhq/kiln/imagebuilder/kubetools"
+	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/errdefs"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -188,32 +190,18 @@ func TestSetAddonImagesUpdateFails(t *testing.T) {
 	require.Equal(t, "registry.k8s.io/coredns/coredns:v1.12.0", dns, "left for the next pass")
 }
 
-// TestMinorUpgradeMovesKubeadmConfigAndAddons rolls a one-member control
-// plane from v1.33.13 to v1.34.4 (a spare host, rolloutMaxSurge 1) against
-// the simulated kubeadm, with the cluster's API server played by client-go's
-// fake clientset, whose first kubeadm-config update fails: the new member
-// joins only after kubeadm-config says v1.34.4, kube-proxy and CoreDNS end
-// at v1.34.4's images, and the Cluster's events say so.
-func TestMinorUpgradeMovesKubeadmConfigAndAddons(t *testing.T) {
-	prev, pinned := kubetools.Previous(), kubetools.Pinned()
-	w := newWorld(t, 0)
-	objs := append(addons("registry.k8s.io/kube-proxy:"+prev.Kubernetes, "registry.k8s.io/coredns/coredns:"+prev.CoreDNS),
-		kubeadmConfig(clusterConfiguration133))
-	cs := fake.NewClientset(objs...)
-	var mu sync.Mutex
-	failed, joinsBeforeConfig := false, -1
-	cs.PrependReactor("update", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if !failed {
-			failed = true
-			return true, nil, errors.New("etcdserver: leader changed")
-		}
-		joinsBeforeConfig = count(w.kubeadm.Calls(), "KubeadmJoin", false)
-		return false, nil, nil
-	})
-	w.kube = func([]byte) (kubernetes.Interface, error) { return cs, nil }
+// upgradeWorld is a one-member control plane at v1.33.13 (a spare host,
+// rolloutMaxSurge 1) against the simulated kubeadm, with the cluster's API
+// server played by client-go's fake clientset.
+type upgradeWorld struct {
+	*world
+	cs *fake.Clientset
+}
 
+func newUpgradeWorld(t *testing.T, cs *fake.Clientset) *upgradeWorld {
+	prev := kubetools.Previous()
+	w := newWorld(t, 0)
+	w.kube = func([]byte) (kubernetes.Interface, error) { return cs, nil }
 	now := timestamppb.Now()
 	meta := func(name string) *typesv1.ObjectMeta {
 		return &typesv1.ObjectMeta{Name: name, Generation: 1, CreationTimestamp: now}
@@ -228,37 +216,129 @@ func TestMinorUpgradeMovesKubeadmConfigAndAddons(t *testing.T) {
 		KubernetesVersion: prev.Kubernetes, PodCidr: "10.244.0.0/16", ServiceCidr: "10.96.0.0/12", ControlPlaneEndpoint: "10.0.0.10:6443", DnsDomain: "cluster.local"}})
 	w.create("controlplanes", "cp", &typesv1.ControlPlane{Metadata: meta("cp"), Spec: &typesv1.ControlPlaneSpec{
 		Cluster: "c1", Replicas: 1, Version: prev.Kubernetes, Image: sim.ImageName, RolloutMaxSurge: 1}})
-	stop := w.start()
-	defer stop()
+	return &upgradeWorld{world: w, cs: cs}
+}
+
+// bootstrapped waits for the first member and gives the cluster an admin
+// kubeconfig (the simulated kubeadm init returns none; w.kube answers any).
+func (w *upgradeWorld) bootstrapped() *typesv1.Machine {
+	t := w.t
 	old := w.waitRunning(1)[0]
-	require.Equal(t, prev.Kubernetes, old.GetSpec().GetVersion())
-	require.Equal(t, prev.Kubernetes, clusterConfigOf(t, cs)["kubernetesVersion"], "kubeadm-config moved before any upgrade")
-	// The simulated kubeadm init returns no admin kubeconfig; w.kube
-	// answers any.
+	require.Equal(t, kubetools.Previous().Kubernetes, old.GetSpec().GetVersion())
 	boot, err := clusterexec.LoadBootstrap(w.ctx, w.st, "c1")
 	require.NoError(t, err)
 	boot.Kubeconfig = "apiVersion: v1\nkind: Config\n"
 	b, err := json.Marshal(boot)
 	require.NoError(t, err)
 	require.NoError(t, w.st.PutSecret(w.ctx, clusterexec.BootstrapSecretPath("c1"), b))
+	return old
+}
 
+// upgradeTo stores an Image for version carrying addons (nil: none, as
+// an image built before kiln-imagebuilder recorded them) and moves the
+// control plane to it.
+func (w *upgradeWorld) upgradeTo(version, image string, addons *typesv1.ImageAddons) {
+	t := w.t
+	w.create("images", image, &typesv1.Image{Metadata: &typesv1.ObjectMeta{Name: image, Generation: 1, CreationTimestamp: timestamppb.Now()},
+		Spec: &typesv1.ImageSpec{Url: "http://images.sim/" + image + ".raw.zst", Format: "raw.zst", Sha256: strings.Repeat("cd", 32),
+			KubernetesVersion: version, Addons: addons}})
 	cp := &typesv1.ControlPlane{}
-	var rev int64
-	rev, err = w.st.Get(w.ctx, "controlplanes", "cp", cp)
+	rev, err := w.st.Get(w.ctx, "controlplanes", "cp", cp)
 	require.NoError(t, err)
-	cp.Spec.Version = pinned.Kubernetes
+	cp.Spec.Version, cp.Spec.Image = version, image
 	_, err = w.st.Update(w.ctx, "controlplanes", "cp", cp, rev)
 	require.NoError(t, err)
+}
+
+func (w *upgradeWorld) cluster() *typesv1.Cluster {
+	c := &typesv1.Cluster{}
+	_, err := w.st.Get(w.ctx, "clusters", "c1", c)
+	require.NoError(w.t, err)
+	return c
+}
+
+func TestRecipeFromImage(t *testing.T) {
+	full := &typesv1.ImageAddons{KubeProxy: "v1.35.2", Coredns: "v1.13.1", Etcd: "3.6.6-0", Pause: "3.10.1"}
+	img := func(v string, a *typesv1.ImageAddons) *typesv1.Image {
+		return &typesv1.Image{Spec: &typesv1.ImageSpec{KubernetesVersion: v, Addons: a}}
+	}
+	for _, tc := range []struct {
+		name    string
+		img     *typesv1.Image
+		imgName string
+		want    kubetools.Release
+		wantErr []string
+	}{
+		// A version Kiln has no table entry for: the image is the recipe.
+		{name: "from the image", img: img("v1.35.2", full), imgName: "debian12-k8s1.35.2",
+			want: kubetools.Release{Kubernetes: "v1.35.2", Etcd: "3.6.6-0", CoreDNS: "v1.13.1", Pause: "3.10.1"}},
+		{name: "no addon tags", img: img("v1.35.2", nil), imgName: "debian12-k8s1.35.2",
+			wantErr: []string{"Kubernetes v1.35.2", `Image "debian12-k8s1.35.2" carries no addon tags`, "rebuild the image with kiln-imagebuilder"}},
+		{name: "missing coredns", img: img("v1.35.2", &typesv1.ImageAddons{KubeProxy: "v1.35.2", Etcd: "3.6.6-0", Pause: "3.10.1"}), imgName: "x",
+			wantErr: []string{`coredns ""`}},
+		{name: "another version", img: img("v1.34.4", full), imgName: "debian12-k8s1.34.4",
+			wantErr: []string{`Image "debian12-k8s1.34.4" is for Kubernetes v1.34.4`}},
+		{name: "no such image", imgName: "gone", wantErr: []string{`Image "gone" not found`, "kiln-imagebuilder"}},
+		{name: "no image named", wantErr: []string{"name no Image"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := clusterexec.RecipeFromImage(tc.img, tc.imgName, "v1.35.2")
+			if tc.wantErr == nil {
+				require.NoError(t, err)
+				require.Equal(t, tc.want, got)
+				return
+			}
+			require.True(t, errdefs.IsFailedPrecondition(err), "RecipeFromImage(%s) = %v, want FailedPrecondition", tc.name, err)
+			for _, want := range tc.wantErr {
+				require.ErrorContains(t, err, want)
+			}
+		})
+	}
+}
+
+// TestMinorUpgradeMovesKubeadmConfigAndAddons rolls a one-member control
+// plane from v1.33.13 to v1.34.4 onto an Image carrying v1.34.4's addon
+// tags (spec.addons), whose first kubeadm-config update fails: the new
+// member joins only after kubeadm-config says v1.34.4, kube-proxy and
+// CoreDNS end at the image's tags, and the Cluster's events and its
+// AddonUpgrade condition say so.
+func TestMinorUpgradeMovesKubeadmConfigAndAddons(t *testing.T) {
+	prev := kubetools.Previous()
+	// The tags of the target image: deliberately not kubetools.Pinned's,
+	// so that only the image can have supplied them.
+	want := kubetools.Release{Kubernetes: "v1.34.4", Etcd: "3.6.99-0", CoreDNS: "v1.99.0", Pause: "3.10.1"}
+	objs := append(addons("registry.k8s.io/kube-proxy:"+prev.Kubernetes, "registry.k8s.io/coredns/coredns:"+prev.CoreDNS),
+		kubeadmConfig(clusterConfiguration133))
+	cs := fake.NewClientset(objs...)
+	w := newUpgradeWorld(t, cs)
+	var mu sync.Mutex
+	failed, joinsBeforeConfig := false, -1
+	cs.PrependReactor("update", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !failed {
+			failed = true
+			return true, nil, errors.New("etcdserver: leader changed")
+		}
+		joinsBeforeConfig = count(w.kubeadm.Calls(), "KubeadmJoin", false)
+		return false, nil, nil
+	})
+	stop := w.start()
+	defer stop()
+	old := w.bootstrapped()
+	require.Equal(t, prev.Kubernetes, clusterConfigOf(t, cs)["kubernetesVersion"], "kubeadm-config moved before any upgrade")
+
+	w.upgradeTo(want.Kubernetes, "debian12-k8s1.34.4-new", &typesv1.ImageAddons{KubeProxy: want.Kubernetes, Coredns: want.CoreDNS, Etcd: want.Etcd, Pause: want.Pause})
 
 	var now1 *typesv1.Machine
 	done := func() bool {
 		ms := w.machines()
-		if len(ms) != 1 || ms[0].GetSpec().GetVersion() != pinned.Kubernetes || ms[0].GetStatus().GetPhase() != clusterexec.PhaseRunning {
+		if len(ms) != 1 || ms[0].GetSpec().GetVersion() != want.Kubernetes || ms[0].GetStatus().GetPhase() != clusterexec.PhaseRunning {
 			return false
 		}
 		now1 = ms[0]
 		proxy, dns := images(t, cs)
-		return proxy == "registry.k8s.io/kube-proxy:"+pinned.Kubernetes && dns == "registry.k8s.io/coredns/coredns:"+pinned.CoreDNS
+		return proxy == "registry.k8s.io/kube-proxy:"+want.Kubernetes && dns == "registry.k8s.io/coredns/coredns:"+want.CoreDNS
 	}
 	for deadline := time.Now().Add(40 * time.Second); !done(); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -267,17 +347,17 @@ func TestMinorUpgradeMovesKubeadmConfigAndAddons(t *testing.T) {
 			}
 			proxy, dns := images(t, cs)
 			t.Fatalf("control plane never at %s with its addons: kubeadm-config %v, kube-proxy %s, coredns %s",
-				pinned.Kubernetes, clusterConfigOf(t, cs)["kubernetesVersion"], proxy, dns)
+				want.Kubernetes, clusterConfigOf(t, cs)["kubernetesVersion"], proxy, dns)
 		}
 	}
 	require.NotEqual(t, old.GetMetadata().GetUid(), now1.GetMetadata().GetUid())
 
 	cfg := clusterConfigOf(t, cs)
-	require.Equal(t, pinned.Kubernetes, cfg["kubernetesVersion"])
-	require.Equal(t, pinned.Etcd, cfg["etcd"].(map[string]any)["local"].(map[string]any)["imageTag"])
+	require.Equal(t, want.Kubernetes, cfg["kubernetesVersion"])
+	require.Equal(t, want.Etcd, cfg["etcd"].(map[string]any)["local"].(map[string]any)["imageTag"], "etcd tag from the image")
 	mu.Lock()
 	require.True(t, failed, "the injected update failure was not hit")
-	require.Equal(t, 0, joinsBeforeConfig, "the new member joined before kubeadm-config said %s", pinned.Kubernetes)
+	require.Equal(t, 0, joinsBeforeConfig, "the new member joined before kubeadm-config said %s", want.Kubernetes)
 	mu.Unlock()
 
 	evs, err := w.rec.List(w.ctx, "clusters", "c1", 0)
@@ -286,7 +366,95 @@ func TestMinorUpgradeMovesKubeadmConfigAndAddons(t *testing.T) {
 	for _, ev := range evs {
 		reasons[ev.GetReason()] = ev.GetMessage()
 	}
-	require.Contains(t, reasons["KubeadmConfigUpgraded"], "kubernetesVersion "+prev.Kubernetes+" -> "+pinned.Kubernetes)
-	require.Contains(t, reasons["AddonsUpgraded"], "registry.k8s.io/kube-proxy:"+pinned.Kubernetes)
-	require.Contains(t, reasons["AddonsUpgraded"], "registry.k8s.io/coredns/coredns:"+pinned.CoreDNS)
+	require.Contains(t, reasons["KubeadmConfigUpgraded"], "kubernetesVersion "+prev.Kubernetes+" -> "+want.Kubernetes)
+	require.Contains(t, reasons["AddonsUpgraded"], "registry.k8s.io/kube-proxy:"+want.Kubernetes)
+	require.Contains(t, reasons["AddonsUpgraded"], "registry.k8s.io/coredns/coredns:"+want.CoreDNS)
+	require.Contains(t, reasons["AddonsUpgraded"], `Image "debian12-k8s1.34.4-new"`)
+	require.NotContains(t, reasons, clusterexec.ReasonRecipeUnknown)
+	au := conditions.Get(w.cluster().GetStatus().GetConditions(), clusterexec.ConditionAddonUpgrade)
+	require.NotNil(t, au, "no AddonUpgrade condition on the Cluster")
+	require.Equal(t, conditions.True, au.GetStatus())
+	require.Equal(t, clusterexec.ReasonAddonsUpgraded, au.GetReason())
+}
+
+// TestUpgradeWithoutRecipeBlocks moves the control plane to a version
+// whose Image carries no addon tags (built before kiln-imagebuilder
+// recorded them): the Cluster's AddonUpgrade condition turns False with
+// reason RecipeUnknown and a message naming the version, the image and the
+// fix; the new member does not join, and kubeadm-config, kube-proxy and
+// CoreDNS are untouched. An image rebuilt with the tags then lifts it.
+func TestUpgradeWithoutRecipeBlocks(t *testing.T) {
+	prev := kubetools.Previous()
+	const target, image = "v1.34.5", "debian12-k8s1.34.5-old" // a patch Kiln has no table entry for
+	cs := fake.NewClientset(append(addons("registry.k8s.io/kube-proxy:"+prev.Kubernetes, "registry.k8s.io/coredns/coredns:"+prev.CoreDNS),
+		kubeadmConfig(clusterConfiguration133))...)
+	w := newUpgradeWorld(t, cs)
+	stop := w.start()
+	defer stop()
+	w.bootstrapped()
+	cs.ClearActions()
+
+	w.upgradeTo(target, image, nil)
+
+	var au *typesv1.Condition
+	for deadline := time.Now().Add(40 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		au = conditions.Get(w.cluster().GetStatus().GetConditions(), clusterexec.ConditionAddonUpgrade)
+		if au != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			for _, m := range w.machines() {
+				t.Logf("machine %s %s %s %v", m.GetMetadata().GetName(), m.GetSpec().GetVersion(), m.GetStatus().GetPhase(), m.GetStatus().GetConditions())
+			}
+			t.Fatalf("no %s condition on the Cluster: %v", clusterexec.ConditionAddonUpgrade, w.cluster().GetStatus().GetConditions())
+		}
+	}
+	t.Logf("Cluster c1: %s=%s %s: %s", au.GetType(), au.GetStatus(), au.GetReason(), au.GetMessage())
+	require.Equal(t, conditions.False, au.GetStatus())
+	require.Equal(t, clusterexec.ReasonRecipeUnknown, au.GetReason())
+	for _, want := range []string{"Kubernetes " + target, `Image "` + image + `"`, "rebuild the image with kiln-imagebuilder"} {
+		require.Contains(t, au.GetMessage(), want)
+	}
+
+	// Blocked: the new member never joined and no addon step ran.
+	require.Zero(t, count(w.kubeadm.Calls(), "KubeadmJoin", false), "a member joined without a recipe")
+	for _, a := range cs.Actions() {
+		require.NotEqual(t, "update", a.GetVerb(), "an addon step ran without a recipe: %v", a)
+	}
+	require.Equal(t, prev.Kubernetes, clusterConfigOf(t, cs)["kubernetesVersion"])
+	proxy, dns := images(t, cs)
+	require.Equal(t, "registry.k8s.io/kube-proxy:"+prev.Kubernetes, proxy)
+	require.Equal(t, "registry.k8s.io/coredns/coredns:"+prev.CoreDNS, dns)
+	for _, m := range w.machines() {
+		if m.GetSpec().GetVersion() == target {
+			require.NotEqual(t, clusterexec.PhaseRunning, m.GetStatus().GetPhase(), "machine %s at %s Running", m.GetMetadata().GetName(), target)
+		}
+	}
+	evs, err := w.rec.List(w.ctx, "clusters", "c1", 0)
+	require.NoError(t, err)
+	warned := false
+	for _, ev := range evs {
+		warned = warned || (ev.GetReason() == clusterexec.ReasonRecipeUnknown && ev.GetType() == "Warning")
+	}
+	require.True(t, warned, "no RecipeUnknown warning event on the Cluster")
+
+	// The fix the message names: an image of that version with its tags,
+	// and the waiting member (laid with the old image) deleted.
+	w.upgradeTo(target, "debian12-k8s1.34.5-new", &typesv1.ImageAddons{KubeProxy: target, Coredns: "v1.12.1", Etcd: "3.6.5-0", Pause: "3.10.1"})
+	for _, m := range w.machines() {
+		if m.GetSpec().GetImage() == image {
+			require.NoError(t, w.st.Delete(w.ctx, "machines", m.GetMetadata().GetName(), 0))
+		}
+	}
+	for deadline := time.Now().Add(40 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		au = conditions.Get(w.cluster().GetStatus().GetConditions(), clusterexec.ConditionAddonUpgrade)
+		proxy, _ := images(t, cs)
+		if au.GetStatus() == conditions.True && proxy == "registry.k8s.io/kube-proxy:"+target {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the rebuilt image: %s %v, kube-proxy %s", clusterexec.ConditionAddonUpgrade, au, proxy)
+		}
+	}
+	require.Equal(t, target, clusterConfigOf(t, cs)["kubernetesVersion"])
 }

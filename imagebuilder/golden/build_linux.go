@@ -121,6 +121,11 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 		if kube, err = kubeFrom(o.KubeTools, o.Release); err != nil {
 			return nil, err
 		}
+		// The upgrade recipe the controller applies comes from the
+		// kubeadm this image carries, not from a table.
+		if kube.addons, err = kubetools.Addons(ctx, kubetools.ExecRunner{}, filepath.Join(o.KubeTools.BinDir(o.Release), kubetools.Kubeadm), s.KubernetesVersion); err != nil {
+			return nil, errdefs.FailedPrecondition("golden: addon tags of %s from its kubeadm: %v (rebuild kube-tools: %s)", s.KubernetesVersion, err, kubetools.BuildCommand(o.Release))
+		}
 	}
 	rs := RootfsSpec(s, o.RootfsCacheDir)
 	if err := rs.Validate(); err != nil {
@@ -250,6 +255,7 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	}
 	if !s.Minimal {
 		m.KubernetesVersion = s.KubernetesVersion
+		m.Addons = &kube.addons
 	}
 	for _, pt := range layout.Partitions {
 		m.Partitions = append(m.Partitions, manifest.Partition{Name: pt.Name, Type: pt.Type, UUID: pt.UUID, Offset: uint64(pt.Offset), Size: uint64(pt.Size)})

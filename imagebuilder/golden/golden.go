@@ -355,6 +355,8 @@ type kubeFiles struct {
 	bins     []named
 	archives []named
 	pause    string
+	// addons are the tags the packed kubeadm pins (kubetools.Addons).
+	addons manifest.Addons
 }
 
 type named struct{ name, path string }
@@ -426,6 +428,9 @@ func ImageResource(m *manifest.Manifest, publishURL string) ([]byte, error) {
 			RawSha256:         m.RawSHA256,
 			RawSize:           m.RawSize,
 		},
+	}
+	if a := m.Addons; a != nil {
+		img.Spec.Addons = &typesv1.ImageAddons{KubeProxy: a.KubeProxy, Coredns: a.CoreDNS, Etcd: a.Etcd, Pause: a.Pause}
 	}
 	y, err := resources.MarshalMessage(img)
 	if err != nil {

@@ -126,6 +126,7 @@ func TestImageResourceApplies(t *testing.T) {
 		RawSize: 4 << 30, RawSHA256: strings.Repeat("a", 64), CompressedSize: 300 << 20, CompressedSHA256: strings.Repeat("b", 64),
 		OSVersion: "debian12", KubernetesVersion: "v1.34.4", KernelVersion: "6.1.0-41-amd64", PatchLevel: "20251201",
 		BuildDate: time.Unix(1764633600, 0),
+		Addons:    &manifest.Addons{KubeProxy: "v1.34.4", CoreDNS: "v1.12.1", Etcd: "3.6.5-0", Pause: "3.10.1"},
 	}
 	y, err := ImageResource(m, "https://images.example.com/kiln")
 	require.NoError(t, err)
@@ -147,6 +148,11 @@ func TestImageResourceApplies(t *testing.T) {
 	}
 	if got := img.GetMetadata().GetName(); got != m.Tag {
 		t.Errorf("name = %q, want %q", got, m.Tag)
+	}
+	// The upgrade recipe travels with the image.
+	a := img.GetSpec().GetAddons()
+	if a.GetKubeProxy() != "v1.34.4" || a.GetCoredns() != "v1.12.1" || a.GetEtcd() != "3.6.5-0" || a.GetPause() != "3.10.1" {
+		t.Errorf("addons = %v, want the manifest's %+v", a, *m.Addons)
 	}
 }
 

@@ -69,6 +69,25 @@ type Manifest struct {
 	Partitions []Partition `json:"partitions,omitempty"`
 	// NonReproducible says what a rebuild may change, and why.
 	NonReproducible []NonReproducible `json:"nonReproducible,omitempty"`
+	// Addons are the addon image tags the image's kubeadm pins for
+	// KubernetesVersion: the recipe the controller applies when a cluster
+	// is upgraded to this image. Nil for an image without Kubernetes.
+	Addons *Addons `json:"addons,omitempty"`
+}
+
+// Addons are image tags (without repository) of one Kubernetes version's
+// addons and static pods, as `kubeadm config images list
+// --kubernetes-version <v>` prints them.
+type Addons struct {
+	KubeProxy string `json:"kubeProxy"`
+	CoreDNS   string `json:"coreDNS"`
+	Etcd      string `json:"etcd"`
+	Pause     string `json:"pause"`
+}
+
+// Complete reports whether every tag is set.
+func (a *Addons) Complete() bool {
+	return a != nil && a.KubeProxy != "" && a.CoreDNS != "" && a.Etcd != "" && a.Pause != ""
 }
 
 // Partition is one partition of the raw image.

@@ -1517,8 +1517,13 @@ type ImageSpec struct {
 	// manifest_url points at the image's manifest (block map and sizes).
 	ManifestUrl string `protobuf:"bytes,10,opt,name=manifest_url,json=manifestUrl,proto3" json:"manifest_url,omitempty"`
 	// raw_sha256 and raw_size describe the uncompressed image.
-	RawSha256     string `protobuf:"bytes,11,opt,name=raw_sha256,json=rawSha256,proto3" json:"raw_sha256,omitempty"`
-	RawSize       uint64 `protobuf:"varint,12,opt,name=raw_size,json=rawSize,proto3" json:"raw_size,omitempty"`
+	RawSha256 string `protobuf:"bytes,11,opt,name=raw_sha256,json=rawSha256,proto3" json:"raw_sha256,omitempty"`
+	RawSize   uint64 `protobuf:"varint,12,opt,name=raw_size,json=rawSize,proto3" json:"raw_size,omitempty"`
+	// addons are the addon image tags kubeadm pins for kubernetes_version, as
+	// the image's own kubeadm lists them (`kubeadm config images list`): the
+	// recipe of an upgrade to this image's version. Empty on an image built
+	// before kiln-imagebuilder recorded them, or without Kubernetes.
+	Addons        *ImageAddons `protobuf:"bytes,13,opt,name=addons,proto3" json:"addons,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1637,6 +1642,87 @@ func (x *ImageSpec) GetRawSize() uint64 {
 	return 0
 }
 
+func (x *ImageSpec) GetAddons() *ImageAddons {
+	if x != nil {
+		return x.Addons
+	}
+	return nil
+}
+
+// ImageAddons are the image tags (without repository) of the cluster
+// addons and static pods of one Kubernetes version.
+type ImageAddons struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// kube_proxy is the kube-proxy tag, e.g. "v1.34.4".
+	KubeProxy string `protobuf:"bytes,1,opt,name=kube_proxy,json=kubeProxy,proto3" json:"kube_proxy,omitempty"`
+	// coredns is the CoreDNS tag, e.g. "v1.12.1".
+	Coredns string `protobuf:"bytes,2,opt,name=coredns,proto3" json:"coredns,omitempty"`
+	// etcd is the etcd tag, e.g. "3.6.5-0".
+	Etcd string `protobuf:"bytes,3,opt,name=etcd,proto3" json:"etcd,omitempty"`
+	// pause is the pause (sandbox) tag, e.g. "3.10.1".
+	Pause         string `protobuf:"bytes,4,opt,name=pause,proto3" json:"pause,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImageAddons) Reset() {
+	*x = ImageAddons{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImageAddons) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImageAddons) ProtoMessage() {}
+
+func (x *ImageAddons) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImageAddons.ProtoReflect.Descriptor instead.
+func (*ImageAddons) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ImageAddons) GetKubeProxy() string {
+	if x != nil {
+		return x.KubeProxy
+	}
+	return ""
+}
+
+func (x *ImageAddons) GetCoredns() string {
+	if x != nil {
+		return x.Coredns
+	}
+	return ""
+}
+
+func (x *ImageAddons) GetEtcd() string {
+	if x != nil {
+		return x.Etcd
+	}
+	return ""
+}
+
+func (x *ImageAddons) GetPause() string {
+	if x != nil {
+		return x.Pause
+	}
+	return ""
+}
+
 type ImageStatus struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Conditions    []*Condition           `protobuf:"bytes,1,rep,name=conditions,proto3" json:"conditions,omitempty"`
@@ -1646,7 +1732,7 @@ type ImageStatus struct {
 
 func (x *ImageStatus) Reset() {
 	*x = ImageStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[14]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1658,7 +1744,7 @@ func (x *ImageStatus) String() string {
 func (*ImageStatus) ProtoMessage() {}
 
 func (x *ImageStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[14]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1671,7 +1757,7 @@ func (x *ImageStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatus.ProtoReflect.Descriptor instead.
 func (*ImageStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ImageStatus) GetConditions() []*Condition {
@@ -1694,7 +1780,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[15]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1706,7 +1792,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[15]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1719,7 +1805,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{15}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Image) GetApiVersion() string {
@@ -1782,7 +1868,7 @@ type ClusterSpec struct {
 
 func (x *ClusterSpec) Reset() {
 	*x = ClusterSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[16]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1794,7 +1880,7 @@ func (x *ClusterSpec) String() string {
 func (*ClusterSpec) ProtoMessage() {}
 
 func (x *ClusterSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[16]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1807,7 +1893,7 @@ func (x *ClusterSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterSpec.ProtoReflect.Descriptor instead.
 func (*ClusterSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{16}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ClusterSpec) GetKubernetesVersion() string {
@@ -1892,7 +1978,7 @@ type ClusterStatus struct {
 
 func (x *ClusterStatus) Reset() {
 	*x = ClusterStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[17]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1904,7 +1990,7 @@ func (x *ClusterStatus) String() string {
 func (*ClusterStatus) ProtoMessage() {}
 
 func (x *ClusterStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[17]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1917,7 +2003,7 @@ func (x *ClusterStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatus.ProtoReflect.Descriptor instead.
 func (*ClusterStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{17}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ClusterStatus) GetPhase() string {
@@ -1961,7 +2047,7 @@ type Cluster struct {
 
 func (x *Cluster) Reset() {
 	*x = Cluster{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[18]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1973,7 +2059,7 @@ func (x *Cluster) String() string {
 func (*Cluster) ProtoMessage() {}
 
 func (x *Cluster) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[18]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1986,7 +2072,7 @@ func (x *Cluster) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cluster.ProtoReflect.Descriptor instead.
 func (*Cluster) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{18}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Cluster) GetApiVersion() string {
@@ -2047,7 +2133,7 @@ type ControlPlaneSpec struct {
 
 func (x *ControlPlaneSpec) Reset() {
 	*x = ControlPlaneSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[19]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2059,7 +2145,7 @@ func (x *ControlPlaneSpec) String() string {
 func (*ControlPlaneSpec) ProtoMessage() {}
 
 func (x *ControlPlaneSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[19]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2072,7 +2158,7 @@ func (x *ControlPlaneSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneSpec.ProtoReflect.Descriptor instead.
 func (*ControlPlaneSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{19}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ControlPlaneSpec) GetCluster() string {
@@ -2140,7 +2226,7 @@ type ControlPlaneStatus struct {
 
 func (x *ControlPlaneStatus) Reset() {
 	*x = ControlPlaneStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2152,7 +2238,7 @@ func (x *ControlPlaneStatus) String() string {
 func (*ControlPlaneStatus) ProtoMessage() {}
 
 func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2165,7 +2251,7 @@ func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneStatus.ProtoReflect.Descriptor instead.
 func (*ControlPlaneStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{20}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ControlPlaneStatus) GetReplicas() int32 {
@@ -2223,7 +2309,7 @@ type ControlPlane struct {
 
 func (x *ControlPlane) Reset() {
 	*x = ControlPlane{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2235,7 +2321,7 @@ func (x *ControlPlane) String() string {
 func (*ControlPlane) ProtoMessage() {}
 
 func (x *ControlPlane) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2248,7 +2334,7 @@ func (x *ControlPlane) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlane.ProtoReflect.Descriptor instead.
 func (*ControlPlane) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{21}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ControlPlane) GetApiVersion() string {
@@ -2302,7 +2388,7 @@ type RolloutStrategy struct {
 
 func (x *RolloutStrategy) Reset() {
 	*x = RolloutStrategy{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2314,7 +2400,7 @@ func (x *RolloutStrategy) String() string {
 func (*RolloutStrategy) ProtoMessage() {}
 
 func (x *RolloutStrategy) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2327,7 +2413,7 @@ func (x *RolloutStrategy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutStrategy.ProtoReflect.Descriptor instead.
 func (*RolloutStrategy) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{22}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RolloutStrategy) GetType() string {
@@ -2374,7 +2460,7 @@ type MachineDeploymentSpec struct {
 
 func (x *MachineDeploymentSpec) Reset() {
 	*x = MachineDeploymentSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2386,7 +2472,7 @@ func (x *MachineDeploymentSpec) String() string {
 func (*MachineDeploymentSpec) ProtoMessage() {}
 
 func (x *MachineDeploymentSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2399,7 +2485,7 @@ func (x *MachineDeploymentSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineDeploymentSpec.ProtoReflect.Descriptor instead.
 func (*MachineDeploymentSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{23}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *MachineDeploymentSpec) GetCluster() string {
@@ -2466,7 +2552,7 @@ type MachineDeploymentStatus struct {
 
 func (x *MachineDeploymentStatus) Reset() {
 	*x = MachineDeploymentStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2478,7 +2564,7 @@ func (x *MachineDeploymentStatus) String() string {
 func (*MachineDeploymentStatus) ProtoMessage() {}
 
 func (x *MachineDeploymentStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2491,7 +2577,7 @@ func (x *MachineDeploymentStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineDeploymentStatus.ProtoReflect.Descriptor instead.
 func (*MachineDeploymentStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{24}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *MachineDeploymentStatus) GetReplicas() int32 {
@@ -2549,7 +2635,7 @@ type MachineDeployment struct {
 
 func (x *MachineDeployment) Reset() {
 	*x = MachineDeployment{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2561,7 +2647,7 @@ func (x *MachineDeployment) String() string {
 func (*MachineDeployment) ProtoMessage() {}
 
 func (x *MachineDeployment) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2574,7 +2660,7 @@ func (x *MachineDeployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineDeployment.ProtoReflect.Descriptor instead.
 func (*MachineDeployment) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{25}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *MachineDeployment) GetApiVersion() string {
@@ -2628,7 +2714,7 @@ type MachineSpec struct {
 
 func (x *MachineSpec) Reset() {
 	*x = MachineSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2640,7 +2726,7 @@ func (x *MachineSpec) String() string {
 func (*MachineSpec) ProtoMessage() {}
 
 func (x *MachineSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2653,7 +2739,7 @@ func (x *MachineSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineSpec.ProtoReflect.Descriptor instead.
 func (*MachineSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{26}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MachineSpec) GetCluster() string {
@@ -2718,7 +2804,7 @@ type MachineStatus struct {
 
 func (x *MachineStatus) Reset() {
 	*x = MachineStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2730,7 +2816,7 @@ func (x *MachineStatus) String() string {
 func (*MachineStatus) ProtoMessage() {}
 
 func (x *MachineStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2743,7 +2829,7 @@ func (x *MachineStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineStatus.ProtoReflect.Descriptor instead.
 func (*MachineStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{27}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *MachineStatus) GetPhase() string {
@@ -2808,7 +2894,7 @@ type Machine struct {
 
 func (x *Machine) Reset() {
 	*x = Machine{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2820,7 +2906,7 @@ func (x *Machine) String() string {
 func (*Machine) ProtoMessage() {}
 
 func (x *Machine) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2833,7 +2919,7 @@ func (x *Machine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Machine.ProtoReflect.Descriptor instead.
 func (*Machine) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{28}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Machine) GetApiVersion() string {
@@ -2883,7 +2969,7 @@ type UnhealthyCondition struct {
 
 func (x *UnhealthyCondition) Reset() {
 	*x = UnhealthyCondition{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2895,7 +2981,7 @@ func (x *UnhealthyCondition) String() string {
 func (*UnhealthyCondition) ProtoMessage() {}
 
 func (x *UnhealthyCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2908,7 +2994,7 @@ func (x *UnhealthyCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnhealthyCondition.ProtoReflect.Descriptor instead.
 func (*UnhealthyCondition) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{29}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *UnhealthyCondition) GetType() string {
@@ -2948,7 +3034,7 @@ type HealthCheckSpec struct {
 
 func (x *HealthCheckSpec) Reset() {
 	*x = HealthCheckSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2960,7 +3046,7 @@ func (x *HealthCheckSpec) String() string {
 func (*HealthCheckSpec) ProtoMessage() {}
 
 func (x *HealthCheckSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2973,7 +3059,7 @@ func (x *HealthCheckSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheckSpec.ProtoReflect.Descriptor instead.
 func (*HealthCheckSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{30}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *HealthCheckSpec) GetCluster() string {
@@ -3023,7 +3109,7 @@ type HealthCheckStatus struct {
 
 func (x *HealthCheckStatus) Reset() {
 	*x = HealthCheckStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3035,7 +3121,7 @@ func (x *HealthCheckStatus) String() string {
 func (*HealthCheckStatus) ProtoMessage() {}
 
 func (x *HealthCheckStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3048,7 +3134,7 @@ func (x *HealthCheckStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheckStatus.ProtoReflect.Descriptor instead.
 func (*HealthCheckStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{31}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *HealthCheckStatus) GetExpectedMachines() int32 {
@@ -3092,7 +3178,7 @@ type HealthCheck struct {
 
 func (x *HealthCheck) Reset() {
 	*x = HealthCheck{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3104,7 +3190,7 @@ func (x *HealthCheck) String() string {
 func (*HealthCheck) ProtoMessage() {}
 
 func (x *HealthCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3117,7 +3203,7 @@ func (x *HealthCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheck.ProtoReflect.Descriptor instead.
 func (*HealthCheck) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{32}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *HealthCheck) GetApiVersion() string {
@@ -3172,7 +3258,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3184,7 +3270,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3197,7 +3283,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{33}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Event) GetName() string {
@@ -3272,7 +3358,7 @@ type EnrollmentToken struct {
 
 func (x *EnrollmentToken) Reset() {
 	*x = EnrollmentToken{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3284,7 +3370,7 @@ func (x *EnrollmentToken) String() string {
 func (*EnrollmentToken) ProtoMessage() {}
 
 func (x *EnrollmentToken) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3297,7 +3383,7 @@ func (x *EnrollmentToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollmentToken.ProtoReflect.Descriptor instead.
 func (*EnrollmentToken) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{34}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *EnrollmentToken) GetId() string {
@@ -3523,7 +3609,7 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x125\n" +
 	"\bmetadata\x18\x03 \x01(\v2\x19.kiln.types.v1.ObjectMetaR\bmetadata\x12+\n" +
 	"\x04spec\x18\x04 \x01(\v2\x17.kiln.types.v1.HostSpecR\x04spec\x121\n" +
-	"\x06status\x18\x05 \x01(\v2\x19.kiln.types.v1.HostStatusR\x06status\"\xd5\x02\n" +
+	"\x06status\x18\x05 \x01(\v2\x19.kiln.types.v1.HostStatusR\x06status\"\x89\x03\n" +
 	"\tImageSpec\x12\x10\n" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
 	"\x06sha256\x18\x02 \x01(\tR\x06sha256\x12\x12\n" +
@@ -3540,7 +3626,14 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	" \x01(\tR\vmanifestUrl\x12\x1d\n" +
 	"\n" +
 	"raw_sha256\x18\v \x01(\tR\trawSha256\x12\x19\n" +
-	"\braw_size\x18\f \x01(\x04R\arawSize\"G\n" +
+	"\braw_size\x18\f \x01(\x04R\arawSize\x122\n" +
+	"\x06addons\x18\r \x01(\v2\x1a.kiln.types.v1.ImageAddonsR\x06addons\"p\n" +
+	"\vImageAddons\x12\x1d\n" +
+	"\n" +
+	"kube_proxy\x18\x01 \x01(\tR\tkubeProxy\x12\x18\n" +
+	"\acoredns\x18\x02 \x01(\tR\acoredns\x12\x12\n" +
+	"\x04etcd\x18\x03 \x01(\tR\x04etcd\x12\x14\n" +
+	"\x05pause\x18\x04 \x01(\tR\x05pause\"G\n" +
 	"\vImageStatus\x128\n" +
 	"\n" +
 	"conditions\x18\x01 \x03(\v2\x18.kiln.types.v1.ConditionR\n" +
@@ -3741,7 +3834,7 @@ func file_kiln_types_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_kiln_types_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kiln_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_kiln_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_kiln_types_v1_types_proto_goTypes = []any{
 	(HostState)(0),                  // 0: kiln.types.v1.HostState
 	(*ObjectMeta)(nil),              // 1: kiln.types.v1.ObjectMeta
@@ -3758,54 +3851,55 @@ var file_kiln_types_v1_types_proto_goTypes = []any{
 	(*HostStatus)(nil),              // 12: kiln.types.v1.HostStatus
 	(*Host)(nil),                    // 13: kiln.types.v1.Host
 	(*ImageSpec)(nil),               // 14: kiln.types.v1.ImageSpec
-	(*ImageStatus)(nil),             // 15: kiln.types.v1.ImageStatus
-	(*Image)(nil),                   // 16: kiln.types.v1.Image
-	(*ClusterSpec)(nil),             // 17: kiln.types.v1.ClusterSpec
-	(*ClusterStatus)(nil),           // 18: kiln.types.v1.ClusterStatus
-	(*Cluster)(nil),                 // 19: kiln.types.v1.Cluster
-	(*ControlPlaneSpec)(nil),        // 20: kiln.types.v1.ControlPlaneSpec
-	(*ControlPlaneStatus)(nil),      // 21: kiln.types.v1.ControlPlaneStatus
-	(*ControlPlane)(nil),            // 22: kiln.types.v1.ControlPlane
-	(*RolloutStrategy)(nil),         // 23: kiln.types.v1.RolloutStrategy
-	(*MachineDeploymentSpec)(nil),   // 24: kiln.types.v1.MachineDeploymentSpec
-	(*MachineDeploymentStatus)(nil), // 25: kiln.types.v1.MachineDeploymentStatus
-	(*MachineDeployment)(nil),       // 26: kiln.types.v1.MachineDeployment
-	(*MachineSpec)(nil),             // 27: kiln.types.v1.MachineSpec
-	(*MachineStatus)(nil),           // 28: kiln.types.v1.MachineStatus
-	(*Machine)(nil),                 // 29: kiln.types.v1.Machine
-	(*UnhealthyCondition)(nil),      // 30: kiln.types.v1.UnhealthyCondition
-	(*HealthCheckSpec)(nil),         // 31: kiln.types.v1.HealthCheckSpec
-	(*HealthCheckStatus)(nil),       // 32: kiln.types.v1.HealthCheckStatus
-	(*HealthCheck)(nil),             // 33: kiln.types.v1.HealthCheck
-	(*Event)(nil),                   // 34: kiln.types.v1.Event
-	(*EnrollmentToken)(nil),         // 35: kiln.types.v1.EnrollmentToken
-	nil,                             // 36: kiln.types.v1.ObjectMeta.LabelsEntry
-	nil,                             // 37: kiln.types.v1.ObjectMeta.AnnotationsEntry
-	nil,                             // 38: kiln.types.v1.Facts.KubeVersionsEntry
-	nil,                             // 39: kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
-	nil,                             // 40: kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
-	nil,                             // 41: kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
-	nil,                             // 42: kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
-	nil,                             // 43: kiln.types.v1.HealthCheckSpec.SelectorEntry
-	(*timestamppb.Timestamp)(nil),   // 44: google.protobuf.Timestamp
+	(*ImageAddons)(nil),             // 15: kiln.types.v1.ImageAddons
+	(*ImageStatus)(nil),             // 16: kiln.types.v1.ImageStatus
+	(*Image)(nil),                   // 17: kiln.types.v1.Image
+	(*ClusterSpec)(nil),             // 18: kiln.types.v1.ClusterSpec
+	(*ClusterStatus)(nil),           // 19: kiln.types.v1.ClusterStatus
+	(*Cluster)(nil),                 // 20: kiln.types.v1.Cluster
+	(*ControlPlaneSpec)(nil),        // 21: kiln.types.v1.ControlPlaneSpec
+	(*ControlPlaneStatus)(nil),      // 22: kiln.types.v1.ControlPlaneStatus
+	(*ControlPlane)(nil),            // 23: kiln.types.v1.ControlPlane
+	(*RolloutStrategy)(nil),         // 24: kiln.types.v1.RolloutStrategy
+	(*MachineDeploymentSpec)(nil),   // 25: kiln.types.v1.MachineDeploymentSpec
+	(*MachineDeploymentStatus)(nil), // 26: kiln.types.v1.MachineDeploymentStatus
+	(*MachineDeployment)(nil),       // 27: kiln.types.v1.MachineDeployment
+	(*MachineSpec)(nil),             // 28: kiln.types.v1.MachineSpec
+	(*MachineStatus)(nil),           // 29: kiln.types.v1.MachineStatus
+	(*Machine)(nil),                 // 30: kiln.types.v1.Machine
+	(*UnhealthyCondition)(nil),      // 31: kiln.types.v1.UnhealthyCondition
+	(*HealthCheckSpec)(nil),         // 32: kiln.types.v1.HealthCheckSpec
+	(*HealthCheckStatus)(nil),       // 33: kiln.types.v1.HealthCheckStatus
+	(*HealthCheck)(nil),             // 34: kiln.types.v1.HealthCheck
+	(*Event)(nil),                   // 35: kiln.types.v1.Event
+	(*EnrollmentToken)(nil),         // 36: kiln.types.v1.EnrollmentToken
+	nil,                             // 37: kiln.types.v1.ObjectMeta.LabelsEntry
+	nil,                             // 38: kiln.types.v1.ObjectMeta.AnnotationsEntry
+	nil,                             // 39: kiln.types.v1.Facts.KubeVersionsEntry
+	nil,                             // 40: kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
+	nil,                             // 41: kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
+	nil,                             // 42: kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
+	nil,                             // 43: kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
+	nil,                             // 44: kiln.types.v1.HealthCheckSpec.SelectorEntry
+	(*timestamppb.Timestamp)(nil),   // 45: google.protobuf.Timestamp
 }
 var file_kiln_types_v1_types_proto_depIdxs = []int32{
-	36, // 0: kiln.types.v1.ObjectMeta.labels:type_name -> kiln.types.v1.ObjectMeta.LabelsEntry
-	37, // 1: kiln.types.v1.ObjectMeta.annotations:type_name -> kiln.types.v1.ObjectMeta.AnnotationsEntry
-	44, // 2: kiln.types.v1.ObjectMeta.creation_timestamp:type_name -> google.protobuf.Timestamp
-	44, // 3: kiln.types.v1.ObjectMeta.deletion_timestamp:type_name -> google.protobuf.Timestamp
-	44, // 4: kiln.types.v1.Condition.last_transition_time:type_name -> google.protobuf.Timestamp
+	37, // 0: kiln.types.v1.ObjectMeta.labels:type_name -> kiln.types.v1.ObjectMeta.LabelsEntry
+	38, // 1: kiln.types.v1.ObjectMeta.annotations:type_name -> kiln.types.v1.ObjectMeta.AnnotationsEntry
+	45, // 2: kiln.types.v1.ObjectMeta.creation_timestamp:type_name -> google.protobuf.Timestamp
+	45, // 3: kiln.types.v1.ObjectMeta.deletion_timestamp:type_name -> google.protobuf.Timestamp
+	45, // 4: kiln.types.v1.Condition.last_transition_time:type_name -> google.protobuf.Timestamp
 	3,  // 5: kiln.types.v1.HostSpec.bmc:type_name -> kiln.types.v1.BMCSpec
 	5,  // 6: kiln.types.v1.HostSpec.root_device_hints:type_name -> kiln.types.v1.RootDeviceHints
 	6,  // 7: kiln.types.v1.Facts.disks:type_name -> kiln.types.v1.Disk
 	7,  // 8: kiln.types.v1.Facts.nics:type_name -> kiln.types.v1.NIC
 	8,  // 9: kiln.types.v1.Facts.routes:type_name -> kiln.types.v1.Route
-	38, // 10: kiln.types.v1.Facts.kube_versions:type_name -> kiln.types.v1.Facts.KubeVersionsEntry
-	44, // 11: kiln.types.v1.AgentStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
-	44, // 12: kiln.types.v1.AgentStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
-	44, // 13: kiln.types.v1.OperationStatus.started:type_name -> google.protobuf.Timestamp
-	44, // 14: kiln.types.v1.OperationStatus.finished:type_name -> google.protobuf.Timestamp
-	44, // 15: kiln.types.v1.OperationStatus.retry_after:type_name -> google.protobuf.Timestamp
+	39, // 10: kiln.types.v1.Facts.kube_versions:type_name -> kiln.types.v1.Facts.KubeVersionsEntry
+	45, // 11: kiln.types.v1.AgentStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
+	45, // 12: kiln.types.v1.AgentStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
+	45, // 13: kiln.types.v1.OperationStatus.started:type_name -> google.protobuf.Timestamp
+	45, // 14: kiln.types.v1.OperationStatus.finished:type_name -> google.protobuf.Timestamp
+	45, // 15: kiln.types.v1.OperationStatus.retry_after:type_name -> google.protobuf.Timestamp
 	0,  // 16: kiln.types.v1.HostStatus.state:type_name -> kiln.types.v1.HostState
 	9,  // 17: kiln.types.v1.HostStatus.facts:type_name -> kiln.types.v1.Facts
 	10, // 18: kiln.types.v1.HostStatus.agent:type_name -> kiln.types.v1.AgentStatus
@@ -3814,48 +3908,49 @@ var file_kiln_types_v1_types_proto_depIdxs = []int32{
 	1,  // 21: kiln.types.v1.Host.metadata:type_name -> kiln.types.v1.ObjectMeta
 	4,  // 22: kiln.types.v1.Host.spec:type_name -> kiln.types.v1.HostSpec
 	12, // 23: kiln.types.v1.Host.status:type_name -> kiln.types.v1.HostStatus
-	2,  // 24: kiln.types.v1.ImageStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 25: kiln.types.v1.Image.metadata:type_name -> kiln.types.v1.ObjectMeta
-	14, // 26: kiln.types.v1.Image.spec:type_name -> kiln.types.v1.ImageSpec
-	15, // 27: kiln.types.v1.Image.status:type_name -> kiln.types.v1.ImageStatus
-	2,  // 28: kiln.types.v1.ClusterStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 29: kiln.types.v1.Cluster.metadata:type_name -> kiln.types.v1.ObjectMeta
-	17, // 30: kiln.types.v1.Cluster.spec:type_name -> kiln.types.v1.ClusterSpec
-	18, // 31: kiln.types.v1.Cluster.status:type_name -> kiln.types.v1.ClusterStatus
-	39, // 32: kiln.types.v1.ControlPlaneSpec.host_selector:type_name -> kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
-	40, // 33: kiln.types.v1.ControlPlaneSpec.image_selector:type_name -> kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
-	2,  // 34: kiln.types.v1.ControlPlaneStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 35: kiln.types.v1.ControlPlane.metadata:type_name -> kiln.types.v1.ObjectMeta
-	20, // 36: kiln.types.v1.ControlPlane.spec:type_name -> kiln.types.v1.ControlPlaneSpec
-	21, // 37: kiln.types.v1.ControlPlane.status:type_name -> kiln.types.v1.ControlPlaneStatus
-	41, // 38: kiln.types.v1.MachineDeploymentSpec.host_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
-	23, // 39: kiln.types.v1.MachineDeploymentSpec.strategy:type_name -> kiln.types.v1.RolloutStrategy
-	42, // 40: kiln.types.v1.MachineDeploymentSpec.image_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
-	2,  // 41: kiln.types.v1.MachineDeploymentStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 42: kiln.types.v1.MachineDeployment.metadata:type_name -> kiln.types.v1.ObjectMeta
-	24, // 43: kiln.types.v1.MachineDeployment.spec:type_name -> kiln.types.v1.MachineDeploymentSpec
-	25, // 44: kiln.types.v1.MachineDeployment.status:type_name -> kiln.types.v1.MachineDeploymentStatus
-	2,  // 45: kiln.types.v1.MachineStatus.conditions:type_name -> kiln.types.v1.Condition
-	44, // 46: kiln.types.v1.MachineStatus.bootstrap_time:type_name -> google.protobuf.Timestamp
-	44, // 47: kiln.types.v1.MachineStatus.node_ready_time:type_name -> google.protobuf.Timestamp
-	44, // 48: kiln.types.v1.MachineStatus.certificates_not_after:type_name -> google.protobuf.Timestamp
-	1,  // 49: kiln.types.v1.Machine.metadata:type_name -> kiln.types.v1.ObjectMeta
-	27, // 50: kiln.types.v1.Machine.spec:type_name -> kiln.types.v1.MachineSpec
-	28, // 51: kiln.types.v1.Machine.status:type_name -> kiln.types.v1.MachineStatus
-	43, // 52: kiln.types.v1.HealthCheckSpec.selector:type_name -> kiln.types.v1.HealthCheckSpec.SelectorEntry
-	30, // 53: kiln.types.v1.HealthCheckSpec.unhealthy_conditions:type_name -> kiln.types.v1.UnhealthyCondition
-	2,  // 54: kiln.types.v1.HealthCheckStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 55: kiln.types.v1.HealthCheck.metadata:type_name -> kiln.types.v1.ObjectMeta
-	31, // 56: kiln.types.v1.HealthCheck.spec:type_name -> kiln.types.v1.HealthCheckSpec
-	32, // 57: kiln.types.v1.HealthCheck.status:type_name -> kiln.types.v1.HealthCheckStatus
-	44, // 58: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
-	44, // 59: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
-	44, // 60: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
-	61, // [61:61] is the sub-list for method output_type
-	61, // [61:61] is the sub-list for method input_type
-	61, // [61:61] is the sub-list for extension type_name
-	61, // [61:61] is the sub-list for extension extendee
-	0,  // [0:61] is the sub-list for field type_name
+	15, // 24: kiln.types.v1.ImageSpec.addons:type_name -> kiln.types.v1.ImageAddons
+	2,  // 25: kiln.types.v1.ImageStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 26: kiln.types.v1.Image.metadata:type_name -> kiln.types.v1.ObjectMeta
+	14, // 27: kiln.types.v1.Image.spec:type_name -> kiln.types.v1.ImageSpec
+	16, // 28: kiln.types.v1.Image.status:type_name -> kiln.types.v1.ImageStatus
+	2,  // 29: kiln.types.v1.ClusterStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 30: kiln.types.v1.Cluster.metadata:type_name -> kiln.types.v1.ObjectMeta
+	18, // 31: kiln.types.v1.Cluster.spec:type_name -> kiln.types.v1.ClusterSpec
+	19, // 32: kiln.types.v1.Cluster.status:type_name -> kiln.types.v1.ClusterStatus
+	40, // 33: kiln.types.v1.ControlPlaneSpec.host_selector:type_name -> kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
+	41, // 34: kiln.types.v1.ControlPlaneSpec.image_selector:type_name -> kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
+	2,  // 35: kiln.types.v1.ControlPlaneStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 36: kiln.types.v1.ControlPlane.metadata:type_name -> kiln.types.v1.ObjectMeta
+	21, // 37: kiln.types.v1.ControlPlane.spec:type_name -> kiln.types.v1.ControlPlaneSpec
+	22, // 38: kiln.types.v1.ControlPlane.status:type_name -> kiln.types.v1.ControlPlaneStatus
+	42, // 39: kiln.types.v1.MachineDeploymentSpec.host_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
+	24, // 40: kiln.types.v1.MachineDeploymentSpec.strategy:type_name -> kiln.types.v1.RolloutStrategy
+	43, // 41: kiln.types.v1.MachineDeploymentSpec.image_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
+	2,  // 42: kiln.types.v1.MachineDeploymentStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 43: kiln.types.v1.MachineDeployment.metadata:type_name -> kiln.types.v1.ObjectMeta
+	25, // 44: kiln.types.v1.MachineDeployment.spec:type_name -> kiln.types.v1.MachineDeploymentSpec
+	26, // 45: kiln.types.v1.MachineDeployment.status:type_name -> kiln.types.v1.MachineDeploymentStatus
+	2,  // 46: kiln.types.v1.MachineStatus.conditions:type_name -> kiln.types.v1.Condition
+	45, // 47: kiln.types.v1.MachineStatus.bootstrap_time:type_name -> google.protobuf.Timestamp
+	45, // 48: kiln.types.v1.MachineStatus.node_ready_time:type_name -> google.protobuf.Timestamp
+	45, // 49: kiln.types.v1.MachineStatus.certificates_not_after:type_name -> google.protobuf.Timestamp
+	1,  // 50: kiln.types.v1.Machine.metadata:type_name -> kiln.types.v1.ObjectMeta
+	28, // 51: kiln.types.v1.Machine.spec:type_name -> kiln.types.v1.MachineSpec
+	29, // 52: kiln.types.v1.Machine.status:type_name -> kiln.types.v1.MachineStatus
+	44, // 53: kiln.types.v1.HealthCheckSpec.selector:type_name -> kiln.types.v1.HealthCheckSpec.SelectorEntry
+	31, // 54: kiln.types.v1.HealthCheckSpec.unhealthy_conditions:type_name -> kiln.types.v1.UnhealthyCondition
+	2,  // 55: kiln.types.v1.HealthCheckStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 56: kiln.types.v1.HealthCheck.metadata:type_name -> kiln.types.v1.ObjectMeta
+	32, // 57: kiln.types.v1.HealthCheck.spec:type_name -> kiln.types.v1.HealthCheckSpec
+	33, // 58: kiln.types.v1.HealthCheck.status:type_name -> kiln.types.v1.HealthCheckStatus
+	45, // 59: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
+	45, // 60: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
+	45, // 61: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
+	62, // [62:62] is the sub-list for method output_type
+	62, // [62:62] is the sub-list for method input_type
+	62, // [62:62] is the sub-list for extension type_name
+	62, // [62:62] is the sub-list for extension extendee
+	0,  // [0:62] is the sub-list for field type_name
 }
 
 func init() { file_kiln_types_v1_types_proto_init() }
@@ -3870,7 +3965,7 @@ func file_kiln_types_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kiln_types_v1_types_proto_rawDesc), len(file_kiln_types_v1_types_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   43,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
