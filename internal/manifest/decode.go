@@ -252,7 +252,7 @@ func decodeDocument(file string, n *yaml.Node, errs *Error) *Document {
 	}
 	md := fd.Message()
 	obj := map[string]any{"apiVersion": APIVersion, "kind": kind.Value}
-	c := &converter{file: file, errs: errs, lines: d.lines}
+	c := newConverter(file, errs, d.lines, root)
 	for _, name := range []string{"metadata", "spec"} {
 		v, ok := fields[name]
 		if ok && deref(v).ShortTag() == "!!null" {
@@ -314,7 +314,7 @@ func UnmarshalMessage(file string, data []byte, m proto.Message) error {
 		root = root.Content[0]
 	}
 	errs := &Error{}
-	c := &converter{file: file, errs: errs, lines: map[string]int{}}
+	c := newConverter(file, errs, map[string]int{}, root)
 	val, ok := c.message(deref(root), m.ProtoReflect().Descriptor(), "")
 	if !ok {
 		return errs.orNil()

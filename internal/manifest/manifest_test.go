@@ -363,3 +363,37 @@ func TestEnumWordsRoundTrip(t *testing.T) {
 		t.Errorf("UnmarshalMessage(state: Cooked) = %v, want %s", err, want)
 	}
 }
+
+// aliasHealthCheck is a HealthCheck whose unhealthyConditions are n
+// aliases of one condition.
+func aliasHealthCheck(n int) []byte {
+	var b strings.Builder
+	b.WriteString("apiVersion: kiln.dev/v1\nkind: HealthCheck\nmetadata:\n  name: hc\nspec:\n  cluster: c\n  unhealthyConditions: [&a {type: NodeReady, status: \"False\", timeout: 5m}")
+	for range n {
+		b.WriteString(", *a")
+	}
+	b.WriteString("]\n")
+	return []byte(b.String())
+}
+
+// TestDecodeBoundsAliases is hole 6's alias attack: a few MB of YAML
+// aliases used to expand into GBs of work in kilnctl. A document may
+// reuse anchors, but its aliases may add at most aliasExtra values; past
+// that it is refused at the line, without the expansion.
+func TestDecodeBoundsAliases(t *testing.T) {
+	docs, err := Decode("reuse.yaml", aliasHealthCheck(1000))
+	require.NoError(t, err, "a document that reuses an anchor 1000 times")
+	require.Len(t, docs, 1)
+
+	bomb := aliasHealthCheck(300_000) // 1.2 MB; 2.1M values when expanded
+	_, err = Decode("bomb.yaml", bomb)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "bomb.yaml:7")
+	require.Contains(t, err.Error(), "aliases (*name) add more than 1000000 values")
+	t.Logf("%d bytes: %v", len(bomb), err)
+
+	var hc typesv1.HealthCheck
+	err = UnmarshalMessage("bomb.yaml", bomb, &hc)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "aliases (*name) add more than")
+}
