@@ -238,6 +238,10 @@ func checkCIDR(p *problems, field, s string, required bool) (netip.Prefix, bool)
 		p.add(field, "%q has host bits set: use %s", s, m)
 		return netip.Prefix{}, false
 	}
+	if pfx.Bits() == 0 {
+		p.add(field, "%q covers every address, the nodes' and the internet's too: use a range of its own such as 10.244.0.0/16", s)
+		return netip.Prefix{}, false
+	}
 	return pfx, true
 }
 

@@ -78,6 +78,11 @@ func (p problems) err(kind, name string) error {
 func Validate(r *controllerv1.Resource) error {
 	kind, name := KindName(r)
 	var p problems
+	// Sizes first: the other checks may quote a value, and an oversized
+	// one must not reach an error message (nor its name).
+	if checkSizes(&p, r); len(p) > 0 {
+		return p.err(kind, short(name))
+	}
 	switch o := r.GetKind().(type) {
 	case nil:
 		return errdefs.InvalidArgument("resource has no kind: set one of Host, Image, Cluster, ControlPlane, MachineDeployment, Machine, HealthCheck")

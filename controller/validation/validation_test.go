@@ -1,6 +1,7 @@
 package validation
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -451,5 +452,56 @@ func TestErrorFieldsAndGRPC(t *testing.T) {
 	back := errgrpc.FromGRPC(errgrpc.ToGRPC(err))
 	if !errdefs.IsInvalidArgument(back) || back.Error() != err.Error() {
 		t.Errorf("FromGRPC(ToGRPC(%q)) = %q, want the same InvalidArgument message", err, back)
+	}
+}
+
+// TestValidateBoundsSizes is hole 6's field-size attack: a 1 MB
+// rootDiskHint was accepted, and five such hosts made `kilnctl get hosts`
+// fail for everyone. Every string of metadata and spec is bounded, and
+// lists and maps; the refusal names the field and the size, never the
+// value, and comes before any check that would quote it.
+func TestValidateBoundsSizes(t *testing.T) {
+	big := strings.Repeat("x y", 1<<20/3)
+	tests := []struct {
+		name string
+		r    *controllerv1.Resource
+		want string
+	}{
+		{"1 MB rootDiskHint", host(func(h *typesv1.Host) { h.Spec.RootDiskHint = big }), "spec.rootDiskHint: is 1048575 bytes long: at most 4096"},
+		{"1 MB password", host(func(h *typesv1.Host) { h.Spec.Bmc.Password = big }), "spec.bmc.password: is 1048575 bytes long: at most 4096"},
+		{"1 MB name", host(func(h *typesv1.Host) { h.Metadata.Name = big }), "metadata.name: is 1048575 bytes long"},
+		{"1 MB label value", host(func(h *typesv1.Host) { h.Metadata.Labels = map[string]string{"rack": big} }), "metadata.labels[rack]: is 1048575 bytes long"},
+		{"2000 labels", host(func(h *typesv1.Host) {
+			h.Metadata.Labels = map[string]string{}
+			for i := range 2000 {
+				h.Metadata.Labels[fmt.Sprintf("l%d", i)] = "v"
+			}
+		}), "metadata.labels: has 2000 entries: at most 1024"},
+		{"2000 unhealthy conditions", hc(func(x *typesv1.HealthCheck) {
+			for range 2000 {
+				x.Spec.UnhealthyConditions = append(x.Spec.UnhealthyConditions, x.Spec.UnhealthyConditions[0])
+			}
+		}), "spec.unhealthyConditions: has 2001 items: at most 1024"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := Validate(tc.r)
+			require.Error(t, err)
+			require.Contains(t, err.Error(), tc.want)
+			require.Less(t, len(err.Error()), 1024, "the refusal quotes the value: %.200s", err.Error())
+		})
+	}
+	// At the bound is fine.
+	require.NoError(t, Validate(host(func(h *typesv1.Host) { h.Spec.RootDiskHint = "/dev/" + strings.Repeat("a", MaxFieldBytes-5) })))
+}
+
+// TestValidateRefusesCIDRsOfEverything: ::/0 and 0.0.0.0/0 were accepted
+// as a cluster's pod or service range (hole 6).
+func TestValidateRefusesCIDRsOfEverything(t *testing.T) {
+	for _, c := range []string{"0.0.0.0/0", "::/0"} {
+		err := Validate(cluster(func(x *typesv1.Cluster) { x.Spec.PodCidr = c }))
+		require.ErrorContains(t, err, "spec.podCidr: \""+c+"\" covers every address")
+		err = Validate(cluster(func(x *typesv1.Cluster) { x.Spec.ServiceCidr = c }))
+		require.ErrorContains(t, err, "spec.serviceCidr: \""+c+"\" covers every address")
 	}
 }
