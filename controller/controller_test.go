@@ -309,6 +309,23 @@ func TestEnrollmentTokens(t *testing.T) {
 		}
 	})
 
+	t.Run("an unbound token cannot take over an enrolled host", func(t *testing.T) {
+		// Hole 6: a token for no host in particular re-enrolled a working
+		// host, handing its identity to whoever held the token.
+		victim, err := enroll(ctx, t, env, env.Token(t, "", time.Hour), "taken-01")
+		require.NoError(t, err)
+		_, err = enroll(ctx, t, env, env.Token(t, "", time.Hour), "taken-01")
+		require.Equal(t, codes.PermissionDenied, code(err), "an unbound token re-enrolled an enrolled host: %v", err)
+		require.ErrorContains(t, err, "kilnctl token create --host taken-01")
+		t.Logf("refused: %v", err)
+		// The victim's certificate still works.
+		_, err = controllerv1.NewAgentsClient(env.DialCert(t, victim.certPEM, victim.keyPEM)).Heartbeat(ctx, &controllerv1.HeartbeatRequest{AgentAddress: "127.0.0.1:7444", Version: "test"})
+		require.NoError(t, err)
+		// A token bound to the host may enroll it again.
+		_, err = enroll(ctx, t, env, env.Token(t, "taken-01", time.Hour), "taken-01")
+		require.NoError(t, err)
+	})
+
 	t.Run("the same key retrying gets its certificate again", func(t *testing.T) {
 		// An agent whose answer was lost (the controller died after using
 		// the token) asks again with the same CSR: same winner, same host.

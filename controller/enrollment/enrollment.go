@@ -234,6 +234,17 @@ func (s *Service) Enroll(ctx context.Context, req EnrollRequest) (*EnrollResult,
 	if retry && host != rec.GetUsedByHost() {
 		return nil, errdefs.PermissionDenied("enrollment token %s was already used: create a new one", tok.ID)
 	}
+	// A token bound to no host enrolls new hosts (or ones never enrolled),
+	// never one that has an agent: that would hand a stranger the
+	// identity of a working node (issue 12, hole 6).
+	if rec.GetHost() == "" && !retry {
+		h := &typesv1.Host{}
+		if _, err := s.store.Get(ctx, HostsKind, host, h); err == nil && h.GetStatus().GetAgent().GetCertificateSerial() != "" {
+			return nil, errdefs.PermissionDenied("enrollment token %s is not bound to a host, and host %q already has an enrolled agent: to enroll it again, create a token for it (kilnctl token create --host %s)", tok.ID, host, host)
+		} else if err != nil && !errdefs.IsNotFound(err) {
+			return nil, fmt.Errorf("enroll: %w", err)
+		}
+	}
 
 	// Sign before consuming the token, so a bad CSR does not burn it.
 	// No subject alternative names: the controller identifies an agent by
