@@ -155,17 +155,8 @@ func operatorEtcd(ctx context.Context, cfg Config, log *slog.Logger) (*clientv3.
 		}
 		return cl, func() { cl.Close() }, nil
 	}
-	if b, err := os.ReadFile(filepath.Join(cfg.DataDir, etcdURLFile)); err == nil {
-		eps := strings.Split(strings.TrimSpace(string(b)), ",")
-		if cl, err := dialEtcd(eps, nil); err == nil {
-			pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			_, err := cl.Get(pctx, "/kiln/v1/pki/ca.crt")
-			cancel()
-			if err == nil {
-				return cl, func() { cl.Close() }, nil
-			}
-			cl.Close()
-		}
+	if cl := dialRunningEmbedded(ctx, cfg.DataDir); cl != nil {
+		return cl, func() { cl.Close() }, nil
 	}
 	emb, err := store.StartEmbedded(ctx, store.EmbeddedConfig{
 		DataDir:      filepath.Join(cfg.DataDir, "etcd"),
@@ -181,4 +172,25 @@ func operatorEtcd(ctx context.Context, cfg Config, log *slog.Logger) (*clientv3.
 		return nil, nil, err
 	}
 	return cl, func() { cl.Close(); emb.Close() }, nil
+}
+
+// dialRunningEmbedded returns a client of the embedded etcd of a
+// controller running on dataDir (the client URL it recorded there, if it
+// answers), or nil.
+func dialRunningEmbedded(ctx context.Context, dataDir string) *clientv3.Client {
+	b, err := os.ReadFile(filepath.Join(dataDir, etcdURLFile))
+	if err != nil {
+		return nil
+	}
+	cl, err := dialEtcd(strings.Split(strings.TrimSpace(string(b)), ","), nil)
+	if err != nil {
+		return nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if _, err := cl.Get(pctx, caCertKey); err != nil {
+		cl.Close()
+		return nil
+	}
+	return cl
 }

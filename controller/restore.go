@@ -8,10 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"os"
 	"path/filepath"
-	"strings"
-	"time"
 
 	"filippo.io/age"
 
@@ -72,8 +69,11 @@ func Restore(ctx context.Context, cfg Config, req RestoreRequest, log *slog.Logg
 	if err != nil {
 		return store.BackupInfo{}, err
 	}
-	if len(cfg.EtcdEndpoints) == 0 && embeddedRunning(ctx, cfg.DataDir) {
-		return store.BackupInfo{}, errdefs.FailedPrecondition("restore: a controller is running on %s: stop it first (restore writes the whole store)", cfg.DataDir)
+	if len(cfg.EtcdEndpoints) == 0 {
+		if cl := dialRunningEmbedded(ctx, cfg.DataDir); cl != nil {
+			cl.Close()
+			return store.BackupInfo{}, errdefs.FailedPrecondition("restore: a controller is running on %s: stop it first (restore writes the whole store)", cfg.DataDir)
+		}
 	}
 	client, done, err := operatorEtcd(ctx, cfg, log)
 	if err != nil {
@@ -90,22 +90,4 @@ func Restore(ctx context.Context, cfg Config, req RestoreRequest, log *slog.Logg
 	}
 	log.Info("restored", "revision", info.Revision, "keys", info.Keys, "data_dir", cfg.DataDir)
 	return info, nil
-}
-
-// embeddedRunning reports whether a controller's embedded etcd answers at
-// the client URL recorded in dataDir.
-func embeddedRunning(ctx context.Context, dataDir string) bool {
-	b, err := os.ReadFile(filepath.Join(dataDir, etcdURLFile))
-	if err != nil {
-		return false
-	}
-	cl, err := dialEtcd(strings.Split(strings.TrimSpace(string(b)), ","), nil)
-	if err != nil {
-		return false
-	}
-	defer cl.Close()
-	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	_, err = cl.Get(pctx, "/kiln/v1/pki/ca.crt")
-	return err == nil
 }
