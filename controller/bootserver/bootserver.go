@@ -167,6 +167,10 @@ type hostISO struct {
 	mu    sync.Mutex // held while building
 	path  string
 	built time.Time
+	// gone is set (under mu) when the entry left Server.isos: a request
+	// that waited for mu looks the host up again instead of building into
+	// an entry nobody can find.
+	gone bool
 }
 
 var _ http.Handler = (*Server)(nil)
@@ -470,15 +474,44 @@ func (s *Server) headISO(w http.ResponseWriter, r *http.Request) {
 // there is none or it is older than ISOMaxAge. Concurrent requests (a
 // BMC reading with many Range requests) wait for one build.
 func (s *Server) hostISO(ctx context.Context, host string) (*hostISO, int, error) {
+	for {
+		s.mu.Lock()
+		h := s.isos[host]
+		if h == nil {
+			h = &hostISO{}
+			s.isos[host] = h
+		}
+		s.mu.Unlock()
+		h.mu.Lock()
+		if h.gone {
+			h.mu.Unlock()
+			continue
+		}
+		iso, code, err := s.buildISO(ctx, host, h)
+		if err != nil && h.path == "" {
+			// Nothing cached: the entry goes, so that requests for hosts
+			// that do not exist (or may not boot) leave nothing behind.
+			s.drop(host, h)
+		}
+		h.mu.Unlock()
+		return iso, code, err
+	}
+}
+
+// drop removes h from the cache when it is still host's entry. The caller
+// holds h.mu.
+func (s *Server) drop(host string, h *hostISO) {
 	s.mu.Lock()
-	h := s.isos[host]
-	if h == nil {
-		h = &hostISO{}
-		s.isos[host] = h
+	if s.isos[host] == h {
+		delete(s.isos, host)
 	}
 	s.mu.Unlock()
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	h.gone = true
+}
+
+// buildISO returns h when its ISO is fresh, or builds a new one into it.
+// The caller holds h.mu.
+func (s *Server) buildISO(ctx context.Context, host string, h *hostISO) (*hostISO, int, error) {
 	if h.path != "" && s.o.Now().Sub(h.built) < s.o.ISOMaxAge {
 		if _, err := os.Stat(h.path); err == nil {
 			return h, 0, nil
@@ -517,12 +550,20 @@ func (s *Server) Forget(host string) {
 	s.mu.Unlock()
 	if h != nil {
 		h.mu.Lock()
+		h.gone = true
 		if h.path != "" {
 			_ = os.Remove(h.path)
 			s.digests.forget(h.path)
 		}
 		h.mu.Unlock()
 	}
+}
+
+// CachedISOs is the number of hosts with an entry in the ISO cache.
+func (s *Server) CachedISOs() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.isos)
 }
 
 // ISOURL is the URL of host's virtual media under base (PublicURL).

@@ -319,6 +319,55 @@ func TestHostISOBuiltOnceAndForgotten(t *testing.T) {
 	}
 }
 
+// TestUnknownHostsLeaveNoISOCache is the attack of issue 12 (hole 6): GETs
+// of ISOs for hosts that do not exist grew the per-host ISO cache by one
+// entry each (200k requests, 200k entries). Refused requests now leave
+// nothing behind, while a real host's ISO stays cached.
+func TestUnknownHostsLeaveNoISOCache(t *testing.T) {
+	dir, _ := media(t)
+	iss := &issuer{}
+	fake := func(_ context.Context, _, _, cmdline, out string) error {
+		return os.WriteFile(out, []byte(cmdline), 0o644)
+	}
+	s, ts := newServer(t, bootserver.Options{MediaDir: dir, Tokens: iss, BuildISO: fake})
+	if resp, _ := get(t, bootserver.ISOURL(ts.URL, "real")); resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET real.iso = %d, want 200", resp.StatusCode)
+	}
+
+	iss.mu.Lock()
+	iss.err = errdefs.NotFound("no host")
+	iss.mu.Unlock()
+	const n = 2000
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 8 {
+				// Every name twice, so some requests wait on another's
+				// refused build of the same host.
+				for range 2 {
+					resp, _ := get(t, bootserver.ISOURL(ts.URL, fmt.Sprintf("ghost%d", i/2)))
+					if resp.StatusCode != http.StatusNotFound {
+						t.Errorf("GET ghost%d.iso = %d, want 404", i/2, resp.StatusCode)
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got := s.CachedISOs(); got != 1 {
+		t.Errorf("after %d refused ISO requests for unknown hosts: %d cached entries, want 1 (the real host's)", 2*n, got)
+	}
+	iss.mu.Lock()
+	iss.err = nil
+	iss.mu.Unlock()
+	if resp, _ := get(t, bootserver.ISOURL(ts.URL, "real")); resp.StatusCode != http.StatusOK || iss.count() != 1 {
+		t.Errorf("GET real.iso again = %d after %d tokens, want 200 from the cache (1 token)", resp.StatusCode, iss.count())
+	}
+}
+
 // TestHostISOWithGrub builds a real per-host ISO with grub-mkrescue and
 // reads its grub.cfg back with xorriso.
 func TestHostISOWithGrub(t *testing.T) {
