@@ -95,6 +95,52 @@ func TestListSelectorAndPaging(t *testing.T) {
 	}
 }
 
+// TestListOfLargeObjectsIsPaged is the attack of issue 12 (hole 6): a few
+// hosts, each within every field bound but large (1,024 long labels, about
+// 290 kB), made a page of `kilnctl get hosts` larger than the 4 MiB a gRPC
+// client accepts, so listing hosts failed for everyone. A List response now
+// ends at 2 MiB with a continue token, whatever limit the caller asked for.
+func TestListOfLargeObjectsIsPaged(t *testing.T) {
+	ctx := context.Background()
+	env := controllertest.Start(t)
+	rc := resourcesClient(t, env, "admin")
+	prefix := strings.Repeat("a", 60) + "." + strings.Repeat("b", 60) + "." + strings.Repeat("c", 60) + ".example.com/"
+	const hosts = 16
+	for i := range hosts {
+		h := host(fmt.Sprintf("big-%02d", i), "")
+		labels := map[string]string{}
+		for j := range 1024 {
+			labels[fmt.Sprintf("%sk%04d", prefix, j)] = strings.Repeat("v", 63)
+		}
+		h.GetHost().Metadata.Labels = labels
+		_, err := rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{h}})
+		require.NoError(t, err, "apply host %d", i)
+	}
+
+	// kilnctl get hosts asks for pages of 500.
+	var names []string
+	cont := ""
+	pages := 0
+	for ; ; pages++ {
+		require.Less(t, pages, 100, "paging does not end")
+		resp, err := rc.List(ctx, &controllerv1.ListRequest{Kind: "hosts", Limit: 500, Continue: cont})
+		require.NoError(t, err, "List(hosts, limit 500) page %d of %d hosts of about 290 kB each", pages, hosts)
+		for _, it := range resp.GetItems() {
+			names = append(names, it.GetHost().GetMetadata().GetName())
+		}
+		if cont = resp.GetContinue(); cont == "" {
+			break
+		}
+	}
+	if len(names) != hosts || !sort.StringsAreSorted(names) {
+		t.Errorf("paged List = %d hosts %v, want %d in name order", len(names), names, hosts)
+	}
+	if pages < 1 {
+		t.Errorf("List of %d hosts of about 290 kB in %d page(s), want the response cut at 2 MiB", hosts, pages+1)
+	}
+	t.Logf("%d hosts of about 290 kB listed in %d pages", hosts, pages+1)
+}
+
 func TestApplyRefusesInvalidAndStale(t *testing.T) {
 	ctx := context.Background()
 	env := controllertest.Start(t)

@@ -574,9 +574,18 @@ func finish(obj proto.Message, k Kind, rev int64) {
 // maxPage is the most items one List call reads from etcd at a time.
 const maxPage = 500
 
+// maxListBytes bounds one List response: past it the response ends with a
+// continue token, whatever the limit, so that a few large objects cannot
+// push a listing past the 4 MiB a gRPC client accepts by default and make
+// `kilnctl get` fail for everyone (issue 12, hole 6). One object larger
+// than this is still returned, alone.
+const maxListBytes = 2 << 20
+
 // List returns resources of kind whose labels match every key=value of
 // selector, in name order. With limit > 0 it returns at most limit and a
-// continue token while more may remain.
+// continue token while more may remain. A response also ends, with a
+// continue token, once its items' size reaches maxListBytes: callers page
+// whatever limit they ask for.
 func (s *Service) List(ctx context.Context, kind string, selector map[string]string, limit int64, cont string) ([]*controllerv1.Resource, string, error) {
 	k, err := LookupKind(kind)
 	if err != nil {
@@ -586,14 +595,16 @@ func (s *Service) List(ctx context.Context, kind string, selector map[string]str
 		return nil, "", errdefs.InvalidArgument("list %s: negative limit %d", k.Plural, limit)
 	}
 	var out []*controllerv1.Resource
+	var size int64
 	for {
-		// A page never reaches past the limit, so a listing that fills up
-		// does so at a page's end, where the store's token resumes.
+		// A page never reaches past the limit or the size bound, so a
+		// listing that fills up does so at a page's end, where the store's
+		// token resumes.
 		page := int64(maxPage)
 		if limit > 0 {
 			page = min(page, limit-int64(len(out)))
 		}
-		items, next, err := s.store.List(ctx, k.Plural, k.New, store.ListOptions{Limit: page, Continue: cont})
+		items, next, err := s.store.List(ctx, k.Plural, k.New, store.ListOptions{Limit: page, Continue: cont, MaxBytes: maxListBytes - size})
 		if err != nil {
 			return nil, "", err
 		}
@@ -602,9 +613,11 @@ func (s *Service) List(ctx context.Context, kind string, selector map[string]str
 				continue
 			}
 			finish(it.Msg, k, it.Rev)
-			out = append(out, k.Wrap(it.Msg))
+			r := k.Wrap(it.Msg)
+			size += int64(proto.Size(r))
+			out = append(out, r)
 		}
-		if next == "" || (limit > 0 && int64(len(out)) >= limit) {
+		if next == "" || (limit > 0 && int64(len(out)) >= limit) || size >= maxListBytes {
 			return out, next, nil
 		}
 		cont = next

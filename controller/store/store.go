@@ -91,6 +91,10 @@ type ListOptions struct {
 	Limit int64
 	// Continue is the token a previous List returned to get the next page.
 	Continue string
+	// MaxBytes, when > 0, ends the page after the item that brings the
+	// stored size of the page's items to MaxBytes or more (a page holds at
+	// least one item), with a continue token when more remain.
+	MaxBytes int64
 }
 
 var marshal = proto.MarshalOptions{Deterministic: true}
@@ -292,16 +296,22 @@ func (s *Store) List(ctx context.Context, kind string, newMsg func() proto.Messa
 		rev = resp.Header.Revision
 	}
 	items := make([]Item, 0, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
+	more := resp.More
+	var size int64
+	for i, kv := range resp.Kvs {
 		name := strings.TrimPrefix(string(kv.Key), prefix)
 		m := newMsg()
 		if err := proto.Unmarshal(kv.Value, m); err != nil {
 			return nil, "", fmt.Errorf("list %s: decode %q: %w", kind, name, err)
 		}
 		items = append(items, Item{Name: name, Rev: kv.ModRevision, Msg: m})
+		if size += int64(len(kv.Value)); opts.MaxBytes > 0 && size >= opts.MaxBytes && i < len(resp.Kvs)-1 {
+			more = true
+			break
+		}
 	}
 	var next string
-	if resp.More && len(items) > 0 {
+	if more && len(items) > 0 {
 		next = encodeContinue(rev, items[len(items)-1].Name)
 	}
 	return items, next, nil
