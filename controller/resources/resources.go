@@ -18,9 +18,11 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
-	"sync"
+	"strings"
+	"sync/atomic"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -109,12 +111,14 @@ var independentKinds = map[string]bool{"hosts": true, "images": true}
 // in request order. Every resource is validated before anything is
 // stored: one invalid resource refuses the whole request with
 // InvalidArgument. Then they are applied in order (concurrently when all
-// are Hosts or Images with distinct names); on an error Apply returns the
-// results before the failed resource and the error: Conflict when
-// metadata.resourceVersion is set and stale, Unavailable when etcd cannot
-// answer. Resources after a failed one may have been applied; applying
-// again is safe. With dryRun nothing is stored and the results say what
-// would happen.
+// are Hosts or Images with distinct names). A request is not one
+// transaction: on the first failed write no further write starts, and
+// Apply returns the error (Conflict when metadata.resourceVersion is set
+// and stale, Unavailable when etcd cannot answer, ...) wrapped with what
+// the request did store before it stopped, by name, so the caller never
+// has to guess (applying the same request again is safe: stored resources
+// report unchanged). With dryRun nothing is stored and the results say
+// what would happen.
 func (s *Service) Apply(ctx context.Context, objs []*controllerv1.Resource, dryRun bool) ([]*controllerv1.ApplyResult, error) {
 	kinds := make([]Kind, len(objs))
 	parsed := make([]proto.Message, len(objs))
@@ -137,39 +141,73 @@ func (s *Service) Apply(ctx context.Context, objs []*controllerv1.Resource, dryR
 	}
 	results := make([]*controllerv1.ApplyResult, len(objs))
 	errs := make([]error, len(objs))
+	var failed atomic.Bool
 	apply := func(i int) {
-		results[i], errs[i] = s.applyWithRetry(ctx, kinds[i], parsed[i], dryRun)
+		if failed.Load() {
+			return // a write failed: start no more
+		}
+		if results[i], errs[i] = s.applyWithRetry(ctx, kinds[i], parsed[i], dryRun); errs[i] != nil {
+			failed.Store(true)
+		}
 	}
 	if parallel {
-		var wg sync.WaitGroup
-		next := make(chan int)
-		for range min(applyWorkers, len(objs)) {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := range next {
-					apply(i)
-				}
-			}()
-		}
+		var g errgroup.Group
+		g.SetLimit(applyWorkers)
 		for i := range objs {
-			next <- i
+			g.Go(func() error { apply(i); return nil })
 		}
-		close(next)
-		wg.Wait()
+		_ = g.Wait()
 	} else {
 		for i := range objs {
-			if apply(i); errs[i] != nil {
-				break
-			}
+			apply(i)
 		}
 	}
 	for i, err := range errs {
 		if err != nil {
-			return results[:i], err
+			return nil, partialApply(err, i, objs, results, dryRun)
 		}
 	}
 	return results, nil
+}
+
+// partialApply wraps the error of the first failed resource (index first)
+// with what the request stored before it stopped: with concurrent writes
+// that may include resources after it.
+func partialApply(err error, first int, objs []*controllerv1.Resource, results []*controllerv1.ApplyResult, dryRun bool) error {
+	if dryRun {
+		return err
+	}
+	var written, unchanged []string
+	for _, r := range results {
+		switch {
+		case r == nil:
+		case r.GetAction() == Unchanged:
+			unchanged = append(unchanged, strings.ToLower(r.GetKind())+"/"+r.GetName())
+		default:
+			written = append(written, strings.ToLower(r.GetKind())+"/"+r.GetName()+" "+r.GetAction())
+		}
+	}
+	notStored := len(objs) - len(written) - len(unchanged)
+	if len(objs) == 1 {
+		return err
+	}
+	msg := fmt.Sprintf("%d of %d resources of this request stored before it stopped", len(written), len(objs))
+	if len(written) > 0 {
+		msg += " (" + joinAtMost(written, 5) + ")"
+	}
+	if len(unchanged) > 0 {
+		msg += fmt.Sprintf(", %d unchanged", len(unchanged))
+	}
+	msg += fmt.Sprintf(", %d not applied (resource %d of the request failed); fix it and apply the same request again: stored resources report unchanged", notStored, first+1)
+	return fmt.Errorf("%w; %s", err, msg)
+}
+
+// joinAtMost joins the first n of items with ", " and says how many more.
+func joinAtMost(items []string, n int) string {
+	if len(items) <= n {
+		return strings.Join(items, ", ")
+	}
+	return strings.Join(items[:n], ", ") + fmt.Sprintf(" and %d more", len(items)-n)
 }
 
 // applyWithRetry applies one resource, retrying when a reconciler wrote it
