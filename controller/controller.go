@@ -334,6 +334,19 @@ func (c *Controller) Certificate() tls.Certificate {
 	return cert
 }
 
+// collectOrphanSecrets removes the sealed BMC passwords of hosts that do
+// not exist: what a crash between the two writes left behind before a
+// Host and its password were written in one transaction. Once per term.
+func (c *Controller) collectOrphanSecrets(ctx context.Context, st *store.Store) {
+	n, err := st.CollectOrphanSecrets(ctx, "bmc/", "hosts")
+	switch {
+	case err != nil:
+		c.log.Warn("orphaned secrets not collected", "err", err)
+	case n > 0:
+		c.log.Info("orphaned secrets collected", "secrets", n)
+	}
+}
+
 // IsLeader reports whether this replica runs the reconcilers now.
 func (c *Controller) IsLeader() bool {
 	c.mu.Lock()
@@ -461,6 +474,7 @@ func (c *Controller) Run(ctx context.Context) error {
 				// deposed, this replica's writes are refused and it starts no
 				// step, even before its own lease deadline passes.
 				fenced := st.Fenced(store.Fence{Key: term.Key, Rev: term.Rev})
+				c.collectOrphanSecrets(lctx, fenced)
 				stopLife := c.runLifecycle(lctx, fenced, rec, ca, enr, addr)
 				c.reconcile(lctx, fenced, rec)
 				stopLife()

@@ -56,7 +56,7 @@ type Store interface {
 	Create(ctx context.Context, kind, name string, m proto.Message) (int64, error)
 	Get(ctx context.Context, kind, name string, into proto.Message) (int64, error)
 	Update(ctx context.Context, kind, name string, m proto.Message, expectRev int64) (int64, error)
-	CreateAudited(ctx context.Context, kind, name string, m proto.Message, rec store.AuditRecord) (int64, error)
+	CreateAudited(ctx context.Context, kind, name string, m proto.Message, rec store.AuditRecord, secrets ...store.SecretOp) (int64, error)
 }
 
 // Signer signs agent CSRs (*pki.CA).

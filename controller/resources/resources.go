@@ -46,9 +46,9 @@ type Store interface {
 	PutSecret(ctx context.Context, path string, plaintext []byte) error
 	GetSecret(ctx context.Context, path string) ([]byte, error)
 	DeleteSecret(ctx context.Context, path string) error
-	CreateAudited(ctx context.Context, kind, name string, m proto.Message, rec store.AuditRecord) (int64, error)
-	UpdateAudited(ctx context.Context, kind, name string, m proto.Message, expectRev int64, rec store.AuditRecord) (int64, error)
-	DeleteAudited(ctx context.Context, kind, name string, expectRev int64, rec store.AuditRecord) error
+	CreateAudited(ctx context.Context, kind, name string, m proto.Message, rec store.AuditRecord, secrets ...store.SecretOp) (int64, error)
+	UpdateAudited(ctx context.Context, kind, name string, m proto.Message, expectRev int64, rec store.AuditRecord, secrets ...store.SecretOp) (int64, error)
+	DeleteAudited(ctx context.Context, kind, name string, expectRev int64, rec store.AuditRecord, secrets ...store.SecretOp) error
 }
 
 var _ Store = (*store.Store)(nil)
@@ -317,12 +317,13 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 		if dryRun {
 			return Created, nil
 		}
+		// The password is sealed in the Host's own transaction: a crash
+		// leaves both or neither.
+		var secrets []store.SecretOp
 		if password != "" {
-			if err := s.store.PutSecret(ctx, BMCSecretPath(name), []byte(password)); err != nil {
-				return "", err
-			}
+			secrets = append(secrets, store.PutSecretOp(BMCSecretPath(name), []byte(password)))
 		}
-		if _, err := s.store.CreateAudited(ctx, k.Plural, name, obj, record()); err != nil {
+		if _, err := s.store.CreateAudited(ctx, k.Plural, name, obj, record(), secrets...); err != nil {
 			if errdefs.IsAlreadyExists(err) {
 				// Created meanwhile (an agent enrolled it): read it again.
 				return "", errdefs.Conflict("%s %q was created concurrently", k.Name, name)
@@ -368,12 +369,11 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 	if dryRun {
 		return Configured, nil
 	}
+	var secrets []store.SecretOp
 	if pwChanged {
-		if err := s.store.PutSecret(ctx, BMCSecretPath(name), []byte(password)); err != nil {
-			return "", err
-		}
+		secrets = append(secrets, store.PutSecretOp(BMCSecretPath(name), []byte(password)))
 	}
-	if _, err := s.store.UpdateAudited(ctx, k.Plural, name, next, rev, record()); err != nil {
+	if _, err := s.store.UpdateAudited(ctx, k.Plural, name, next, rev, record(), secrets...); err != nil {
 		if errdefs.IsNotFound(err) && wantRV == "" {
 			// Deleted meanwhile: read it again (and create it).
 			return "", errdefs.Conflict("%s %q was deleted concurrently", k.Name, name)
@@ -682,17 +682,17 @@ func (s *Service) Delete(ctx context.Context, kind, name string) error {
 	if name == "" {
 		return errdefs.InvalidArgument("delete %s: name is required", k.Plural)
 	}
+	// A Host's sealed password goes in the Host's own transaction.
+	var secrets []store.SecretOp
+	if k.Plural == "hosts" {
+		secrets = append(secrets, store.DeleteSecretOp(BMCSecretPath(name)))
+	}
 	if call := audit.CallFrom(ctx); call != nil {
-		if err := s.deleteAudited(ctx, call, k, name); err != nil {
+		if err := s.deleteAudited(ctx, call, k, name, secrets); err != nil {
 			return err
 		}
-	} else if err := s.store.Delete(ctx, k.Plural, name, 0); err != nil {
+	} else if err := s.store.DeleteAudited(ctx, k.Plural, name, 0, store.AuditRecord{}, secrets...); err != nil {
 		return err
-	}
-	if k.Plural == "hosts" {
-		if err := s.store.DeleteSecret(ctx, BMCSecretPath(name)); err != nil && !errdefs.IsNotFound(err) {
-			s.log.Warn("bmc secret of deleted host not removed", "host", name, "err", err)
-		}
 	}
 	s.events.Record(ctx, k.Plural, name, events.Normal, "Deleted", k.Name+" deleted")
 	return nil
@@ -701,7 +701,7 @@ func (s *Service) Delete(ctx context.Context, kind, name string) error {
 // deleteAudited deletes a resource with its audit entry in the same
 // transaction: it reads the generation for the entry and deletes exactly
 // what it read, reading again when a reconciler wrote in between.
-func (s *Service) deleteAudited(ctx context.Context, call *audit.Call, k Kind, name string) error {
+func (s *Service) deleteAudited(ctx context.Context, call *audit.Call, k Kind, name string, secrets []store.SecretOp) error {
 	var err error
 	for attempt := 0; ; attempt++ {
 		e := call.Entry(k.Name, name)
@@ -710,7 +710,7 @@ func (s *Service) deleteAudited(ctx context.Context, call *audit.Call, k Kind, n
 		if rev, err = s.store.Get(ctx, k.Plural, name, cur); err == nil {
 			e.GenerationBefore = Meta(cur).GetGeneration()
 			e.Result = audit.OK
-			if err = s.store.DeleteAudited(ctx, k.Plural, name, rev, audit.Record(e)); err == nil {
+			if err = s.store.DeleteAudited(ctx, k.Plural, name, rev, audit.Record(e), secrets...); err == nil {
 				call.Committed(e)
 				return nil
 			}

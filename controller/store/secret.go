@@ -101,3 +101,90 @@ func secretPath(path string) (string, error) {
 	}
 	return SecretKey(path), nil
 }
+
+// SecretOp is a change to a sealed secret written in the same etcd
+// transaction as a resource (CreateAudited, UpdateAudited, DeleteAudited),
+// so that a crash between the two cannot leave a secret without its
+// resource or a resource without its secret.
+type SecretOp struct {
+	path      string
+	plaintext []byte
+	delete    bool
+}
+
+// PutSecretOp seals plaintext into the secret at path with the write.
+func PutSecretOp(path string, plaintext []byte) SecretOp {
+	return SecretOp{path: path, plaintext: plaintext}
+}
+
+// DeleteSecretOp removes the secret at path (if any) with the write.
+func DeleteSecretOp(path string) SecretOp {
+	return SecretOp{path: path, delete: true}
+}
+
+// extraOps are the etcd operations of an audit record and secret changes.
+func (s *Store) extraOps(rec AuditRecord, secrets []SecretOp) ([]clientv3.Op, error) {
+	ops, err := rec.ops()
+	if err != nil {
+		return nil, err
+	}
+	for _, op := range secrets {
+		if op.delete {
+			key, err := secretPath(op.path)
+			if err != nil {
+				return nil, err
+			}
+			ops = append(ops, clientv3.OpDelete(key))
+			continue
+		}
+		key, err := s.secretKey(op.path)
+		if err != nil {
+			return nil, err
+		}
+		sealed, err := s.sealer.Seal(op.plaintext, []byte(key))
+		if err != nil {
+			return nil, err
+		}
+		ops = append(ops, clientv3.OpPut(key, string(sealed)))
+	}
+	return ops, nil
+}
+
+// CollectOrphanSecrets deletes the sealed secrets under prefix (for
+// example "bmc/") whose resource of kind, named by the rest of the secret's
+// path, does not exist: what a crash left behind before secrets were
+// written with their resources. Each delete compares, in its transaction,
+// that the resource still does not exist and the secret is unchanged, so a
+// concurrent create is never robbed of its secret. It returns how many it
+// deleted.
+func (s *Store) CollectOrphanSecrets(ctx context.Context, prefix, kind string) (int, error) {
+	if err := checkKind(kind); err != nil {
+		return 0, err
+	}
+	base := SecretKey(prefix)
+	resp, err := s.client.Get(ctx, base, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return 0, etcdErr(ctx, "list secrets "+prefix, err)
+	}
+	n := 0
+	for _, kv := range resp.Kvs {
+		name := strings.TrimPrefix(string(kv.Key), base)
+		key, err := resourceKey(kind, name)
+		if err != nil {
+			continue // not a resource's secret
+		}
+		tx, err := s.client.Txn(ctx).
+			If(s.guard(
+				clientv3.Compare(clientv3.CreateRevision(key), "=", 0),
+				clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision))...).
+			Then(clientv3.OpDelete(string(kv.Key))).
+			Commit()
+		if err != nil {
+			return n, etcdErr(ctx, "delete orphaned secret "+prefix+name, err)
+		}
+		if tx.Succeeded {
+			n++
+		}
+	}
+	return n, nil
+}

@@ -105,10 +105,10 @@ func (s *Store) Create(ctx context.Context, kind, name string, m proto.Message) 
 	return s.CreateAudited(ctx, kind, name, m, AuditRecord{})
 }
 
-// CreateAudited is Create that stores rec in the same etcd transaction:
-// both are stored or neither.
-func (s *Store) CreateAudited(ctx context.Context, kind, name string, m proto.Message, rec AuditRecord) (int64, error) {
-	audit, err := rec.ops()
+// CreateAudited is Create that stores rec, and the changes to sealed
+// secrets, in the same etcd transaction: all are stored or none.
+func (s *Store) CreateAudited(ctx context.Context, kind, name string, m proto.Message, rec AuditRecord, secrets ...SecretOp) (int64, error) {
+	audit, err := s.extraOps(rec, secrets)
 	if err != nil {
 		return 0, err
 	}
@@ -166,10 +166,10 @@ func (s *Store) Update(ctx context.Context, kind, name string, m proto.Message, 
 	return s.UpdateAudited(ctx, kind, name, m, expectRev, AuditRecord{})
 }
 
-// UpdateAudited is Update that stores rec in the same etcd transaction:
-// both are stored or neither.
-func (s *Store) UpdateAudited(ctx context.Context, kind, name string, m proto.Message, expectRev int64, rec AuditRecord) (int64, error) {
-	audit, err := rec.ops()
+// UpdateAudited is Update that stores rec, and the changes to sealed
+// secrets, in the same etcd transaction: all are stored or none.
+func (s *Store) UpdateAudited(ctx context.Context, kind, name string, m proto.Message, expectRev int64, rec AuditRecord, secrets ...SecretOp) (int64, error) {
+	audit, err := s.extraOps(rec, secrets)
 	if err != nil {
 		return 0, err
 	}
@@ -212,10 +212,10 @@ func (s *Store) Delete(ctx context.Context, kind, name string, expectRev int64) 
 	return s.DeleteAudited(ctx, kind, name, expectRev, AuditRecord{})
 }
 
-// DeleteAudited is Delete that stores rec in the same etcd transaction:
-// both happen or neither.
-func (s *Store) DeleteAudited(ctx context.Context, kind, name string, expectRev int64, rec AuditRecord) error {
-	audit, err := rec.ops()
+// DeleteAudited is Delete that stores rec, and the changes to sealed
+// secrets, in the same etcd transaction: all happen or none.
+func (s *Store) DeleteAudited(ctx context.Context, kind, name string, expectRev int64, rec AuditRecord, secrets ...SecretOp) error {
+	audit, err := s.extraOps(rec, secrets)
 	if err != nil {
 		return err
 	}
