@@ -23,6 +23,8 @@ $(BINARIES):
 
 # Everything CI runs. Tests that need root, namespaces or tools skip with a
 # reason when those are missing; CI runs as root with the tools installed.
+# KILN_NO_SKIP=1 make test turns each of those skips into a failure with the
+# same reason (internal/testenv); -short skips stay skips (docs/ci.md).
 test:
 	$(GO) test -count=1 -timeout 70m ./...
 

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // TestAgentDependencies keeps the agent binary lean: it must never link
@@ -17,7 +19,7 @@ func TestAgentDependencies(t *testing.T) {
 	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
 	if _, err := exec.LookPath(goBin); err != nil {
 		if goBin, err = exec.LookPath("go"); err != nil {
-			t.Skip("go tool not found: cannot list the agent's dependencies")
+			testenv.Skip(t, "go tool not found: cannot list the agent's dependencies")
 		}
 	}
 	for _, goos := range []string{"linux", "darwin"} {
@@ -62,7 +64,7 @@ func TestAgentKeepsMethodPruning(t *testing.T) {
 	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
 	if _, err := exec.LookPath(goBin); err != nil {
 		if goBin, err = exec.LookPath("go"); err != nil {
-			t.Skip("go tool not found: cannot link the agent")
+			testenv.Skip(t, "go tool not found: cannot link the agent")
 		}
 	}
 	// -dumpdep prints every edge of the linker's reachability walk as

@@ -16,13 +16,14 @@ import (
 	"github.com/kilnhq/kiln/e2e/lab/ipmisim"
 	"github.com/kilnhq/kiln/e2e/lab/machine"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 func requireIPMITools(t testing.TB) {
 	t.Helper()
 	for _, tool := range []string{"ipmi_sim", "ipmitool"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (Debian packages openipmi and ipmitool)", tool)
+			testenv.Skipf(t, "%s not installed (Debian packages openipmi and ipmitool)", tool)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/kilnhq/kiln/bmc"
 	"github.com/kilnhq/kiln/e2e/lab/redfish"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // mockupDir finds the DMTF mockups (see redfish.MockupsDir): it skips
@@ -22,7 +23,7 @@ func mockupDir(t *testing.T) string {
 	t.Helper()
 	d, err := redfish.MockupsDir()
 	if errdefs.IsNotFound(err) {
-		t.Skip(err.Error())
+		testenv.Skip(t, err.Error())
 	}
 	require.NoError(t, err)
 	return d
@@ -31,7 +32,7 @@ func mockupDir(t *testing.T) string {
 func serveMockup(t *testing.T, tree string) string {
 	dir := filepath.Join(mockupDir(t), tree)
 	if _, err := os.Stat(filepath.Join(dir, "index.json")); err != nil {
-		t.Skipf("mockup tree %s is not in %s", tree, filepath.Dir(dir))
+		testenv.Skipf(t, "mockup tree %s is not in %s", tree, filepath.Dir(dir))
 	}
 	srv := httptest.NewServer(redfish.MockupHandler(dir))
 	t.Cleanup(srv.Close)

@@ -24,6 +24,7 @@ import (
 	"github.com/kilnhq/kiln/controller/controllertest"
 	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/internal/pki"
+	"github.com/kilnhq/kiln/internal/testenv"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
@@ -223,7 +224,7 @@ func TestBootServerImageRange(t *testing.T) {
 // next fetch gets an ISO with a fresh token.
 func TestBootServerISOTokenRenewedAfterUse(t *testing.T) {
 	if _, err := exec.LookPath("grub-mkrescue"); err != nil {
-		t.Skip("grub-mkrescue not installed (apt-get install grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools)")
+		testenv.Skip(t, "grub-mkrescue not installed (apt-get install grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools)")
 	}
 	env := startBoot(t)
 	ctx := context.Background()

@@ -23,6 +23,7 @@ import (
 	"github.com/kilnhq/kiln/internal/errgrpc"
 	"github.com/kilnhq/kiln/internal/kilnconfig"
 	"github.com/kilnhq/kiln/internal/seal"
+	"github.com/kilnhq/kiln/internal/testenv"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 
 	"google.golang.org/grpc"
@@ -240,7 +241,7 @@ func TestHAFailover(t *testing.T) {
 		t.Skip("HA failover builds the controller and runs a three-member etcd: skipped with -short")
 	}
 	if _, err := exec.LookPath("go"); err != nil {
-		t.Skip("go toolchain not on PATH: cannot build kiln-controller")
+		testenv.Skip(t, "go toolchain not on PATH: cannot build kiln-controller")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

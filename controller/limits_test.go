@@ -18,6 +18,7 @@ import (
 	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
 	"github.com/kilnhq/kiln/controller/limits"
+	"github.com/kilnhq/kiln/internal/testenv"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
@@ -199,7 +200,7 @@ func TestBootServerRateLimitsTokenMinting(t *testing.T) {
 	// Another address: loopback is 127.0.0.0/8 on Linux.
 	other, err := net.Listen("tcp", "127.0.0.2:0")
 	if err != nil {
-		t.Skipf("no 127.0.0.2 on this host (%v): cannot show a second address is served", err)
+		testenv.Skipf(t, "no 127.0.0.2 on this host (%v): cannot show a second address is served", err)
 	}
 	other.Close()
 	if resp := get(client("127.0.0.2"), "/boot/ipxe/rack1-01"); resp.StatusCode == http.StatusTooManyRequests {

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 func TestOwnNetworks(t *testing.T) {
@@ -25,7 +27,7 @@ func TestOwnNetworks(t *testing.T) {
 		break
 	}
 	if !ip.IsValid() {
-		t.Skip("no non-loopback IPv4 address on this machine")
+		testenv.Skip(t, "no non-loopback IPv4 address on this machine")
 	}
 	if got := ownNetworks(net.JoinHostPort(ip.String(), "7443"), "0.0.0.0:8080", "127.0.0.1:1", "not-an-address"); !slices.Contains(got, want) || len(got) != 1 {
 		t.Errorf("ownNetworks(%s:7443, 0.0.0.0:8080, 127.0.0.1:1) = %v, want [%v]", ip, got, want)

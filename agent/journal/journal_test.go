@@ -276,6 +276,7 @@ func TestRestartMarksInterrupted(t *testing.T) {
 func TestHelperProcess(t *testing.T) {
 	dir := os.Getenv("KILN_JOURNAL_HELPER_DIR")
 	if dir == "" {
+		// Deliberate, not an environment gap: it only runs as that test's child.
 		t.Skip("helper process for TestRestartMarksInterrupted")
 	}
 	j, err := Open(dir, nil)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/pki"
+	"github.com/kilnhq/kiln/internal/testenv"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 )
 
@@ -65,7 +66,7 @@ esac
 func newFakeHost(t *testing.T, kubeadmVersion, kubeletVersion string) *fakeHost {
 	t.Helper()
 	if _, err := exec.LookPath("sh"); err != nil {
-		t.Skip("no sh to run the fake kubeadm")
+		testenv.Skip(t, "no sh to run the fake kubeadm")
 	}
 	dir := t.TempDir()
 	h := &fakeHost{root: filepath.Join(dir, "root"), calls: filepath.Join(dir, "calls")}
@@ -325,7 +326,7 @@ func TestReset(t *testing.T) {
 func TestConfigValidatesWithRealKubeadm(t *testing.T) {
 	bin := realKubeadm()
 	if bin == "" {
-		t.Skip("no kubeadm: set KILN_KUBEADM or build the kube-tools cache (make kube-tools)")
+		testenv.Skip(t, "no kubeadm: set KILN_KUBEADM or build the kube-tools cache (make kube-tools)")
 	}
 	files, err := filepath.Glob("testdata/*.yaml")
 	require.NoError(t, err)

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnhq/kiln/imagebuilder/manifest"
+	"github.com/kilnhq/kiln/internal/testenv"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 )
 
@@ -21,14 +22,14 @@ import (
 func loopDevice(t *testing.T, size int) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("loop devices need root")
+		testenv.Skip(t, "loop devices need root")
 	}
 	need(t, "losetup")
 	backing := tempTarget(t)
 	require.NoError(t, os.WriteFile(backing, bytes.Repeat([]byte{0xAB}, size), 0o600))
 	out, err := exec.Command("losetup", "--find", "--show", backing).CombinedOutput()
 	if err != nil {
-		t.Skipf("no loop device available: losetup: %v: %s", err, out)
+		testenv.Skipf(t, "no loop device available: losetup: %v: %s", err, out)
 	}
 	dev := strings.TrimSpace(string(out))
 	t.Cleanup(func() {

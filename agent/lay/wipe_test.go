@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // signatures returns what blkid finds on path ("" for nothing).
@@ -29,7 +30,7 @@ func need(t *testing.T, tools ...string) {
 	t.Helper()
 	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (Debian packages util-linux, fdisk, e2fsprogs)", tool)
+			testenv.Skipf(t, "%s not installed (Debian packages util-linux, fdisk, e2fsprogs)", tool)
 		}
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/kilnhq/kiln/host/command"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/pki"
+	"github.com/kilnhq/kiln/internal/testenv"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 )
 
@@ -26,7 +27,7 @@ func need(t *testing.T, tools ...string) {
 	t.Helper()
 	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not found (Debian packages e2fsprogs, fdisk): %v", tool, err)
+			testenv.Skipf(t, "%s not found (Debian packages e2fsprogs, fdisk): %v", tool, err)
 		}
 	}
 }

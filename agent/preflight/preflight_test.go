@@ -22,6 +22,7 @@ import (
 	"github.com/kilnhq/kiln/host/netnstest"
 	"github.com/kilnhq/kiln/host/sysctl"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 )
 
@@ -76,7 +77,7 @@ func requireModules(t testing.TB) {
 	release, _ := os.ReadFile("/proc/sys/kernel/osrelease")
 	for _, m := range []string{"br_netfilter", "overlay"} {
 		if st, _ := kmod.Status("/", strings.TrimSpace(string(release)), m); !st.Available() {
-			t.Skipf("kernel module %s is not loaded on this machine; these tests do not load modules", m)
+			testenv.Skipf(t, "kernel module %s is not loaded on this machine; these tests do not load modules", m)
 		}
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/kilnhq/kiln/host/netnstest"
 	"github.com/kilnhq/kiln/host/sysctl"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 )
 
@@ -77,7 +78,7 @@ func TestPrepareInNamespace(t *testing.T) {
 	for _, k := range keys {
 		v, err := sysctl.Get("/", k)
 		if errdefs.IsNotFound(err) {
-			t.Skipf("kernel has no %s (br_netfilter not available)", k)
+			testenv.Skipf(t, "kernel has no %s (br_netfilter not available)", k)
 		}
 		require.NoError(t, err)
 		hostBefore[k] = v
@@ -179,7 +180,7 @@ func requireModules(t testing.TB) {
 		st, err := kmod.Status("/", strings.TrimSpace(string(release)), m)
 		require.NoError(t, err)
 		if !st.Available() {
-			t.Skipf("kernel module %s is not loaded on this machine; this test does not load modules", m)
+			testenv.Skipf(t, "kernel module %s is not loaded on this machine; this test does not load modules", m)
 		}
 	}
 }

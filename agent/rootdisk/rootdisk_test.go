@@ -27,6 +27,7 @@ import (
 	"github.com/kilnhq/kiln/agent/rootdisk"
 	"github.com/kilnhq/kiln/agent/server"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
@@ -125,10 +126,10 @@ type loop struct{ dev, name string }
 func newLoop(t *testing.T, root string, size int64, byPath string) loop {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("loop devices need root")
+		testenv.Skip(t, "loop devices need root")
 	}
 	if _, err := exec.LookPath("losetup"); err != nil {
-		t.Skip("losetup not installed (util-linux)")
+		testenv.Skip(t, "losetup not installed (util-linux)")
 	}
 	backing := filepath.Join(t.TempDir(), "backing.raw")
 	f, err := os.Create(backing)
@@ -137,7 +138,7 @@ func newLoop(t *testing.T, root string, size int64, byPath string) loop {
 	require.NoError(t, f.Close())
 	out, err := exec.Command("losetup", "--find", "--show", backing).CombinedOutput()
 	if err != nil {
-		t.Skipf("no loop device available: losetup: %v: %s", err, out)
+		testenv.Skipf(t, "no loop device available: losetup: %v: %s", err, out)
 	}
 	dev := strings.TrimSpace(string(out))
 	t.Cleanup(func() {

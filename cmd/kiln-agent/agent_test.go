@@ -30,6 +30,7 @@ import (
 	"github.com/kilnhq/kiln/controller/controllertest"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/pki"
+	"github.com/kilnhq/kiln/internal/testenv"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
@@ -257,7 +258,7 @@ WantedBy=multi-user.target
 func BenchmarkIdleRSS(b *testing.B) {
 	makeBin, err := exec.LookPath("make")
 	if err != nil {
-		b.Skip("make not found: cannot build kiln-agent as released")
+		testenv.Skip(b, "make not found: cannot build kiln-agent as released")
 	}
 	dir := b.TempDir()
 	bin := filepath.Join(dir, "kiln-agent")

@@ -19,13 +19,14 @@ import (
 
 	"github.com/kilnhq/kiln/controller/limits"
 	"github.com/kilnhq/kiln/internal/kilnconfig"
+	"github.com/kilnhq/kiln/internal/testenv"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 )
 
 func build(t *testing.T) string {
 	t.Helper()
 	if _, err := exec.LookPath("go"); err != nil {
-		t.Skip("go toolchain not on PATH: cannot build kiln-controller")
+		testenv.Skip(t, "go toolchain not on PATH: cannot build kiln-controller")
 	}
 	bin := filepath.Join(t.TempDir(), "kiln-controller")
 	cmd := exec.Command("go", "build", "-o", bin, ".")

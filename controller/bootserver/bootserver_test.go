@@ -24,6 +24,7 @@ import (
 	"github.com/kilnhq/kiln/controller/bootserver"
 	"github.com/kilnhq/kiln/imagebuilder/bootmedia"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 const caHash = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
@@ -373,7 +374,7 @@ func TestUnknownHostsLeaveNoISOCache(t *testing.T) {
 func TestHostISOWithGrub(t *testing.T) {
 	for _, tool := range []string{"grub-mkrescue", "xorriso", "mformat"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (apt-get install grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools)", tool)
+			testenv.Skipf(t, "%s not installed (apt-get install grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools)", tool)
 		}
 	}
 	dir, _ := media(t)
@@ -397,7 +398,7 @@ func TestHostISOWithGrub(t *testing.T) {
 // boot media of realistic size (8 MiB kernel, 10 MiB initramfs).
 func BenchmarkHostISO(b *testing.B) {
 	if _, err := exec.LookPath("grub-mkrescue"); err != nil {
-		b.Skip("grub-mkrescue not installed")
+		testenv.Skip(b, "grub-mkrescue not installed")
 	}
 	dir := b.TempDir()
 	for name, size := range map[string]int{bootmedia.KernelFile: 8 << 20, bootmedia.InitrdFile: 10 << 20} {

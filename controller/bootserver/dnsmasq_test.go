@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnhq/kiln/controller/bootserver"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 func TestDnsmasqConfig(t *testing.T) {
@@ -55,7 +56,7 @@ func TestDnsmasqConfig(t *testing.T) {
 
 	// dnsmasq itself accepts the file.
 	if _, err := exec.LookPath("dnsmasq"); err != nil {
-		t.Skip("dnsmasq not installed (apt-get install dnsmasq-base)")
+		testenv.Skip(t, "dnsmasq not installed (apt-get install dnsmasq-base)")
 	}
 	f := filepath.Join(t.TempDir(), "dnsmasq.conf")
 	require.NoError(t, os.WriteFile(f, []byte(conf), 0o644))

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnhq/kiln/controller/bootserver"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // TestHostISOIsReproducible builds a host's ISO (bootmedia.BuildISO) on
@@ -19,7 +20,7 @@ import (
 func TestHostISOIsReproducible(t *testing.T) {
 	for _, tool := range []string{"grub-mkimage", "xorriso", "mformat", "mcopy"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (apt-get install grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools)", tool)
+			testenv.Skipf(t, "%s not installed (apt-get install grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools)", tool)
 		}
 	}
 	t.Setenv("SOURCE_DATE_EPOCH", "1764633600")

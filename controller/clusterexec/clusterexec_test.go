@@ -500,8 +500,16 @@ func TestClusterDeleted(t *testing.T) {
 	require.True(t, errdefs.IsNotFound(err), "bootstrap credentials of the deleted cluster: %v, want NotFound", err)
 
 	// Nothing comes back while the Cluster is gone, and the hand-made
-	// Machine stays.
-	time.Sleep(time.Second)
+	// Machine stays: after the executor has stopped, a whole pass of a new
+	// one (as a new leader's first: the clean-up, then the deleted
+	// cluster's name) is run here to its end, instead of a sleep that bets
+	// a pass happened.
+	stop()
+	ex := w.executor()
+	require.NoError(t, ex.CollectDeletedClusters(w.ctx))
+	require.NoError(t, ex.ReleaseOrphans(w.ctx))
+	require.NoError(t, ex.Reconcile(w.ctx, "c1"))
+	ex.Wait()
 	ms := w.machines()
 	require.Len(t, ms, 1, "machines created for a deleted cluster")
 	require.Equal(t, "by-hand", ms[0].GetMetadata().GetName())

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // kubeToolsBin is the pinned kube-tools cache (make kube-tools).
@@ -77,7 +78,7 @@ func startAPIServer(t *testing.T) []byte {
 	bin := kubeToolsBin()
 	for _, b := range []string{"etcd", "kube-apiserver"} {
 		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
-			t.Skipf("no %s in the kube-tools cache %s (make kube-tools): %v", b, bin, err)
+			testenv.Skipf(t, "no %s in the kube-tools cache %s (make kube-tools): %v", b, bin, err)
 		}
 	}
 	dir := t.TempDir()

@@ -15,6 +15,7 @@ import (
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/controller/sim"
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/internal/testenv"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -108,7 +109,7 @@ func (w *world) count() (done, errs int) {
 func peakRSS(b *testing.B) int64 {
 	f, err := os.Open("/proc/self/status")
 	if err != nil {
-		b.Skipf("no /proc/self/status: %v", err)
+		testenv.Skipf(b, "no /proc/self/status: %v", err)
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)

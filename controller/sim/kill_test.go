@@ -97,6 +97,7 @@ const childEnvVar = "KILN_SIM_KILL_CHILD"
 func TestKillChild(t *testing.T) {
 	raw := os.Getenv(childEnvVar)
 	if raw == "" {
+		// Deliberate, not an environment gap: it only runs as TestKill9's child.
 		t.Skip("subprocess of TestKill9")
 	}
 	var env childEnv

@@ -20,6 +20,8 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // attackTargetsEnv carries the endpoints the attacker child tries, one per
@@ -35,11 +37,11 @@ const attackTargetsEnv = "KILN_TEST_ETCD_ATTACK_TARGETS"
 // as etcd either.
 func TestEmbeddedEtcdRefusesOtherUsers(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to run the attacker as nobody")
+		testenv.Skip(t, "needs root to run the attacker as nobody")
 	}
 	nobody, err := user.Lookup("nobody")
 	if err != nil {
-		t.Skipf("no user nobody: %v", err)
+		testenv.Skipf(t, "no user nobody: %v", err)
 	}
 	uid, _ := strconv.Atoi(nobody.Uid)
 	gid, _ := strconv.Atoi(nobody.Gid)
@@ -115,6 +117,7 @@ func TestEmbeddedEtcdRefusesOtherUsers(t *testing.T) {
 func TestEtcdAttackerChild(t *testing.T) {
 	targets := os.Getenv(attackTargetsEnv)
 	if targets == "" {
+		// Deliberate, not an environment gap: it only runs as that test's child.
 		t.Skip("only run as the attacker child of TestEmbeddedEtcdRefusesOtherUsers")
 	}
 	fmt.Printf("attacker uid=%d\n", os.Geteuid())

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kilnhq/kiln/imagebuilder/kubetools"
 	"github.com/kilnhq/kiln/imagebuilder/rootfs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // benchAgent builds the agent as the tests do (no VCS stamp), so the warm
@@ -17,10 +18,10 @@ import (
 func benchAgent(b *testing.B) string {
 	b.Helper()
 	if os.Geteuid() != 0 {
-		b.Skip("building an image needs root")
+		testenv.Skip(b, "building an image needs root")
 	}
 	if _, err := (kubetools.Cache{Dir: filepath.Join(rootfs.CacheRoot(), "kube-tools")}).Verify(kubetools.Pinned()); err != nil {
-		b.Skipf("kube-tools cache incomplete: %v", err)
+		testenv.Skipf(b, "kube-tools cache incomplete: %v", err)
 	}
 	dst := filepath.Join(b.TempDir(), "kiln-agent")
 	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-trimpath", "-buildvcs=false", "-o", dst, "github.com/kilnhq/kiln/cmd/kiln-agent")

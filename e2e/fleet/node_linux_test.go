@@ -36,6 +36,7 @@ import (
 	"github.com/kilnhq/kiln/imagebuilder/spec"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/pki"
+	"github.com/kilnhq/kiln/internal/testenv"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 )
 
@@ -56,28 +57,28 @@ func needNodeTools(t *testing.T) {
 		t.Skip("-short: builds a golden image and boots a Kubernetes node")
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: builds an image, boots systemd-nspawn in a network namespace")
+		testenv.Skip(t, "needs root: builds an image, boots systemd-nspawn in a network namespace")
 	}
 	for tool, pkg := range map[string]string{"systemd-nspawn": "systemd-container", "busctl": "systemd",
 		"nft": "nftables", "ip": "iproute2", "unshare": "util-linux", "sfdisk": "fdisk", "losetup": "mount",
 		"debugfs": "e2fsprogs", "mkfs.ext4": "e2fsprogs"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (Debian package %s)", tool, pkg)
+			testenv.Skipf(t, "%s not installed (Debian package %s)", tool, pkg)
 		}
 	}
 	if _, err := os.Stat("/sys/fs/cgroup/memory"); err != nil {
-		t.Skip("needs the cgroup v1 hierarchy the lab's nspawn hosts are proven on")
+		testenv.Skip(t, "needs the cgroup v1 hierarchy the lab's nspawn hosts are proven on")
 	}
 	rel := kubetools.Pinned()
 	c := kubetools.Cache{Dir: filepath.Join(rootfs.CacheRoot(), "kube-tools")}
 	if _, err := c.Verify(rel); err != nil {
-		t.Skipf("kube-tools cache incomplete: %v (run: make kube-tools)", err)
+		testenv.Skipf(t, "kube-tools cache incomplete: %v (run: make kube-tools)", err)
 	}
 	if _, err := exec.LookPath("debootstrap"); err != nil {
 		s, err := loadLabSpec()
 		require.NoError(t, err)
 		if _, err := os.Stat(golden.RootfsSpec(s, "").Dir()); err != nil {
-			t.Skipf("no rootfs cache entry %s and no debootstrap to build it", golden.RootfsSpec(s, "").Dir())
+			testenv.Skipf(t, "no rootfs cache entry %s and no debootstrap to build it", golden.RootfsSpec(s, "").Dir())
 		}
 	}
 }
@@ -120,7 +121,7 @@ func newLabNet(t *testing.T, ctx context.Context) *labNet {
 		}
 	}
 	if len(uplinks) == 0 {
-		t.Skip("no default route: cannot name the uplink to guard")
+		testenv.Skip(t, "no default route: cannot name the uplink to guard")
 	}
 	run(t, ctx, "nft", "add", "table", "inet", n.table)
 	t.Cleanup(func() { runCleanup(t, "nft", "delete", "table", "inet", n.table) })

@@ -21,6 +21,7 @@ import (
 	"github.com/kilnhq/kiln/e2e/fleet"
 	"github.com/kilnhq/kiln/imagebuilder/kubetools"
 	"github.com/kilnhq/kiln/imagebuilder/rootfs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // repoRoot is the checkout this test was built from.
@@ -37,16 +38,16 @@ func needLab(t *testing.T) {
 		t.Skip("provisions a real cluster on a lab rack (minutes)")
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: network namespaces, nftables, systemd-nspawn, loop devices")
+		testenv.Skip(t, "needs root: network namespaces, nftables, systemd-nspawn, loop devices")
 	}
 	for _, tool := range []string{"ip", "nft", "systemd-nspawn", "ipmi_sim", "sfdisk", "mkfs.ext4", "xorriso", "zstd"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s (hack/deps.sh installs it)", tool)
+			testenv.Skipf(t, "needs %s (hack/deps.sh installs it)", tool)
 		}
 	}
 	rel := kubetools.Pinned()
 	if _, err := os.Stat(filepath.Join(rootfs.CacheRoot(), "kube-tools", rel.Kubernetes, "manifest.json")); err != nil {
-		t.Skipf("needs the kube-tools cache for %s: run make kube-tools", rel.Kubernetes)
+		testenv.Skipf(t, "needs the kube-tools cache for %s: run make kube-tools", rel.Kubernetes)
 	}
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/kilnhq/kiln/e2e/fleet"
 	"github.com/kilnhq/kiln/e2e/lab/rack"
 	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/testenv"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -88,7 +89,7 @@ func TestStuckCausesAreVisible(t *testing.T) {
 	needLab(t)
 	for _, tool := range []string{"socat", "nsenter"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s", tool)
+			testenv.Skipf(t, "needs %s", tool)
 		}
 	}
 	end := time.Now().Add(30 * time.Minute)

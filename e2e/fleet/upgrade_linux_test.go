@@ -14,6 +14,7 @@ import (
 	"github.com/kilnhq/kiln/e2e/fleet"
 	"github.com/kilnhq/kiln/imagebuilder/kubetools"
 	"github.com/kilnhq/kiln/imagebuilder/rootfs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // TestLabMinorUpgrade is make lab-upgrade as a test: the lab cluster
@@ -27,11 +28,12 @@ func TestLabMinorUpgrade(t *testing.T) {
 	// build once, and the run itself 6-10 min (docs/lab.md, "make
 	// lab-upgrade").
 	if os.Getenv("KILN_E2E_UPGRADE") == "" {
+		// Deliberate opt-in (not testenv): KILN_NO_SKIP does not turn it on.
 		t.Skip("the minor upgrade runs only with KILN_E2E_UPGRADE=1 (it needs the previous minor's kube-tools, about 26 min to build once, and takes 6-10 min); make lab-upgrade runs the same")
 	}
 	prev := kubetools.Previous()
 	if _, err := os.Stat(filepath.Join(rootfs.CacheRoot(), "kube-tools", prev.Kubernetes, kubetools.ManifestFile)); err != nil {
-		t.Skipf("needs the previous minor's kube-tools cache (make kube-tools KUBE_RELEASE=%s): 30-40 min to build", prev.Kubernetes)
+		testenv.Skipf(t, "needs the previous minor's kube-tools cache (make kube-tools KUBE_RELEASE=%s): 30-40 min to build", prev.Kubernetes)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Minute)
 	defer cancel()

@@ -29,6 +29,7 @@ import (
 	"github.com/kilnhq/kiln/imagebuilder/rootfs"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/pki"
+	"github.com/kilnhq/kiln/internal/testenv"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
@@ -44,15 +45,15 @@ const (
 func requireTools(t *testing.T) (binDir, imagesDir string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: boots systemd-nspawn nodes in network namespaces")
+		testenv.Skip(t, "needs root: boots systemd-nspawn nodes in network namespaces")
 	}
 	for _, tool := range []string{"systemd-nspawn", "nft", "ip", "nsenter", "mount"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (Debian packages systemd-container, nftables, iproute2, util-linux)", tool)
+			testenv.Skipf(t, "%s not installed (Debian packages systemd-container, nftables, iproute2, util-linux)", tool)
 		}
 	}
 	if _, err := os.Stat("/sys/fs/cgroup/memory"); err != nil {
-		t.Skip("needs the cgroup v1 hierarchy the lab nodes were proven with")
+		testenv.Skip(t, "needs the cgroup v1 hierarchy the lab nodes were proven with")
 	}
 	cache := kubetools.Cache{Dir: filepath.Join(rootfs.CacheRoot(), "kube-tools")}
 	rel := kubetools.Pinned()
@@ -62,7 +63,7 @@ func requireTools(t *testing.T) (binDir, imagesDir string) {
 	}
 	for _, f := range []string{filepath.Join(binDir, "kubeadm"), filepath.Join(binDir, "kubelet"), filepath.Join(binDir, "kubectl"), filepath.Join(imagesDir, "kube-apiserver.tar")} {
 		if _, err := os.Stat(f); err != nil {
-			t.Skipf("kube-tools cache incomplete (%s missing): run make kube-tools", f)
+			testenv.Skipf(t, "kube-tools cache incomplete (%s missing): run make kube-tools", f)
 		}
 	}
 	return binDir, imagesDir
@@ -75,7 +76,7 @@ func baseRoot(t *testing.T, ctx context.Context) string {
 	spec := rootfs.Spec{Packages: golden.NodePackages}
 	if _, err := os.Stat(spec.Dir()); err != nil {
 		if _, err := exec.LookPath("debootstrap"); err != nil {
-			t.Skipf("no cached node root (%s) and no debootstrap to build one", spec.Dir())
+			testenv.Skipf(t, "no cached node root (%s) and no debootstrap to build one", spec.Dir())
 		}
 		t.Logf("building the node root (debootstrap, a few minutes)")
 	}

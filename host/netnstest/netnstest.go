@@ -11,6 +11,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // NS is a network namespace owned by one test.
@@ -25,7 +27,7 @@ type NS struct {
 func New(t testing.TB) *NS {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a network namespace")
+		testenv.Skip(t, "needs root to create a network namespace")
 	}
 	runtime.LockOSThread()
 	orig, err := netns.Get()
@@ -37,7 +39,7 @@ func New(t testing.TB) *NS {
 	ns, err := netns.New() // unshares and moves this thread into it
 	if err != nil {
 		runtime.UnlockOSThread()
-		t.Skipf("cannot create a network namespace: %v", err)
+		testenv.Skipf(t, "cannot create a network namespace: %v", err)
 	}
 	if err := netns.Set(orig); err != nil {
 		// Leave the thread locked: it dies with this goroutine instead of

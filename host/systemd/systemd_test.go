@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 func TestDialNoBus(t *testing.T) {
@@ -30,7 +31,7 @@ func TestDialNoBus(t *testing.T) {
 func TestDialBusWithoutSystemd(t *testing.T) {
 	daemon, err := exec.LookPath("dbus-daemon")
 	if err != nil {
-		t.Skip("dbus-daemon not installed (Debian package dbus)")
+		testenv.Skip(t, "dbus-daemon not installed (Debian package dbus)")
 	}
 	root := t.TempDir()
 	sock := filepath.Join(root, BusSocket)

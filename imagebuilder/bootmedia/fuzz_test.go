@@ -15,6 +15,7 @@ import (
 
 	"github.com/kilnhq/kiln/imagebuilder/bootmedia"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // cpioEntry is one entry read back from a newc archive.
@@ -208,7 +209,7 @@ const grubMeta = "{}|&$;<>\"'\\#"
 func FuzzWriteISO(f *testing.F) {
 	for _, tool := range []string{"grub-mkimage", "xorriso", "mformat", "mcopy"} {
 		if _, err := execLookPath(tool); err != nil {
-			f.Skipf("%s not installed (apt-get install grub-common xorriso mtools)", tool)
+			testenv.Skipf(f, "%s not installed (apt-get install grub-common xorriso mtools)", tool)
 		}
 	}
 	grub := fakeGrubDir(f)

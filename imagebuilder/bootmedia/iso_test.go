@@ -17,6 +17,7 @@ import (
 
 	"github.com/kilnhq/kiln/imagebuilder/bootmedia"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // isoInputs writes a kernel and an initramfs stand-in to a new directory,
@@ -37,7 +38,7 @@ func needISOTools(t *testing.T) {
 	t.Helper()
 	for _, tool := range []string{"grub-mkimage", "xorriso", "mformat", "mcopy"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (apt-get install grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools)", tool)
+			testenv.Skipf(t, "%s not installed (apt-get install grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools)", tool)
 		}
 	}
 }
@@ -47,7 +48,7 @@ func writeISO(t *testing.T, iso bootmedia.ISO) []byte {
 	out := filepath.Join(t.TempDir(), "kiln-agent.iso")
 	err := bootmedia.WriteISO(context.Background(), bootmedia.ExecRunner{}, iso, out)
 	if errdefs.IsNotFound(err) {
-		t.Skipf("cannot build an ISO here: %v", err)
+		testenv.Skipf(t, "cannot build an ISO here: %v", err)
 	}
 	require.NoError(t, err)
 	b, err := os.ReadFile(out)

@@ -7,18 +7,19 @@ import (
 	"testing"
 
 	"github.com/kilnhq/kiln/imagebuilder/rootfs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // BenchmarkBuildDebianRoot builds a GPT disk from the lab's cached Debian
 // root (debootstrap minbase + systemd + dbus + procps).
 func BenchmarkBuildDebianRoot(b *testing.B) {
 	if os.Geteuid() != 0 {
-		b.Skip("needs root (debootstrap, or read the cached root)")
+		testenv.Skip(b, "needs root (debootstrap, or read the cached root)")
 	}
 	ctx := context.Background()
 	root, err := rootfs.Build(ctx, rootfs.Spec{Packages: []string{"procps"}}, nil)
 	if err != nil {
-		b.Skip(err)
+		testenv.Skip(b, err)
 	}
 	out := filepath.Join(b.TempDir(), "disk.raw")
 	var l *Layout

@@ -18,13 +18,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 func needTools(t *testing.T) {
 	t.Helper()
 	for tool, pkg := range map[string]string{"sfdisk": "fdisk", "mkfs.fat": "dosfstools", "mcopy": "mtools", "mkfs.ext4": "e2fsprogs"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (Debian package %s)", tool, pkg)
+			testenv.Skipf(t, "%s not installed (Debian package %s)", tool, pkg)
 		}
 	}
 }

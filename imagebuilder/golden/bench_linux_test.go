@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kilnhq/kiln/imagebuilder/spec"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // BenchmarkBuildMinimalWarm builds the minimal image with a warm rootfs
@@ -21,7 +22,7 @@ func BenchmarkBuildMinimalWarm(b *testing.B) {
 		b.Fatal(err)
 	}
 	if os.Geteuid() != 0 || !isDir(RootfsSpec(s, "").Dir()) {
-		b.Skip("needs root and a warm rootfs cache (run TestBuildMinimal first)")
+		testenv.Skip(b, "needs root and a warm rootfs cache (run TestBuildMinimal first)")
 	}
 	agent, err := os.Executable() // any executable: the agent's content does not change the cost
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/kilnhq/kiln/host/systemd"
 	"github.com/kilnhq/kiln/imagebuilder/disk"
 	"github.com/kilnhq/kiln/imagebuilder/manifest"
+	"github.com/kilnhq/kiln/internal/testenv"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 )
 
@@ -37,11 +38,11 @@ func TestMinimalImageBootsAsLabHost(t *testing.T) {
 	needBuilder(t, minimalSpec(t, "/unused"))
 	for tool, pkg := range map[string]string{"systemd-nspawn": "systemd-container"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (Debian package %s)", tool, pkg)
+			testenv.Skipf(t, "%s not installed (Debian package %s)", tool, pkg)
 		}
 	}
 	if _, err := os.Stat("/dev/loop-control"); err != nil {
-		t.Skipf("no loop devices: %v", err)
+		testenv.Skipf(t, "no loop devices: %v", err)
 	}
 	res := sharedMinimal(t)
 
@@ -63,7 +64,7 @@ func TestMinimalImageBootsAsLabHost(t *testing.T) {
 	require.NoError(t, os.Mkdir(mnt, 0o755))
 	out, err = exec.Command("mount", "-o", fmt.Sprintf("loop,offset=%d,sizelimit=%d", rootPart.Offset, rootPart.Size), diskFile, mnt).CombinedOutput()
 	if err != nil {
-		t.Skipf("cannot loop-mount the root partition here: %v: %s", err, out)
+		testenv.Skipf(t, "cannot loop-mount the root partition here: %v: %s", err, out)
 	}
 	t.Cleanup(func() {
 		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {

@@ -26,6 +26,7 @@ import (
 	"github.com/kilnhq/kiln/imagebuilder/spec"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	resources "github.com/kilnhq/kiln/internal/manifest"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // testEpoch is the SOURCE_DATE_EPOCH of the test images.
@@ -36,12 +37,12 @@ const testEpoch = 1764633600 // 2025-12-02
 func needBuilder(t *testing.T, s *spec.Spec) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("building an image needs root")
+		testenv.Skip(t, "building an image needs root")
 	}
 	for tool, pkg := range map[string]string{"debootstrap": "debootstrap", "sfdisk": "fdisk", "mkfs.fat": "dosfstools",
 		"mcopy": "mtools", "mkfs.ext4": "e2fsprogs", "debugfs": "e2fsprogs"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (Debian package %s)", tool, pkg)
+			testenv.Skipf(t, "%s not installed (Debian package %s)", tool, pkg)
 		}
 	}
 	if isDir(RootfsSpec(s, "").Dir()) {
@@ -55,7 +56,7 @@ func needBuilder(t *testing.T, s *spec.Spec) {
 	}
 	c, err := net.Dial("tcp", host)
 	if err != nil {
-		t.Skipf("no rootfs cache entry %s and the mirror %s is unreachable: %v", RootfsSpec(s, "").Dir(), s.Mirror, err)
+		testenv.Skipf(t, "no rootfs cache entry %s and the mirror %s is unreachable: %v", RootfsSpec(s, "").Dir(), s.Mirror, err)
 	}
 	c.Close()
 }
@@ -331,7 +332,7 @@ func TestBuildBadSpec(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if os.Geteuid() != 0 && (tc.name == "agent not executable" || tc.name == "missing agent") {
-				t.Skip("the agent is checked after the root check")
+				testenv.Skip(t, "the agent is checked after the root check")
 			}
 			dir := t.TempDir()
 			f := filepath.Join(dir, "image.yaml")

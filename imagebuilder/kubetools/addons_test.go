@@ -11,6 +11,7 @@ import (
 
 	"github.com/kilnhq/kiln/imagebuilder/manifest"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // kubeadmV1344List is what kubeadm v1.34.4 prints for
@@ -80,7 +81,7 @@ func TestAddonsFromCachedKubeadm(t *testing.T) {
 	r := Pinned()
 	kubeadm := filepath.Join(Cache{Dir: "/var/cache/kiln/kube-tools"}.BinDir(r), Kubeadm)
 	if _, err := os.Stat(kubeadm); err != nil {
-		t.Skipf("no kubeadm %s in the kube-tools cache (%v): run %s", r.Kubernetes, err, BuildCommand(r))
+		testenv.Skipf(t, "no kubeadm %s in the kube-tools cache (%v): run %s", r.Kubernetes, err, BuildCommand(r))
 	}
 	a, err := Addons(context.Background(), ExecRunner{}, kubeadm, r.Kubernetes)
 	require.NoError(t, err)

@@ -14,6 +14,7 @@ import (
 	"github.com/kilnhq/kiln/imagebuilder/ociarchive"
 	"github.com/kilnhq/kiln/imagebuilder/ociarchive/ociarchivetest"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // pinnedCache returns the machine's kube-tools cache, skipping the test
@@ -27,10 +28,10 @@ func pinnedCache(t *testing.T) (Cache, *Manifest) {
 	c := Cache{Dir: filepath.Join(root, "kube-tools")}
 	m, err := c.Verify(Pinned())
 	if errdefs.IsNotFound(err) {
-		t.Skipf("no kube-tools cache in %s: run `make kube-tools` first", c.Dir)
+		testenv.Skipf(t, "no kube-tools cache in %s: run `make kube-tools` first", c.Dir)
 	}
 	if errdefs.IsFailedPrecondition(err) {
-		t.Skipf("the kube-tools cache is stale or damaged (%v): run `make kube-tools` first", err)
+		testenv.Skipf(t, "the kube-tools cache is stale or damaged (%v): run `make kube-tools` first", err)
 	}
 	require.NoError(t, err)
 	return c, m
@@ -91,7 +92,7 @@ func TestPinnedArchivesRun(t *testing.T) {
 	r := Pinned()
 	imgs, err := Images(context.Background(), r, c.BinDir(r), DebianHostTools("amd64"), ExecRunner{})
 	if errdefs.IsNotFound(err) {
-		t.Skipf("kube-proxy image needs host tools: %v", err)
+		testenv.Skipf(t, "kube-proxy image needs host tools: %v", err)
 	}
 	require.NoError(t, err)
 	dir := t.TempDir()

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnhq/kiln/imagebuilder/ociarchive"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // extractLayer writes the image's layer into dir, as a runtime unpacks it.
@@ -51,12 +52,12 @@ func extractLayer(t *testing.T, img ociarchive.Image, dir string) {
 // image.
 func TestKubeProxyImageTools(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to chroot into the unpacked image")
+		testenv.Skip(t, "needs root to chroot into the unpacked image")
 	}
 	host := DebianHostTools("amd64")
 	for _, p := range []string{host.Xtables, host.Conntrack, "/usr/bin/ldd"} {
 		if _, err := os.Stat(p); err != nil {
-			t.Skipf("needs %s (Debian packages iptables, conntrack, libc-bin): %v", p, err)
+			testenv.Skipf(t, "needs %s (Debian packages iptables, conntrack, libc-bin): %v", p, err)
 		}
 	}
 	binDir := t.TempDir()
@@ -112,7 +113,7 @@ func TestWriteArchivesIncremental(t *testing.T) {
 	host := DebianHostTools("amd64")
 	for _, p := range []string{host.Xtables, host.Conntrack, "/usr/bin/ldd"} {
 		if _, err := os.Stat(p); err != nil {
-			t.Skipf("needs %s (Debian packages iptables, conntrack, libc-bin): %v", p, err)
+			testenv.Skipf(t, "needs %s (Debian packages iptables, conntrack, libc-bin): %v", p, err)
 		}
 	}
 	fake := newFakeGo(t)

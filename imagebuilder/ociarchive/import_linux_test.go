@@ -11,6 +11,7 @@ import (
 
 	"github.com/kilnhq/kiln/imagebuilder/ociarchive"
 	"github.com/kilnhq/kiln/imagebuilder/ociarchive/ociarchivetest"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // TestImportAndRun imports an archive into a real containerd and runs its
@@ -18,7 +19,7 @@ import (
 func TestImportAndRun(t *testing.T) {
 	goTool, err := exec.LookPath("go")
 	if err != nil {
-		t.Skip("needs the go command to build a static test binary")
+		testenv.Skip(t, "needs the go command to build a static test binary")
 	}
 	sock := ociarchivetest.StartContainerd(t)
 

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // testWriter sends command output to the test log.
@@ -24,10 +26,10 @@ func TestBuildCachedAndOverlay(t *testing.T) {
 		t.Skip("-short: building a Debian root takes minutes")
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to debootstrap")
+		testenv.Skip(t, "needs root to debootstrap")
 	}
 	if _, err := os.Stat("/usr/sbin/debootstrap"); err != nil {
-		t.Skip("debootstrap not installed (Debian package debootstrap)")
+		testenv.Skip(t, "debootstrap not installed (Debian package debootstrap)")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()

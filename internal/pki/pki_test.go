@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 var now = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
@@ -33,7 +34,7 @@ func newCA(t *testing.T) *CA {
 
 func TestHashMatchesOpenSSL(t *testing.T) {
 	if _, err := exec.LookPath("openssl"); err != nil {
-		t.Skip("openssl not installed: cannot cross-check the CA hash")
+		testenv.Skip(t, "openssl not installed: cannot cross-check the CA hash")
 	}
 	ca := newCA(t)
 	cmd := exec.Command("sh", "-c", "openssl x509 -pubkey -noout | openssl pkey -pubin -outform der | sha256sum")

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kilnhq/kiln/e2e/lab/ipmisim"
 	"github.com/kilnhq/kiln/e2e/lab/machine"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 func ipmitool(t *testing.T, sim *ipmisim.Sim, password string, args ...string) (string, error) {
@@ -30,7 +31,7 @@ func ipmitool(t *testing.T, sim *ipmisim.Sim, password string, args ...string) (
 func TestSimDrivesMachine(t *testing.T) {
 	for _, tool := range []string{"ipmi_sim", "ipmitool"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (Debian packages openipmi and ipmitool)", tool)
+			testenv.Skipf(t, "%s not installed (Debian packages openipmi and ipmitool)", tool)
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

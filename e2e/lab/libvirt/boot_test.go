@@ -20,6 +20,7 @@ import (
 	"github.com/kilnhq/kiln/e2e/lab/machine"
 	"github.com/kilnhq/kiln/imagebuilder/bootmedia"
 	"github.com/kilnhq/kiln/imagebuilder/bootmedia/bootmediatest"
+	"github.com/kilnhq/kiln/internal/testenv"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -46,7 +47,7 @@ func bootMedia(t testing.TB) string {
 		bootmediatest.Build(t, dir)
 	})
 	if _, err := os.Stat(filepath.Join(media.dir, bootmedia.ManifestFile)); err != nil {
-		t.Skip("boot media could not be built (see the first boot test)")
+		testenv.Skip(t, "boot media could not be built (see the first boot test)")
 	}
 	return media.dir
 }

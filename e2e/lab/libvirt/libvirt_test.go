@@ -24,6 +24,7 @@ import (
 	"github.com/kilnhq/kiln/e2e/lab/machine"
 	"github.com/kilnhq/kiln/e2e/lab/redfish"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // daemon is the libvirtd the tests use: the system one when its socket
@@ -59,7 +60,7 @@ func answers(socket string) bool {
 func libvirtSocket(t testing.TB) string {
 	t.Helper()
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skip("qemu-system-x86_64 not installed (apt-get install qemu-system-x86)")
+		testenv.Skip(t, "qemu-system-x86_64 not installed (apt-get install qemu-system-x86)")
 	}
 	daemon.once.Do(func() {
 		if answers(libvirt.DefaultSocket) {
@@ -78,7 +79,7 @@ func libvirtSocket(t testing.TB) string {
 		}
 	})
 	if daemon.socket == "" {
-		t.Skipf("libvirtd not reachable at %s and a private one cannot start: %v", libvirt.DefaultSocket, daemon.err)
+		testenv.Skipf(t, "libvirtd not reachable at %s and a private one cannot start: %v", libvirt.DefaultSocket, daemon.err)
 	}
 	return daemon.socket
 }

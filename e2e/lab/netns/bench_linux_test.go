@@ -11,13 +11,14 @@ import (
 	"github.com/kilnhq/kiln/e2e/lab/machine"
 	"github.com/kilnhq/kiln/imagebuilder/disk"
 	"github.com/kilnhq/kiln/imagebuilder/rootfs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // BenchmarkBootAgent measures a PXE power-on (the boot agent process in
 // the host's namespaces) and a hard power-off.
 func BenchmarkBootAgent(b *testing.B) {
 	if os.Geteuid() != 0 {
-		b.Skip("needs root")
+		testenv.Skip(b, "needs root")
 	}
 	ctx := context.Background()
 	m, err := New(ctx, Options{Name: "bench1", Lab: testLab(), StateDir: filepath.Join(b.TempDir(), "h"),
@@ -40,10 +41,10 @@ func BenchmarkBootAgent(b *testing.B) {
 // graceful power-off (D-Bus poweroff.target), reported separately.
 func BenchmarkDiskBoot(b *testing.B) {
 	if os.Geteuid() != 0 {
-		b.Skip("needs root")
+		testenv.Skip(b, "needs root")
 	}
 	if _, err := exec.LookPath("systemd-nspawn"); err != nil {
-		b.Skip("systemd-nspawn not installed")
+		testenv.Skip(b, "systemd-nspawn not installed")
 	}
 	ctx := context.Background()
 	root, err := rootfs.Build(ctx, rootfs.Spec{Packages: []string{"procps"}}, nil)

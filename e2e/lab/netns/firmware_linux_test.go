@@ -22,6 +22,7 @@ import (
 	"github.com/kilnhq/kiln/e2e/lab/machine"
 	"github.com/kilnhq/kiln/imagebuilder/bootmedia"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 func TestParseIPXE(t *testing.T) {
@@ -66,7 +67,7 @@ func TestParseBootConfig(t *testing.T) {
 func needXorriso(t *testing.T) {
 	t.Helper()
 	if _, err := exec.LookPath("xorriso"); err != nil {
-		t.Skip("xorriso not installed (Debian package xorriso)")
+		testenv.Skip(t, "xorriso not installed (Debian package xorriso)")
 	}
 }
 
@@ -223,7 +224,7 @@ func TestFirmwareBoot(t *testing.T) {
 		// The tools the boot server's ISO builder (bootmedia.WriteISO) runs.
 		for _, tool := range []string{"grub-mkimage", "xorriso", "mformat", "mcopy"} {
 			if _, err := exec.LookPath(tool); err != nil {
-				t.Skipf("%s not installed (apt-get install grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools)", tool)
+				testenv.Skipf(t, "%s not installed (apt-get install grub-common grub-pc-bin grub-efi-amd64-bin xorriso mtools)", tool)
 			}
 		}
 		got := boot(t, machine.BootCD, "", bootserver.ISOURL(base, "lab-boot3"))
@@ -310,11 +311,11 @@ func TestFirmwareBoot(t *testing.T) {
 // and 10 MiB initrd) and reads its grub.cfg with xorriso.
 func BenchmarkFirmwareBoot(b *testing.B) {
 	if os.Geteuid() != 0 {
-		b.Skip("needs root")
+		testenv.Skip(b, "needs root")
 	}
 	for _, tool := range []string{"grub-mkimage", "xorriso", "mformat", "mcopy"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			b.Skipf("%s not installed", tool)
+			testenv.Skipf(b, "%s not installed", tool)
 		}
 	}
 	ctx := context.Background()

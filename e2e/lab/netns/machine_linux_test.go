@@ -21,15 +21,16 @@ import (
 	"github.com/kilnhq/kiln/e2e/lab/nspawn"
 	"github.com/kilnhq/kiln/imagebuilder/disk"
 	"github.com/kilnhq/kiln/imagebuilder/rootfs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 func needRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root for network namespaces")
+		testenv.Skip(t, "needs root for network namespaces")
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("ip not installed (Debian package iproute2)")
+		testenv.Skip(t, "ip not installed (Debian package iproute2)")
 	}
 }
 
@@ -285,7 +286,7 @@ func TestDiskBoot(t *testing.T) {
 	}
 	for tool, pkg := range map[string]string{"systemd-nspawn": "systemd-container", "systemd-dissect": "systemd-container", "busctl": "systemd", "debootstrap": "debootstrap", "mkfs.ext4": "e2fsprogs", "sfdisk": "fdisk", "mkfs.fat": "dosfstools", "mcopy": "mtools"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (Debian package %s)", tool, pkg)
+			testenv.Skipf(t, "%s not installed (Debian package %s)", tool, pkg)
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
@@ -432,7 +433,7 @@ func TestRealAgentSeesBootMedia(t *testing.T) {
 	needRoot(t)
 	gobin, err := exec.LookPath("go")
 	if err != nil {
-		t.Skip("go toolchain not found: cannot build kiln-agent")
+		testenv.Skip(t, "go toolchain not found: cannot build kiln-agent")
 	}
 	dir := t.TempDir()
 	agent := filepath.Join(dir, "kiln-agent")

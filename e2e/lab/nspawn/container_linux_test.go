@@ -17,12 +17,13 @@ import (
 
 	"github.com/kilnhq/kiln/imagebuilder/rootfs"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 func needRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root for cgroups and systemd-nspawn")
+		testenv.Skip(t, "needs root for cgroups and systemd-nspawn")
 	}
 }
 
@@ -31,7 +32,7 @@ func needNspawn(t *testing.T) {
 	needRoot(t)
 	for tool, pkg := range map[string]string{"systemd-nspawn": "systemd-container", "nsenter": "util-linux", "ip": "iproute2"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (Debian package %s)", tool, pkg)
+			testenv.Skipf(t, "%s not installed (Debian package %s)", tool, pkg)
 		}
 	}
 }
@@ -46,7 +47,7 @@ func debianRoot(t *testing.T) string {
 			t.Skip("-short: no cached Debian root and building one takes minutes")
 		}
 		if _, err := exec.LookPath("debootstrap"); err != nil {
-			t.Skipf("no cached Debian root (%s) and no debootstrap to build one", spec.Dir())
+			testenv.Skipf(t, "no cached Debian root (%s) and no debootstrap to build one", spec.Dir())
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)

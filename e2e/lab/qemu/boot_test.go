@@ -26,6 +26,7 @@ import (
 	"github.com/kilnhq/kiln/e2e/lab/redfish"
 	"github.com/kilnhq/kiln/imagebuilder/bootmedia"
 	"github.com/kilnhq/kiln/imagebuilder/bootmedia/bootmediatest"
+	"github.com/kilnhq/kiln/internal/testenv"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -52,10 +53,10 @@ func bootMedia(t testing.TB) string {
 		media.dir = dir
 	})
 	if media.dir == "" {
-		t.Skip("boot media could not be built (see the first boot test)")
+		testenv.Skip(t, "boot media could not be built (see the first boot test)")
 	}
 	if _, err := os.Stat(filepath.Join(media.dir, bootmedia.ManifestFile)); err != nil {
-		t.Skip("boot media could not be built (see the first boot test)")
+		testenv.Skip(t, "boot media could not be built (see the first boot test)")
 	}
 	return media.dir
 }
@@ -315,7 +316,7 @@ func TestPXEBootEnrolls(t *testing.T) {
 func bootPXE(t testing.TB, name string) *bootResult {
 	dir := bootMedia(t)
 	if os.Geteuid() != 0 {
-		t.Skip("PXE on a lab network namespace needs root")
+		testenv.Skip(t, "PXE on a lab network namespace needs root")
 	}
 	env := controllertest.Start(t)
 	ctx := context.Background()

@@ -21,12 +21,13 @@ import (
 	"github.com/kilnhq/kiln/e2e/lab/qemu"
 	"github.com/kilnhq/kiln/imagebuilder/bootmedia"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 func needQEMU(t testing.TB) {
 	t.Helper()
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		t.Skip("qemu-system-x86_64 not installed (apt-get install qemu-system-x86 ipxe-qemu)")
+		testenv.Skip(t, "qemu-system-x86_64 not installed (apt-get install qemu-system-x86 ipxe-qemu)")
 	}
 }
 
@@ -266,7 +267,7 @@ const firmwareTimeout = 3 * time.Minute
 func TestBootDeviceSelection(t *testing.T) {
 	needQEMU(t)
 	if _, err := exec.LookPath("grub-mkrescue"); err != nil {
-		t.Skip("grub-mkrescue not installed (grub-common grub-pc-bin xorriso mtools)")
+		testenv.Skip(t, "grub-mkrescue not installed (grub-common grub-pc-bin xorriso mtools)")
 	}
 	dir := t.TempDir()
 	iso := filepath.Join(dir, "grub.iso")

@@ -9,21 +9,22 @@ import (
 	"testing"
 
 	"github.com/kilnhq/kiln/e2e/lab/ipmisim"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // BenchmarkUpDown measures `lab up` (supervisor process, guard, bridge,
 // 2 Redfish + 1 IPMI hosts) followed by `lab down`.
 func BenchmarkUpDown(b *testing.B) {
 	if os.Geteuid() != 0 {
-		b.Skip("needs root")
+		testenv.Skip(b, "needs root")
 	}
 	if _, err := exec.LookPath("ipmi_sim"); err != nil {
-		b.Skip("ipmi_sim not installed")
+		testenv.Skip(b, "ipmi_sim not installed")
 	}
 	ctx := context.Background()
 	chassis, err := ipmisim.BuildChassis(ctx, b.TempDir())
 	if err != nil {
-		b.Skip(err)
+		testenv.Skip(b, err)
 	}
 	name := fmt.Sprintf("b%d", os.Getpid()%100000)
 	for b.Loop() {

@@ -24,6 +24,7 @@ import (
 	"github.com/kilnhq/kiln/e2e/lab/ipmisim"
 	"github.com/kilnhq/kiln/imagebuilder/bootmedia/bootmediatest"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // tokens is a boot token issuer that records what it minted, by host;
@@ -86,7 +87,7 @@ func TestFirmwareBoot(t *testing.T) {
 	// builder (bootmedia.WriteISO) runs.
 	for _, tool := range []string{"xorriso", "grub-mkimage", "mformat", "mcopy"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (apt-get install xorriso grub-common grub-pc-bin grub-efi-amd64-bin mtools)", tool)
+			testenv.Skipf(t, "%s not installed (apt-get install xorriso grub-common grub-pc-bin grub-efi-amd64-bin mtools)", tool)
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -94,7 +95,7 @@ func TestFirmwareBoot(t *testing.T) {
 	bin := t.TempDir()
 	chassis, err := ipmisim.BuildChassis(ctx, bin)
 	if err != nil {
-		t.Skipf("cannot build kiln-chassis: %v", err)
+		testenv.Skipf(t, "cannot build kiln-chassis: %v", err)
 	}
 	media := t.TempDir()
 	bootmediatest.Build(t, media)

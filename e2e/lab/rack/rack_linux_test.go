@@ -24,6 +24,7 @@ import (
 	"github.com/kilnhq/kiln/e2e/lab/netns"
 	"github.com/kilnhq/kiln/imagebuilder/disk"
 	"github.com/kilnhq/kiln/imagebuilder/rootfs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // serveEnv makes the test binary act as the lab supervisor (what `kilnctl
@@ -97,11 +98,11 @@ func diff(before, after []string) []string {
 func needLab(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root for namespaces, bridges and nftables")
+		testenv.Skip(t, "needs root for namespaces, bridges and nftables")
 	}
 	for tool, pkg := range map[string]string{"ip": "iproute2", "nft": "nftables", "ipmi_sim": "openipmi", "ipmitool": "ipmitool"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (Debian package %s)", tool, pkg)
+			testenv.Skipf(t, "%s not installed (Debian package %s)", tool, pkg)
 		}
 	}
 }
@@ -166,7 +167,7 @@ func TestUpDown(t *testing.T) {
 	bin := t.TempDir()
 	chassis, err := ipmisim.BuildChassis(ctx, bin)
 	if err != nil {
-		t.Skipf("cannot build kiln-chassis: %v", err)
+		testenv.Skipf(t, "cannot build kiln-chassis: %v", err)
 	}
 	debianRoot := ""
 	if _, err := exec.LookPath("systemd-nspawn"); err == nil && !testing.Short() {
@@ -366,11 +367,11 @@ func TestQEMUHostLimit(t *testing.T) {
 // and checks Down leaves no process or file of the lab.
 func TestUpDownQEMU(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root for the bridge and nftables")
+		testenv.Skip(t, "needs root for the bridge and nftables")
 	}
 	for tool, pkg := range map[string]string{"ip": "iproute2", "nft": "nftables", "qemu-system-x86_64": "qemu-system-x86"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (Debian package %s)", tool, pkg)
+			testenv.Skipf(t, "%s not installed (Debian package %s)", tool, pkg)
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

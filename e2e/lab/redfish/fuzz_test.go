@@ -13,6 +13,7 @@ import (
 
 	"github.com/kilnhq/kiln/e2e/lab/machine"
 	"github.com/kilnhq/kiln/e2e/lab/redfish"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // checkJSONResponse checks what a Redfish client relies on: a JSON body
@@ -41,7 +42,7 @@ func checkJSONResponse(t *testing.T, what string, rec *httptest.ResponseRecorder
 func FuzzMockupHandler(f *testing.F) {
 	root, err := redfish.MockupsDir()
 	if err != nil {
-		f.Skip(err.Error())
+		testenv.Skip(f, err.Error())
 	}
 	dir := filepath.Join(root, "public-rackmount1")
 	// Seeds: every resource of the tree, PATCHes of Boot with its

@@ -15,6 +15,7 @@ import (
 	"github.com/kilnhq/kiln/e2e/lab/machine"
 	"github.com/kilnhq/kiln/e2e/lab/redfish"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 type client struct {
@@ -166,7 +167,7 @@ func TestFaults(t *testing.T) {
 func TestMockupHandler(t *testing.T) {
 	root, err := redfish.MockupsDir()
 	if errdefs.IsNotFound(err) {
-		t.Skip(err.Error())
+		testenv.Skip(t, err.Error())
 	}
 	require.NoError(t, err)
 	dir := filepath.Join(root, "public-tower")

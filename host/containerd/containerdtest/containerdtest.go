@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kilnhq/kiln/host/containerd"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // Daemon is a containerd owned by one test.
@@ -38,11 +39,11 @@ type Daemon struct {
 func New(t testing.TB) *Daemon {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to run containerd")
+		testenv.Skip(t, "needs root to run containerd")
 	}
 	bin, err := exec.LookPath("containerd")
 	if err != nil {
-		t.Skip("containerd not installed (Debian package containerd)")
+		testenv.Skip(t, "containerd not installed (Debian package containerd)")
 	}
 	root, err := os.MkdirTemp("", "kiln-ctd") // short: unix socket paths are limited
 	if err != nil {

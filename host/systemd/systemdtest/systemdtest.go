@@ -23,6 +23,7 @@ import (
 
 	"github.com/kilnhq/kiln/e2e/lab/nspawn"
 	"github.com/kilnhq/kiln/imagebuilder/rootfs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // RootEnv names a Debian root with systemd and dbus to use instead of the
@@ -48,15 +49,15 @@ type Machine struct {
 func Boot(t testing.TB, units map[string]string) *Machine {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to run systemd-nspawn")
+		testenv.Skip(t, "needs root to run systemd-nspawn")
 	}
 	if _, err := exec.LookPath("systemd-nspawn"); err != nil {
-		t.Skip("systemd-nspawn not installed (Debian package systemd-container)")
+		testenv.Skip(t, "systemd-nspawn not installed (Debian package systemd-container)")
 	}
 	image := os.Getenv(RootEnv)
 	if image == "" {
 		if _, err := exec.LookPath("debootstrap"); err != nil {
-			t.Skipf("no Debian root: set %s, or install debootstrap to build the lab's cached root", RootEnv)
+			testenv.Skipf(t, "no Debian root: set %s, or install debootstrap to build the lab's cached root", RootEnv)
 		}
 		// The same spec as the lab's netns hosts, so one cached root serves both.
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kilnhq/kiln/imagebuilder/bootmedia"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // SkipIfUnavailable skips the test when err says that a kernel package or
@@ -21,7 +22,7 @@ import (
 func SkipIfUnavailable(t testing.TB, err error) {
 	t.Helper()
 	if errdefs.IsNotFound(err) || errdefs.IsUnavailable(err) {
-		t.Skipf("boot media cannot be built here: %v", err)
+		testenv.Skipf(t, "boot media cannot be built here: %v", err)
 	}
 }
 
@@ -30,7 +31,7 @@ func SkipIfUnavailable(t testing.TB, err error) {
 func BuildAgent(t testing.TB, dir string) string {
 	t.Helper()
 	if _, err := exec.LookPath("go"); err != nil {
-		t.Skip("go is not on PATH: cannot build the agent")
+		testenv.Skip(t, "go is not on PATH: cannot build the agent")
 	}
 	_, file, _, _ := runtime.Caller(0)
 	repo := filepath.Join(filepath.Dir(file), "..", "..", "..")

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // Namespace is the containerd namespace the helpers use.
@@ -24,11 +26,11 @@ const Namespace = "kiln-test"
 func StartContainerd(t testing.TB) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to run containerd")
+		testenv.Skip(t, "needs root to run containerd")
 	}
 	for _, tool := range []string{"containerd", "ctr", "runc"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("needs %s (Debian packages containerd, runc): %v", tool, err)
+			testenv.Skipf(t, "needs %s (Debian packages containerd, runc): %v", tool, err)
 		}
 	}
 	// A short base keeps the socket path under the 108-byte limit.

@@ -11,13 +11,14 @@ import (
 
 	"github.com/kilnhq/kiln/controller/controllertest"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // dnsmasqTest checks conf with dnsmasq itself, when it is installed.
 func dnsmasqTest(t *testing.T, conf string) {
 	t.Helper()
 	if _, err := exec.LookPath("dnsmasq"); err != nil {
-		t.Skip("dnsmasq not installed (apt-get install dnsmasq-base): cannot check the file with dnsmasq --test")
+		testenv.Skip(t, "dnsmasq not installed (apt-get install dnsmasq-base): cannot check the file with dnsmasq --test")
 	}
 	f := filepath.Join(t.TempDir(), "kiln.conf")
 	require.NoError(t, os.WriteFile(f, []byte(conf), 0o644))

@@ -17,6 +17,7 @@ import (
 	"github.com/kilnhq/kiln/e2e/lab/rack"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/manifest"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // TestLabCommands runs the real kilnctl binary: lab up (its supervisor is
@@ -27,11 +28,11 @@ func TestLabCommands(t *testing.T) {
 		t.Skip("-short: builds kilnctl and brings up a lab")
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("needs root for the lab's namespaces, bridge and nftables")
+		testenv.Skip(t, "needs root for the lab's namespaces, bridge and nftables")
 	}
 	for tool, pkg := range map[string]string{"go": "golang", "nft": "nftables", "ipmi_sim": "openipmi", "ipmitool": "ipmitool"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (%s)", tool, pkg)
+			testenv.Skipf(t, "%s not installed (%s)", tool, pkg)
 		}
 	}
 	tmp := t.TempDir()
