@@ -36,7 +36,7 @@ pkgs=(
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
-  say "installing ${missing[*]}"
+  say "installing ${#missing[@]} packages (1-4 min on a fresh machine): ${missing[*]}"
   apt-get update -qq
   # No package may start its system service (containerd, libvirtd, ...): the
   # tests start their own instances and stop them by PID.
