@@ -141,6 +141,18 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Observer, when set, is told of every call (metrics).
+	Observer CallObserver
+}
+
+// CallObserver is told of every BMC call once it ends: the endpoint's
+// protocol, the operation (PowerState, PowerOn, SetBootDevice, ...), the
+// call's error (nil on success; retries happen inside one call) and how
+// long it took, the wait for the BMC's slot included. It must not block.
+// Package bmc stays free of any metrics library: the controller passes
+// its *metrics.Metrics.
+type CallObserver interface {
+	ObserveBMCCall(protocol, op string, err error, d time.Duration)
 }
 
 func (o Options) withDefaults(ep Endpoint) Options {

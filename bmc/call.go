@@ -26,7 +26,13 @@ const lateResultGrace = 100 * time.Millisecond
 // not honour ctx (bmclib's Redfish provider bounds requests only by the
 // HTTP client timeout); the BMC's slot stays taken until that goroutine
 // has finished, so a late request never overlaps the next operation.
-func (b *BMC) do(ctx context.Context, op string, fn func(context.Context) error) error {
+func (b *BMC) do(ctx context.Context, op string, fn func(context.Context) error) (err error) {
+	if o := b.opts.Observer; o != nil {
+		start := b.opts.Now()
+		defer func() {
+			o.ObserveBMCCall(b.ep.Protocol, strings.ReplaceAll(op, " ", "_"), err, b.opts.Now().Sub(start))
+		}()
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, b.opts.Timeout)
@@ -70,7 +76,6 @@ func (b *BMC) do(ctx context.Context, op string, fn func(context.Context) error)
 		done <- err
 	}()
 
-	var err error
 	select {
 	case err = <-done:
 	case <-ctx.Done():

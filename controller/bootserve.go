@@ -248,7 +248,9 @@ func (c *Controller) startBoot(ctx context.Context, st *store.Store, enr *enroll
 		srv: &http.Server{
 			// Every GET of an iPXE script or ISO mints a token: those
 			// paths are rate limited per client address.
-			Handler:           limits.HTTP(limits.NewLimiter(c.cfg.BootRate, c.cfg.Clock), mintsToken, bs),
+			// Metrics (when on) count the bytes of every response, refusals
+			// included.
+			Handler:           c.metrics.BootHandler(limits.HTTP(limits.NewLimiter(c.cfg.BootRate, c.cfg.Clock), mintsToken, bs)),
 			ReadHeaderTimeout: 30 * time.Second,
 			IdleTimeout:       2 * time.Minute,
 			ErrorLog:          slog.NewLogLogger(c.log.Handler(), slog.LevelWarn),

@@ -37,6 +37,7 @@ import (
 	"github.com/kilnhq/kiln/controller/events"
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/controller/limits"
+	"github.com/kilnhq/kiln/controller/metrics"
 	"github.com/kilnhq/kiln/controller/provision"
 	"github.com/kilnhq/kiln/controller/resources"
 	"github.com/kilnhq/kiln/controller/sim"
@@ -180,6 +181,11 @@ type Config struct {
 	// token-minting paths (zero: limits.DefaultBoot; PerSecond < 0: no
 	// limit).
 	BootRate limits.Rate
+	// MetricsListenAddr, when set, serves Prometheus metrics over plain
+	// HTTP at /metrics on this address (controller/metrics,
+	// docs/observability.md); "" serves none and records none. Port 0
+	// picks a free port; MetricsAddr reports it.
+	MetricsListenAddr string
 }
 
 // DefaultAuditPruneInterval is how often the audit log is pruned.
@@ -203,6 +209,10 @@ type Controller struct {
 	own           *ownCert
 
 	bootAddr string
+
+	// metrics is nil unless Config.MetricsListenAddr is set.
+	metrics     *metrics.Metrics
+	metricsAddr string
 }
 
 // New checks cfg and returns a controller ready to Run. It returns
@@ -275,6 +285,13 @@ func New(cfg Config, log *slog.Logger) (*Controller, error) {
 			return nil, errdefs.InvalidArgument("controller: the boot server needs a boot media directory (--boot-media-dir)")
 		}
 	}
+	var met *metrics.Metrics
+	if cfg.MetricsListenAddr != "" {
+		if _, _, err := net.SplitHostPort(cfg.MetricsListenAddr); err != nil {
+			return nil, errdefs.InvalidArgument("controller: metrics listen address %q: %v", cfg.MetricsListenAddr, err)
+		}
+		met = metrics.New()
+	}
 	if cfg.APIOnly && (cfg.Lifecycle || cfg.Simulate > 0) {
 		return nil, errdefs.InvalidArgument("controller: an API-only replica runs no lifecycle: drop --api-only, or --lifecycle and --simulate")
 	}
@@ -289,10 +306,11 @@ func New(cfg Config, log *slog.Logger) (*Controller, error) {
 		return nil, fmt.Errorf("controller: secret key: %w", err)
 	}
 	return &Controller{
-		cfg:    cfg,
-		log:    log.With("component", "controller", "id", cfg.ID),
-		ready:  make(chan struct{}),
-		sealer: sealer,
+		cfg:     cfg,
+		log:     log.With("component", "controller", "id", cfg.ID),
+		ready:   make(chan struct{}),
+		sealer:  sealer,
+		metrics: met,
 	}, nil
 }
 
@@ -305,6 +323,10 @@ func (c *Controller) Addr() string { c.mu.Lock(); defer c.mu.Unlock(); return c.
 // BootAddr is the boot server's listen address, "" when it is off; valid
 // after Ready.
 func (c *Controller) BootAddr() string { c.mu.Lock(); defer c.mu.Unlock(); return c.bootAddr }
+
+// MetricsAddr is the metrics listen address, "" when metrics are off;
+// valid after Ready.
+func (c *Controller) MetricsAddr() string { c.mu.Lock(); defer c.mu.Unlock(); return c.metricsAddr }
 
 // CA is the controller's certificate authority; valid after Ready.
 func (c *Controller) CA() *pki.CA { c.mu.Lock(); defer c.mu.Unlock(); return c.ca }
@@ -379,6 +401,11 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	defer closeEtcd()
 	st := store.New(client, store.WithSealer(c.sealer), store.WithLogger(c.log))
+	stopMetrics, err := c.serveMetrics(ctx, st)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 
 	ca, err := c.waitForCA(ctx, st)
 	if err != nil {
@@ -406,6 +433,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	enr := enrollment.New(st, ca, rec, enrollment.Config{
 		HeartbeatInterval: c.cfg.HeartbeatInterval,
 		Clock:             c.cfg.Clock,
+		Observer:          c.enrollObserver(),
 	}, c.log)
 	az := authz.New(func(cert *x509.Certificate) (string, string, error) {
 		role, name, err := pki.Identity(cert)
@@ -515,6 +543,9 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 		Plan:   hostlife.Config{ExpectedBoot: c.cfg.ExpectedBootTime},
 	}
 	deps := provision.Deps{Store: st, Recorder: rec}
+	if c.metrics != nil {
+		deps.Observer = c.metrics
+	}
 	var pool *provision.AgentPool
 	if c.cfg.Simulate > 0 {
 		// A rack's timings scaled down 20 times, for demos.
@@ -531,7 +562,11 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 		c.log.Info("simulating hosts", "hosts", c.cfg.Simulate)
 	} else {
 		pool = provision.NewAgentPool(ca.Pool(), c.Certificate)
-		deps.BMCs = provision.ManagerDialer(bmc.NewManager(bmc.ManagerOptions{Defaults: bmc.Options{Logger: c.log}}), st)
+		bmcOpts := bmc.Options{Logger: c.log}
+		if c.metrics != nil {
+			bmcOpts.Observer = c.metrics
+		}
+		deps.BMCs = provision.ManagerDialer(bmc.NewManager(bmc.ManagerOptions{Defaults: bmcOpts}), st)
 		deps.Agents = pool.Dial
 		url := c.cfg.ControllerURL
 		if url == "" {
@@ -542,7 +577,11 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 	ex := provision.New(deps, cfg, c.log)
 	// The cluster executor bootstraps the Machines of each Cluster on the
 	// hosts the lifecycle provisions (controller/clusterexec).
-	cx := clusterexec.New(clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(deps.Agents), Drain: drain.Drain, DeleteNode: drain.DeleteNode},
+	cxDeps := clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(deps.Agents), Drain: drain.Drain, DeleteNode: drain.DeleteNode}
+	if c.metrics != nil {
+		cxDeps.Observer = c.metrics
+	}
+	cx := clusterexec.New(cxDeps,
 		clusterexec.Config{Interval: c.cfg.ReconcileInterval, Clock: c.cfg.Clock,
 			ClusterWorkers: c.cfg.ClusterWorkers, LongActions: c.cfg.LongActions, DrainTimeout: c.cfg.DrainTimeout}, c.log)
 	done := make(chan struct{})
@@ -594,7 +633,7 @@ const etcdURLFile = "etcd.url"
 // openEtcd connects to the external etcd or starts the embedded one.
 func (c *Controller) openEtcd(ctx context.Context) (*clientv3.Client, func(), error) {
 	if len(c.cfg.EtcdEndpoints) > 0 {
-		cl, tlsCfg, err := dialExternalEtcd(c.cfg)
+		cl, tlsCfg, err := dialExternalEtcd(c.cfg, c.etcdDialOptions()...)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -614,7 +653,7 @@ func (c *Controller) openEtcd(ctx context.Context) (*clientv3.Client, func(), er
 		emb.Close()
 		return nil, nil, fmt.Errorf("controller: %w", err)
 	}
-	cl, err := dialEtcd(emb.Endpoints(), nil)
+	cl, err := dialEtcd(emb.Endpoints(), nil, c.etcdDialOptions()...)
 	if err != nil {
 		emb.Close()
 		return nil, nil, err
@@ -676,21 +715,21 @@ func checkEtcdTLS(cfg Config) error {
 
 // dialExternalEtcd connects to cfg's external etcd, over TLS with cfg's
 // files (returned) when it serves https://.
-func dialExternalEtcd(cfg Config) (*clientv3.Client, *tls.Config, error) {
+func dialExternalEtcd(cfg Config, opts ...grpc.DialOption) (*clientv3.Client, *tls.Config, error) {
 	if !cfg.etcdTLS() {
-		cl, err := dialEtcd(cfg.EtcdEndpoints, nil)
+		cl, err := dialEtcd(cfg.EtcdEndpoints, nil, opts...)
 		return cl, nil, err
 	}
 	tlsCfg, err := store.ClientTLS(cfg.EtcdCAFile, cfg.EtcdCertFile, cfg.EtcdKeyFile)
 	if err != nil {
 		return nil, nil, fmt.Errorf("controller: %w", err)
 	}
-	cl, err := dialEtcd(cfg.EtcdEndpoints, tlsCfg)
+	cl, err := dialEtcd(cfg.EtcdEndpoints, tlsCfg, opts...)
 	return cl, tlsCfg, err
 }
 
-func dialEtcd(endpoints []string, tlsCfg *tls.Config) (*clientv3.Client, error) {
-	cl, err := store.Dial(endpoints, tlsCfg)
+func dialEtcd(endpoints []string, tlsCfg *tls.Config, opts ...grpc.DialOption) (*clientv3.Client, error) {
+	cl, err := store.Dial(endpoints, tlsCfg, opts...)
 	if err != nil {
 		return nil, errdefs.Unavailable("controller: %w", err)
 	}

@@ -25,6 +25,9 @@ pkgs=(
   # disks and images
   zstd bmap-tools qemu-utils dosfstools mtools fdisk e2fsprogs xorriso cpio busybox-static
   grub-pc-bin grub-efi-amd64-bin grub-common
+  # metrics tests: promtool (check metrics, check rules) lints the
+  # controller's and the agent's scrapes and docs/observability/kiln-alerts.yaml
+  prometheus
   # make bench: hack/bench/lay.sh (with qemu-utils, bmap-tools, zstd above)
   # sums CPU times with bc
   bc

@@ -58,9 +58,10 @@ const InterruptedMessage = "the agent restarted while the operation ran; it did 
 
 // Journal runs operations and keeps their events under one directory.
 type Journal struct {
-	dir string
-	log *slog.Logger
-	now func() time.Time
+	dir      string
+	log      *slog.Logger
+	now      func() time.Time
+	observer Observer
 
 	ctx    context.Context // parent of every operation; cancelled by Close
 	cancel context.CancelFunc
@@ -87,7 +88,9 @@ type operation struct {
 // operation the journal finds still RUNNING, left by an agent that stopped
 // while it ran, gets a terminal INTERRUPTED event. Open returns an error
 // when dir cannot be created or read.
-func Open(dir string, log *slog.Logger) (*Journal, error) {
+//
+// opts add an Observer (WithObserver).
+func Open(dir string, log *slog.Logger, opts ...Option) (*Journal, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -102,6 +105,9 @@ func Open(dir string, log *slog.Logger) (*Journal, error) {
 		ctx:     ctx,
 		cancel:  cancel,
 		running: map[string]*operation{},
+	}
+	for _, o := range opts {
+		o(j)
 	}
 	if err := j.recover(); err != nil {
 		cancel()
@@ -325,9 +331,23 @@ func (j *Journal) startOrAttach(kind, id string, fn Func) (*operation, error) {
 	return op, nil
 }
 
+// Observer is told of every operation that ends (metrics): its kind,
+// outcome ("success", "failure" or "interrupted") and duration. It must
+// not block.
+type Observer interface {
+	ObserveOperation(kind, outcome string, d time.Duration)
+}
+
+// Option configures Open.
+type Option func(*Journal)
+
+// WithObserver reports every ended operation to o.
+func WithObserver(o Observer) Option { return func(j *Journal) { j.observer = o } }
+
 // run executes fn and records its terminal event.
 func (j *Journal) run(op *operation, fn Func) {
 	defer j.wg.Done()
+	start := j.now()
 	err := func() (err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -367,6 +387,16 @@ func (j *Journal) run(op *operation, fn Func) {
 	delete(j.running, op.id)
 	j.mu.Unlock()
 	op.f.Close()
+	if j.observer != nil {
+		outcome := "success"
+		switch final.GetState() {
+		case agentv1.OperationState_OPERATION_STATE_INTERRUPTED:
+			outcome = "interrupted"
+		case agentv1.OperationState_OPERATION_STATE_FAILED:
+			outcome = "failure"
+		}
+		j.observer.ObserveOperation(op.kind, outcome, j.now().Sub(start))
+	}
 	if err != nil {
 		j.log.Warn("operation failed", "operation", op.id, "kind", op.kind, "error", err)
 	} else {

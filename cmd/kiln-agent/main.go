@@ -28,6 +28,7 @@ import (
 	"github.com/kilnhq/kiln/agent/identity"
 	"github.com/kilnhq/kiln/agent/journal"
 	"github.com/kilnhq/kiln/agent/logring"
+	"github.com/kilnhq/kiln/agent/metrics"
 	"github.com/kilnhq/kiln/agent/reboot"
 	"github.com/kilnhq/kiln/agent/renew"
 	"github.com/kilnhq/kiln/agent/server"
@@ -183,6 +184,7 @@ type runOptions struct {
 	memoryTrimInterval             time.Duration
 	releaseExecutable              bool
 	fileTargets                    bool
+	metricsListen                  string
 }
 
 func newRun(g *globals) *cobra.Command {
@@ -213,6 +215,7 @@ func newRun(g *globals) *cobra.Command {
 	}
 	f.register(cmd)
 	cmd.Flags().StringVar(&ro.listen, "listen", defaultListen, "address of the agent API")
+	cmd.Flags().StringVar(&ro.metricsListen, "metrics-listen", "", "serve Prometheus metrics over plain HTTP at /metrics on this loopback address (127.0.0.1:PORT; off when empty; see docs/observability.md)")
 	cmd.Flags().StringVar(&ro.advertise, "advertise", "", "agent API address to tell the controller (default: the listen address, or the local IP towards the controller)")
 	cmd.Flags().DurationVar(&ro.heartbeatInterval, "heartbeat-interval", heartbeat.DefaultInterval, "heartbeat interval until the controller names one")
 	cmd.Flags().StringVar(&ro.rebootCommand, "reboot-command", "", `command the Reboot RPC runs, e.g. "systemctl reboot" (default: none, Reboot is refused)`)
@@ -263,11 +266,36 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 		return errdefs.FailedPrecondition("the agent certificate of host %q expired at %s: create a token (kilnctl token create --host %s), remove %s and enroll again",
 			id.Host(), na.UTC().Format(time.RFC3339), id.Host(), filepath.Join(g.dataDir, identity.ControllerFile))
 	}
-	j, err := journal.Open(filepath.Join(g.dataDir, "operations"), log)
+	var met *metrics.Metrics
+	var jopts []journal.Option
+	if ro.metricsListen != "" {
+		if err := metrics.CheckLoopback(ro.metricsListen); err != nil {
+			return err
+		}
+		met = metrics.New()
+		jopts = append(jopts, journal.WithObserver(met))
+	}
+	j, err := journal.Open(filepath.Join(g.dataDir, "operations"), log, jopts...)
 	if err != nil {
 		return err
 	}
 	defer j.Close()
+	if met != nil {
+		mlis, err := net.Listen("tcp", ro.metricsListen)
+		if err != nil {
+			return fmt.Errorf("metrics: listen on %s: %w", ro.metricsListen, err)
+		}
+		mctx, stopMetrics := context.WithCancel(ctx)
+		metricsDone := make(chan struct{})
+		go func() {
+			defer close(metricsDone)
+			if err := met.Serve(mctx, mlis, log); err != nil {
+				log.Warn("metrics server stopped", "error", err)
+			}
+		}()
+		defer func() { stopMetrics(); <-metricsDone }()
+		log.Info("metrics serving", "addr", mlis.Addr().String(), "path", "/metrics")
+	}
 	if n, err := j.Prune(time.Now().Add(-journalRetention)); err != nil {
 		log.Warn("pruning the operation journal failed", "error", err)
 	} else if n > 0 {

@@ -91,6 +91,7 @@ func runCmd() *cobra.Command {
 		bootURL     string
 		ctlURL      string
 		simulate    int
+		metricsAddr string
 		boot        bootFlags
 		security    securityFlags
 	)
@@ -118,6 +119,7 @@ func runCmd() *cobra.Command {
 			cfg.BootURL = bootURL
 			cfg.ControllerURL = ctlURL
 			cfg.Simulate = simulate
+			cfg.MetricsListenAddr = metricsAddr
 			boot.apply(&cfg)
 			exec.apply(&cfg)
 			if err := security.apply(&cfg); err != nil {
@@ -134,6 +136,9 @@ func runCmd() *cobra.Command {
 				case <-ctl.Ready():
 					fmt.Fprintf(cmd.OutOrStdout(), "kiln-controller %s serving on %s\nCA hash: %s\nadmin kilnconfig: %s\n",
 						version.Version, ctl.Addr(), ctl.CA().Hash(), ctl.AdminConfigPath())
+					if a := ctl.MetricsAddr(); a != "" {
+						fmt.Fprintf(cmd.OutOrStdout(), "metrics: http://%s/metrics\n", a)
+					}
 					if a := ctl.BootAddr(); a != "" {
 						fmt.Fprintf(cmd.OutOrStdout(), "boot server: http://%s\n", a)
 					}
@@ -154,6 +159,7 @@ func runCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&lifecycle, "lifecycle", true, "run the host lifecycle and the cluster executor (the default); --lifecycle=false is --api-only")
 	_ = cmd.Flags().MarkDeprecated("lifecycle", "the lifecycle runs by default; use --api-only to turn it off")
 	cmd.Flags().DurationVar(&expectedBoot, "expected-boot-time", hostlife.DefaultExpectedBoot, "how long a host normally takes from power on to its boot agent's check-in; past it the host says BootAgentCheckedIn=False (BootAgentMissing) while it waits on")
+	cmd.Flags().StringVar(&metricsAddr, "metrics-listen", "", "serve Prometheus metrics over plain HTTP at /metrics on this address (host:port; off when empty; see docs/observability.md)")
 	cmd.Flags().StringVar(&bootURL, "boot-url", "", "public URL of the boot server (agent ISOs for virtual media; default http://<--boot-listen> when that is an IP address)")
 	cmd.Flags().StringVar(&ctlURL, "controller-url", "", "URL installed and boot agents reach the API at (default https://<listen address>)")
 	boot.bind(cmd)

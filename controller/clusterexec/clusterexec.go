@@ -37,6 +37,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kilnhq/kiln/controller/clusterplan"
+	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -175,6 +176,38 @@ type Deps struct {
 	// KubeClient builds a client of a cluster from its admin kubeconfig,
 	// for the upgrade steps (upgrade.go); nil uses client-go's.
 	KubeClient KubeClientFunc
+	// Observer, when set, is told of finished operations and of each
+	// cluster reconcile (metrics).
+	Observer Observer
+}
+
+// Observer is told what the executor did (*metrics.Metrics). Its methods
+// must not block.
+type Observer interface {
+	// ObserveOperationOutcome records an operation that ended: op is
+	// Prepare, Preflight, KubeadmInit, KubeadmJoin, KubeadmReset, Drain
+	// or Remediation; outcome one of hostlife's Outcome*.
+	ObserveOperationOutcome(op, outcome string, d time.Duration)
+	// ObserveReconcile records one reconcile of a cluster (controller
+	// "clusters") and the queue depth after it.
+	ObserveReconcile(controller string, err error, d time.Duration, queueDepth int)
+}
+
+// observe reports operation op that started at start and ended with err.
+func (e *Executor) observe(op string, start time.Time, err error) {
+	o := e.deps.Observer
+	if o == nil {
+		return
+	}
+	outcome := hostlife.OutcomeSuccess
+	switch {
+	case err == nil:
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errdefs.ErrDeadlineExceeded):
+		outcome = hostlife.OutcomeTimeout
+	default:
+		outcome = hostlife.OutcomeFailure
+	}
+	o.ObserveOperationOutcome(op, outcome, e.cfg.Clock().Sub(start))
 }
 
 // Executor runs the cluster planners and bootstraps machines.
@@ -574,7 +607,14 @@ func (e *Executor) do(ctx context.Context, c *typesv1.Cluster, a clusterplan.Act
 		e.startLong(ctx, cluster, a.String(), func(ctx context.Context) error { return e.removeEtcdMember(ctx, a) })
 		return nil
 	case clusterplan.DeleteMachine:
-		e.startLong(ctx, cluster, a.String(), func(ctx context.Context) error { return e.deleteMachine(ctx, a.Machine, a.Reason) })
+		e.startLong(ctx, cluster, a.String(), func(ctx context.Context) error {
+			start := e.cfg.Clock()
+			err := e.deleteMachine(ctx, a.Machine, a.Reason)
+			if a.Remediation && ctx.Err() == nil {
+				e.observe("Remediation", start, err)
+			}
+			return err
+		})
 		return nil
 	}
 	return errdefs.InvalidArgument("unknown action %T", a)

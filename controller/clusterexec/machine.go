@@ -290,21 +290,35 @@ func (e *Executor) bootstrap(ctx context.Context, m *typesv1.Machine, h *typesv1
 		return err
 	}
 	if !attached {
+		start := e.cfg.Clock()
 		st, err := agent.Prepare(opCtx, &agentv1.PrepareRequest{OperationId: opID(m, "prepare")})
 		if err != nil {
-			return fmt.Errorf("prepare: %w", errgrpc.FromGRPC(err))
+			err = errgrpc.FromGRPC(err)
+			e.observe("Prepare", start, err)
+			return fmt.Errorf("prepare: %w", err)
 		}
-		if _, err := follow(st); err != nil {
+		_, err = follow(st)
+		e.observe("Prepare", start, err)
+		if err != nil {
 			return e.operationFailed(ctx, m, "PrepareFailed", fmt.Errorf("prepare: %w", err))
 		}
 
+		start = e.cfg.Clock()
 		callCtx, cancelCall := context.WithTimeout(ctx, e.cfg.CallTimeout)
 		report, err := agent.Preflight(callCtx, &agentv1.PreflightRequest{Cluster: cfg})
 		cancelCall()
 		if err != nil {
-			return fmt.Errorf("preflight: %w", errgrpc.FromGRPC(err))
+			err = errgrpc.FromGRPC(err)
+			e.observe("Preflight", start, err)
+			return fmt.Errorf("preflight: %w", err)
 		}
-		if msg := failedChecks(report); msg != "" {
+		msg := failedChecks(report)
+		var refused error
+		if msg != "" {
+			refused = errdefs.FailedPrecondition("%s", msg)
+		}
+		e.observe("Preflight", start, refused)
+		if msg != "" {
 			if prev := conditions.Get(m.GetStatus().GetConditions(), ConditionBootstrapFailed); prev.GetStatus() != conditions.True || prev.GetMessage() != msg {
 				e.event(ctx, name, "Warning", "PreflightFailed", msg)
 			}
@@ -320,17 +334,28 @@ func (e *Executor) bootstrap(ctx context.Context, m *typesv1.Machine, h *typesv1
 		return follow(stream)
 	}
 
+	// A kubeadm run is timed from its start here; one re-attached to
+	// after a restart is not timed (its start is not known).
+	mainStart := e.cfg.Clock()
+	observeMain := func(op string, err error) {
+		if !attached {
+			e.observe(op, mainStart, err)
+		}
+	}
 	var initResult *agentv1.KubeadmInitResult
 	switch mode {
 	case clusterplan.BootstrapInit:
 		if !attached {
 			st, err := agent.KubeadmInit(opCtx, &agentv1.KubeadmInitRequest{OperationId: mainID, Cluster: cfg, UploadCerts: true})
 			if err != nil {
-				return fmt.Errorf("kubeadm init: %w", errgrpc.FromGRPC(err))
+				err = errgrpc.FromGRPC(err)
+				observeMain("KubeadmInit", err)
+				return fmt.Errorf("kubeadm init: %w", err)
 			}
 			stream = st
 		}
 		ev, err := result()
+		observeMain("KubeadmInit", err)
 		if err != nil {
 			return e.operationFailed(ctx, m, "KubeadmInitFailed", fmt.Errorf("kubeadm init: %w", err))
 		}
@@ -357,11 +382,15 @@ func (e *Executor) bootstrap(ctx context.Context, m *typesv1.Machine, h *typesv1
 		if !attached {
 			st, err := agent.KubeadmJoin(opCtx, req)
 			if err != nil {
-				return fmt.Errorf("kubeadm join: %w", errgrpc.FromGRPC(err))
+				err = errgrpc.FromGRPC(err)
+				observeMain("KubeadmJoin", err)
+				return fmt.Errorf("kubeadm join: %w", err)
 			}
 			stream = st
 		}
-		if _, err := result(); err != nil {
+		_, err := result()
+		observeMain("KubeadmJoin", err)
+		if err != nil {
 			return e.operationFailed(ctx, m, "KubeadmJoinFailed", fmt.Errorf("kubeadm join: %w", err))
 		}
 	}
@@ -568,9 +597,16 @@ func (e *Executor) drain(ctx context.Context, c *typesv1.Cluster, a clusterplan.
 		e.event(ctx, a.Machine, "Normal", "Draining", "draining node "+a.Node)
 	}
 	dctx, cancel := context.WithTimeout(ctx, timeout)
+	start := e.cfg.Clock()
 	err = e.deps.Drain(dctx, kubeconfig, a.Node, timeout)
 	expired := dctx.Err() != nil
 	cancel()
+	if ctx.Err() == nil {
+		if expired && err != nil {
+			err = fmt.Errorf("%w: %w", err, context.DeadlineExceeded)
+		}
+		e.observe("Drain", start, err)
+	}
 	switch {
 	case err == nil:
 		e.event(ctx, a.Machine, "Normal", "Drained", "node "+a.Node+" drained")
@@ -629,11 +665,16 @@ func (e *Executor) reset(ctx context.Context, m *typesv1.Machine, removeMember b
 	}
 	opCtx, cancel := context.WithTimeout(ctx, e.cfg.OperationTimeout)
 	defer cancel()
+	start := e.cfg.Clock()
 	stream, err := agent.KubeadmReset(opCtx, &agentv1.KubeadmResetRequest{OperationId: opID(m, "reset"), RemoveEtcdMember: removeMember})
 	if err != nil {
-		return fmt.Errorf("kubeadm reset: %w", errgrpc.FromGRPC(err))
+		err = errgrpc.FromGRPC(err)
+		e.observe("KubeadmReset", start, err)
+		return fmt.Errorf("kubeadm reset: %w", err)
 	}
-	if _, err := follow(stream); err != nil {
+	_, err = follow(stream)
+	e.observe("KubeadmReset", start, err)
+	if err != nil {
 		return fmt.Errorf("kubeadm reset: %w", err)
 	}
 	return nil

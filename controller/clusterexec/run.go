@@ -94,7 +94,11 @@ func (e *Executor) work(ctx context.Context, q clusterQueue) bool {
 	if key == collectKey {
 		err = e.collect(ctx)
 	} else {
+		start := e.cfg.Clock()
 		err = e.Reconcile(ctx, key)
+		if o := e.deps.Observer; o != nil && ctx.Err() == nil {
+			o.ObserveReconcile("clusters", err, e.cfg.Clock().Sub(start), q.Len())
+		}
 	}
 	if err != nil && ctx.Err() == nil {
 		e.log.Warn("reconcile cluster", "cluster", key, "err", err)

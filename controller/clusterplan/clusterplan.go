@@ -141,6 +141,8 @@ type DeleteMachine struct {
 	Machine string
 	Host    string
 	Reason  string
+	// Remediation is true when a HealthCheck found the machine unhealthy.
+	Remediation bool
 }
 
 func (CreateMachine) isAction()    {}

@@ -123,7 +123,7 @@ func PlanHealthCheck(in HealthCheckInput, now time.Time) HealthCheckPlan {
 			p.Actions = append(p.Actions, RemoveEtcdMember{Machine: m.name(), Member: m.member()})
 			continue
 		}
-		p.Actions = append(p.Actions, DeleteMachine{Machine: m.name(), Host: m.host(), Reason: why})
+		p.Actions = append(p.Actions, DeleteMachine{Machine: m.name(), Host: m.host(), Reason: why, Remediation: true})
 	}
 	return p
 }

@@ -83,6 +83,16 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	// Clock is the time source (time.Now).
 	Clock func() time.Time
+	// Observer, when set, is told the outcome of every enrollment attempt
+	// (metrics).
+	Observer Observer
+}
+
+// Observer is told of enrollment attempts (*metrics.Metrics).
+type Observer interface {
+	// ObserveEnrollment records one Enroll call and its error (nil on
+	// success). It must not block.
+	ObserveEnrollment(err error)
 }
 
 // Service implements token creation, enrollment and heartbeats.
@@ -188,6 +198,14 @@ type EnrollResult struct {
 // message never contains the secret), InvalidArgument for a malformed
 // token, CSR or host name.
 func (s *Service) Enroll(ctx context.Context, req EnrollRequest) (*EnrollResult, error) {
+	res, err := s.enroll(ctx, req)
+	if s.cfg.Observer != nil {
+		s.cfg.Observer.ObserveEnrollment(err)
+	}
+	return res, err
+}
+
+func (s *Service) enroll(ctx context.Context, req EnrollRequest) (*EnrollResult, error) {
 	tok, err := ParseToken(req.Token)
 	if err != nil {
 		return nil, err

@@ -356,7 +356,26 @@ type Output struct {
 	// something changes (a watch event or a result).
 	RequeueAfter time.Duration
 	Events       []Event
+	// Finished are the operations (steps) this plan ended, for metrics:
+	// report them once Status is stored.
+	Finished []Finished
 }
+
+// Finished is an operation that ended: its kind (the step), how, and how
+// long it ran from its start to this plan's Now. A wait step started
+// with the step before it (WaitBootAgent counts from the power on).
+type Finished struct {
+	Kind     Step
+	Outcome  string
+	Duration time.Duration
+}
+
+// Outcomes of Finished.
+const (
+	OutcomeSuccess = "success"
+	OutcomeFailure = "failure"
+	OutcomeTimeout = "timeout"
+)
 
 // BYOH reports whether h has no BMC (protocol "none" or empty): such
 // hosts skip power and imaging.
@@ -873,12 +892,18 @@ func (p *planner) succeed(op *typesv1.OperationStatus) {
 	op.Error = ""
 	op.RetryAfter = nil
 	op.Finished = timestamppb.New(p.in.Now)
+	p.finished(op, OutcomeSuccess)
 }
 
 func (p *planner) failOp(op *typesv1.OperationStatus, reason, msg string) {
 	op.State = OpFailed
 	op.Error = msg
 	op.Finished = timestamppb.New(p.in.Now)
+	outcome := OutcomeFailure
+	if reason == ReasonTimedOut {
+		outcome = OutcomeTimeout
+	}
+	p.finished(op, outcome)
 	p.st.LastError = fmt.Sprintf("%s: %s", op.GetKind(), msg)
 	p.event("Warning", reason, p.st.LastError)
 	if p.st.GetState() == typesv1.HostState_HOST_STATE_PROVISIONING {
@@ -1010,6 +1035,15 @@ func (p *planner) transition(to typesv1.HostState, msg string) {
 
 func (p *planner) setProvisioned(status, reason, msg string) {
 	p.st.Conditions, _ = conditions.Set(p.st.Conditions, conditions.New(ConditionProvisioned, status, reason, msg), p.in.Now)
+}
+
+// finished reports op as ended with outcome.
+func (p *planner) finished(op *typesv1.OperationStatus, outcome string) {
+	d := time.Duration(0)
+	if op.GetStarted() != nil {
+		d = max(p.in.Now.Sub(op.GetStarted().AsTime()), 0)
+	}
+	p.out.Finished = append(p.out.Finished, Finished{Kind: Step(op.GetKind()), Outcome: outcome, Duration: d})
 }
 
 func (p *planner) wait(d time.Duration) {

@@ -187,6 +187,9 @@ func describe(out Output) string {
 	for _, e := range out.Events {
 		fmt.Fprintf(&b, "event %s %s: %s\n", e.Type, e.Reason, e.Message)
 	}
+	for _, f := range out.Finished {
+		fmt.Fprintf(&b, "finished %s %s after %s\n", f.Kind, f.Outcome, f.Duration)
+	}
 	return b.String()
 }
 

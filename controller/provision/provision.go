@@ -117,6 +117,20 @@ type Deps struct {
 	Identity IdentityFunc
 	// Desired defaults to StoreDesired(Store).
 	Desired DesiredFunc
+	// Observer, when set, is told of finished steps and of each
+	// reconcile (metrics).
+	Observer Observer
+}
+
+// Observer is told what the executor did (*metrics.Metrics). Its methods
+// must not block.
+type Observer interface {
+	// ObserveOperationOutcome records a step that ended (op is the step,
+	// outcome hostlife's Outcome*), d after it started.
+	ObserveOperationOutcome(op, outcome string, d time.Duration)
+	// ObserveReconcile records one Reconcile of a host (controller
+	// "hosts") and the queue depth after it.
+	ObserveReconcile(controller string, err error, d time.Duration, queueDepth int)
 }
 
 // Executor runs the host lifecycle.
@@ -258,7 +272,11 @@ func (e *Executor) work(ctx context.Context) {
 		if !ok {
 			return
 		}
+		start := e.cfg.Clock()
 		requeue, err := e.Reconcile(ctx, name)
+		if o := e.deps.Observer; o != nil && ctx.Err() == nil {
+			o.ObserveReconcile("hosts", err, e.cfg.Clock().Sub(start), e.q.len())
+		}
 		if err != nil && ctx.Err() == nil {
 			e.log.Warn("reconcile host", "host", name, "err", err)
 			requeue = max(requeue, 5*time.Second)
@@ -316,6 +334,13 @@ func (e *Executor) Reconcile(ctx context.Context, name string) (time.Duration, e
 					return 0, nil
 				}
 				return 0, fmt.Errorf("host %s: store status: %w", name, err)
+			}
+		}
+		if o := e.deps.Observer; o != nil {
+			// Reported once the status that ends them is stored: a
+			// conflict plans again and finds them again.
+			for _, f := range out.Finished {
+				o.ObserveOperationOutcome(string(f.Kind), f.Outcome, f.Duration)
 			}
 		}
 		for _, ev := range out.Events {

@@ -13,6 +13,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
@@ -22,7 +23,9 @@ import (
 // tlsConfig is set. It does not wait for a connection: the first request
 // does, and fails with Unavailable when no endpoint answers. With several
 // endpoints the client fails over between them when a member goes away.
-func Dial(endpoints []string, tlsConfig *tls.Config) (*clientv3.Client, error) {
+//
+// opts are extra gRPC dial options (an interceptor timing requests).
+func Dial(endpoints []string, tlsConfig *tls.Config, opts ...grpc.DialOption) (*clientv3.Client, error) {
 	if len(endpoints) == 0 {
 		return nil, errdefs.InvalidArgument("etcd: no endpoints")
 	}
@@ -33,6 +36,7 @@ func Dial(endpoints []string, tlsConfig *tls.Config) (*clientv3.Client, error) {
 		DialKeepAliveTimeout: 5 * time.Second,
 		TLS:                  tlsConfig,
 		Logger:               zap.NewNop(),
+		DialOptions:          opts,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("etcd %v: %w", endpoints, err)

@@ -5,6 +5,7 @@
 package errdefs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 )
@@ -95,3 +96,38 @@ func IsPermissionDenied(err error) bool { return errors.Is(err, ErrPermissionDen
 
 // IsConflict reports whether err is of class ErrConflict.
 func IsConflict(err error) bool { return errors.Is(err, ErrConflict) }
+
+// Class names err's class in snake case, for labels and logs: "" for
+// nil, "not_found", "already_exists", "invalid_argument",
+// "failed_precondition", "unavailable", "not_supported",
+// "permission_denied", "conflict", "deadline_exceeded" (also for
+// context.DeadlineExceeded), "canceled" (context.Canceled), and "unknown"
+// for an unclassified error. The set is closed, so it bounds a metric's
+// label values.
+func Class(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case IsNotFound(err):
+		return "not_found"
+	case IsAlreadyExists(err):
+		return "already_exists"
+	case IsInvalidArgument(err):
+		return "invalid_argument"
+	case IsFailedPrecondition(err):
+		return "failed_precondition"
+	case IsNotSupported(err):
+		return "not_supported"
+	case IsPermissionDenied(err):
+		return "permission_denied"
+	case IsConflict(err):
+		return "conflict"
+	case errors.Is(err, ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded):
+		return "deadline_exceeded"
+	case IsUnavailable(err):
+		return "unavailable"
+	case errors.Is(err, context.Canceled):
+		return "canceled"
+	}
+	return "unknown"
+}

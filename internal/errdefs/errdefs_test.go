@@ -1,6 +1,7 @@
 package errdefs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -18,5 +19,24 @@ func TestClassesWrapAndMatch(t *testing.T) {
 	wrapped := fmt.Errorf("host x: %w", err)
 	if !IsUnavailable(wrapped) || IsNotFound(wrapped) {
 		t.Errorf("class lost or wrong after wrapping: %v", wrapped)
+	}
+}
+
+func TestClass(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{nil, ""},
+		{NotFound("x"), "not_found"},
+		{fmt.Errorf("wrapped: %w", Unavailable("bmc down")), "unavailable"},
+		{Unavailable("attempt timed out: %w", context.DeadlineExceeded), "deadline_exceeded"},
+		{fmt.Errorf("op: %w", context.Canceled), "canceled"},
+		{PermissionDenied("no"), "permission_denied"},
+		{errors.New("plain"), "unknown"},
+	} {
+		if got := Class(tc.err); got != tc.want {
+			t.Errorf("Class(%v) = %q, want %q", tc.err, got, tc.want)
+		}
 	}
 }

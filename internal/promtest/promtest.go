@@ -1,0 +1,182 @@
+// Package promtest helps tests read Prometheus metrics the way a user's
+// Prometheus does: scrape over HTTP, parse with the official text parser
+// (prometheus/common/expfmt), look values up by name and labels, and lint
+// the exposition with `promtool check metrics` when promtool is installed
+// (Debian's prometheus package; hack/deps.sh installs it).
+package promtest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Scrape is one scrape: the exposition text and its parsed families.
+type Scrape struct {
+	Text     []byte
+	Families map[string]*dto.MetricFamily
+}
+
+// Get scrapes url (http://host:port/metrics) as Prometheus would, asking
+// for the text format, and parses the answer. It fails the test on any
+// error.
+func Get(t testing.TB, url string) *Scrape {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatalf("scrape %s: %v", url, err)
+	}
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("scrape %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("scrape %s: %v", url, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("scrape %s: HTTP %d: %s", url, resp.StatusCode, body)
+	}
+	return Parse(t, body)
+}
+
+// Parse parses exposition text.
+func Parse(t testing.TB, text []byte) *Scrape {
+	t.Helper()
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	fams, err := p.TextToMetricFamilies(bytes.NewReader(text))
+	if err != nil {
+		t.Fatalf("parse metrics: %v\n%s", err, text)
+	}
+	return &Scrape{Text: text, Families: fams}
+}
+
+// Value is the value of the series of name whose labels include labels
+// (pairs: "state", "Registering"), and whether there is exactly one such
+// series. For a histogram it is the sample count.
+func (s *Scrape) Value(name string, labels ...string) (float64, bool) {
+	var found []float64
+	for _, m := range s.Families[name].GetMetric() {
+		if matches(m, labels) {
+			found = append(found, value(m))
+		}
+	}
+	if len(found) != 1 {
+		return 0, false
+	}
+	return found[0], true
+}
+
+// Sum is the sum of the values of every series of name whose labels
+// include labels (0 when none).
+func (s *Scrape) Sum(name string, labels ...string) float64 {
+	var sum float64
+	for _, m := range s.Families[name].GetMetric() {
+		if matches(m, labels) {
+			sum += value(m)
+		}
+	}
+	return sum
+}
+
+// Names are the metric family names of the scrape, sorted.
+func (s *Scrape) Names() []string {
+	var n []string
+	for k := range s.Families {
+		n = append(n, k)
+	}
+	sort.Strings(n)
+	return n
+}
+
+func matches(m *dto.Metric, labels []string) bool {
+	for i := 0; i+1 < len(labels); i += 2 {
+		ok := false
+		for _, l := range m.GetLabel() {
+			if l.GetName() == labels[i] && l.GetValue() == labels[i+1] {
+				ok = true
+			}
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.Gauge != nil:
+		return m.GetGauge().GetValue()
+	case m.Counter != nil:
+		return m.GetCounter().GetValue()
+	case m.Histogram != nil:
+		return float64(m.GetHistogram().GetSampleCount())
+	case m.Summary != nil:
+		return float64(m.GetSummary().GetSampleCount())
+	}
+	return m.GetUntyped().GetValue()
+}
+
+// Promtool returns the path of promtool, or skips the test saying how to
+// get it.
+func Promtool(t testing.TB) string {
+	t.Helper()
+	p, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("promtool not found: install Debian's prometheus package (apt-get install --no-install-recommends prometheus; hack/deps.sh does)")
+	}
+	return p
+}
+
+// CheckMetrics runs `promtool check metrics` on the exposition text and
+// returns its output; it fails the test when promtool reports a problem.
+// It skips when promtool is missing.
+func CheckMetrics(t testing.TB, text []byte) string {
+	t.Helper()
+	out, err := run(Promtool(t), text, "check", "metrics")
+	if err != nil {
+		t.Errorf("promtool check metrics: %v\n%s", err, out)
+	}
+	return out
+}
+
+// CheckRules runs `promtool check rules` on the rule files; it fails the
+// test when promtool refuses them. It skips when promtool is missing.
+func CheckRules(t testing.TB, files ...string) string {
+	t.Helper()
+	out, err := run(Promtool(t), nil, append([]string{"check", "rules"}, files...)...)
+	if err != nil {
+		t.Errorf("promtool check rules: %v\n%s", err, out)
+	}
+	return out
+}
+
+func run(path string, stdin []byte, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, path, args...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w", path, strings.Join(args, " "), err)
+	}
+	return string(out), nil
+}
