@@ -20,6 +20,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // Scrape is one scrape: the exposition text and its parsed families.
@@ -137,11 +139,7 @@ func value(m *dto.Metric) float64 {
 // get it.
 func Promtool(t testing.TB) string {
 	t.Helper()
-	p, err := exec.LookPath("promtool")
-	if err != nil {
-		t.Skip("promtool not found: install Debian's prometheus package (apt-get install --no-install-recommends prometheus; hack/deps.sh does)")
-	}
-	return p
+	return testenv.RequireTool(t, "promtool", "--no-install-recommends prometheus; hack/deps.sh does")
 }
 
 // CheckMetrics runs `promtool check metrics` on the exposition text and
