@@ -188,6 +188,8 @@ func LabImage(ctx context.Context, o ImageOptions) (string, *manifest.Manifest, 
 	if err != nil {
 		return "", nil, fmt.Errorf("lab image %s: %w", key, err)
 	}
+	// A directory of multi-gigabyte images, published whole by rename
+	// (internal/atomicfile writes single files).
 	if err := os.Rename(tmp, dir); err != nil {
 		return "", nil, fmt.Errorf("lab image %s: %w", key, err)
 	}

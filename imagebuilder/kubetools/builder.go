@@ -202,7 +202,8 @@ func (b *Builder) Ensure(ctx context.Context) (*Manifest, error) {
 	return m, nil
 }
 
-// commit replaces the version directory with tmp.
+// commit replaces the version directory with tmp: a directory tree, so it
+// is renamed into place rather than written with internal/atomicfile.
 func (b *Builder) commit(tmp string) error {
 	final := b.Cache.VersionDir(b.Release)
 	var old string

@@ -93,6 +93,8 @@ func Build(ctx context.Context, spec Spec, progress io.Writer) (string, error) {
 	if err := tidy(tmp); err != nil {
 		return "", fmt.Errorf("rootfs: %w", err)
 	}
+	// A directory tree, published whole by rename (internal/atomicfile
+	// writes single files).
 	if err := os.Rename(tmp, dir); err != nil {
 		return "", fmt.Errorf("rootfs: %w", err)
 	}
@@ -240,6 +242,7 @@ func Overlay(ctx context.Context, base, dst string, files []File) error {
 		_ = os.RemoveAll(tmp)
 		return fmt.Errorf("rootfs: overlay: %w", err)
 	}
+	// A directory tree, as above: renamed into place.
 	if err := os.Rename(tmp, dst); err != nil {
 		_ = os.RemoveAll(tmp)
 		return fmt.Errorf("rootfs: overlay: %w", err)
