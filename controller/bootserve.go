@@ -60,48 +60,28 @@ var _ tokenMinter = (*enrollment.Service)(nil)
 // tokens per ttl (a bucket of limit, refilled at limit per ttl); beyond
 // that it is refused with Unavailable (503) until the bucket refills.
 type bootTokens struct {
-	hosts  hostReader
-	tokens tokenMinter
-	ttl    time.Duration
-	limit  int // <= 0: no limit
-	now    func() time.Time
-
-	mu      sync.Mutex
-	buckets map[string]*bucket
+	hosts   hostReader
+	tokens  tokenMinter
+	ttl     time.Duration
+	limit   int // <= 0: no limit
+	perHost *limits.Limiter
 }
 
-// bucket is a host's token bucket: level tokens at time at.
-type bucket struct {
-	level float64
-	at    time.Time
+// newBootTokens returns bootTokens whose per-host buckets (golang.org/x/time/rate
+// through limits.Limiter) hold limit tokens and refill at limit per ttl,
+// on the clock now.
+func newBootTokens(hosts hostReader, tokens tokenMinter, ttl time.Duration, limit int, now func() time.Time) *bootTokens {
+	r := limits.Rate{PerSecond: -1}
+	if limit > 0 {
+		r = limits.Rate{PerSecond: float64(limit) / ttl.Seconds(), Burst: limit}
+	}
+	return &bootTokens{hosts: hosts, tokens: tokens, ttl: ttl, limit: limit, perHost: limits.NewLimiter(r, now)}
 }
 
-// take spends one of host's tokens, or says how long until one is back.
+// take spends one of host's tokens, or says how long until one is back
+// (rounded up to a whole second).
 func (b *bootTokens) take(host string) (bool, time.Duration) {
-	if b.limit <= 0 {
-		return true, 0
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	now := b.now()
-	if b.buckets == nil {
-		b.buckets = map[string]*bucket{}
-	}
-	k := b.buckets[host]
-	if k == nil {
-		k = &bucket{level: float64(b.limit), at: now}
-		b.buckets[host] = k
-	}
-	rate := float64(b.limit) / b.ttl.Seconds() // tokens per second
-	if d := now.Sub(k.at).Seconds(); d > 0 {
-		k.level = min(float64(b.limit), k.level+d*rate)
-	}
-	k.at = now
-	if k.level < 1 {
-		return false, time.Duration((1 - k.level) / rate * float64(time.Second)).Round(time.Second)
-	}
-	k.level--
-	return true, 0
+	return b.perHost.Allow(host)
 }
 
 var _ bootserver.TokenIssuer = (*bootTokens)(nil)
@@ -234,7 +214,7 @@ func (c *Controller) startBoot(ctx context.Context, st *store.Store, enr *enroll
 		ControllerAddr: ctlAddr,
 		CAHash:         ca.Hash(),
 		PublicURL:      c.cfg.BootURL,
-		Tokens:         &bootTokens{hosts: st, tokens: enr, ttl: c.cfg.BootTokenTTL, limit: c.cfg.BootTokenLimit, now: c.cfg.Clock},
+		Tokens:         newBootTokens(st, enr, c.cfg.BootTokenTTL, c.cfg.BootTokenLimit, c.cfg.Clock),
 		// An ISO never outlives half its token's validity, so a BMC that
 		// reads a cached ISO still has time to boot it.
 		ISOMaxAge: c.cfg.BootTokenTTL / 2,

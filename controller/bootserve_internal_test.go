@@ -37,28 +37,29 @@ func TestAgentControllerAddr(t *testing.T) {
 // limit tokens at once, then one per ttl/limit.
 func TestBootTokensRefill(t *testing.T) {
 	now := time.Date(2026, 12, 2, 15, 0, 0, 0, time.UTC)
-	b := &bootTokens{ttl: 30 * time.Minute, limit: 3, now: func() time.Time { return now }}
+	b := newBootTokens(nil, nil, 30*time.Minute, 3, func() time.Time { return now })
 	steps := []struct {
 		advance time.Duration
 		host    string
 		want    bool
+		wait    time.Duration // when refused: how long until a token is back
 	}{
-		{0, "a", true}, {0, "a", true}, {0, "a", true},
-		{0, "a", false},
-		{0, "b", true}, // another host has its own bucket
-		{9 * time.Minute, "a", false},
-		{time.Minute, "a", true}, // 10 min = ttl/limit: one back
-		{0, "a", false},
-		{2 * time.Hour, "a", true}, {0, "a", true}, {0, "a", true}, // refilled to limit, not beyond
-		{0, "a", false},
+		{0, "a", true, 0}, {0, "a", true, 0}, {0, "a", true, 0},
+		{0, "a", false, 10 * time.Minute},
+		{0, "b", true, 0}, // another host has its own bucket
+		{9 * time.Minute, "a", false, time.Minute},
+		{time.Minute, "a", true, 0}, // 10 min = ttl/limit: one back
+		{0, "a", false, 10 * time.Minute},
+		{2 * time.Hour, "a", true, 0}, {0, "a", true, 0}, {0, "a", true, 0}, // refilled to limit, not beyond
+		{0, "a", false, 10 * time.Minute},
 	}
 	for i, s := range steps {
 		now = now.Add(s.advance)
-		if got, wait := b.take(s.host); got != s.want {
-			t.Errorf("step %d: take(%q) = %v (wait %v), want %v", i, s.host, got, wait, s.want)
+		if got, wait := b.take(s.host); got != s.want || wait != s.wait {
+			t.Errorf("step %d: take(%q) = %v, %v, want %v, %v", i, s.host, got, wait, s.want, s.wait)
 		}
 	}
-	unlimited := &bootTokens{ttl: time.Minute, limit: -1, now: time.Now}
+	unlimited := newBootTokens(nil, nil, time.Minute, -1, time.Now)
 	for i := range 100 {
 		if ok, _ := unlimited.take("a"); !ok {
 			t.Fatalf("take #%d with no limit refused", i)

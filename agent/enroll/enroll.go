@@ -14,7 +14,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
-	"github.com/kilnhq/kiln/host/atomicfile"
+	"github.com/kilnhq/kiln/internal/atomicfile"
 	"log/slog"
 	"os"
 	"path/filepath"

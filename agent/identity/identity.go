@@ -26,6 +26,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kilnhq/kiln/internal/atomicfile"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/pki"
 )
@@ -86,7 +87,7 @@ func Save(dir string, f Files) (*Identity, error) {
 		{CAFile, f.CAPEM, 0o644},
 		{ControllerFile, append(ctl, '\n'), 0o644},
 	} {
-		if err := WriteFileAtomic(filepath.Join(dir, w.name), w.data, w.mode); err != nil {
+		if err := atomicfile.Write(filepath.Join(dir, w.name), w.data, w.mode); err != nil {
 			return nil, fmt.Errorf("identity: %w", err)
 		}
 	}
@@ -187,10 +188,10 @@ func (id *Identity) Rotate(dir string, keyPEM, certPEM []byte) error {
 	if err != nil {
 		return fmt.Errorf("rotate: %w", err)
 	}
-	if err := WriteFileAtomic(filepath.Join(dir, nextKeyFile), keyPEM, 0o600); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, nextKeyFile), keyPEM, 0o600); err != nil {
 		return fmt.Errorf("rotate: %w", err)
 	}
-	if err := WriteFileAtomic(filepath.Join(dir, nextCertFile), certPEM, 0o644); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, nextCertFile), certPEM, 0o644); err != nil {
 		return fmt.Errorf("rotate: %w", err)
 	}
 	if err := finishRotation(dir); err != nil {
@@ -203,7 +204,10 @@ func (id *Identity) Rotate(dir string, keyPEM, certPEM []byte) error {
 // finishRotation moves a complete next pair over the current one: both
 // next files present means the rename has not started; a next
 // certificate alone means the key was moved already; a next key alone is
-// an unfinished write, dropped (the current pair is intact).
+// an unfinished write, dropped (the current pair is intact). The next
+// files were written durably with atomicfile; moving a pair is a
+// roll-forward of two renames, not a one-file write, so it renames here
+// and fsyncs the directory itself.
 func finishRotation(dir string) error {
 	nk, nc := filepath.Join(dir, nextKeyFile), filepath.Join(dir, nextCertFile)
 	haveKey, haveCert := exists(nk), exists(nc)
@@ -322,39 +326,4 @@ func pool(ca *x509.Certificate) *x509.CertPool {
 	p := x509.NewCertPool()
 	p.AddCert(ca)
 	return p
-}
-
-// WriteFileAtomic writes data to path with mode: a temporary file in the
-// same directory, fsync, rename, fsync of the directory. A reader sees the
-// old or the new content, never a mix.
-func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: fsync: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	return nil
 }

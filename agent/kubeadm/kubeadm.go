@@ -30,6 +30,7 @@ import (
 	"sync"
 
 	"github.com/kilnhq/kiln/host/command"
+	"github.com/kilnhq/kiln/internal/atomicfile"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/pki"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
@@ -365,11 +366,7 @@ func (k *Kubeadm) writeConfig(name string, data []byte) (string, error) {
 		}
 	}
 	p := filepath.Join(dir, name)
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return "", fmt.Errorf("config: %w", err)
-	}
-	if err := os.Rename(tmp, p); err != nil {
+	if err := atomicfile.Write(p, data, 0o600); err != nil {
 		return "", fmt.Errorf("config: %w", err)
 	}
 	return p, nil

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 
 	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/kilnhq/kiln/agent/lay/internal/sha256x16"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -33,38 +34,6 @@ type chunk struct {
 }
 
 func (c chunk) data() []byte { return (*c.buf)[:c.n] }
-
-// group runs the stages and keeps the first error; a failing stage
-// cancels the others.
-type group struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	once   sync.Once
-	err    error
-}
-
-func newGroup(ctx context.Context) *group {
-	g := &group{}
-	g.ctx, g.cancel = context.WithCancel(ctx)
-	return g
-}
-
-func (g *group) spawn(f func(ctx context.Context) error) {
-	g.wg.Add(1)
-	go func() {
-		defer g.wg.Done()
-		if err := f(g.ctx); err != nil {
-			g.once.Do(func() { g.err = err; g.cancel() })
-		}
-	}()
-}
-
-func (g *group) wait() error {
-	g.wg.Wait()
-	g.cancel()
-	return g.err
-}
 
 // send passes c on unless ctx ended.
 func send(ctx context.Context, out chan<- chunk, c chunk) error {
@@ -220,27 +189,28 @@ func (l *Layer) layStream(ctx context.Context, t *target, url, format, wantSum s
 	}
 	rep.step(StepFetch, 0)
 
-	g := newGroup(ctx)
-	s.ctx = g.ctx
+	// The first stage to fail cancels gctx, which ends the others.
+	g, gctx := errgroup.WithContext(ctx)
+	s.ctx = gctx
 	fetchedCh := make(chan chunk, l.depth)
 	hashedCh := make(chan chunk, l.depth)
 	h := sha256.New()
 
 	var fetchErr error // the cause, when a later stage fails because of it
-	g.spawn(func(ctx context.Context) error {
+	g.Go(func() error {
 		defer s.Close()
-		fetchErr = l.produce(ctx, s, fetchedCh, "fetch")
+		fetchErr = l.produce(gctx, s, fetchedCh, "fetch")
 		return fetchErr
 	})
-	g.spawn(func(ctx context.Context) error { return hashStage(ctx, h, fetchedCh, hashedCh, rep) })
+	g.Go(func() error { return hashStage(gctx, h, fetchedCh, hashedCh, rep) })
 	toWrite := hashedCh
 	if format == FormatRawZst {
 		// Decoded bytes are copied into pooled, aligned buffers, so that
 		// they can be written with O_DIRECT.
 		decodedCh := make(chan chunk, l.depth)
 		toWrite = decodedCh
-		g.spawn(func(ctx context.Context) error {
-			dec, err := zstd.NewReader(&chanReader{ctx: ctx, l: l, in: hashedCh}, zstd.WithDecoderConcurrency(2), zstd.WithDecoderMaxWindow(maxZstdWindow),
+		g.Go(func() error {
+			dec, err := zstd.NewReader(&chanReader{ctx: gctx, l: l, in: hashedCh}, zstd.WithDecoderConcurrency(2), zstd.WithDecoderMaxWindow(maxZstdWindow),
 				// The sha256 of the compressed stream is verified; zstd's own
 				// xxhash of the output would only cost CPU.
 				zstd.IgnoreChecksum(true))
@@ -249,13 +219,13 @@ func (l *Layer) layStream(ctx context.Context, t *target, url, format, wantSum s
 				return fmt.Errorf("zstd: %w", err)
 			}
 			defer dec.Close()
-			return l.produce(ctx, dec, decodedCh, "zstd decode")
+			return l.produce(gctx, dec, decodedCh, "zstd decode")
 		})
 	}
 	// Several writers keep several writes in flight: O_DIRECT writes wait
 	// for the disk, and chunks land at their own offsets in any order.
-	ws := l.spawnWriters(g, t, zeroed, toWrite, poolBuffers{l})
-	if err := g.wait(); err != nil {
+	ws := l.spawnWriters(gctx, g, t, zeroed, toWrite, poolBuffers{l})
+	if err := g.Wait(); err != nil {
 		// A broken stream makes the decoder fail too: report the cause.
 		if fetchErr != nil && !errors.Is(fetchErr, context.Canceled) {
 			err = fetchErr
@@ -284,13 +254,14 @@ func (l *Layer) layStream(ctx context.Context, t *target, url, format, wantSum s
 	return &agentv1.LayImageResult{BytesWritten: uint64(w.written), BytesFetched: uint64(fetched.Load()), Sha256: got}, nil
 }
 
-// spawnWriters starts l.writers writers draining in.
-func (l *Layer) spawnWriters(g *group, t *target, zeroed bool, in <-chan chunk, bufs buffers) []*writer {
+// spawnWriters starts l.writers writers draining in, in g, under ctx (g's
+// context).
+func (l *Layer) spawnWriters(ctx context.Context, g *errgroup.Group, t *target, zeroed bool, in <-chan chunk, bufs buffers) []*writer {
 	ws := make([]*writer, l.writers)
 	for i := range ws {
 		w := newWriter(t, zeroed, l.blockSize)
 		ws[i] = w
-		g.spawn(func(ctx context.Context) error { return l.drain(ctx, w, in, bufs) })
+		g.Go(func() error { return l.drain(ctx, w, in, bufs) })
 	}
 	return ws
 }
@@ -385,11 +356,11 @@ func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequ
 	}
 
 	// The lay's buffers come from an arena of huge pages, unmapped when
-	// layMap returns: after g.wait, when every goroutine using them ended.
+	// layMap returns: after g.Wait, when every goroutine using them ended.
 	bufs := newArena(l.bufSize)
 	defer bufs.release()
 	var fetched atomic.Int64
-	g := newGroup(ctx)
+	g, gctx := errgroup.WithContext(ctx)
 	groupCh := make(chan fetchGroup, len(groups))
 	for _, fg := range groups {
 		groupCh <- fg
@@ -410,13 +381,13 @@ func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequ
 	var fetching, sending sync.WaitGroup
 	for range fetchers {
 		fetching.Add(1)
-		g.spawn(func(ctx context.Context) error {
+		g.Go(func() error {
 			defer fetching.Done()
 			h := sha256.New()
 			for fg := range groupCh {
-				s := l.newStream(ctx, log, req.GetUrl(), fg.start, fg.end, true, &fetched)
+				s := l.newStream(gctx, log, req.GetUrl(), fg.start, fg.end, true, &fetched)
 				s.note = rep.note
-				err := l.fetchGroup(ctx, s, ranges, fg, h, writeCh, hashCh, &small, bufs, rep)
+				err := l.fetchGroup(gctx, s, ranges, fg, h, writeCh, hashCh, &small, bufs, rep)
 				s.Close()
 				if err != nil {
 					return err
@@ -430,14 +401,14 @@ func (l *Layer) layMap(ctx context.Context, t *target, req *agentv1.LayImageRequ
 	if hashCh != nil {
 		sending.Add(1)
 		go func() { fetching.Wait(); close(hashCh) }()
-		g.spawn(func(ctx context.Context) error {
+		g.Go(func() error {
 			defer sending.Done()
-			return l.hashBatches(ctx, ranges, hashCh, writeCh, bufs, rep)
+			return l.hashBatches(gctx, ranges, hashCh, writeCh, bufs, rep)
 		})
 	}
 	go func() { sending.Wait(); close(writeCh) }()
-	writers := l.spawnWriters(g, t, zeroed, writeCh, bufs)
-	if err := g.wait(); err != nil {
+	writers := l.spawnWriters(gctx, g, t, zeroed, writeCh, bufs)
+	if err := g.Wait(); err != nil {
 		if errors.Is(err, errRangeIgnored) {
 			return nil, err
 		}

@@ -9,8 +9,8 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/kilnhq/kiln/agent/identity"
 	"github.com/kilnhq/kiln/host/systemd"
+	"github.com/kilnhq/kiln/internal/atomicfile"
 )
 
 const unitName = "kiln-agent.service"
@@ -68,10 +68,7 @@ func installUnit(ctx context.Context, out io.Writer, path string, o unitOptions,
 	if err != nil {
 		return fmt.Errorf("install unit: %w", err)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("install unit: %w", err)
-	}
-	if err := identity.WriteFileAtomic(path, unit, 0o644); err != nil {
+	if err := atomicfile.Write(path, unit, 0o644, atomicfile.MkdirAll(0o755)); err != nil {
 		return fmt.Errorf("install unit: %w", err)
 	}
 	fmt.Fprintf(out, "wrote %s\n", path)

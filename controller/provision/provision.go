@@ -138,7 +138,7 @@ type Executor struct {
 	cfg  Config
 	deps Deps
 	log  *slog.Logger
-	q    *queue
+	q    hostQueue
 
 	mu        sync.Mutex
 	transient map[string]int
@@ -172,7 +172,7 @@ func New(deps Deps, cfg Config, log *slog.Logger) *Executor {
 		cfg:       cfg,
 		deps:      deps,
 		log:       log.With("component", "provision"),
-		q:         newQueue(),
+		q:         newHostQueue(nil),
 		transient: map[string]int{},
 		written:   map[string]int64{},
 		bmcs:      map[string]BMC{},
@@ -197,16 +197,16 @@ func (e *Executor) Run(ctx context.Context) error {
 		e.watch(ctx)
 	}()
 	<-ctx.Done()
-	e.q.close()
+	e.q.ShutDown()
 	wg.Wait()
 	return nil
 }
 
 // Queue asks for host name to be planned now.
-func (e *Executor) Queue(name string) { e.q.add(name) }
+func (e *Executor) Queue(name string) { e.q.Add(name) }
 
 // QueueLen is the number of hosts waiting for a worker.
-func (e *Executor) QueueLen() int { return e.q.len() }
+func (e *Executor) QueueLen() int { return e.q.Len() }
 
 // watch queues every host at start and every ResyncInterval, and each host
 // that changes in between.
@@ -231,14 +231,13 @@ func (e *Executor) watch(ctx context.Context) {
 					break loop
 				}
 				if ev.Type == store.EventDelete {
-					e.q.forget(ev.Name)
 					e.forgetHost(ev.Name)
 					continue
 				}
 				if e.ownWrite(ev.Name, ev.Rev) {
 					continue
 				}
-				e.q.add(ev.Name)
+				e.q.Add(ev.Name)
 			}
 		}
 		tick.Stop()
@@ -257,7 +256,7 @@ func (e *Executor) resync(ctx context.Context) {
 			return
 		}
 		for _, it := range items {
-			e.q.add(it.Name)
+			e.q.Add(it.Name)
 		}
 		if next == "" {
 			return
@@ -268,22 +267,26 @@ func (e *Executor) resync(ctx context.Context) {
 
 func (e *Executor) work(ctx context.Context) {
 	for {
-		name, ok := e.q.get()
-		if !ok {
+		name, shutdown := e.q.Get()
+		if shutdown {
 			return
+		}
+		if ctx.Err() != nil { // draining after ShutDown
+			e.q.Done(name)
+			continue
 		}
 		start := e.cfg.Clock()
 		requeue, err := e.Reconcile(ctx, name)
 		if o := e.deps.Observer; o != nil && ctx.Err() == nil {
-			o.ObserveReconcile("hosts", err, e.cfg.Clock().Sub(start), e.q.len())
+			o.ObserveReconcile("hosts", err, e.cfg.Clock().Sub(start), e.q.Len())
 		}
 		if err != nil && ctx.Err() == nil {
 			e.log.Warn("reconcile host", "host", name, "err", err)
 			requeue = max(requeue, 5*time.Second)
 		}
-		e.q.done(name)
+		e.q.Done(name)
 		if requeue > 0 && ctx.Err() == nil {
-			e.q.addAfter(name, requeue, e.cfg.Clock())
+			e.q.AddAfter(name, requeue)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -18,46 +19,51 @@ import (
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
+// TestQueueHandsAHostToOneWorkerAtATime checks the queue semantics the
+// Executor relies on.
 func TestQueueHandsAHostToOneWorkerAtATime(t *testing.T) {
-	q := newQueue()
-	q.add("a")
-	q.add("a")
-	q.add("b")
-	require.Equal(t, 2, q.len(), "a host queued twice is queued once")
-	name, ok := q.get()
-	require.True(t, ok)
+	q := newHostQueue(nil)
+	q.Add("a")
+	q.Add("a")
+	q.Add("b")
+	require.Equal(t, 2, q.Len(), "a host queued twice is queued once")
+	name, shutdown := q.Get()
+	require.False(t, shutdown)
 	require.Equal(t, "a", name)
 	// Queued again while a worker has it: not handed out until done.
-	q.add("a")
-	name, _ = q.get()
+	q.Add("a")
+	name, _ = q.Get()
 	require.Equal(t, "b", name)
-	if got := q.len(); got != 0 {
-		t.Fatalf("len() while a is processing = %d, want 0", got)
+	if got := q.Len(); got != 0 {
+		t.Fatalf("Len() while a is processing = %d, want 0", got)
 	}
-	q.done("a")
-	name, _ = q.get()
+	q.Done("a")
+	name, _ = q.Get()
 	require.Equal(t, "a", name, "a host added while processing is queued again when done")
-	q.done("a")
-	q.done("b")
-	q.close()
-	_, ok = q.get()
-	require.False(t, ok, "get() after close")
+	q.Done("a")
+	q.Done("b")
+	q.ShutDown()
+	_, shutdown = q.Get()
+	require.True(t, shutdown, "Get() after ShutDown")
 }
 
+// TestQueueAddAfterKeepsTheEarliest: of several delayed adds of one host
+// the earliest counts; the host is queued once, when it is due.
 func TestQueueAddAfterKeepsTheEarliest(t *testing.T) {
-	q := newQueue()
-	now := time.Now()
-	q.addAfter("a", time.Hour, now)
-	q.addAfter("a", time.Millisecond, now)
-	q.addAfter("a", time.Hour, now)
-	name, ok := q.get() // blocks until the 1 ms timer fires
-	require.True(t, ok)
+	clk := clocktesting.NewFakeClock(time.Date(2026, 12, 2, 15, 0, 0, 0, time.UTC))
+	q := newHostQueue(clk)
+	defer q.ShutDown()
+	q.AddAfter("a", time.Hour)
+	q.AddAfter("a", time.Minute)
+	q.AddAfter("a", time.Hour)
+	require.Zero(t, q.Len(), "nothing is due yet")
+	clk.Step(time.Minute)
+	require.Eventually(t, func() bool { return q.Len() == 1 }, 10*time.Second, time.Millisecond,
+		"a is queued once the earliest delay (1m) is over")
+	name, shutdown := q.Get()
+	require.False(t, shutdown)
 	require.Equal(t, "a", name)
-	q.mu.Lock()
-	pending := len(q.timers)
-	q.mu.Unlock()
-	require.Zero(t, pending, "the later times were dropped for the earlier one")
-	q.close()
+	q.Done("a")
 }
 
 func TestClassify(t *testing.T) {

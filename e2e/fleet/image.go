@@ -13,7 +13,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -21,7 +20,6 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/kilnhq/kiln/imagebuilder/golden"
@@ -30,6 +28,7 @@ import (
 	"github.com/kilnhq/kiln/imagebuilder/rootfs"
 	"github.com/kilnhq/kiln/imagebuilder/spec"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/filelock"
 )
 
 // ImageOptions configure LabImage.
@@ -166,7 +165,7 @@ func LabImage(ctx context.Context, o ImageOptions) (string, *manifest.Manifest, 
 	if err := os.MkdirAll(o.CacheDir, 0o755); err != nil {
 		return "", nil, fmt.Errorf("lab image: %w", err)
 	}
-	unlock, err := lock(ctx, filepath.Join(o.CacheDir, key+".lock"))
+	unlock, err := filelock.Lock(ctx, filepath.Join(o.CacheDir, key+".lock"))
 	if err != nil {
 		return "", nil, fmt.Errorf("lab image %s: %w", key, err)
 	}
@@ -188,6 +187,8 @@ func LabImage(ctx context.Context, o ImageOptions) (string, *manifest.Manifest, 
 	if err != nil {
 		return "", nil, fmt.Errorf("lab image %s: %w", key, err)
 	}
+	// A directory of multi-gigabyte images, published whole by rename
+	// (internal/atomicfile writes single files).
 	if err := os.Rename(tmp, dir); err != nil {
 		return "", nil, fmt.Errorf("lab image %s: %w", key, err)
 	}
@@ -279,30 +280,6 @@ func cached(dir string) (*manifest.Manifest, error) {
 		return nil, errdefs.NotFound("lab image %s: %s missing or not %d bytes", dir, raw, m.RawSize)
 	}
 	return m, nil
-}
-
-// lock takes an exclusive flock on path, polling so ctx can end the wait.
-func lock(ctx context.Context, path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("waiting for %s: %w", path, ctx.Err())
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }
 
 func fileSHA256(path string) (string, error) {

@@ -64,28 +64,6 @@ func TestLabImageErrors(t *testing.T) {
 	}
 }
 
-// TestLock: a second locker waits for the first; ctx ends the wait.
-func TestLock(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "k.lock")
-	unlock, err := lock(context.Background(), p)
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	if _, err := lock(ctx, p); err == nil || !strings.Contains(err.Error(), "waiting for") {
-		t.Fatalf("lock while held = %v, want the wait ended by ctx", err)
-	}
-	got := make(chan error, 1)
-	go func() {
-		u, err := lock(context.Background(), p)
-		if err == nil {
-			u()
-		}
-		got <- err
-	}()
-	unlock()
-	require.NoError(t, <-got)
-}
-
 func TestPrune(t *testing.T) {
 	dir := t.TempDir()
 	now := time.Now()

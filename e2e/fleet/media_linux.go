@@ -43,6 +43,8 @@ func BootMedia(ctx context.Context, imagebuilder, agent, dir string, out io.Writ
 	if err := os.RemoveAll(dir); err != nil {
 		return err
 	}
+	// A directory, published whole by rename (internal/atomicfile writes
+	// single files).
 	return os.Rename(tmp, dir)
 }
 

@@ -19,7 +19,7 @@ import (
 
 	"github.com/pelletier/go-toml/v2"
 
-	"github.com/kilnhq/kiln/host/atomicfile"
+	"github.com/kilnhq/kiln/internal/atomicfile"
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
@@ -224,7 +224,7 @@ func WriteSystemdCgroup(path string, want bool) (before string, changed bool, er
 	if err != nil {
 		return before, false, err
 	}
-	if err := atomicfile.Write(path, out, mode); err != nil {
+	if err := atomicfile.Write(path, out, mode, atomicfile.MkdirAll(0o755)); err != nil {
 		return before, false, err
 	}
 	return before, true, nil

@@ -22,7 +22,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/kilnhq/kiln/host/atomicfile"
+	"github.com/kilnhq/kiln/internal/atomicfile"
 )
 
 // PersistFile is where Persist writes, relative to the root.
@@ -160,5 +160,5 @@ func Persist(root string, names []string) (changed bool, err error) {
 	if bytes.Equal(old, b.Bytes()) {
 		return false, nil
 	}
-	return true, atomicfile.Write(path, b.Bytes(), 0o644)
+	return true, atomicfile.Write(path, b.Bytes(), 0o644, atomicfile.MkdirAll(0o755))
 }

@@ -12,7 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/kilnhq/kiln/host/atomicfile"
+	"github.com/kilnhq/kiln/internal/atomicfile"
 )
 
 // Runner runs a host command (command.Exec in production).
@@ -86,7 +86,7 @@ func DisableInFstab(root string) (disabled []string, err error) {
 	if len(disabled) == 0 {
 		return nil, nil
 	}
-	if err := atomicfile.Write(path, out.Bytes(), fi.Mode().Perm()); err != nil {
+	if err := atomicfile.Write(path, out.Bytes(), fi.Mode().Perm(), atomicfile.MkdirAll(0o755)); err != nil {
 		return nil, fmt.Errorf("fstab: %w", err)
 	}
 	return disabled, nil

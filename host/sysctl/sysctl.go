@@ -18,7 +18,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/kilnhq/kiln/host/atomicfile"
+	"github.com/kilnhq/kiln/internal/atomicfile"
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
@@ -126,7 +126,7 @@ func Persist(root string, values map[string]string) (changed bool, err error) {
 	if bytes.Equal(old, b.Bytes()) {
 		return false, nil
 	}
-	if err := atomicfile.Write(path, b.Bytes(), 0o644); err != nil {
+	if err := atomicfile.Write(path, b.Bytes(), 0o644, atomicfile.MkdirAll(0o755)); err != nil {
 		return false, err
 	}
 	return true, nil

@@ -293,6 +293,9 @@ func Build(ctx context.Context, spec Spec, progress func(string)) (*Manifest, er
 	if err := os.WriteFile(filepath.Join(tmp, ManifestFile), append(mb, '\n'), 0o644); err != nil {
 		return nil, err
 	}
+	// Not internal/atomicfile: built files move from the work directory
+	// by rename, the manifest last, so a reader that finds it finds the
+	// rest.
 	for _, name := range append(names, ManifestFile) {
 		if err := os.Rename(filepath.Join(tmp, name), filepath.Join(spec.OutDir, name)); err != nil {
 			return nil, fmt.Errorf("publish %s: %w", name, err)

@@ -193,6 +193,8 @@ func WriteISO(ctx context.Context, run Runner, iso ISO, out string) error {
 			return fmt.Errorf("iso: %w", err)
 		}
 	}
+	// Not internal/atomicfile: xorriso writes the ISO itself; it is
+	// published by a plain rename.
 	if err := os.Rename(filepath.Join(dir, "out.iso"), out); err != nil {
 		return fmt.Errorf("iso: %w", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/filelock"
 )
 
 // kernelPackageRE matches Debian's generic amd64 kernel packages of the
@@ -88,7 +89,7 @@ func fetchKernel(ctx context.Context, run Runner, cacheDir, pkg string, progress
 	// One fetch per entry at a time, across processes: a second one waits
 	// and then uses the first one's entry; none removes an entry another
 	// may be reading.
-	unlock, err := lockFile(ctx, dir+".lock")
+	unlock, err := filelock.Lock(ctx, dir+".lock")
 	if err != nil {
 		return nil, fmt.Errorf("kernel cache: %w", err)
 	}

@@ -120,6 +120,10 @@ func Build(ctx context.Context, spec Spec, progress io.Writer) (*Layout, error) 
 		tmp, strconv.FormatInt(spec.RootSize/1024, 10)+"k"); err != nil {
 		return nil, fmt.Errorf("disk: root filesystem: %w", err)
 	}
+	// Not internal/atomicfile: the image is made in place by sfdisk, dd
+	// and mkfs.ext4 (gigabytes), so it is published by a plain rename; a
+	// crash loses at most a rebuildable output, which the manifest's sizes
+	// and sha256 written after it would not match.
 	if err := os.Rename(tmp, spec.Output); err != nil {
 		return nil, fmt.Errorf("disk: %w", err)
 	}

@@ -273,7 +273,9 @@ func Build(ctx context.Context, o Options) (*Result, error) {
 	if err := manifest.Write(filepath.Join(work, mjson), m); err != nil {
 		return nil, fmt.Errorf("golden %s: %w", tag, err)
 	}
-	// The manifest goes last: a reader that finds it finds the rest.
+	// The manifest goes last: a reader that finds it finds the rest. The
+	// images are built in place by tools, so they move by rename, not
+	// through internal/atomicfile (which wrote the manifest in work).
 	for _, name := range []string{raw, zst, iyaml, mjson} {
 		if err := os.Rename(filepath.Join(work, name), filepath.Join(o.OutDir, name)); err != nil {
 			return nil, fmt.Errorf("golden %s: publish %s: %w", tag, name, err)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,12 +13,12 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	_ "embed"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/filelock"
 )
 
 //go:embed pause/main.go
@@ -120,7 +119,7 @@ func (b *Builder) Ensure(ctx context.Context) (*Manifest, error) {
 	}
 	// One lock per release: building the previous minor (30-40 min) must
 	// not hold up a run that only verifies the pinned one.
-	unlock, err := lock(ctx, filepath.Join(b.Cache.Dir, ".lock-"+r.Kubernetes))
+	unlock, err := filelock.Lock(ctx, filepath.Join(b.Cache.Dir, ".lock-"+r.Kubernetes))
 	if err != nil {
 		return nil, fmt.Errorf("kube-tools %s: %w", r.Kubernetes, err)
 	}
@@ -202,7 +201,8 @@ func (b *Builder) Ensure(ctx context.Context) (*Manifest, error) {
 	return m, nil
 }
 
-// commit replaces the version directory with tmp.
+// commit replaces the version directory with tmp: a directory tree, so it
+// is renamed into place rather than written with internal/atomicfile.
 func (b *Builder) commit(tmp string) error {
 	final := b.Cache.VersionDir(b.Release)
 	var old string
@@ -235,30 +235,6 @@ func (b *Builder) removeLeftovers() {
 			if err := os.RemoveAll(m); err != nil {
 				b.log().Warn("remove leftover", "dir", m, "err", err)
 			}
-		}
-	}
-}
-
-// lock takes an exclusive flock on name, waiting until ctx is done.
-func lock(ctx context.Context, name string) (func(), error) {
-	f, err := os.OpenFile(name, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("lock: %w", err)
-	}
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", name, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("lock %s: another build holds it: %w", name, ctx.Err())
-		case <-time.After(time.Second):
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kilnhq/kiln/imagebuilder/ociarchive"
+	"github.com/kilnhq/kiln/internal/atomicfile"
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
@@ -331,9 +332,5 @@ func writeIndex(dir string, index map[string]indexEntry) error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(dir, "."+IndexFile+".tmp")
-	if err := os.WriteFile(tmp, append(j, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(dir, IndexFile))
+	return atomicfile.Write(filepath.Join(dir, IndexFile), append(j, '\n'), 0o644)
 }

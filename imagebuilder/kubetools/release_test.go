@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/filelock"
 )
 
 func TestSelectRelease(t *testing.T) {
@@ -207,7 +208,7 @@ func TestEnsureLeavesOtherReleaseAlone(t *testing.T) {
 	require.NoError(t, os.MkdirAll(b.Cache.Dir, 0o755))
 	// A build of the previous release is running: it holds its lock and
 	// its temporary directory.
-	unlock, err := lock(context.Background(), filepath.Join(b.Cache.Dir, ".lock-"+Previous().Kubernetes))
+	unlock, err := filelock.Lock(context.Background(), filepath.Join(b.Cache.Dir, ".lock-"+Previous().Kubernetes))
 	require.NoError(t, err)
 	defer unlock()
 	running := filepath.Join(b.Cache.Dir, "."+Previous().Kubernetes+".tmp-999")

@@ -8,9 +8,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
+	"github.com/kilnhq/kiln/internal/atomicfile"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 )
@@ -177,41 +177,17 @@ func sha256Hex(s string) bool {
 	return true
 }
 
-// Write stores m as indented JSON at path atomically: it writes a temporary
-// file in the same directory, syncs it and renames it over path, so a
-// reader sees the old manifest or the new one, never a part.
+// Write stores m as indented JSON at path (mode 0644) with
+// internal/atomicfile, so a reader sees the old manifest or the new one,
+// never a part, and the new one survives a crash once Write returns.
 func Write(path string, m *Manifest) error {
 	data, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
 		return fmt.Errorf("manifest %q: encode: %w", path, err)
 	}
 	data = append(data, '\n')
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
+	if err := atomicfile.Write(path, data, 0o644); err != nil {
 		return fmt.Errorf("manifest %q: %w", path, err)
-	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("manifest %q: write: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("manifest %q: sync: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("manifest %q: close: %w", path, err)
-	}
-	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
-		return fmt.Errorf("manifest %q: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("manifest %q: rename: %w", path, err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync() // make the rename durable where the platform allows it
-		d.Close()
 	}
 	return nil
 }

@@ -20,11 +20,11 @@ import (
 	"io/fs"
 	"os"
 	"path"
-	"path/filepath"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/kilnhq/kiln/internal/atomicfile"
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
@@ -120,36 +120,21 @@ func baseFiles() []File {
 	}
 }
 
-// WriteFile writes img as a docker-archive to name. The file appears
-// atomically: it is written to a temporary file in the same directory and
-// renamed, so an interrupted run never leaves a partial archive under name.
+// WriteFile writes img as a docker-archive to name (mode 0644). The file
+// appears atomically (internal/atomicfile: a temporary file in the same
+// directory, fsynced and renamed), so an interrupted run never leaves a
+// partial archive under name.
 // It returns the image's config digest ("sha256:..."), which is the image ID
 // containerd shows. Errors are InvalidArgument for a bad Image, NotFound for a
 // missing source file, or the I/O error wrapped.
 func WriteFile(name string, img Image) (string, error) {
-	dir := filepath.Dir(name)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(name)+".tmp-*")
+	var id string
+	err := atomicfile.WriteFunc(name, 0o644, func(w io.Writer) error {
+		var err error
+		id, err = Write(w, img)
+		return err
+	})
 	if err != nil {
-		return "", fmt.Errorf("archive %s: %w", name, err)
-	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	id, err := Write(tmp, img)
-	if err != nil {
-		tmp.Close()
-		return "", fmt.Errorf("archive %s: %w", name, err)
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return "", fmt.Errorf("archive %s: %w", name, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return "", fmt.Errorf("archive %s: %w", name, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return "", fmt.Errorf("archive %s: %w", name, err)
-	}
-	if err := os.Rename(tmp.Name(), name); err != nil {
 		return "", fmt.Errorf("archive %s: %w", name, err)
 	}
 	return id, nil

@@ -3,7 +3,6 @@ package rootfs
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/filelock"
 )
 
 // Build returns the directory of the root spec describes, building it
@@ -59,9 +59,9 @@ func Build(ctx context.Context, spec Spec, progress io.Writer) (string, error) {
 	if err := os.MkdirAll(spec.CacheDir, 0o755); err != nil {
 		return "", fmt.Errorf("rootfs: cache: %w", err)
 	}
-	unlock, err := lock(ctx, filepath.Join(spec.CacheDir, spec.Key()+".lock"))
+	unlock, err := filelock.Lock(ctx, filepath.Join(spec.CacheDir, spec.Key()+".lock"))
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("rootfs: another build of the same spec: %w", err)
 	}
 	defer unlock()
 	if isDir(dir) { // built while we waited
@@ -93,6 +93,8 @@ func Build(ctx context.Context, spec Spec, progress io.Writer) (string, error) {
 	if err := tidy(tmp); err != nil {
 		return "", fmt.Errorf("rootfs: %w", err)
 	}
+	// A directory tree, published whole by rename (internal/atomicfile
+	// writes single files).
 	if err := os.Rename(tmp, dir); err != nil {
 		return "", fmt.Errorf("rootfs: %w", err)
 	}
@@ -143,30 +145,6 @@ func tidy(root string) error {
 		_ = os.Remove(f)
 	}
 	return nil
-}
-
-// lock takes an exclusive flock on path, polling so ctx can end the wait.
-func lock(ctx context.Context, path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("rootfs: lock: %w", err)
-	}
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("rootfs: lock %s: %w", path, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("rootfs: waiting for another build of the same spec: %w", ctx.Err())
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
 }
 
 // run runs a command with its output copied to progress; a failure
@@ -240,6 +218,7 @@ func Overlay(ctx context.Context, base, dst string, files []File) error {
 		_ = os.RemoveAll(tmp)
 		return fmt.Errorf("rootfs: overlay: %w", err)
 	}
+	// A directory tree, as above: renamed into place.
 	if err := os.Rename(tmp, dst); err != nil {
 		_ = os.RemoveAll(tmp)
 		return fmt.Errorf("rootfs: overlay: %w", err)

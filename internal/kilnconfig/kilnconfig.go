@@ -34,6 +34,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"sigs.k8s.io/yaml"
 
+	"github.com/kilnhq/kiln/internal/atomicfile"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/pki"
 )
@@ -111,27 +112,7 @@ func Write(path string, c *Config) error {
 	if err != nil {
 		return fmt.Errorf("kilnconfig: %w", err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".kilnconfig-*")
-	if err != nil {
-		return fmt.Errorf("kilnconfig: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return fmt.Errorf("kilnconfig: %w", err)
-	}
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return fmt.Errorf("kilnconfig: write %s: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("kilnconfig: write %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("kilnconfig: write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := atomicfile.Write(path, b, 0o600); err != nil {
 		return fmt.Errorf("kilnconfig: %w", err)
 	}
 	return nil

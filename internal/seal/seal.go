@@ -17,8 +17,8 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
 
+	"github.com/kilnhq/kiln/internal/atomicfile"
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
@@ -125,32 +125,9 @@ func createKey(path string) ([]byte, error) {
 }
 
 func writeKey(path string, key []byte) ([]byte, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("sealing key %s: %w", path, err)
-	}
-	// Write to a temporary file and link it into place, so a crash never
+	// Written whole and linked into place (not renamed), so a crash never
 	// leaves a short key file behind and a concurrent creator loses cleanly.
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".sealkey-*")
-	if err != nil {
-		return nil, fmt.Errorf("sealing key %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return nil, fmt.Errorf("sealing key %s: %w", path, err)
-	}
-	if _, err := tmp.Write(key); err != nil {
-		tmp.Close()
-		return nil, fmt.Errorf("sealing key %s: write: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return nil, fmt.Errorf("sealing key %s: sync: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return nil, fmt.Errorf("sealing key %s: %w", path, err)
-	}
-	if err := os.Link(tmp.Name(), path); err != nil {
+	if err := atomicfile.Write(path, key, 0o600, atomicfile.NoReplace(), atomicfile.MkdirAll(0o700)); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return nil, err
 		}

@@ -35,6 +35,7 @@ import (
 	"libvirt.org/go/libvirtxml"
 
 	"github.com/kilnhq/kiln/e2e/lab/machine"
+	"github.com/kilnhq/kiln/internal/atomicfile"
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
@@ -646,21 +647,12 @@ func download(ctx context.Context, rawURL, path string) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("GET: %s", resp.Status)
 	}
-	tmp := path + ".part"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return fmt.Errorf("GET: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.WriteFunc(path, 0o644, func(w io.Writer) error {
+		if _, err := io.Copy(w, resp.Body); err != nil {
+			return fmt.Errorf("GET: %w", err)
+		}
+		return nil
+	})
 }
 
 // Close destroys the domain if it runs, undefines it (with its UEFI

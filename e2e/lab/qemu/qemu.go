@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/kilnhq/kiln/e2e/lab/machine"
+	"github.com/kilnhq/kiln/internal/atomicfile"
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
@@ -549,20 +550,12 @@ func download(ctx context.Context, url, path string) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
-	tmp := path + ".part"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return fmt.Errorf("GET %s: %w", url, err)
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.WriteFunc(path, 0o644, func(w io.Writer) error {
+		if _, err := io.Copy(w, resp.Body); err != nil {
+			return fmt.Errorf("GET %s: %w", url, err)
+		}
+		return nil
+	})
 }
 
 // BootSource implements machine.Machine.

@@ -30,6 +30,7 @@ import (
 
 	"github.com/kilnhq/kiln/e2e/lab/netns"
 	"github.com/kilnhq/kiln/e2e/lab/redfish"
+	"github.com/kilnhq/kiln/internal/atomicfile"
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
@@ -322,23 +323,7 @@ func writeJSON(path string, v any, perm os.FileMode) error {
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, perm)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(append(b, '\n')); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.Write(path, append(b, '\n'), perm)
 }
 
 // Report is a lab's state as Status and Up return it.

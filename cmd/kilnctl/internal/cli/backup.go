@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 
 	agelib "filippo.io/age"
 	"github.com/spf13/cobra"
 
+	"github.com/kilnhq/kiln/internal/atomicfile"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 )
@@ -66,41 +66,38 @@ no file behind.`,
 			if err != nil {
 				return a.rpcError("backup", err)
 			}
-			tmp, err := os.CreateTemp(filepath.Dir(file), "."+filepath.Base(file)+".tmp-*")
-			if err != nil {
-				return fmt.Errorf("backup: %w", err)
-			}
-			defer os.Remove(tmp.Name()) // fails harmlessly after the rename
-			defer tmp.Close()
-			if err := tmp.Chmod(0o600); err != nil {
-				return fmt.Errorf("backup: %w", err)
-			}
 			var size int64
 			var last *controllerv1.BackupChunk
-			for {
-				ch, err := stream.Recv()
-				if errors.Is(err, io.EOF) {
-					break
+			// The file appears (mode 0600) only once the whole backup is
+			// on disk; an error of receive is the command's error as it is.
+			var recvErr error
+			receive := func(w io.Writer) error {
+				for {
+					ch, err := stream.Recv()
+					if errors.Is(err, io.EOF) {
+						break
+					}
+					if err != nil {
+						return a.rpcError("backup", err)
+					}
+					if _, err := w.Write(ch.GetData()); err != nil {
+						return fmt.Errorf("backup: write %s: %w", file, err)
+					}
+					size += int64(len(ch.GetData()))
+					last = ch
 				}
-				if err != nil {
-					return a.rpcError("backup", err)
+				if last == nil || last.GetRevision() == 0 {
+					return errdefs.Unavailable("backup: the controller ended the backup before its end: nothing was written; run it again")
 				}
-				if _, err := tmp.Write(ch.GetData()); err != nil {
-					return fmt.Errorf("backup: write %s: %w", file, err)
+				return nil
+			}
+			if err := atomicfile.WriteFunc(file, 0o600, func(w io.Writer) error {
+				recvErr = receive(w)
+				return recvErr
+			}); err != nil {
+				if recvErr != nil {
+					return recvErr
 				}
-				size += int64(len(ch.GetData()))
-				last = ch
-			}
-			if last == nil || last.GetRevision() == 0 {
-				return errdefs.Unavailable("backup: the controller ended the backup before its end: nothing was written; run it again")
-			}
-			if err := tmp.Sync(); err != nil {
-				return fmt.Errorf("backup: write %s: %w", file, err)
-			}
-			if err := tmp.Close(); err != nil {
-				return fmt.Errorf("backup: write %s: %w", file, err)
-			}
-			if err := os.Rename(tmp.Name(), file); err != nil {
 				return fmt.Errorf("backup: %w", err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %d keys at etcd revision %d, %d bytes, encrypted to %d recipient(s)\n",

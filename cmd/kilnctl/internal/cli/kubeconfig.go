@@ -2,11 +2,10 @@ package cli
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 
 	"github.com/spf13/cobra"
 
+	"github.com/kilnhq/kiln/internal/atomicfile"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/errgrpc"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
@@ -51,7 +50,7 @@ standard output.`,
 				_, err := cmd.OutOrStdout().Write(resp.GetKubeconfig())
 				return err
 			}
-			if err := writeFileAtomic(file, resp.GetKubeconfig(), 0o600); err != nil {
+			if err := atomicfile.Write(file, resp.GetKubeconfig(), 0o600); err != nil {
 				return fmt.Errorf("%s: %w", what, err)
 			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "wrote the admin kubeconfig of cluster %s to %s (mode 0600)\n", cluster, file)
@@ -66,35 +65,4 @@ standard output.`,
 // which certificate the kilnconfig holds.
 func (a *app) adminHint() string {
 	return a.certHint("a cluster's kubeconfig needs an admin certificate; ask an admin, or use DATA_DIR/kilnconfig-admin.yaml on the controller")
-}
-
-// writeFileAtomic writes data to a temporary file with mode in path's
-// directory and renames it over path, so path is never seen half written
-// nor, even briefly, with a wider mode.
-func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name()) // fails harmlessly after the rename
-	if err := tmp.Chmod(mode); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
 }

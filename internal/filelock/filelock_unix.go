@@ -1,6 +1,6 @@
 //go:build unix
 
-package bootmedia
+package filelock
 
 import (
 	"context"
@@ -11,15 +11,13 @@ import (
 	"time"
 )
 
-// lockFile takes an exclusive flock on path (created if missing), polling
-// so that ctx can end the wait, and returns the function that releases it.
-// Processes that share a cache directory (parallel test binaries, two
-// builds) serialize on it.
-func lockFile(ctx context.Context, path string) (func(), error) {
+func lock(ctx context.Context, path string) (func(), error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("lock: %w", err)
 	}
+	tick := time.NewTicker(pollInterval)
+	defer tick.Stop()
 	for {
 		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
@@ -33,7 +31,7 @@ func lockFile(ctx context.Context, path string) (func(), error) {
 		case <-ctx.Done():
 			f.Close()
 			return nil, fmt.Errorf("waiting for %s: %w", path, ctx.Err())
-		case <-time.After(200 * time.Millisecond):
+		case <-tick.C:
 		}
 	}
 }
