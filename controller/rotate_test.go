@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"filippo.io/age"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnhq/kiln/controller"
@@ -205,6 +207,13 @@ func TestRotateSecretKey(t *testing.T) {
 	require.NotContains(t, env2.Logs(), pw)
 }
 
+func ageRecipient(t *testing.T) string {
+	t.Helper()
+	id, err := age.GenerateX25519Identity()
+	require.NoError(t, err)
+	return id.Recipient().String()
+}
+
 // TestRotateSecretKeyUnderARunningController rotates the key of a
 // running controller (through its embedded etcd) while it keeps writing
 // secrets: no write is lost, each opens with its latest value, and all
@@ -218,6 +227,14 @@ func TestRotateSecretKeyUnderARunningController(t *testing.T) {
 		require.NoError(t, st.PutSecret(ctx, fmt.Sprintf("load/s%02d", i), []byte("v0")))
 	}
 	keyFile := filepath.Join(env.DataDir, "secret.key")
+
+	// A backup holds one key: it is refused while the rotation is under
+	// way (here prepared), and the rotation then carries on.
+	_, err := controller.RotateSecretKey(ctx, controller.Config{DataDir: env.DataDir}, controller.RotateRequest{Phase: controller.RotatePrepare}, nil)
+	require.NoError(t, err)
+	_, _, err = takeBackup(ctx, t, env, env.AdminConfigPath, ageRecipient(t))
+	require.Equal(t, codes.FailedPrecondition, code(err), "backup during a rotation: %v", err)
+	require.ErrorContains(t, err, "rotate-secret-key")
 
 	// The controller keeps rewriting secrets while the rotation runs.
 	var (
@@ -253,6 +270,8 @@ func TestRotateSecretKeyUnderARunningController(t *testing.T) {
 	t.Logf("rotation under load: %+v, %d secrets rewritten meanwhile", res, len(latest))
 	require.True(t, res.Retired)
 	require.GreaterOrEqual(t, res.Secrets, 51)
+	_, _, err = takeBackup(ctx, t, env, env.AdminConfigPath, ageRecipient(t))
+	require.NoError(t, err, "backup after the rotation")
 
 	// After the rotation the running controller seals under the new key.
 	require.NoError(t, st.PutSecret(ctx, "load/after", []byte("after")))
