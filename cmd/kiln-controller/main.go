@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -58,12 +59,12 @@ func (c *common) config() controller.Config {
 	return cfg
 }
 
-func (c *common) logger() (*slog.Logger, error) {
+func (c *common) logger(w io.Writer) (*slog.Logger, error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.logLevel)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: %w", c.logLevel, err)
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})), nil
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl})), nil
 }
 
 func rootCmd() *cobra.Command {
@@ -100,7 +101,7 @@ func runCmd() *cobra.Command {
 		Use:   "run",
 		Short: "Run the controller",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := c.logger()
+			log, err := c.logger(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -189,7 +190,7 @@ func operatorCertCmd() *cobra.Command {
 		Use:   "operator-cert --role reader|operator|admin --name NAME -o FILE",
 		Short: "Issue an operator certificate and write a kilnconfig for it",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := c.logger()
+			log, err := c.logger(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -236,7 +237,7 @@ refused unless --replace; a data directory whose secret key is another
 controller's is always refused.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := c.logger()
+			log, err := c.logger(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -303,7 +304,7 @@ key, and backups are refused while a rotation is under way. The key never
 appears in the output or the logs; keys are named by an id (a hash prefix).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := c.logger()
+			log, err := c.logger(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
