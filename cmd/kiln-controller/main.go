@@ -323,7 +323,7 @@ appears in the output or the logs; keys are named by an id (a hash prefix).`,
 				return err
 			}
 			if res.Resumed && p == controller.RotateAll {
-				fmt.Fprintln(out, "carried on with an interrupted rotation")
+				fmt.Fprintln(out, "carried on with the rotation already under way (interrupted, or earlier phases); no other key made")
 			}
 			switch p {
 			case controller.RotatePrepare:

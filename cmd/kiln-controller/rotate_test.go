@@ -54,7 +54,7 @@ func TestRotateSecretKeyCommand(t *testing.T) {
 	require.NoError(t, err, logs)
 	all.WriteString(out + logs)
 	t.Logf("output:\n%s", out)
-	require.Contains(t, out, "carried on with an interrupted rotation")
+	require.Contains(t, out, "carried on with the rotation already under way")
 	require.Contains(t, out, "re-sealed bmc/h1")
 	require.Contains(t, out, "2 of 2 secrets re-sealed under key")
 	require.Contains(t, out, "take a new backup")
