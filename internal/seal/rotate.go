@@ -114,7 +114,12 @@ func Prepare(path string) (KeyID, bool, error) {
 	if next, err := optionalKey(NextPath(path)); err != nil || next != nil {
 		return IDOf(next), false, err
 	}
-	key, err := createKey(NextPath(path))
+	cur, err := readKey(path)
+	if err != nil {
+		return KeyID{}, false, err
+	}
+	key, err := createKey(NextPath(path), IDOf(cur))
+	clear(cur)
 	if errors.Is(err, fs.ErrExist) {
 		key, err = readKey(NextPath(path))
 		return IDOf(key), false, err

@@ -27,6 +27,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -75,14 +76,19 @@ type ring struct {
 
 func newRing(current []byte, others ...[]byte) (*ring, error) {
 	r := &ring{aeads: map[KeyID]cipher.AEAD{}}
+	digests := map[KeyID][sha256.Size]byte{}
 	for i, key := range append([][]byte{current}, others...) {
 		if len(key) != KeySize {
 			return nil, errdefs.InvalidArgument("sealing key is %d bytes, want %d", len(key), KeySize)
 		}
-		id := IDOf(key)
-		if _, dup := r.aeads[id]; dup {
+		id, digest := IDOf(key), sha256.Sum256(key)
+		if d, dup := digests[id]; dup {
+			if d != digest {
+				return nil, errdefs.FailedPrecondition("two sealing keys share the id %s: finish or undo the rotation with one of them", id)
+			}
 			continue // The same key twice (a retried rotation step).
 		}
+		digests[id] = digest
 		block, err := aes.NewCipher(key)
 		if err != nil {
 			return nil, fmt.Errorf("sealing key: %w", err)
@@ -297,10 +303,16 @@ func WriteKeyFile(path string, key []byte) error {
 	return err
 }
 
-func createKey(path string) ([]byte, error) {
+func createKey(path string, avoid ...KeyID) ([]byte, error) {
 	key := make([]byte, KeySize)
-	if _, err := rand.Read(key); err != nil {
-		return nil, fmt.Errorf("sealing key %s: random: %w", path, err)
+	for {
+		if _, err := rand.Read(key); err != nil {
+			return nil, fmt.Errorf("sealing key %s: random: %w", path, err)
+		}
+		// A key whose id is another's would be taken for it.
+		if id := IDOf(key); !slices.Contains(avoid, id) {
+			break
+		}
 	}
 	return writeKey(path, key)
 }
