@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -58,12 +59,12 @@ func (c *common) config() controller.Config {
 	return cfg
 }
 
-func (c *common) logger() (*slog.Logger, error) {
+func (c *common) logger(w io.Writer) (*slog.Logger, error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.logLevel)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: %w", c.logLevel, err)
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})), nil
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl})), nil
 }
 
 func rootCmd() *cobra.Command {
@@ -73,7 +74,7 @@ func rootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(runCmd(), operatorCertCmd(), restoreCmd(), versionCmd())
+	root.AddCommand(runCmd(), operatorCertCmd(), restoreCmd(), rotateSecretKeyCmd(), versionCmd())
 	return root
 }
 
@@ -101,7 +102,7 @@ func runCmd() *cobra.Command {
 		Use:   "run",
 		Short: "Run the controller",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := c.logger()
+			log, err := c.logger(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -195,7 +196,7 @@ func operatorCertCmd() *cobra.Command {
 		Use:   "operator-cert --role reader|operator|admin --name NAME -o FILE",
 		Short: "Issue an operator certificate and write a kilnconfig for it",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := c.logger()
+			log, err := c.logger(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -242,7 +243,7 @@ refused unless --replace; a data directory whose secret key is another
 controller's is always refused.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := c.logger()
+			log, err := c.logger(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -271,6 +272,83 @@ controller's is always refused.`,
 	cmd.Flags().BoolVar(&replace, "replace", false, "delete what the store holds first")
 	_ = cmd.MarkFlagRequired("from")
 	_ = cmd.MarkFlagRequired("identity")
+	return cmd
+}
+
+func rotateSecretKeyCmd() *cobra.Command {
+	var (
+		c     common
+		phase string
+	)
+	cmd := &cobra.Command{
+		Use:   "rotate-secret-key [--data-dir DIR | --etcd-endpoints URLS] [--secret-key-file FILE]",
+		Short: "Re-seal every secret at rest under a new secret key and retire the old one",
+		Long: `Rotate the key that seals secrets at rest (BMC passwords, the CA key,
+cluster credentials): make a new key, switch the secret key file to it
+keeping the old one as FILE.prev, re-seal every secret in the store under
+the new key, and remove FILE.prev once nothing is sealed under it.
+
+It works on a stopped controller (it opens the embedded etcd of --data-dir),
+on a running one (through its embedded etcd's client URL, or
+--etcd-endpoints): running controllers that read the same key file seal
+under the new key from the switch on and open both meanwhile. A secret
+written during the rotation is never lost: each is re-sealed in an etcd
+transaction on its revision, retried on a concurrent change.
+
+Every step leaves every secret openable. Interrupted (Ctrl-C, a crash, etcd
+unavailable), run it again: it carries on with the same new key.
+
+Replicas that each keep their own copy of the key file, in this order:
+  1. on one:        kiln-controller rotate-secret-key --phase prepare
+     and copy FILE.next (mode 0600) next to every replica's key file;
+  2. on every one:  kiln-controller rotate-secret-key --phase switch
+  3. on every one:  kiln-controller rotate-secret-key
+     (the first re-seals everything; each removes its FILE.prev).
+
+Take a new backup (kilnctl backup) afterwards: older backups hold the old
+key, and backups are refused while a rotation is under way. The key never
+appears in the output or the logs; keys are named by an id (a hash prefix).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := c.logger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			p, err := controller.ParseRotatePhase(phase)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			out := cmd.OutOrStdout()
+			res, err := controller.RotateSecretKey(ctx, c.config(), controller.RotateRequest{
+				Phase:    p,
+				Progress: func(path string) { fmt.Fprintf(out, "re-sealed %s\n", path) },
+			}, log)
+			if err != nil {
+				return err
+			}
+			if res.Resumed && p == controller.RotateAll {
+				fmt.Fprintln(out, "carried on with the rotation already under way (interrupted, or earlier phases); no other key made")
+			}
+			switch p {
+			case controller.RotatePrepare:
+				made := "kept the existing"
+				if res.Created {
+					made = "wrote a new"
+				}
+				fmt.Fprintf(out, "%s next key %s; copy it next to every replica's key file that is not this one, then run --phase switch on each\n", made, res.New)
+			case controller.RotateSwitch:
+				fmt.Fprintf(out, "switched to key %s (key %s kept to open what is not re-sealed yet); run kiln-controller rotate-secret-key once every replica is switched\n", res.New, res.Old)
+			default:
+				fmt.Fprintf(out, "rotated the secret key: %d of %d secrets re-sealed under key %s (%d retried after a concurrent write); key %s retired\ntake a new backup: older ones hold the old key\n",
+					res.Resealed, res.Secrets, res.New, res.Conflicts, res.Old)
+			}
+			return nil
+		},
+	}
+	c.bind(cmd)
+	cmd.Flags().StringVar(&phase, "phase", "all", "all (the whole rotation), prepare (write FILE.next only) or switch (switch the key file to FILE.next only; no etcd)")
 	return cmd
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/kilnhq/kiln/controller/backup"
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/errgrpc"
 	"github.com/kilnhq/kiln/internal/seal"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
@@ -33,6 +34,13 @@ func (s *maintenanceServer) Backup(req *controllerv1.BackupRequest, stream contr
 	recipients, err := backup.ParseRecipients(req.GetRecipients())
 	if err != nil {
 		return errgrpc.ToGRPC(err)
+	}
+	// A backup holds one key: mid-rotation some secrets are sealed under
+	// another, which a restore would not open.
+	if st, err := seal.ReadRotation(s.keyFile); err != nil {
+		return errgrpc.ToGRPC(err)
+	} else if st != seal.Idle {
+		return errgrpc.ToGRPC(errdefs.FailedPrecondition("backup: a secret key rotation is under way (%s): finish it with kiln-controller rotate-secret-key, then take the backup", st))
 	}
 	key, err := seal.ReadKeyFile(s.keyFile)
 	if err != nil {
