@@ -96,6 +96,7 @@ func runCmd() *cobra.Command {
 	)
 	var expectedBoot time.Duration
 	var exec execFlags
+	var stepTimeouts stepTimeoutFlags
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the controller",
@@ -120,6 +121,9 @@ func runCmd() *cobra.Command {
 			cfg.Simulate = simulate
 			boot.apply(&cfg)
 			exec.apply(&cfg)
+			if err := stepTimeouts.apply(&cfg); err != nil {
+				return err
+			}
 			if err := security.apply(&cfg); err != nil {
 				return err
 			}
@@ -158,6 +162,7 @@ func runCmd() *cobra.Command {
 	cmd.Flags().StringVar(&ctlURL, "controller-url", "", "URL installed and boot agents reach the API at (default https://<listen address>)")
 	boot.bind(cmd)
 	exec.bind(cmd)
+	stepTimeouts.bind(cmd)
 	security.bind(cmd)
 	cmd.Flags().IntVar(&simulate, "simulate", 0, "create N simulated hosts with simulated BMCs and agents and provision them (demo)")
 	return cmd
