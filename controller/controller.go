@@ -131,6 +131,10 @@ type Config struct {
 	// its boot agent's check-in; past it the host carries
 	// BootAgentCheckedIn=False (hostlife.DefaultExpectedBoot when 0).
 	ExpectedBootTime time.Duration
+	// StepTimeouts bounds host lifecycle steps, replacing their defaults
+	// (hostlife.DefaultTimeouts; `kiln-controller run --step-timeout
+	// STEP=DURATION`); steps not named keep theirs.
+	StepTimeouts map[hostlife.Step]time.Duration
 	// BootURL is the boot server's public URL; the agent ISO of host H is
 	// BootURL/boot/iso/H.iso (bootserver.ISOURL).
 	BootURL string
@@ -252,6 +256,20 @@ func New(cfg Config, log *slog.Logger) (*Controller, error) {
 	}
 	if _, _, err := net.SplitHostPort(cfg.ListenAddr); err != nil {
 		return nil, errdefs.InvalidArgument("controller: listen address %q: %v", cfg.ListenAddr, err)
+	}
+	if len(cfg.StepTimeouts) > 0 {
+		timeouts := make(map[hostlife.Step]time.Duration, len(cfg.StepTimeouts))
+		for step, d := range cfg.StepTimeouts {
+			s, err := hostlife.ParseStep(string(step))
+			if err != nil {
+				return nil, fmt.Errorf("controller: step timeouts: %w", err)
+			}
+			if d <= 0 {
+				return nil, errdefs.InvalidArgument("controller: step timeout of %s: %s is not positive", s, d)
+			}
+			timeouts[s] = d
+		}
+		cfg.StepTimeouts = timeouts
 	}
 	if cfg.BootTokenTTL <= 0 {
 		cfg.BootTokenTTL = DefaultBootTokenTTL
@@ -540,7 +558,7 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 	cfg := provision.Config{
 		Clock:  c.cfg.Clock,
 		ISOURL: func(h string) string { return bootserver.ISOURL(c.cfg.BootURL, h) },
-		Plan:   hostlife.Config{ExpectedBoot: c.cfg.ExpectedBootTime},
+		Plan:   hostlife.Config{ExpectedBoot: c.cfg.ExpectedBootTime, Timeouts: c.cfg.StepTimeouts},
 	}
 	deps := provision.Deps{Store: st, Recorder: rec}
 	if c.metrics != nil {

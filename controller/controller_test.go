@@ -23,8 +23,10 @@ import (
 
 	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
+	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/kilnconfig"
 	"github.com/kilnhq/kiln/internal/pki"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
@@ -615,4 +617,17 @@ func TestServerCertificateRenewedBeforeExpiry(t *testing.T) {
 	if !second.NotAfter.After(first.NotAfter) {
 		t.Errorf("renewed certificate expires %v, not after the old %v", second.NotAfter, first.NotAfter)
 	}
+}
+
+// TestStepTimeoutsChecked: New refuses a step timeout for a step that does
+// not exist (naming the steps) or one that is not positive, and takes a
+// step name in any case.
+func TestStepTimeoutsChecked(t *testing.T) {
+	_, err := controller.New(controller.Config{DataDir: t.TempDir(), StepTimeouts: map[hostlife.Step]time.Duration{"Lay": time.Minute}}, nil)
+	require.True(t, errdefs.IsInvalidArgument(err), "%v", err)
+	require.ErrorContains(t, err, "LayImage")
+	_, err = controller.New(controller.Config{DataDir: t.TempDir(), StepTimeouts: map[hostlife.Step]time.Duration{hostlife.StepLayImage: 0}}, nil)
+	require.True(t, errdefs.IsInvalidArgument(err), "%v", err)
+	_, err = controller.New(controller.Config{DataDir: t.TempDir(), StepTimeouts: map[hostlife.Step]time.Duration{"layimage": time.Minute}}, nil)
+	require.NoError(t, err)
 }

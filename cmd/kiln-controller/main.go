@@ -98,6 +98,7 @@ func runCmd() *cobra.Command {
 	)
 	var expectedBoot time.Duration
 	var exec execFlags
+	var stepTimeouts stepTimeoutFlags
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the controller",
@@ -123,6 +124,9 @@ func runCmd() *cobra.Command {
 			cfg.MetricsListenAddr = metricsAddr
 			boot.apply(&cfg)
 			exec.apply(&cfg)
+			if err := stepTimeouts.apply(&cfg); err != nil {
+				return err
+			}
 			if err := security.apply(&cfg); err != nil {
 				return err
 			}
@@ -165,6 +169,7 @@ func runCmd() *cobra.Command {
 	cmd.Flags().StringVar(&ctlURL, "controller-url", "", "URL installed and boot agents reach the API at (default https://<listen address>)")
 	boot.bind(cmd)
 	exec.bind(cmd)
+	stepTimeouts.bind(cmd)
 	security.bind(cmd)
 	cmd.Flags().IntVar(&simulate, "simulate", 0, "create N simulated hosts with simulated BMCs and agents and provision them (demo)")
 	return cmd

@@ -17,7 +17,10 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	"github.com/kilnhq/kiln/controller"
+	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/controller/limits"
+	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/kilnconfig"
 	"github.com/kilnhq/kiln/internal/testenv"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
@@ -204,5 +207,48 @@ func TestParseRate(t *testing.T) {
 		if (err != nil) != tt.wantErr || (!tt.wantErr && got != tt.want) {
 			t.Errorf("parseRate(%q) = %v, %v, want %v (error %v)", tt.in, got, err, tt.want, tt.wantErr)
 		}
+	}
+}
+
+// TestStepTimeoutFlag: --step-timeout STEP=DURATION, repeatable, step
+// names in any case, reaches controller.Config.StepTimeouts; a bad step
+// (the error lists the steps), a bad or non-positive duration, a missing
+// "=" and a step named twice are refused.
+func TestStepTimeoutFlag(t *testing.T) {
+	tests := []struct {
+		args    []string
+		want    map[hostlife.Step]time.Duration
+		wantErr []string
+	}{
+		{args: nil, want: nil},
+		{args: []string{"--step-timeout", "LayImage=1m"}, want: map[hostlife.Step]time.Duration{hostlife.StepLayImage: time.Minute}},
+		{args: []string{"--step-timeout", "layimage=45m", "--step-timeout=WAITBOOTAGENT=1h30m"},
+			want: map[hostlife.Step]time.Duration{hostlife.StepLayImage: 45 * time.Minute, hostlife.StepWaitBootAgent: 90 * time.Minute}},
+		{args: []string{"--step-timeout", "Lay=1m"}, wantErr: []string{`unknown step "Lay"`, "CheckBMC", "LayImage", "WaitInstalledAgent", "PowerOffWiped"}},
+		{args: []string{"--step-timeout", "LayImage=soon"}, wantErr: []string{"positive duration"}},
+		{args: []string{"--step-timeout", "LayImage=0s"}, wantErr: []string{"positive duration"}},
+		{args: []string{"--step-timeout", "LayImage=-1m"}, wantErr: []string{"positive duration"}},
+		{args: []string{"--step-timeout", "LayImage"}, wantErr: []string{"STEP=DURATION"}},
+		{args: []string{"--step-timeout", "LayImage=1m", "--step-timeout", "layimage=2m"}, wantErr: []string{"LayImage is given twice"}},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			cmd := runCmd()
+			require.NoError(t, cmd.ParseFlags(tt.args))
+			vals, err := cmd.Flags().GetStringArray("step-timeout")
+			require.NoError(t, err)
+			var cfg controller.Config
+			err = (&stepTimeoutFlags{vals: vals}).apply(&cfg)
+			if tt.wantErr != nil {
+				require.Error(t, err)
+				require.True(t, errdefs.IsInvalidArgument(err), "%v", err)
+				for _, w := range tt.wantErr {
+					require.Contains(t, err.Error(), w)
+				}
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tt.want, cfg.StepTimeouts)
+		})
 	}
 }

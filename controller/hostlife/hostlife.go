@@ -32,6 +32,7 @@ import (
 	"github.com/kilnhq/kiln/internal/backoff"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/diskhint"
+	"github.com/kilnhq/kiln/internal/errdefs"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -53,6 +54,29 @@ const (
 	StepWipe           Step = "Wipe"
 	StepPowerOffWiped  Step = "PowerOffWiped"
 )
+
+// allSteps lists every Step, in lifecycle order.
+var allSteps = []Step{StepCheckBMC, StepPowerOff, StepBootAgentMedia, StepPowerOn, StepWaitBootAgent,
+	StepLayImage, StepWriteIdentity, StepBootDisk, StepWaitInstalled, StepWipe, StepPowerOffWiped}
+
+// Steps returns every Step, in lifecycle order (a fresh slice).
+func Steps() []Step { return append([]Step(nil), allSteps...) }
+
+// ParseStep returns the Step named s, ignoring case ("layimage" is
+// StepLayImage); an unknown name is an InvalidArgument error listing the
+// steps.
+func ParseStep(s string) (Step, error) {
+	for _, st := range allSteps {
+		if strings.EqualFold(s, string(st)) {
+			return st, nil
+		}
+	}
+	names := make([]string, len(allSteps))
+	for i, st := range allSteps {
+		names[i] = string(st)
+	}
+	return "", errdefs.InvalidArgument("unknown step %q: steps are %s", s, strings.Join(names, ", "))
+}
 
 // ActionKind is the closed set of things Plan asks the executor to do.
 type ActionKind string
@@ -251,7 +275,8 @@ type Observed struct {
 type Config struct {
 	// Timeouts bounds each step, measured from its start (for the waits:
 	// from the power on or reboot that started the boot). Missing steps
-	// get DefaultTimeouts, then DefaultTimeout.
+	// get DefaultTimeouts(), then DefaultTimeout. kiln-controller run
+	// sets them with --step-timeout STEP=DURATION.
 	Timeouts       map[Step]time.Duration
 	DefaultTimeout time.Duration
 	// Backoff spaces retries of failed steps.
@@ -276,12 +301,21 @@ const (
 	DefaultPollInterval = 10 * time.Second
 	// DefaultExpectedBoot allows for slow firmware (servers with much
 	// memory take minutes to POST) before a missing boot agent is called
-	// out; the step itself waits DefaultTimeouts[StepWaitBootAgent].
+	// out; the step itself waits DefaultTimeouts()[StepWaitBootAgent].
 	DefaultExpectedBoot = 5 * time.Minute
 )
 
-// DefaultTimeouts are the step timeouts of a real rack.
-var DefaultTimeouts = map[Step]time.Duration{
+// DefaultTimeouts returns the step timeouts of a real rack (a fresh map:
+// changing it changes nothing; set Config.Timeouts instead).
+func DefaultTimeouts() map[Step]time.Duration {
+	m := make(map[Step]time.Duration, len(defaultTimeouts))
+	for s, d := range defaultTimeouts {
+		m[s] = d
+	}
+	return m
+}
+
+var defaultTimeouts = map[Step]time.Duration{
 	StepCheckBMC:       2 * time.Minute,
 	StepPowerOff:       3 * time.Minute,
 	StepBootAgentMedia: 3 * time.Minute,
@@ -318,7 +352,7 @@ func (c Config) timeout(s Step) time.Duration {
 	if d, ok := c.Timeouts[s]; ok && d > 0 {
 		return d
 	}
-	if d, ok := DefaultTimeouts[s]; ok {
+	if d, ok := defaultTimeouts[s]; ok {
 		return d
 	}
 	return c.DefaultTimeout
@@ -343,6 +377,37 @@ type Event struct {
 	Message string
 }
 
+// Next says when to plan the host again, once Status is stored (and
+// Actions, if any, have run).
+type Next int
+
+// When to plan again.
+const (
+	// NextOnChange: only when something changes (a watch event: a
+	// heartbeat, an apply). The host rests: Provisioned, Available with
+	// nothing wanted, Error.
+	NextOnChange Next = iota
+	// NextAfter: after Output.RequeueAfter, or sooner on a change (a wait
+	// step polls, a failed step waits out its backoff).
+	NextAfter
+	// NextNow: at once. Without Actions: the stored status is what the
+	// next Plan decides on (a wait step found done as it started). With
+	// Actions: with their Result as soon as they end.
+	NextNow
+)
+
+func (n Next) String() string {
+	switch n {
+	case NextOnChange:
+		return "on-change"
+	case NextAfter:
+		return "after"
+	case NextNow:
+		return "now"
+	}
+	return fmt.Sprintf("Next(%d)", int(n))
+}
+
 // Output is Plan's decision.
 type Output struct {
 	// Status is the host's new status (a copy; the input is not changed).
@@ -350,10 +415,14 @@ type Output struct {
 	// Changed is true when Status differs from the stored one and must be
 	// written before Actions run.
 	Changed bool
-	// Actions are to run in order, after Status is stored.
-	Actions []Action
-	// RequeueAfter asks to plan again after this long; 0 means only when
-	// something changes (a watch event or a result).
+	// Actions are to run in order, after Status is stored, within
+	// Deadline (what is left of the step's timeout); then Plan is called
+	// again with their Result (Next is NextNow).
+	Actions  []Action
+	Deadline time.Duration
+	// Next is when to plan again; RequeueAfter is the delay of NextAfter
+	// (0 otherwise).
+	Next         Next
 	RequeueAfter time.Duration
 	Events       []Event
 	// Finished are the operations (steps) this plan ended, for metrics:
@@ -377,6 +446,56 @@ const (
 	OutcomeTimeout = "timeout"
 )
 
+// result is what a handler decided. The set is closed (the unexported
+// method): actionContinue, actionUpdate, actionRun, actionComplete and
+// actionFailed, after the action results of Metal3's baremetal-operator.
+// Plan turns it into Output.Next, RequeueAfter, Actions and Deadline.
+type result interface {
+	apply(out *Output)
+}
+
+// actionContinue: nothing to run now; look again after delay (a wait
+// step's poll, a backoff), or sooner on a change.
+type actionContinue struct{ delay time.Duration }
+
+func (r actionContinue) apply(out *Output) {
+	if r.delay <= 0 {
+		out.Next = NextNow // the moment already came
+		return
+	}
+	out.Next, out.RequeueAfter = NextAfter, r.delay
+}
+
+// actionUpdate: the status changed in a way the next Plan decides on
+// (a wait step already satisfied, or failed, as it starts): store it and
+// plan again at once.
+type actionUpdate struct{}
+
+func (actionUpdate) apply(out *Output) { out.Next = NextNow }
+
+// actionRun: store the status, run actions within deadline, and plan again
+// with their Result.
+type actionRun struct {
+	actions  []Action
+	deadline time.Duration
+}
+
+func (r actionRun) apply(out *Output) {
+	out.Actions, out.Deadline, out.Next = r.actions, r.deadline, NextNow
+}
+
+// actionComplete: the host rests in its state (Provisioned, Available
+// with nothing wanted) until something changes.
+type actionComplete struct{}
+
+func (actionComplete) apply(out *Output) { out.Next = NextOnChange }
+
+// actionFailed: the host is in Error for reason (the status says why)
+// until its spec changes or its image is no longer wanted.
+type actionFailed struct{ reason string }
+
+func (actionFailed) apply(out *Output) { out.Next = NextOnChange }
+
 // BYOH reports whether h has no BMC (protocol "none" or empty): such
 // hosts skip power and imaging.
 func BYOH(h *typesv1.Host) bool {
@@ -395,8 +514,9 @@ func Plan(in Input) Output {
 	if c := in.Observed.BMCCondition; c != nil && !BYOH(in.Host) {
 		p.st.Conditions, _ = conditions.Set(p.st.Conditions, proto.Clone(c).(*typesv1.Condition), in.Now)
 	}
-	p.run()
-	out := p.out
+	r := p.run()
+	out := p.out // the events
+	r.apply(&out)
 	out.Status = p.st
 	out.Changed = !proto.Equal(p.st, in.Host.GetStatus())
 	return out
@@ -410,9 +530,10 @@ type planner struct {
 	out  Output
 }
 
-// handler decides for one state; it returns a closed set of outcomes
-// through the planner's methods (wait, start, complete, fail).
-type handler func(p *planner)
+// handler decides for one state and returns what it decided (a result:
+// a closed set). Handlers change p.st and add events; they never touch
+// p.out's decision fields.
+type handler func(p *planner) result
 
 // handlers is the lifecycle: one handler per state.
 var handlers = map[typesv1.HostState]handler{
@@ -427,13 +548,12 @@ var handlers = map[typesv1.HostState]handler{
 	typesv1.HostState_HOST_STATE_ERROR:          (*planner).errored,
 }
 
-func (p *planner) run() {
+func (p *planner) run() result {
 	h, ok := handlers[p.st.GetState()]
 	if !ok {
-		p.fail("UnknownState", fmt.Sprintf("unknown state %v", p.st.GetState()))
-		return
+		return p.fail("UnknownState", fmt.Sprintf("unknown state %v", p.st.GetState()))
 	}
-	h(p)
+	return h(p)
 }
 
 // StateName is the short name of a state ("Provisioning").
@@ -449,8 +569,9 @@ func StateName(s typesv1.HostState) string {
 func (p *planner) wantsImage() bool { return p.in.Desired.Image != nil || p.in.Desired.Blocked != nil }
 
 // imageBlocked reports whether the wanted image cannot be used now: it
-// sets ImageResolved False with why and looks again later. Otherwise a
-// False ImageResolved left from before becomes True.
+// sets ImageResolved False with why (the caller looks again after
+// PollInterval). Otherwise a False ImageResolved left from before becomes
+// True.
 func (p *planner) imageBlocked() bool {
 	b := p.in.Desired.Blocked
 	if b == nil {
@@ -466,86 +587,87 @@ func (p *planner) imageBlocked() bool {
 	if changed {
 		p.event("Warning", b.Reason, b.Message)
 	}
-	p.wait(p.in.Config.PollInterval)
 	return true
 }
 
-func (p *planner) registering() {
+func (p *planner) registering() result {
 	if p.st.GetState() == typesv1.HostState_HOST_STATE_UNSPECIFIED {
 		p.transition(typesv1.HostState_HOST_STATE_REGISTERING, "host registered")
 	}
 	if BYOH(p.in.Host) {
 		p.transition(typesv1.HostState_HOST_STATE_INSPECTING, "host without a BMC: waiting for its agent")
-		p.inspecting()
-		return
+		return p.inspecting()
 	}
-	p.sequence([]stepDef{{name: StepCheckBMC, actions: func() []Action { return []Action{{Kind: ActCheckBMC}} }}},
+	r := p.sequence([]stepDef{{name: StepCheckBMC, actions: func() []Action { return []Action{{Kind: ActCheckBMC}} }}},
 		typesv1.HostState_HOST_STATE_INSPECTING, "bmc answers")
 	if p.st.GetState() == typesv1.HostState_HOST_STATE_INSPECTING {
-		p.inspecting()
+		return p.inspecting()
 	}
+	return r
 }
 
-func (p *planner) inspecting() {
+func (p *planner) inspecting() result {
 	if BYOH(p.in.Host) && p.st.GetAgent().GetLastHeartbeat() == nil {
-		p.wait(p.in.Config.PollInterval)
-		return
+		return p.wait(p.in.Config.PollInterval)
 	}
 	p.transition(typesv1.HostState_HOST_STATE_AVAILABLE, "host is available")
-	p.available()
+	return p.available()
 }
 
-func (p *planner) available() {
-	if !p.wantsImage() || p.imageBlocked() {
-		return
+func (p *planner) available() result {
+	if !p.wantsImage() {
+		return actionComplete{}
+	}
+	if p.imageBlocked() {
+		return p.wait(p.in.Config.PollInterval)
 	}
 	p.st.Image = p.in.Desired.ImageName
 	p.transition(typesv1.HostState_HOST_STATE_PROVISIONING,
 		fmt.Sprintf("provisioning image %s for machine %s", p.in.Desired.ImageName, p.in.Desired.Machine))
-	p.provisioning()
+	return p.provisioning()
 }
 
-func (p *planner) provisioning() {
+func (p *planner) provisioning() result {
 	if !p.wantsImage() || p.in.Desired.ImageName != p.st.GetImage() {
 		p.transition(typesv1.HostState_HOST_STATE_DEPROVISIONING, "image no longer wanted: deprovisioning")
-		p.deprovisioning()
-		return
+		return p.deprovisioning()
 	}
 	if p.imageBlocked() {
-		return
+		return p.wait(p.in.Config.PollInterval)
 	}
-	p.sequence(p.provisionSteps(), typesv1.HostState_HOST_STATE_PROVISIONED, "installed agent checked in")
+	r := p.sequence(p.provisionSteps(), typesv1.HostState_HOST_STATE_PROVISIONED, "installed agent checked in")
 	if p.st.GetState() == typesv1.HostState_HOST_STATE_PROVISIONED {
 		p.setProvisioned(conditions.True, ReasonDone, fmt.Sprintf("image %s laid and booted", p.st.GetImage()))
 	}
+	return r
 }
 
-func (p *planner) provisioned() {
+func (p *planner) provisioned() result {
 	if !p.wantsImage() || p.in.Desired.ImageName != p.st.GetImage() {
 		p.transition(typesv1.HostState_HOST_STATE_DEPROVISIONING, "image no longer wanted: deprovisioning")
 		p.setProvisioned(conditions.False, ReasonNotWanted, "deprovisioning")
-		p.deprovisioning()
+		return p.deprovisioning()
 	}
+	return actionComplete{}
 }
 
-func (p *planner) deprovisioning() {
+func (p *planner) deprovisioning() result {
 	if BYOH(p.in.Host) {
 		p.transition(typesv1.HostState_HOST_STATE_WIPING, "host without a BMC: nothing to boot")
-		p.wiping()
-		return
+		return p.wiping()
 	}
-	p.sequence(p.bootAgentSteps(), typesv1.HostState_HOST_STATE_WIPING, "boot agent checked in")
+	r := p.sequence(p.bootAgentSteps(), typesv1.HostState_HOST_STATE_WIPING, "boot agent checked in")
 	if p.st.GetState() == typesv1.HostState_HOST_STATE_WIPING {
-		p.wiping()
+		return p.wiping()
 	}
+	return r
 }
 
-func (p *planner) wiping() {
+func (p *planner) wiping() result {
 	if BYOH(p.in.Host) {
 		p.st.Image = ""
 		p.transition(typesv1.HostState_HOST_STATE_AVAILABLE, "host without a BMC: kubeadm reset belongs to the cluster")
-		p.available()
-		return
+		return p.available()
 	}
 	steps := []stepDef{
 		{name: StepWipe, actions: func() []Action {
@@ -553,28 +675,29 @@ func (p *planner) wiping() {
 		}},
 		{name: StepPowerOffWiped, actions: func() []Action { return []Action{{Kind: ActPowerOff}} }},
 	}
-	p.sequence(steps, typesv1.HostState_HOST_STATE_AVAILABLE, "disk wiped, host powered off")
+	r := p.sequence(steps, typesv1.HostState_HOST_STATE_AVAILABLE, "disk wiped, host powered off")
 	if p.st.GetState() == typesv1.HostState_HOST_STATE_AVAILABLE {
 		p.st.Image = ""
-		p.available()
+		return p.available()
 	}
+	return r
 }
 
 // errored stays in Error until the image is no longer wanted, which
 // deprovisions and wipes the host.
-func (p *planner) errored() {
+func (p *planner) errored() result {
 	if g := p.in.Host.GetMetadata().GetGeneration(); p.st.GetErrorGeneration() > 0 && g > p.st.GetErrorGeneration() {
 		p.st.ErrorGeneration = 0
 		p.st.LastError = ""
 		p.transition(typesv1.HostState_HOST_STATE_REGISTERING, fmt.Sprintf("host spec changed since the error (generation %d): trying again from registration", g))
-		p.registering()
-		return
+		return p.registering()
 	}
 	if !p.wantsImage() {
 		p.st.ErrorReason = ""
 		p.transition(typesv1.HostState_HOST_STATE_DEPROVISIONING, "image no longer wanted: leaving Error to deprovision")
-		p.deprovisioning()
+		return p.deprovisioning()
 	}
+	return actionFailed{reason: p.st.GetErrorReason()}
 }
 
 // target is the one-string root-disk hint actions carry: the spec's, or
@@ -712,8 +835,9 @@ type stepDef struct {
 }
 
 // sequence drives the state's steps; when the last one succeeds the host
-// moves to done.
-func (p *planner) sequence(steps []stepDef, done typesv1.HostState, doneMsg string) {
+// moves to done (and the result is actionComplete: the caller goes on in
+// done's handler).
+func (p *planner) sequence(steps []stepDef, done typesv1.HostState, doneMsg string) result {
 	idx := -1
 	for i, s := range steps {
 		if string(s.name) == p.st.GetProvisioningStep() {
@@ -722,29 +846,26 @@ func (p *planner) sequence(steps []stepDef, done typesv1.HostState, doneMsg stri
 	}
 	op := p.st.GetLastOperation()
 	if idx < 0 || op.GetKind() != string(steps[idx].name) {
-		p.start(steps, 0, 0, time.Time{})
-		return
+		return p.start(steps, 0, 0, time.Time{})
 	}
 	step := steps[idx]
 	if r := p.in.Observed.Result; r != nil && r.OperationID == op.GetId() && op.GetState() == OpRunning {
-		p.record(op, r)
-		if p.st.GetState() == typesv1.HostState_HOST_STATE_ERROR {
-			return
+		if failed, ok := p.record(op, r); ok {
+			return failed
 		}
 	}
 	switch op.GetState() {
 	case OpSucceeded:
-		p.advance(steps, idx, done, doneMsg)
+		return p.advance(steps, idx, done, doneMsg)
 	case OpFailed:
 		if op.GetRetryAfter() != nil && p.in.Now.Before(op.GetRetryAfter().AsTime()) {
-			p.wait(op.GetRetryAfter().AsTime().Sub(p.in.Now))
-			return
+			return p.wait(op.GetRetryAfter().AsTime().Sub(p.in.Now))
 		}
 		from := idx
-		if op.GetMessage() == msgTimedOut && step.retryFrom != "" {
+		if isTimedOut(op) && step.retryFrom != "" {
 			from = indexOf(steps, step.retryFrom)
 		}
-		p.start(steps, from, op.GetAttempt(), time.Time{})
+		return p.start(steps, from, op.GetAttempt(), time.Time{})
 	default: // Running
 		timeout := p.in.Config.timeout(step.name)
 		elapsed := p.in.Now.Sub(op.GetStarted().AsTime())
@@ -753,13 +874,13 @@ func (p *planner) sequence(steps []stepDef, done typesv1.HostState, doneMsg stri
 			switch {
 			case mismatch != "":
 				p.failOp(op, ReasonBootSource, mismatch)
-				p.fail(ReasonBootSource, fmt.Sprintf("%s: %s", step.name, mismatch))
+				return p.fail(ReasonBootSource, fmt.Sprintf("%s: %s", step.name, mismatch))
 			case ok:
 				p.bootAgentArrived(step)
 				p.succeed(op)
-				p.advance(steps, idx, done, doneMsg)
+				return p.advance(steps, idx, done, doneMsg)
 			case elapsed >= timeout:
-				p.timedOut(op, step, timeout)
+				return p.timedOut(op, step, timeout)
 			default:
 				next := min(p.in.Config.PollInterval, timeout-elapsed)
 				if step.name == StepWaitBootAgent {
@@ -769,22 +890,18 @@ func (p *planner) sequence(steps []stepDef, done typesv1.HostState, doneMsg stri
 						p.bootAgentMissing(timeout)
 					}
 				}
-				p.wait(next)
+				return p.wait(next)
 			}
-			return
 		}
 		if elapsed >= timeout {
-			p.timedOut(op, step, timeout)
-			return
+			return p.timedOut(op, step, timeout)
 		}
 		if ra := op.GetRetryAfter(); ra != nil && p.in.Now.Before(ra.AsTime()) {
-			p.wait(min(ra.AsTime().Sub(p.in.Now), timeout-elapsed))
-			return
+			return p.wait(min(ra.AsTime().Sub(p.in.Now), timeout-elapsed))
 		}
 		// Running without a result: the executor that started it is gone
 		// (a restart). The actions are idempotent: run them again.
-		p.out.Actions = step.actions()
-		p.out.RequeueAfter = timeout - elapsed
+		return actionRun{actions: step.actions(), deadline: timeout - elapsed}
 	}
 }
 
@@ -799,7 +916,7 @@ func indexOf(steps []stepDef, s Step) int {
 
 // start writes step i of steps ahead as a Running operation and asks for
 // its actions. A wait step inherits started from the step before it.
-func (p *planner) start(steps []stepDef, i int, attempt int32, started time.Time) {
+func (p *planner) start(steps []stepDef, i int, attempt int32, started time.Time) result {
 	s := steps[i]
 	if started.IsZero() {
 		started = p.in.Now
@@ -817,26 +934,23 @@ func (p *planner) start(steps []stepDef, i int, attempt int32, started time.Time
 		p.setProvisioned(conditions.False, ReasonInProgress, "step "+string(s.name))
 	}
 	if s.wait != nil {
-		p.sequenceWait(s)
-		return
+		return p.sequenceWait(s)
 	}
-	p.out.Actions = s.actions()
-	p.out.RequeueAfter = p.in.Config.timeout(s.name)
+	return actionRun{actions: s.actions(), deadline: p.in.Config.timeout(s.name)}
 }
 
 // sequenceWait evaluates a freshly started wait step once.
-func (p *planner) sequenceWait(s stepDef) {
+func (p *planner) sequenceWait(s stepDef) result {
 	ok, mismatch := s.wait()
 	if mismatch != "" || ok {
 		// Decided on the next Plan call, with the step stored.
-		p.out.RequeueAfter = time.Nanosecond
-		return
+		return actionUpdate{}
 	}
-	p.wait(min(p.in.Config.PollInterval, p.in.Config.timeout(s.name)))
+	return p.wait(min(p.in.Config.PollInterval, p.in.Config.timeout(s.name)))
 }
 
 // advance moves past step idx: to the next step, or to done.
-func (p *planner) advance(steps []stepDef, idx int, done typesv1.HostState, doneMsg string) {
+func (p *planner) advance(steps []stepDef, idx int, done typesv1.HostState, doneMsg string) result {
 	op := p.st.GetLastOperation()
 	switch Step(op.GetKind()) {
 	case StepPowerOff, StepPowerOffWiped:
@@ -855,48 +969,58 @@ func (p *planner) advance(steps []stepDef, idx int, done typesv1.HostState, done
 		if steps[idx+1].wait != nil {
 			started = op.GetStarted().AsTime()
 		}
-		p.start(steps, idx+1, op.GetAttempt(), started)
-		return
+		return p.start(steps, idx+1, op.GetAttempt(), started)
 	}
 	p.st.ProvisioningStep = ""
 	p.st.LastError = ""
 	p.transition(done, doneMsg)
+	return actionComplete{}
 }
 
-// record folds an executor result into the running operation.
-func (p *planner) record(op *typesv1.OperationStatus, r *Result) {
+// record folds an executor result into the running operation. It returns
+// actionFailed and true when that put the host in Error; otherwise the
+// caller decides from the operation as recorded.
+func (p *planner) record(op *typesv1.OperationStatus, r *Result) (actionFailed, bool) {
 	if r.Err == "" {
 		p.succeed(op)
-		return
+		return actionFailed{}, false
 	}
 	switch r.Failure {
 	case FailPermanent:
 		p.failOp(op, ReasonStepFailed, r.Err)
-		p.fail(ReasonStepFailed, fmt.Sprintf("%s: %s", op.GetKind(), r.Err))
+		return p.fail(ReasonStepFailed, fmt.Sprintf("%s: %s", op.GetKind(), r.Err)), true
 	case FailTransient:
 		p.failOp(op, ReasonTransient, r.Err)
 		op.RetryAfter = timestamppb.New(p.in.Now.Add(p.delay(max(r.Consecutive-1, 0))))
 	case FailUnreachable:
 		op.Error = r.Err
+		op.Reason = ReasonUnreachable
 		p.st.LastError = fmt.Sprintf("%s: %s", op.GetKind(), r.Err)
 		p.event("Warning", ReasonUnreachable, p.st.LastError)
 		op.RetryAfter = timestamppb.New(p.in.Now.Add(p.delay(max(r.Consecutive-1, 0))))
 	default:
 		p.failOp(op, ReasonStepFailed, r.Err)
-		p.countAttempt(op)
+		if failed, ok := p.countAttempt(op).(actionFailed); ok {
+			return failed, true
+		}
 	}
+	return actionFailed{}, false
 }
 
 func (p *planner) succeed(op *typesv1.OperationStatus) {
 	op.State = OpSucceeded
 	op.Error = ""
+	op.Reason = ""
 	op.RetryAfter = nil
 	op.Finished = timestamppb.New(p.in.Now)
 	p.finished(op, OutcomeSuccess)
 }
 
+// failOp ends op as Failed with reason (stored in op.reason: what the
+// retry decision reads) and msg.
 func (p *planner) failOp(op *typesv1.OperationStatus, reason, msg string) {
 	op.State = OpFailed
+	op.Reason = reason
 	op.Error = msg
 	op.Finished = timestamppb.New(p.in.Now)
 	outcome := OutcomeFailure
@@ -913,15 +1037,14 @@ func (p *planner) failOp(op *typesv1.OperationStatus, reason, msg string) {
 
 // countAttempt counts a failure against MaxAttempts: Error once reached,
 // else a backoff before the next try.
-func (p *planner) countAttempt(op *typesv1.OperationStatus) {
+func (p *planner) countAttempt(op *typesv1.OperationStatus) result {
 	op.Attempt++
 	if int(op.Attempt) >= p.in.Config.MaxAttempts {
-		p.fail(ReasonTooManyTries, fmt.Sprintf("%s failed %d times, last: %s", op.GetKind(), op.Attempt, op.GetError()))
-		return
+		return p.fail(ReasonTooManyTries, fmt.Sprintf("%s failed %d times, last: %s", op.GetKind(), op.Attempt, op.GetError()))
 	}
 	d := p.delay(int(op.Attempt) - 1)
 	op.RetryAfter = timestamppb.New(p.in.Now.Add(d))
-	p.wait(d)
+	return p.wait(d)
 }
 
 // bootAgentMissing sets BootAgentCheckedIn=False: the boot agent has not
@@ -966,10 +1089,21 @@ func (p *planner) bootAgentArrived(s stepDef) {
 			p.in.Now.Sub(p.st.GetLastOperation().GetStarted().AsTime()).Round(time.Second))), p.in.Now)
 }
 
-// msgTimedOut marks an operation that failed by timing out.
-const msgTimedOut = "timed out"
+// legacyMsgTimedOut is how controllers before operation.reason marked a
+// timed-out operation (in its message); a host stored by one, waiting out
+// the backoff of a timeout during the upgrade, still retries from the
+// right step.
+const legacyMsgTimedOut = "timed out"
 
-func (p *planner) timedOut(op *typesv1.OperationStatus, s stepDef, timeout time.Duration) {
+// isTimedOut reports whether op failed by timing out.
+func isTimedOut(op *typesv1.OperationStatus) bool {
+	if op.GetReason() != "" {
+		return op.GetReason() == ReasonTimedOut
+	}
+	return op.GetMessage() == legacyMsgTimedOut
+}
+
+func (p *planner) timedOut(op *typesv1.OperationStatus, s stepDef, timeout time.Duration) result {
 	msg := fmt.Sprintf("no result within %s", timeout)
 	if s.wait != nil {
 		a := p.st.GetAgent()
@@ -980,8 +1114,7 @@ func (p *planner) timedOut(op *typesv1.OperationStatus, s stepDef, timeout time.
 		}
 	}
 	p.failOp(op, ReasonTimedOut, msg)
-	op.Message = msgTimedOut
-	p.countAttempt(op)
+	return p.countAttempt(op)
 }
 
 // delay is the backoff before retry n, with jitter drawn from the host
@@ -1005,7 +1138,7 @@ func (p *planner) opID(s Step, attempt int32) string {
 }
 
 // fail moves the host to Error with reason.
-func (p *planner) fail(reason, msg string) {
+func (p *planner) fail(reason, msg string) actionFailed {
 	p.st.ErrorReason = fmt.Sprintf("%s: %s", reason, msg)
 	p.st.LastError = msg
 	if p.st.GetState() == typesv1.HostState_HOST_STATE_PROVISIONING {
@@ -1013,8 +1146,7 @@ func (p *planner) fail(reason, msg string) {
 	}
 	p.st.ErrorGeneration = max(p.in.Host.GetMetadata().GetGeneration(), 1)
 	p.transition(typesv1.HostState_HOST_STATE_ERROR, p.st.ErrorReason+" (fix the cause and apply the host again to retry)")
-	p.out.Actions = nil
-	p.out.RequeueAfter = 0
+	return actionFailed{reason: reason}
 }
 
 func (p *planner) transition(to typesv1.HostState, msg string) {
@@ -1046,12 +1178,8 @@ func (p *planner) finished(op *typesv1.OperationStatus, outcome string) {
 	p.out.Finished = append(p.out.Finished, Finished{Kind: Step(op.GetKind()), Outcome: outcome, Duration: d})
 }
 
-func (p *planner) wait(d time.Duration) {
-	if d <= 0 {
-		d = time.Nanosecond
-	}
-	p.out.RequeueAfter = d
-}
+// wait looks again after d (at once when d <= 0), or sooner on a change.
+func (p *planner) wait(d time.Duration) result { return actionContinue{delay: d} }
 
 func (p *planner) event(typ, reason, msg string) {
 	p.out.Events = append(p.out.Events, Event{Type: typ, Reason: reason, Message: msg})

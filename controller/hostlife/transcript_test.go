@@ -35,6 +35,8 @@ var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 //	bmc status=True|False [reason=R]                  the BMC's condition
 //	edit                                              the user changes the
 //	                                                  host's spec (generation+1)
+//	timeout step=S after=D                            Config.Timeouts[S] = D
+//	                                                  (--step-timeout S=D)
 //	plan at=D [result=ok|transient|unreachable|agent|perm] [err=E] [consecutive=N]
 //	                                                  Plan with the outcome of
 //	                                                  the stored operation
@@ -51,6 +53,7 @@ type runner struct {
 	host    *typesv1.Host
 	desired Desired
 	bmcCond *typesv1.Condition
+	cfg     Config
 }
 
 func args(t *testing.T, fields []string) map[string]string {
@@ -113,6 +116,16 @@ func (r *runner) exec(t *testing.T, cmd string) string {
 			BootSource:    a["source"],
 		}
 		return ""
+	case "timeout":
+		step, err := ParseStep(a["step"])
+		require.NoError(t, err)
+		d, err := time.ParseDuration(a["after"])
+		require.NoError(t, err)
+		if r.cfg.Timeouts == nil {
+			r.cfg.Timeouts = map[Step]time.Duration{}
+		}
+		r.cfg.Timeouts[step] = d
+		return ""
 	case "bmc":
 		r.bmcCond = conditions.New("BMCReachable", a["status"], a["reason"], "bmc says "+a["status"])
 		return ""
@@ -121,6 +134,7 @@ func (r *runner) exec(t *testing.T, cmd string) string {
 			Host:    r.host,
 			Desired: r.desired,
 			Now:     at(t, a["at"]),
+			Config:  r.cfg,
 			ISOURL:  "http://boot/iso/" + r.host.GetMetadata().GetName() + ".iso",
 			Observed: Observed{
 				BMCCondition: r.bmcCond,
@@ -165,6 +179,9 @@ func describe(out Output) string {
 		if op.GetRetryAfter() != nil {
 			fmt.Fprintf(&b, " retry_after=%s", rel(op.GetRetryAfter()))
 		}
+		if op.GetReason() != "" {
+			fmt.Fprintf(&b, " reason=%s", op.GetReason())
+		}
 		b.WriteString("\n")
 	}
 	if st.GetLastError() != "" {
@@ -181,8 +198,13 @@ func describe(out Output) string {
 	for _, a := range out.Actions {
 		fmt.Fprintf(&b, "action %s\n", a)
 	}
-	if out.RequeueAfter > 0 {
+	switch {
+	case len(out.Actions) > 0:
+		fmt.Fprintf(&b, "deadline=%s\n", out.Deadline)
+	case out.Next == NextAfter:
 		fmt.Fprintf(&b, "requeue=%s\n", out.RequeueAfter)
+	case out.Next == NextNow:
+		b.WriteString("next=now\n")
 	}
 	for _, e := range out.Events {
 		fmt.Fprintf(&b, "event %s %s: %s\n", e.Type, e.Reason, e.Message)

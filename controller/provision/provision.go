@@ -352,17 +352,21 @@ func (e *Executor) Reconcile(ctx context.Context, name string) (time.Duration, e
 		}
 		result = nil
 		if len(out.Actions) == 0 {
-			if out.RequeueAfter > 0 && out.RequeueAfter < time.Millisecond {
-				continue
+			switch out.Next {
+			case hostlife.NextNow:
+				continue // the stored status decides the next Plan
+			case hostlife.NextAfter:
+				return out.RequeueAfter, nil
+			default:
+				return 0, nil
 			}
-			return out.RequeueAfter, nil
 		}
 		if f, ok := e.deps.Store.(Fencer); ok {
 			if err := f.CheckFence(ctx); err != nil {
 				return 0, fmt.Errorf("host %s: %s not started: %w", name, out.Actions[0].Kind, err)
 			}
 		}
-		result = e.act(ctx, h, out.Actions, out.RequeueAfter)
+		result = e.act(ctx, h, out.Actions, out.Deadline)
 		if ctx.Err() != nil {
 			// Shutting down: an action cut short by our own end is no
 			// result; the next leader runs the stored step again.

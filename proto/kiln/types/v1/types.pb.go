@@ -1172,7 +1172,12 @@ type OperationStatus struct {
 	// attempt counts failed tries of this operation (0 on the first try).
 	Attempt int32 `protobuf:"varint,9,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	// retry_after is when a failed operation may be tried again (backoff).
-	RetryAfter    *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	RetryAfter *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	// reason is why the operation's last try failed, one CamelCase word the
+	// controller decides on (host steps: StepFailed, TransientFailure,
+	// AgentUnreachable, StepTimedOut, BootSourceMismatch); empty while it has
+	// not failed. error says the same for people.
+	Reason        string `protobuf:"bytes,11,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1275,6 +1280,13 @@ func (x *OperationStatus) GetRetryAfter() *timestamppb.Timestamp {
 		return x.RetryAfter
 	}
 	return nil
+}
+
+func (x *OperationStatus) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
 }
 
 type HostStatus struct {
@@ -3569,7 +3581,7 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\x04mode\x18\x06 \x01(\tR\x04mode\x12\x1f\n" +
 	"\vboot_source\x18\a \x01(\tR\n" +
 	"bootSource\x12>\n" +
-	"\x1bprevious_certificate_serial\x18\b \x01(\tR\x19previousCertificateSerial\"\xda\x02\n" +
+	"\x1bprevious_certificate_serial\x18\b \x01(\tR\x19previousCertificateSerial\"\xf2\x02\n" +
 	"\x0fOperationStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x14\n" +
@@ -3582,7 +3594,8 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\aattempt\x18\t \x01(\x05R\aattempt\x12;\n" +
 	"\vretry_after\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"retryAfter\"\x9a\x04\n" +
+	"retryAfter\x12\x16\n" +
+	"\x06reason\x18\v \x01(\tR\x06reason\"\x9a\x04\n" +
 	"\n" +
 	"HostStatus\x12.\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x18.kiln.types.v1.HostStateR\x05state\x12\x14\n" +
