@@ -243,10 +243,11 @@ func TestHAFailover(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		testenv.Skip(t, "go toolchain not on PATH: cannot build kiln-controller")
 	}
+	// The deadline starts after the build: a cold build cache (make
+	// fresh-check) or a loaded machine takes minutes of its own.
+	bin := buildController(t, t.TempDir())
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-
-	bin := buildController(t, t.TempDir())
 	members, endpoints := etcdCluster(ctx, t, 3)
 	keyFile := filepath.Join(t.TempDir(), "secret.key")
 	_, err := seal.LoadOrCreateKey(keyFile)
