@@ -9,7 +9,6 @@ import (
 	"context"
 	"log/slog"
 	"net"
-	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/promserve"
 )
 
 // Metrics holds the agent's registry and metrics. A nil *Metrics records
@@ -69,22 +69,5 @@ func CheckLoopback(addr string) error {
 // Serve serves /metrics on lis until ctx ends; it returns nil after ctx
 // ends, or the error that stopped serving.
 func (m *Metrics) Serve(ctx context.Context, lis net.Listener, log *slog.Logger) error {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError, MaxRequestsInFlight: 2, Timeout: 10 * time.Second}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	if log != nil {
-		srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(lis) }()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(sctx)
-	<-done
-	return nil
+	return promserve.Serve(ctx, lis, promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError, MaxRequestsInFlight: 2, Timeout: 10 * time.Second}), log)
 }

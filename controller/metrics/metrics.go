@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/promserve"
 )
 
 // Namespace prefixes every Kiln metric.
@@ -217,24 +218,7 @@ func (m *Metrics) EtcdInterceptor() grpc.UnaryClientInterceptor {
 // Serve serves the metrics at /metrics on lis until ctx ends; it returns
 // nil after ctx ends, or the error that stopped serving.
 func (m *Metrics) Serve(ctx context.Context, lis net.Listener, log *slog.Logger) error {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", m.Handler(log))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	if log != nil {
-		srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(lis) }()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(sctx)
-	<-done
-	return nil
+	return promserve.Serve(ctx, lis, m.Handler(log), log)
 }
 
 // bootKinds are the kind label values of the boot server metrics.

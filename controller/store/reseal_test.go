@@ -2,30 +2,15 @@ package store
 
 import (
 	"bytes"
-	"crypto/aes"
-	"crypto/cipher"
-	"crypto/rand"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kilnhq/kiln/internal/seal/sealtest"
+
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/seal"
 )
-
-// sealV1 seals the way controllers before key ids did (format version 1).
-func sealV1(t *testing.T, key, pt, aad []byte) []byte {
-	t.Helper()
-	block, err := aes.NewCipher(key)
-	require.NoError(t, err)
-	aead, err := cipher.NewGCM(block)
-	require.NoError(t, err)
-	out := make([]byte, 13)
-	out[0] = 1
-	_, err = rand.Read(out[1:])
-	require.NoError(t, err)
-	return aead.Seal(out, out[1:13], pt, append([]byte{1}, aad...))
-}
 
 // TestResealSecrets re-seals a store written by a controller before key
 // ids (version-1 values) under a new key, leaves a value no key opens as
@@ -37,7 +22,7 @@ func TestResealSecrets(t *testing.T) {
 	newKey := bytes.Repeat([]byte{2}, seal.KeySize)
 	paths := []string{"ca/key", "bmc/h1", "bmc/h2"}
 	for _, p := range paths {
-		_, err := cl.Put(ctx, SecretKey(p), string(sealV1(t, oldKey, []byte("pw-"+p), []byte(SecretKey(p)))))
+		_, err := cl.Put(ctx, SecretKey(p), string(sealtest.SealV1(t, oldKey, []byte("pw-"+p), []byte(SecretKey(p)))))
 		require.NoError(t, err)
 	}
 	ring, err := seal.NewRing(newKey, oldKey)
@@ -67,7 +52,7 @@ func TestResealSecrets(t *testing.T) {
 	require.Equal(t, 0, res.Resealed, "second run re-sealed again")
 
 	// A value under a key the ring does not hold is left as it is.
-	foreign := sealV1(t, bytes.Repeat([]byte{9}, seal.KeySize), []byte("x"), []byte(SecretKey("bmc/h9")))
+	foreign := sealtest.SealV1(t, bytes.Repeat([]byte{9}, seal.KeySize), []byte("x"), []byte(SecretKey("bmc/h9")))
 	_, err = cl.Put(ctx, SecretKey("bmc/h9"), string(foreign))
 	require.NoError(t, err)
 	_, err = st.ResealSecrets(ctx, nil)

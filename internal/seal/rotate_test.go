@@ -2,37 +2,22 @@ package seal
 
 import (
 	"bytes"
-	"crypto/aes"
-	"crypto/cipher"
-	"crypto/rand"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kilnhq/kiln/internal/seal/sealtest"
+
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
-
-// sealV1 seals the way controllers before key ids did.
-func sealV1(t *testing.T, key, pt, aad []byte) []byte {
-	t.Helper()
-	block, err := aes.NewCipher(key)
-	require.NoError(t, err)
-	aead, err := cipher.NewGCM(block)
-	require.NoError(t, err)
-	out := make([]byte, 13)
-	out[0] = version1
-	_, err = rand.Read(out[1:])
-	require.NoError(t, err)
-	return aead.Seal(out, out[1:13], pt, append([]byte{version1}, aad...))
-}
 
 func TestVersion1ValuesStillOpen(t *testing.T) {
 	oldKey := bytes.Repeat([]byte{1}, KeySize)
 	newKey := bytes.Repeat([]byte{2}, KeySize)
 	aad := []byte("/kiln/v1/secrets/bmc/rack1-01")
-	v1 := sealV1(t, oldKey, []byte("hunter2"), aad)
+	v1 := sealtest.SealV1(t, oldKey, []byte("hunter2"), aad)
 
 	for _, tt := range []struct {
 		name string
