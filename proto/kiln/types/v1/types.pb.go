@@ -1177,7 +1177,12 @@ type OperationStatus struct {
 	// controller decides on (host steps: StepFailed, TransientFailure,
 	// AgentUnreachable, StepTimedOut, BootSourceMismatch); empty while it has
 	// not failed. error says the same for people.
-	Reason        string `protobuf:"bytes,11,opt,name=reason,proto3" json:"reason,omitempty"`
+	Reason string `protobuf:"bytes,11,opt,name=reason,proto3" json:"reason,omitempty"`
+	// progress is how far a long agent operation (an image lay, a wipe) has
+	// got, as its agent last reported it; unset for an operation that does
+	// not report bytes. The controller stores it coarsely: at most once per
+	// few seconds while it runs, and always the report that completes it.
+	Progress      *OperationProgress `protobuf:"bytes,12,opt,name=progress,proto3" json:"progress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1289,6 +1294,118 @@ func (x *OperationStatus) GetReason() string {
 	return ""
 }
 
+func (x *OperationStatus) GetProgress() *OperationProgress {
+	if x != nil {
+		return x.Progress
+	}
+	return nil
+}
+
+// OperationProgress is the byte progress of a long agent operation
+// (agent.v1.Progress as the controller stored it). A client shows it as a
+// progress bar: done_bytes of total_bytes, at bytes_per_second, with
+// eta_seconds left.
+type OperationProgress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// step is the agent's step: "open", "discard", "fetch", "verify",
+	// "sync", "done" of a lay; "wipe", "discard", "done" of a wipe.
+	Step      string `protobuf:"bytes,1,opt,name=step,proto3" json:"step,omitempty"`
+	DoneBytes uint64 `protobuf:"varint,2,opt,name=done_bytes,json=doneBytes,proto3" json:"done_bytes,omitempty"`
+	// total_bytes is 0 while the agent does not know the total (a stream of
+	// unknown length).
+	TotalBytes uint64 `protobuf:"varint,3,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	// bytes_per_second is the step's mean rate so far (0: not known yet).
+	BytesPerSecond float64 `protobuf:"fixed64,4,opt,name=bytes_per_second,json=bytesPerSecond,proto3" json:"bytes_per_second,omitempty"`
+	// eta_seconds is the time left at that rate (0: not known).
+	EtaSeconds float64 `protobuf:"fixed64,5,opt,name=eta_seconds,json=etaSeconds,proto3" json:"eta_seconds,omitempty"`
+	// percent is 100 * done_bytes / total_bytes (0 when the total is
+	// unknown).
+	Percent float64 `protobuf:"fixed64,6,opt,name=percent,proto3" json:"percent,omitempty"`
+	// updated is when the controller stored this report.
+	Updated       *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=updated,proto3" json:"updated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OperationProgress) Reset() {
+	*x = OperationProgress{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OperationProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OperationProgress) ProtoMessage() {}
+
+func (x *OperationProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OperationProgress.ProtoReflect.Descriptor instead.
+func (*OperationProgress) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *OperationProgress) GetStep() string {
+	if x != nil {
+		return x.Step
+	}
+	return ""
+}
+
+func (x *OperationProgress) GetDoneBytes() uint64 {
+	if x != nil {
+		return x.DoneBytes
+	}
+	return 0
+}
+
+func (x *OperationProgress) GetTotalBytes() uint64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
+func (x *OperationProgress) GetBytesPerSecond() float64 {
+	if x != nil {
+		return x.BytesPerSecond
+	}
+	return 0
+}
+
+func (x *OperationProgress) GetEtaSeconds() float64 {
+	if x != nil {
+		return x.EtaSeconds
+	}
+	return 0
+}
+
+func (x *OperationProgress) GetPercent() float64 {
+	if x != nil {
+		return x.Percent
+	}
+	return 0
+}
+
+func (x *OperationProgress) GetUpdated() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Updated
+	}
+	return nil
+}
+
 type HostStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	State HostState              `protobuf:"varint,1,opt,name=state,proto3,enum=kiln.types.v1.HostState" json:"state,omitempty"`
@@ -1319,7 +1436,7 @@ type HostStatus struct {
 
 func (x *HostStatus) Reset() {
 	*x = HostStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[11]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1331,7 +1448,7 @@ func (x *HostStatus) String() string {
 func (*HostStatus) ProtoMessage() {}
 
 func (x *HostStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[11]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1344,7 +1461,7 @@ func (x *HostStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostStatus.ProtoReflect.Descriptor instead.
 func (*HostStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{11}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HostStatus) GetState() HostState {
@@ -1451,7 +1568,7 @@ type Host struct {
 
 func (x *Host) Reset() {
 	*x = Host{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[12]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1463,7 +1580,7 @@ func (x *Host) String() string {
 func (*Host) ProtoMessage() {}
 
 func (x *Host) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[12]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1476,7 +1593,7 @@ func (x *Host) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Host.ProtoReflect.Descriptor instead.
 func (*Host) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{12}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Host) GetApiVersion() string {
@@ -1542,7 +1659,7 @@ type ImageSpec struct {
 
 func (x *ImageSpec) Reset() {
 	*x = ImageSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[13]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1554,7 +1671,7 @@ func (x *ImageSpec) String() string {
 func (*ImageSpec) ProtoMessage() {}
 
 func (x *ImageSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[13]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1567,7 +1684,7 @@ func (x *ImageSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageSpec.ProtoReflect.Descriptor instead.
 func (*ImageSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{13}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ImageSpec) GetUrl() string {
@@ -1679,7 +1796,7 @@ type ImageAddons struct {
 
 func (x *ImageAddons) Reset() {
 	*x = ImageAddons{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[14]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1691,7 +1808,7 @@ func (x *ImageAddons) String() string {
 func (*ImageAddons) ProtoMessage() {}
 
 func (x *ImageAddons) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[14]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1704,7 +1821,7 @@ func (x *ImageAddons) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageAddons.ProtoReflect.Descriptor instead.
 func (*ImageAddons) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{14}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ImageAddons) GetKubeProxy() string {
@@ -1744,7 +1861,7 @@ type ImageStatus struct {
 
 func (x *ImageStatus) Reset() {
 	*x = ImageStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[15]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1756,7 +1873,7 @@ func (x *ImageStatus) String() string {
 func (*ImageStatus) ProtoMessage() {}
 
 func (x *ImageStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[15]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1769,7 +1886,7 @@ func (x *ImageStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageStatus.ProtoReflect.Descriptor instead.
 func (*ImageStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{15}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ImageStatus) GetConditions() []*Condition {
@@ -1792,7 +1909,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[16]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1804,7 +1921,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[16]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1817,7 +1934,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{16}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Image) GetApiVersion() string {
@@ -1880,7 +1997,7 @@ type ClusterSpec struct {
 
 func (x *ClusterSpec) Reset() {
 	*x = ClusterSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[17]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1892,7 +2009,7 @@ func (x *ClusterSpec) String() string {
 func (*ClusterSpec) ProtoMessage() {}
 
 func (x *ClusterSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[17]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1905,7 +2022,7 @@ func (x *ClusterSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterSpec.ProtoReflect.Descriptor instead.
 func (*ClusterSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{17}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ClusterSpec) GetKubernetesVersion() string {
@@ -1990,7 +2107,7 @@ type ClusterStatus struct {
 
 func (x *ClusterStatus) Reset() {
 	*x = ClusterStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[18]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2002,7 +2119,7 @@ func (x *ClusterStatus) String() string {
 func (*ClusterStatus) ProtoMessage() {}
 
 func (x *ClusterStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[18]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2015,7 +2132,7 @@ func (x *ClusterStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatus.ProtoReflect.Descriptor instead.
 func (*ClusterStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{18}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ClusterStatus) GetPhase() string {
@@ -2059,7 +2176,7 @@ type Cluster struct {
 
 func (x *Cluster) Reset() {
 	*x = Cluster{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[19]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2071,7 +2188,7 @@ func (x *Cluster) String() string {
 func (*Cluster) ProtoMessage() {}
 
 func (x *Cluster) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[19]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2084,7 +2201,7 @@ func (x *Cluster) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cluster.ProtoReflect.Descriptor instead.
 func (*Cluster) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{19}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Cluster) GetApiVersion() string {
@@ -2145,7 +2262,7 @@ type ControlPlaneSpec struct {
 
 func (x *ControlPlaneSpec) Reset() {
 	*x = ControlPlaneSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2157,7 +2274,7 @@ func (x *ControlPlaneSpec) String() string {
 func (*ControlPlaneSpec) ProtoMessage() {}
 
 func (x *ControlPlaneSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2170,7 +2287,7 @@ func (x *ControlPlaneSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneSpec.ProtoReflect.Descriptor instead.
 func (*ControlPlaneSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{20}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ControlPlaneSpec) GetCluster() string {
@@ -2238,7 +2355,7 @@ type ControlPlaneStatus struct {
 
 func (x *ControlPlaneStatus) Reset() {
 	*x = ControlPlaneStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2250,7 +2367,7 @@ func (x *ControlPlaneStatus) String() string {
 func (*ControlPlaneStatus) ProtoMessage() {}
 
 func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2263,7 +2380,7 @@ func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneStatus.ProtoReflect.Descriptor instead.
 func (*ControlPlaneStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{21}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ControlPlaneStatus) GetReplicas() int32 {
@@ -2321,7 +2438,7 @@ type ControlPlane struct {
 
 func (x *ControlPlane) Reset() {
 	*x = ControlPlane{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2333,7 +2450,7 @@ func (x *ControlPlane) String() string {
 func (*ControlPlane) ProtoMessage() {}
 
 func (x *ControlPlane) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2346,7 +2463,7 @@ func (x *ControlPlane) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlane.ProtoReflect.Descriptor instead.
 func (*ControlPlane) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{22}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ControlPlane) GetApiVersion() string {
@@ -2400,7 +2517,7 @@ type RolloutStrategy struct {
 
 func (x *RolloutStrategy) Reset() {
 	*x = RolloutStrategy{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2412,7 +2529,7 @@ func (x *RolloutStrategy) String() string {
 func (*RolloutStrategy) ProtoMessage() {}
 
 func (x *RolloutStrategy) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2425,7 +2542,7 @@ func (x *RolloutStrategy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutStrategy.ProtoReflect.Descriptor instead.
 func (*RolloutStrategy) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{23}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RolloutStrategy) GetType() string {
@@ -2472,7 +2589,7 @@ type MachineDeploymentSpec struct {
 
 func (x *MachineDeploymentSpec) Reset() {
 	*x = MachineDeploymentSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2484,7 +2601,7 @@ func (x *MachineDeploymentSpec) String() string {
 func (*MachineDeploymentSpec) ProtoMessage() {}
 
 func (x *MachineDeploymentSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2497,7 +2614,7 @@ func (x *MachineDeploymentSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineDeploymentSpec.ProtoReflect.Descriptor instead.
 func (*MachineDeploymentSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{24}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *MachineDeploymentSpec) GetCluster() string {
@@ -2564,7 +2681,7 @@ type MachineDeploymentStatus struct {
 
 func (x *MachineDeploymentStatus) Reset() {
 	*x = MachineDeploymentStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2576,7 +2693,7 @@ func (x *MachineDeploymentStatus) String() string {
 func (*MachineDeploymentStatus) ProtoMessage() {}
 
 func (x *MachineDeploymentStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2589,7 +2706,7 @@ func (x *MachineDeploymentStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineDeploymentStatus.ProtoReflect.Descriptor instead.
 func (*MachineDeploymentStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{25}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *MachineDeploymentStatus) GetReplicas() int32 {
@@ -2647,7 +2764,7 @@ type MachineDeployment struct {
 
 func (x *MachineDeployment) Reset() {
 	*x = MachineDeployment{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2659,7 +2776,7 @@ func (x *MachineDeployment) String() string {
 func (*MachineDeployment) ProtoMessage() {}
 
 func (x *MachineDeployment) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2672,7 +2789,7 @@ func (x *MachineDeployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineDeployment.ProtoReflect.Descriptor instead.
 func (*MachineDeployment) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{26}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MachineDeployment) GetApiVersion() string {
@@ -2726,7 +2843,7 @@ type MachineSpec struct {
 
 func (x *MachineSpec) Reset() {
 	*x = MachineSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2738,7 +2855,7 @@ func (x *MachineSpec) String() string {
 func (*MachineSpec) ProtoMessage() {}
 
 func (x *MachineSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2751,7 +2868,7 @@ func (x *MachineSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineSpec.ProtoReflect.Descriptor instead.
 func (*MachineSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{27}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *MachineSpec) GetCluster() string {
@@ -2816,7 +2933,7 @@ type MachineStatus struct {
 
 func (x *MachineStatus) Reset() {
 	*x = MachineStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2828,7 +2945,7 @@ func (x *MachineStatus) String() string {
 func (*MachineStatus) ProtoMessage() {}
 
 func (x *MachineStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2841,7 +2958,7 @@ func (x *MachineStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineStatus.ProtoReflect.Descriptor instead.
 func (*MachineStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{28}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *MachineStatus) GetPhase() string {
@@ -2906,7 +3023,7 @@ type Machine struct {
 
 func (x *Machine) Reset() {
 	*x = Machine{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2918,7 +3035,7 @@ func (x *Machine) String() string {
 func (*Machine) ProtoMessage() {}
 
 func (x *Machine) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2931,7 +3048,7 @@ func (x *Machine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Machine.ProtoReflect.Descriptor instead.
 func (*Machine) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{29}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Machine) GetApiVersion() string {
@@ -2981,7 +3098,7 @@ type UnhealthyCondition struct {
 
 func (x *UnhealthyCondition) Reset() {
 	*x = UnhealthyCondition{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2993,7 +3110,7 @@ func (x *UnhealthyCondition) String() string {
 func (*UnhealthyCondition) ProtoMessage() {}
 
 func (x *UnhealthyCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3006,7 +3123,7 @@ func (x *UnhealthyCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnhealthyCondition.ProtoReflect.Descriptor instead.
 func (*UnhealthyCondition) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{30}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *UnhealthyCondition) GetType() string {
@@ -3046,7 +3163,7 @@ type HealthCheckSpec struct {
 
 func (x *HealthCheckSpec) Reset() {
 	*x = HealthCheckSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3058,7 +3175,7 @@ func (x *HealthCheckSpec) String() string {
 func (*HealthCheckSpec) ProtoMessage() {}
 
 func (x *HealthCheckSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3071,7 +3188,7 @@ func (x *HealthCheckSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheckSpec.ProtoReflect.Descriptor instead.
 func (*HealthCheckSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{31}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *HealthCheckSpec) GetCluster() string {
@@ -3121,7 +3238,7 @@ type HealthCheckStatus struct {
 
 func (x *HealthCheckStatus) Reset() {
 	*x = HealthCheckStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3133,7 +3250,7 @@ func (x *HealthCheckStatus) String() string {
 func (*HealthCheckStatus) ProtoMessage() {}
 
 func (x *HealthCheckStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3146,7 +3263,7 @@ func (x *HealthCheckStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheckStatus.ProtoReflect.Descriptor instead.
 func (*HealthCheckStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{32}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *HealthCheckStatus) GetExpectedMachines() int32 {
@@ -3190,7 +3307,7 @@ type HealthCheck struct {
 
 func (x *HealthCheck) Reset() {
 	*x = HealthCheck{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3202,7 +3319,7 @@ func (x *HealthCheck) String() string {
 func (*HealthCheck) ProtoMessage() {}
 
 func (x *HealthCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3215,7 +3332,7 @@ func (x *HealthCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheck.ProtoReflect.Descriptor instead.
 func (*HealthCheck) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{33}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *HealthCheck) GetApiVersion() string {
@@ -3270,7 +3387,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3282,7 +3399,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3295,7 +3412,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{34}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Event) GetName() string {
@@ -3370,7 +3487,7 @@ type EnrollmentToken struct {
 
 func (x *EnrollmentToken) Reset() {
 	*x = EnrollmentToken{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[35]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3382,7 +3499,7 @@ func (x *EnrollmentToken) String() string {
 func (*EnrollmentToken) ProtoMessage() {}
 
 func (x *EnrollmentToken) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[35]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3395,7 +3512,7 @@ func (x *EnrollmentToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollmentToken.ProtoReflect.Descriptor instead.
 func (*EnrollmentToken) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{35}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *EnrollmentToken) GetId() string {
@@ -3581,7 +3698,7 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\x04mode\x18\x06 \x01(\tR\x04mode\x12\x1f\n" +
 	"\vboot_source\x18\a \x01(\tR\n" +
 	"bootSource\x12>\n" +
-	"\x1bprevious_certificate_serial\x18\b \x01(\tR\x19previousCertificateSerial\"\xf2\x02\n" +
+	"\x1bprevious_certificate_serial\x18\b \x01(\tR\x19previousCertificateSerial\"\xb0\x03\n" +
 	"\x0fOperationStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x14\n" +
@@ -3595,7 +3712,19 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\vretry_after\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"retryAfter\x12\x16\n" +
-	"\x06reason\x18\v \x01(\tR\x06reason\"\x9a\x04\n" +
+	"\x06reason\x18\v \x01(\tR\x06reason\x12<\n" +
+	"\bprogress\x18\f \x01(\v2 .kiln.types.v1.OperationProgressR\bprogress\"\x82\x02\n" +
+	"\x11OperationProgress\x12\x12\n" +
+	"\x04step\x18\x01 \x01(\tR\x04step\x12\x1d\n" +
+	"\n" +
+	"done_bytes\x18\x02 \x01(\x04R\tdoneBytes\x12\x1f\n" +
+	"\vtotal_bytes\x18\x03 \x01(\x04R\n" +
+	"totalBytes\x12(\n" +
+	"\x10bytes_per_second\x18\x04 \x01(\x01R\x0ebytesPerSecond\x12\x1f\n" +
+	"\veta_seconds\x18\x05 \x01(\x01R\n" +
+	"etaSeconds\x12\x18\n" +
+	"\apercent\x18\x06 \x01(\x01R\apercent\x124\n" +
+	"\aupdated\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\aupdated\"\x9a\x04\n" +
 	"\n" +
 	"HostStatus\x12.\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x18.kiln.types.v1.HostStateR\x05state\x12\x14\n" +
@@ -3847,7 +3976,7 @@ func file_kiln_types_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_kiln_types_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kiln_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_kiln_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_kiln_types_v1_types_proto_goTypes = []any{
 	(HostState)(0),                  // 0: kiln.types.v1.HostState
 	(*ObjectMeta)(nil),              // 1: kiln.types.v1.ObjectMeta
@@ -3861,109 +3990,112 @@ var file_kiln_types_v1_types_proto_goTypes = []any{
 	(*Facts)(nil),                   // 9: kiln.types.v1.Facts
 	(*AgentStatus)(nil),             // 10: kiln.types.v1.AgentStatus
 	(*OperationStatus)(nil),         // 11: kiln.types.v1.OperationStatus
-	(*HostStatus)(nil),              // 12: kiln.types.v1.HostStatus
-	(*Host)(nil),                    // 13: kiln.types.v1.Host
-	(*ImageSpec)(nil),               // 14: kiln.types.v1.ImageSpec
-	(*ImageAddons)(nil),             // 15: kiln.types.v1.ImageAddons
-	(*ImageStatus)(nil),             // 16: kiln.types.v1.ImageStatus
-	(*Image)(nil),                   // 17: kiln.types.v1.Image
-	(*ClusterSpec)(nil),             // 18: kiln.types.v1.ClusterSpec
-	(*ClusterStatus)(nil),           // 19: kiln.types.v1.ClusterStatus
-	(*Cluster)(nil),                 // 20: kiln.types.v1.Cluster
-	(*ControlPlaneSpec)(nil),        // 21: kiln.types.v1.ControlPlaneSpec
-	(*ControlPlaneStatus)(nil),      // 22: kiln.types.v1.ControlPlaneStatus
-	(*ControlPlane)(nil),            // 23: kiln.types.v1.ControlPlane
-	(*RolloutStrategy)(nil),         // 24: kiln.types.v1.RolloutStrategy
-	(*MachineDeploymentSpec)(nil),   // 25: kiln.types.v1.MachineDeploymentSpec
-	(*MachineDeploymentStatus)(nil), // 26: kiln.types.v1.MachineDeploymentStatus
-	(*MachineDeployment)(nil),       // 27: kiln.types.v1.MachineDeployment
-	(*MachineSpec)(nil),             // 28: kiln.types.v1.MachineSpec
-	(*MachineStatus)(nil),           // 29: kiln.types.v1.MachineStatus
-	(*Machine)(nil),                 // 30: kiln.types.v1.Machine
-	(*UnhealthyCondition)(nil),      // 31: kiln.types.v1.UnhealthyCondition
-	(*HealthCheckSpec)(nil),         // 32: kiln.types.v1.HealthCheckSpec
-	(*HealthCheckStatus)(nil),       // 33: kiln.types.v1.HealthCheckStatus
-	(*HealthCheck)(nil),             // 34: kiln.types.v1.HealthCheck
-	(*Event)(nil),                   // 35: kiln.types.v1.Event
-	(*EnrollmentToken)(nil),         // 36: kiln.types.v1.EnrollmentToken
-	nil,                             // 37: kiln.types.v1.ObjectMeta.LabelsEntry
-	nil,                             // 38: kiln.types.v1.ObjectMeta.AnnotationsEntry
-	nil,                             // 39: kiln.types.v1.Facts.KubeVersionsEntry
-	nil,                             // 40: kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
-	nil,                             // 41: kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
-	nil,                             // 42: kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
-	nil,                             // 43: kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
-	nil,                             // 44: kiln.types.v1.HealthCheckSpec.SelectorEntry
-	(*timestamppb.Timestamp)(nil),   // 45: google.protobuf.Timestamp
+	(*OperationProgress)(nil),       // 12: kiln.types.v1.OperationProgress
+	(*HostStatus)(nil),              // 13: kiln.types.v1.HostStatus
+	(*Host)(nil),                    // 14: kiln.types.v1.Host
+	(*ImageSpec)(nil),               // 15: kiln.types.v1.ImageSpec
+	(*ImageAddons)(nil),             // 16: kiln.types.v1.ImageAddons
+	(*ImageStatus)(nil),             // 17: kiln.types.v1.ImageStatus
+	(*Image)(nil),                   // 18: kiln.types.v1.Image
+	(*ClusterSpec)(nil),             // 19: kiln.types.v1.ClusterSpec
+	(*ClusterStatus)(nil),           // 20: kiln.types.v1.ClusterStatus
+	(*Cluster)(nil),                 // 21: kiln.types.v1.Cluster
+	(*ControlPlaneSpec)(nil),        // 22: kiln.types.v1.ControlPlaneSpec
+	(*ControlPlaneStatus)(nil),      // 23: kiln.types.v1.ControlPlaneStatus
+	(*ControlPlane)(nil),            // 24: kiln.types.v1.ControlPlane
+	(*RolloutStrategy)(nil),         // 25: kiln.types.v1.RolloutStrategy
+	(*MachineDeploymentSpec)(nil),   // 26: kiln.types.v1.MachineDeploymentSpec
+	(*MachineDeploymentStatus)(nil), // 27: kiln.types.v1.MachineDeploymentStatus
+	(*MachineDeployment)(nil),       // 28: kiln.types.v1.MachineDeployment
+	(*MachineSpec)(nil),             // 29: kiln.types.v1.MachineSpec
+	(*MachineStatus)(nil),           // 30: kiln.types.v1.MachineStatus
+	(*Machine)(nil),                 // 31: kiln.types.v1.Machine
+	(*UnhealthyCondition)(nil),      // 32: kiln.types.v1.UnhealthyCondition
+	(*HealthCheckSpec)(nil),         // 33: kiln.types.v1.HealthCheckSpec
+	(*HealthCheckStatus)(nil),       // 34: kiln.types.v1.HealthCheckStatus
+	(*HealthCheck)(nil),             // 35: kiln.types.v1.HealthCheck
+	(*Event)(nil),                   // 36: kiln.types.v1.Event
+	(*EnrollmentToken)(nil),         // 37: kiln.types.v1.EnrollmentToken
+	nil,                             // 38: kiln.types.v1.ObjectMeta.LabelsEntry
+	nil,                             // 39: kiln.types.v1.ObjectMeta.AnnotationsEntry
+	nil,                             // 40: kiln.types.v1.Facts.KubeVersionsEntry
+	nil,                             // 41: kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
+	nil,                             // 42: kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
+	nil,                             // 43: kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
+	nil,                             // 44: kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
+	nil,                             // 45: kiln.types.v1.HealthCheckSpec.SelectorEntry
+	(*timestamppb.Timestamp)(nil),   // 46: google.protobuf.Timestamp
 }
 var file_kiln_types_v1_types_proto_depIdxs = []int32{
-	37, // 0: kiln.types.v1.ObjectMeta.labels:type_name -> kiln.types.v1.ObjectMeta.LabelsEntry
-	38, // 1: kiln.types.v1.ObjectMeta.annotations:type_name -> kiln.types.v1.ObjectMeta.AnnotationsEntry
-	45, // 2: kiln.types.v1.ObjectMeta.creation_timestamp:type_name -> google.protobuf.Timestamp
-	45, // 3: kiln.types.v1.ObjectMeta.deletion_timestamp:type_name -> google.protobuf.Timestamp
-	45, // 4: kiln.types.v1.Condition.last_transition_time:type_name -> google.protobuf.Timestamp
+	38, // 0: kiln.types.v1.ObjectMeta.labels:type_name -> kiln.types.v1.ObjectMeta.LabelsEntry
+	39, // 1: kiln.types.v1.ObjectMeta.annotations:type_name -> kiln.types.v1.ObjectMeta.AnnotationsEntry
+	46, // 2: kiln.types.v1.ObjectMeta.creation_timestamp:type_name -> google.protobuf.Timestamp
+	46, // 3: kiln.types.v1.ObjectMeta.deletion_timestamp:type_name -> google.protobuf.Timestamp
+	46, // 4: kiln.types.v1.Condition.last_transition_time:type_name -> google.protobuf.Timestamp
 	3,  // 5: kiln.types.v1.HostSpec.bmc:type_name -> kiln.types.v1.BMCSpec
 	5,  // 6: kiln.types.v1.HostSpec.root_device_hints:type_name -> kiln.types.v1.RootDeviceHints
 	6,  // 7: kiln.types.v1.Facts.disks:type_name -> kiln.types.v1.Disk
 	7,  // 8: kiln.types.v1.Facts.nics:type_name -> kiln.types.v1.NIC
 	8,  // 9: kiln.types.v1.Facts.routes:type_name -> kiln.types.v1.Route
-	39, // 10: kiln.types.v1.Facts.kube_versions:type_name -> kiln.types.v1.Facts.KubeVersionsEntry
-	45, // 11: kiln.types.v1.AgentStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
-	45, // 12: kiln.types.v1.AgentStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
-	45, // 13: kiln.types.v1.OperationStatus.started:type_name -> google.protobuf.Timestamp
-	45, // 14: kiln.types.v1.OperationStatus.finished:type_name -> google.protobuf.Timestamp
-	45, // 15: kiln.types.v1.OperationStatus.retry_after:type_name -> google.protobuf.Timestamp
-	0,  // 16: kiln.types.v1.HostStatus.state:type_name -> kiln.types.v1.HostState
-	9,  // 17: kiln.types.v1.HostStatus.facts:type_name -> kiln.types.v1.Facts
-	10, // 18: kiln.types.v1.HostStatus.agent:type_name -> kiln.types.v1.AgentStatus
-	11, // 19: kiln.types.v1.HostStatus.last_operation:type_name -> kiln.types.v1.OperationStatus
-	2,  // 20: kiln.types.v1.HostStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 21: kiln.types.v1.Host.metadata:type_name -> kiln.types.v1.ObjectMeta
-	4,  // 22: kiln.types.v1.Host.spec:type_name -> kiln.types.v1.HostSpec
-	12, // 23: kiln.types.v1.Host.status:type_name -> kiln.types.v1.HostStatus
-	15, // 24: kiln.types.v1.ImageSpec.addons:type_name -> kiln.types.v1.ImageAddons
-	2,  // 25: kiln.types.v1.ImageStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 26: kiln.types.v1.Image.metadata:type_name -> kiln.types.v1.ObjectMeta
-	14, // 27: kiln.types.v1.Image.spec:type_name -> kiln.types.v1.ImageSpec
-	16, // 28: kiln.types.v1.Image.status:type_name -> kiln.types.v1.ImageStatus
-	2,  // 29: kiln.types.v1.ClusterStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 30: kiln.types.v1.Cluster.metadata:type_name -> kiln.types.v1.ObjectMeta
-	18, // 31: kiln.types.v1.Cluster.spec:type_name -> kiln.types.v1.ClusterSpec
-	19, // 32: kiln.types.v1.Cluster.status:type_name -> kiln.types.v1.ClusterStatus
-	40, // 33: kiln.types.v1.ControlPlaneSpec.host_selector:type_name -> kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
-	41, // 34: kiln.types.v1.ControlPlaneSpec.image_selector:type_name -> kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
-	2,  // 35: kiln.types.v1.ControlPlaneStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 36: kiln.types.v1.ControlPlane.metadata:type_name -> kiln.types.v1.ObjectMeta
-	21, // 37: kiln.types.v1.ControlPlane.spec:type_name -> kiln.types.v1.ControlPlaneSpec
-	22, // 38: kiln.types.v1.ControlPlane.status:type_name -> kiln.types.v1.ControlPlaneStatus
-	42, // 39: kiln.types.v1.MachineDeploymentSpec.host_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
-	24, // 40: kiln.types.v1.MachineDeploymentSpec.strategy:type_name -> kiln.types.v1.RolloutStrategy
-	43, // 41: kiln.types.v1.MachineDeploymentSpec.image_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
-	2,  // 42: kiln.types.v1.MachineDeploymentStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 43: kiln.types.v1.MachineDeployment.metadata:type_name -> kiln.types.v1.ObjectMeta
-	25, // 44: kiln.types.v1.MachineDeployment.spec:type_name -> kiln.types.v1.MachineDeploymentSpec
-	26, // 45: kiln.types.v1.MachineDeployment.status:type_name -> kiln.types.v1.MachineDeploymentStatus
-	2,  // 46: kiln.types.v1.MachineStatus.conditions:type_name -> kiln.types.v1.Condition
-	45, // 47: kiln.types.v1.MachineStatus.bootstrap_time:type_name -> google.protobuf.Timestamp
-	45, // 48: kiln.types.v1.MachineStatus.node_ready_time:type_name -> google.protobuf.Timestamp
-	45, // 49: kiln.types.v1.MachineStatus.certificates_not_after:type_name -> google.protobuf.Timestamp
-	1,  // 50: kiln.types.v1.Machine.metadata:type_name -> kiln.types.v1.ObjectMeta
-	28, // 51: kiln.types.v1.Machine.spec:type_name -> kiln.types.v1.MachineSpec
-	29, // 52: kiln.types.v1.Machine.status:type_name -> kiln.types.v1.MachineStatus
-	44, // 53: kiln.types.v1.HealthCheckSpec.selector:type_name -> kiln.types.v1.HealthCheckSpec.SelectorEntry
-	31, // 54: kiln.types.v1.HealthCheckSpec.unhealthy_conditions:type_name -> kiln.types.v1.UnhealthyCondition
-	2,  // 55: kiln.types.v1.HealthCheckStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 56: kiln.types.v1.HealthCheck.metadata:type_name -> kiln.types.v1.ObjectMeta
-	32, // 57: kiln.types.v1.HealthCheck.spec:type_name -> kiln.types.v1.HealthCheckSpec
-	33, // 58: kiln.types.v1.HealthCheck.status:type_name -> kiln.types.v1.HealthCheckStatus
-	45, // 59: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
-	45, // 60: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
-	45, // 61: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
-	62, // [62:62] is the sub-list for method output_type
-	62, // [62:62] is the sub-list for method input_type
-	62, // [62:62] is the sub-list for extension type_name
-	62, // [62:62] is the sub-list for extension extendee
-	0,  // [0:62] is the sub-list for field type_name
+	40, // 10: kiln.types.v1.Facts.kube_versions:type_name -> kiln.types.v1.Facts.KubeVersionsEntry
+	46, // 11: kiln.types.v1.AgentStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
+	46, // 12: kiln.types.v1.AgentStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
+	46, // 13: kiln.types.v1.OperationStatus.started:type_name -> google.protobuf.Timestamp
+	46, // 14: kiln.types.v1.OperationStatus.finished:type_name -> google.protobuf.Timestamp
+	46, // 15: kiln.types.v1.OperationStatus.retry_after:type_name -> google.protobuf.Timestamp
+	12, // 16: kiln.types.v1.OperationStatus.progress:type_name -> kiln.types.v1.OperationProgress
+	46, // 17: kiln.types.v1.OperationProgress.updated:type_name -> google.protobuf.Timestamp
+	0,  // 18: kiln.types.v1.HostStatus.state:type_name -> kiln.types.v1.HostState
+	9,  // 19: kiln.types.v1.HostStatus.facts:type_name -> kiln.types.v1.Facts
+	10, // 20: kiln.types.v1.HostStatus.agent:type_name -> kiln.types.v1.AgentStatus
+	11, // 21: kiln.types.v1.HostStatus.last_operation:type_name -> kiln.types.v1.OperationStatus
+	2,  // 22: kiln.types.v1.HostStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 23: kiln.types.v1.Host.metadata:type_name -> kiln.types.v1.ObjectMeta
+	4,  // 24: kiln.types.v1.Host.spec:type_name -> kiln.types.v1.HostSpec
+	13, // 25: kiln.types.v1.Host.status:type_name -> kiln.types.v1.HostStatus
+	16, // 26: kiln.types.v1.ImageSpec.addons:type_name -> kiln.types.v1.ImageAddons
+	2,  // 27: kiln.types.v1.ImageStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 28: kiln.types.v1.Image.metadata:type_name -> kiln.types.v1.ObjectMeta
+	15, // 29: kiln.types.v1.Image.spec:type_name -> kiln.types.v1.ImageSpec
+	17, // 30: kiln.types.v1.Image.status:type_name -> kiln.types.v1.ImageStatus
+	2,  // 31: kiln.types.v1.ClusterStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 32: kiln.types.v1.Cluster.metadata:type_name -> kiln.types.v1.ObjectMeta
+	19, // 33: kiln.types.v1.Cluster.spec:type_name -> kiln.types.v1.ClusterSpec
+	20, // 34: kiln.types.v1.Cluster.status:type_name -> kiln.types.v1.ClusterStatus
+	41, // 35: kiln.types.v1.ControlPlaneSpec.host_selector:type_name -> kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
+	42, // 36: kiln.types.v1.ControlPlaneSpec.image_selector:type_name -> kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
+	2,  // 37: kiln.types.v1.ControlPlaneStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 38: kiln.types.v1.ControlPlane.metadata:type_name -> kiln.types.v1.ObjectMeta
+	22, // 39: kiln.types.v1.ControlPlane.spec:type_name -> kiln.types.v1.ControlPlaneSpec
+	23, // 40: kiln.types.v1.ControlPlane.status:type_name -> kiln.types.v1.ControlPlaneStatus
+	43, // 41: kiln.types.v1.MachineDeploymentSpec.host_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
+	25, // 42: kiln.types.v1.MachineDeploymentSpec.strategy:type_name -> kiln.types.v1.RolloutStrategy
+	44, // 43: kiln.types.v1.MachineDeploymentSpec.image_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
+	2,  // 44: kiln.types.v1.MachineDeploymentStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 45: kiln.types.v1.MachineDeployment.metadata:type_name -> kiln.types.v1.ObjectMeta
+	26, // 46: kiln.types.v1.MachineDeployment.spec:type_name -> kiln.types.v1.MachineDeploymentSpec
+	27, // 47: kiln.types.v1.MachineDeployment.status:type_name -> kiln.types.v1.MachineDeploymentStatus
+	2,  // 48: kiln.types.v1.MachineStatus.conditions:type_name -> kiln.types.v1.Condition
+	46, // 49: kiln.types.v1.MachineStatus.bootstrap_time:type_name -> google.protobuf.Timestamp
+	46, // 50: kiln.types.v1.MachineStatus.node_ready_time:type_name -> google.protobuf.Timestamp
+	46, // 51: kiln.types.v1.MachineStatus.certificates_not_after:type_name -> google.protobuf.Timestamp
+	1,  // 52: kiln.types.v1.Machine.metadata:type_name -> kiln.types.v1.ObjectMeta
+	29, // 53: kiln.types.v1.Machine.spec:type_name -> kiln.types.v1.MachineSpec
+	30, // 54: kiln.types.v1.Machine.status:type_name -> kiln.types.v1.MachineStatus
+	45, // 55: kiln.types.v1.HealthCheckSpec.selector:type_name -> kiln.types.v1.HealthCheckSpec.SelectorEntry
+	32, // 56: kiln.types.v1.HealthCheckSpec.unhealthy_conditions:type_name -> kiln.types.v1.UnhealthyCondition
+	2,  // 57: kiln.types.v1.HealthCheckStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 58: kiln.types.v1.HealthCheck.metadata:type_name -> kiln.types.v1.ObjectMeta
+	33, // 59: kiln.types.v1.HealthCheck.spec:type_name -> kiln.types.v1.HealthCheckSpec
+	34, // 60: kiln.types.v1.HealthCheck.status:type_name -> kiln.types.v1.HealthCheckStatus
+	46, // 61: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
+	46, // 62: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
+	46, // 63: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
+	64, // [64:64] is the sub-list for method output_type
+	64, // [64:64] is the sub-list for method input_type
+	64, // [64:64] is the sub-list for extension type_name
+	64, // [64:64] is the sub-list for extension extendee
+	0,  // [0:64] is the sub-list for field type_name
 }
 
 func init() { file_kiln_types_v1_types_proto_init() }
@@ -3978,7 +4110,7 @@ func file_kiln_types_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kiln_types_v1_types_proto_rawDesc), len(file_kiln_types_v1_types_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   44,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
