@@ -106,6 +106,13 @@ type Config struct {
 	ResyncInterval time.Duration
 	// Clock is the time source (time.Now).
 	Clock func() time.Time
+	// ProgressInterval is the longest a running lay's or wipe's stored
+	// progress (status.lastOperation.progress) stays behind its agent's
+	// reports (default DefaultProgressInterval); ProgressPercent is the
+	// gain in percent stored sooner, at most once a second (default
+	// DefaultProgressPercent).
+	ProgressInterval time.Duration
+	ProgressPercent  float64
 }
 
 // Deps are the executor's collaborators.
@@ -561,13 +568,13 @@ func (e *Executor) do(ctx context.Context, h *typesv1.Host, a hostlife.Action) e
 		if err != nil {
 			return errgrpc.FromGRPC(err)
 		}
-		return follow(stream)
+		return follow(stream, e.progressSink(ctx, h.GetMetadata().GetName(), a.OperationID))
 	case hostlife.ActWipe:
 		stream, err := c.Wipe(ctx, &agentv1.WipeRequest{OperationId: a.OperationID, Target: a.Target, RootDeviceHints: a.RootDevice})
 		if err != nil {
 			return errgrpc.FromGRPC(err)
 		}
-		return follow(stream)
+		return follow(stream, e.progressSink(ctx, h.GetMetadata().GetName(), a.OperationID))
 	case hostlife.ActWriteIdentity:
 		req := &agentv1.WriteIdentityRequest{}
 		if e.deps.Identity != nil {
@@ -635,8 +642,9 @@ type eventStream interface {
 	Recv() (*agentv1.OperationEvent, error)
 }
 
-// follow reads an operation's events until its terminal one.
-func follow(s eventStream) error {
+// follow reads an operation's events until its terminal one, handing
+// each event's progress report to progress (when not nil).
+func follow(s eventStream, progress func(*agentv1.Progress)) error {
 	for {
 		ev, err := s.Recv()
 		if errors.Is(err, io.EOF) {
@@ -644,6 +652,9 @@ func follow(s eventStream) error {
 		}
 		if err != nil {
 			return errgrpc.FromGRPC(err)
+		}
+		if p := ev.GetProgress(); p != nil && progress != nil {
+			progress(p)
 		}
 		switch ev.GetState() {
 		case agentv1.OperationState_OPERATION_STATE_SUCCEEDED:

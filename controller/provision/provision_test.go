@@ -82,7 +82,7 @@ func TestClassify(t *testing.T) {
 		{hostlife.ActWipe, fmt.Errorf("wrapped: %w", errdefs.InvalidArgument("no target")), hostlife.FailPermanent},
 		// The agent's refusal of a root-disk hint, as it crosses gRPC: only
 		// a new hint helps, so the host goes to Error at once.
-		{hostlife.ActLayImage, follow(&refused{errgrpc.ToGRPC(fmt.Errorf("lay image: %w", errdefs.InvalidArgument("root device hint serial=X matches none of this host's disks: /dev/sda (447.1 GiB, serial S45P)")))}), hostlife.FailPermanent},
+		{hostlife.ActLayImage, follow(&refused{errgrpc.ToGRPC(fmt.Errorf("lay image: %w", errdefs.InvalidArgument("root device hint serial=X matches none of this host's disks: /dev/sda (447.1 GiB, serial S45P)")))}, nil), hostlife.FailPermanent},
 	}
 	for _, tt := range tests {
 		t.Run(fmt.Sprintf("%s/%v", tt.kind, tt.err), func(t *testing.T) {
@@ -127,7 +127,7 @@ func TestFollow(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			evs := tt.evs
-			if err := follow(&evs); !tt.wantErr(err) {
+			if err := follow(&evs, nil); !tt.wantErr(err) {
 				t.Errorf("follow(%s) = %v", tt.name, err)
 			}
 		})
