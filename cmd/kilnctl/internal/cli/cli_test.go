@@ -110,8 +110,8 @@ func TestTable(t *testing.T) {
 	k, _ := lookupKind("host")
 	a := newApp(Options{Now: func() time.Time { return testNow }})
 	require.NoError(t, a.print(&buf, &buf, k, []*controllerv1.Resource{sampleHost()}, "", false))
-	want := "NAME       STATE        POWER   BMC       MACHINE   IMAGE   REASON              AGE\n" +
-		"rack1-01   Inspecting   on      redfish   -         -       ConnectionRefused   5m\n"
+	want := "NAME       STATE        POWER   BMC       MACHINE   IMAGE   PROGRESS   REASON              AGE\n" +
+		"rack1-01   Inspecting   on      redfish   -         -       -          ConnectionRefused   5m\n"
 	if buf.String() != want {
 		t.Errorf("get hosts =\n%s\nwant\n%s", buf.String(), want)
 	}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/kilnhq/kiln/internal/manifest"
+	opprogress "github.com/kilnhq/kiln/internal/progress"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
@@ -25,7 +26,8 @@ func (a *app) describeCommand() *cobra.Command {
 		Long: `Show a resource in detail: its spec, its status, a table of its
 conditions (type, status, reason, message, age) and its recent events.
 A host stuck in a phase says why here: every phase has a condition and its
-last error. A cluster is shown as a tree: its control planes and machine
+last error. A host laying an image (or wiping) shows its progress: bytes
+done of the total, rate and time left, as its agent last reported them. A cluster is shown as a tree: its control planes and machine
 deployments, their machines, the hosts under them (BMC, power, last agent
 operation) and its health checks, each with every condition and reason.`,
 		Example:           "  kilnctl describe host rack1-01\n  kilnctl describe cluster prod-eu1",
@@ -95,6 +97,11 @@ func describe(out io.Writer, k kind, r *controllerv1.Resource, events []*typesv1
 	}
 	if err := section(out, "Status", pm, fields.ByName("status"), []protoreflect.Name{"conditions"}); err != nil {
 		return err
+	}
+	if op := r.GetHost().GetStatus().GetLastOperation(); opprogress.Known(op.GetProgress()) {
+		// The lay's progress bar in words, read from the stored report.
+		fmt.Fprintln(out, "Progress:")
+		fmt.Fprintf(out, "  %s %s (%s): %s\n", op.GetKind(), op.GetId(), dash(op.GetState()), opprogress.Line(op.GetProgress(), now))
 	}
 
 	fmt.Fprintln(out, "Conditions:")

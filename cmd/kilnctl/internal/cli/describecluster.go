@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	opprogress "github.com/kilnhq/kiln/internal/progress"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
@@ -231,7 +232,9 @@ func hostNode(h *typesv1.Host, now time.Time) *treeNode {
 	if op := s.GetLastOperation(); op.GetKind() != "" {
 		opn := &treeNode{name: "Operation/" + op.GetKind(), ready: op.GetState(), since: age(op.GetStarted(), now)}
 		var m []string
-		if op.GetPercent() > 0 {
+		if p := opprogress.Short(op.GetProgress()); p != "" && op.GetState() == "Running" {
+			m = append(m, p)
+		} else if op.GetPercent() > 0 {
 			m = append(m, fmt.Sprintf("%.0f%%", op.GetPercent()))
 		}
 		if op.GetMessage() != "" {

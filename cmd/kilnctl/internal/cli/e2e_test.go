@@ -325,6 +325,64 @@ func TestEndToEnd(t *testing.T) {
 	})
 }
 
+// TestGetWatchShowsLayProgress: kilnctl get hosts -w lists the hosts,
+// then prints a host's row again when the controller stores its lay's
+// progress (controller/provision's TestLayProgressStored stores it from a
+// real agent lay), and describe host shows it in words.
+func TestGetWatchShowsLayProgress(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a controller with embedded etcd")
+	}
+	env := controllertest.Start(t)
+	admin := env.AdminConfigPath
+	p := filepath.Join(t.TempDir(), "h.yaml")
+	require.NoError(t, os.WriteFile(p, []byte("apiVersion: kiln.dev/v1\nkind: Host\nmetadata:\n  name: rack4-01\nspec:\n  bmc: {protocol: none}\n"), 0o644))
+	mustKilnctl(t, admin, "apply", "-f", p)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		opts := Options{Stdout: &out, Stderr: &out, Stdin: strings.NewReader(""),
+			Getenv: func(k string) string { return map[string]string{"KILNCONFIG": admin}[k] }}
+		done <- Run(ctx, opts, []string{"get", "hosts", "-w"})
+	}()
+	require.Eventually(t, func() bool { return strings.Contains(out.String(), "rack4-01") }, 30*time.Second, 20*time.Millisecond,
+		"kilnctl get hosts -w lists rack4-01 first")
+
+	now := time.Now()
+	for range 10 {
+		h := &typesv1.Host{}
+		rev, err := env.Store().Get(ctx, "hosts", "rack4-01", h)
+		require.NoError(t, err)
+		h.Status = &typesv1.HostStatus{State: typesv1.HostState_HOST_STATE_PROVISIONING, ProvisioningStep: "LayImage",
+			LastOperation: &typesv1.OperationStatus{Id: "rack4-01-LayImage-0", Kind: "LayImage", State: "Running", Started: timestamppb.New(now.Add(-15 * time.Second)),
+				Percent: 41.4, Progress: &typesv1.OperationProgress{Step: "fetch", DoneBytes: 1288490189, TotalBytes: 3113851290, Percent: 41.4,
+					BytesPerSecond: 85.3 * (1 << 20), EtaSeconds: 20.4, Updated: timestamppb.New(now)}}}
+		if _, err = env.Store().Update(ctx, "hosts", "rack4-01", h, rev); !errdefs.IsConflict(err) {
+			require.NoError(t, err)
+			break
+		}
+	}
+	row := regexp.MustCompile(`(?m)^rack4-01\s+Provisioning\s.*\sfetch 41% 85\.3 MiB/s ETA 21s\s`)
+	require.Eventually(t, func() bool { return row.MatchString(out.String()) }, 30*time.Second, 20*time.Millisecond,
+		"kilnctl get hosts -w prints the row again with its PROGRESS")
+	cancel()
+	require.NoError(t, <-done)
+	got := out.String()
+	t.Logf("kilnctl get hosts -w:\n%s", got)
+	if !strings.HasPrefix(got, "NAME ") || !strings.Contains(strings.SplitN(got, "\n", 2)[0], "PROGRESS") {
+		t.Errorf("kilnctl get hosts -w =\n%s\nwant a header with PROGRESS first", got)
+	}
+
+	desc := mustKilnctl(t, admin, "describe", "host", "rack4-01")
+	want := "Progress:\n  LayImage rack4-01-LayImage-0 (Running): fetch: 1.2 GiB of 2.9 GiB (41%), 85.3 MiB/s, ETA 21s"
+	if !strings.Contains(desc, want) {
+		t.Errorf("kilnctl describe host rack4-01 =\n%s\nwant it to contain\n%s", desc, want)
+	}
+}
+
 // syncBuffer is a bytes.Buffer safe for one writer and one reader.
 type syncBuffer struct {
 	mu  sync.Mutex

@@ -1,12 +1,14 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"strings"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/manifest"
@@ -43,6 +45,7 @@ func checkOutput(o string) error {
 func (a *app) getCommand() *cobra.Command {
 	var output string
 	var selector []string
+	var watch bool
 	cmd := &cobra.Command{
 		Use:   "get KIND [NAME]",
 		Short: "List resources, or show one",
@@ -52,6 +55,7 @@ KIND is host, image, cluster, controlplane (cp), machinedeployment (md),
 machine or healthcheck (hc), singular or plural. -o yaml prints what
 kilnctl apply takes (plus status); BMC passwords are never shown.`,
 		Example: `  kilnctl get hosts -o wide
+  kilnctl get hosts -w
   kilnctl get hosts -l rack=rack1
   kilnctl get cluster lab -o yaml`,
 		Args:              cobra.RangeArgs(1, 2),
@@ -68,9 +72,27 @@ kilnctl apply takes (plus status); BMC passwords are never shown.`,
 			if err != nil {
 				return err
 			}
+			if watch && output != "" && output != "wide" && output != "yaml" {
+				return errdefs.InvalidArgument("output format %q: get -w prints wide or yaml", output)
+			}
 			c, err := a.client(cmd.Context())
 			if err != nil {
 				return err
+			}
+			var stream grpc.ServerStreamingClient[controllerv1.WatchEvent]
+			if watch {
+				// Watch first, list second: a change between the two
+				// is printed twice rather than lost.
+				name := ""
+				if len(args) == 2 {
+					name = args[1]
+				}
+				if stream, err = c.Watch(cmd.Context(), &controllerv1.WatchRequest{Kind: k.Name, Name: name}); err == nil {
+					_, err = stream.Header()
+				}
+				if err != nil {
+					return a.rpcError("watch "+k.Aliases[1], err)
+				}
 			}
 			var items []*controllerv1.Resource
 			if len(args) == 2 {
@@ -96,12 +118,74 @@ kilnctl apply takes (plus status); BMC passwords are never shown.`,
 					}
 				}
 			}
-			return a.print(cmd.OutOrStdout(), cmd.ErrOrStderr(), k, items, output, len(args) == 2)
+			if !watch {
+				return a.print(cmd.OutOrStdout(), cmd.ErrOrStderr(), k, items, output, len(args) == 2)
+			}
+			out := cmd.OutOrStdout()
+			t := newTable(out, k, output == "wide", a.opts.Now)
+			if output == "yaml" {
+				if err := a.print(out, cmd.ErrOrStderr(), k, items, output, false); err != nil {
+					return err
+				}
+			} else {
+				for _, r := range items {
+					t.row(nil, r)
+				}
+				if err := t.flush(); err != nil {
+					return err
+				}
+			}
+			return a.printWatch(cmd.Context(), out, t, k, stream, output == "yaml", false, sel)
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "", "output format: wide, yaml, json or name")
+	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "after listing, print each change as it happens until interrupted (a host's PROGRESS column follows its lay)")
 	cmd.Flags().StringArrayVarP(&selector, "selector", "l", nil, "label selector key=value[,key=value]; repeatable")
 	return cmd
+}
+
+// printWatch prints the events of stream until it ends or ctx does: a
+// table row per event with the event type first (t's header is printed
+// already when it has rows), or YAML documents.
+func (a *app) printWatch(ctx context.Context, out io.Writer, t *table, k kind, stream grpc.ServerStreamingClient[controllerv1.WatchEvent], yaml, eventCol bool, sel map[string]string) error {
+	for {
+		ev, err := stream.Recv()
+		if errors.Is(err, io.EOF) || ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			return a.rpcError("watch "+k.Aliases[1], err)
+		}
+		if !selected(sel, metaOf(ev.GetResource()).GetLabels()) {
+			continue
+		}
+		if yaml {
+			b, err := manifest.Marshal(ev.GetResource())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "# %s\n%s---\n", ev.GetType(), b)
+			continue
+		}
+		var prefix []string
+		if eventCol {
+			prefix = []string{ev.GetType()}
+		}
+		t.row(prefix, ev.GetResource())
+		if err := t.flush(); err != nil {
+			return err
+		}
+	}
+}
+
+// selected reports whether labels match every key=value of sel.
+func selected(sel, labels map[string]string) bool {
+	for k, v := range sel {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
 }
 
 // print writes items in the output format.
@@ -221,28 +305,7 @@ interrupted. Each line starts with ADDED, MODIFIED or DELETED.`,
 				return a.rpcError("watch "+k.Aliases[1], err)
 			}
 			out := cmd.OutOrStdout()
-			t := newTable(out, k, output == "wide", a.opts.Now)
-			for {
-				ev, err := stream.Recv()
-				if errors.Is(err, io.EOF) || cmd.Context().Err() != nil {
-					return nil
-				}
-				if err != nil {
-					return a.rpcError("watch "+k.Aliases[1], err)
-				}
-				if output == "yaml" {
-					b, err := manifest.Marshal(ev.GetResource())
-					if err != nil {
-						return err
-					}
-					fmt.Fprintf(out, "# %s\n%s---\n", ev.GetType(), b)
-					continue
-				}
-				t.row([]string{ev.GetType()}, ev.GetResource())
-				if err := t.flush(); err != nil {
-					return err
-				}
-			}
+			return a.printWatch(cmd.Context(), out, newTable(out, k, output == "wide", a.opts.Now), k, stream, output == "yaml", true, nil)
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "", "output format: wide or yaml")
