@@ -10,6 +10,7 @@ import (
 	"github.com/kilnhq/kiln/controller/clusterplan"
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/progress"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -36,6 +37,11 @@ func (s *Snapshot) Lines() []string {
 		line := fmt.Sprintf("host %-10s %-14s %s", n, st, h.GetStatus().GetProvisioningStep())
 		if m := h.GetStatus().GetMachine(); m != "" {
 			line += " machine=" + m
+		}
+		if op := h.GetStatus().GetLastOperation(); op.GetState() == hostlife.OpRunning && progress.Known(op.GetProgress()) {
+			// A new line per stored report: the lab's lay progress.
+			p := op.GetProgress()
+			line += " " + progress.Line(p, p.GetUpdated().AsTime())
 		}
 		if e := h.GetStatus().GetLastError(); e != "" {
 			line += " last error: " + e

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/kilnhq/kiln/internal/conditions"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
@@ -59,6 +61,33 @@ func TestSnapshotLinesShowWhyObjectsAreBlocked(t *testing.T) {
 	}
 	if strings.Contains(got, "BMCReachable=True") || strings.Contains(got, "cluster lab: Ready=False") {
 		t.Errorf("Lines() = \n%s\nwant only False conditions, and the cluster's Ready once", got)
+	}
+}
+
+// A host laying its image gets a line per stored progress report, so
+// make lab prints the lay's progress per host.
+func TestSnapshotLinesShowLayProgress(t *testing.T) {
+	at := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	laying := func(done uint64, eta float64) *Snapshot {
+		return &Snapshot{Hosts: map[string]*typesv1.Host{"kiln-h1": {Metadata: &typesv1.ObjectMeta{Name: "kiln-h1"}, Status: &typesv1.HostStatus{
+			State: typesv1.HostState_HOST_STATE_PROVISIONING, ProvisioningStep: "LayImage",
+			LastOperation: &typesv1.OperationStatus{Id: "kiln-h1-LayImage-0", Kind: "LayImage", State: "Running",
+				Progress: &typesv1.OperationProgress{Step: "fetch", DoneBytes: done, TotalBytes: 4 << 30, Percent: 100 * float64(done) / float64(4<<30),
+					BytesPerSecond: 100 << 20, EtaSeconds: eta, Updated: timestamppb.New(at)}},
+		}}}}
+	}
+	first, later := laying(1<<30, 30.72), laying(3<<30, 10.24)
+	want := "host kiln-h1    PROVISIONING   LayImage fetch: 1.0 GiB of 4.0 GiB (25%), 100.0 MiB/s, ETA 31s"
+	if got := first.Lines(); len(got) != 1 || got[0] != want {
+		t.Errorf("Lines() = %q, want [%q]", got, want)
+	}
+	if a, b := first.Lines()[0], later.Lines()[0]; a == b || !strings.Contains(b, "3.0 GiB of 4.0 GiB (75%)") {
+		t.Errorf("Lines() after more bytes = %q (before %q), want a new line at 75%%", b, a)
+	}
+	done := laying(4<<30, 0)
+	done.Hosts["kiln-h1"].Status.LastOperation.State = "Succeeded"
+	if got := done.Lines()[0]; strings.Contains(got, "fetch") {
+		t.Errorf("Lines() of a finished lay = %q, want no progress", got)
 	}
 }
 
