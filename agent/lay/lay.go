@@ -73,6 +73,7 @@ type Layer struct {
 	pool        sync.Pool
 
 	fileTargets bool // regular files accepted as targets (the lab)
+	observer    Observer
 
 	mu   sync.Mutex
 	busy map[string]bool // targets being laid or wiped
@@ -153,6 +154,17 @@ func WithProgressInterval(d time.Duration) Option { return func(l *Layer) { l.in
 // target must be a block device, and anything else is an
 // errdefs.InvalidArgument error.
 func WithFileTargets(on bool) Option { return func(l *Layer) { l.fileTargets = on } }
+
+// Observer is told of each image laid (agent/metrics). Its method must
+// not block.
+type Observer interface {
+	// ObserveLay records a lay that succeeded: the bytes it wrote to the
+	// target and fetched from the server, in d.
+	ObserveLay(written, fetched uint64, d time.Duration)
+}
+
+// WithObserver reports each successful lay to o.
+func WithObserver(o Observer) Option { return func(l *Layer) { l.observer = o } }
 
 // WithClock sets the clock used for rates and ETAs. Default time.Now.
 func WithClock(now func() time.Time) Option { return func(l *Layer) { l.now = now } }
@@ -264,7 +276,11 @@ func (l *Layer) Lay(ctx context.Context, req *agentv1.LayImageRequest, progress 
 		}
 		return nil, err
 	}
-	res.Seconds = l.now().Sub(start).Seconds()
+	took := l.now().Sub(start)
+	res.Seconds = took.Seconds()
+	if l.observer != nil {
+		l.observer.ObserveLay(res.GetBytesWritten(), res.GetBytesFetched(), took)
+	}
 	rep.step(StepDone, res.BytesWritten)
 	log.Info("image laid", "bytesWritten", res.BytesWritten, "bytesFetched", res.BytesFetched, "seconds", res.Seconds)
 	return res, nil

@@ -1,14 +1,19 @@
 // Package metrics is the agent's Prometheus instrumentation: a registry of
 // its own (never the global default) with the Go runtime and process
-// collectors and the durations of the operations the journal runs, served
-// on a loopback address only (see docs/observability.md and
+// collectors, the durations of the operations the journal runs, the bytes
+// and throughput of image lays and the results and latency of health
+// probes, served on a loopback address without TLS or on any address over
+// mTLS to callers with a scraping role (see docs/observability.md and
 // docs/agent.md).
 package metrics
 
 import (
 	"context"
+	"crypto/tls"
+	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,14 +21,20 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/pki"
 	"github.com/kilnhq/kiln/internal/promserve"
 )
 
 // Metrics holds the agent's registry and metrics. A nil *Metrics records
 // nothing.
 type Metrics struct {
-	reg        *prometheus.Registry
-	operations *prometheus.HistogramVec
+	reg           *prometheus.Registry
+	operations    *prometheus.HistogramVec
+	layWritten    prometheus.Counter
+	layFetched    prometheus.Counter
+	layThroughput prometheus.Histogram
+	probeChecks   *prometheus.CounterVec
+	probeLatency  *prometheus.HistogramVec
 }
 
 // New returns Metrics on a fresh registry.
@@ -36,8 +47,56 @@ func New() *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.5, 2, 15), // 0.5 s to 2.3 h
 		}, []string{"operation", "outcome"}),
 	}
-	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), m.operations)
+	m.layWritten = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "kiln", Subsystem: "agent", Name: "lay_written_bytes_total",
+		Help: "Bytes written to target disks by image lays that succeeded (all-zero blocks are skipped, not written).",
+	})
+	m.layFetched = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "kiln", Subsystem: "agent", Name: "lay_fetched_bytes_total",
+		Help: "Bytes fetched from the image server by image lays that succeeded.",
+	})
+	m.layThroughput = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: "kiln", Subsystem: "agent", Name: "lay_throughput_bytes_per_second",
+		Help:    "Throughput of each image lay that succeeded: bytes fetched per second from its start to its verified end.",
+		Buckets: prometheus.ExponentialBuckets(1<<20, 2, 13), // 1 MiB/s to 4 GiB/s
+	})
+	m.probeChecks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "kiln", Subsystem: "agent", Name: "probe_checks_total",
+		Help: "Health probe checks run, by check (KubeletHealthy, ContainerdHealthy, APIServerReady, NodeReady, ClusterDNSResolves, CertificatesValid, EtcdMemberHealthy, CloudProviderInitialized) and result (True, False, Unknown).",
+	}, []string{"check", "result"})
+	m.probeLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "kiln", Subsystem: "agent", Name: "probe_check_duration_seconds",
+		Help:    "Latency of each health probe check (a DNS query, an API server request, ...), by check.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 10), // 1 ms to 3.8 s; a check times out at 5 s
+	}, []string{"check"})
+	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), m.operations,
+		m.layWritten, m.layFetched, m.layThroughput, m.probeChecks, m.probeLatency)
 	return m
+}
+
+// ObserveLay records an image lay that succeeded (lay.Observer).
+func (m *Metrics) ObserveLay(written, fetched uint64, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.layWritten.Add(float64(written))
+	m.layFetched.Add(float64(fetched))
+	if s := d.Seconds(); s > 0 {
+		m.layThroughput.Observe(float64(fetched) / s)
+	}
+}
+
+// ObserveProbe records one health probe check (probe.Observer). A result
+// other than True or False counts as Unknown, so the label stays bounded.
+func (m *Metrics) ObserveProbe(check, result string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	if result != "True" && result != "False" {
+		result = "Unknown"
+	}
+	m.probeChecks.WithLabelValues(check, result).Inc()
+	m.probeLatency.WithLabelValues(check).Observe(d.Seconds())
 }
 
 // ObserveOperation records an operation of kind that ran for d
@@ -50,8 +109,9 @@ func (m *Metrics) ObserveOperation(kind, outcome string, d time.Duration) {
 }
 
 // CheckLoopback refuses an address that is not a loopback IP and port:
-// the agent's metrics are served without TLS, so only to the host itself
-// (a node exporter's textfile, a local Prometheus agent, an SSH tunnel).
+// the agent's plain-HTTP metrics are served without TLS, so only to the
+// host itself (a node exporter's textfile, a local Prometheus agent, an
+// SSH tunnel); ServeTLS is for any other address.
 func CheckLoopback(addr string) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -69,5 +129,54 @@ func CheckLoopback(addr string) error {
 // Serve serves /metrics on lis until ctx ends; it returns nil after ctx
 // ends, or the error that stopped serving.
 func (m *Metrics) Serve(ctx context.Context, lis net.Listener, log *slog.Logger) error {
-	return promserve.Serve(ctx, lis, promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError, MaxRequestsInFlight: 2, Timeout: 10 * time.Second}), log)
+	return promserve.Serve(ctx, lis, m.handler(), log)
+}
+
+// ServeTLS serves /metrics over TLS on lis until ctx ends, with conf (the
+// agent's server configuration: its certificate, the controller CA as the
+// client CA) made to require a client certificate. A caller must present
+// one issued by the controller CA with a scraping role (CanScrape: reader,
+// operator, admin or controller); no certificate, or one of another CA,
+// fails the handshake, and another role (an agent's) gets 403 Forbidden.
+// It returns nil after ctx ends, or the error that stopped serving.
+func (m *Metrics) ServeTLS(ctx context.Context, lis net.Listener, conf *tls.Config, log *slog.Logger) error {
+	c := conf.Clone()
+	c.ClientAuth = tls.RequireAndVerifyClientCert
+	return promserve.Serve(ctx, tls.NewListener(lis, c), requireScraper(m.handler()), log)
+}
+
+func (m *Metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError, MaxRequestsInFlight: 2, Timeout: 10 * time.Second})
+}
+
+// CanScrape reports whether a certificate of role may read the agent's
+// metrics over mTLS: the operator roles (reader and above) and the
+// controller. An agent may not read another agent's.
+func CanScrape(role pki.Role) bool {
+	switch role {
+	case pki.RoleReader, pki.RoleOperator, pki.RoleAdmin, pki.RoleController:
+		return true
+	}
+	return false
+}
+
+// requireScraper lets through requests whose verified client certificate
+// has a scraping role.
+func requireScraper(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 || len(r.TLS.VerifiedChains[0]) == 0 {
+			http.Error(w, "a client certificate issued by the controller CA is required", http.StatusUnauthorized)
+			return
+		}
+		role, name, err := pki.Identity(r.TLS.VerifiedChains[0][0])
+		if err != nil {
+			http.Error(w, "client certificate: "+err.Error(), http.StatusForbidden)
+			return
+		}
+		if !CanScrape(role) {
+			http.Error(w, fmt.Sprintf("role %s (%s) may not read the agent's metrics; reader, operator, admin and controller may", role, name), http.StatusForbidden)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }

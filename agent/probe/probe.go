@@ -86,6 +86,16 @@ type Options struct {
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	Log *slog.Logger
+	// Observer, when set, is told of each check's result and latency
+	// (agent/metrics).
+	Observer Observer
+}
+
+// Observer is told of each check a Probe ran. Its method must not block.
+type Observer interface {
+	// ObserveProbe records that check (one of Types) ended with status
+	// result (True, False or Unknown) after d.
+	ObserveProbe(check, result string, d time.Duration)
 }
 
 // Prober checks the node's health.
@@ -265,7 +275,11 @@ func (p *Prober) Probe(ctx context.Context, req *agentv1.ProbeRequest) (*agentv1
 		wg.Go(func() {
 			cctx, cancel := context.WithTimeout(ctx, p.o.Timeout)
 			defer cancel()
+			start := p.o.Now()
 			results[i] = c.run(cctx, e)
+			if o := p.o.Observer; o != nil && results[i] != nil && ctx.Err() == nil {
+				o.ObserveProbe(c.typ, results[i].GetStatus(), p.o.Now().Sub(start))
+			}
 		})
 	}
 	wg.Wait()

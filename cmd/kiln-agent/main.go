@@ -185,6 +185,7 @@ type runOptions struct {
 	releaseExecutable              bool
 	fileTargets                    bool
 	metricsListen                  string
+	metricsTLSListen               string
 }
 
 func newRun(g *globals) *cobra.Command {
@@ -216,6 +217,7 @@ func newRun(g *globals) *cobra.Command {
 	f.register(cmd)
 	cmd.Flags().StringVar(&ro.listen, "listen", defaultListen, "address of the agent API")
 	cmd.Flags().StringVar(&ro.metricsListen, "metrics-listen", "", "serve Prometheus metrics over plain HTTP at /metrics on this loopback address (127.0.0.1:PORT; off when empty; see docs/observability.md)")
+	cmd.Flags().StringVar(&ro.metricsTLSListen, "metrics-tls-listen", "", "serve Prometheus metrics over mTLS at /metrics on this address (e.g. :9102) with the agent's certificate, to callers presenting a controller-CA certificate of role reader, operator, admin or controller (off when empty; see docs/observability.md)")
 	cmd.Flags().StringVar(&ro.advertise, "advertise", "", "agent API address to tell the controller (default: the listen address, or the local IP towards the controller)")
 	cmd.Flags().DurationVar(&ro.heartbeatInterval, "heartbeat-interval", heartbeat.DefaultInterval, "heartbeat interval until the controller names one")
 	cmd.Flags().StringVar(&ro.rebootCommand, "reboot-command", "", `command the Reboot RPC runs, e.g. "systemctl reboot" (default: none, Reboot is refused)`)
@@ -272,6 +274,8 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 		if err := metrics.CheckLoopback(ro.metricsListen); err != nil {
 			return err
 		}
+	}
+	if ro.metricsListen != "" || ro.metricsTLSListen != "" {
 		met = metrics.New()
 		jopts = append(jopts, journal.WithObserver(met))
 	}
@@ -280,21 +284,33 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 		return err
 	}
 	defer j.Close()
-	if met != nil {
-		mlis, err := net.Listen("tcp", ro.metricsListen)
+	for _, ml := range []struct {
+		addr  string
+		serve func(context.Context, net.Listener, *slog.Logger) error
+		what  string
+	}{
+		{ro.metricsListen, met.Serve, "http"},
+		{ro.metricsTLSListen, func(ctx context.Context, lis net.Listener, log *slog.Logger) error {
+			return met.ServeTLS(ctx, lis, id.ServerTLS(), log)
+		}, "https (mTLS)"},
+	} {
+		if ml.addr == "" {
+			continue
+		}
+		mlis, err := net.Listen("tcp", ml.addr)
 		if err != nil {
-			return fmt.Errorf("metrics: listen on %s: %w", ro.metricsListen, err)
+			return fmt.Errorf("metrics: listen on %s: %w", ml.addr, err)
 		}
 		mctx, stopMetrics := context.WithCancel(ctx)
 		metricsDone := make(chan struct{})
 		go func() {
 			defer close(metricsDone)
-			if err := met.Serve(mctx, mlis, log); err != nil {
+			if err := ml.serve(mctx, mlis, log); err != nil {
 				log.Warn("metrics server stopped", "error", err)
 			}
 		}()
 		defer func() { stopMetrics(); <-metricsDone }()
-		log.Info("metrics serving", "addr", mlis.Addr().String(), "path", "/metrics")
+		log.Info("metrics serving", "addr", mlis.Addr().String(), "path", "/metrics", "scheme", ml.what)
 	}
 	if n, err := j.Prune(time.Now().Add(-journalRetention)); err != nil {
 		log.Warn("pruning the operation journal failed", "error", err)
@@ -309,7 +325,7 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 	if ro.fileTargets {
 		log.Warn("file-target mode: images may be laid into regular files (a lab, not a real host)")
 	}
-	opts := services(g.root, ro.fileTargets, j, log)
+	opts := services(g.root, ro.fileTargets, j, met, log)
 	opts.Logs = logs
 	opts.Rebooter = &reboot.Commands{RebootCommand: ro.rebootCommand, PowerOffCommand: ro.powerOffCommand, Runner: command.Exec{}, Log: log}
 	svc := server.New(opts)

@@ -7,6 +7,7 @@ import (
 	"github.com/kilnhq/kiln/agent/journal"
 	"github.com/kilnhq/kiln/agent/kubeadm"
 	"github.com/kilnhq/kiln/agent/lay"
+	"github.com/kilnhq/kiln/agent/metrics"
 	"github.com/kilnhq/kiln/agent/personalize"
 	"github.com/kilnhq/kiln/agent/preflight"
 	"github.com/kilnhq/kiln/agent/prep"
@@ -22,13 +23,20 @@ import (
 
 // services builds the agent API's implementations. Reboot is set by run
 // from its flags. fileTargets (--file-targets, the lab) lets images be
-// laid into regular files.
-func services(root string, fileTargets bool, j *journal.Journal, log *slog.Logger) server.Options {
-	layer := lay.New(log, lay.WithFileTargets(fileTargets))
+// laid into regular files. met (nil: no metrics) is told of lays and
+// probes.
+func services(root string, fileTargets bool, j *journal.Journal, met *metrics.Metrics, log *slog.Logger) server.Options {
+	layOpts := []lay.Option{lay.WithFileTargets(fileTargets)}
+	probeOpts := probe.Options{Root: root, Log: log}
+	if met != nil {
+		layOpts = append(layOpts, lay.WithObserver(met))
+		probeOpts.Observer = met
+	}
+	layer := lay.New(log, layOpts...)
 	return server.Options{
 		Disks:          &rootdisk.Resolver{Root: root, FileTargets: fileTargets, Log: log},
 		Kubeadm:        kubeadm.New(kubeadm.Options{Root: root, Runner: kubeadm.Exec{}, Log: log}),
-		Prober:         probe.New(probe.Options{Root: root, Log: log}),
+		Prober:         probe.New(probeOpts),
 		Journal:        j,
 		Facts:          facter{root: root},
 		Preparer:       preparer{p: prep.New(root, command.Exec{}, log)},
@@ -99,4 +107,6 @@ var (
 	_ server.DiskResolver = (*rootdisk.Resolver)(nil)
 	_ server.Kubeadm      = (*kubeadm.Kubeadm)(nil)
 	_ server.Prober       = (*probe.Prober)(nil)
+	_ lay.Observer        = (*metrics.Metrics)(nil)
+	_ probe.Observer      = (*metrics.Metrics)(nil)
 )

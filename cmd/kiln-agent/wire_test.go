@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -20,6 +21,8 @@ import (
 
 	"github.com/kilnhq/kiln/agent/agenttest"
 	"github.com/kilnhq/kiln/agent/journal"
+	"github.com/kilnhq/kiln/agent/metrics"
+	"github.com/kilnhq/kiln/internal/promtest"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 )
 
@@ -42,7 +45,8 @@ func TestServicesFileTargets(t *testing.T) {
 		j, err := journal.Open(t.TempDir(), nil)
 		require.NoError(t, err)
 		t.Cleanup(func() { j.Close() })
-		a := agenttest.Start(t, services("/", files, j, slog.New(slog.DiscardHandler)))
+		met := metrics.New()
+		a := agenttest.Start(t, services("/", files, j, met, slog.New(slog.DiscardHandler)))
 		s, err := a.Controller(t).LayImage(context.Background(), &agentv1.LayImageRequest{
 			OperationId: "lay-1", Url: srv.URL + "/image.raw", Sha256: hex.EncodeToString(sum[:]), Target: disk,
 		})
@@ -70,6 +74,18 @@ func TestServicesFileTargets(t *testing.T) {
 			if last.GetState() != agentv1.OperationState_OPERATION_STATE_SUCCEEDED || !bytes.Equal(got[:len(img)], img) {
 				t.Errorf("LayImage(%s) with --file-targets ended %v; the file holds the image: %v", disk, last, bytes.Equal(got[:len(img)], img))
 			}
+			// The wired Layer reports to the agent's metrics.
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- met.Serve(ctx, lis, nil) }()
+			sc := promtest.Get(t, "http://"+lis.Addr().String()+"/metrics")
+			if got, _ := sc.Value("kiln_agent_lay_written_bytes_total"); got != float64(len(img)) {
+				t.Errorf("kiln_agent_lay_written_bytes_total after the wired lay = %v, want %d", got, len(img))
+			}
+			cancel()
+			require.NoError(t, <-done)
 			continue
 		}
 		if !bytes.Equal(got, make([]byte, 2<<20)) || fetched.Load() != 0 {

@@ -35,6 +35,12 @@ type Scrape struct {
 // error.
 func Get(t testing.TB, url string) *Scrape {
 	t.Helper()
+	return GetWith(t, http.DefaultClient, url)
+}
+
+// GetWith is Get through client (an mTLS client for an https:// url).
+func GetWith(t testing.TB, client *http.Client, url string) *Scrape {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -42,7 +48,7 @@ func Get(t testing.TB, url string) *Scrape {
 		t.Fatalf("scrape %s: %v", url, err)
 	}
 	req.Header.Set("Accept", "text/plain;version=0.0.4")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatalf("scrape %s: %v", url, err)
 	}
