@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"regexp"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -145,28 +143,13 @@ func TestMetrics(t *testing.T) {
 	// Histograms without an observation yet have no series in the text
 	// format: the rules and the dashboard may name them, and their names
 	// come from the registry's descriptions.
-	known := map[string]bool{}
-	for _, n := range s.Names() {
-		known[n] = true
-	}
-	for _, n := range []string{"kiln_operation_duration_seconds", "kiln_bmc_request_duration_seconds", "kiln_reconcile_duration_seconds"} {
-		for _, suffix := range []string{"", "_bucket", "_sum", "_count"} {
-			known[n+suffix] = true
-		}
-	}
-	for n, f := range s.Families {
-		if f.GetType().String() == "HISTOGRAM" {
-			for _, suffix := range []string{"_bucket", "_sum", "_count"} {
-				known[n+suffix] = true
-			}
-		}
-	}
+	known := s.Known("kiln_operation_duration_seconds", "kiln_bmc_request_duration_seconds", "kiln_reconcile_duration_seconds")
 
 	t.Run("alert rules", func(t *testing.T) {
 		rules := filepath.Join(observabilityDir, "kiln-alerts.yaml")
 		text, err := os.ReadFile(rules)
 		require.NoError(t, err)
-		if missing := unknownMetrics(string(text), known); len(missing) > 0 {
+		if missing := promtest.Unknown(string(text), known); len(missing) > 0 {
 			t.Errorf("%s names metrics the controller does not serve: %v", rules, missing)
 		}
 		out := promtest.CheckRules(t, rules)
@@ -190,28 +173,10 @@ func TestMetrics(t *testing.T) {
 		require.NotEmpty(t, dash.Panels, "dashboard has no panels")
 		for _, p := range dash.Panels {
 			for _, tg := range p.Targets {
-				if missing := unknownMetrics(tg.Expr, known); len(missing) > 0 {
+				if missing := promtest.Unknown(tg.Expr, known); len(missing) > 0 {
 					t.Errorf("dashboard panel %q: query %q names metrics the controller does not serve: %v", p.Title, tg.Expr, missing)
 				}
 			}
 		}
 	})
-}
-
-var metricNameRE = regexp.MustCompile(`\b(kiln_[a-z0-9_]+)`)
-
-// unknownMetrics are the kiln_* names in text that are not in known.
-func unknownMetrics(text string, known map[string]bool) []string {
-	seen := map[string]bool{}
-	for _, m := range metricNameRE.FindAllStringSubmatch(text, -1) {
-		if !known[m[1]] {
-			seen[m[1]] = true
-		}
-	}
-	var out []string
-	for n := range seen {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
 }

@@ -7,12 +7,14 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -77,8 +79,48 @@ func TestAgentMetrics(t *testing.T) {
 	}
 	out := promtest.CheckMetrics(t, s.Text)
 	t.Logf("promtool check metrics: ok %s", out)
+	checkRulesAndDashboard(t, s)
 	cancel()
 	require.NoError(t, <-done)
+}
+
+// observabilityDir holds the example agent alert rules and dashboard.
+const observabilityDir = "../../docs/observability"
+
+// checkRulesAndDashboard: the agent's example alert rules pass promtool
+// check rules, and they and the agent dashboard name only metrics the
+// agent serves.
+func checkRulesAndDashboard(t *testing.T, s *promtest.Scrape) {
+	t.Helper()
+	known := s.Known()
+	rules := filepath.Join(observabilityDir, "kiln-agent-alerts.yaml")
+	text, err := os.ReadFile(rules)
+	require.NoError(t, err)
+	if missing := promtest.Unknown(string(text), known); len(missing) > 0 {
+		t.Errorf("%s names metrics the agent does not serve: %v", rules, missing)
+	}
+	t.Logf("promtool check rules: %s", strings.TrimSpace(promtest.CheckRules(t, rules)))
+
+	path := filepath.Join(observabilityDir, "kiln-agent-dashboard.json")
+	text, err = os.ReadFile(path)
+	require.NoError(t, err)
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	require.NoError(t, json.Unmarshal(text, &dash), "dashboard JSON")
+	require.NotEmpty(t, dash.Panels, "dashboard has no panels")
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			if missing := promtest.Unknown(tg.Expr, known); len(missing) > 0 {
+				t.Errorf("dashboard panel %q: query %q names metrics the agent does not serve: %v", p.Title, tg.Expr, missing)
+			}
+		}
+	}
 }
 
 // layImage lays a 4 MiB image of random bytes (nothing to skip) with

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"os/exec"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
@@ -139,6 +140,45 @@ func value(m *dto.Metric) float64 {
 		return float64(m.GetSummary().GetSampleCount())
 	}
 	return m.GetUntyped().GetValue()
+}
+
+// Known are the series names s serves: its families' names, and the
+// _bucket, _sum and _count series of its histograms, plus those of the
+// histograms named in histograms (a histogram without an observation has
+// no series in the text format, yet rules and dashboards may name it).
+func (s *Scrape) Known(histograms ...string) map[string]bool {
+	known := map[string]bool{}
+	for n, f := range s.Families {
+		known[n] = true
+		if f.GetType() == dto.MetricType_HISTOGRAM {
+			histograms = append(histograms, n)
+		}
+	}
+	for _, n := range histograms {
+		for _, suffix := range []string{"", "_bucket", "_sum", "_count"} {
+			known[n+suffix] = true
+		}
+	}
+	return known
+}
+
+var kilnNameRE = regexp.MustCompile(`\b(kiln_[a-z0-9_]+)`)
+
+// Unknown are the kiln_* metric names in text (alert rules, a dashboard's
+// queries) that are not in known, sorted.
+func Unknown(text string, known map[string]bool) []string {
+	seen := map[string]bool{}
+	for _, m := range kilnNameRE.FindAllStringSubmatch(text, -1) {
+		if !known[m[1]] {
+			seen[m[1]] = true
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for n := range seen {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // Promtool returns the path of promtool, or skips the test saying how to
