@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -37,6 +38,54 @@ type operation struct {
 	once     sync.Once
 	state    agentv1.OperationState
 	err      string
+
+	mu       sync.Mutex
+	progress *agentv1.Progress // the latest report, nil before the first
+	seq      int               // counts reports
+	changed  chan struct{}     // closed (and replaced) on each report
+}
+
+// report makes p the operation's latest progress and wakes its streams.
+func (op *operation) report(p *agentv1.Progress) {
+	op.mu.Lock()
+	defer op.mu.Unlock()
+	op.progress = p
+	op.seq++
+	if op.changed != nil {
+		close(op.changed)
+	}
+	op.changed = make(chan struct{})
+}
+
+// latest returns the latest report, its sequence number and a channel
+// closed on the next one.
+func (op *operation) latest() (*agentv1.Progress, int, <-chan struct{}) {
+	op.mu.Lock()
+	defer op.mu.Unlock()
+	if op.changed == nil {
+		op.changed = make(chan struct{})
+	}
+	return op.progress, op.seq, op.changed
+}
+
+// layProgressSteps is how many progress reports a simulated lay makes.
+const layProgressSteps = 10
+
+// simulatedImageSize stands for an image whose request gives no size.
+const simulatedImageSize = 4 << 30
+
+// layProgress reports step i of layProgressSteps of laying total bytes,
+// elapsed after the start, as agent/lay's fetch step does.
+func layProgress(i int, total uint64, elapsed time.Duration) *agentv1.Progress {
+	done := total * uint64(i) / layProgressSteps
+	p := &agentv1.Progress{Step: "fetch", DoneBytes: done, TotalBytes: total, Percent: 100 * float64(done) / float64(total)}
+	if s := elapsed.Seconds(); s > 0 {
+		p.BytesPerSecond = float64(done) / s
+		if p.BytesPerSecond > 0 {
+			p.EtaSeconds = float64(total-done) / p.BytesPerSecond
+		}
+	}
+	return p
 }
 
 func (op *operation) finish(state agentv1.OperationState, err string) {
@@ -88,14 +137,24 @@ func (a *Agent) start(id, kind string, run func(op *operation, gen int)) (*opera
 	return op, nil
 }
 
-// LayImage lays the image after LayDuration; a fault set with FailLays
-// fails it with a checksum mismatch.
+// LayImage lays the image over LayDuration, reporting its progress in
+// tenths (bytes of the request's raw size, rate, ETA) as a real agent
+// does; a fault set with FailLays fails it with a checksum mismatch.
 func (a *Agent) LayImage(ctx context.Context, in *agentv1.LayImageRequest, _ ...grpc.CallOption) (grpc.ServerStreamingClient[agentv1.OperationEvent], error) {
 	h := a.host
+	total := in.GetRawSize()
+	if total == 0 {
+		total = simulatedImageSize
+	}
 	op, err := a.start(in.GetOperationId(), "lay-image", func(op *operation, gen int) {
-		if h.fleet.sleep(h.fleet.ctx, h.fleet.cfg.LayDuration) != nil {
-			op.interrupt()
-			return
+		start := time.Now()
+		op.report(layProgress(0, total, 0))
+		for i := 1; i <= layProgressSteps; i++ {
+			if h.fleet.sleep(h.fleet.ctx, h.fleet.cfg.LayDuration/layProgressSteps) != nil {
+				op.interrupt()
+				return
+			}
+			op.report(layProgress(i, total, time.Since(start)))
 		}
 		h.mu.Lock()
 		defer h.mu.Unlock()
@@ -187,11 +246,15 @@ func (a *Agent) Reboot(context.Context, *agentv1.RebootRequest, ...grpc.CallOpti
 	return &agentv1.RebootResponse{}, nil
 }
 
-// stream delivers the terminal event of an operation once it ends.
+// stream delivers an operation's latest progress report as it changes
+// (a slow reader skips reports, as the gRPC stream of a real agent never
+// does, which the controller's throttle makes no matter), then its
+// terminal event once it ends.
 type stream struct {
 	grpc.ClientStream
 	ctx  context.Context
 	op   *operation
+	seen int
 	sent bool
 }
 
@@ -199,13 +262,21 @@ func (s *stream) Recv() (*agentv1.OperationEvent, error) {
 	if s.sent {
 		return nil, io.EOF
 	}
-	select {
-	case <-s.op.done:
-	case <-s.ctx.Done():
-		return nil, errgrpc.ToGRPC(errdefs.Unavailable("operation %s: %v", s.op.id, s.ctx.Err()))
+	for {
+		p, seq, changed := s.op.latest()
+		if seq > s.seen {
+			s.seen = seq
+			return &agentv1.OperationEvent{OperationId: s.op.id, Kind: s.op.kind, State: agentv1.OperationState_OPERATION_STATE_RUNNING, Message: p.GetStep(), Progress: p}, nil
+		}
+		select {
+		case <-s.op.done:
+			s.sent = true
+			return &agentv1.OperationEvent{OperationId: s.op.id, Kind: s.op.kind, State: s.op.state, Error: s.op.err}, nil
+		case <-changed:
+		case <-s.ctx.Done():
+			return nil, errgrpc.ToGRPC(errdefs.Unavailable("operation %s: %v", s.op.id, s.ctx.Err()))
+		}
 	}
-	s.sent = true
-	return &agentv1.OperationEvent{OperationId: s.op.id, Kind: s.op.kind, State: s.op.state, Error: s.op.err}, nil
 }
 
 func (s *stream) Header() (metadata.MD, error) { return nil, nil }

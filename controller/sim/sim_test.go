@@ -327,6 +327,38 @@ func TestUnboundHostIsWipedAndAvailable(t *testing.T) {
 	w.checkProvisionedOnce(names[1:])
 }
 
+// TestLayProgressStored: a simulated lay reports its progress as a real
+// agent does, and the executor stores it coarsely in the host's last
+// operation, where the API (kilnctl get hosts -w, the dashboard) reads a
+// lay part done with its rate and ETA while it runs.
+func TestLayProgressStored(t *testing.T) {
+	slowLay := fastSim
+	slowLay.LayDuration, slowLay.Jitter = 2500*time.Millisecond, 0
+	w := newWorld(t, slowLay)
+	names, err := sim.Populate(w.ctx, w.st, 1, "rack8")
+	require.NoError(t, err)
+	stop := w.start()
+	defer stop()
+	var seen *typesv1.OperationProgress
+	w.waitFor(names, "a lay part done", func(h *typesv1.Host) bool {
+		op := h.GetStatus().GetLastOperation()
+		p := op.GetProgress()
+		if op.GetKind() == string(hostlife.StepLayImage) && op.GetState() == hostlife.OpRunning && p.GetPercent() > 0 && p.GetPercent() < 100 {
+			seen = p
+			return true
+		}
+		return false
+	})
+	t.Logf("stored while laying: %v", seen)
+	if seen.GetStep() != "fetch" || seen.GetBytesPerSecond() <= 0 || seen.GetEtaSeconds() <= 0 || seen.GetTotalBytes() == 0 || seen.GetUpdated() == nil {
+		t.Errorf("stored lay progress = %v, want step fetch with a rate, an ETA, a total and the time stored", seen)
+	}
+	w.waitFor(names, "Provisioned", provisioned)
+	if p := w.host(names[0]).GetStatus().GetLastOperation().GetProgress(); p != nil {
+		t.Errorf("host %s Provisioned: last operation progress = %v, want none (the lay's ended with it)", names[0], p)
+	}
+}
+
 // TestPowerCutMidLay: a host that loses power while its image is laid
 // is not stuck: the lay's timeout sends it back to power off and the boot
 // agent, and the image is laid once.
