@@ -20,6 +20,7 @@ import (
 	"github.com/kilnhq/kiln/agent/lay"
 	"github.com/kilnhq/kiln/agent/server"
 	"github.com/kilnhq/kiln/controller/hostlife"
+	"github.com/kilnhq/kiln/controller/resources"
 	"github.com/kilnhq/kiln/controller/store"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
@@ -133,10 +134,11 @@ func TestLayProgressStored(t *testing.T) {
 		Image: &typesv1.ImageSpec{Url: srv.URL + "/image.raw", Sha256: hex.EncodeToString(sum[:]), Format: "raw", Size: uint64(len(img)), RawSize: uint64(len(img))}})
 	require.NoError(t, err, "LayImage through the executor")
 
-	got := &typesv1.Host{}
-	_, err = st.Get(ctx, HostsKind, name, got)
+	// Read as the API's Get does (controller/resources, behind the
+	// Resources gRPC service that kilnctl and the dashboard call).
+	r, err := resources.New(st, nil, nil, slog.New(slog.DiscardHandler)).Get(ctx, "Host", name)
 	require.NoError(t, err)
-	op := got.GetStatus().GetLastOperation()
+	op := r.GetHost().GetStatus().GetLastOperation()
 	p := op.GetProgress()
 	t.Logf("stored progress: %v (operation percent %.1f)", p, op.GetPercent())
 	require.NotNil(t, p, "host status.lastOperation.progress after the lay")
