@@ -2,6 +2,7 @@ package provision
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -61,7 +62,7 @@ func (t *progressThrottle) admit(p *agentv1.Progress, now time.Time) bool {
 	since := now.Sub(t.last)
 	ok := false
 	switch {
-	case !t.stored, p.GetStep() != t.step:
+	case !t.stored, baseStep(p.GetStep()) != baseStep(t.step):
 		ok = true
 	case complete && !t.completed:
 		ok = true
@@ -76,6 +77,14 @@ func (t *progressThrottle) admit(p *agentv1.Progress, now time.Time) bool {
 	t.stored, t.last, t.step, t.lastPct = true, now, p.GetStep(), p.GetPercent()
 	t.completed = t.completed || complete
 	return true
+}
+
+// baseStep is step without a note: agent/lay reports a note within a step
+// as "fetch: server ignored the Range request ...", which is no new step
+// (a flaky server's retries must not each force a write).
+func baseStep(step string) string {
+	base, _, _ := strings.Cut(step, ": ")
+	return base
 }
 
 // OperationProgress converts an agent's progress report into what the

@@ -59,6 +59,8 @@ func TestProgressThrottle(t *testing.T) {
 			{5200 * time.Millisecond, rep("fetch", 90, 1000), true, "5s passed"},
 			{5500 * time.Millisecond, rep("fetch", 300, 1000), false, "21 points but within a second"},
 			{6300 * time.Millisecond, rep("fetch", 310, 1000), true, "22 points after 1.1s"},
+			{6350 * time.Millisecond, rep("fetch: retrying after a reset connection", 310, 1000), false, "a note is no new step"},
+			{6360 * time.Millisecond, rep("fetch", 320, 1000), false, "back from the note: the same step"},
 			{6400 * time.Millisecond, rep("fetch", 1000, 1000), true, "every byte done"},
 			{6500 * time.Millisecond, rep("fetch", 1000, 1000), false, "complete again, already stored"},
 			{6600 * time.Millisecond, rep("verify", 1000, 1000), true, "new step"},
