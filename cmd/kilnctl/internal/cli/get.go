@@ -144,9 +144,10 @@ kilnctl apply takes (plus status); BMC passwords are never shown.`,
 	return cmd
 }
 
-// printWatch prints the events of stream until it ends or ctx does: a
-// table row per event with the event type first (t's header is printed
-// already when it has rows), or YAML documents.
+// printWatch prints the events of stream whose objects match sel until
+// the stream or ctx ends: a table row per event on t (with the event type
+// first when eventCol, as kilnctl watch; without it, as kubectl get -w),
+// or with yaml a YAML document per event under a "# TYPE" line.
 func (a *app) printWatch(ctx context.Context, out io.Writer, t *table, k kind, stream grpc.ServerStreamingClient[controllerv1.WatchEvent], yaml, eventCol bool, sel map[string]string) error {
 	for {
 		ev, err := stream.Recv()
