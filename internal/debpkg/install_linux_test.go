@@ -1,0 +1,285 @@
+//go:build linux
+
+package debpkg_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kilnhq/kiln/e2e/lab/nspawn"
+	"github.com/kilnhq/kiln/imagebuilder/rootfs"
+	"github.com/kilnhq/kiln/internal/debpkg"
+	"github.com/kilnhq/kiln/internal/testenv"
+	"github.com/kilnhq/kiln/internal/units"
+)
+
+// PackagesEnv names a directory of already built packages (make
+// packages writes out/packages) for TestInstallPurge to install instead
+// of building them from this tree.
+const PackagesEnv = "KILN_PACKAGES_DIR"
+
+// TestInstallPurge installs the three packages with apt-get into a
+// pristine Debian 12 root (the lab's cached root: debootstrap minbase with
+// systemd, dbus, iproute2 and procps) booted under systemd-nspawn with
+// systemd as PID 1 and no network but loopback; checks that the
+// controller runs from its package, makes an enrollment token with
+// kilnctl, enrolls the agent from its package (enroll --install-unit
+// enables and starts the packaged unit, Type=notify with a watchdog), and
+// sees the host Available; then purges the packages and checks that no
+// unit and no file is left but the documented state directories.
+func TestInstallPurge(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots a Debian root and builds the binaries; not in -short")
+	}
+	testenv.RequireRoot(t, "to boot a Debian root with systemd-nspawn")
+	testenv.RequireTool(t, "systemd-nspawn", "systemd-container")
+	testenv.RequireTool(t, "nsenter", "util-linux")
+	start := time.Now()
+	step := func(what string) { t.Logf("[%5.1fs] %s", time.Since(start).Seconds(), what) }
+
+	debs := packagesForTest(t)
+	step("packages ready")
+
+	image := os.Getenv("KILN_SYSTEMD_ROOT")
+	if image == "" {
+		if _, err := exec.LookPath("debootstrap"); err != nil {
+			testenv.Skipf(t, "no Debian root: set KILN_SYSTEMD_ROOT, or install debootstrap to build the lab's cached root")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+		var err error
+		image, err = rootfs.Build(ctx, rootfs.Spec{Packages: []string{"procps"}}, nil)
+		cancel()
+		require.NoError(t, err, "building the cached Debian root")
+	}
+	step("Debian root ready: " + image)
+
+	const machine = "kiln-pkg"
+	dir := t.TempDir()
+	c, err := nspawn.Start(nspawn.Options{
+		Name: fmt.Sprintf("%s-%d", machine, os.Getpid()), Dir: image,
+		Binds:   []string{"--bind-ro=" + filepath.Dir(debs[0]) + ":/mnt/kiln-debs"},
+		Extra:   []string{"--volatile=overlay", "--hostname=" + machine},
+		Console: filepath.Join(dir, "console.log"), StopTimeout: 30 * time.Second,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if err := c.Stop(context.Background()); err != nil {
+			t.Errorf("stopping the machine: %v", err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	require.NoError(t, c.WaitRunning(ctx))
+	step("booted")
+
+	sh := func(script string) string {
+		t.Helper()
+		out, err := c.Exec(ctx, "sh", "-ec", script)
+		require.NoError(t, err, "in the machine: %s", script)
+		return out
+	}
+	// What the pristine root holds with "kiln" in its name, to compare
+	// after the purge.
+	findKiln := `find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run -o -path /mnt/kiln-debs \) -prune -o -name '*kiln*' -print | sort`
+	before := sh(findKiln)
+
+	var names []string
+	for _, d := range debs {
+		names = append(names, "/mnt/kiln-debs/"+filepath.Base(d))
+	}
+	out := sh("apt-get install -y --no-install-recommends " + strings.Join(names, " "))
+	t.Logf("apt-get install:\n%s", lastLines(out, 12))
+	step("installed")
+	for _, p := range []string{"/usr/bin/kiln-agent", "/usr/bin/kiln-controller", "/usr/bin/kilnctl",
+		"/usr/lib/systemd/system/" + units.AgentName, "/usr/lib/systemd/system/" + units.ControllerName,
+		units.AgentEnvFile, units.ControllerEnvFile} {
+		sh("test -e " + p)
+	}
+	conffiles := sh("cat /var/lib/dpkg/info/kiln-agent.conffiles /var/lib/dpkg/info/kiln-controller.conffiles")
+	for _, f := range []string{units.AgentEnvFile, units.ControllerEnvFile} {
+		require.Contains(t, conffiles, f, "conffiles")
+	}
+
+	// The controller runs from its package: postinst enabled and started
+	// it; Type=notify makes it active only once the API serves.
+	waitFor(t, ctx, "kiln-controller.service active", func() (bool, string) {
+		out, _ := c.Exec(ctx, "systemctl", "is-active", units.ControllerName)
+		return strings.TrimSpace(out) == "active", out
+	})
+	step("controller active")
+	if en := strings.TrimSpace(sh("systemctl is-enabled " + units.ControllerName)); en != "enabled" {
+		t.Errorf("systemctl is-enabled %s = %q, want enabled", units.ControllerName, en)
+	}
+	show := sh("systemctl show " + units.ControllerName + " -p Type -p User -p DynamicUser -p StateDirectory")
+	t.Logf("controller unit: %s", strings.Join(strings.Fields(show), " "))
+	require.Contains(t, show, "Type=notify")
+	require.Contains(t, show, "DynamicUser=yes")
+	uid := strings.TrimSpace(sh("ps -o uid= -p $(systemctl show -p MainPID --value " + units.ControllerName + ")"))
+	if uid == "0" {
+		t.Errorf("kiln-controller runs as uid 0, want a dynamic user")
+	}
+
+	const kilncfg = "KILNCONFIG=" + units.ControllerDataDir + "/kilnconfig-admin.yaml"
+	var tokenOut string
+	waitFor(t, ctx, "kilnctl token create", func() (bool, string) {
+		out, err := c.Exec(ctx, "sh", "-c", kilncfg+" kilnctl token create --ttl 10m")
+		tokenOut = out
+		return err == nil, out
+	})
+	m := regexp.MustCompile(`--token (\S+) --ca-hash (sha256:[0-9a-f]{64})`).FindStringSubmatch(tokenOut)
+	require.NotNil(t, m, "kilnctl token create printed no enroll line")
+	sh("umask 077; printf %s '" + m[1] + "' > /root/token")
+	step("token created")
+
+	out = sh("kiln-agent enroll --controller 127.0.0.1:7443 --token-file /root/token --ca-hash " + m[2] + " --install-unit")
+	t.Logf("kiln-agent enroll:\n%s", out)
+	require.Contains(t, out, "using the packaged "+units.AgentName, "enroll --install-unit must use the packaged unit")
+	require.Contains(t, out, "enabled and started "+units.AgentName)
+	sh("test -s " + units.AgentDataDir + "/agent.crt")
+	sh("test ! -e /etc/systemd/system/" + units.AgentName)
+	waitFor(t, ctx, "kiln-agent.service active", func() (bool, string) {
+		out, _ := c.Exec(ctx, "systemctl", "is-active", units.AgentName)
+		return strings.TrimSpace(out) == "active", out
+	})
+	show = sh("systemctl show " + units.AgentName + " -p Type -p WatchdogUSec -p NRestarts -p UnitFileState")
+	t.Logf("agent unit: %s", strings.Join(strings.Fields(show), " "))
+	for _, want := range []string{"Type=notify", "WatchdogUSec=1min", "UnitFileState=enabled"} {
+		require.Contains(t, show, want)
+	}
+	step("agent active")
+
+	// The host: BYOH (no BMC), so it goes Registering -> Inspecting ->
+	// Available once its agent heartbeats.
+	var state string
+	waitFor(t, ctx, "host "+machine+" Available", func() (bool, string) {
+		out, err := c.Exec(ctx, "sh", "-c", kilncfg+" kilnctl get host "+machine+" -o json")
+		if err != nil {
+			return false, out
+		}
+		var h struct {
+			Status struct {
+				State string `json:"state"`
+			} `json:"status"`
+		}
+		if err := json.Unmarshal([]byte(out), &h); err != nil {
+			return false, out
+		}
+		state = h.Status.State
+		return state == "Available" || state == "HOST_STATE_AVAILABLE", out
+	})
+	step("host " + state)
+	t.Logf("kilnctl get hosts:\n%s", sh(kilncfg+" kilnctl get hosts"))
+
+	// The agent keeps running past its watchdog: no restart after 1.5
+	// WatchdogSec would be too slow a test; the watchdog interval is
+	// checked above and a missed ping would show as NRestarts > 0 here.
+	if n := strings.TrimSpace(sh("systemctl show -p NRestarts --value " + units.AgentName)); n != "0" {
+		t.Errorf("kiln-agent.service NRestarts = %s, want 0", n)
+	}
+
+	for _, u := range []string{units.AgentName, units.ControllerName} {
+		out, _ := c.Exec(ctx, "systemd-analyze", "security", "--no-pager", u)
+		t.Logf("systemd-analyze security %s: %s", u, lastLines(out, 1))
+	}
+
+	out = sh("apt-get purge -y kiln-agent kiln-controller kilnctl")
+	t.Logf("apt-get purge:\n%s", lastLines(out, 8))
+	step("purged")
+	if out := sh("systemctl list-unit-files --no-legend 'kiln*' || true"); strings.TrimSpace(out) != "" {
+		t.Errorf("unit files left after purge:\n%s", out)
+	}
+	if out := sh("systemctl list-units --all --no-legend 'kiln*' || true"); strings.Contains(out, "kiln") && !strings.Contains(out, "not-found") {
+		t.Errorf("units left after purge:\n%s", out)
+	}
+	after := sh(findKiln)
+	documented := []string{units.AgentDataDir, units.ControllerDataDir, "/var/lib/private/kiln-controller"}
+	var stray []string
+	for _, p := range strings.Fields(after) {
+		if strings.Contains(before, p+"\n") {
+			continue
+		}
+		doc := false
+		for _, d := range documented {
+			if p == d || strings.HasPrefix(p, d+"/") {
+				doc = true
+			}
+		}
+		if !doc {
+			stray = append(stray, p)
+		}
+	}
+	if len(stray) > 0 {
+		t.Errorf("files left after purge besides the documented state (%s):\n%s", strings.Join(documented, ", "), strings.Join(stray, "\n"))
+	}
+	sh("test ! -e /etc/kiln")
+	if dpkg := sh("dpkg -l 'kiln*' 2>/dev/null | grep '^[a-z][a-z] ' || true"); strings.TrimSpace(dpkg) != "" {
+		t.Errorf("dpkg still knows the packages after purge:\n%s", dpkg)
+	}
+	step("checked the purge")
+}
+
+// packagesForTest returns the three .deb files: from $KILN_PACKAGES_DIR,
+// else built from this tree (go build of the three binaries, then Build).
+func packagesForTest(t *testing.T) []string {
+	t.Helper()
+	if d := os.Getenv(PackagesEnv); d != "" {
+		var debs []string
+		for _, n := range debpkg.Names {
+			m, _ := filepath.Glob(filepath.Join(d, n+"_*.deb"))
+			require.Len(t, m, 1, "%s: want one %s package", d, n)
+			debs = append(debs, m[0])
+		}
+		return debs
+	}
+	testenv.RequireTool(t, "go", "golang (or /usr/local/go/bin on PATH)")
+	bin := t.TempDir()
+	for _, n := range debpkg.Names {
+		args := []string{"build", "-trimpath", "-o", filepath.Join(bin, n)}
+		if n == debpkg.Agent {
+			args = append(args, "-tags", "grpcnotrace")
+		}
+		cmd := exec.Command("go", append(args, "github.com/kilnhq/kiln/cmd/"+n)...)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "go build %s: %s", n, out)
+	}
+	debs, err := debpkg.Build(debpkg.Options{BinDir: bin, OutDir: t.TempDir(), Version: "0~test", MTime: time.Unix(1_700_000_000, 0)})
+	require.NoError(t, err)
+	return debs
+}
+
+// waitFor polls cond until it holds or ctx ends; the failure names what
+// it waited for and cond's last output.
+func waitFor(t *testing.T, ctx context.Context, what string, cond func() (bool, string)) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	var last string
+	for {
+		ok, out := cond()
+		if ok {
+			return
+		}
+		last = out
+		select {
+		case <-ctx.Done():
+			t.Fatalf("waiting for %s: %v; last: %s", what, ctx.Err(), last)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(l[max(0, len(l)-n):], "\n")
+}
