@@ -61,9 +61,9 @@ type Agent struct {
 // runs kubeadm. So it keeps root, the devices, /etc, /var, the kernel
 // tunables and modules; it loses what none of that uses: the clock,
 // ptrace and other debugging calls, raw port I/O, obsolete system calls,
-// real-time scheduling, set-user-ID files, personality changes, writable
-// /usr and /boot, /home, a shared /tmp, and the capabilities listed in
-// agentDroppedCaps.
+// real-time scheduling, set-user-ID files, personality changes, user,
+// PID, IPC, cgroup and UTS namespaces, writable /usr and /boot, /home, a
+// shared /tmp, and the capabilities listed in agentDroppedCaps.
 func AgentUnit(o Agent) []byte {
 	if o.Exec == "" {
 		o.Exec = AgentExec
@@ -113,6 +113,7 @@ SystemCallArchitectures=native
 SystemCallFilter=~@clock @cpu-emulation @debug @obsolete @raw-io
 SystemCallErrorNumber=EPERM
 RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
+RestrictNamespaces=~user pid ipc cgroup uts
 CapabilityBoundingSet=~%s
 UMask=0022
 
@@ -128,7 +129,8 @@ var agentDroppedCaps = []string{
 	"CAP_MAC_ADMIN", "CAP_MAC_OVERRIDE", "CAP_LINUX_IMMUTABLE", "CAP_LEASE",
 	"CAP_SYSLOG", "CAP_AUDIT_CONTROL", "CAP_AUDIT_READ", "CAP_BLOCK_SUSPEND",
 	"CAP_SYS_PTRACE", "CAP_BPF", "CAP_PERFMON", "CAP_CHECKPOINT_RESTORE",
-	"CAP_IPC_OWNER", "CAP_SYS_NICE",
+	"CAP_IPC_OWNER", "CAP_IPC_LOCK", "CAP_SYS_NICE", "CAP_MKNOD", "CAP_SYS_CHROOT",
+	"CAP_NET_RAW", "CAP_NET_BROADCAST",
 }
 
 // ControllerUnit returns kiln-controller.service: `kiln-controller run`
