@@ -47,7 +47,7 @@ func TestInstallPurge(t *testing.T) {
 	start := time.Now()
 	step := func(what string) { t.Logf("[%5.1fs] %s", time.Since(start).Seconds(), what) }
 
-	debs := packagesForTest(t)
+	debs, upgrade := packagesForTest(t)
 	step("packages ready")
 
 	image := os.Getenv("KILN_SYSTEMD_ROOT")
@@ -67,7 +67,8 @@ func TestInstallPurge(t *testing.T) {
 	dir := t.TempDir()
 	c, err := nspawn.Start(nspawn.Options{
 		Name: fmt.Sprintf("%s-%d", machine, os.Getpid()), Dir: image,
-		Binds:   []string{"--bind-ro=" + filepath.Dir(debs[0]) + ":/mnt/kiln-debs"},
+		Binds: []string{"--bind-ro=" + filepath.Dir(debs[0]) + ":/mnt/kiln-debs",
+			"--bind-ro=" + filepath.Dir(upgrade[0]) + ":/mnt/kiln-debs-up"},
 		Extra:   []string{"--volatile=overlay", "--hostname=" + machine},
 		Console: filepath.Join(dir, "console.log"), StopTimeout: 30 * time.Second,
 	})
@@ -90,7 +91,7 @@ func TestInstallPurge(t *testing.T) {
 	}
 	// What the pristine root holds with "kiln" in its name, to compare
 	// after the purge.
-	findKiln := `find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run -o -path /mnt/kiln-debs \) -prune -o -name '*kiln*' -print | sort`
+	findKiln := `find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run -o -path /mnt/kiln-debs -o -path /mnt/kiln-debs-up \) -prune -o -name '*kiln*' -print | sort`
 	before := sh(findKiln)
 
 	var names []string
@@ -187,6 +188,40 @@ func TestInstallPurge(t *testing.T) {
 		t.Errorf("kiln-agent.service NRestarts = %s, want 0", n)
 	}
 
+	// Upgrade: a site's edit of a conffile stays, both daemons restart
+	// on the new version, the host stays Available.
+	mainPID := func(unit string) string {
+		return strings.TrimSpace(sh("systemctl show -p MainPID --value " + unit))
+	}
+	agentPID, ctlPID := mainPID(units.AgentName), mainPID(units.ControllerName)
+	sh(`echo 'KILN_AGENT_ARGS="--log-level debug"' >> ` + units.AgentEnvFile)
+	names = names[:0]
+	for _, d := range upgrade {
+		names = append(names, "/mnt/kiln-debs-up/"+filepath.Base(d))
+	}
+	out = sh("apt-get install -y --no-install-recommends " + strings.Join(names, " "))
+	t.Logf("apt-get install (upgrade):\n%s", lastLines(out, 6))
+	step("upgraded")
+	for _, n := range debpkg.Names {
+		if v := sh("dpkg-query -W -f '${Version}' " + n); !strings.HasSuffix(v, "+up") {
+			t.Errorf("%s version after the upgrade = %q, want the +up one", n, v)
+		}
+	}
+	require.Contains(t, sh("cat "+units.AgentEnvFile), `KILN_AGENT_ARGS="--log-level debug"`, "the site's edit of the conffile survives the upgrade")
+	for unit, before := range map[string]string{units.AgentName: agentPID, units.ControllerName: ctlPID} {
+		waitFor(t, ctx, unit+" restarted by the upgrade", func() (bool, string) {
+			out, _ := c.Exec(ctx, "systemctl", "is-active", unit)
+			pid := mainPID(unit)
+			return strings.TrimSpace(out) == "active" && pid != before && pid != "0", out + " MainPID " + pid
+		})
+	}
+	require.Contains(t, sh("ps -o args= -p "+mainPID(units.AgentName)), "--log-level debug", "the agent runs with KILN_AGENT_ARGS from the conffile")
+	waitFor(t, ctx, "host "+machine+" heartbeating after the upgrade", func() (bool, string) {
+		out, err := c.Exec(ctx, "sh", "-c", kilncfg+" kilnctl get host "+machine)
+		return err == nil && strings.Contains(out, "Available"), out
+	})
+	step("checked the upgrade")
+
 	for _, u := range []string{units.AgentName, units.ControllerName} {
 		out, _ := c.Exec(ctx, "systemd-analyze", "security", "--no-pager", u)
 		t.Logf("systemd-analyze security %s: %s", u, lastLines(out, 1))
@@ -221,6 +256,7 @@ func TestInstallPurge(t *testing.T) {
 	if len(stray) > 0 {
 		t.Errorf("files left after purge besides the documented state (%s):\n%s", strings.Join(documented, ", "), strings.Join(stray, "\n"))
 	}
+	t.Logf("kept after purge (documented state):\n%s", after)
 	sh("test ! -e /etc/kiln")
 	if dpkg := sh("dpkg -l 'kiln*' 2>/dev/null | grep '^[a-z][a-z] ' || true"); strings.TrimSpace(dpkg) != "" {
 		t.Errorf("dpkg still knows the packages after purge:\n%s", dpkg)
@@ -228,34 +264,47 @@ func TestInstallPurge(t *testing.T) {
 	step("checked the purge")
 }
 
-// packagesForTest returns the three .deb files: from $KILN_PACKAGES_DIR,
-// else built from this tree (go build of the three binaries, then Build).
-func packagesForTest(t *testing.T) []string {
+// packagesForTest returns the three .deb files, from $KILN_PACKAGES_DIR
+// or else built from this tree (go build of the three binaries, then
+// Build), and the same packages at a higher version in another
+// directory, to upgrade to.
+func packagesForTest(t *testing.T) (debs, upgrade []string) {
 	t.Helper()
+	testenv.RequireTool(t, "dpkg-deb", "dpkg")
+	bin := t.TempDir()
+	version := "0~test"
 	if d := os.Getenv(PackagesEnv); d != "" {
-		var debs []string
 		for _, n := range debpkg.Names {
 			m, _ := filepath.Glob(filepath.Join(d, n+"_*.deb"))
 			require.Len(t, m, 1, "%s: want one %s package", d, n)
 			debs = append(debs, m[0])
+			x := t.TempDir()
+			out, err := exec.Command("dpkg-deb", "-x", m[0], x).CombinedOutput()
+			require.NoError(t, err, "dpkg-deb -x %s: %s", m[0], out)
+			require.NoError(t, os.Rename(filepath.Join(x, "usr/bin", n), filepath.Join(bin, n)))
 		}
-		return debs
-	}
-	testenv.RequireTool(t, "go", "golang (or /usr/local/go/bin on PATH)")
-	bin := t.TempDir()
-	for _, n := range debpkg.Names {
-		args := []string{"build", "-trimpath", "-o", filepath.Join(bin, n)}
-		if n == debpkg.Agent {
-			args = append(args, "-tags", "grpcnotrace")
+		out, err := exec.Command("dpkg-deb", "-f", debs[0], "Version").Output()
+		require.NoError(t, err)
+		version = strings.TrimSpace(string(out))
+	} else {
+		testenv.RequireTool(t, "go", "golang (or /usr/local/go/bin on PATH)")
+		for _, n := range debpkg.Names {
+			args := []string{"build", "-trimpath", "-o", filepath.Join(bin, n)}
+			if n == debpkg.Agent {
+				args = append(args, "-tags", "grpcnotrace")
+			}
+			cmd := exec.Command("go", append(args, "github.com/kilnhq/kiln/cmd/"+n)...)
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "go build %s: %s", n, out)
 		}
-		cmd := exec.Command("go", append(args, "github.com/kilnhq/kiln/cmd/"+n)...)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "go build %s: %s", n, out)
+		var err error
+		debs, err = debpkg.Build(debpkg.Options{BinDir: bin, OutDir: t.TempDir(), Version: version, MTime: time.Unix(1_700_000_000, 0)})
+		require.NoError(t, err)
 	}
-	debs, err := debpkg.Build(debpkg.Options{BinDir: bin, OutDir: t.TempDir(), Version: "0~test", MTime: time.Unix(1_700_000_000, 0)})
+	upgrade, err := debpkg.Build(debpkg.Options{BinDir: bin, OutDir: t.TempDir(), Version: version + "+up", MTime: time.Unix(1_700_000_000, 0)})
 	require.NoError(t, err)
-	return debs
+	return debs, upgrade
 }
 
 // waitFor polls cond until it holds or ctx ends; the failure names what
