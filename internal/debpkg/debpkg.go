@@ -199,7 +199,9 @@ func write(info *nfpm.Info, dir string) (string, error) {
 var validVersion = regexp.MustCompile(`^[0-9][A-Za-z0-9.+~]*$`)
 
 // describeRE matches `git describe --tags --always --dirty` output.
-var describeRE = regexp.MustCompile(`^(?:v?([0-9][0-9A-Za-z.]*)(?:-([0-9]+)-g([0-9a-f]+))?|([0-9a-f]{4,40}))(-dirty)?$`)
+// A bare abbreviated hash (no tag reachable) comes first: "9b0c7bf"
+// also looks like a version that starts with a digit.
+var describeRE = regexp.MustCompile(`^(?:([0-9a-f]{7,40})|v?([0-9][0-9A-Za-z.]*)(?:-([0-9]+)-g([0-9a-f]+))?)(-dirty)?$`)
 
 // DebVersion turns `git describe --tags --always --dirty` output into a
 // Debian version that sorts as the commits do:
@@ -207,6 +209,8 @@ var describeRE = regexp.MustCompile(`^(?:v?([0-9][0-9A-Za-z.]*)(?:-([0-9]+)-g([0
 //	v1.2.0                 -> 1.2.0
 //	v1.2.0-5-gabc1234      -> 1.2.0+git5.abc1234    (5 commits after v1.2.0)
 //	abc1234 (no tag)       -> 0~git20261206123456.abc1234 (commit time)
+//	9b0c7bf (no tag)       -> 0~git20261206123456.9b0c7bf (7 to 40 hex digits
+//	                          and nothing else are a hash, not a tag)
 //	...-dirty              -> ...+dirty / ...dirty  (a tree with changes)
 //
 // It returns InvalidArgument for anything else.
@@ -217,12 +221,12 @@ func DebVersion(describe string, commit time.Time) (string, error) {
 	}
 	var v string
 	switch {
-	case m[4] != "":
-		v = "0~git" + commit.UTC().Format("20060102150405") + "." + m[4]
-	case m[2] != "":
-		v = m[1] + "+git" + m[2] + "." + m[3]
+	case m[1] != "":
+		v = "0~git" + commit.UTC().Format("20060102150405") + "." + m[1]
+	case m[3] != "":
+		v = m[2] + "+git" + m[3] + "." + m[4]
 	default:
-		v = m[1]
+		v = m[2]
 	}
 	if m[5] != "" {
 		if strings.Contains(v, "+") {

@@ -30,6 +30,9 @@ func TestDebVersion(t *testing.T) {
 		{"v1.2.0-dirty", "1.2.0+dirty"},
 		{"d8cba6a", "0~git20261206123456.d8cba6a"},
 		{"d8cba6a-dirty", "0~git20261206123456.d8cba6a+dirty"},
+		{"9b0c7bf", "0~git20261206123456.9b0c7bf"}, // a hash that starts with a digit
+		{"1234567", "0~git20261206123456.1234567"},
+		{"v1.2.0-5-g9b0c7bf", "1.2.0+git5.9b0c7bf"},
 	}
 	for _, tt := range tests {
 		got, err := DebVersion(tt.describe, commit)
