@@ -45,12 +45,12 @@ var NodePackages = []string{"containerd", "runc", "containernetworking-plugins",
 
 // Paths inside the image.
 const (
-	AgentPath      = "/usr/bin/kiln-agent"
-	AgentDataDir   = "/var/lib/kiln-agent"
-	AgentListen    = ":7441"
+	AgentPath      = units.AgentExec
+	AgentDataDir   = units.AgentDataDir
+	AgentListen    = units.AgentListen
 	ImagesDir      = "/var/lib/kiln/images"
 	ImportUnit     = "kiln-import-images.service"
-	AgentUnit      = "kiln-agent.service"
+	AgentUnit      = units.AgentName
 	CgroupRWUnit   = "cgroup-rw.service"
 	ModulesFile    = "/etc/modules-load.d/kiln.conf"
 	SysctlFile     = "/etc/sysctl.d/99-kiln.conf"

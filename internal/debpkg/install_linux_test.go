@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -131,18 +130,18 @@ func TestInstallPurge(t *testing.T) {
 	}
 
 	const kilncfg = "KILNCONFIG=" + units.ControllerDataDir + "/kilnconfig-admin.yaml"
-	var tokenOut string
+	// The token stays inside the machine: kilnctl's output goes to a
+	// file there, and only the CA hash comes back to the test's log.
 	waitFor(t, ctx, "kilnctl token create", func() (bool, string) {
-		out, err := c.Exec(ctx, "sh", "-c", kilncfg+" kilnctl token create --ttl 10m")
-		tokenOut = out
+		out, err := c.Exec(ctx, "sh", "-c", kilncfg+" kilnctl token create --ttl 10m > /root/enroll.txt 2>&1")
 		return err == nil, out
 	})
-	m := regexp.MustCompile(`--token (\S+) --ca-hash (sha256:[0-9a-f]{64})`).FindStringSubmatch(tokenOut)
-	require.NotNil(t, m, "kilnctl token create printed no enroll line")
-	sh("umask 077; printf %s '" + m[1] + "' > /root/token")
+	sh(`umask 077; sed -n 's/.*--token \([^ ]*\) .*/\1/p' /root/enroll.txt > /root/token; test -s /root/token`)
+	caHash := strings.TrimSpace(sh(`grep -o 'sha256:[0-9a-f]\{64\}' /root/enroll.txt | head -n 1`))
+	require.Regexp(t, `^sha256:[0-9a-f]{64}$`, caHash, "kilnctl token create printed no CA hash")
 	step("token created")
 
-	out = sh("kiln-agent enroll --controller 127.0.0.1:7443 --token-file /root/token --ca-hash " + m[2] + " --install-unit")
+	out = sh("kiln-agent enroll --controller 127.0.0.1:7443 --token-file /root/token --ca-hash " + caHash + " --install-unit")
 	t.Logf("kiln-agent enroll:\n%s", out)
 	require.Contains(t, out, "using the packaged "+units.AgentName, "enroll --install-unit must use the packaged unit")
 	require.Contains(t, out, "enabled and started "+units.AgentName)
