@@ -158,6 +158,26 @@ func TestInstallPurge(t *testing.T) {
 	}
 	step("agent active")
 
+	// The watchdog pings reach the real systemd through the sandbox:
+	// with WatchdogSec=2s (a runtime drop-in), systemd's record of the
+	// last ping moves on, twice, and the agent is not restarted.
+	const dropIn = "/run/systemd/system/" + units.AgentName + ".d"
+	sh("mkdir -p " + dropIn + " && printf '[Service]\\nWatchdogSec=2s\\n' > " + dropIn + "/watchdog.conf && systemctl daemon-reload && systemctl restart " + units.AgentName)
+	pings := map[string]bool{}
+	waitFor(t, ctx, "two watchdog pings of kiln-agent.service", func() (bool, string) {
+		ts := strings.TrimSpace(sh("systemctl show -p WatchdogTimestampMonotonic --value " + units.AgentName))
+		if ts != "" && ts != "0" {
+			pings[ts] = true
+		}
+		return len(pings) >= 3, ts
+	})
+	show = sh("systemctl show " + units.AgentName + " -p WatchdogUSec -p NRestarts -p ActiveState")
+	require.Contains(t, show, "WatchdogUSec=2s")
+	require.Contains(t, show, "NRestarts=0")
+	require.Contains(t, show, "ActiveState=active")
+	sh("rm -r " + dropIn + " && systemctl daemon-reload && systemctl restart " + units.AgentName)
+	step("watchdog pinged")
+
 	// The host: BYOH (no BMC), so it goes Registering -> Inspecting ->
 	// Available once its agent heartbeats.
 	var state string
