@@ -7,7 +7,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/kilnhq/kiln/internal/version.Version=$(VERSION)
 BINARIES := kiln-agent kiln-controller kilnctl kiln-imagebuilder
 
-.PHONY: all build test test-short fuzz check fresh-check generate bench lab lab-down lab-upgrade kube-tools image clean $(BINARIES)
+.PHONY: all build packages test test-short fuzz check fresh-check generate bench lab lab-down lab-upgrade kube-tools image clean $(BINARIES)
 
 all: build
 
@@ -20,6 +20,14 @@ TAGS_kiln-agent := grpcnotrace
 
 $(BINARIES):
 	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(TAGS_$@)' -ldflags '$(LDFLAGS)' -o $(BIN)/$@ ./cmd/$@
+
+# Debian packages of kiln-agent, kiln-controller and kilnctl in
+# out/packages (docs/packages.md): the version from git describe, every
+# time stamp the commit time, so two runs on one commit give identical
+# files.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null)
+packages: kiln-agent kiln-controller kilnctl
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run ./hack/debpkg -bin $(BIN) -out out/packages -describe '$(VERSION)'
 
 # Everything CI runs. Tests that need root, namespaces or tools skip with a
 # reason when those are missing; CI runs as root with the tools installed.

@@ -205,20 +205,6 @@ func (w testWriter) Write(p []byte) (int, error) {
 }
 
 func TestRenderUnit(t *testing.T) {
-	const head = `[Unit]
-Description=Kiln host agent
-Documentation=https://github.com/kilnhq/kiln/blob/main/docs/agent.md
-Wants=network-online.target
-After=network-online.target
-
-[Service]
-`
-	const tail = `Restart=always
-RestartSec=5
-
-[Install]
-WantedBy=multi-user.target
-`
 	tests := []struct {
 		name string
 		o    unitOptions
@@ -227,20 +213,22 @@ WantedBy=multi-user.target
 		{
 			name: "host root",
 			o:    unitOptions{Exec: "/usr/local/bin/kiln-agent", DataDir: "/var/lib/kiln-agent", Listen: ":7441", Root: "/"},
-			want: head + `ExecStart=/usr/local/bin/kiln-agent run --data-dir /var/lib/kiln-agent --listen :7441 --reboot-command "systemctl reboot" --poweroff-command "systemctl poweroff"` + "\n" + tail,
+			want: `ExecStart=/usr/local/bin/kiln-agent run --data-dir /var/lib/kiln-agent --listen :7441 --reboot-command "systemctl reboot" --poweroff-command "systemctl poweroff" $KILN_AGENT_ARGS` + "\n",
 		},
 		{
 			name: "other root",
 			o:    unitOptions{Exec: "/usr/bin/kiln-agent", DataDir: "/srv/agent", Listen: "10.0.0.5:7441", Root: "/mnt/host"},
-			want: head + `ExecStart=/usr/bin/kiln-agent run --data-dir /srv/agent --listen 10.0.0.5:7441 --root /mnt/host --reboot-command "systemctl reboot" --poweroff-command "systemctl poweroff"` + "\n" + tail,
+			want: `ExecStart=/usr/bin/kiln-agent run --data-dir /srv/agent --listen 10.0.0.5:7441 --root /mnt/host --reboot-command "systemctl reboot" --poweroff-command "systemctl poweroff" $KILN_AGENT_ARGS` + "\n",
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			unit, err := renderUnit(tt.o)
 			require.NoError(t, err)
-			if string(unit) != tt.want {
-				t.Errorf("renderUnit(%+v) = %q, want %q", tt.o, unit, tt.want)
+			for _, want := range []string{tt.want, "Type=notify\n", "WatchdogSec=", "[Install]\nWantedBy=multi-user.target\n"} {
+				if !strings.Contains(string(unit), want) {
+					t.Errorf("renderUnit(%+v) = %q, want a line %q", tt.o, unit, want)
+				}
 			}
 		})
 	}

@@ -33,16 +33,19 @@ import (
 	"github.com/kilnhq/kiln/agent/renew"
 	"github.com/kilnhq/kiln/agent/server"
 	"github.com/kilnhq/kiln/host/command"
+	"github.com/kilnhq/kiln/host/systemd"
 	"github.com/kilnhq/kiln/internal/backoff"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/memtrim"
+	"github.com/kilnhq/kiln/internal/units"
 	"github.com/kilnhq/kiln/internal/version"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 )
 
 const (
-	defaultDataDir = "/var/lib/kiln-agent"
-	defaultListen  = ":7441"
+	defaultDataDir  = units.AgentDataDir
+	defaultListen   = units.AgentListen
+	defaultUnitPath = "/etc/systemd/system/" + units.AgentName
 	// renewCheckInterval is how often run checks whether the certificate
 	// has reached the last third of its validity.
 	renewCheckInterval = time.Hour
@@ -171,7 +174,7 @@ func newEnroll(g *globals) *cobra.Command {
 	}
 	f.register(cmd)
 	cmd.Flags().BoolVar(&f.installUnit, "install-unit", false, "write, enable and start the kiln-agent systemd unit")
-	cmd.Flags().StringVar(&f.unitPath, "unit-path", "/etc/systemd/system/kiln-agent.service", "where --install-unit writes the unit")
+	cmd.Flags().StringVar(&f.unitPath, "unit-path", defaultUnitPath, "where --install-unit writes the unit")
 	cmd.Flags().StringVar(&f.listen, "listen", defaultListen, "agent API address the installed unit listens on")
 	return cmd
 }
@@ -382,11 +385,25 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 		rl := &renew.Loop{Client: agents, Identity: id, Dir: g.dataDir, Interval: renewCheckInterval, Log: log}
 		_ = rl.Run(ctx)
 	}()
+	// Type=notify: the listener is bound, so systemd may call the agent
+	// started; then keep petting its watchdog (WatchdogSec=) while the
+	// agent runs. Both do nothing outside a unit.
+	if _, err := systemd.NotifyReady(); err != nil {
+		log.Warn("telling systemd the agent is ready failed", "error", err)
+	}
+	wdDone := make(chan struct{})
+	go func() {
+		defer close(wdDone)
+		if err := systemd.RunWatchdog(ctx); err != nil {
+			log.Warn("systemd watchdog stopped", "error", err)
+		}
+	}()
 	err = server.Serve(ctx, gs, lis)
 	cancel()
 	<-hbDone
 	<-renewDone
 	<-trimDone
+	<-wdDone
 	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return fmt.Errorf("serve: %w", err)
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -11,9 +10,14 @@ import (
 
 	"github.com/kilnhq/kiln/host/systemd"
 	"github.com/kilnhq/kiln/internal/atomicfile"
+	"github.com/kilnhq/kiln/internal/units"
 )
 
-const unitName = "kiln-agent.service"
+const unitName = units.AgentName
+
+// packagedUnits are where the kiln-agent package puts its unit, relative
+// to the root (Debian 12 merges /lib into /usr/lib).
+var packagedUnits = []string{"usr/lib/systemd/system/" + units.AgentName, "lib/systemd/system/" + units.AgentName}
 
 type unitOptions struct {
 	Exec    string
@@ -22,37 +26,32 @@ type unitOptions struct {
 	Root    string
 }
 
-// renderUnit returns the systemd unit that runs the agent.
-//
-// It is written with fmt, not text/template: executing a template makes the
-// linker keep every exported method of every type in the binary (reflection
-// may call any of them), which costs the agent about 2.4 MiB of binary and
-// as much resident memory (docs/bench/agent.md).
+// renderUnit returns the systemd unit that runs the agent
+// (internal/units).
 func renderUnit(o unitOptions) ([]byte, error) {
-	root := ""
-	if o.Root != "/" {
-		root = " --root " + o.Root
+	return units.AgentUnit(units.Agent{Exec: o.Exec, DataDir: o.DataDir, Listen: o.Listen, Root: o.Root}), nil
+}
+
+// packaged reports whether the kiln-agent package's unit under root
+// already runs the agent as o asks: the packaged binary, data directory
+// and listen address, on the host's own root.
+func packaged(o unitOptions) bool {
+	if o.Exec != units.AgentExec || o.DataDir != units.AgentDataDir || o.Listen != units.AgentListen || (o.Root != "/" && o.Root != "") {
+		return false
 	}
-	var b bytes.Buffer
-	fmt.Fprintf(&b, `[Unit]
-Description=Kiln host agent
-Documentation=https://github.com/kilnhq/kiln/blob/main/docs/agent.md
-Wants=network-online.target
-After=network-online.target
-
-[Service]
-ExecStart=%s run --data-dir %s --listen %s%s --reboot-command "systemctl reboot" --poweroff-command "systemctl poweroff"
-Restart=always
-RestartSec=5
-
-[Install]
-WantedBy=multi-user.target
-`, o.Exec, o.DataDir, o.Listen, root)
-	return b.Bytes(), nil
+	for _, p := range packagedUnits {
+		if _, err := os.Stat(filepath.Join("/", p)); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // installUnit writes the unit to path, then enables and starts it when
-// systemd answers; without systemd it says how to start the agent.
+// systemd answers; without systemd it says how to start the agent. When
+// the kiln-agent package's unit already runs the agent as asked (and path
+// is the default), it writes nothing and enables and starts that one, so
+// purging the package leaves no unit behind.
 //
 // Equivalent to: `systemctl enable --now kiln-agent.service`.
 func installUnit(ctx context.Context, out io.Writer, path string, o unitOptions, log *slog.Logger) error {
@@ -64,14 +63,18 @@ func installUnit(ctx context.Context, out io.Writer, path string, o unitOptions,
 	if o.DataDir, err = filepath.Abs(o.DataDir); err != nil {
 		return fmt.Errorf("install unit: %w", err)
 	}
-	unit, err := renderUnit(o)
-	if err != nil {
-		return fmt.Errorf("install unit: %w", err)
+	if pkg := packaged(o); pkg && path == defaultUnitPath {
+		fmt.Fprintf(out, "using the packaged %s\n", unitName)
+	} else {
+		unit, err := renderUnit(o)
+		if err != nil {
+			return fmt.Errorf("install unit: %w", err)
+		}
+		if err := atomicfile.Write(path, unit, 0o644, atomicfile.MkdirAll(0o755)); err != nil {
+			return fmt.Errorf("install unit: %w", err)
+		}
+		fmt.Fprintf(out, "wrote %s\n", path)
 	}
-	if err := atomicfile.Write(path, unit, 0o644, atomicfile.MkdirAll(0o755)); err != nil {
-		return fmt.Errorf("install unit: %w", err)
-	}
-	fmt.Fprintf(out, "wrote %s\n", path)
 	m, err := systemd.Dial(ctx, o.Root)
 	if err != nil {
 		log.Warn("systemd not reachable; unit written but not started", "error", err)

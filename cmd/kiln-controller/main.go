@@ -18,6 +18,7 @@ import (
 	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/backup"
 	"github.com/kilnhq/kiln/controller/hostlife"
+	"github.com/kilnhq/kiln/host/systemd"
 	"github.com/kilnhq/kiln/internal/version"
 )
 
@@ -139,6 +140,10 @@ func runCmd() *cobra.Command {
 			go func() {
 				select {
 				case <-ctl.Ready():
+					// Type=notify (kiln-controller.service): serving now.
+					if _, err := systemd.NotifyReady(); err != nil {
+						log.Warn("telling systemd the controller is ready failed", "error", err)
+					}
 					fmt.Fprintf(cmd.OutOrStdout(), "kiln-controller %s serving on %s\nCA hash: %s\nadmin kilnconfig: %s\n",
 						version.Version, ctl.Addr(), ctl.CA().Hash(), ctl.AdminConfigPath())
 					if a := ctl.MetricsAddr(); a != "" {

@@ -34,6 +34,7 @@ import (
 	"github.com/kilnhq/kiln/imagebuilder/rootfs"
 	"github.com/kilnhq/kiln/imagebuilder/spec"
 	resources "github.com/kilnhq/kiln/internal/manifest"
+	"github.com/kilnhq/kiln/internal/units"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -44,12 +45,12 @@ var NodePackages = []string{"containerd", "runc", "containernetworking-plugins",
 
 // Paths inside the image.
 const (
-	AgentPath      = "/usr/bin/kiln-agent"
-	AgentDataDir   = "/var/lib/kiln-agent"
-	AgentListen    = ":7441"
+	AgentPath      = units.AgentExec
+	AgentDataDir   = units.AgentDataDir
+	AgentListen    = units.AgentListen
 	ImagesDir      = "/var/lib/kiln/images"
 	ImportUnit     = "kiln-import-images.service"
-	AgentUnit      = "kiln-agent.service"
+	AgentUnit      = units.AgentName
 	CgroupRWUnit   = "cgroup-rw.service"
 	ModulesFile    = "/etc/modules-load.d/kiln.conf"
 	SysctlFile     = "/etc/sysctl.d/99-kiln.conf"
@@ -136,22 +137,11 @@ func RootfsSpec(s *spec.Spec, cacheDir string) rootfs.Spec {
 
 // AgentUnitFile is kiln-agent.service in installed mode: it serves the
 // agent API with the identity the controller wrote into the laid image
-// (until then it waits, restarting every 5 s).
+// (until then it waits, restarting every 5 s). It is the unit of the
+// kiln-agent package and of `kiln-agent enroll --install-unit`
+// (internal/units).
 func AgentUnitFile() string {
-	return `[Unit]
-Description=Kiln host agent
-Documentation=https://github.com/kilnhq/kiln/blob/main/docs/agent.md
-Wants=network-online.target
-After=network-online.target
-
-[Service]
-ExecStart=` + AgentPath + ` run --data-dir ` + AgentDataDir + ` --listen ` + AgentListen + `
-Restart=always
-RestartSec=5
-
-[Install]
-WantedBy=multi-user.target
-`
+	return string(units.AgentUnit(units.Agent{Exec: AgentPath, DataDir: AgentDataDir, Listen: AgentListen}))
 }
 
 // ImportUnitFile imports the offline image archives into containerd's
