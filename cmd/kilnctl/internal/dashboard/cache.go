@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/kilnhq/kiln/internal/backoff"
 	"github.com/kilnhq/kiln/internal/errgrpc"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
@@ -20,6 +22,10 @@ import (
 // kinds are the kinds the dashboard follows, one Watch each (the
 // controller allows a caller 32 open watches).
 var kinds = []string{"Host", "Image", "Cluster", "ControlPlane", "MachineDeployment", "Machine", "HealthCheck"}
+
+// stateEnded is the journal's state of an operation seen Running and
+// then replaced by the next one.
+const stateEnded = "Ended"
 
 // journalLen is how many operations the dashboard remembers per host.
 const journalLen = 30
@@ -233,6 +239,14 @@ func (c *cache) noteLocked(r *controllerv1.Resource) {
 	if n := len(j); n > 0 && j[n-1].GetId() == op.GetId() {
 		j[n-1] = op
 		return
+	}
+	if n := len(j); n > 0 && j[n-1].GetState() == "Running" {
+		// The controller moved on in the same write that ended the
+		// operation, so its outcome was never seen here: it ended when
+		// the next one started.
+		ended := proto.Clone(j[n-1]).(*typesv1.OperationStatus)
+		ended.State, ended.Finished = stateEnded, op.GetStarted()
+		j[n-1] = ended
 	}
 	j = append(j, op)
 	if len(j) > journalLen {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/http"
 	"net/url"
 	"os/exec"
 	"regexp"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
@@ -95,7 +97,7 @@ func newBrowser(t testing.TB) context.Context {
 		chromedp.Flag("disable-component-update", true),
 		chromedp.Flag("disable-sync", true),
 		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.WindowSize(1400, 1000),
+		chromedp.WindowSize(1400, 1100),
 	}
 	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancelB := chromedp.NewContext(actx)
@@ -221,6 +223,16 @@ func cond(typ, status, reason, msg string, at time.Time) *typesv1.Condition {
 	return &typesv1.Condition{Type: typ, Status: status, Reason: reason, Message: msg, LastTransitionTime: timestamppb.New(at)}
 }
 
+func clusterReady(phase string, now time.Time) *typesv1.Condition {
+	switch phase {
+	case "Ready":
+		return cond("Ready", "True", "AsExpected", "control plane and workers ready", now.Add(-time.Hour))
+	case "Provisioning":
+		return cond("Ready", "False", "Provisioning", "2 of 3 control-plane machines ready", now.Add(-3*time.Minute))
+	}
+	return cond("Ready", "False", "ControlPlaneNotReady", "API server not answering on the endpoint", now.Add(-9*time.Minute))
+}
+
 // populate stores f: clusters with a control plane of 3 and a
 // deployment of the rest of their share of the hosts, each machine on a
 // host; hosts left over are Available, Registering or in Error; one host
@@ -279,7 +291,7 @@ func (f fixture) populate(t testing.TB, st *store.Store) {
 		wave := fmt.Sprintf("%d", c%3+1)
 		put("clusters", name, &typesv1.Cluster{Metadata: meta(name, map[string]string{"env": "prod", "upgrade-wave": wave}),
 			Spec:   &typesv1.ClusterSpec{KubernetesVersion: v, PodCidr: "10.244.0.0/16", ServiceCidr: "10.96.0.0/12", ControlPlaneEndpoint: fmt.Sprintf("10.40.%d.10:6443", c)},
-			Status: &typesv1.ClusterStatus{Phase: phases[c%len(phases)], Conditions: []*typesv1.Condition{cond("Ready", map[bool]string{true: "True", false: "False"}[phases[c%len(phases)] == "Ready"], "AsExpected", "", now.Add(-time.Hour))}}})
+			Status: &typesv1.ClusterStatus{Phase: phases[c%len(phases)], Conditions: []*typesv1.Condition{clusterReady(phases[c%len(phases)], now)}}})
 		rolling := c%7 == 3
 		workers := perCluster - 3
 		cpConds := []*typesv1.Condition{cond("Ready", "True", "AsExpected", "3 of 3 ready", now.Add(-time.Hour)), cond("UpToDate", "True", "AsExpected", "3 machines at "+v, now.Add(-time.Hour))}
@@ -333,4 +345,17 @@ func requireChromium(t testing.TB) {
 	if _, err := exec.LookPath("chromium"); err != nil {
 		testenv.Skipf(t, "chromium not installed (apt-get install chromium)")
 	}
+}
+
+func mustURL(t testing.TB, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	require.NoError(t, err)
+	return u
+}
+
+// chromedpSetCookie gives the browser the session cookie c of base.
+func chromedpSetCookie(ctx context.Context, base string, c *http.Cookie) (cdp.Empty, error) {
+	httpOnly := true
+	return chromedp.Call(ctx, network.SetCookie, network.SetCookieParams{Name: c.Name, Value: c.Value, URL: base + "/", HTTPOnly: &httpOnly, SameSite: network.CookieSameSiteStrict})
 }

@@ -27,7 +27,7 @@ const screenshotVar = "KILN_DASHBOARD_SCREENSHOTS"
 
 func screenshot(t *testing.T, ctx context.Context, path string) {
 	t.Helper()
-	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	png, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(path, png, 0o644))
 	t.Logf("wrote %s (%d bytes)", path, len(png))

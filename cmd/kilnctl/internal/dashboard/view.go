@@ -254,8 +254,11 @@ type progress struct {
 	Message string
 }
 
+// progressOf is op's progress, or nil when the controller reports none
+// (today it records no per-byte progress for any step: the bar shows once
+// it fills OperationStatus.percent).
 func progressOf(op *typesv1.OperationStatus) *progress {
-	if op.GetState() != "Running" && op.GetPercent() == 0 {
+	if op.GetPercent() <= 0 {
 		return nil
 	}
 	return &progress{Percent: min(max(op.GetPercent(), 0), 100), Message: op.GetMessage()}
