@@ -28,6 +28,10 @@ pkgs=(
   # metrics tests: promtool (check metrics, check rules) lints the
   # controller's and the agent's scrapes and docs/observability/kiln-alerts.yaml
   prometheus
+  # dashboard browser tests (cmd/kilnctl/internal/dashboard): headless
+  # Chromium driven by chromedp; fonts-dejavu-core so pages render text
+  # without recommends
+  chromium fonts-dejavu-core
   # make bench: hack/bench/lay.sh (with qemu-utils, bmap-tools, zstd above)
   # sums CPU times with bc
   bc

@@ -119,6 +119,7 @@ one for its admin to DATA_DIR/kilnconfig-admin.yaml.`,
 		a.auditCommand(),
 		a.backupCommand(),
 		a.dnsmasqConfigCommand(),
+		a.dashboardCommand(),
 		completionCommand(),
 		versionCommand(),
 	)

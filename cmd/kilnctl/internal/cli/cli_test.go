@@ -222,7 +222,7 @@ func TestDescribeOutput(t *testing.T) {
 	var buf bytes.Buffer
 	k, _ := lookupKind("host")
 	evs := []*typesv1.Event{{Time: timestamppb.New(testNow.Add(-20 * time.Second)), Type: "Warning", Reason: "BMCUnreachable", Message: "power on: connection refused"}}
-	require.NoError(t, describe(&buf, k, sampleHost(), evs, testNow))
+	require.NoError(t, describeObject(&buf, k, sampleHost(), evs, testNow))
 	got := buf.String()
 	for _, want := range []string{
 		"Name:       rack1-01\n",

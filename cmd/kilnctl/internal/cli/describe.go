@@ -56,15 +56,15 @@ operation) and its health checks, each with every condition and reason.`,
 			if err != nil {
 				return a.rpcError(what+": events", err)
 			}
-			return describe(cmd.OutOrStdout(), k, r, evs.GetEvents(), a.opts.Now())
+			return describeObject(cmd.OutOrStdout(), k, r, evs.GetEvents(), a.opts.Now())
 		},
 	}
 	cmd.Flags().Int64Var(&events, "events", 20, "how many recent events to show")
 	return cmd
 }
 
-// describe writes the description of r.
-func describe(out io.Writer, k kind, r *controllerv1.Resource, events []*typesv1.Event, now time.Time) error {
+// describeObject writes the description of r.
+func describeObject(out io.Writer, k kind, r *controllerv1.Resource, events []*typesv1.Event, now time.Time) error {
 	obj, err := manifest.Object(r)
 	if err != nil {
 		return err

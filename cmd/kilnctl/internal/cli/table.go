@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/kilnhq/kiln/cmd/kilnctl/internal/describe"
 	"github.com/kilnhq/kiln/internal/conditions"
 	opprogress "github.com/kilnhq/kiln/internal/progress"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
@@ -311,34 +312,13 @@ func hostProgress(h *typesv1.Host) string {
 	return opprogress.Short(op.GetProgress())
 }
 
-// hostState shows HOST_STATE_PROVISIONING as Provisioning.
-func hostState(s typesv1.HostState) string {
-	if s == typesv1.HostState_HOST_STATE_UNSPECIFIED {
-		return "-"
-	}
-	name := strings.TrimPrefix(s.String(), "HOST_STATE_")
-	return name[:1] + strings.ToLower(name[1:])
-}
-
-// age formats the time since ts like kubectl: 42s, 5m, 3h, 2d; "-" when
-// unknown. now is the injected clock.
-func age(ts *timestamppb.Timestamp, now time.Time) string {
-	if ts == nil {
-		return "-"
-	}
-	d := now.Sub(ts.AsTime())
-	switch {
-	case d < 0:
-		return "0s"
-	case d < 2*time.Minute:
-		return strconv.Itoa(int(d.Seconds())) + "s"
-	case d < 2*time.Hour:
-		return strconv.Itoa(int(d.Minutes())) + "m"
-	case d < 48*time.Hour:
-		return strconv.Itoa(int(d.Hours())) + "h"
-	}
-	return strconv.Itoa(int(d.Hours()/24)) + "d"
-}
+// hostState, age, dash and clean (a cell kept on one line and out of
+// the column separators) are the describe package's, under the
+// names the commands have always used.
+func hostState(st typesv1.HostState) string               { return describe.HostState(st) }
+func age(ts *timestamppb.Timestamp, now time.Time) string { return describe.Age(ts, now) }
+func dash(s string) string                                { return describe.Dash(s) }
+func clean(s string) string                               { return describe.Clean(s) }
 
 func size(b uint64) string {
 	if b == 0 {
@@ -367,13 +347,6 @@ func short(s string, n int) string {
 	return s
 }
 
-func dash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
-
 func orDefault(s, def string) string {
 	if s == "" {
 		return def
@@ -382,11 +355,6 @@ func orDefault(s, def string) string {
 }
 
 func itoa(i int32) string { return strconv.Itoa(int(i)) }
-
-// clean keeps a cell on one line and out of the column separators.
-func clean(s string) string {
-	return strings.NewReplacer("\n", " ", "\t", " ").Replace(s)
-}
 
 // imageRef shows how a ControlPlane or MachineDeployment names its image:
 // the name, or the image its selector resolved to with the selector
