@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/go/bin:$PATH
+export GOTOOLCHAIN=$(cat hack/go-toolchain) # README, "Go version"
 out=${BENCH_OUT:-$(mktemp -d)}
 echo "bench: Go benchmarks -> $out/go.txt"
 go test -run '^$' -bench . -benchmem -count 1 -timeout 60m ./... | tee "$out/go.txt"

@@ -145,8 +145,8 @@ cat >"$work/src/steps.sh" <<'STEPS'
 set -uo pipefail
 export PATH=/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export HOME=/root GOPATH=/work/go GOMODCACHE=/work/go/pkg/mod GOCACHE=/work/go-build
-export GOFLAGS= GOTOOLCHAIN=local
 cd /work/kiln
+export GOFLAGS= GOTOOLCHAIN=$(cat hack/go-toolchain)
 if compgen -G '/usr/local/share/ca-certificates/*.crt' >/dev/null; then
   update-ca-certificates >/dev/null 2>&1 || echo "fresh-check: update-ca-certificates failed"
 fi

@@ -13,6 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/go/bin:$PATH
+export GOTOOLCHAIN=$(cat hack/go-toolchain) # README, "Go version"
 FUZZTIME=${FUZZTIME:-10m}
 # The test binaries run at the lowest priority; the build does not.
 NICE=${FUZZNICE:-19}

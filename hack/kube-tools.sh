@@ -14,6 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:${PATH}"
+export GOTOOLCHAIN=$(cat hack/go-toolchain) # README, "Go version"
 mkdir -p bin
 CGO_ENABLED=0 go build -trimpath -o bin/kiln-imagebuilder ./cmd/kiln-imagebuilder
 exec ./bin/kiln-imagebuilder kube-tools "$@"

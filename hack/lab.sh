@@ -21,6 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:${PATH}"
+export GOTOOLCHAIN=$(cat hack/go-toolchain) # README, "Go version"
 export KILN_CACHE=${KILN_CACHE:-/var/cache/kiln}
 dir=${KILN_LAB_DIR:-/var/lib/kiln/lab-run/kiln}
 cmd=${1:-up}

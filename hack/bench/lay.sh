@@ -18,6 +18,7 @@
 # (default /var/tmp) and removes it at the end.
 set -euo pipefail
 export PATH=/usr/local/go/bin:$PATH
+export GOTOOLCHAIN=$(cat "$(dirname "$0")/../go-toolchain") # README, "Go version"
 cd "$(dirname "$0")/../.."
 
 size=${1:-1073741824}
