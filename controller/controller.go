@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -73,6 +74,12 @@ type Config struct {
 	// ListenAddr is the gRPC API address (DefaultListenAddr). Port 0 picks
 	// a free port; Addr reports it.
 	ListenAddr string
+	// ReservedNetworks are networks no new Cluster's pod or service CIDR
+	// may overlap, besides the controller's own subnets (`kiln-controller
+	// run --reserved-network`): networks the operator declares, such as a
+	// provisioning or BMC network the controller is not on. Networks that
+	// agents report only warn.
+	ReservedNetworks []netip.Prefix
 	// ServerNames are extra DNS names or IPs for the server certificate,
 	// besides localhost, loopback, the host name and the listen address.
 	ServerNames []string
@@ -447,7 +454,7 @@ func (c *Controller) Run(ctx context.Context) error {
 
 	rec := events.New(client, events.DefaultTTL, c.cfg.Clock, c.log)
 	res := resources.New(st, rec, c.cfg.Clock, c.log)
-	res.SetOwnNetworks(ownNetworks(addr, c.cfg.BootListenAddr))
+	res.SetOwnNetworks(append(ownNetworks(addr, c.cfg.BootListenAddr), c.cfg.ReservedNetworks...))
 	enr := enrollment.New(st, ca, rec, enrollment.Config{
 		HeartbeatInterval: c.cfg.HeartbeatInterval,
 		Clock:             c.cfg.Clock,

@@ -247,7 +247,12 @@ type ApplyResult struct {
 	Kind  string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
 	Name  string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	// action is "created", "configured" or "unchanged".
-	Action        string `protobuf:"bytes,3,opt,name=action,proto3" json:"action,omitempty"`
+	Action string `protobuf:"bytes,3,opt,name=action,proto3" json:"action,omitempty"`
+	// warnings are what the controller noticed but did not refuse: a
+	// Cluster CIDR that overlaps a network an agent reports (agents' facts
+	// may not refuse an operator's apply; issue 12). kilnctl apply prints
+	// them.
+	Warnings      []string `protobuf:"bytes,4,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -301,6 +306,13 @@ func (x *ApplyResult) GetAction() string {
 		return x.Action
 	}
 	return ""
+}
+
+func (x *ApplyResult) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
 }
 
 type ApplyResponse struct {
@@ -1748,11 +1760,12 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\x04kind\"c\n" +
 	"\fApplyRequest\x12:\n" +
 	"\tresources\x18\x01 \x03(\v2\x1c.kiln.controller.v1.ResourceR\tresources\x12\x17\n" +
-	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"M\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"i\n" +
 	"\vApplyResult\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
-	"\x06action\x18\x03 \x01(\tR\x06action\"J\n" +
+	"\x06action\x18\x03 \x01(\tR\x06action\x12\x1a\n" +
+	"\bwarnings\x18\x04 \x03(\tR\bwarnings\"J\n" +
 	"\rApplyResponse\x129\n" +
 	"\aresults\x18\x01 \x03(\v2\x1f.kiln.controller.v1.ApplyResultR\aresults\"4\n" +
 	"\n" +
