@@ -336,6 +336,7 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 		adv = func() string { return ro.advertise }
 	}
 	agents := controllerv1.NewAgentsClient(conn)
+	rl := &renew.Loop{Client: agents, Identity: id, Dir: g.dataDir, Interval: renewCheckInterval, Log: log}
 	hb := heartbeat.New(heartbeat.Options{
 		Client:   agents,
 		Address:  adv,
@@ -343,6 +344,7 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 		Version:  version.Version,
 		Interval: ro.heartbeatInterval,
 		Log:      log,
+		Observe:  followRotation(id, g.dataDir, rl, log),
 	})
 
 	log.Info("agent serving", "listen", lis.Addr().String(), "host", id.Host(), "controller", id.Controller.Address, "version", version.Version)
@@ -363,7 +365,6 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 	}()
 	go func() {
 		defer close(renewDone)
-		rl := &renew.Loop{Client: agents, Identity: id, Dir: g.dataDir, Interval: renewCheckInterval, Log: log}
 		_ = rl.Run(ctx)
 	}()
 	err = server.Serve(ctx, gs, lis)
@@ -376,6 +377,29 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 	}
 	log.Info("agent stopped")
 	return nil
+}
+
+// followRotation follows a CA rotation (kiln-controller rotate-ca)
+// through heartbeat answers: it trusts the CAs the controller names and
+// renews at once when the controller asks.
+func followRotation(id *identity.Identity, dir string, rl *renew.Loop, log *slog.Logger) func(*controllerv1.HeartbeatResponse, error) {
+	return func(resp *controllerv1.HeartbeatResponse, err error) {
+		if err != nil {
+			return
+		}
+		if b := resp.GetCaBundlePem(); len(b) > 0 {
+			changed, err := id.SetTrust(dir, b)
+			switch {
+			case err != nil:
+				log.Warn("controller CAs not taken", "error", err)
+			case changed:
+				log.Info("controller CAs changed", "cas", len(id.CAs()), "ca_hash", id.Controller.CAHash)
+			}
+		}
+		if resp.GetRenewCertificate() {
+			rl.RenewNow()
+		}
+	}
 }
 
 func newFacts(g *globals) *cobra.Command {
