@@ -76,7 +76,7 @@ func rootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(runCmd(), operatorCertCmd(), restoreCmd(), rotateSecretKeyCmd(), versionCmd())
+	root.AddCommand(runCmd(), operatorCertCmd(), restoreCmd(), rotateSecretKeyCmd(), rotateCACmd(), versionCmd())
 	return root
 }
 
