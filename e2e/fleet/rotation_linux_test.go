@@ -204,8 +204,8 @@ func TestRotateSecretKeyAndCAOnARunningLab(t *testing.T) {
 	oldKC, err := kilnconfig.Load(oldCfg)
 	require.NoError(t, err)
 	kilnctlOld := func() string {
-		if _, err := l.cmd(ctx, "kilnctl", "--kilnconfig", oldCfg, "get", "hosts"); err != nil {
-			return "fails: " + err.Error()
+		if out, err := l.cmd(ctx, "kilnctl", "--kilnconfig", oldCfg, "get", "hosts"); err != nil {
+			return "fails: " + strings.TrimSpace(out)
 		}
 		return "works"
 	}
@@ -404,8 +404,8 @@ func processAlive(pid int) bool { return syscall.Kill(pid, 0) == nil }
 
 func firstLine(s string) string {
 	s, _, _ = strings.Cut(s, "\n")
-	if len(s) > 90 {
-		s = s[:90] + "..."
+	if len(s) > 140 {
+		s = s[:140] + "..."
 	}
 	return s
 }
