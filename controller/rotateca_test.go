@@ -18,6 +18,7 @@ import (
 
 	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
+	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/kilnconfig"
 	"github.com/kilnhq/kiln/internal/pki"
@@ -269,4 +270,59 @@ func TestRotateCAConcurrentPrepare(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "prepared", st.State)
 	require.True(t, made[st.New], "the stored next CA %s is not the one a run reported", st.New)
+}
+
+// Two replicas on one etcd, each with its own data directory and a copy of
+// the secret key: a rotation run once (here against the etcd, as from a
+// third machine) reaches both, and an agent renewed through one is served
+// by the other throughout.
+func TestRotateCAReachesEveryReplica(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	url, err := store.FreeLoopbackURL()
+	require.NoError(t, err)
+	emb, err := store.StartEmbedded(ctx, store.EmbeddedConfig{DataDir: t.TempDir(), ClientURL: url})
+	require.NoError(t, err)
+	t.Cleanup(emb.Close) // after the replicas stop (cleanups run last first)
+	keyFile := filepath.Join(t.TempDir(), "secret.key")
+	replica := func() *controllertest.Env {
+		return controllertest.Start(t, controllertest.WithConfig(func(c *controller.Config) {
+			c.EtcdEndpoints = []string{url}
+			c.SecretKeyFile = keyFile
+		}))
+	}
+	a, b := replica(), replica()
+	require.Equal(t, a.CAHash, b.CAHash, "replicas share the CA")
+	cfg := controller.Config{EtcdEndpoints: []string{url}, SecretKeyFile: keyFile}
+	rotate := func(p controller.CAPhase) controller.RotateCAResult {
+		res, err := controller.RotateCA(ctx, cfg, controller.RotateCARequest{Phase: p}, nil)
+		require.NoError(t, err, "rotate-ca --phase %s", p)
+		return res
+	}
+	en, err := enroll(ctx, t, a, a.Token(t, "ha-01", time.Hour), "ha-01")
+	require.NoError(t, err)
+	ag := &caAgent{host: en.host, certPEM: en.certPEM, keyPEM: en.keyPEM, trust: a.CAPEM}
+	_, err = ag.heartbeat(ctx, t, b)
+	require.NoError(t, err)
+
+	res := rotate(controller.CAPrepare)
+	for name, env := range map[string]*controllertest.Env{"a": a, "b": b} {
+		require.Eventually(t, func() bool { return countCerts(env.Controller.TrustedCAs()) == 2 }, 10*time.Second, 20*time.Millisecond, "replica %s trusts the prepared CA", name)
+	}
+	rotate(controller.CASwitch)
+	for name, env := range map[string]*controllertest.Env{"a": a, "b": b} {
+		require.Eventually(t, func() bool { return env.Controller.CA().KeyID() == res.New }, 10*time.Second, 20*time.Millisecond, "replica %s signs with the new CA", name)
+	}
+	// Renewed through a, heard by b with the new certificate.
+	require.NoError(t, ag.renew(ctx, t, a))
+	require.Equal(t, res.New, issuer(t, ag.certPEM))
+	_, err = ag.heartbeat(ctx, t, b)
+	require.NoError(t, err)
+	rotate(controller.CARetire)
+	for name, env := range map[string]*controllertest.Env{"a": a, "b": b} {
+		require.Eventually(t, func() bool {
+			_, err := ag.heartbeat(ctx, t, env)
+			return err == nil && countCerts(env.Controller.TrustedCAs()) == 1
+		}, 10*time.Second, 50*time.Millisecond, "replica %s after retire", name)
+	}
 }
