@@ -21,7 +21,6 @@ import (
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/errdefs"
-	"github.com/kilnhq/kiln/internal/pki"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -188,7 +187,7 @@ type bootService struct {
 // (nil, nil otherwise). apiAddr is the API's listen address. It sets
 // Config.BootURL from the listen address when that was left empty and the
 // address names a host.
-func (c *Controller) startBoot(ctx context.Context, st *store.Store, enr *enrollment.Service, ca *pki.CA, apiAddr string) (*bootService, error) {
+func (c *Controller) startBoot(ctx context.Context, st *store.Store, enr *enrollment.Service, ca *rotatingCA, apiAddr string) (*bootService, error) {
 	if c.cfg.BootListenAddr == "" {
 		return nil, nil
 	}
@@ -213,6 +212,7 @@ func (c *Controller) startBoot(ctx context.Context, st *store.Store, enr *enroll
 		ImagesDir:      c.cfg.ImageDir,
 		ControllerAddr: ctlAddr,
 		CAHash:         ca.Hash(),
+		CurrentCAHash:  ca.Hash,
 		PublicURL:      c.cfg.BootURL,
 		Tokens:         newBootTokens(st, enr, c.cfg.BootTokenTTL, c.cfg.BootTokenLimit, c.cfg.Clock),
 		// An ISO never outlives half its token's validity, so a BMC that

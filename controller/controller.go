@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -73,6 +74,12 @@ type Config struct {
 	// ListenAddr is the gRPC API address (DefaultListenAddr). Port 0 picks
 	// a free port; Addr reports it.
 	ListenAddr string
+	// ReservedNetworks are networks no new Cluster's pod or service CIDR
+	// may overlap, besides the controller's own subnets (`kiln-controller
+	// run --reserved-network`): networks the operator declares, such as a
+	// provisioning or BMC network the controller is not on. Networks that
+	// agents report only warn.
+	ReservedNetworks []netip.Prefix
 	// ServerNames are extra DNS names or IPs for the server certificate,
 	// besides localhost, loopback, the host name and the listen address.
 	ServerNames []string
@@ -203,7 +210,7 @@ type Controller struct {
 	ready chan struct{}
 	mu    sync.Mutex
 	addr  string
-	ca    *pki.CA
+	cas   *rotatingCA
 	store *store.Store
 	// etcdTLSConfig is the external etcd's client TLS, if any.
 	etcdTLSConfig *tls.Config
@@ -211,6 +218,8 @@ type Controller struct {
 	enroll        *enrollment.Service
 	sealer        *seal.Sealer
 	own           *ownCert
+	// adminMu serialises writes of the admin kilnconfig.
+	adminMu sync.Mutex
 
 	bootAddr string
 
@@ -346,8 +355,26 @@ func (c *Controller) BootAddr() string { c.mu.Lock(); defer c.mu.Unlock(); retur
 // valid after Ready.
 func (c *Controller) MetricsAddr() string { c.mu.Lock(); defer c.mu.Unlock(); return c.metricsAddr }
 
-// CA is the controller's certificate authority; valid after Ready.
-func (c *Controller) CA() *pki.CA { c.mu.Lock(); defer c.mu.Unlock(); return c.ca }
+// CA is the controller's certificate authority, the one that signs agent
+// and operator certificates now (it changes with kiln-controller
+// rotate-ca); valid after Ready.
+func (c *Controller) CA() *pki.CA {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cas == nil {
+		return nil
+	}
+	return c.cas.set().signer
+}
+
+// TrustedCAs is the PEM of every CA the controller accepts certificates
+// of: one, or during a CA rotation the old and the new one; valid after
+// Ready.
+func (c *Controller) TrustedCAs() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cas.CertPEM()
+}
 
 // Store is the controller's store; valid after Ready until Run returns.
 func (c *Controller) Store() *store.Store { c.mu.Lock(); defer c.mu.Unlock(); return c.store }
@@ -425,11 +452,15 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	defer stopMetrics()
 
-	ca, err := c.waitForCA(ctx, st)
+	if _, err := c.waitForCA(ctx, st); err != nil {
+		return fmt.Errorf("controller: %w", err)
+	}
+	set, err := loadCASet(ctx, st)
 	if err != nil {
 		return fmt.Errorf("controller: %w", err)
 	}
-	c.log.Info("controller CA ready", "ca_hash", ca.Hash())
+	ca := newRotatingCA(set)
+	c.log.Info("controller CA ready", "ca_hash", ca.Hash(), "rotation", set.phase())
 
 	lis, err := net.Listen("tcp", c.cfg.ListenAddr)
 	if err != nil {
@@ -441,13 +472,13 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := c.writeAdminConfig(ca, clientAddr(addr)); err != nil {
+	if err := c.writeAdminConfig(set, clientAddr(addr)); err != nil {
 		return err
 	}
 
 	rec := events.New(client, events.DefaultTTL, c.cfg.Clock, c.log)
 	res := resources.New(st, rec, c.cfg.Clock, c.log)
-	res.SetOwnNetworks(ownNetworks(addr, c.cfg.BootListenAddr))
+	res.SetOwnNetworks(append(ownNetworks(addr, c.cfg.BootListenAddr), c.cfg.ReservedNetworks...))
 	enr := enrollment.New(st, ca, rec, enrollment.Config{
 		HeartbeatInterval: c.cfg.HeartbeatInterval,
 		Clock:             c.cfg.Clock,
@@ -484,7 +515,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	elector := election.New(client, election.DefaultPrefix, c.cfg.ID, int(c.cfg.ElectionTTL/time.Second), c.log)
 
 	c.mu.Lock()
-	c.addr, c.ca, c.store, c.elector, c.enroll = addr, ca, st, elector, enr
+	c.addr, c.cas, c.store, c.elector, c.enroll = addr, ca, st, elector, enr
 	c.own = own
 	c.mu.Unlock()
 
@@ -500,6 +531,18 @@ func (c *Controller) Run(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		c.pruneAudit(ctx, st)
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		// A CA rotation run from anywhere reaches every replica: new
+		// connections use the new set at once (serverTLS, the agent pool,
+		// enrollment); the admin kilnconfig is renewed onto it.
+		ca.follow(ctx, st, c.log, func(set *caSet) {
+			if err := c.writeAdminConfig(set, clientAddr(addr)); err != nil {
+				c.log.Error("admin kilnconfig not renewed after a CA change", "err", err)
+			}
+		})
 	}()
 	wg.Add(1)
 	if c.cfg.APIOnly {
@@ -551,7 +594,7 @@ func (c *Controller) Run(ctx context.Context) error {
 
 // runLifecycle starts the host lifecycle executor when configured and
 // returns a function that waits for it to end (after lctx ends).
-func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *events.Recorder, ca *pki.CA, enr *enrollment.Service, addr string) func() {
+func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *events.Recorder, ca *rotatingCA, enr *enrollment.Service, addr string) func() {
 	if !c.runsLifecycle() {
 		return func() {}
 	}
@@ -579,7 +622,7 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 		cfg.Workers = max(64, c.cfg.Simulate)
 		c.log.Info("simulating hosts", "hosts", c.cfg.Simulate)
 	} else {
-		pool = provision.NewAgentPool(ca.Pool(), c.Certificate)
+		pool = provision.NewAgentPool(ca.Pool, c.Certificate)
 		bmcOpts := bmc.Options{Logger: c.log}
 		if c.metrics != nil {
 			bmcOpts.Observer = c.metrics
@@ -758,7 +801,7 @@ func dialEtcd(endpoints []string, tlsCfg *tls.Config, opts ...grpc.DialOption) (
 // third of its lifetime is left, so a long-running controller never serves
 // an expired one.
 type ownCert struct {
-	ca    *pki.CA
+	ca    *rotatingCA
 	names []string
 	clock func() time.Time
 	log   *slog.Logger
@@ -772,21 +815,24 @@ func (o *ownCert) get() (tls.Certificate, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	now := o.clock()
-	if o.cert.Leaf != nil && now.Before(o.cert.Leaf.NotAfter.Add(-serverCertTTL/3)) {
+	// Issued by the serving CA: the old one during a CA rotation, which
+	// every client still trusts, the new one once the old is retired.
+	serving := o.ca.set().serving()
+	if o.cert.Leaf != nil && now.Before(o.cert.Leaf.NotAfter.Add(-serverCertTTL/3)) && pki.IssuerKeyID(o.cert.Leaf) == serving.KeyID() {
 		return o.cert, nil
 	}
-	certPEM, keyPEM, err := o.ca.Issue(pki.RoleController, pki.ControllerName, o.names, serverCertTTL, now)
+	certPEM, keyPEM, err := serving.Issue(pki.RoleController, pki.ControllerName, o.names, serverCertTTL, now)
 	if err != nil {
 		return tls.Certificate{}, fmt.Errorf("controller certificate: %w", err)
 	}
 	// Serve the CA in the chain: an enrolling agent has no roots yet and
 	// finds the CA it pinned by hash there (pki.VerifyPinned).
-	pair, err := tls.X509KeyPair(append(certPEM, o.ca.CertPEM()...), keyPEM)
+	pair, err := tls.X509KeyPair(append(certPEM, serving.CertPEM()...), keyPEM)
 	if err != nil {
 		return tls.Certificate{}, fmt.Errorf("controller certificate: %w", err)
 	}
 	if o.cert.Leaf != nil {
-		o.log.Info("controller certificate renewed", "not_after", pair.Leaf.NotAfter)
+		o.log.Info("controller certificate renewed", "not_after", pair.Leaf.NotAfter, "issuer", serving.KeyID())
 	}
 	o.cert = pair
 	return pair, nil
@@ -795,7 +841,7 @@ func (o *ownCert) get() (tls.Certificate, error) {
 // serverTLS issues the controller's certificate for this start and
 // returns the server TLS configuration: TLS 1.3, client certificates
 // verified against the CA when presented (Enrollment is called without).
-func (c *Controller) serverTLS(ca *pki.CA, addr string) (*tls.Config, *ownCert, error) {
+func (c *Controller) serverTLS(ca *rotatingCA, addr string) (*tls.Config, *ownCert, error) {
 	names := []string{"localhost", "127.0.0.1", "::1"}
 	if h, err := os.Hostname(); err == nil && h != "" {
 		names = append(names, h)
@@ -810,15 +856,22 @@ func (c *Controller) serverTLS(ca *pki.CA, addr string) (*tls.Config, *ownCert, 
 	if _, err := own.get(); err != nil {
 		return nil, nil, err
 	}
-	return &tls.Config{
-		MinVersion: tls.VersionTLS13,
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-			cert, err := own.get()
-			return &cert, err
-		},
-		ClientAuth: tls.VerifyClientCertIfGiven,
-		ClientCAs:  ca.Pool(),
-	}, own, nil
+	cfg := func() *tls.Config {
+		return &tls.Config{
+			MinVersion: tls.VersionTLS13,
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+				cert, err := own.get()
+				return &cert, err
+			},
+			ClientAuth: tls.VerifyClientCertIfGiven,
+			ClientCAs:  ca.Pool(),
+		}
+	}
+	tc := cfg()
+	// Each connection trusts the CAs of the moment (a rotation changes
+	// them).
+	tc.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) { return cfg(), nil }
+	return tc, own, nil
 }
 
 // clientAddr turns a listen address into one a local client can dial.
@@ -846,11 +899,13 @@ const (
 // writeAdminConfig writes DataDir/kilnconfig-admin.yaml and the admin
 // bundle on first start; later starts keep the certificate and only
 // correct the server address.
-func (c *Controller) writeAdminConfig(ca *pki.CA, server string) error {
+func (c *Controller) writeAdminConfig(set *caSet, server string) error {
+	c.adminMu.Lock()
+	defer c.adminMu.Unlock()
 	path := c.AdminConfigPath()
 	cfg, err := kilnconfig.Load(path)
 	switch {
-	case err == nil && cfg.CA == string(ca.CertPEM()) && !expiring(cfg.Cert, c.cfg.Clock()):
+	case err == nil && cfg.CA == string(set.bundlePEM()) && !expiring(cfg.Cert, c.cfg.Clock()) && issuedBy(cfg.Cert, set.signer):
 		if cfg.Server != server {
 			cfg.Server = server
 			if err := kilnconfig.Write(path, cfg); err != nil {
@@ -858,7 +913,7 @@ func (c *Controller) writeAdminConfig(ca *pki.CA, server string) error {
 			}
 		}
 	default:
-		if cfg, err = clientConfig(ca, pki.RoleAdmin, "admin", server, c.cfg.Clock()); err != nil {
+		if cfg, err = clientConfig(set, pki.RoleAdmin, "admin", server, c.cfg.Clock()); err != nil {
 			return err
 		}
 		if err := kilnconfig.Write(path, cfg); err != nil {
@@ -889,16 +944,23 @@ func expiring(certPEM string, now time.Time) bool {
 	return err != nil || now.Add(adminRenewal).After(cert.NotAfter)
 }
 
-// clientConfig issues a client certificate with role for name.
-func clientConfig(ca *pki.CA, role pki.Role, name, server string, now time.Time) (*kilnconfig.Config, error) {
+// issuedBy reports whether the PEM certificate was issued by ca.
+func issuedBy(certPEM string, ca *pki.CA) bool {
+	cert, err := pki.ParseCertificatePEM([]byte(certPEM))
+	return err == nil && pki.IssuerKeyID(cert) == ca.KeyID()
+}
+
+// clientConfig issues a client certificate with role for name from the
+// signing CA of set; the kilnconfig trusts every CA of set.
+func clientConfig(set *caSet, role pki.Role, name, server string, now time.Time) (*kilnconfig.Config, error) {
 	if role == pki.RoleAgent || role == pki.RoleController {
 		return nil, errdefs.InvalidArgument("role %q is not an operator role: want reader, operator or admin", role)
 	}
-	certPEM, keyPEM, err := ca.Issue(role, name, nil, clientCertTTL, now)
+	certPEM, keyPEM, err := set.signer.Issue(role, name, nil, clientCertTTL, now)
 	if err != nil {
 		return nil, err
 	}
-	return &kilnconfig.Config{Server: server, CA: string(ca.CertPEM()), Cert: string(certPEM), Key: string(keyPEM)}, nil
+	return &kilnconfig.Config{Server: server, CA: string(set.bundlePEM()), Cert: string(certPEM), Key: string(keyPEM)}, nil
 }
 
 // WriteClientConfig issues a certificate with role (reader, operator or
@@ -909,7 +971,10 @@ func (c *Controller) WriteClientConfig(role, name, path string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := clientConfig(c.CA(), r, name, clientAddr(c.Addr()), c.cfg.Clock())
+	c.mu.Lock()
+	set := c.cas.set()
+	c.mu.Unlock()
+	cfg, err := clientConfig(set, r, name, clientAddr(c.Addr()), c.cfg.Clock())
 	if err != nil {
 		return err
 	}

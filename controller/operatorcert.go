@@ -82,7 +82,7 @@ func WriteOperatorConfig(ctx context.Context, cfg Config, req OperatorCertReques
 	}
 	defer closeFn()
 	st := store.New(client, store.WithSealer(sealer))
-	ca, err := loadCA(ctx, st)
+	ca, err := loadCASet(ctx, st)
 	if errdefs.IsNotFound(err) {
 		return errdefs.FailedPrecondition("no CA in the controller's etcd: start the controller once first")
 	}

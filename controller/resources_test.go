@@ -3,6 +3,7 @@ package controller_test
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -486,7 +487,7 @@ func TestApplyKeepsControllerStatus(t *testing.T) {
 	}
 }
 
-func TestClusterCIDROverlappingAHostNetworkIsRefused(t *testing.T) {
+func TestClusterCIDROverlappingAHostNetworkWarns(t *testing.T) {
 	ctx := context.Background()
 	env := controllertest.Start(t)
 	_, csr, err := pki.NewKeyAndCSR("net-01")
@@ -506,13 +507,17 @@ func TestClusterCIDROverlappingAHostNetworkIsRefused(t *testing.T) {
 			Spec:     &typesv1.ClusterSpec{KubernetesVersion: "v1.34.4", PodCidr: pod, ServiceCidr: "10.96.0.0/12"},
 		}}}
 	}
-	_, err = rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{cluster("10.244.0.0/16")}})
-	if code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "10.244.1.0/24") {
-		t.Errorf("Apply(cluster podCidr 10.244.0.0/16 over host 10.244.1.5/24) = %v, want InvalidArgument naming 10.244.1.0/24", err)
+	resp, err := rc.Apply(ctx, &controllerv1.ApplyRequest{DryRun: true, Resources: []*controllerv1.Resource{cluster("10.244.0.0/16")}})
+	require.NoError(t, err)
+	if w := strings.Join(resp.GetResults()[0].GetWarnings(), "\n"); !strings.Contains(w, `10.244.1.0/24 (host "net-01")`) {
+		t.Errorf("Apply(cluster podCidr 10.244.0.0/16 over host 10.244.1.5/24) warnings = %q, want one naming 10.244.1.0/24 of net-01", w)
 	}
 	// The default route and link-local addresses are not host networks.
-	_, err = rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{cluster("172.20.0.0/16")}})
+	resp, err = rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{cluster("172.20.0.0/16")}})
 	require.NoError(t, err)
+	if w := resp.GetResults()[0].GetWarnings(); len(w) != 0 {
+		t.Errorf("Apply(cluster podCidr 172.20.0.0/16) warnings = %q, want none (default route, link-local)", w)
+	}
 }
 
 // A node of a running cluster reports its CNI bridge and routes to the
@@ -545,12 +550,16 @@ func TestClusterPodNetworksAreNotHostNetworks(t *testing.T) {
 		},
 	})
 	require.NoError(t, err)
-	_, err = rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{cluster("second", "10.244.0.0/16")}})
+	resp, err := rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{cluster("second", "10.244.0.0/16")}})
 	require.NoError(t, err, "a second cluster reusing the first one's pod range")
-	// The host's own network still counts.
-	_, err = rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{cluster("third", "192.168.0.0/16")}})
-	if code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "192.168.77.0/24") {
-		t.Errorf("Apply(cluster podCidr 192.168.0.0/16 over host 192.168.77.5/24) = %v, want InvalidArgument naming 192.168.77.0/24", err)
+	if w := resp.GetResults()[0].GetWarnings(); len(w) != 0 {
+		t.Errorf("Apply(second cluster, the first one's pod range) warnings = %q, want none", w)
+	}
+	// The host's own network still counts (as a warning: an agent reports it).
+	resp, err = rc.Apply(ctx, &controllerv1.ApplyRequest{DryRun: true, Resources: []*controllerv1.Resource{cluster("third", "192.168.0.0/16")}})
+	require.NoError(t, err)
+	if w := strings.Join(resp.GetResults()[0].GetWarnings(), "\n"); !strings.Contains(w, "192.168.77.0/24") {
+		t.Errorf("Apply(cluster podCidr 192.168.0.0/16 over host 192.168.77.5/24) warnings = %q, want one naming 192.168.77.0/24", w)
 	}
 }
 
@@ -571,5 +580,63 @@ func TestEventsExpire(t *testing.T) {
 	require.NoError(t, err)
 	if ttl.TTL <= 0 || ttl.GrantedTTL > int64((time.Hour+time.Minute)/time.Second) {
 		t.Errorf("event lease TTL %ds (granted %ds), want an expiring lease of about 1h", ttl.TTL, ttl.GrantedTTL)
+	}
+}
+
+// Issue 12, hole 6: an agent reporting routes 0.0.0.0/1 and 128.0.0.0/1
+// (together every IPv4 address, but neither a default route) made every
+// IPv4 Cluster apply fail with "overlaps host network". Facts from agents
+// must not deny service to operators: such an overlap is a warning naming
+// the host and the network, and the Cluster is stored. The controller's
+// own networks and the networks an operator declares
+// (--reserved-network) still refuse.
+func TestAgentReportedRoutesCannotRefuseClusters(t *testing.T) {
+	ctx := context.Background()
+	env := controllertest.Start(t, controllertest.WithConfig(func(c *controller.Config) {
+		c.ReservedNetworks = []netip.Prefix{netip.MustParsePrefix("172.31.0.0/16")}
+	}))
+	_, csr, err := pki.NewKeyAndCSR("evil-01")
+	require.NoError(t, err)
+	_, err = controllerv1.NewEnrollmentClient(env.DialAnonymous(t)).Enroll(ctx, &controllerv1.EnrollRequest{
+		Token: env.Token(t, "evil-01", time.Hour), CsrDer: csr, Host: "evil-01",
+		Facts: &typesv1.Facts{
+			Nics:   []*typesv1.NIC{{Name: "eth0", Addresses: []string{"0.0.0.0/1"}}},
+			Routes: []*typesv1.Route{{Destination: "0.0.0.0/1", Device: "eth0"}, {Destination: "128.0.0.0/1", Device: "eth0"}},
+		},
+	})
+	require.NoError(t, err)
+	rc := resourcesClient(t, env, "operator")
+	cluster := func(name, pod, svc string) *controllerv1.Resource {
+		return &controllerv1.Resource{Kind: &controllerv1.Resource_Cluster{Cluster: &typesv1.Cluster{
+			Metadata: &typesv1.ObjectMeta{Name: name},
+			Spec:     &typesv1.ClusterSpec{KubernetesVersion: "v1.34.4", PodCidr: pod, ServiceCidr: svc},
+		}}}
+	}
+	resp, err := rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{cluster("prod", "10.244.0.0/16", "10.96.0.0/12")}})
+	require.NoError(t, err, "Apply(cluster) with an agent reporting 0.0.0.0/1 and 128.0.0.0/1: refused, want stored with a warning")
+	res := resp.GetResults()[0]
+	if res.GetAction() != "created" {
+		t.Errorf("Apply(cluster prod) action %q, want created", res.GetAction())
+	}
+	warnings := strings.Join(res.GetWarnings(), "\n")
+	for _, want := range []string{"spec.podCidr 10.244.0.0/16", "spec.serviceCidr 10.96.0.0/12", "0.0.0.0/1", `host "evil-01"`} {
+		if !strings.Contains(warnings, want) {
+			t.Errorf("Apply(cluster prod) warnings = %q, want them to name %q", warnings, want)
+		}
+	}
+	t.Logf("accepted with warnings:\n%s", warnings)
+	if _, err := rc.Get(ctx, &controllerv1.GetRequest{Kind: "clusters", Name: "prod"}); err != nil {
+		t.Errorf("Get(cluster prod) after the warned apply = %v, want it stored", err)
+	}
+	// A network the operator declared still refuses, naming it.
+	_, err = rc.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{cluster("rsv", "172.31.128.0/17", "10.96.0.0/12")}})
+	if code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "172.31.0.0/16") {
+		t.Errorf("Apply(cluster podCidr over --reserved-network 172.31.0.0/16) = %v, want InvalidArgument naming it", err)
+	}
+	// A dry run says the same as the apply would.
+	dry, err := rc.Apply(ctx, &controllerv1.ApplyRequest{DryRun: true, Resources: []*controllerv1.Resource{cluster("dry", "10.244.0.0/16", "10.96.0.0/12")}})
+	require.NoError(t, err)
+	if len(dry.GetResults()[0].GetWarnings()) == 0 {
+		t.Errorf("Apply(dry run) warnings empty, want the same warnings as the apply")
 	}
 }

@@ -64,10 +64,28 @@ func VerifyAgent(chain []*x509.Certificate, roots *x509.CertPool, host string) e
 // Dial returns a client of the agent of host at addr (host:port). The
 // connection is made lazily, on the first call; close it when done.
 func Dial(addr, host string, roots *x509.CertPool, cert tls.Certificate, opts ...grpc.DialOption) (agentv1.AgentClient, *grpc.ClientConn, error) {
+	return DialFollowing(addr, host, func() *x509.CertPool { return roots }, func() tls.Certificate { return cert }, opts...)
+}
+
+// DialFollowing is Dial with the CAs and the certificate asked for at
+// every handshake, so that a connection that reconnects after a CA
+// rotation (kiln-controller rotate-ca) uses the ones in force then.
+func DialFollowing(addr, host string, roots func() *x509.CertPool, cert func() tls.Certificate, opts ...grpc.DialOption) (agentv1.AgentClient, *grpc.ClientConn, error) {
 	if addr == "" {
 		return nil, nil, errdefs.FailedPrecondition("host %q has no agent address (no heartbeat yet?)", host)
 	}
-	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(TLSConfig(roots, cert, host)))}, opts...)
+	tc := &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			c := cert()
+			return &c, nil
+		},
+		InsecureSkipVerify: true, // VerifyAgent checks the chain and the host
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			return VerifyAgent(cs.PeerCertificates, roots(), host)
+		},
+	}
+	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tc))}, opts...)
 	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("agent of host %q at %s: %w", host, addr, err)

@@ -120,12 +120,18 @@ func Enroll(ctx context.Context, o Options) (*identity.Identity, error) {
 		return nil, describe(addr, err)
 	}
 
-	ca, err := pki.ParseCertificatePEM(resp.GetCaPem())
+	// The controller's CAs: one, or the old and the new one during a CA
+	// rotation; the pinned one must be among them.
+	cas, err := pki.ParseCertificatesPEM(resp.GetCaPem())
 	if err != nil {
 		return nil, fmt.Errorf("enroll: controller returned an unusable CA: %w", err)
 	}
-	if got := pki.Hash(ca); got != o.CAHash {
-		return nil, errdefs.PermissionDenied("enroll: controller returned CA %s, not the pinned %s", got, o.CAHash)
+	pinned := false
+	for _, ca := range cas {
+		pinned = pinned || pki.Hash(ca) == o.CAHash
+	}
+	if !pinned {
+		return nil, errdefs.PermissionDenied("enroll: controller returned CA %s, not the pinned %s", pki.Hash(cas[0]), o.CAHash)
 	}
 	id, err := identity.Save(o.DataDir, identity.Files{
 		KeyPEM:     keyPEM,

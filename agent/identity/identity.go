@@ -7,8 +7,11 @@
 //
 //	agent.key        the agent's private key (0600)
 //	agent.crt        its certificate, role agent, CommonName = host
-//	ca.crt           the controller CA, pinned by hash at enrollment
-//	controller.json  {"address": ..., "caHash": ..., "host": ...}
+//	ca.crt           the controller CAs the agent trusts: the one pinned by
+//	                 hash at enrollment, and during a CA rotation
+//	                 (kiln-controller rotate-ca) the old and the new CA
+//	controller.json  {"address": ..., "caHash": ..., "host": ...}; caHash
+//	                 is the hash of one CA in ca.crt
 //
 // Every file is written atomically (temporary file, fsync, rename).
 package identity
@@ -52,12 +55,54 @@ type Files struct {
 	Controller             Controller
 }
 
-// Identity is a loaded identity. Its certificate can be replaced while
-// servers and clients use it (rotation).
+// Identity is a loaded identity. Its certificate and the CAs it trusts
+// can be replaced while servers and clients use it (renewal, CA
+// rotation).
 type Identity struct {
 	Controller Controller
-	CA         *x509.Certificate
 	cert       atomic.Pointer[tls.Certificate]
+	trust      atomic.Pointer[trust]
+}
+
+// trust is a set of CA certificates.
+type trust struct {
+	certs []*x509.Certificate
+	pool  *x509.CertPool
+	pem   []byte
+}
+
+// parseTrust parses a bundle of CA certificates. It returns
+// InvalidArgument when one does not parse or is not a CA.
+func parseTrust(bundle []byte) (*trust, error) {
+	certs, err := pki.ParseCertificatesPEM(bundle)
+	if err != nil {
+		return nil, errdefs.InvalidArgument("identity: CA: %v", err)
+	}
+	t := &trust{pool: x509.NewCertPool()}
+	for _, c := range certs {
+		if !c.IsCA {
+			return nil, errdefs.InvalidArgument("identity: CA certificate %q is not a CA", c.Subject.CommonName)
+		}
+		t.certs = append(t.certs, c)
+		t.pool.AddCert(c)
+		t.pem = append(t.pem, pemCert(c)...)
+	}
+	return t, nil
+}
+
+// has reports whether a CA of hash (pki.Hash) is in t.
+func (t *trust) has(hash string) bool {
+	for _, c := range t.certs {
+		if pki.Hash(c) == hash {
+			return true
+		}
+	}
+	return false
+}
+
+// CAs returns the CA certificates the identity trusts.
+func (id *Identity) CAs() []*x509.Certificate {
+	return append([]*x509.Certificate(nil), id.trust.Load().certs...)
 }
 
 // Save validates f (key matches certificate, certificate is an agent
@@ -132,25 +177,20 @@ func Load(dir string) (*Identity, error) {
 }
 
 func parse(f Files) (*Identity, error) {
-	ca, err := pki.ParseCertificatePEM(f.CAPEM)
+	tr, err := parseTrust(f.CAPEM)
 	if err != nil {
-		return nil, errdefs.InvalidArgument("identity: CA: %v", err)
+		return nil, err
 	}
-	if !ca.IsCA {
-		return nil, errdefs.InvalidArgument("identity: CA certificate %q is not a CA", ca.Subject.CommonName)
-	}
-	if f.Controller.CAHash != "" && pki.Hash(ca) != f.Controller.CAHash {
-		return nil, errdefs.InvalidArgument("identity: CA hash %s does not match the pinned %s", pki.Hash(ca), f.Controller.CAHash)
+	if f.Controller.CAHash != "" && !tr.has(f.Controller.CAHash) {
+		return nil, errdefs.InvalidArgument("identity: no CA in the bundle matches the pinned %s", f.Controller.CAHash)
 	}
 	cert, err := tls.X509KeyPair(f.CertPEM, f.KeyPEM)
 	if err != nil {
 		return nil, errdefs.InvalidArgument("identity: certificate and key: %v", err)
 	}
 	leaf := cert.Leaf
-	// Expiry is not checked here: an expired identity still loads, so that
-	// kiln-agent run can say it expired rather than that it is broken.
-	if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool(ca), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}, CurrentTime: leaf.NotBefore}); err != nil {
-		return nil, errdefs.InvalidArgument("identity: certificate %q is not issued by the controller CA: %v", leaf.Subject.CommonName, err)
+	if err := verifyLeaf(leaf, tr); err != nil {
+		return nil, err
 	}
 	role, name, err := pki.Identity(leaf)
 	if err != nil {
@@ -162,10 +202,70 @@ func parse(f Files) (*Identity, error) {
 	if f.Controller.Host != "" && name != f.Controller.Host {
 		return nil, errdefs.InvalidArgument("identity: certificate names host %q, want %q", name, f.Controller.Host)
 	}
-	id := &Identity{Controller: f.Controller, CA: ca}
+	id := &Identity{Controller: f.Controller}
 	id.Controller.Host = name
 	id.cert.Store(&cert)
+	id.trust.Store(tr)
 	return id, nil
+}
+
+// verifyLeaf checks that leaf is issued by a CA of t. Expiry is not
+// checked: an expired identity still loads, so that kiln-agent run can say
+// it expired rather than that it is broken.
+func verifyLeaf(leaf *x509.Certificate, t *trust) error {
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: t.pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}, CurrentTime: leaf.NotBefore}); err != nil {
+		return errdefs.InvalidArgument("identity: certificate %q is not issued by the controller CA: %v", leaf.Subject.CommonName, err)
+	}
+	return nil
+}
+
+// SetTrust replaces the CAs the identity trusts with bundle (PEM), as the
+// controller sends them during a CA rotation, and stores them under dir.
+// It reports whether anything changed. It refuses (InvalidArgument,
+// nothing changed) a bundle that does not hold the CA of the agent's own
+// certificate (renew first) or that shares no CA with the current one:
+// a rotation always overlaps.
+//
+// controller.json is written first, naming a CA in both the old and the
+// new bundle, then ca.crt: a crash between the two leaves a pair that
+// loads.
+func (id *Identity) SetTrust(dir string, bundle []byte) (bool, error) {
+	next, err := parseTrust(bundle)
+	if err != nil {
+		return false, fmt.Errorf("set trust: %w", err)
+	}
+	cur := id.trust.Load()
+	if string(next.pem) == string(cur.pem) {
+		return false, nil
+	}
+	if err := verifyLeaf(id.cert.Load().Leaf, next); err != nil {
+		return false, fmt.Errorf("set trust: the new CAs do not hold this agent's issuer (renew first): %w", err)
+	}
+	pin := ""
+	for _, c := range next.certs {
+		if cur.has(pki.Hash(c)) {
+			pin = pki.Hash(c)
+			break
+		}
+	}
+	if pin == "" {
+		return false, errdefs.InvalidArgument("set trust: the new CAs share none with the ones trusted now")
+	}
+	ctl := id.Controller
+	ctl.CAHash = pin
+	b, err := json.MarshalIndent(ctl, "", "  ")
+	if err != nil {
+		return false, fmt.Errorf("set trust: %w", err)
+	}
+	if err := atomicfile.Write(filepath.Join(dir, ControllerFile), append(b, '\n'), 0o644); err != nil {
+		return false, fmt.Errorf("set trust: %w", err)
+	}
+	if err := atomicfile.Write(filepath.Join(dir, CAFile), next.pem, 0o644); err != nil {
+		return false, fmt.Errorf("set trust: %w", err)
+	}
+	id.Controller.CAHash = pin
+	id.trust.Store(next)
+	return true, nil
 }
 
 // Next-pair file names of a rotation in progress.
@@ -177,14 +277,13 @@ const (
 // Rotate replaces the stored key and certificate under dir with a new
 // pair (after Agents.Renew) and makes connections from then on use it.
 // The new pair must be an agent certificate for the same host from the
-// same CA (InvalidArgument otherwise).
+// CAs it trusts (InvalidArgument otherwise).
 //
 // The pair is first written next to the old one, then renamed over it,
 // key first; Load completes a rotation that a crash cut between the two
 // renames, so the stored key and certificate always match.
 func (id *Identity) Rotate(dir string, keyPEM, certPEM []byte) error {
-	caPEM := pemCert(id.CA)
-	next, err := parse(Files{KeyPEM: keyPEM, CertPEM: certPEM, CAPEM: caPEM, Controller: id.Controller})
+	next, err := parse(Files{KeyPEM: keyPEM, CertPEM: certPEM, CAPEM: id.trust.Load().pem, Controller: id.Controller})
 	if err != nil {
 		return fmt.Errorf("rotate: %w", err)
 	}
@@ -261,14 +360,21 @@ func (id *Identity) SetCertificate(c *tls.Certificate) { id.cert.Store(c) }
 // authorization interceptor can refuse it with a clear error; no method is
 // served to it.
 func (id *Identity) ServerTLS() *tls.Config {
-	return &tls.Config{
-		MinVersion: tls.VersionTLS13,
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-			return id.cert.Load(), nil
-		},
-		ClientAuth: tls.VerifyClientCertIfGiven,
-		ClientCAs:  pool(id.CA),
+	cfg := func() *tls.Config {
+		return &tls.Config{
+			MinVersion: tls.VersionTLS13,
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+				return id.cert.Load(), nil
+			},
+			ClientAuth: tls.VerifyClientCertIfGiven,
+			ClientCAs:  id.trust.Load().pool,
+		}
 	}
+	c := cfg()
+	// Each connection verifies against the CAs trusted when it starts
+	// (SetTrust).
+	c.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) { return cfg(), nil }
+	return c
 }
 
 // ClientTLS is the configuration for calling the controller: it presents
@@ -277,7 +383,6 @@ func (id *Identity) ServerTLS() *tls.Config {
 // against the dialled address (the CA is private to Kiln and pinned; the
 // role is what proves it is the controller).
 func (id *Identity) ClientTLS() *tls.Config {
-	roots := pool(id.CA)
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
@@ -285,7 +390,7 @@ func (id *Identity) ClientTLS() *tls.Config {
 		},
 		InsecureSkipVerify: true, // verified below, against the pinned CA only
 		VerifyConnection: func(cs tls.ConnectionState) error {
-			return VerifyController(cs.PeerCertificates, roots)
+			return VerifyController(cs.PeerCertificates, id.trust.Load().pool)
 		},
 	}
 }
@@ -320,10 +425,4 @@ func VerifyController(chain []*x509.Certificate, roots *x509.CertPool) error {
 
 func pemCert(c *x509.Certificate) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
-}
-
-func pool(ca *x509.Certificate) *x509.CertPool {
-	p := x509.NewCertPool()
-	p.AddCert(ca)
-	return p
 }

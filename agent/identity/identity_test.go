@@ -144,3 +144,69 @@ func TestVerifyController(t *testing.T) {
 		}
 	}
 }
+
+// A CA rotation, as the agent sees it: both CAs, a renewal onto the new
+// one, then the new one alone; each step survives a reload, and the
+// bundles a rotation never sends are refused with nothing changed.
+func TestSetTrustFollowsACARotation(t *testing.T) {
+	oldCA, newCA, stranger := newCA(t), newCA(t), newCA(t)
+	now := time.Now()
+	p := issue(t, oldCA, pki.RoleAgent, "h1", time.Hour, now)
+	dir := t.TempDir()
+	id, err := identity.Save(dir, identity.Files{KeyPEM: p.key, CertPEM: p.cert, CAPEM: oldCA.CertPEM(),
+		Controller: identity.Controller{Address: "127.0.0.1:7443", CAHash: oldCA.Hash(), Host: "h1"}})
+	require.NoError(t, err)
+	both := append(oldCA.CertPEM(), newCA.CertPEM()...)
+
+	// The new CA alone does not hold the agent's issuer: renew first.
+	changed, err := id.SetTrust(dir, newCA.CertPEM())
+	require.True(t, errdefs.IsInvalidArgument(err), "SetTrust(new CA only, before renewal) = %v, want InvalidArgument", err)
+	require.False(t, changed)
+
+	changed, err = id.SetTrust(dir, both)
+	require.NoError(t, err)
+	require.True(t, changed)
+	changed, err = id.SetTrust(dir, both)
+	require.NoError(t, err)
+	require.False(t, changed, "SetTrust(same bundle) changed")
+	loaded, err := identity.Load(dir)
+	require.NoError(t, err)
+	require.Len(t, loaded.CAs(), 2, "CAs after reload")
+
+	// A certificate of the new CA is accepted once both are trusted.
+	np := issue(t, newCA, pki.RoleAgent, "h1", time.Hour, now)
+	require.NoError(t, id.Rotate(dir, np.key, np.cert))
+
+	// A bundle sharing no CA with the trusted ones never comes from a
+	// rotation: refused.
+	withStranger := append(stranger.CertPEM(), newCA.CertPEM()...)
+	_, err = id.SetTrust(dir, stranger.CertPEM())
+	require.True(t, errdefs.IsInvalidArgument(err), "SetTrust(a stranger CA) = %v, want InvalidArgument", err)
+	_, err = id.SetTrust(dir, withStranger)
+	require.NoError(t, err, "a bundle with the agent's issuer and a CA trusted now")
+
+	changed, err = id.SetTrust(dir, newCA.CertPEM())
+	require.NoError(t, err)
+	require.True(t, changed)
+	loaded, err = identity.Load(dir)
+	require.NoError(t, err)
+	cas := loaded.CAs()
+	require.Len(t, cas, 1)
+	require.Equal(t, newCA.Hash(), pki.Hash(cas[0]))
+	require.Equal(t, newCA.Hash(), loaded.Controller.CAHash, "pin after the old CA is gone")
+
+	// A crash between the two writes (controller.json written, ca.crt
+	// not yet) leaves files that load: the pin names a CA of both.
+	id2dir := t.TempDir()
+	p2 := issue(t, oldCA, pki.RoleAgent, "h2", time.Hour, now)
+	id2, err := identity.Save(id2dir, identity.Files{KeyPEM: p2.key, CertPEM: p2.cert, CAPEM: oldCA.CertPEM(),
+		Controller: identity.Controller{Address: "127.0.0.1:7443", CAHash: oldCA.Hash(), Host: "h2"}})
+	require.NoError(t, err)
+	before, err := os.ReadFile(filepath.Join(id2dir, identity.CAFile))
+	require.NoError(t, err)
+	_, err = id2.SetTrust(id2dir, both)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(id2dir, identity.CAFile), before, 0o644))
+	_, err = identity.Load(id2dir)
+	require.NoError(t, err, "identity with the new controller.json and the old ca.crt")
+}

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -39,6 +41,14 @@ func Renew(ctx context.Context, c Client, id *identity.Identity, dir string) err
 	if err != nil {
 		return fmt.Errorf("renew: %w", errgrpc.FromGRPC(err))
 	}
+	// During a CA rotation the new certificate is from a CA the agent may
+	// not trust yet: take the controller's CAs first (they still hold the
+	// current certificate's issuer).
+	if b := resp.GetCaBundlePem(); len(b) > 0 {
+		if _, err := id.SetTrust(dir, b); err != nil {
+			return fmt.Errorf("renew: %w", err)
+		}
+	}
 	if err := id.Rotate(dir, keyPEM, resp.GetCertificatePem()); err != nil {
 		return fmt.Errorf("renew: %w", err)
 	}
@@ -59,6 +69,26 @@ type Loop struct {
 	// Observe, when set, is called after every renewal attempt.
 	Observe func(error)
 	Log     *slog.Logger
+
+	wakeOnce sync.Once
+	wake     chan struct{}
+	asked    atomic.Bool
+}
+
+func (l *Loop) wakeCh() chan struct{} {
+	l.wakeOnce.Do(func() { l.wake = make(chan struct{}, 1) })
+	return l.wake
+}
+
+// RenewNow asks Run to renew at once, whether or not the certificate is
+// due: the controller asks for it while it retires the certificate's CA
+// (HeartbeatResponse.renew_certificate). It does not block.
+func (l *Loop) RenewNow() {
+	l.asked.Store(true)
+	select {
+	case l.wakeCh() <- struct{}{}:
+	default:
+	}
 }
 
 // Run checks every Interval whether the certificate is due
@@ -82,7 +112,7 @@ func (l *Loop) Run(ctx context.Context) error {
 	failures := 0
 	for {
 		wait := interval
-		if l.Identity.RenewDue(time.Now()) {
+		if l.Identity.RenewDue(time.Now()) || l.asked.Load() {
 			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			err := Renew(cctx, l.Client, l.Identity, l.Dir)
 			cancel()
@@ -98,6 +128,7 @@ func (l *Loop) Run(ctx context.Context) error {
 				log.Warn("certificate renewal failed", "error", err, "not_after", l.Identity.Certificate().Leaf.NotAfter, "retry_in", wait)
 			} else {
 				failures = 0
+				l.asked.Store(false)
 				leaf := l.Identity.Certificate().Leaf
 				log.Info("certificate renewed", "serial", leaf.SerialNumber.Text(16), "not_after", leaf.NotAfter)
 			}
@@ -108,6 +139,8 @@ func (l *Loop) Run(ctx context.Context) error {
 			t.Stop()
 			return nil
 		case <-t.C:
+		case <-l.wakeCh():
+			t.Stop()
 		}
 	}
 }

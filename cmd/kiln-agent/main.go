@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -337,24 +338,39 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 	la := &heartbeat.LocalAddr{}
 	// The connection carries small heartbeats: a 4 KiB read buffer instead
 	// of 32 KiB, and the write buffer goes back to a pool between writes.
-	conn, err := grpc.NewClient(id.Controller.Address,
-		grpc.WithTransportCredentials(credentials.NewTLS(id.ClientTLS())),
-		grpc.WithContextDialer(la.Dialer()),
-		grpc.WithReadBufferSize(controllerReadBuffer),
-		grpc.WithSharedWriteBuffer(true),
-		// A restarted or newly elected controller hears from every agent
-		// within seconds: gRPC's default reconnect backoff grows to 2 min.
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: controllerBackoff, MinConnectTimeout: 10 * time.Second}))
+	dial := func() (*grpc.ClientConn, error) {
+		return grpc.NewClient(id.Controller.Address,
+			grpc.WithTransportCredentials(credentials.NewTLS(id.ClientTLS())),
+			grpc.WithContextDialer(la.Dialer()),
+			grpc.WithReadBufferSize(controllerReadBuffer),
+			grpc.WithSharedWriteBuffer(true),
+			// A restarted or newly elected controller hears from every agent
+			// within seconds: gRPC's default reconnect backoff grows to 2 min.
+			grpc.WithConnectParams(grpc.ConnectParams{Backoff: controllerBackoff, MinConnectTimeout: 10 * time.Second}))
+	}
+	// The connection carries small heartbeats: a 4 KiB read buffer instead
+	// of 32 KiB, and the write buffer goes back to a pool between writes.
+	ctl, err := newControllerConn(dial)
 	if err != nil {
 		lis.Close()
 		return fmt.Errorf("controller %s: %w", id.Controller.Address, err)
 	}
-	defer conn.Close()
+	defer ctl.Close()
 	adv := heartbeat.Advertise(lis.Addr().String(), la)
 	if ro.advertise != "" {
 		adv = func() string { return ro.advertise }
 	}
-	agents := controllerv1.NewAgentsClient(conn)
+	agents := ctl
+	rl := &renew.Loop{Client: agents, Identity: id, Dir: g.dataDir, Interval: renewCheckInterval, Log: log,
+		// A TLS connection keeps the certificate it was made with: use
+		// the new one at once (a CA rotation waits for it).
+		Observe: func(err error) {
+			if err == nil {
+				if err := ctl.Redial(); err != nil {
+					log.Warn("reconnecting with the renewed certificate failed", "error", err)
+				}
+			}
+		}}
 	hb := heartbeat.New(heartbeat.Options{
 		Client:   agents,
 		Address:  adv,
@@ -362,6 +378,7 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 		Version:  version.Version,
 		Interval: ro.heartbeatInterval,
 		Log:      log,
+		Observe:  followRotation(id, g.dataDir, rl, log),
 	})
 
 	log.Info("agent serving", "listen", lis.Addr().String(), "host", id.Host(), "controller", id.Controller.Address, "version", version.Version)
@@ -382,7 +399,6 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 	}()
 	go func() {
 		defer close(renewDone)
-		rl := &renew.Loop{Client: agents, Identity: id, Dir: g.dataDir, Interval: renewCheckInterval, Log: log}
 		_ = rl.Run(ctx)
 	}()
 	// Type=notify: the listener is bound, so systemd may call the agent
@@ -409,6 +425,82 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 	}
 	log.Info("agent stopped")
 	return nil
+}
+
+// controllerConn is the agent's connection to the controller, replaced
+// after a renewal so that the new certificate is presented at once.
+type controllerConn struct {
+	dial func() (*grpc.ClientConn, error)
+	mu   sync.Mutex
+	conn *grpc.ClientConn
+}
+
+func newControllerConn(dial func() (*grpc.ClientConn, error)) (*controllerConn, error) {
+	conn, err := dial()
+	if err != nil {
+		return nil, err
+	}
+	return &controllerConn{dial: dial, conn: conn}, nil
+}
+
+func (c *controllerConn) client() controllerv1.AgentsClient {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return controllerv1.NewAgentsClient(c.conn)
+}
+
+// Heartbeat is controllerv1.AgentsClient's.
+func (c *controllerConn) Heartbeat(ctx context.Context, in *controllerv1.HeartbeatRequest, opts ...grpc.CallOption) (*controllerv1.HeartbeatResponse, error) {
+	return c.client().Heartbeat(ctx, in, opts...)
+}
+
+// Renew is controllerv1.AgentsClient's.
+func (c *controllerConn) Renew(ctx context.Context, in *controllerv1.RenewRequest, opts ...grpc.CallOption) (*controllerv1.RenewResponse, error) {
+	return c.client().Renew(ctx, in, opts...)
+}
+
+// Redial replaces the connection with a new one (a new TLS handshake) and
+// closes the old one.
+func (c *controllerConn) Redial() error {
+	conn, err := c.dial()
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	old := c.conn
+	c.conn = conn
+	c.mu.Unlock()
+	return old.Close()
+}
+
+// Close closes the connection.
+func (c *controllerConn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.conn.Close()
+}
+
+// followRotation follows a CA rotation (kiln-controller rotate-ca)
+// through heartbeat answers: it trusts the CAs the controller names and
+// renews at once when the controller asks.
+func followRotation(id *identity.Identity, dir string, rl *renew.Loop, log *slog.Logger) func(*controllerv1.HeartbeatResponse, error) {
+	return func(resp *controllerv1.HeartbeatResponse, err error) {
+		if err != nil {
+			return
+		}
+		if b := resp.GetCaBundlePem(); len(b) > 0 {
+			changed, err := id.SetTrust(dir, b)
+			switch {
+			case err != nil:
+				log.Warn("controller CAs not taken", "error", err)
+			case changed:
+				log.Info("controller CAs changed", "cas", len(id.CAs()), "ca_hash", id.Controller.CAHash)
+			}
+		}
+		if resp.GetRenewCertificate() {
+			rl.RenewNow()
+		}
+	}
 }
 
 func newFacts(g *globals) *cobra.Command {

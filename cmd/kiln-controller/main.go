@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -19,6 +20,7 @@ import (
 	"github.com/kilnhq/kiln/controller/backup"
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/host/systemd"
+	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/version"
 )
 
@@ -75,7 +77,7 @@ func rootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(runCmd(), operatorCertCmd(), restoreCmd(), rotateSecretKeyCmd(), versionCmd())
+	root.AddCommand(runCmd(), operatorCertCmd(), restoreCmd(), rotateSecretKeyCmd(), rotateCACmd(), versionCmd())
 	return root
 }
 
@@ -85,6 +87,7 @@ func runCmd() *cobra.Command {
 		listen      string
 		id          string
 		serverNames []string
+		reserved    []string
 		electionTTL time.Duration
 		heartbeat   time.Duration
 		silence     time.Duration
@@ -112,6 +115,9 @@ func runCmd() *cobra.Command {
 			cfg.ListenAddr = listen
 			cfg.ID = id
 			cfg.ServerNames = serverNames
+			if cfg.ReservedNetworks, err = parseNetworks(reserved); err != nil {
+				return err
+			}
 			cfg.ElectionTTL = electionTTL
 			cfg.HeartbeatInterval = heartbeat
 			cfg.AgentSilence = silence
@@ -162,6 +168,7 @@ func runCmd() *cobra.Command {
 	cmd.Flags().StringVar(&listen, "listen", controller.DefaultListenAddr, "gRPC API address (host:port)")
 	cmd.Flags().StringVar(&id, "id", "", "replica name in the leader election (default <hostname>-<pid>)")
 	cmd.Flags().StringSliceVar(&serverNames, "server-name", nil, "extra DNS names or IPs for the API certificate (repeatable)")
+	cmd.Flags().StringSliceVar(&reserved, "reserved-network", nil, "a network (CIDR) no Cluster's pod or service CIDR may overlap, such as the rack's provisioning or BMC network; repeatable (the controller's own subnets always count; networks agents report only warn)")
 	cmd.Flags().DurationVar(&electionTTL, "election-ttl", controller.DefaultElectionTTL, "leader lease; a crashed leader is replaced after about this long")
 	cmd.Flags().DurationVar(&heartbeat, "heartbeat-interval", 10*time.Second, "interval agents are told to send heartbeats at")
 	cmd.Flags().DurationVar(&silence, "agent-silence", 0, "silence after which a host is marked AgentReachable=False (default 3 heartbeat intervals)")
@@ -370,4 +377,18 @@ func versionCmd() *cobra.Command {
 			fmt.Fprintln(cmd.OutOrStdout(), version.Version)
 		},
 	}
+}
+
+// parseNetworks parses --reserved-network values. It returns
+// InvalidArgument naming the value that is not a CIDR.
+func parseNetworks(vals []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, v := range vals {
+		p, err := netip.ParsePrefix(v)
+		if err != nil {
+			return nil, errdefs.InvalidArgument("--reserved-network %q: want a CIDR such as 192.168.10.0/24", v)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }

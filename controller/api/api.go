@@ -217,7 +217,7 @@ func (s *agentsServer) Heartbeat(ctx context.Context, req *controllerv1.Heartbea
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	interval, err := s.enr.Heartbeat(ctx, host, serial, enrollment.HeartbeatRequest{
+	res, err := s.enr.Heartbeat(ctx, host, serial, enrollment.HeartbeatRequest{
 		AgentAddress: req.GetAgentAddress(),
 		Facts:        req.GetFacts(),
 		Version:      req.GetVersion(),
@@ -225,7 +225,12 @@ func (s *agentsServer) Heartbeat(ctx context.Context, req *controllerv1.Heartbea
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	return &controllerv1.HeartbeatResponse{Host: host, IntervalSeconds: int32(interval / time.Second)}, nil
+	return &controllerv1.HeartbeatResponse{
+		Host:             host,
+		IntervalSeconds:  int32(res.Interval / time.Second),
+		CaBundlePem:      s.enr.TrustPEM(),
+		RenewCertificate: res.RenewCertificate,
+	}, nil
 }
 
 func (s *agentsServer) Renew(ctx context.Context, req *controllerv1.RenewRequest) (*controllerv1.RenewResponse, error) {
@@ -237,5 +242,5 @@ func (s *agentsServer) Renew(ctx context.Context, req *controllerv1.RenewRequest
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
-	return &controllerv1.RenewResponse{CertificatePem: certPEM}, nil
+	return &controllerv1.RenewResponse{CertificatePem: certPEM, CaBundlePem: s.enr.TrustPEM()}, nil
 }

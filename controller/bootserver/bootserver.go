@@ -126,6 +126,10 @@ type Options struct {
 	ControllerAddr string
 	// CAHash pins the controller CA, "sha256:<hex>"; required.
 	CAHash string
+	// CurrentCAHash, when set, is asked for the pin of each script or ISO
+	// instead of CAHash (which stays the check at New): the pin changes
+	// when the controller's CA is rotated (kiln-controller rotate-ca).
+	CurrentCAHash func() string
 	// PublicURL is this server's base URL as hosts reach it
 	// ("http://10.0.0.1:8080"); default: from the request's Host header.
 	PublicURL string
@@ -320,7 +324,7 @@ func setDigest(h http.Header, sum []byte) {
 func (s *Server) Cmdline(host, bootSource, token, netCmdline string) string {
 	parts := []string{bootmedia.DefaultCmdline, "kiln.boot=" + bootSource,
 		"kiln.controller=" + s.o.ControllerAddr, "kiln.token=" + token,
-		"kiln.ca_hash=" + s.o.CAHash, "kiln.host=" + host}
+		"kiln.ca_hash=" + s.caHash(), "kiln.host=" + host}
 	if netCmdline != "" {
 		parts = append(parts, netCmdline)
 	}
@@ -651,4 +655,14 @@ func declaredDigest(dir, name string, size int64) []byte {
 		}
 	}
 	return nil
+}
+
+// caHash is the CA pin to hand out now.
+func (s *Server) caHash() string {
+	if s.o.CurrentCAHash != nil {
+		if h := s.o.CurrentCAHash(); hashRE.MatchString(h) {
+			return h
+		}
+	}
+	return s.o.CAHash
 }

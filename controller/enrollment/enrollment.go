@@ -68,6 +68,15 @@ type Signer interface {
 
 var _ Signer = (*pki.CA)(nil)
 
+// Rotation is implemented by a Signer whose CA is being rotated
+// (kiln-controller rotate-ca): it says which agents must renew now.
+type Rotation interface {
+	// WantsRenewal reports whether a certificate issued by the CA of key
+	// id issuer (pki.IssuerKeyID; "" when not recorded) is to be renewed
+	// now: its CA is being retired.
+	WantsRenewal(issuer string) bool
+}
+
 // Recorder records events.
 type Recorder interface {
 	Record(ctx context.Context, kind, name, typ, reason, message string)
@@ -316,6 +325,7 @@ func (s *Service) register(ctx context.Context, host string, facts *typesv1.Fact
 		h.Status.Agent.CertificateSerial = cert.SerialNumber.Text(16)
 		h.Status.Agent.PreviousCertificateSerial = ""
 		h.Status.Agent.CertificateNotAfter = timestamppb.New(cert.NotAfter)
+		h.Status.Agent.CertificateIssuer = pki.IssuerKeyID(cert)
 		if facts != nil {
 			h.Status.Agent.Mode = facts.GetAgentMode()
 			h.Status.Agent.BootSource = facts.GetBootSource()
@@ -370,6 +380,15 @@ func (s *Service) updateHost(ctx context.Context, host string, create bool, fn f
 	return errdefs.Unavailable("host %q: too many concurrent updates", host)
 }
 
+// HeartbeatResult is the controller's answer to a heartbeat.
+type HeartbeatResult struct {
+	// Interval is when to send the next one.
+	Interval time.Duration
+	// RenewCertificate asks the agent to renew now: its certificate's CA
+	// is being retired (Rotation).
+	RenewCertificate bool
+}
+
 // HeartbeatRequest is what an enrolled agent reports.
 type HeartbeatRequest struct {
 	AgentAddress string
@@ -384,7 +403,7 @@ type HeartbeatRequest struct {
 // used, is accepted (CheckSerial). It returns PermissionDenied for any
 // other certificate and NotFound when the Host was deleted (the agent must
 // enroll again).
-func (s *Service) Heartbeat(ctx context.Context, host, serial string, req HeartbeatRequest) (time.Duration, error) {
+func (s *Service) Heartbeat(ctx context.Context, host, serial string, req HeartbeatRequest) (HeartbeatResult, error) {
 	return s.heartbeat(ctx, host, &serial, req)
 }
 
@@ -392,13 +411,14 @@ func (s *Service) Heartbeat(ctx context.Context, host, serial string, req Heartb
 // mode (controller/sim), which run in the controller's process and hold
 // no certificate.
 func (s *Service) SimulatedHeartbeat(ctx context.Context, host string, req HeartbeatRequest) (time.Duration, error) {
-	return s.heartbeat(ctx, host, nil, req)
+	r, err := s.heartbeat(ctx, host, nil, req)
+	return r.Interval, err
 }
 
 // heartbeat checks *serial unless serial is nil.
-func (s *Service) heartbeat(ctx context.Context, host string, serial *string, req HeartbeatRequest) (time.Duration, error) {
+func (s *Service) heartbeat(ctx context.Context, host string, serial *string, req HeartbeatRequest) (HeartbeatResult, error) {
 	now := s.cfg.Clock()
-	var becameReachable bool
+	var becameReachable, renew bool
 	err := s.updateHost(ctx, host, false, func(h *typesv1.Host) error {
 		if serial != nil {
 			if err := CheckSerial(h, *serial); err != nil {
@@ -416,6 +436,9 @@ func (s *Service) heartbeat(ctx context.Context, host string, serial *string, re
 			// The latest certificate is in use: the one it replaced is
 			// revoked.
 			a.PreviousCertificateSerial = ""
+			if r, ok := s.ca.(Rotation); ok {
+				renew = r.WantsRenewal(a.CertificateIssuer)
+			}
 		}
 		a.Address = req.AgentAddress
 		a.LastHeartbeat = timestamppb.New(now)
@@ -432,16 +455,20 @@ func (s *Service) heartbeat(ctx context.Context, host string, serial *string, re
 		return nil
 	}, now)
 	if errdefs.IsNotFound(err) {
-		return 0, errdefs.NotFound("host %q is not registered (deleted?): enroll the agent again", host)
+		return HeartbeatResult{}, errdefs.NotFound("host %q is not registered (deleted?): enroll the agent again", host)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("heartbeat of host %q: %w", host, err)
+		return HeartbeatResult{}, fmt.Errorf("heartbeat of host %q: %w", host, err)
 	}
 	if becameReachable {
 		s.events.Record(ctx, HostsKind, host, events.Normal, "AgentReachable", "agent heartbeats arrive from "+req.AgentAddress)
 	}
-	return s.cfg.HeartbeatInterval, nil
+	return HeartbeatResult{Interval: s.cfg.HeartbeatInterval, RenewCertificate: renew}, nil
 }
+
+// TrustPEM is the CA certificates agents are to trust (PEM): the CA
+// during a rotation, the old and the new one during it.
+func (s *Service) TrustPEM() []byte { return s.ca.CertPEM() }
 
 // Renew signs a fresh agent certificate for host and records its serial.
 // host and serial (hex) come from the caller's certificate, which must be
@@ -507,6 +534,7 @@ func RecordNewSerial(h *typesv1.Host, from string, cert *x509.Certificate) {
 	h.Status.Agent.PreviousCertificateSerial = from
 	h.Status.Agent.CertificateSerial = cert.SerialNumber.Text(16)
 	h.Status.Agent.CertificateNotAfter = timestamppb.New(cert.NotAfter)
+	h.Status.Agent.CertificateIssuer = pki.IssuerKeyID(cert)
 }
 
 func parseCert(certPEM []byte) (*x509.Certificate, error) {

@@ -20,7 +20,7 @@ import (
 // certificate, checks that the agent's certificate names the host, and
 // keeps one connection per host until the address changes.
 type AgentPool struct {
-	roots *x509.CertPool
+	roots func() *x509.CertPool
 	cert  func() tls.Certificate
 
 	mu    sync.Mutex
@@ -33,9 +33,10 @@ type pooled struct {
 	conn   *grpc.ClientConn
 }
 
-// NewAgentPool returns a pool trusting roots (the controller CA) and
-// presenting cert() (controller.Certificate) on each new connection.
-func NewAgentPool(roots *x509.CertPool, cert func() tls.Certificate) *AgentPool {
+// NewAgentPool returns a pool trusting roots() (the controller's CAs) and
+// presenting cert() (controller.Certificate), both asked at each
+// handshake: they change when the CA is rotated.
+func NewAgentPool(roots func() *x509.CertPool, cert func() tls.Certificate) *AgentPool {
 	return &AgentPool{roots: roots, cert: cert, conns: map[string]pooled{}}
 }
 
@@ -52,7 +53,7 @@ func (p *AgentPool) Dial(_ context.Context, h *typesv1.Host) (agentv1.AgentClien
 		c.conn.Close()
 		delete(p.conns, name)
 	}
-	cl, conn, err := client.Dial(addr, name, p.roots, p.cert())
+	cl, conn, err := client.DialFollowing(addr, name, p.roots, p.cert)
 	if err != nil {
 		return nil, err
 	}
@@ -70,11 +71,23 @@ func (p *AgentPool) Close() {
 	}
 }
 
+// IdentityCA issues installed agents' identities (*pki.CA, or the
+// controller's CA as it follows rotations).
+type IdentityCA interface {
+	Issue(role pki.Role, name string, hosts []string, ttl time.Duration, now time.Time) (certPEM, keyPEM []byte, err error)
+	// Hash is the pin of the CA the controller serves with.
+	Hash() string
+	// CertPEM is every CA the agent is to trust.
+	CertPEM() []byte
+}
+
+var _ IdentityCA = (*pki.CA)(nil)
+
 // CAIdentity is the production IdentityFunc: a fresh key and an agent
 // certificate for the host, valid for ttl, with the CA and the controller
 // URL the installed agent reports to. The key travels to the boot agent
 // over mutual TLS and is never logged.
-func CAIdentity(ca *pki.CA, controllerURL string, ttl time.Duration, clock func() time.Time) IdentityFunc {
+func CAIdentity(ca IdentityCA, controllerURL string, ttl time.Duration, clock func() time.Time) IdentityFunc {
 	if clock == nil {
 		clock = time.Now
 	}

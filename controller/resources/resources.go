@@ -216,6 +216,7 @@ func (s *Service) applyWithRetry(ctx context.Context, k Kind, obj proto.Message,
 	name := Meta(obj).GetName()
 	call := audit.CallFrom(ctx)
 	var action string
+	var warnings []string
 	var err error
 	var entry *controllerv1.AuditEntry
 	for attempt := 0; ; attempt++ {
@@ -223,7 +224,7 @@ func (s *Service) applyWithRetry(ctx context.Context, k Kind, obj proto.Message,
 		if call != nil && !dryRun {
 			entry = call.Entry(k.Name, name)
 		}
-		action, err = s.applyOne(ctx, k, proto.Clone(obj), dryRun, entry)
+		action, warnings, err = s.applyOne(ctx, k, proto.Clone(obj), dryRun, entry)
 		if !errdefs.IsConflict(err) || Meta(obj).GetResourceVersion() != "" || attempt >= maxConflictRetries {
 			break
 		}
@@ -246,14 +247,20 @@ func (s *Service) applyWithRetry(ctx context.Context, k Kind, obj proto.Message,
 	if !dryRun && action != Unchanged {
 		s.events.Record(ctx, k.Plural, name, events.Normal, "Applied", k.Name+" "+action)
 	}
-	return &controllerv1.ApplyResult{Kind: k.Name, Name: name, Action: action}, nil
+	if !dryRun {
+		for _, w := range warnings {
+			s.log.Warn("applied with a warning", "kind", k.Name, "name", name, "warning", w)
+			s.events.Record(ctx, k.Plural, name, events.Warning, "AppliedWithWarning", w)
+		}
+	}
+	return &controllerv1.ApplyResult{Kind: k.Name, Name: name, Action: action, Warnings: warnings}, nil
 }
 
 // applyOne applies one resource. With a non-nil entry it fills in the
 // generations and changed fields and stores the entry in the write's
 // transaction (Result OK), so the write and its audit record are stored
 // together or not at all.
-func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRun bool, entry *controllerv1.AuditEntry) (string, error) {
+func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRun bool, entry *controllerv1.AuditEntry) (action string, warnings []string, err error) {
 	if entry == nil {
 		entry = &controllerv1.AuditEntry{} // filled and dropped
 	}
@@ -270,21 +277,21 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 	clearStatus(obj)
 	password, err := s.takeBMCPassword(obj)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 
 	cur := k.New()
 	rev, err := s.store.Get(ctx, k.Plural, name, cur)
 	exists := err == nil
 	if err != nil && !errdefs.IsNotFound(err) {
-		return "", err
+		return "", nil, err
 	}
 	if wantRV != "" {
 		if !exists {
-			return "", errdefs.NotFound("%s %q does not exist but metadata.resourceVersion %s was given", k.Name, name, wantRV)
+			return "", nil, errdefs.NotFound("%s %q does not exist but metadata.resourceVersion %s was given", k.Name, name, wantRV)
 		}
 		if wantRV != strconv.FormatInt(rev, 10) {
-			return "", errdefs.Conflict("%s %q was modified: resourceVersion is %d, not %s; get it again and retry", k.Name, name, rev, wantRV)
+			return "", nil, errdefs.Conflict("%s %q was modified: resourceVersion is %d, not %s; get it again and retry", k.Name, name, rev, wantRV)
 		}
 	}
 	var observed validation.Observed
@@ -293,13 +300,14 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 	}
 	observed.ControlPlaneVersion = s.controlPlaneVersion(ctx, obj)
 	if _, ok := obj.(*typesv1.Cluster); ok {
-		if observed.Networks, err = s.hostNetworks(ctx); err != nil {
-			return "", err
+		if observed.Networks, observed.AgentNetworks, err = s.hostNetworks(ctx); err != nil {
+			return "", nil, err
 		}
 	}
 	if err := validation.ValidateAgainst(k.Wrap(obj), observed); err != nil {
-		return "", err
+		return "", nil, err
 	}
+	warnings = validation.WarnAgainst(k.Wrap(obj), observed)
 
 	if !exists {
 		setHeader(obj, k)
@@ -315,7 +323,7 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 			entry.Changed = addField(entry.Changed, "spec.bmc.password")
 		}
 		if dryRun {
-			return Created, nil
+			return Created, warnings, nil
 		}
 		// The password is sealed in the Host's own transaction: a crash
 		// leaves both or neither.
@@ -326,19 +334,19 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 		if _, err := s.store.CreateAudited(ctx, k.Plural, name, obj, record(), secrets...); err != nil {
 			if errdefs.IsAlreadyExists(err) {
 				// Created meanwhile (an agent enrolled it): read it again.
-				return "", errdefs.Conflict("%s %q was created concurrently", k.Name, name)
+				return "", nil, errdefs.Conflict("%s %q was created concurrently", k.Name, name)
 			}
-			return "", err
+			return "", nil, err
 		}
-		return Created, nil
+		return Created, warnings, nil
 	}
 
 	if err := checkBMCMove(cur, obj, password); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	pwChanged, err := s.passwordChanged(ctx, k, name, password)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	// The stored object keeps its identity, status and bookkeeping; only
 	// spec, labels and annotations come from the user.
@@ -351,7 +359,7 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 	entry.GenerationBefore = Meta(cur).GetGeneration()
 	entry.GenerationAfter = entry.GenerationBefore
 	if !specChanged && !metaChanged && !pwChanged && !headerChanged {
-		return Unchanged, nil
+		return Unchanged, warnings, nil
 	}
 	setHeader(next, k)
 	setSpec(next, obj)
@@ -367,7 +375,7 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 		entry.Changed = addField(entry.Changed, "spec.bmc.password")
 	}
 	if dryRun {
-		return Configured, nil
+		return Configured, warnings, nil
 	}
 	var secrets []store.SecretOp
 	if pwChanged {
@@ -376,11 +384,11 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 	if _, err := s.store.UpdateAudited(ctx, k.Plural, name, next, rev, record(), secrets...); err != nil {
 		if errdefs.IsNotFound(err) && wantRV == "" {
 			// Deleted meanwhile: read it again (and create it).
-			return "", errdefs.Conflict("%s %q was deleted concurrently", k.Name, name)
+			return "", nil, errdefs.Conflict("%s %q was deleted concurrently", k.Name, name)
 		}
-		return "", err
+		return "", nil, err
 	}
-	return Configured, nil
+	return Configured, warnings, nil
 }
 
 // addField adds a field name to a sorted list of changed fields.
@@ -499,29 +507,32 @@ func (s *Service) controlPlaneVersion(ctx context.Context, obj proto.Message) st
 	return ""
 }
 
-// hostNetworks collects the networks the agents report (NIC addresses and
-// route destinations, without default routes, loopback and link-local),
-// which a Cluster's pod and service CIDRs must not overlap.
-func (s *Service) hostNetworks(ctx context.Context) ([]netip.Prefix, error) {
+// hostNetworks collects the networks a new Cluster's pod and service CIDRs
+// are checked against: own, which refuse (the controller's own subnets and
+// the operator's reserved networks, SetOwnNetworks), and the networks the
+// agents report (NIC addresses and route destinations, without default
+// routes, loopback, link-local and the clusters' own ranges), which only
+// warn: an agent may report anything, and what it reports must not refuse
+// an operator's apply (issue 12, hole 6).
+func (s *Service) hostNetworks(ctx context.Context) (own []netip.Prefix, agents []validation.HostNetwork, err error) {
 	seen := map[netip.Prefix]bool{}
-	var out []netip.Prefix
 	for _, p := range s.own {
 		if p = p.Masked(); !seen[p] {
 			seen[p] = true
-			out = append(out, p)
+			own = append(own, p)
 		}
 	}
 	// The clusters' own pod and service ranges are not host networks: a
 	// node's CNI bridge and the routes to other nodes' pod subnets lie
 	// inside them, and clusters may reuse a range (each is its own
 	// network). Without this, one running cluster made every later Cluster
-	// with the same conventional pod range fail to apply.
+	// with the same conventional pod range warn.
 	var clusterNets []netip.Prefix
 	cc := ""
 	for {
 		items, next, err := s.store.List(ctx, "clusters", func() proto.Message { return &typesv1.Cluster{} }, store.ListOptions{Limit: maxPage, Continue: cc})
 		if err != nil {
-			return nil, fmt.Errorf("host networks: %w", err)
+			return nil, nil, fmt.Errorf("host networks: %w", err)
 		}
 		for _, it := range items {
 			sp := it.Msg.(*typesv1.Cluster).GetSpec()
@@ -544,37 +555,45 @@ func (s *Service) hostNetworks(ctx context.Context) ([]netip.Prefix, error) {
 		}
 		return false
 	}
-	add := func(str string) {
+	type hostNet struct {
+		host string
+		p    netip.Prefix
+	}
+	seenAgent := map[hostNet]bool{}
+	add := func(host, str string) {
 		p, err := netip.ParsePrefix(str)
 		if err != nil {
 			return
 		}
 		p = p.Masked()
-		if p.Bits() == 0 || p.Addr().IsLoopback() || p.Addr().IsLinkLocalUnicast() || seen[p] || inCluster(p) {
+		k := hostNet{host, p}
+		if p.Bits() == 0 || p.Addr().IsLoopback() || p.Addr().IsLinkLocalUnicast() || seen[p] || seenAgent[k] || inCluster(p) {
 			return
 		}
-		seen[p] = true
-		out = append(out, p)
+		seenAgent[k] = true
+		agents = append(agents, validation.HostNetwork{Host: host, Prefix: p})
 	}
 	cont := ""
 	for {
 		items, next, err := s.store.List(ctx, "hosts", func() proto.Message { return &typesv1.Host{} }, store.ListOptions{Limit: maxPage, Continue: cont})
 		if err != nil {
-			return nil, fmt.Errorf("host networks: %w", err)
+			return nil, nil, fmt.Errorf("host networks: %w", err)
 		}
 		for _, it := range items {
-			f := it.Msg.(*typesv1.Host).GetStatus().GetFacts()
+			h := it.Msg.(*typesv1.Host)
+			name := h.GetMetadata().GetName()
+			f := h.GetStatus().GetFacts()
 			for _, nic := range f.GetNics() {
 				for _, a := range nic.GetAddresses() {
-					add(a)
+					add(name, a)
 				}
 			}
 			for _, r := range f.GetRoutes() {
-				add(r.GetDestination())
+				add(name, r.GetDestination())
 			}
 		}
 		if next == "" {
-			return out, nil
+			return own, agents, nil
 		}
 		cont = next
 	}

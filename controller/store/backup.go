@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -202,6 +203,10 @@ func parseBackup(data []byte) (BackupInfo, []kv, error) {
 	rev, err := binary.ReadUvarint(rd)
 	if err != nil {
 		return BackupInfo{}, nil, bad("no revision")
+	}
+	if rev > math.MaxInt64 {
+		// etcd revisions are int64: this one was not written by Backup.
+		return BackupInfo{}, nil, bad(fmt.Sprintf("revision %d out of range", rev))
 	}
 	readBytes := func() ([]byte, error) {
 		n, err := binary.ReadUvarint(rd)

@@ -188,3 +188,20 @@ func (s *Store) CollectOrphanSecrets(ctx context.Context, prefix, kind string) (
 	}
 	return n, nil
 }
+
+// CommitIf writes ops, the audit record and the secret changes in one etcd
+// transaction if every comparison holds, and reports whether they did. It
+// is for the controller's own records outside the resource API (the CA
+// during a rotation); resources use CreateAudited and its kin. It returns
+// Unavailable when etcd does not answer.
+func (s *Store) CommitIf(ctx context.Context, cmps []clientv3.Cmp, ops []clientv3.Op, rec AuditRecord, secrets ...SecretOp) (bool, error) {
+	extra, err := s.extraOps(rec, secrets)
+	if err != nil {
+		return false, err
+	}
+	resp, err := s.client.Txn(ctx).If(cmps...).Then(append(ops, extra...)...).Commit()
+	if err != nil {
+		return false, errdefs.Unavailable("etcd: %w", err)
+	}
+	return resp.Succeeded, nil
+}

@@ -21,10 +21,22 @@ type Observed struct {
 	// spec.version, else the Cluster's spec.kubernetesVersion); "" when
 	// not known.
 	ControlPlaneVersion string
-	// Networks are the host and lab networks (agent-reported addresses and
-	// routes, the lab bridge) that a Cluster's pod and service CIDRs must
-	// not overlap.
+	// Networks are the networks a new Cluster's pod and service CIDRs
+	// must not overlap: the controller's own (its API and boot server
+	// subnets, the lab bridge) and those an operator declared
+	// (kiln-controller run --reserved-network). An overlap refuses.
 	Networks []netip.Prefix
+	// AgentNetworks are the networks agents report in their facts (NIC
+	// addresses and routes). An agent may report anything, so an overlap
+	// with one is a warning (WarnAgainst), never a refusal: facts from
+	// agents must not deny service to operators (issue 12, hole 6).
+	AgentNetworks []HostNetwork
+}
+
+// HostNetwork is a network one host's agent reports.
+type HostNetwork struct {
+	Host   string
+	Prefix netip.Prefix
 }
 
 // maxKubeletSkew is how many minors a kubelet may trail the API server
@@ -34,7 +46,9 @@ const maxKubeletSkew = 3
 // ValidateAgainst checks the rules of r that depend on stored objects:
 // no minor version skipped or rolled back on a Cluster or ControlPlane,
 // workers never newer than (nor too far behind) their control plane, a
-// Cluster's CIDRs clear of the host networks and unchanged once created,
+// new Cluster's CIDRs clear of o.Networks (the controller's own and the
+// reserved ones; agents' networks only warn: WarnAgainst) and unchanged
+// once created,
 // and Machines immutable. It returns nil or an *Error (class
 // errdefs.InvalidArgument) listing every problem. It assumes Validate(r) passed and does no
 // I/O.
@@ -123,6 +137,47 @@ func checkWorkerSkew(p *problems, version, cpVersion string) {
 			w, c.Minor-w.Minor, c, maxKubeletSkew, Version{Major: c.Major, Minor: c.Minor - maxKubeletSkew}.MinorString())
 	}
 }
+
+// WarnAgainst returns what is worth telling the operator about r but not
+// refusing: each of a new Cluster's CIDRs that overlaps a network an agent
+// reports, naming the field, the host and the network. It assumes
+// Validate(r) passed and does no I/O.
+func WarnAgainst(r *controllerv1.Resource, o Observed) []string {
+	c := r.GetCluster()
+	if c == nil || o.Current.GetCluster() != nil {
+		return nil
+	}
+	var out []string
+	for _, f := range []struct{ field, cidr string }{
+		{"spec.podCidr", c.GetSpec().GetPodCidr()},
+		{"spec.serviceCidr", c.GetSpec().GetServiceCidr()},
+	} {
+		pfx, err := netip.ParsePrefix(f.cidr)
+		if err != nil {
+			continue
+		}
+		var hits []string
+		for _, n := range o.AgentNetworks {
+			if pfx.Overlaps(n.Prefix) {
+				hits = append(hits, fmt.Sprintf("%s (host %q)", n.Prefix, n.Host))
+			}
+		}
+		if len(hits) == 0 {
+			continue
+		}
+		more := ""
+		if len(hits) > maxWarnedNetworks {
+			more = fmt.Sprintf(" and %d more", len(hits)-maxWarnedNetworks)
+			hits = hits[:maxWarnedNetworks]
+		}
+		out = append(out, fmt.Sprintf("%s %s overlaps network %s%s that agents report: accepted, because what an agent reports about itself may not refuse an apply; if that network is real, pods and services would shadow its addresses on those hosts",
+			f.field, pfx, strings.Join(hits, ", "), more))
+	}
+	return out
+}
+
+// maxWarnedNetworks bounds the networks one warning names.
+const maxWarnedNetworks = 5
 
 // checkNetworks refuses a CIDR that overlaps any of the host networks.
 func checkNetworks(p *problems, field, cidr string, networks []netip.Prefix) {

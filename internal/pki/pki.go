@@ -213,6 +213,16 @@ func (ca *CA) KeyPEM() ([]byte, error) { return marshalKey(ca.key) }
 // Hash returns the CA's pin, "sha256:<hex>" (see Hash).
 func (ca *CA) Hash() string { return Hash(ca.cert) }
 
+// KeyID returns the CA's key id: the hex of its Subject Key Identifier,
+// which every certificate it issues carries as its Authority Key
+// Identifier (IssuerKeyID).
+func (ca *CA) KeyID() string { return hex.EncodeToString(ca.cert.SubjectKeyId) }
+
+// IssuerKeyID returns the key id of the CA that issued cert (the hex of
+// its Authority Key Identifier), "" when it carries none. It matches
+// CA.KeyID of the issuer; it is a label, not a verification.
+func IssuerKeyID(cert *x509.Certificate) string { return hex.EncodeToString(cert.AuthorityKeyId) }
+
 // Pool returns a certificate pool holding only this CA, for tls.Config
 // RootCAs and ClientCAs.
 func (ca *CA) Pool() *x509.CertPool {

@@ -70,6 +70,11 @@ References to objects in the same apply count as existing.`,
 			for _, r := range resp.GetResults() {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s/%s %s%s\n", strings.ToLower(r.GetKind()), r.GetName(), r.GetAction(), suffix)
 			}
+			for _, r := range resp.GetResults() {
+				for _, w := range r.GetWarnings() {
+					fmt.Fprintf(cmd.ErrOrStderr(), "Warning: %s/%s: %s\n", strings.ToLower(r.GetKind()), r.GetName(), w)
+				}
+			}
 			a.warnDangling(cmd.Context(), c, req.Resources, func(w string) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "Warning: %s\n", w)
 			})

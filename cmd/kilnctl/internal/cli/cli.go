@@ -192,6 +192,12 @@ func (a *app) rpcError(what string, err error) error {
 		if a.cfg != nil {
 			server = " at " + a.cfg.Server
 		}
+		if strings.Contains(e.Error(), "certificate signed by unknown authority") {
+			// The handshake failed on trust, not on reachability: most
+			// often a kilnconfig from before kiln-controller rotate-ca
+			// retired the CA it names (docs/controller.md).
+			return fmt.Errorf("%s: the controller%s presents a certificate of a CA this kilnconfig does not trust: %w\nhint: was the controller CA rotated (kiln-controller rotate-ca)? get a new kilnconfig (kiln-controller operator-cert)", what, server, e)
+		}
 		return fmt.Errorf("%s: cannot reach the controller%s: %w", what, server, e)
 	case errors.Is(e, context.DeadlineExceeded) || errors.Is(e, errdefs.ErrDeadlineExceeded):
 		return fmt.Errorf("%s: no answer within --request-timeout %v: %w", what, a.timeout, e)

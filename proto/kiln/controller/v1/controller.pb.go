@@ -247,7 +247,12 @@ type ApplyResult struct {
 	Kind  string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
 	Name  string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	// action is "created", "configured" or "unchanged".
-	Action        string `protobuf:"bytes,3,opt,name=action,proto3" json:"action,omitempty"`
+	Action string `protobuf:"bytes,3,opt,name=action,proto3" json:"action,omitempty"`
+	// warnings are what the controller noticed but did not refuse: a
+	// Cluster CIDR that overlaps a network an agent reports (agents' facts
+	// may not refuse an operator's apply; issue 12). kilnctl apply prints
+	// them.
+	Warnings      []string `protobuf:"bytes,4,rep,name=warnings,proto3" json:"warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -301,6 +306,13 @@ func (x *ApplyResult) GetAction() string {
 		return x.Action
 	}
 	return ""
+}
+
+func (x *ApplyResult) GetWarnings() []string {
+	if x != nil {
+		return x.Warnings
+	}
+	return nil
 }
 
 type ApplyResponse struct {
@@ -1224,8 +1236,17 @@ type HeartbeatResponse struct {
 	Host  string                 `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
 	// interval_seconds is when to send the next heartbeat.
 	IntervalSeconds int32 `protobuf:"varint,2,opt,name=interval_seconds,json=intervalSeconds,proto3" json:"interval_seconds,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// ca_bundle_pem are the CA certificates the agent is to trust from now
+	// on (PEM, the one that issued the controller's certificate first):
+	// during a CA rotation (kiln-controller rotate-ca) both the old and the
+	// new CA, after it the new one. Empty from older controllers: keep the
+	// trust as it is.
+	CaBundlePem []byte `protobuf:"bytes,3,opt,name=ca_bundle_pem,json=caBundlePem,proto3" json:"ca_bundle_pem,omitempty"`
+	// renew_certificate asks the agent to renew its certificate now (its
+	// issuer is being retired), through Agents.Renew.
+	RenewCertificate bool `protobuf:"varint,4,opt,name=renew_certificate,json=renewCertificate,proto3" json:"renew_certificate,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *HeartbeatResponse) Reset() {
@@ -1270,6 +1291,20 @@ func (x *HeartbeatResponse) GetIntervalSeconds() int32 {
 		return x.IntervalSeconds
 	}
 	return 0
+}
+
+func (x *HeartbeatResponse) GetCaBundlePem() []byte {
+	if x != nil {
+		return x.CaBundlePem
+	}
+	return nil
+}
+
+func (x *HeartbeatResponse) GetRenewCertificate() bool {
+	if x != nil {
+		return x.RenewCertificate
+	}
+	return false
 }
 
 type RenewRequest struct {
@@ -1319,8 +1354,10 @@ func (x *RenewRequest) GetCsrDer() []byte {
 type RenewResponse struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	CertificatePem []byte                 `protobuf:"bytes,1,opt,name=certificate_pem,json=certificatePem,proto3" json:"certificate_pem,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// ca_bundle_pem is as in HeartbeatResponse.
+	CaBundlePem   []byte `protobuf:"bytes,2,opt,name=ca_bundle_pem,json=caBundlePem,proto3" json:"ca_bundle_pem,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RenewResponse) Reset() {
@@ -1356,6 +1393,13 @@ func (*RenewResponse) Descriptor() ([]byte, []int) {
 func (x *RenewResponse) GetCertificatePem() []byte {
 	if x != nil {
 		return x.CertificatePem
+	}
+	return nil
+}
+
+func (x *RenewResponse) GetCaBundlePem() []byte {
+	if x != nil {
+		return x.CaBundlePem
 	}
 	return nil
 }
@@ -1748,11 +1792,12 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\x04kind\"c\n" +
 	"\fApplyRequest\x12:\n" +
 	"\tresources\x18\x01 \x03(\v2\x1c.kiln.controller.v1.ResourceR\tresources\x12\x17\n" +
-	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"M\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"i\n" +
 	"\vApplyResult\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
-	"\x06action\x18\x03 \x01(\tR\x06action\"J\n" +
+	"\x06action\x18\x03 \x01(\tR\x06action\x12\x1a\n" +
+	"\bwarnings\x18\x04 \x03(\tR\bwarnings\"J\n" +
 	"\rApplyResponse\x129\n" +
 	"\aresults\x18\x01 \x03(\v2\x1f.kiln.controller.v1.ApplyResultR\aresults\"4\n" +
 	"\n" +
@@ -1815,14 +1860,17 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\x10HeartbeatRequest\x12#\n" +
 	"\ragent_address\x18\x01 \x01(\tR\fagentAddress\x12*\n" +
 	"\x05facts\x18\x02 \x01(\v2\x14.kiln.types.v1.FactsR\x05facts\x12\x18\n" +
-	"\aversion\x18\x03 \x01(\tR\aversion\"R\n" +
+	"\aversion\x18\x03 \x01(\tR\aversion\"\xa3\x01\n" +
 	"\x11HeartbeatResponse\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12)\n" +
-	"\x10interval_seconds\x18\x02 \x01(\x05R\x0fintervalSeconds\"'\n" +
+	"\x10interval_seconds\x18\x02 \x01(\x05R\x0fintervalSeconds\x12\"\n" +
+	"\rca_bundle_pem\x18\x03 \x01(\fR\vcaBundlePem\x12+\n" +
+	"\x11renew_certificate\x18\x04 \x01(\bR\x10renewCertificate\"'\n" +
 	"\fRenewRequest\x12\x17\n" +
-	"\acsr_der\x18\x01 \x01(\fR\x06csrDer\"8\n" +
+	"\acsr_der\x18\x01 \x01(\fR\x06csrDer\"\\\n" +
 	"\rRenewResponse\x12'\n" +
-	"\x0fcertificate_pem\x18\x01 \x01(\fR\x0ecertificatePem\"\xdc\x02\n" +
+	"\x0fcertificate_pem\x18\x01 \x01(\fR\x0ecertificatePem\x12\"\n" +
+	"\rca_bundle_pem\x18\x02 \x01(\fR\vcaBundlePem\"\xdc\x02\n" +
 	"\n" +
 	"AuditEntry\x12.\n" +
 	"\x04time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x12\n" +

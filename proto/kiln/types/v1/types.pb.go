@@ -1067,8 +1067,13 @@ type AgentStatus struct {
 	// accepted until the agent first calls with the new one (its open
 	// connection keeps the old certificate). Enrollment clears it.
 	PreviousCertificateSerial string `protobuf:"bytes,8,opt,name=previous_certificate_serial,json=previousCertificateSerial,proto3" json:"previous_certificate_serial,omitempty"`
-	unknownFields             protoimpl.UnknownFields
-	sizeCache                 protoimpl.SizeCache
+	// certificate_issuer is the key id (hex of the Authority Key
+	// Identifier) of the CA that issued certificate_serial: what
+	// kiln-controller rotate-ca checks before it retires a CA. Empty for
+	// certificates recorded before it existed.
+	CertificateIssuer string `protobuf:"bytes,9,opt,name=certificate_issuer,json=certificateIssuer,proto3" json:"certificate_issuer,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *AgentStatus) Reset() {
@@ -1153,6 +1158,13 @@ func (x *AgentStatus) GetBootSource() string {
 func (x *AgentStatus) GetPreviousCertificateSerial() string {
 	if x != nil {
 		return x.PreviousCertificateSerial
+	}
+	return ""
+}
+
+func (x *AgentStatus) GetCertificateIssuer() string {
+	if x != nil {
+		return x.CertificateIssuer
 	}
 	return ""
 }
@@ -3688,7 +3700,7 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"agent_mode\x18\x11 \x01(\tR\tagentMode\x1a?\n" +
 	"\x11KubeVersionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf8\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa7\x03\n" +
 	"\vAgentStatus\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12-\n" +
 	"\x12certificate_serial\x18\x02 \x01(\tR\x11certificateSerial\x12N\n" +
@@ -3698,7 +3710,8 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\x04mode\x18\x06 \x01(\tR\x04mode\x12\x1f\n" +
 	"\vboot_source\x18\a \x01(\tR\n" +
 	"bootSource\x12>\n" +
-	"\x1bprevious_certificate_serial\x18\b \x01(\tR\x19previousCertificateSerial\"\xb0\x03\n" +
+	"\x1bprevious_certificate_serial\x18\b \x01(\tR\x19previousCertificateSerial\x12-\n" +
+	"\x12certificate_issuer\x18\t \x01(\tR\x11certificateIssuer\"\xb0\x03\n" +
 	"\x0fOperationStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x14\n" +
