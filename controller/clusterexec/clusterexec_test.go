@@ -364,12 +364,7 @@ func TestScaleDown(t *testing.T) {
 	defer stop()
 	before := w.waitRunning(3)
 
-	md := &typesv1.MachineDeployment{}
-	rev, err := w.st.Get(w.ctx, "machinedeployments", "md", md)
-	require.NoError(t, err)
-	md.Spec.Replicas = 1
-	_, err = w.st.Update(w.ctx, "machinedeployments", "md", md, rev)
-	require.NoError(t, err)
+	w.scale("md", 1)
 
 	after := w.waitRunning(2)
 	kept := map[string]bool{}
@@ -506,8 +501,7 @@ func TestClusterDeleted(t *testing.T) {
 	// a pass happened.
 	stop()
 	ex := w.executor()
-	require.NoError(t, ex.CollectDeletedClusters(w.ctx))
-	require.NoError(t, ex.ReleaseOrphans(w.ctx))
+	require.NoError(t, ex.Collect(w.ctx))
 	require.NoError(t, ex.Reconcile(w.ctx, "c1"))
 	ex.Wait()
 	ms := w.machines()
