@@ -216,7 +216,6 @@ type Executor struct {
 	booting map[string]bool
 	running map[string]string // cluster -> its long action in flight
 	queue   clusterQueue      // set while Run runs
-	addons  map[string]string // cluster -> version its addons were moved to
 }
 
 // New returns an Executor; Run starts it.
@@ -250,7 +249,7 @@ func New(deps Deps, cfg Config, log *slog.Logger) *Executor {
 	}
 	return &Executor{cfg: cfg, deps: deps, log: log.With("component", "clusterexec"),
 		bootSem: make(chan struct{}, cfg.Workers), longSem: make(chan struct{}, cfg.LongActions),
-		booting: map[string]bool{}, running: map[string]string{}, addons: map[string]string{}}
+		booting: map[string]bool{}, running: map[string]string{}}
 }
 
 // Collect runs the fleet-wide clean-up machineplan.PlanCleanup decides:
@@ -389,7 +388,7 @@ func (e *Executor) reconcile(ctx context.Context, name string) (time.Duration, e
 	e.storeStatus(ctx, ClustersKind, name, c, func(m proto.Message) {
 		x := m.(*typesv1.Cluster)
 		// The executor's own fields may have moved on since c was read.
-		cst.CaHash, cst.ApiServerVersion = x.GetStatus().GetCaHash(), x.GetStatus().GetApiServerVersion()
+		cst.CaHash, cst.ApiServerVersion, cst.Addons = x.GetStatus().GetCaHash(), x.GetStatus().GetApiServerVersion(), x.GetStatus().GetAddons()
 		if cst.CaHash != "" && cst.Phase == clusterplan.ClusterProvisioning {
 			cst.Phase = clusterplan.ClusterNotReady
 		}

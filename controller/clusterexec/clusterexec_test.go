@@ -45,6 +45,8 @@ type world struct {
 	drain   clusterexec.DrainFunc      // nil: drains are skipped
 	// drainTimeout is the executor's Config.DrainTimeout (0: its default).
 	drainTimeout time.Duration
+	// observer is told of the executors' reconciles (nil: none).
+	observer clusterexec.Observer
 }
 
 func newWorld(t testing.TB, kubeadmDuration time.Duration) *world {
@@ -115,7 +117,7 @@ func (w *world) executorOn(st clusterexec.Store, id string) *clusterexec.Executo
 			log = log.With("leader", id)
 		}
 	}
-	return clusterexec.New(clusterexec.Deps{Store: st, Recorder: w.rec, Agents: clusterexec.AgentDialer(w.kubeadm.AgentDialer()), KubeClient: w.kube, Drain: w.drain},
+	return clusterexec.New(clusterexec.Deps{Store: st, Recorder: w.rec, Agents: clusterexec.AgentDialer(w.kubeadm.AgentDialer()), KubeClient: w.kube, Drain: w.drain, Observer: w.observer},
 		clusterexec.Config{Interval: 100 * time.Millisecond, DrainTimeout: w.drainTimeout}, log)
 }
 

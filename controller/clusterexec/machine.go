@@ -186,8 +186,29 @@ func (e *Executor) recordOperation(ctx context.Context, name, state, msg string,
 		if failed != nil {
 			x.Status.Conditions, _ = conditions.Set(x.Status.Conditions, failed, now)
 		}
+		e.replanPhase(ctx, x)
 		return true
 	})
+}
+
+// replanPhase sets x's phase to what the Machine planner makes of x as it
+// is about to be written, so that an outcome and the phase it leads to
+// are stored together (a reader never sees BootstrapFailed with the phase
+// of before). It leaves the phase when the host or cluster cannot be
+// read: the next plan sets it.
+func (e *Executor) replanPhase(ctx context.Context, x *typesv1.Machine) {
+	h, c := &typesv1.Host{}, &typesv1.Cluster{}
+	if _, err := e.deps.Store.Get(ctx, HostsKind, x.GetSpec().GetHost(), h); err != nil {
+		return
+	}
+	if _, err := e.deps.Store.Get(ctx, ClustersKind, x.GetSpec().GetCluster(), c); err != nil {
+		return
+	}
+	_, err := LoadBootstrap(ctx, e.deps.Store, x.GetSpec().GetCluster())
+	out := machineplan.Plan(e.cfg.Machines, machineplan.Input{Machine: x, Host: h, Cluster: c, Credentials: err == nil}, e.cfg.Clock())
+	if out.Phase != "" {
+		x.Status.Phase = out.Phase
+	}
 }
 
 // startAttempt records, before anything of it runs, that the machine's
@@ -384,6 +405,7 @@ func (e *Executor) bootstrapped(ctx context.Context, c *typesv1.Cluster, a machi
 		if x.GetSpec().GetRole() == clusterplan.RoleControlPlane {
 			x.Status.EtcdMember = x.Status.NodeName
 		}
+		e.replanPhase(ctx, x)
 		return true
 	})
 }

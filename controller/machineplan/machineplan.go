@@ -75,7 +75,7 @@ const (
 // Machine conditions.
 const (
 	// ConditionBootstrapped is True once kubeadm init or join succeeded.
-	ConditionBootstrapped = "Bootstrapped"
+	ConditionBootstrapped = clusterplan.MachineBootstrapped
 	// ConditionBootstrapFailed is True while the bootstrap is refused (a
 	// failed preflight check) or its last operation failed.
 	ConditionBootstrapFailed = clusterplan.MachineBootstrapFailed

@@ -1984,8 +1984,12 @@ type ClusterStatus struct {
 	Conditions       []*Condition           `protobuf:"bytes,2,rep,name=conditions,proto3" json:"conditions,omitempty"`
 	CaHash           string                 `protobuf:"bytes,3,opt,name=ca_hash,json=caHash,proto3" json:"ca_hash,omitempty"`
 	ApiServerVersion string                 `protobuf:"bytes,4,opt,name=api_server_version,json=apiServerVersion,proto3" json:"api_server_version,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// addons records which addon steps of an upgrade by reimaging are done,
+	// so that a controller that restarts mid-upgrade neither repeats nor
+	// skips one.
+	Addons        *ClusterAddons `protobuf:"bytes,5,opt,name=addons,proto3" json:"addons,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClusterStatus) Reset() {
@@ -2046,6 +2050,72 @@ func (x *ClusterStatus) GetApiServerVersion() string {
 	return ""
 }
 
+func (x *ClusterStatus) GetAddons() *ClusterAddons {
+	if x != nil {
+		return x.Addons
+	}
+	return nil
+}
+
+// ClusterAddons are the Kubernetes versions the cluster-wide kubeadm
+// state was moved to by upgrades (empty: never).
+type ClusterAddons struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// kubeadm_config_version is the version kube-system/kubeadm-config was
+	// set to before a newer control-plane member joined.
+	KubeadmConfigVersion string `protobuf:"bytes,1,opt,name=kubeadm_config_version,json=kubeadmConfigVersion,proto3" json:"kubeadm_config_version,omitempty"`
+	// version is the version whose kube-proxy and CoreDNS images the
+	// cluster's addons were moved to, once its first control-plane member
+	// was Ready.
+	Version       string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterAddons) Reset() {
+	*x = ClusterAddons{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterAddons) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterAddons) ProtoMessage() {}
+
+func (x *ClusterAddons) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterAddons.ProtoReflect.Descriptor instead.
+func (*ClusterAddons) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ClusterAddons) GetKubeadmConfigVersion() string {
+	if x != nil {
+		return x.KubeadmConfigVersion
+	}
+	return ""
+}
+
+func (x *ClusterAddons) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
 type Cluster struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ApiVersion    string                 `protobuf:"bytes,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
@@ -2059,7 +2129,7 @@ type Cluster struct {
 
 func (x *Cluster) Reset() {
 	*x = Cluster{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[19]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2071,7 +2141,7 @@ func (x *Cluster) String() string {
 func (*Cluster) ProtoMessage() {}
 
 func (x *Cluster) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[19]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2084,7 +2154,7 @@ func (x *Cluster) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cluster.ProtoReflect.Descriptor instead.
 func (*Cluster) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{19}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Cluster) GetApiVersion() string {
@@ -2145,7 +2215,7 @@ type ControlPlaneSpec struct {
 
 func (x *ControlPlaneSpec) Reset() {
 	*x = ControlPlaneSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2157,7 +2227,7 @@ func (x *ControlPlaneSpec) String() string {
 func (*ControlPlaneSpec) ProtoMessage() {}
 
 func (x *ControlPlaneSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2170,7 +2240,7 @@ func (x *ControlPlaneSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneSpec.ProtoReflect.Descriptor instead.
 func (*ControlPlaneSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{20}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ControlPlaneSpec) GetCluster() string {
@@ -2238,7 +2308,7 @@ type ControlPlaneStatus struct {
 
 func (x *ControlPlaneStatus) Reset() {
 	*x = ControlPlaneStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2250,7 +2320,7 @@ func (x *ControlPlaneStatus) String() string {
 func (*ControlPlaneStatus) ProtoMessage() {}
 
 func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2263,7 +2333,7 @@ func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneStatus.ProtoReflect.Descriptor instead.
 func (*ControlPlaneStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{21}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ControlPlaneStatus) GetReplicas() int32 {
@@ -2321,7 +2391,7 @@ type ControlPlane struct {
 
 func (x *ControlPlane) Reset() {
 	*x = ControlPlane{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2333,7 +2403,7 @@ func (x *ControlPlane) String() string {
 func (*ControlPlane) ProtoMessage() {}
 
 func (x *ControlPlane) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2346,7 +2416,7 @@ func (x *ControlPlane) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlane.ProtoReflect.Descriptor instead.
 func (*ControlPlane) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{22}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ControlPlane) GetApiVersion() string {
@@ -2400,7 +2470,7 @@ type RolloutStrategy struct {
 
 func (x *RolloutStrategy) Reset() {
 	*x = RolloutStrategy{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2412,7 +2482,7 @@ func (x *RolloutStrategy) String() string {
 func (*RolloutStrategy) ProtoMessage() {}
 
 func (x *RolloutStrategy) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2425,7 +2495,7 @@ func (x *RolloutStrategy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutStrategy.ProtoReflect.Descriptor instead.
 func (*RolloutStrategy) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{23}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RolloutStrategy) GetType() string {
@@ -2472,7 +2542,7 @@ type MachineDeploymentSpec struct {
 
 func (x *MachineDeploymentSpec) Reset() {
 	*x = MachineDeploymentSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2484,7 +2554,7 @@ func (x *MachineDeploymentSpec) String() string {
 func (*MachineDeploymentSpec) ProtoMessage() {}
 
 func (x *MachineDeploymentSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2497,7 +2567,7 @@ func (x *MachineDeploymentSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineDeploymentSpec.ProtoReflect.Descriptor instead.
 func (*MachineDeploymentSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{24}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *MachineDeploymentSpec) GetCluster() string {
@@ -2564,7 +2634,7 @@ type MachineDeploymentStatus struct {
 
 func (x *MachineDeploymentStatus) Reset() {
 	*x = MachineDeploymentStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2576,7 +2646,7 @@ func (x *MachineDeploymentStatus) String() string {
 func (*MachineDeploymentStatus) ProtoMessage() {}
 
 func (x *MachineDeploymentStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2589,7 +2659,7 @@ func (x *MachineDeploymentStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineDeploymentStatus.ProtoReflect.Descriptor instead.
 func (*MachineDeploymentStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{25}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *MachineDeploymentStatus) GetReplicas() int32 {
@@ -2647,7 +2717,7 @@ type MachineDeployment struct {
 
 func (x *MachineDeployment) Reset() {
 	*x = MachineDeployment{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2659,7 +2729,7 @@ func (x *MachineDeployment) String() string {
 func (*MachineDeployment) ProtoMessage() {}
 
 func (x *MachineDeployment) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2672,7 +2742,7 @@ func (x *MachineDeployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineDeployment.ProtoReflect.Descriptor instead.
 func (*MachineDeployment) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{26}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MachineDeployment) GetApiVersion() string {
@@ -2726,7 +2796,7 @@ type MachineSpec struct {
 
 func (x *MachineSpec) Reset() {
 	*x = MachineSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2738,7 +2808,7 @@ func (x *MachineSpec) String() string {
 func (*MachineSpec) ProtoMessage() {}
 
 func (x *MachineSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2751,7 +2821,7 @@ func (x *MachineSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineSpec.ProtoReflect.Descriptor instead.
 func (*MachineSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{27}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *MachineSpec) GetCluster() string {
@@ -2816,7 +2886,7 @@ type MachineStatus struct {
 
 func (x *MachineStatus) Reset() {
 	*x = MachineStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2828,7 +2898,7 @@ func (x *MachineStatus) String() string {
 func (*MachineStatus) ProtoMessage() {}
 
 func (x *MachineStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2841,7 +2911,7 @@ func (x *MachineStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineStatus.ProtoReflect.Descriptor instead.
 func (*MachineStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{28}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *MachineStatus) GetPhase() string {
@@ -2906,7 +2976,7 @@ type Machine struct {
 
 func (x *Machine) Reset() {
 	*x = Machine{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2918,7 +2988,7 @@ func (x *Machine) String() string {
 func (*Machine) ProtoMessage() {}
 
 func (x *Machine) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2931,7 +3001,7 @@ func (x *Machine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Machine.ProtoReflect.Descriptor instead.
 func (*Machine) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{29}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Machine) GetApiVersion() string {
@@ -2981,7 +3051,7 @@ type UnhealthyCondition struct {
 
 func (x *UnhealthyCondition) Reset() {
 	*x = UnhealthyCondition{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2993,7 +3063,7 @@ func (x *UnhealthyCondition) String() string {
 func (*UnhealthyCondition) ProtoMessage() {}
 
 func (x *UnhealthyCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3006,7 +3076,7 @@ func (x *UnhealthyCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnhealthyCondition.ProtoReflect.Descriptor instead.
 func (*UnhealthyCondition) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{30}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *UnhealthyCondition) GetType() string {
@@ -3046,7 +3116,7 @@ type HealthCheckSpec struct {
 
 func (x *HealthCheckSpec) Reset() {
 	*x = HealthCheckSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3058,7 +3128,7 @@ func (x *HealthCheckSpec) String() string {
 func (*HealthCheckSpec) ProtoMessage() {}
 
 func (x *HealthCheckSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3071,7 +3141,7 @@ func (x *HealthCheckSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheckSpec.ProtoReflect.Descriptor instead.
 func (*HealthCheckSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{31}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *HealthCheckSpec) GetCluster() string {
@@ -3121,7 +3191,7 @@ type HealthCheckStatus struct {
 
 func (x *HealthCheckStatus) Reset() {
 	*x = HealthCheckStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3133,7 +3203,7 @@ func (x *HealthCheckStatus) String() string {
 func (*HealthCheckStatus) ProtoMessage() {}
 
 func (x *HealthCheckStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3146,7 +3216,7 @@ func (x *HealthCheckStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheckStatus.ProtoReflect.Descriptor instead.
 func (*HealthCheckStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{32}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *HealthCheckStatus) GetExpectedMachines() int32 {
@@ -3190,7 +3260,7 @@ type HealthCheck struct {
 
 func (x *HealthCheck) Reset() {
 	*x = HealthCheck{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3202,7 +3272,7 @@ func (x *HealthCheck) String() string {
 func (*HealthCheck) ProtoMessage() {}
 
 func (x *HealthCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3215,7 +3285,7 @@ func (x *HealthCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheck.ProtoReflect.Descriptor instead.
 func (*HealthCheck) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{33}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *HealthCheck) GetApiVersion() string {
@@ -3270,7 +3340,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3282,7 +3352,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3295,7 +3365,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{34}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Event) GetName() string {
@@ -3370,7 +3440,7 @@ type EnrollmentToken struct {
 
 func (x *EnrollmentToken) Reset() {
 	*x = EnrollmentToken{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[35]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3382,7 +3452,7 @@ func (x *EnrollmentToken) String() string {
 func (*EnrollmentToken) ProtoMessage() {}
 
 func (x *EnrollmentToken) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[35]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3395,7 +3465,7 @@ func (x *EnrollmentToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollmentToken.ProtoReflect.Descriptor instead.
 func (*EnrollmentToken) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{35}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *EnrollmentToken) GetId() string {
@@ -3670,14 +3740,18 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"dns_domain\x18\b \x01(\tR\tdnsDomain\x12\x16\n" +
 	"\x06paused\x18\t \x01(\bR\x06paused\x128\n" +
 	"\x18certificate_renewal_days\x18\n" +
-	" \x01(\x05R\x16certificateRenewalDays\"\xa6\x01\n" +
+	" \x01(\x05R\x16certificateRenewalDays\"\xdc\x01\n" +
 	"\rClusterStatus\x12\x14\n" +
 	"\x05phase\x18\x01 \x01(\tR\x05phase\x128\n" +
 	"\n" +
 	"conditions\x18\x02 \x03(\v2\x18.kiln.types.v1.ConditionR\n" +
 	"conditions\x12\x17\n" +
 	"\aca_hash\x18\x03 \x01(\tR\x06caHash\x12,\n" +
-	"\x12api_server_version\x18\x04 \x01(\tR\x10apiServerVersion\"\xdb\x01\n" +
+	"\x12api_server_version\x18\x04 \x01(\tR\x10apiServerVersion\x124\n" +
+	"\x06addons\x18\x05 \x01(\v2\x1c.kiln.types.v1.ClusterAddonsR\x06addons\"_\n" +
+	"\rClusterAddons\x124\n" +
+	"\x16kubeadm_config_version\x18\x01 \x01(\tR\x14kubeadmConfigVersion\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\"\xdb\x01\n" +
 	"\aCluster\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\tR\n" +
 	"apiVersion\x12\x12\n" +
@@ -3847,7 +3921,7 @@ func file_kiln_types_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_kiln_types_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kiln_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_kiln_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_kiln_types_v1_types_proto_goTypes = []any{
 	(HostState)(0),                  // 0: kiln.types.v1.HostState
 	(*ObjectMeta)(nil),              // 1: kiln.types.v1.ObjectMeta
@@ -3869,50 +3943,51 @@ var file_kiln_types_v1_types_proto_goTypes = []any{
 	(*Image)(nil),                   // 17: kiln.types.v1.Image
 	(*ClusterSpec)(nil),             // 18: kiln.types.v1.ClusterSpec
 	(*ClusterStatus)(nil),           // 19: kiln.types.v1.ClusterStatus
-	(*Cluster)(nil),                 // 20: kiln.types.v1.Cluster
-	(*ControlPlaneSpec)(nil),        // 21: kiln.types.v1.ControlPlaneSpec
-	(*ControlPlaneStatus)(nil),      // 22: kiln.types.v1.ControlPlaneStatus
-	(*ControlPlane)(nil),            // 23: kiln.types.v1.ControlPlane
-	(*RolloutStrategy)(nil),         // 24: kiln.types.v1.RolloutStrategy
-	(*MachineDeploymentSpec)(nil),   // 25: kiln.types.v1.MachineDeploymentSpec
-	(*MachineDeploymentStatus)(nil), // 26: kiln.types.v1.MachineDeploymentStatus
-	(*MachineDeployment)(nil),       // 27: kiln.types.v1.MachineDeployment
-	(*MachineSpec)(nil),             // 28: kiln.types.v1.MachineSpec
-	(*MachineStatus)(nil),           // 29: kiln.types.v1.MachineStatus
-	(*Machine)(nil),                 // 30: kiln.types.v1.Machine
-	(*UnhealthyCondition)(nil),      // 31: kiln.types.v1.UnhealthyCondition
-	(*HealthCheckSpec)(nil),         // 32: kiln.types.v1.HealthCheckSpec
-	(*HealthCheckStatus)(nil),       // 33: kiln.types.v1.HealthCheckStatus
-	(*HealthCheck)(nil),             // 34: kiln.types.v1.HealthCheck
-	(*Event)(nil),                   // 35: kiln.types.v1.Event
-	(*EnrollmentToken)(nil),         // 36: kiln.types.v1.EnrollmentToken
-	nil,                             // 37: kiln.types.v1.ObjectMeta.LabelsEntry
-	nil,                             // 38: kiln.types.v1.ObjectMeta.AnnotationsEntry
-	nil,                             // 39: kiln.types.v1.Facts.KubeVersionsEntry
-	nil,                             // 40: kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
-	nil,                             // 41: kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
-	nil,                             // 42: kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
-	nil,                             // 43: kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
-	nil,                             // 44: kiln.types.v1.HealthCheckSpec.SelectorEntry
-	(*timestamppb.Timestamp)(nil),   // 45: google.protobuf.Timestamp
+	(*ClusterAddons)(nil),           // 20: kiln.types.v1.ClusterAddons
+	(*Cluster)(nil),                 // 21: kiln.types.v1.Cluster
+	(*ControlPlaneSpec)(nil),        // 22: kiln.types.v1.ControlPlaneSpec
+	(*ControlPlaneStatus)(nil),      // 23: kiln.types.v1.ControlPlaneStatus
+	(*ControlPlane)(nil),            // 24: kiln.types.v1.ControlPlane
+	(*RolloutStrategy)(nil),         // 25: kiln.types.v1.RolloutStrategy
+	(*MachineDeploymentSpec)(nil),   // 26: kiln.types.v1.MachineDeploymentSpec
+	(*MachineDeploymentStatus)(nil), // 27: kiln.types.v1.MachineDeploymentStatus
+	(*MachineDeployment)(nil),       // 28: kiln.types.v1.MachineDeployment
+	(*MachineSpec)(nil),             // 29: kiln.types.v1.MachineSpec
+	(*MachineStatus)(nil),           // 30: kiln.types.v1.MachineStatus
+	(*Machine)(nil),                 // 31: kiln.types.v1.Machine
+	(*UnhealthyCondition)(nil),      // 32: kiln.types.v1.UnhealthyCondition
+	(*HealthCheckSpec)(nil),         // 33: kiln.types.v1.HealthCheckSpec
+	(*HealthCheckStatus)(nil),       // 34: kiln.types.v1.HealthCheckStatus
+	(*HealthCheck)(nil),             // 35: kiln.types.v1.HealthCheck
+	(*Event)(nil),                   // 36: kiln.types.v1.Event
+	(*EnrollmentToken)(nil),         // 37: kiln.types.v1.EnrollmentToken
+	nil,                             // 38: kiln.types.v1.ObjectMeta.LabelsEntry
+	nil,                             // 39: kiln.types.v1.ObjectMeta.AnnotationsEntry
+	nil,                             // 40: kiln.types.v1.Facts.KubeVersionsEntry
+	nil,                             // 41: kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
+	nil,                             // 42: kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
+	nil,                             // 43: kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
+	nil,                             // 44: kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
+	nil,                             // 45: kiln.types.v1.HealthCheckSpec.SelectorEntry
+	(*timestamppb.Timestamp)(nil),   // 46: google.protobuf.Timestamp
 }
 var file_kiln_types_v1_types_proto_depIdxs = []int32{
-	37, // 0: kiln.types.v1.ObjectMeta.labels:type_name -> kiln.types.v1.ObjectMeta.LabelsEntry
-	38, // 1: kiln.types.v1.ObjectMeta.annotations:type_name -> kiln.types.v1.ObjectMeta.AnnotationsEntry
-	45, // 2: kiln.types.v1.ObjectMeta.creation_timestamp:type_name -> google.protobuf.Timestamp
-	45, // 3: kiln.types.v1.ObjectMeta.deletion_timestamp:type_name -> google.protobuf.Timestamp
-	45, // 4: kiln.types.v1.Condition.last_transition_time:type_name -> google.protobuf.Timestamp
+	38, // 0: kiln.types.v1.ObjectMeta.labels:type_name -> kiln.types.v1.ObjectMeta.LabelsEntry
+	39, // 1: kiln.types.v1.ObjectMeta.annotations:type_name -> kiln.types.v1.ObjectMeta.AnnotationsEntry
+	46, // 2: kiln.types.v1.ObjectMeta.creation_timestamp:type_name -> google.protobuf.Timestamp
+	46, // 3: kiln.types.v1.ObjectMeta.deletion_timestamp:type_name -> google.protobuf.Timestamp
+	46, // 4: kiln.types.v1.Condition.last_transition_time:type_name -> google.protobuf.Timestamp
 	3,  // 5: kiln.types.v1.HostSpec.bmc:type_name -> kiln.types.v1.BMCSpec
 	5,  // 6: kiln.types.v1.HostSpec.root_device_hints:type_name -> kiln.types.v1.RootDeviceHints
 	6,  // 7: kiln.types.v1.Facts.disks:type_name -> kiln.types.v1.Disk
 	7,  // 8: kiln.types.v1.Facts.nics:type_name -> kiln.types.v1.NIC
 	8,  // 9: kiln.types.v1.Facts.routes:type_name -> kiln.types.v1.Route
-	39, // 10: kiln.types.v1.Facts.kube_versions:type_name -> kiln.types.v1.Facts.KubeVersionsEntry
-	45, // 11: kiln.types.v1.AgentStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
-	45, // 12: kiln.types.v1.AgentStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
-	45, // 13: kiln.types.v1.OperationStatus.started:type_name -> google.protobuf.Timestamp
-	45, // 14: kiln.types.v1.OperationStatus.finished:type_name -> google.protobuf.Timestamp
-	45, // 15: kiln.types.v1.OperationStatus.retry_after:type_name -> google.protobuf.Timestamp
+	40, // 10: kiln.types.v1.Facts.kube_versions:type_name -> kiln.types.v1.Facts.KubeVersionsEntry
+	46, // 11: kiln.types.v1.AgentStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
+	46, // 12: kiln.types.v1.AgentStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
+	46, // 13: kiln.types.v1.OperationStatus.started:type_name -> google.protobuf.Timestamp
+	46, // 14: kiln.types.v1.OperationStatus.finished:type_name -> google.protobuf.Timestamp
+	46, // 15: kiln.types.v1.OperationStatus.retry_after:type_name -> google.protobuf.Timestamp
 	0,  // 16: kiln.types.v1.HostStatus.state:type_name -> kiln.types.v1.HostState
 	9,  // 17: kiln.types.v1.HostStatus.facts:type_name -> kiln.types.v1.Facts
 	10, // 18: kiln.types.v1.HostStatus.agent:type_name -> kiln.types.v1.AgentStatus
@@ -3927,43 +4002,44 @@ var file_kiln_types_v1_types_proto_depIdxs = []int32{
 	14, // 27: kiln.types.v1.Image.spec:type_name -> kiln.types.v1.ImageSpec
 	16, // 28: kiln.types.v1.Image.status:type_name -> kiln.types.v1.ImageStatus
 	2,  // 29: kiln.types.v1.ClusterStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 30: kiln.types.v1.Cluster.metadata:type_name -> kiln.types.v1.ObjectMeta
-	18, // 31: kiln.types.v1.Cluster.spec:type_name -> kiln.types.v1.ClusterSpec
-	19, // 32: kiln.types.v1.Cluster.status:type_name -> kiln.types.v1.ClusterStatus
-	40, // 33: kiln.types.v1.ControlPlaneSpec.host_selector:type_name -> kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
-	41, // 34: kiln.types.v1.ControlPlaneSpec.image_selector:type_name -> kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
-	2,  // 35: kiln.types.v1.ControlPlaneStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 36: kiln.types.v1.ControlPlane.metadata:type_name -> kiln.types.v1.ObjectMeta
-	21, // 37: kiln.types.v1.ControlPlane.spec:type_name -> kiln.types.v1.ControlPlaneSpec
-	22, // 38: kiln.types.v1.ControlPlane.status:type_name -> kiln.types.v1.ControlPlaneStatus
-	42, // 39: kiln.types.v1.MachineDeploymentSpec.host_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
-	24, // 40: kiln.types.v1.MachineDeploymentSpec.strategy:type_name -> kiln.types.v1.RolloutStrategy
-	43, // 41: kiln.types.v1.MachineDeploymentSpec.image_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
-	2,  // 42: kiln.types.v1.MachineDeploymentStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 43: kiln.types.v1.MachineDeployment.metadata:type_name -> kiln.types.v1.ObjectMeta
-	25, // 44: kiln.types.v1.MachineDeployment.spec:type_name -> kiln.types.v1.MachineDeploymentSpec
-	26, // 45: kiln.types.v1.MachineDeployment.status:type_name -> kiln.types.v1.MachineDeploymentStatus
-	2,  // 46: kiln.types.v1.MachineStatus.conditions:type_name -> kiln.types.v1.Condition
-	45, // 47: kiln.types.v1.MachineStatus.bootstrap_time:type_name -> google.protobuf.Timestamp
-	45, // 48: kiln.types.v1.MachineStatus.node_ready_time:type_name -> google.protobuf.Timestamp
-	45, // 49: kiln.types.v1.MachineStatus.certificates_not_after:type_name -> google.protobuf.Timestamp
-	1,  // 50: kiln.types.v1.Machine.metadata:type_name -> kiln.types.v1.ObjectMeta
-	28, // 51: kiln.types.v1.Machine.spec:type_name -> kiln.types.v1.MachineSpec
-	29, // 52: kiln.types.v1.Machine.status:type_name -> kiln.types.v1.MachineStatus
-	44, // 53: kiln.types.v1.HealthCheckSpec.selector:type_name -> kiln.types.v1.HealthCheckSpec.SelectorEntry
-	31, // 54: kiln.types.v1.HealthCheckSpec.unhealthy_conditions:type_name -> kiln.types.v1.UnhealthyCondition
-	2,  // 55: kiln.types.v1.HealthCheckStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 56: kiln.types.v1.HealthCheck.metadata:type_name -> kiln.types.v1.ObjectMeta
-	32, // 57: kiln.types.v1.HealthCheck.spec:type_name -> kiln.types.v1.HealthCheckSpec
-	33, // 58: kiln.types.v1.HealthCheck.status:type_name -> kiln.types.v1.HealthCheckStatus
-	45, // 59: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
-	45, // 60: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
-	45, // 61: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
-	62, // [62:62] is the sub-list for method output_type
-	62, // [62:62] is the sub-list for method input_type
-	62, // [62:62] is the sub-list for extension type_name
-	62, // [62:62] is the sub-list for extension extendee
-	0,  // [0:62] is the sub-list for field type_name
+	20, // 30: kiln.types.v1.ClusterStatus.addons:type_name -> kiln.types.v1.ClusterAddons
+	1,  // 31: kiln.types.v1.Cluster.metadata:type_name -> kiln.types.v1.ObjectMeta
+	18, // 32: kiln.types.v1.Cluster.spec:type_name -> kiln.types.v1.ClusterSpec
+	19, // 33: kiln.types.v1.Cluster.status:type_name -> kiln.types.v1.ClusterStatus
+	41, // 34: kiln.types.v1.ControlPlaneSpec.host_selector:type_name -> kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
+	42, // 35: kiln.types.v1.ControlPlaneSpec.image_selector:type_name -> kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
+	2,  // 36: kiln.types.v1.ControlPlaneStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 37: kiln.types.v1.ControlPlane.metadata:type_name -> kiln.types.v1.ObjectMeta
+	22, // 38: kiln.types.v1.ControlPlane.spec:type_name -> kiln.types.v1.ControlPlaneSpec
+	23, // 39: kiln.types.v1.ControlPlane.status:type_name -> kiln.types.v1.ControlPlaneStatus
+	43, // 40: kiln.types.v1.MachineDeploymentSpec.host_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
+	25, // 41: kiln.types.v1.MachineDeploymentSpec.strategy:type_name -> kiln.types.v1.RolloutStrategy
+	44, // 42: kiln.types.v1.MachineDeploymentSpec.image_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
+	2,  // 43: kiln.types.v1.MachineDeploymentStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 44: kiln.types.v1.MachineDeployment.metadata:type_name -> kiln.types.v1.ObjectMeta
+	26, // 45: kiln.types.v1.MachineDeployment.spec:type_name -> kiln.types.v1.MachineDeploymentSpec
+	27, // 46: kiln.types.v1.MachineDeployment.status:type_name -> kiln.types.v1.MachineDeploymentStatus
+	2,  // 47: kiln.types.v1.MachineStatus.conditions:type_name -> kiln.types.v1.Condition
+	46, // 48: kiln.types.v1.MachineStatus.bootstrap_time:type_name -> google.protobuf.Timestamp
+	46, // 49: kiln.types.v1.MachineStatus.node_ready_time:type_name -> google.protobuf.Timestamp
+	46, // 50: kiln.types.v1.MachineStatus.certificates_not_after:type_name -> google.protobuf.Timestamp
+	1,  // 51: kiln.types.v1.Machine.metadata:type_name -> kiln.types.v1.ObjectMeta
+	29, // 52: kiln.types.v1.Machine.spec:type_name -> kiln.types.v1.MachineSpec
+	30, // 53: kiln.types.v1.Machine.status:type_name -> kiln.types.v1.MachineStatus
+	45, // 54: kiln.types.v1.HealthCheckSpec.selector:type_name -> kiln.types.v1.HealthCheckSpec.SelectorEntry
+	32, // 55: kiln.types.v1.HealthCheckSpec.unhealthy_conditions:type_name -> kiln.types.v1.UnhealthyCondition
+	2,  // 56: kiln.types.v1.HealthCheckStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 57: kiln.types.v1.HealthCheck.metadata:type_name -> kiln.types.v1.ObjectMeta
+	33, // 58: kiln.types.v1.HealthCheck.spec:type_name -> kiln.types.v1.HealthCheckSpec
+	34, // 59: kiln.types.v1.HealthCheck.status:type_name -> kiln.types.v1.HealthCheckStatus
+	46, // 60: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
+	46, // 61: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
+	46, // 62: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
+	63, // [63:63] is the sub-list for method output_type
+	63, // [63:63] is the sub-list for method input_type
+	63, // [63:63] is the sub-list for extension type_name
+	63, // [63:63] is the sub-list for extension extendee
+	0,  // [0:63] is the sub-list for field type_name
 }
 
 func init() { file_kiln_types_v1_types_proto_init() }
@@ -3978,7 +4054,7 @@ func file_kiln_types_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kiln_types_v1_types_proto_rawDesc), len(file_kiln_types_v1_types_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   44,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
