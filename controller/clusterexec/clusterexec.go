@@ -418,7 +418,12 @@ func (e *Executor) reconcile(ctx context.Context, name string) (time.Duration, e
 	// The machines are planned with the cluster as it is now (its CA
 	// hash may have come since c was read) and whether its init's
 	// credentials are stored.
-	if _, err := e.deps.Store.Get(ctx, ClustersKind, name, c); err != nil && !errdefs.IsNotFound(err) {
+	// (A new message: actions started above read c in the background.)
+	fresh := &typesv1.Cluster{}
+	switch _, err := e.deps.Store.Get(ctx, ClustersKind, name, fresh); {
+	case err == nil:
+		c = fresh
+	case !errdefs.IsNotFound(err):
 		return 0, fmt.Errorf("cluster %s: %w", name, err)
 	}
 	_, err = LoadBootstrap(ctx, e.deps.Store, name)

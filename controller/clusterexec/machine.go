@@ -88,7 +88,9 @@ func (e *Executor) doMachine(ctx context.Context, c *typesv1.Cluster, a machinep
 	case machineplan.BindHost:
 		err := e.bind(ctx, a.Host, a.Machine)
 		if errdefs.IsConflict(err) || errdefs.IsNotFound(err) {
+			// Taken meanwhile: the next plan tears the machine down.
 			e.event(ctx, a.Machine, "Warning", "HostTaken", err.Error())
+			return nil
 		}
 		return err
 	case machineplan.Bootstrap:
