@@ -384,19 +384,14 @@ func (e *Executor) reconcile(ctx context.Context, name string) (time.Duration, e
 	for _, it := range w.mds {
 		summary.MachineDeployments = append(summary.MachineDeployments, it.Msg.(*typesv1.MachineDeployment))
 	}
-	cst := clusterplan.PlanClusterStatus(summary, now)
 	e.storeStatus(ctx, ClustersKind, name, c, func(m proto.Message) {
+		// Planned over the Cluster as stored now: the fields the executor
+		// writes (caHash, apiServerVersion, addons, the AddonUpgrade
+		// condition) may have moved on since c was read.
 		x := m.(*typesv1.Cluster)
-		// The executor's own fields may have moved on since c was read.
-		cst.CaHash, cst.ApiServerVersion, cst.Addons = x.GetStatus().GetCaHash(), x.GetStatus().GetApiServerVersion(), x.GetStatus().GetAddons()
-		if cst.CaHash != "" && cst.Phase == clusterplan.ClusterProvisioning {
-			cst.Phase = clusterplan.ClusterNotReady
-		}
-		// So is the AddonUpgrade condition (upgrade.go).
-		if au := conditions.Get(x.GetStatus().GetConditions(), ConditionAddonUpgrade); au != nil {
-			cst.Conditions = append(cst.Conditions, au)
-		}
-		x.Status = cst
+		in := summary
+		in.Cluster = x
+		x.Status = clusterplan.PlanClusterStatus(in, now)
 	})
 	for _, it := range w.hcs {
 		x := it.Msg.(*typesv1.HealthCheck)
