@@ -1,18 +1,18 @@
-// Package clusterexec runs what controller/clusterplan decides for each
-// Cluster: it gathers the cluster's ControlPlanes, MachineDeployments,
-// HealthChecks, Machines and the Hosts, calls the pure planners, stores their status and
-// performs their actions (CreateMachine, Drain, RemoveEtcdMember,
-// DeleteMachine). It then brings every Machine of the cluster forward:
-// it binds the Machine's host (Host.status.machine, compare-and-swap, so
-// two planners never take one host), waits for controller/provision to
-// lay the image and see the installed agent, and bootstraps the node
-// through that agent: Prepare, Preflight (a failed ERROR check refuses
-// the bootstrap with the check's message and fix), then KubeadmInit or
-// KubeadmJoin. Every agent operation has an id derived from the Machine,
-// so a controller that restarts mid-bootstrap re-attaches to the running
-// operation instead of starting it again. Bootstrapped machines are
-// probed each pass and their conditions (NodeReady, ClusterDNSResolves,
-// EtcdMemberHealthy...) feed the planners.
+// Package clusterexec runs what the planners decide for each Cluster: it
+// gathers the cluster's ControlPlanes, MachineDeployments, HealthChecks,
+// Machines and the Hosts, calls the pure planners of controller/clusterplan,
+// stores their status and performs their actions (CreateMachine, Drain,
+// RemoveEtcdMember, DeleteMachine). It then plans every Machine of the
+// cluster with controller/machineplan and performs what that planner
+// decides: bind the host (Host.status.machine, compare-and-swap, so two
+// planners never take one host), bootstrap the node through its agent
+// (Prepare, Preflight, then KubeadmInit or KubeadmJoin) or re-attach to the
+// operation an earlier controller started, probe it, tear it down. The
+// executor chooses no phase, retry or clean-up: it records what happened
+// (the attempt it starts, before it starts it; an operation's outcome) in
+// the store, where the next plan reads it, and it plans a cluster again
+// when a planner asks to (their Requeue, through the work queue's
+// AddAfter).
 //
 // The credentials kubeadm init returns (join token, certificate key,
 // admin kubeconfig) are kept sealed in a store secret
@@ -35,9 +35,11 @@ import (
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/utils/clock"
 
 	"github.com/kilnhq/kiln/controller/clusterplan"
 	"github.com/kilnhq/kiln/controller/hostlife"
+	"github.com/kilnhq/kiln/controller/machineplan"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -56,44 +58,24 @@ const (
 	ImagesKind             = "images"
 )
 
-// AnnotationBootstrap on a Machine says how its node joins: one of
-// clusterplan.BootstrapInit, BootstrapJoinControlPlane, BootstrapJoin.
-const AnnotationBootstrap = "kiln.dev/bootstrap"
-
-// AnnotationAttempt on a Machine counts failed bootstrap operations; it
-// is part of the operation ids, so a retry starts a new operation.
-const AnnotationAttempt = "kiln.dev/bootstrap-attempt"
-
-// AnnotationClusterUID on a Machine is the uid of the Cluster it was
-// created for. A Machine whose Cluster of that name and uid is gone
-// belongs to a deleted cluster (CollectDeletedClusters); Machines without
-// it (created by hand, by simulation mode, or before it existed) are never
-// taken for those.
-const AnnotationClusterUID = "kiln.dev/cluster-uid"
-
-// Machine phases.
+// Machine annotations, phases and conditions: the Machine planner's
+// (controller/machineplan), named here too for the executor's users.
 const (
-	PhasePending       = "Pending"
-	PhaseProvisioning  = "Provisioning"
-	PhaseBootstrapping = "Bootstrapping"
-	PhaseWaiting       = "WaitingForControlPlane"
-	PhaseRunning       = "Running"
-	PhaseFailed        = "Failed"
-	PhaseDeleting      = "Deleting"
-)
+	AnnotationBootstrap  = machineplan.AnnotationBootstrap
+	AnnotationAttempt    = machineplan.AnnotationAttempt
+	AnnotationClusterUID = machineplan.AnnotationClusterUID
 
-// Machine conditions the executor sets besides the probes' ones.
-const (
-	// ConditionBootstrapped is True once kubeadm init or join succeeded.
-	ConditionBootstrapped = "Bootstrapped"
-	// ConditionBootstrapFailed is True while the bootstrap is refused
-	// (a failed preflight check) or its last operation failed.
-	ConditionBootstrapFailed = clusterplan.MachineBootstrapFailed
-	// ConditionHostProvisioned mirrors, until the machine's host is
-	// Provisioned, what holds the host back (its failing condition or
-	// step), so that the cause shows on the Machine and in the planners'
-	// waiting messages, not only on the Host.
-	ConditionHostProvisioned = "HostProvisioned"
+	PhasePending       = machineplan.PhasePending
+	PhaseProvisioning  = machineplan.PhaseProvisioning
+	PhaseBootstrapping = machineplan.PhaseBootstrapping
+	PhaseWaiting       = machineplan.PhaseWaiting
+	PhaseRunning       = machineplan.PhaseRunning
+	PhaseFailed        = machineplan.PhaseFailed
+	PhaseDeleting      = machineplan.PhaseDeleting
+
+	ConditionBootstrapped    = machineplan.ConditionBootstrapped
+	ConditionBootstrapFailed = machineplan.ConditionBootstrapFailed
+	ConditionHostProvisioned = machineplan.ConditionHostProvisioned
 )
 
 // Store is what the executor needs of the store (*store.Store).
@@ -155,8 +137,14 @@ type Config struct {
 	// removal halts with Drained=False, reason DrainTimeout, and the
 	// drain is tried again.
 	DrainTimeout time.Duration
+	// Machines is the Machine planner's policy (attempts, backoff).
+	Machines machineplan.Config
 	// Clock is the time source (time.Now).
 	Clock func() time.Time
+	// QueueClock is the work queue's clock, which times the planners'
+	// requeues (AddAfter) and the retries of failed reconciles; nil is
+	// the real clock. Tests give a fake one alongside Clock.
+	QueueClock clock.WithTicker
 }
 
 // DefaultDrainTimeout is Config.DrainTimeout's default.
@@ -228,7 +216,6 @@ type Executor struct {
 	booting map[string]bool
 	running map[string]string // cluster -> its long action in flight
 	queue   clusterQueue      // set while Run runs
-	addons  map[string]string // cluster -> version its addons were moved to
 }
 
 // New returns an Executor; Run starts it.
@@ -262,129 +249,105 @@ func New(deps Deps, cfg Config, log *slog.Logger) *Executor {
 	}
 	return &Executor{cfg: cfg, deps: deps, log: log.With("component", "clusterexec"),
 		bootSem: make(chan struct{}, cfg.Workers), longSem: make(chan struct{}, cfg.LongActions),
-		booting: map[string]bool{}, running: map[string]string{}, addons: map[string]string{}}
+		booting: map[string]bool{}, running: map[string]string{}}
 }
 
-// CollectDeletedClusters deletes the Machines of every Cluster that was
-// deleted (through the API) and the cluster's sealed bootstrap
-// credentials: Machines whose AnnotationClusterUID names no existing
-// Cluster of their spec.cluster, including those of a Cluster deleted and
-// created again under the same name. Their nodes are not reset one by
-// one: the whole cluster is gone, and ReleaseOrphans then unbinds their
-// hosts, which the host lifecycle wipes and makes Available. The
-// cluster's ControlPlane, MachineDeployments and HealthChecks stay until
-// they are deleted too (they act again if a Cluster of that name is
-// created).
-func (e *Executor) CollectDeletedClusters(ctx context.Context) error {
-	// Machines before clusters: a machine is created after its cluster,
-	// so a machine of the first list whose cluster is missing from the
-	// second belongs to a cluster that was deleted.
+// Collect runs the fleet-wide clean-up machineplan.PlanCleanup decides:
+// it deletes the Machines of deleted Clusters (their nodes are not reset
+// one by one: the whole cluster is gone) and the sealed bootstrap
+// credentials of those Clusters, and releases the hosts bound to Machines
+// that no longer exist (deleted through the API, which skips kubeadm
+// reset), which the host lifecycle then wipes and makes Available. A
+// deleted cluster's ControlPlane, MachineDeployments and HealthChecks
+// stay until they are deleted too (they act again if a Cluster of that
+// name is created).
+func (e *Executor) Collect(ctx context.Context) error {
+	// Hosts, then machines, then clusters (see machineplan.CleanupInput).
+	var in machineplan.CleanupInput
+	hosts, err := listAll(ctx, e.deps.Store, HostsKind, func() proto.Message { return &typesv1.Host{} })
+	if err != nil {
+		return err
+	}
+	for _, it := range hosts {
+		in.Hosts = append(in.Hosts, it.Msg.(*typesv1.Host))
+	}
 	ms, err := listAll(ctx, e.deps.Store, MachinesKind, func() proto.Message { return &typesv1.Machine{} })
 	if err != nil {
 		return err
+	}
+	for _, it := range ms {
+		in.Machines = append(in.Machines, it.Msg.(*typesv1.Machine))
 	}
 	cs, err := listAll(ctx, e.deps.Store, ClustersKind, func() proto.Message { return &typesv1.Cluster{} })
 	if err != nil {
 		return err
 	}
-	uids := make(map[string]string, len(cs)) // name -> uid
 	for _, it := range cs {
-		uids[it.Name] = it.Msg.(*typesv1.Cluster).GetMetadata().GetUid()
+		in.Clusters = append(in.Clusters, it.Msg.(*typesv1.Cluster))
 	}
 	var errs []error
-	gone := map[string]bool{}
-	for _, it := range ms {
-		m := it.Msg.(*typesv1.Machine)
-		cluster := m.GetSpec().GetCluster()
-		uid := m.GetMetadata().GetAnnotations()[AnnotationClusterUID]
-		current, exists := uids[cluster]
-		if uid == "" || (exists && current == uid) {
-			continue
-		}
-		if err := e.deps.Store.Delete(ctx, MachinesKind, it.Name, 0); err != nil && !errdefs.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("machine %s of deleted cluster %s: %w", it.Name, cluster, err))
-			continue
-		}
-		if !exists {
-			// Not re-created meanwhile: a new cluster's init keeps its own.
-			gone[cluster] = true
-		}
-		e.log.Info("machine deleted: its cluster is gone", "machine", it.Name, "cluster", cluster, "host", m.GetSpec().GetHost())
-		if e.deps.Recorder != nil {
-			e.deps.Recorder.Record(ctx, ClustersKind, cluster, "Normal", "MachineDeleted",
-				fmt.Sprintf("cluster %s was deleted: machine %s deleted; its host %s is released, wiped and becomes Available", cluster, it.Name, m.GetSpec().GetHost()))
-		}
-	}
-	for cluster := range gone {
-		if err := e.deps.Store.DeleteSecret(ctx, BootstrapSecretPath(cluster)); err != nil && !errdefs.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("bootstrap credentials of deleted cluster %s: %w", cluster, err))
+	for _, act := range machineplan.PlanCleanup(in) {
+		switch a := act.(type) {
+		case machineplan.DeleteClusterMachine:
+			if err := e.deps.Store.Delete(ctx, MachinesKind, a.Machine, 0); err != nil && !errdefs.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("machine %s of deleted cluster %s: %w", a.Machine, a.Cluster, err))
+				continue
+			}
+			e.log.Info("machine deleted: its cluster is gone", "machine", a.Machine, "cluster", a.Cluster, "host", a.Host)
+			e.clusterEvent(ctx, a.Cluster, "Normal", "MachineDeleted",
+				fmt.Sprintf("cluster %s was deleted: machine %s deleted; its host %s is released, wiped and becomes Available", a.Cluster, a.Machine, a.Host))
+		case machineplan.DeleteCredentials:
+			if err := e.deps.Store.DeleteSecret(ctx, BootstrapSecretPath(a.Cluster)); err != nil && !errdefs.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("bootstrap credentials of deleted cluster %s: %w", a.Cluster, err))
+			}
+		case machineplan.ReleaseHost:
+			if err := e.unbind(ctx, a.Host, a.Machine); err != nil {
+				errs = append(errs, fmt.Errorf("host %s: %w", a.Host, err))
+				continue
+			}
+			e.log.Info("host released: its machine is gone", "host", a.Host, "machine", a.Machine)
+			if e.deps.Recorder != nil {
+				e.deps.Recorder.Record(ctx, HostsKind, a.Host, "Normal", "Released", "machine "+a.Machine+" no longer exists; the host is wiped and becomes Available")
+			}
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// ReleaseOrphans unbinds every host whose status.machine names a Machine
-// that no longer exists (deleted through the API, which skips kubeadm
-// reset): the host lifecycle then wipes it and it becomes Available.
-func (e *Executor) ReleaseOrphans(ctx context.Context) error {
-	// Hosts before machines: a machine is created before its host is
-	// bound, so a host bound after the first list has its machine in the
-	// second.
-	hosts, err := listAll(ctx, e.deps.Store, HostsKind, func() proto.Message { return &typesv1.Host{} })
-	if err != nil {
-		return err
-	}
-	ms, err := listAll(ctx, e.deps.Store, MachinesKind, func() proto.Message { return &typesv1.Machine{} })
-	if err != nil {
-		return err
-	}
-	exists := make(map[string]bool, len(ms))
-	for _, it := range ms {
-		exists[it.Name] = true
-	}
-	var errs []error
-	for _, it := range hosts {
-		bound := it.Msg.(*typesv1.Host).GetStatus().GetMachine()
-		if bound == "" || exists[bound] {
-			continue
-		}
-		if err := e.unbind(ctx, it.Name, bound); err != nil {
-			errs = append(errs, fmt.Errorf("host %s: %w", it.Name, err))
-			continue
-		}
-		e.log.Info("host released: its machine is gone", "host", it.Name, "machine", bound)
-		if e.deps.Recorder != nil {
-			e.deps.Recorder.Record(ctx, HostsKind, it.Name, "Normal", "Released", "machine "+bound+" no longer exists; the host is wiped and becomes Available")
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// Reconcile plans cluster name once, runs the planned actions and brings
-// each of its machines one step forward (bind, probe). Short actions
-// (CreateMachine, binds, probes, each agent call under its deadline) run
-// before it returns; long ones (a drain, an etcd member removal, a
-// machine deletion with its kubeadm reset, a bootstrap) are started in the
-// background under ctx, one removal per cluster at a time, and a later
-// Reconcile sees their outcome (Wait waits for them). It returns the
-// errors of the short actions and machines joined; a NotFound cluster is
-// no error.
+// Reconcile plans cluster name once, runs the planned actions and plans
+// and brings each of its machines one step forward (machineplan). Short
+// actions (CreateMachine, binds, probes, each agent call under its
+// deadline) run before it returns; long ones (a drain, an etcd member
+// removal, a machine teardown with its kubeadm reset, a bootstrap) are
+// started in the background under ctx, one removal per cluster at a time,
+// and a later Reconcile sees their outcome (Wait waits for them). It
+// returns the errors of the short actions and machines joined; a NotFound
+// cluster is no error.
 func (e *Executor) Reconcile(ctx context.Context, name string) error {
+	_, err := e.reconcile(ctx, name)
+	return err
+}
+
+// reconcile is Reconcile; it also returns the earliest of the planners'
+// requeues (0: none), when Run plans the cluster again even if nothing
+// changes.
+func (e *Executor) reconcile(ctx context.Context, name string) (time.Duration, error) {
 	c := &typesv1.Cluster{}
 	if _, err := e.deps.Store.Get(ctx, ClustersKind, name, c); err != nil {
 		if errdefs.IsNotFound(err) {
-			return nil
+			return 0, nil
 		}
-		return fmt.Errorf("cluster %s: %w", name, err)
+		return 0, fmt.Errorf("cluster %s: %w", name, err)
 	}
 	if c.GetSpec().GetPaused() {
-		return nil
+		return 0, nil
 	}
 	w, err := e.gather(ctx, name)
 	if err != nil {
-		return fmt.Errorf("cluster %s: %w", name, err)
+		return 0, fmt.Errorf("cluster %s: %w", name, err)
 	}
 	now := e.cfg.Clock()
+	var requeue time.Duration
 	var actions []clusterplan.Action
 	var cp *typesv1.ControlPlane
 	for _, it := range w.cps {
@@ -397,6 +360,7 @@ func (e *Executor) Reconcile(ctx context.Context, name string) error {
 			cp = x
 		}
 		actions = append(actions, p.Actions...)
+		requeue = minPositive(requeue, p.Requeue)
 	}
 	for _, it := range w.mds {
 		x := it.Msg.(*typesv1.MachineDeployment)
@@ -405,6 +369,7 @@ func (e *Executor) Reconcile(ctx context.Context, name string) error {
 		e.storeStatus(ctx, MachineDeploymentsKind, it.Name, x, func(m proto.Message) { m.(*typesv1.MachineDeployment).Status = p.Status })
 		x.Status = p.Status
 		actions = append(actions, p.Actions...)
+		requeue = minPositive(requeue, p.Requeue)
 	}
 	var mine []*typesv1.Machine
 	for _, m := range w.machines {
@@ -419,19 +384,14 @@ func (e *Executor) Reconcile(ctx context.Context, name string) error {
 	for _, it := range w.mds {
 		summary.MachineDeployments = append(summary.MachineDeployments, it.Msg.(*typesv1.MachineDeployment))
 	}
-	cst := clusterplan.PlanClusterStatus(summary, now)
 	e.storeStatus(ctx, ClustersKind, name, c, func(m proto.Message) {
+		// Planned over the Cluster as stored now: the fields the executor
+		// writes (caHash, apiServerVersion, addons, the AddonUpgrade
+		// condition) may have moved on since c was read.
 		x := m.(*typesv1.Cluster)
-		// The executor's own fields may have moved on since c was read.
-		cst.CaHash, cst.ApiServerVersion = x.GetStatus().GetCaHash(), x.GetStatus().GetApiServerVersion()
-		if cst.CaHash != "" && cst.Phase == clusterplan.ClusterProvisioning {
-			cst.Phase = clusterplan.ClusterNotReady
-		}
-		// So is the AddonUpgrade condition (upgrade.go).
-		if au := conditions.Get(x.GetStatus().GetConditions(), ConditionAddonUpgrade); au != nil {
-			cst.Conditions = append(cst.Conditions, au)
-		}
-		x.Status = cst
+		in := summary
+		in.Cluster = x
+		x.Status = clusterplan.PlanClusterStatus(in, now)
 	})
 	for _, it := range w.hcs {
 		x := it.Msg.(*typesv1.HealthCheck)
@@ -442,6 +402,7 @@ func (e *Executor) Reconcile(ctx context.Context, name string) error {
 			e.log.Info("machine unhealthy", "machine", machine, "why", why)
 		}
 		actions = append(actions, p.Actions...)
+		requeue = minPositive(requeue, p.Requeue)
 	}
 	var errs []error
 	for _, a := range actions {
@@ -449,9 +410,26 @@ func (e *Executor) Reconcile(ctx context.Context, name string) error {
 			errs = append(errs, fmt.Errorf("%s: %w", a, err))
 		}
 	}
-	errs = append(errs, e.advanceAll(ctx, name))
+	// The machines are planned with the cluster as it is now (its CA
+	// hash may have come since c was read) and whether its init's
+	// credentials are stored.
+	// (A new message: actions started above read c in the background.)
+	fresh := &typesv1.Cluster{}
+	switch _, err := e.deps.Store.Get(ctx, ClustersKind, name, fresh); {
+	case err == nil:
+		c = fresh
+	case !errdefs.IsNotFound(err):
+		return 0, fmt.Errorf("cluster %s: %w", name, err)
+	}
+	_, err = LoadBootstrap(ctx, e.deps.Store, name)
+	if err != nil && !errdefs.IsNotFound(err) {
+		return 0, err
+	}
+	mreq, merr := e.advanceAll(ctx, c, err == nil)
+	requeue = minPositive(requeue, mreq)
+	errs = append(errs, merr)
 	errs = append(errs, e.syncAddons(ctx, c, mine))
-	return errors.Join(errs...)
+	return requeue, errors.Join(errs...)
 }
 
 // world is what the planners read of one cluster.
@@ -554,17 +532,20 @@ func (e *Executor) storeStatus(ctx context.Context, kind, name string, old proto
 	}
 }
 
-// advanceAll brings each machine of cluster forward, Workers at a time.
-func (e *Executor) advanceAll(ctx context.Context, cluster string) error {
+// advanceAll plans and advances each machine of cluster c, Workers at a
+// time; it returns the earliest of their requeues (0: none).
+func (e *Executor) advanceAll(ctx context.Context, c *typesv1.Cluster, creds bool) (time.Duration, error) {
+	cluster := c.GetMetadata().GetName()
 	items, err := listAll(ctx, e.deps.Store, MachinesKind, func() proto.Message { return &typesv1.Machine{} })
 	if err != nil {
-		return err
+		return 0, err
 	}
 	var (
-		mu   sync.Mutex
-		errs []error
-		wg   sync.WaitGroup
-		sem  = make(chan struct{}, e.cfg.Workers)
+		mu      sync.Mutex
+		errs    []error
+		requeue time.Duration
+		wg      sync.WaitGroup
+		sem     = make(chan struct{}, e.cfg.Workers)
 	)
 	// Control-plane machines first: a worker's join needs the init.
 	sort.SliceStable(items, func(i, j int) bool {
@@ -581,15 +562,29 @@ func (e *Executor) advanceAll(ctx context.Context, cluster string) error {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			if err := e.advance(ctx, it.Name); err != nil {
-				mu.Lock()
+			d, err := e.advance(ctx, c, creds, it.Name)
+			mu.Lock()
+			defer mu.Unlock()
+			requeue = minPositive(requeue, d)
+			if err != nil {
 				errs = append(errs, fmt.Errorf("machine %s: %w", it.Name, err))
-				mu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	return requeue, errors.Join(errs...)
+}
+
+// minPositive is the smaller of a and b, ignoring one that is not
+// positive.
+func minPositive(a, b time.Duration) time.Duration {
+	switch {
+	case a <= 0:
+		return b
+	case b <= 0 || a < b:
+		return a
+	}
+	return b
 }
 
 // do runs one planned action: CreateMachine at once, the long ones in
@@ -609,7 +604,7 @@ func (e *Executor) do(ctx context.Context, c *typesv1.Cluster, a clusterplan.Act
 	case clusterplan.DeleteMachine:
 		e.startLong(ctx, cluster, a.String(), func(ctx context.Context) error {
 			start := e.cfg.Clock()
-			err := e.deleteMachine(ctx, a.Machine, a.Reason)
+			err := e.deleteMachine(ctx, c, a.Machine, a.Reason)
 			if a.Remediation && ctx.Err() == nil {
 				e.observe("Remediation", start, err)
 			}
@@ -647,21 +642,15 @@ func (e *Executor) createMachine(ctx context.Context, c *typesv1.Cluster, a clus
 	}
 	e.event(ctx, a.Machine, "Normal", "Created", fmt.Sprintf("machine created on host %s (%s, bootstrap %s)", a.Host, a.Role, a.Bootstrap))
 	e.log.Info("machine created", "machine", a.Machine, "host", a.Host, "bootstrap", a.Bootstrap)
-	return e.bindOrRelease(ctx, a.Machine, a.Host)
-}
-
-// bindOrRelease binds host to machine; when the host is bound to another
-// machine it deletes machine (which never had a host).
-func (e *Executor) bindOrRelease(ctx context.Context, machine, host string) error {
-	err := e.bind(ctx, host, machine)
-	if errdefs.IsConflict(err) || errdefs.IsNotFound(err) {
-		e.event(ctx, machine, "Warning", "HostTaken", err.Error())
-		if derr := e.deps.Store.Delete(ctx, MachinesKind, machine, 0); derr != nil && !errdefs.IsNotFound(derr) {
-			return fmt.Errorf("release machine after %v: %w", err, derr)
+	// Bound at once, so that no other planner takes the host meanwhile;
+	// when one did, the Machine planner tears the new machine down.
+	if err := e.bind(ctx, a.Host, a.Machine); err != nil {
+		e.event(ctx, a.Machine, "Warning", "HostTaken", err.Error())
+		if !errdefs.IsConflict(err) && !errdefs.IsNotFound(err) {
+			return err
 		}
-		return nil
 	}
-	return err
+	return nil
 }
 
 // bind sets host.status.machine to machine with compare-and-swap. It

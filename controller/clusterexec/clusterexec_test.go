@@ -45,6 +45,8 @@ type world struct {
 	drain   clusterexec.DrainFunc      // nil: drains are skipped
 	// drainTimeout is the executor's Config.DrainTimeout (0: its default).
 	drainTimeout time.Duration
+	// observer is told of the executors' reconciles (nil: none).
+	observer clusterexec.Observer
 }
 
 func newWorld(t testing.TB, kubeadmDuration time.Duration) *world {
@@ -115,7 +117,7 @@ func (w *world) executorOn(st clusterexec.Store, id string) *clusterexec.Executo
 			log = log.With("leader", id)
 		}
 	}
-	return clusterexec.New(clusterexec.Deps{Store: st, Recorder: w.rec, Agents: clusterexec.AgentDialer(w.kubeadm.AgentDialer()), KubeClient: w.kube, Drain: w.drain},
+	return clusterexec.New(clusterexec.Deps{Store: st, Recorder: w.rec, Agents: clusterexec.AgentDialer(w.kubeadm.AgentDialer()), KubeClient: w.kube, Drain: w.drain, Observer: w.observer},
 		clusterexec.Config{Interval: 100 * time.Millisecond, DrainTimeout: w.drainTimeout}, log)
 }
 
@@ -364,12 +366,7 @@ func TestScaleDown(t *testing.T) {
 	defer stop()
 	before := w.waitRunning(3)
 
-	md := &typesv1.MachineDeployment{}
-	rev, err := w.st.Get(w.ctx, "machinedeployments", "md", md)
-	require.NoError(t, err)
-	md.Spec.Replicas = 1
-	_, err = w.st.Update(w.ctx, "machinedeployments", "md", md, rev)
-	require.NoError(t, err)
+	w.scale("md", 1)
 
 	after := w.waitRunning(2)
 	kept := map[string]bool{}
@@ -506,8 +503,7 @@ func TestClusterDeleted(t *testing.T) {
 	// a pass happened.
 	stop()
 	ex := w.executor()
-	require.NoError(t, ex.CollectDeletedClusters(w.ctx))
-	require.NoError(t, ex.ReleaseOrphans(w.ctx))
+	require.NoError(t, ex.Collect(w.ctx))
 	require.NoError(t, ex.Reconcile(w.ctx, "c1"))
 	ex.Wait()
 	ms := w.machines()

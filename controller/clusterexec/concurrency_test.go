@@ -19,6 +19,7 @@ import (
 	"github.com/kilnhq/kiln/controller/sim"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/errdefs"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -82,14 +83,22 @@ func (w *world) waitClusterRunning(cluster string, n int) []*typesv1.Machine {
 	return ms
 }
 
+// scale sets the deployment's replicas, as a user's apply does: read,
+// change, write, again when the executor wrote its status in between.
 func (w *world) scale(md string, replicas int32) {
 	w.t.Helper()
-	x := &typesv1.MachineDeployment{}
-	rev, err := w.st.Get(w.ctx, "machinedeployments", md, x)
-	require.NoError(w.t, err)
-	x.Spec.Replicas = replicas
-	_, err = w.st.Update(w.ctx, "machinedeployments", md, x, rev)
-	require.NoError(w.t, err)
+	for {
+		x := &typesv1.MachineDeployment{}
+		rev, err := w.st.Get(w.ctx, "machinedeployments", md, x)
+		require.NoError(w.t, err)
+		x.Spec.Replicas = replicas
+		_, err = w.st.Update(w.ctx, "machinedeployments", md, x, rev)
+		if errdefs.IsConflict(err) {
+			continue
+		}
+		require.NoError(w.t, err)
+		return
+	}
 }
 
 // stuckDrainer drains every node at once, except the nodes of hosts

@@ -16,7 +16,7 @@ import (
 
 	"github.com/kilnhq/kiln/controller/clusterplan"
 	"github.com/kilnhq/kiln/controller/hostlife"
-	"github.com/kilnhq/kiln/controller/liveness"
+	"github.com/kilnhq/kiln/controller/machineplan"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/errgrpc"
@@ -24,107 +24,109 @@ import (
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
-// advance brings machine name one step forward: bind its host, wait for
-// the host to be provisioned, bootstrap, probe.
-func (e *Executor) advance(ctx context.Context, name string) error {
+// advance plans machine name (machineplan.Plan), stores the status the
+// planner gives it and runs the planner's actions: a bind at once, a
+// probe under its call deadline, a bootstrap in the background (startBootstrap)
+// and a teardown as the cluster's long action. It returns the planner's
+// requeue.
+func (e *Executor) advance(ctx context.Context, c *typesv1.Cluster, creds bool, name string) (time.Duration, error) {
 	m := &typesv1.Machine{}
 	if _, err := e.deps.Store.Get(ctx, MachinesKind, name, m); err != nil {
 		if errdefs.IsNotFound(err) {
+			return 0, nil
+		}
+		return 0, err
+	}
+	var h *typesv1.Host
+	if host := m.GetSpec().GetHost(); host != "" {
+		x := &typesv1.Host{}
+		_, err := e.deps.Store.Get(ctx, HostsKind, host, x)
+		switch {
+		case err == nil:
+			h = x
+		case !errdefs.IsNotFound(err):
+			return 0, err
+		}
+	}
+	out := machineplan.Plan(e.cfg.Machines, machineplan.Input{Machine: m, Host: h, Cluster: c, Credentials: creds}, e.cfg.Clock())
+	e.warnMachineHost(ctx, m, out.Conditions)
+	if err := e.storeMachineStatus(ctx, name, out); err != nil {
+		return 0, err
+	}
+	var errs []error
+	for _, a := range out.Actions {
+		if err := e.doMachine(ctx, c, a); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", a, err))
+		}
+	}
+	return out.Requeue, errors.Join(errs...)
+}
+
+// storeMachineStatus writes the planner's phase and conditions.
+func (e *Executor) storeMachineStatus(ctx context.Context, name string, out machineplan.Output) error {
+	if out.Phase == "" && len(out.Conditions) == 0 {
+		return nil
+	}
+	now := e.cfg.Clock()
+	return e.updateMachine(ctx, name, func(m *typesv1.Machine) bool {
+		changed := false
+		if out.Phase != "" && m.Status.Phase != out.Phase {
+			m.Status.Phase, changed = out.Phase, true
+		}
+		for _, c := range out.Conditions {
+			var ch bool
+			m.Status.Conditions, ch = conditions.Set(m.Status.Conditions, proto.Clone(c).(*typesv1.Condition), now)
+			changed = changed || ch
+		}
+		return changed
+	})
+}
+
+// doMachine runs one action of the Machine planner.
+func (e *Executor) doMachine(ctx context.Context, c *typesv1.Cluster, a machineplan.Action) error {
+	switch a := a.(type) {
+	case machineplan.BindHost:
+		err := e.bind(ctx, a.Host, a.Machine)
+		if errdefs.IsConflict(err) || errdefs.IsNotFound(err) {
+			// Taken meanwhile: the next plan tears the machine down.
+			e.event(ctx, a.Machine, "Warning", "HostTaken", err.Error())
 			return nil
 		}
 		return err
-	}
-	if m.GetMetadata().GetDeletionTimestamp() != nil {
-		e.startLong(ctx, m.GetSpec().GetCluster(), "DeleteMachine "+name, func(ctx context.Context) error { return e.deleteMachine(ctx, name, "") })
+	case machineplan.Bootstrap:
+		e.startBootstrap(ctx, c, a)
+		return nil
+	case machineplan.Probe:
+		return e.probe(ctx, c, a)
+	case machineplan.Teardown:
+		e.startLong(ctx, c.GetMetadata().GetName(), a.String(), func(ctx context.Context) error { return e.teardown(ctx, a) })
 		return nil
 	}
-	hostName := m.GetSpec().GetHost()
-	if err := e.bindOrRelease(ctx, name, hostName); err != nil {
-		return err
-	}
-	h := &typesv1.Host{}
-	if _, err := e.deps.Store.Get(ctx, HostsKind, hostName, h); err != nil {
-		return err
-	}
-	if h.GetStatus().GetMachine() != name {
-		return nil // released: another machine has the host
-	}
-	bootstrapped := conditions.IsTrue(m.GetStatus().GetConditions(), ConditionBootstrapped)
-	if h.GetStatus().GetState() != typesv1.HostState_HOST_STATE_PROVISIONED {
-		if !bootstrapped {
-			c := hostBlocker(h)
-			e.warnMachineHost(ctx, m, c)
-			return e.setCondition(ctx, name, c, PhaseProvisioning)
-		}
-		return nil
-	}
-	if c := conditions.Get(m.GetStatus().GetConditions(), ConditionHostProvisioned); c != nil && c.GetStatus() != conditions.True {
-		if err := e.setCondition(ctx, name, conditions.New(ConditionHostProvisioned, conditions.True, "Provisioned",
-			fmt.Sprintf("host %s laid with image %s and booted", hostName, h.GetStatus().GetImage())), ""); err != nil {
-			return err
-		}
-	}
-	if !bootstrapped {
-		e.startBootstrap(ctx, m, h)
-		return nil
-	}
-	if conditions.Get(m.GetStatus().GetConditions(), clusterplan.MachineDrained) != nil {
-		return nil // on its way out: no more probes
-	}
-	return e.probe(ctx, m, h)
-}
-
-// hostBlocker is the machine's HostProvisioned condition while its host h
-// is not Provisioned: False, with the reason and message of what holds
-// the host back (a False condition other than progress, such as
-// ImageResolved, BMCReachable or Provisioned with a failed step; or the
-// Error state's reason), else InProgress with the host's state and step.
-func hostBlocker(h *typesv1.Host) *typesv1.Condition {
-	name := h.GetMetadata().GetName()
-	st := h.GetStatus()
-	state := hostlife.StateName(st.GetState())
-	where := state
-	if s := st.GetProvisioningStep(); s != "" {
-		where += ", step " + s
-	}
-	if state == "" {
-		where = "not yet reconciled"
-	}
-	for _, c := range st.GetConditions() {
-		// A missed heartbeat is expected while the host reboots.
-		if c.GetStatus() != conditions.False || c.GetReason() == hostlife.ReasonInProgress || c.GetReason() == hostlife.ReasonNotWanted || c.GetType() == liveness.ConditionAgentReachable {
-			continue
-		}
-		return conditions.New(ConditionHostProvisioned, conditions.False, c.GetReason(),
-			fmt.Sprintf("host %s (%s): %s=False: %s (kilnctl describe host %s)", name, where, c.GetType(), c.GetMessage(), name))
-	}
-	if st.GetState() == typesv1.HostState_HOST_STATE_ERROR {
-		return conditions.New(ConditionHostProvisioned, conditions.False, "HostError",
-			fmt.Sprintf("host %s is in Error: %s (kilnctl describe host %s)", name, st.GetErrorReason(), name))
-	}
-	msg := fmt.Sprintf("host %s: %s", name, where)
-	if le := st.GetLastError(); le != "" {
-		msg += "; last error: " + le
-	}
-	return conditions.New(ConditionHostProvisioned, conditions.False, hostlife.ReasonInProgress, msg)
+	return errdefs.InvalidArgument("unknown machine action %T", a)
 }
 
 // warnMachineHost records a Warning event on m when its host newly holds
 // it back for a reason other than progress.
-func (e *Executor) warnMachineHost(ctx context.Context, m *typesv1.Machine, c *typesv1.Condition) {
-	if e.deps.Recorder == nil || c.GetReason() == hostlife.ReasonInProgress {
+func (e *Executor) warnMachineHost(ctx context.Context, m *typesv1.Machine, set []*typesv1.Condition) {
+	if e.deps.Recorder == nil {
 		return
 	}
-	if old := conditions.Get(m.GetStatus().GetConditions(), c.GetType()); old != nil && old.GetReason() == c.GetReason() && old.GetMessage() == c.GetMessage() {
-		return
+	for _, c := range set {
+		if c.GetType() != ConditionHostProvisioned || c.GetStatus() != conditions.False || c.GetReason() == hostlife.ReasonInProgress {
+			continue
+		}
+		if old := conditions.Get(m.GetStatus().GetConditions(), c.GetType()); old != nil && old.GetReason() == c.GetReason() && old.GetMessage() == c.GetMessage() {
+			continue
+		}
+		e.deps.Recorder.Record(ctx, MachinesKind, m.GetMetadata().GetName(), "Warning", c.GetReason(), c.GetMessage())
 	}
-	e.deps.Recorder.Record(ctx, MachinesKind, m.GetMetadata().GetName(), "Warning", c.GetReason(), c.GetMessage())
 }
 
-// startBootstrap runs bootstrap for m in the background unless it runs
-// already.
-func (e *Executor) startBootstrap(ctx context.Context, m *typesv1.Machine, h *typesv1.Host) {
-	name := m.GetMetadata().GetName()
+// startBootstrap runs bootstrap a in the background unless this executor
+// runs the machine's bootstrap already; when it ends, the cluster is
+// queued again so its outcome is planned at once.
+func (e *Executor) startBootstrap(ctx context.Context, c *typesv1.Cluster, a machineplan.Bootstrap) {
+	name, cluster := a.Machine, c.GetMetadata().GetName()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.booting[name] {
@@ -134,14 +136,22 @@ func (e *Executor) startBootstrap(ctx context.Context, m *typesv1.Machine, h *ty
 	e.boots.Add(1)
 	go func() {
 		defer e.boots.Done()
-		defer func() { e.mu.Lock(); delete(e.booting, name); e.mu.Unlock() }()
+		defer func() {
+			e.mu.Lock()
+			delete(e.booting, name)
+			q := e.queue
+			e.mu.Unlock()
+			if q != nil && ctx.Err() == nil {
+				q.Add(cluster)
+			}
+		}()
 		select {
 		case e.bootSem <- struct{}{}:
 			defer func() { <-e.bootSem }()
 		case <-ctx.Done():
 			return
 		}
-		if err := e.bootstrap(ctx, m, h); err != nil && ctx.Err() == nil {
+		if err := e.bootstrap(ctx, c, a); err != nil && ctx.Err() == nil {
 			e.log.Warn("bootstrap", "machine", name, "err", err)
 		}
 	}()
@@ -155,40 +165,251 @@ func (e *Executor) machineConditions(ctx context.Context, name string) []*typesv
 	return m.GetStatus().GetConditions()
 }
 
-func (e *Executor) setPhase(ctx context.Context, name, phase string) error {
-	return e.updateMachine(ctx, name, func(m *typesv1.Machine) bool {
-		if m.Status.Phase == phase {
-			return false
-		}
-		m.Status.Phase = phase
-		return true
-	})
-}
-
-func (e *Executor) setCondition(ctx context.Context, name string, c *typesv1.Condition, phase string) error {
+func (e *Executor) setCondition(ctx context.Context, name string, c *typesv1.Condition) error {
 	now := e.cfg.Clock()
 	return e.updateMachine(ctx, name, func(m *typesv1.Machine) bool {
 		var changed bool
 		m.Status.Conditions, changed = conditions.Set(m.Status.Conditions, c, now)
-		if phase != "" && m.Status.Phase != phase {
-			m.Status.Phase, changed = phase, true
-		}
 		return changed
 	})
 }
 
-// opID is the id of the machine's operation kind: the same across
-// controller restarts, new for a new Machine (uid) or a new attempt.
-func opID(m *typesv1.Machine, kind string) string {
-	uid := m.GetMetadata().GetUid()
-	if uid == "" {
-		uid = strconv.FormatInt(m.GetMetadata().GetCreationTimestamp().AsTime().Unix(), 10)
+// recordOperation records the state of the machine's bootstrap operation
+// (machineplan.ConditionOperation), with BootstrapFailed when failed is
+// set (reason, message).
+func (e *Executor) recordOperation(ctx context.Context, name, state, msg string, failed *typesv1.Condition) error {
+	now := e.cfg.Clock()
+	status := conditions.False
+	if state == machineplan.ReasonRunning {
+		status = conditions.True
 	}
-	id := kind + "." + m.GetMetadata().GetName() + "." + uid
-	if a := m.GetMetadata().GetAnnotations()[AnnotationAttempt]; a != "" && a != "0" {
-		id += ".a" + a
+	return e.updateMachine(ctx, name, func(x *typesv1.Machine) bool {
+		x.Status.Conditions, _ = conditions.Set(x.Status.Conditions, conditions.New(machineplan.ConditionOperation, status, state, msg), now)
+		if failed != nil {
+			x.Status.Conditions, _ = conditions.Set(x.Status.Conditions, failed, now)
+		}
+		e.replanPhase(ctx, x)
+		return true
+	})
+}
+
+// replanPhase sets x's phase to what the Machine planner makes of x as it
+// is about to be written, so that an outcome and the phase it leads to
+// are stored together (a reader never sees BootstrapFailed with the phase
+// of before). It leaves the phase when the host or cluster cannot be
+// read: the next plan sets it.
+func (e *Executor) replanPhase(ctx context.Context, x *typesv1.Machine) {
+	h, c := &typesv1.Host{}, &typesv1.Cluster{}
+	if _, err := e.deps.Store.Get(ctx, HostsKind, x.GetSpec().GetHost(), h); err != nil {
+		return
 	}
-	return id
+	if _, err := e.deps.Store.Get(ctx, ClustersKind, x.GetSpec().GetCluster(), c); err != nil {
+		return
+	}
+	_, err := LoadBootstrap(ctx, e.deps.Store, x.GetSpec().GetCluster())
+	out := machineplan.Plan(e.cfg.Machines, machineplan.Input{Machine: x, Host: h, Cluster: c, Credentials: err == nil}, e.cfg.Clock())
+	if out.Phase != "" {
+		x.Status.Phase = out.Phase
+	}
+}
+
+// startAttempt records, before anything of it runs, that the machine's
+// attempt starts (write-ahead): its number, in the operation ids, and
+// ConditionOperation Running, so that a controller that restarts
+// re-attaches instead of starting it again.
+func (e *Executor) startAttempt(ctx context.Context, a machineplan.Bootstrap) error {
+	now := e.cfg.Clock()
+	return e.updateMachine(ctx, a.Machine, func(x *typesv1.Machine) bool {
+		if x.Metadata.Annotations == nil {
+			x.Metadata.Annotations = map[string]string{}
+		}
+		x.Metadata.Annotations[AnnotationAttempt] = strconv.Itoa(a.Attempt)
+		x.Status.Conditions, _ = conditions.Set(x.Status.Conditions, conditions.New(machineplan.ConditionOperation, conditions.True,
+			machineplan.ReasonRunning, "operation "+a.OperationID), now)
+		return true
+	})
+}
+
+// bootstrap runs a: prepares, checks and joins (or inits) the node, or
+// follows the kubeadm operation an earlier executor started (a.Attach).
+// It records the outcome on the Machine: Bootstrapped, or
+// ConditionOperation Failed (with BootstrapFailed), Refused (a failed
+// preflight check) or Lost (the agent does not know the operation). An
+// unreachable agent or a broken stream records nothing: the operation
+// stays Running and the next plan re-attaches.
+func (e *Executor) bootstrap(ctx context.Context, c *typesv1.Cluster, a machineplan.Bootstrap) error {
+	name := a.Machine
+	m := &typesv1.Machine{}
+	if _, err := e.deps.Store.Get(ctx, MachinesKind, name, m); err != nil {
+		return err
+	}
+	h := &typesv1.Host{}
+	if _, err := e.deps.Store.Get(ctx, HostsKind, a.Host, h); err != nil {
+		return err
+	}
+	mode := a.Mode
+	var boot *Bootstrap
+	if mode != clusterplan.BootstrapInit {
+		b, err := LoadBootstrap(ctx, e.deps.Store, c.GetMetadata().GetName())
+		if err != nil {
+			return err // planned before the credentials were there: the next plan waits
+		}
+		boot = b
+	}
+	agent, err := e.deps.Agents(ctx, h)
+	if err != nil {
+		return errdefs.Unavailable("dial agent of host %s: %w", h.GetMetadata().GetName(), err)
+	}
+	cfg := clusterConfig(c, m, h)
+	opCtx, cancel := context.WithTimeout(ctx, e.cfg.OperationTimeout)
+	defer cancel()
+
+	var stream eventStream
+	if a.Attach {
+		// A restarted controller (or a new leader) re-attaches to the
+		// kubeadm init or join recorded as running: preparing and
+		// checking again a node that is being (or was) joined fails its
+		// preflight (its ports are in use).
+		st, err := agent.Operation(opCtx, &agentv1.OperationRequest{OperationId: a.OperationID})
+		if err = errgrpc.FromGRPC(err); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("re-attach to %s: %w", a.OperationID, err)
+		}
+		if err != nil {
+			return e.operationLost(ctx, a)
+		}
+		stream = st
+		e.log.Info("re-attaching to a bootstrap", "machine", name, "operation", a.OperationID)
+	} else {
+		if mode == clusterplan.BootstrapJoinControlPlane {
+			if err := e.prepareJoin(ctx, c, m, boot); err != nil {
+				return err
+			}
+		}
+		if err := e.startAttempt(ctx, a); err != nil {
+			return err
+		}
+		if err := e.fence(ctx, "bootstrap of machine "+name); err != nil {
+			return err
+		}
+		start := e.cfg.Clock()
+		st, err := agent.Prepare(opCtx, &agentv1.PrepareRequest{OperationId: machineplan.OperationID(m, "prepare", a.Attempt)})
+		if err != nil {
+			err = errgrpc.FromGRPC(err)
+			e.observe("Prepare", start, err)
+			return fmt.Errorf("prepare: %w", err)
+		}
+		_, err = follow(st)
+		e.observe("Prepare", start, err)
+		if err != nil {
+			return e.operationFailed(ctx, name, "PrepareFailed", fmt.Errorf("prepare: %w", err))
+		}
+
+		start = e.cfg.Clock()
+		callCtx, cancelCall := context.WithTimeout(ctx, e.cfg.CallTimeout)
+		report, err := agent.Preflight(callCtx, &agentv1.PreflightRequest{Cluster: cfg})
+		cancelCall()
+		if err != nil {
+			err = errgrpc.FromGRPC(err)
+			e.observe("Preflight", start, err)
+			return fmt.Errorf("preflight: %w", err)
+		}
+		msg := failedChecks(report)
+		var refused error
+		if msg != "" {
+			refused = errdefs.FailedPrecondition("%s", msg)
+		}
+		e.observe("Preflight", start, refused)
+		if msg != "" {
+			if prev := conditions.Get(m.GetStatus().GetConditions(), ConditionBootstrapFailed); prev.GetStatus() != conditions.True || prev.GetMessage() != msg {
+				e.event(ctx, name, "Warning", "PreflightFailed", msg)
+			}
+			return e.recordOperation(ctx, name, machineplan.ReasonRefused, msg,
+				conditions.New(ConditionBootstrapFailed, conditions.True, "PreflightFailed", msg))
+		}
+		start = e.cfg.Clock()
+		if mode == clusterplan.BootstrapInit {
+			st, err = agent.KubeadmInit(opCtx, &agentv1.KubeadmInitRequest{OperationId: a.OperationID, Cluster: cfg, UploadCerts: true})
+		} else {
+			req := &agentv1.KubeadmJoinRequest{
+				OperationId:       a.OperationID,
+				Cluster:           cfg,
+				ApiServerEndpoint: boot.APIServerEndpoint,
+				Token:             boot.JoinToken,
+				CaHash:            c.GetStatus().GetCaHash(),
+				ControlPlane:      mode == clusterplan.BootstrapJoinControlPlane,
+			}
+			if req.ControlPlane {
+				req.CertificateKey = boot.CertificateKey
+			}
+			st, err = agent.KubeadmJoin(opCtx, req)
+		}
+		if err != nil {
+			err = errgrpc.FromGRPC(err)
+			e.observe(kubeadmOp(mode), start, err)
+			return fmt.Errorf("%s: %w", kubeadmOp(mode), err)
+		}
+		stream = st
+		ev, err := follow(stream)
+		// A kubeadm run is timed from its start here; one re-attached to
+		// after a restart is not timed (its start is not known).
+		e.observe(kubeadmOp(mode), start, err)
+		return e.bootstrapped(ctx, c, a, h, ev, err)
+	}
+	ev, err := follow(stream)
+	if errdefs.IsNotFound(err) {
+		return e.operationLost(ctx, a)
+	}
+	return e.bootstrapped(ctx, c, a, h, ev, err)
+}
+
+// operationLost records that the agent does not know the operation
+// recorded as running (the controller stopped between recording it and
+// starting it): the planner starts the same attempt again.
+func (e *Executor) operationLost(ctx context.Context, a machineplan.Bootstrap) error {
+	e.log.Info("bootstrap operation lost: the agent does not know it", "machine", a.Machine, "operation", a.OperationID)
+	return e.recordOperation(ctx, a.Machine, machineplan.ReasonLost, "the agent of host "+a.Host+" knows no operation "+a.OperationID, nil)
+}
+
+func kubeadmOp(mode string) string {
+	if mode == clusterplan.BootstrapInit {
+		return "KubeadmInit"
+	}
+	return "KubeadmJoin"
+}
+
+// bootstrapped records the outcome of the kubeadm operation of a.
+func (e *Executor) bootstrapped(ctx context.Context, c *typesv1.Cluster, a machineplan.Bootstrap, h *typesv1.Host, ev *agentv1.OperationEvent, err error) error {
+	name, mode := a.Machine, a.Mode
+	reason := kubeadmOp(mode) + "Failed"
+	if err != nil {
+		return e.operationFailed(ctx, name, reason, fmt.Errorf("kubeadm %s: %w", strings.TrimPrefix(strings.ToLower(kubeadmOp(mode)), "kubeadm"), err))
+	}
+	if mode == clusterplan.BootstrapInit {
+		r := ev.GetKubeadmInit()
+		if r.GetCaHash() == "" {
+			return e.operationFailed(ctx, name, reason, errors.New("kubeadm init returned no CA hash"))
+		}
+		if err := e.saveInit(ctx, c.GetMetadata().GetName(), c.GetSpec().GetControlPlaneEndpoint(), r); err != nil {
+			return err
+		}
+	}
+	now := e.cfg.Clock()
+	e.event(ctx, name, "Normal", "Bootstrapped", fmt.Sprintf("node %s joined the cluster (%s)", h.GetMetadata().GetName(), mode))
+	e.log.Info("machine bootstrapped", "machine", name, "mode", mode)
+	return e.updateMachine(ctx, name, func(x *typesv1.Machine) bool {
+		x.Status.Conditions, _ = conditions.Set(x.Status.Conditions, conditions.New(ConditionBootstrapped, conditions.True, "Kubeadm"+strings.ReplaceAll(titleMode(mode), "-", ""), ""), now)
+		x.Status.Conditions, _ = conditions.Set(x.Status.Conditions, conditions.New(machineplan.ConditionOperation, conditions.False, machineplan.ReasonSucceeded, "operation "+a.OperationID), now)
+		if conditions.Get(x.Status.Conditions, ConditionBootstrapFailed) != nil {
+			x.Status.Conditions, _ = conditions.Set(x.Status.Conditions, conditions.New(ConditionBootstrapFailed, conditions.False, "Bootstrapped", ""), now)
+		}
+		x.Status.NodeName = x.GetSpec().GetHost()
+		x.Status.BootstrapTime = timestamppb.New(now)
+		if x.GetSpec().GetRole() == clusterplan.RoleControlPlane {
+			x.Status.EtcdMember = x.Status.NodeName
+		}
+		e.replanPhase(ctx, x)
+		return true
+	})
 }
 
 // clusterConfig is what the agent is told of the cluster for machine m on
@@ -221,198 +442,6 @@ func clusterConfig(c *typesv1.Cluster, m *typesv1.Machine, h *typesv1.Host) *age
 	}
 }
 
-func bootstrapMode(m *typesv1.Machine) string {
-	if b := m.GetMetadata().GetAnnotations()[AnnotationBootstrap]; b != "" {
-		return b
-	}
-	if m.GetSpec().GetRole() == clusterplan.RoleControlPlane {
-		return clusterplan.BootstrapJoinControlPlane
-	}
-	return clusterplan.BootstrapJoin
-}
-
-// bootstrap prepares, checks and joins (or inits) the node of m on h.
-func (e *Executor) bootstrap(ctx context.Context, m *typesv1.Machine, h *typesv1.Host) error {
-	name := m.GetMetadata().GetName()
-	c := &typesv1.Cluster{}
-	if _, err := e.deps.Store.Get(ctx, ClustersKind, m.GetSpec().GetCluster(), c); err != nil {
-		return err
-	}
-	mode := bootstrapMode(m)
-	var boot *Bootstrap
-	if mode != clusterplan.BootstrapInit {
-		// A join needs the init's credentials: wait for them.
-		b, err := LoadBootstrap(ctx, e.deps.Store, c.GetMetadata().GetName())
-		if errdefs.IsNotFound(err) || (err == nil && c.GetStatus().GetCaHash() == "") {
-			return e.setPhase(ctx, name, PhaseWaiting)
-		}
-		if err != nil {
-			return err
-		}
-		boot = b
-	}
-	if m.GetStatus().GetPhase() != PhaseFailed { // Failed stays until a success
-		if err := e.setPhase(ctx, name, PhaseBootstrapping); err != nil {
-			return err
-		}
-	}
-	agent, err := e.deps.Agents(ctx, h)
-	if err != nil {
-		return errdefs.Unavailable("dial agent of host %s: %w", h.GetMetadata().GetName(), err)
-	}
-	cfg := clusterConfig(c, m, h)
-	if mode == clusterplan.BootstrapJoinControlPlane {
-		if err := e.prepareJoin(ctx, c, m, boot); err != nil {
-			return err
-		}
-	}
-
-	opCtx, cancel := context.WithTimeout(ctx, e.cfg.OperationTimeout)
-	defer cancel()
-
-	// A restarted controller (or a new leader) re-attaches to the kubeadm
-	// init or join the agent already runs or ran under this machine's
-	// operation id: preparing and checking again a node that is being (or
-	// was) joined fails its preflight (its ports are in use).
-	mainID := opID(m, "join")
-	if mode == clusterplan.BootstrapInit {
-		mainID = opID(m, "init")
-	}
-	var prior *agentv1.OperationEvent
-	var priorErr error
-	attached := false
-	if st, err := agent.Operation(opCtx, &agentv1.OperationRequest{OperationId: mainID}); err == nil {
-		prior, priorErr = follow(st)
-		attached = !errdefs.IsNotFound(priorErr)
-	}
-	var stream eventStream
-	if err := e.fence(ctx, "bootstrap of machine "+name); err != nil {
-		return err
-	}
-	if !attached {
-		start := e.cfg.Clock()
-		st, err := agent.Prepare(opCtx, &agentv1.PrepareRequest{OperationId: opID(m, "prepare")})
-		if err != nil {
-			err = errgrpc.FromGRPC(err)
-			e.observe("Prepare", start, err)
-			return fmt.Errorf("prepare: %w", err)
-		}
-		_, err = follow(st)
-		e.observe("Prepare", start, err)
-		if err != nil {
-			return e.operationFailed(ctx, m, "PrepareFailed", fmt.Errorf("prepare: %w", err))
-		}
-
-		start = e.cfg.Clock()
-		callCtx, cancelCall := context.WithTimeout(ctx, e.cfg.CallTimeout)
-		report, err := agent.Preflight(callCtx, &agentv1.PreflightRequest{Cluster: cfg})
-		cancelCall()
-		if err != nil {
-			err = errgrpc.FromGRPC(err)
-			e.observe("Preflight", start, err)
-			return fmt.Errorf("preflight: %w", err)
-		}
-		msg := failedChecks(report)
-		var refused error
-		if msg != "" {
-			refused = errdefs.FailedPrecondition("%s", msg)
-		}
-		e.observe("Preflight", start, refused)
-		if msg != "" {
-			if prev := conditions.Get(m.GetStatus().GetConditions(), ConditionBootstrapFailed); prev.GetStatus() != conditions.True || prev.GetMessage() != msg {
-				e.event(ctx, name, "Warning", "PreflightFailed", msg)
-			}
-			return e.setCondition(ctx, name, conditions.New(ConditionBootstrapFailed, conditions.True, "PreflightFailed", msg), PhaseFailed)
-		}
-	} else {
-		e.log.Info("re-attached to a running bootstrap", "machine", name, "operation", mainID)
-	}
-	result := func() (*agentv1.OperationEvent, error) {
-		if attached {
-			return prior, priorErr
-		}
-		return follow(stream)
-	}
-
-	// A kubeadm run is timed from its start here; one re-attached to
-	// after a restart is not timed (its start is not known).
-	mainStart := e.cfg.Clock()
-	observeMain := func(op string, err error) {
-		if !attached {
-			e.observe(op, mainStart, err)
-		}
-	}
-	var initResult *agentv1.KubeadmInitResult
-	switch mode {
-	case clusterplan.BootstrapInit:
-		if !attached {
-			st, err := agent.KubeadmInit(opCtx, &agentv1.KubeadmInitRequest{OperationId: mainID, Cluster: cfg, UploadCerts: true})
-			if err != nil {
-				err = errgrpc.FromGRPC(err)
-				observeMain("KubeadmInit", err)
-				return fmt.Errorf("kubeadm init: %w", err)
-			}
-			stream = st
-		}
-		ev, err := result()
-		observeMain("KubeadmInit", err)
-		if err != nil {
-			return e.operationFailed(ctx, m, "KubeadmInitFailed", fmt.Errorf("kubeadm init: %w", err))
-		}
-		initResult = ev.GetKubeadmInit()
-		if initResult.GetCaHash() == "" {
-			return e.operationFailed(ctx, m, "KubeadmInitFailed", errors.New("kubeadm init returned no CA hash"))
-		}
-		if err := e.saveInit(ctx, c.GetMetadata().GetName(), cfg.GetControlPlaneEndpoint(), initResult); err != nil {
-			return err
-		}
-	default:
-		cp := mode == clusterplan.BootstrapJoinControlPlane
-		req := &agentv1.KubeadmJoinRequest{
-			OperationId:       opID(m, "join"),
-			Cluster:           cfg,
-			ApiServerEndpoint: boot.APIServerEndpoint,
-			Token:             boot.JoinToken,
-			CaHash:            c.GetStatus().GetCaHash(),
-			ControlPlane:      cp,
-		}
-		if cp {
-			req.CertificateKey = boot.CertificateKey
-		}
-		if !attached {
-			st, err := agent.KubeadmJoin(opCtx, req)
-			if err != nil {
-				err = errgrpc.FromGRPC(err)
-				observeMain("KubeadmJoin", err)
-				return fmt.Errorf("kubeadm join: %w", err)
-			}
-			stream = st
-		}
-		_, err := result()
-		observeMain("KubeadmJoin", err)
-		if err != nil {
-			return e.operationFailed(ctx, m, "KubeadmJoinFailed", fmt.Errorf("kubeadm join: %w", err))
-		}
-	}
-
-	now := e.cfg.Clock()
-	e.event(ctx, name, "Normal", "Bootstrapped", fmt.Sprintf("node %s joined the cluster (%s)", h.GetMetadata().GetName(), mode))
-	e.log.Info("machine bootstrapped", "machine", name, "mode", mode)
-	return e.updateMachine(ctx, name, func(x *typesv1.Machine) bool {
-		x.Status.Conditions, _ = conditions.Set(x.Status.Conditions, conditions.New(ConditionBootstrapped, conditions.True, "Kubeadm"+strings.ReplaceAll(titleMode(mode), "-", ""), ""), now)
-		if conditions.Get(x.Status.Conditions, ConditionBootstrapFailed) != nil {
-			x.Status.Conditions, _ = conditions.Set(x.Status.Conditions, conditions.New(ConditionBootstrapFailed, conditions.False, "Bootstrapped", ""), now)
-		}
-		x.Status.Phase = PhaseRunning
-		x.Status.NodeName = x.GetSpec().GetHost()
-		x.Status.BootstrapTime = timestamppb.New(now)
-		if x.GetSpec().GetRole() == clusterplan.RoleControlPlane {
-			x.Status.EtcdMember = x.Status.NodeName
-		}
-		return true
-	})
-}
-
 func titleMode(mode string) string {
 	switch mode {
 	case clusterplan.BootstrapInit:
@@ -443,27 +472,18 @@ func failedChecks(r *agentv1.PreflightReport) string {
 	return strings.Join(parts, "; ")
 }
 
-// operationFailed records a failed bootstrap operation: condition
-// BootstrapFailed, phase Failed, and a new attempt number so the next
-// pass starts a new operation. An unreachable agent (a broken stream) is
-// no failure: the next pass re-attaches under the same id.
-func (e *Executor) operationFailed(ctx context.Context, m *typesv1.Machine, reason string, err error) error {
+// operationFailed records a failed bootstrap operation: ConditionOperation
+// Failed and BootstrapFailed with reason; the planner retries with a new
+// attempt after its backoff, or not when none is left. An unreachable
+// agent (a broken stream) is no failure: the operation stays Running and
+// the next plan re-attaches under the same id.
+func (e *Executor) operationFailed(ctx context.Context, name, reason string, err error) error {
 	if errdefs.IsUnavailable(err) || ctx.Err() != nil {
 		return err
 	}
-	name := m.GetMetadata().GetName()
 	e.event(ctx, name, "Warning", reason, err.Error())
-	now := e.cfg.Clock()
-	return e.updateMachine(ctx, name, func(x *typesv1.Machine) bool {
-		x.Status.Conditions, _ = conditions.Set(x.Status.Conditions, conditions.New(ConditionBootstrapFailed, conditions.True, reason, err.Error()), now)
-		x.Status.Phase = PhaseFailed
-		if x.Metadata.Annotations == nil {
-			x.Metadata.Annotations = map[string]string{}
-		}
-		n, _ := strconv.Atoi(x.Metadata.Annotations[AnnotationAttempt])
-		x.Metadata.Annotations[AnnotationAttempt] = strconv.Itoa(n + 1)
-		return true
-	})
+	return e.recordOperation(ctx, name, machineplan.ReasonFailed, err.Error(),
+		conditions.New(ConditionBootstrapFailed, conditions.True, reason, err.Error()))
 }
 
 // saveInit seals the init's credentials in the store, then publishes the
@@ -504,10 +524,14 @@ func (e *Executor) saveInit(ctx context.Context, cluster, endpoint string, r *ag
 }
 
 // probe asks the agent how the node is and stores the conditions.
-func (e *Executor) probe(ctx context.Context, m *typesv1.Machine, h *typesv1.Host) error {
-	name := m.GetMetadata().GetName()
-	c := &typesv1.Cluster{}
-	if _, err := e.deps.Store.Get(ctx, ClustersKind, m.GetSpec().GetCluster(), c); err != nil {
+func (e *Executor) probe(ctx context.Context, c *typesv1.Cluster, a machineplan.Probe) error {
+	name := a.Machine
+	m := &typesv1.Machine{}
+	if _, err := e.deps.Store.Get(ctx, MachinesKind, name, m); err != nil {
+		return err
+	}
+	h := &typesv1.Host{}
+	if _, err := e.deps.Store.Get(ctx, HostsKind, a.Host, h); err != nil {
 		return err
 	}
 	var conds []*typesv1.Condition
@@ -570,7 +594,7 @@ func (e *Executor) drain(ctx context.Context, c *typesv1.Cluster, a clusterplan.
 	deadline := e.cfg.Clock().Add(timeout)
 	if prev.GetReason() != ReasonDrainTimeout { // a retry keeps saying why it halted
 		if err := e.setCondition(ctx, a.Machine, conditions.New(clusterplan.MachineDrained, conditions.False, ReasonDraining,
-			fmt.Sprintf("draining node %s by %s (drain timeout %s)", a.Node, deadline.UTC().Format(time.RFC3339), timeout)), ""); err != nil {
+			fmt.Sprintf("draining node %s by %s (drain timeout %s)", a.Node, deadline.UTC().Format(time.RFC3339), timeout))); err != nil {
 			return err
 		}
 	}
@@ -588,7 +612,7 @@ func (e *Executor) drain(ctx context.Context, c *typesv1.Cluster, a clusterplan.
 			msg = "node not drained: draining is not configured"
 		}
 		e.event(ctx, a.Machine, "Warning", "DrainSkipped", msg)
-		return e.setCondition(ctx, a.Machine, conditions.New(clusterplan.MachineDrained, conditions.True, "DrainSkipped", msg), "")
+		return e.setCondition(ctx, a.Machine, conditions.New(clusterplan.MachineDrained, conditions.True, "DrainSkipped", msg))
 	}
 	if err := e.fence(ctx, "drain of node "+a.Node); err != nil {
 		return err
@@ -610,13 +634,13 @@ func (e *Executor) drain(ctx context.Context, c *typesv1.Cluster, a clusterplan.
 	switch {
 	case err == nil:
 		e.event(ctx, a.Machine, "Normal", "Drained", "node "+a.Node+" drained")
-		return e.setCondition(ctx, a.Machine, conditions.New(clusterplan.MachineDrained, conditions.True, "Drained", ""), "")
+		return e.setCondition(ctx, a.Machine, conditions.New(clusterplan.MachineDrained, conditions.True, "Drained", ""))
 	case ctx.Err() != nil:
 		return ctx.Err() // no longer leading: the next leader drains again
 	case expired || errors.Is(err, errdefs.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded):
 		return e.drainTimedOut(ctx, a, timeout, deadline, prev, err)
 	}
-	_ = e.setCondition(ctx, a.Machine, conditions.New(clusterplan.MachineDrained, conditions.False, ReasonDraining, err.Error()), "")
+	_ = e.setCondition(ctx, a.Machine, conditions.New(clusterplan.MachineDrained, conditions.False, ReasonDraining, err.Error()))
 	return fmt.Errorf("drain node %s: %w", a.Node, err)
 }
 
@@ -627,13 +651,13 @@ func (e *Executor) drainTimedOut(ctx context.Context, a clusterplan.Drain, timeo
 	if a.Proceed {
 		msg := why + "; the MachineDeployment's nodeDrainTimeout says to go on: the removal proceeds and pods still on the node go with it; " + fix
 		e.event(ctx, a.Machine, "Warning", ReasonDrainTimeout, msg)
-		return e.setCondition(ctx, a.Machine, conditions.New(clusterplan.MachineDrained, conditions.True, ReasonDrainTimeout, msg), "")
+		return e.setCondition(ctx, a.Machine, conditions.New(clusterplan.MachineDrained, conditions.True, ReasonDrainTimeout, msg))
 	}
 	msg := why + "; the removal is halted and the drain tried again: " + fix
 	if prev.GetReason() != ReasonDrainTimeout {
 		e.event(ctx, a.Machine, "Warning", ReasonDrainTimeout, msg)
 	}
-	if serr := e.setCondition(ctx, a.Machine, conditions.New(clusterplan.MachineDrained, conditions.False, ReasonDrainTimeout, msg), ""); serr != nil {
+	if serr := e.setCondition(ctx, a.Machine, conditions.New(clusterplan.MachineDrained, conditions.False, ReasonDrainTimeout, msg)); serr != nil {
 		return serr
 	}
 	return errdefs.FailedPrecondition("%s", msg)
@@ -666,7 +690,7 @@ func (e *Executor) reset(ctx context.Context, m *typesv1.Machine, removeMember b
 	opCtx, cancel := context.WithTimeout(ctx, e.cfg.OperationTimeout)
 	defer cancel()
 	start := e.cfg.Clock()
-	stream, err := agent.KubeadmReset(opCtx, &agentv1.KubeadmResetRequest{OperationId: opID(m, "reset"), RemoveEtcdMember: removeMember})
+	stream, err := agent.KubeadmReset(opCtx, &agentv1.KubeadmResetRequest{OperationId: machineplan.OperationID(m, "reset", machineplan.Attempt(m)), RemoveEtcdMember: removeMember})
 	if err != nil {
 		err = errgrpc.FromGRPC(err)
 		e.observe("KubeadmReset", start, err)
@@ -699,10 +723,41 @@ func (e *Executor) removeEtcdMember(ctx context.Context, a clusterplan.RemoveEtc
 	})
 }
 
-// deleteMachine marks the machine deleting, resets its node, unbinds its
-// host (which the host lifecycle then wipes) and deletes the Machine.
-// Each step is idempotent; a failed one is taken up again next pass.
-func (e *Executor) deleteMachine(ctx context.Context, name, reason string) error {
+// markDeleting sets the machine's deletion timestamp (the machine planner
+// then tears it down), with an event saying why. A machine already
+// deleting or gone is left.
+func (e *Executor) markDeleting(ctx context.Context, name, reason string) error {
+	marked := false
+	now := timestamppb.New(e.cfg.Clock())
+	err := e.updateMachine(ctx, name, func(x *typesv1.Machine) bool {
+		if x.Metadata.DeletionTimestamp != nil {
+			return false
+		}
+		x.Metadata.DeletionTimestamp = now
+		marked = true
+		return true
+	})
+	if errdefs.IsNotFound(err) {
+		return nil
+	}
+	if err != nil || !marked {
+		return err
+	}
+	msg := "deleting machine"
+	if reason != "" {
+		msg += ": " + reason
+	}
+	e.event(ctx, name, "Normal", "Deleting", msg)
+	return nil
+}
+
+// deleteMachine runs the cluster planners' DeleteMachine: it marks the
+// machine deleting, plans it (machineplan: a Teardown) and runs the
+// teardown at once, in the action's goroutine.
+func (e *Executor) deleteMachine(ctx context.Context, c *typesv1.Cluster, name, reason string) error {
+	if err := e.markDeleting(ctx, name, reason); err != nil {
+		return err
+	}
 	m := &typesv1.Machine{}
 	if _, err := e.deps.Store.Get(ctx, MachinesKind, name, m); err != nil {
 		if errdefs.IsNotFound(err) {
@@ -710,57 +765,69 @@ func (e *Executor) deleteMachine(ctx context.Context, name, reason string) error
 		}
 		return err
 	}
-	if m.GetMetadata().GetDeletionTimestamp() == nil {
-		now := timestamppb.New(e.cfg.Clock())
-		if err := e.updateMachine(ctx, name, func(x *typesv1.Machine) bool {
-			x.Metadata.DeletionTimestamp = now
-			x.Status.Phase = PhaseDeleting
-			return true
-		}); err != nil {
-			return err
-		}
-		msg := "deleting machine"
-		if reason != "" {
-			msg += ": " + reason
-		}
-		e.event(ctx, name, "Normal", "Deleting", msg)
-	}
-	h := &typesv1.Host{}
-	_, err := e.deps.Store.Get(ctx, HostsKind, m.GetSpec().GetHost(), h)
-	if err != nil && !errdefs.IsNotFound(err) {
+	var h *typesv1.Host
+	x := &typesv1.Host{}
+	if _, err := e.deps.Store.Get(ctx, HostsKind, m.GetSpec().GetHost(), x); err == nil {
+		h = x
+	} else if !errdefs.IsNotFound(err) {
 		return err
 	}
-	bound := err == nil && h.GetStatus().GetMachine() == name
-	if bound && conditions.IsTrue(m.GetStatus().GetConditions(), ConditionBootstrapped) &&
-		h.GetStatus().GetState() == typesv1.HostState_HOST_STATE_PROVISIONED {
-		member := m.GetSpec().GetRole() == clusterplan.RoleControlPlane && m.GetStatus().GetEtcdMember() != ""
-		if err := e.reset(ctx, m, member); err != nil {
+	out := machineplan.Plan(e.cfg.Machines, machineplan.Input{Machine: m, Host: h, Cluster: c}, e.cfg.Clock())
+	if err := e.storeMachineStatus(ctx, name, out); err != nil {
+		return err
+	}
+	for _, a := range out.Actions {
+		if t, ok := a.(machineplan.Teardown); ok {
+			return e.teardown(ctx, t)
+		}
+	}
+	return nil
+}
+
+// teardown runs a: it marks the machine deleting, then each step the
+// planner set: kubeadm reset (with etcd member removal), deletion of the
+// Node object, unbinding of the host (which the host lifecycle then
+// wipes), and deletes the Machine. Each step is idempotent; a failed one
+// is planned again.
+func (e *Executor) teardown(ctx context.Context, a machineplan.Teardown) error {
+	if err := e.markDeleting(ctx, a.Machine, a.Reason); err != nil {
+		return err
+	}
+	m := &typesv1.Machine{}
+	if _, err := e.deps.Store.Get(ctx, MachinesKind, a.Machine, m); err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil
+		}
+		return err
+	}
+	if a.Reset {
+		if err := e.reset(ctx, m, a.RemoveEtcdMember); err != nil {
 			return err
 		}
 	}
-	if node := m.GetStatus().GetNodeName(); node != "" && e.deps.DeleteNode != nil {
+	if a.Node != "" && e.deps.DeleteNode != nil {
 		// The host may come back under the same name; kubeadm refuses
 		// to join a node whose Node object still exists.
 		if boot, err := LoadBootstrap(ctx, e.deps.Store, m.GetSpec().GetCluster()); err == nil && boot.Kubeconfig != "" {
-			if err := e.fence(ctx, "delete node "+node); err != nil {
+			if err := e.fence(ctx, "delete node "+a.Node); err != nil {
 				return err
 			}
-			if err := e.deps.DeleteNode(ctx, []byte(boot.Kubeconfig), node); err != nil {
+			if err := e.deps.DeleteNode(ctx, []byte(boot.Kubeconfig), a.Node); err != nil {
 				// Best effort: a cluster whose API is down must not keep
 				// the machine (and its replacement) from going.
-				e.event(ctx, name, "Warning", "NodeNotDeleted", fmt.Sprintf("node %s left in the cluster: %v; delete it with kubectl delete node %s", node, err, node))
+				e.event(ctx, a.Machine, "Warning", "NodeNotDeleted", fmt.Sprintf("node %s left in the cluster: %v; delete it with kubectl delete node %s", a.Node, err, a.Node))
 			}
 		}
 	}
-	if bound {
-		if err := e.unbind(ctx, m.GetSpec().GetHost(), name); err != nil {
-			return fmt.Errorf("unbind host %s: %w", m.GetSpec().GetHost(), err)
+	if a.Unbind {
+		if err := e.unbind(ctx, a.Host, a.Machine); err != nil {
+			return fmt.Errorf("unbind host %s: %w", a.Host, err)
 		}
 	}
-	if err := e.deps.Store.Delete(ctx, MachinesKind, name, 0); err != nil && !errdefs.IsNotFound(err) {
+	if err := e.deps.Store.Delete(ctx, MachinesKind, a.Machine, 0); err != nil && !errdefs.IsNotFound(err) {
 		return err
 	}
-	e.log.Info("machine deleted", "machine", name, "host", m.GetSpec().GetHost())
+	e.log.Info("machine deleted", "machine", a.Machine, "host", a.Host)
 	return nil
 }
 

@@ -17,7 +17,7 @@ import (
 type clusterQueue = workqueue.TypedRateLimitingInterface[string]
 
 // collectKey is the queue's key of the fleet-wide clean-up
-// (CollectDeletedClusters, ReleaseOrphans); no cluster is named "" (the
+// (Collect); no cluster is named "" (the
 // store refuses empty names).
 const collectKey = ""
 
@@ -28,8 +28,11 @@ const collectKey = ""
 // blocks, and returns once the bootstraps and long actions it started
 // have ended too.
 func (e *Executor) Run(ctx context.Context) error {
-	q := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: "clusterexec"})
+	qcfg := workqueue.TypedRateLimitingQueueConfig[string]{Name: "clusterexec"}
+	if e.cfg.QueueClock != nil {
+		qcfg.Clock = e.cfg.QueueClock
+	}
+	q := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), qcfg)
 	e.mu.Lock()
 	e.queue = q
 	e.mu.Unlock()
@@ -90,12 +93,15 @@ func (e *Executor) work(ctx context.Context, q clusterQueue) bool {
 		return false
 	}
 	defer q.Done(key)
-	var err error
+	var (
+		err     error
+		requeue time.Duration
+	)
 	if key == collectKey {
 		err = e.collect(ctx)
 	} else {
 		start := e.cfg.Clock()
-		err = e.Reconcile(ctx, key)
+		requeue, err = e.reconcile(ctx, key)
 		if o := e.deps.Observer; o != nil && ctx.Err() == nil {
 			o.ObserveReconcile("clusters", err, e.cfg.Clock().Sub(start), q.Len())
 		}
@@ -106,16 +112,19 @@ func (e *Executor) work(ctx context.Context, q clusterQueue) bool {
 		return true
 	}
 	q.Forget(key)
+	if requeue > 0 && ctx.Err() == nil {
+		// A planner asked to look again then (a backoff that ends, a
+		// timeout that runs out, certificates that enter their renewal
+		// window), sooner than the next Interval may come.
+		q.AddAfter(key, requeue)
+	}
 	return true
 }
 
 // collect is the fleet-wide clean-up.
 func (e *Executor) collect(ctx context.Context) error {
-	if err := e.CollectDeletedClusters(ctx); err != nil && ctx.Err() == nil {
-		e.log.Warn("delete the machines of deleted clusters", "err", err)
-	}
-	if err := e.ReleaseOrphans(ctx); err != nil && ctx.Err() == nil {
-		e.log.Warn("release orphaned hosts", "err", err)
+	if err := e.Collect(ctx); err != nil && ctx.Err() == nil {
+		e.log.Warn("clean up after deleted clusters and machines", "err", err)
 	}
 	return nil
 }

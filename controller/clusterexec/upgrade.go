@@ -301,37 +301,27 @@ func (e *Executor) clusterEvent(ctx context.Context, cluster, typ, reason, msg s
 	}
 }
 
-// prepareJoin runs before a control-plane member joins: when the member's
-// version is newer than the cluster's kubeadm-config, it sets the config to
-// it (upload-config), with the recipe of the member's Image. An unknown
-// recipe is an error (and the Cluster's AddonUpgrade condition): the member
-// does not join.
+// prepareJoin runs before a control-plane member joins: when
+// clusterplan.PlanKubeadmConfig says so (older members run, and the
+// Cluster's status.addons does not record the member's version), it sets
+// the cluster's kubeadm-config to the member's version (upload-config),
+// with the recipe of the member's Image, and records that in the Cluster's
+// status. An unknown recipe is an error (and the Cluster's AddonUpgrade
+// condition): the member does not join.
 func (e *Executor) prepareJoin(ctx context.Context, c *typesv1.Cluster, m *typesv1.Machine, boot *Bootstrap) error {
 	if boot == nil || boot.Kubeconfig == "" {
 		return nil
 	}
-	v := clusterConfig(c, m, &typesv1.Host{}).GetKubernetesVersion()
-	mv, err := version.ParseSemantic(v)
-	if err != nil {
-		return nil
-	}
-	// Only while older members run: a cluster's first version is kubeadm
-	// init's own.
 	items, err := listAll(ctx, e.deps.Store, MachinesKind, func() proto.Message { return &typesv1.Machine{} })
 	if err != nil {
 		return err
 	}
-	older := false
-	for _, it := range items {
-		o := it.Msg.(*typesv1.Machine)
-		if o.GetSpec().GetCluster() != c.GetMetadata().GetName() || !conditions.IsTrue(o.GetStatus().GetConditions(), ConditionBootstrapped) {
-			continue
-		}
-		if ov, err := version.ParseSemantic(clusterConfig(c, o, &typesv1.Host{}).GetKubernetesVersion()); err == nil && ov.LessThan(mv) {
-			older = true
-		}
+	ms := make([]*typesv1.Machine, len(items))
+	for i, it := range items {
+		ms[i] = it.Msg.(*typesv1.Machine)
 	}
-	if !older {
+	v, ok := clusterplan.PlanKubeadmConfig(c, ms, m)
+	if !ok {
 		return nil
 	}
 	r, err := e.recipe(ctx, c.GetMetadata().GetName(), m.GetSpec().GetImage(), v)
@@ -342,9 +332,9 @@ func (e *Executor) prepareJoin(ctx context.Context, c *typesv1.Cluster, m *types
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, kubeCallTimeout)
+	callCtx, cancel := context.WithTimeout(ctx, kubeCallTimeout)
 	defer cancel()
-	what, err := SetKubeadmVersion(ctx, cs, r)
+	what, err := SetKubeadmVersion(callCtx, cs, r)
 	if err != nil {
 		return fmt.Errorf("before joining %s at %s: %w", m.GetMetadata().GetName(), v, err)
 	}
@@ -353,47 +343,21 @@ func (e *Executor) prepareJoin(ctx context.Context, c *typesv1.Cluster, m *types
 		e.clusterEvent(ctx, c.GetMetadata().GetName(), "Normal", ReasonKubeadmConfigUpgraded, msg)
 		e.setClusterCondition(ctx, c.GetMetadata().GetName(), conditions.New(ConditionAddonUpgrade, conditions.True, ReasonKubeadmConfigUpgraded, msg))
 	}
-	return nil
+	return e.recordAddons(ctx, c.GetMetadata().GetName(), func(a *typesv1.ClusterAddons) { a.KubeadmConfigVersion = v })
 }
 
-// syncAddons moves kube-proxy and CoreDNS to the release of the newest
-// control-plane version whose node is Ready while machines of an older
-// version remain (a rollout by reimaging is under way). Done once per
-// version and cluster for the life of this executor.
+// syncAddons runs the addon step clusterplan.PlanAddons decides: it moves
+// kube-proxy and CoreDNS to the release of the newest Ready control-plane
+// version while machines of an older version remain, and records that
+// version in the Cluster's status.addons, so that neither this executor
+// nor the next leader's runs it again.
 func (e *Executor) syncAddons(ctx context.Context, c *typesv1.Cluster, machines []*typesv1.Machine) error {
 	name := c.GetMetadata().GetName()
-	var (
-		newest *version.Version
-		image  string
-	)
-	for _, m := range machines {
-		if m.GetSpec().GetRole() != clusterplan.RoleControlPlane || m.GetMetadata().GetDeletionTimestamp() != nil ||
-			!conditions.IsTrue(m.GetStatus().GetConditions(), ConditionBootstrapped) ||
-			!conditions.IsTrue(m.GetStatus().GetConditions(), clusterplan.MachineNodeReady) {
-			continue
-		}
-		v, err := version.ParseSemantic(clusterConfig(c, m, &typesv1.Host{}).GetKubernetesVersion())
-		if err == nil && (newest == nil || newest.LessThan(v)) {
-			newest, image = v, m.GetSpec().GetImage()
-		}
-	}
-	if newest == nil {
+	step, ok := clusterplan.PlanAddons(c, machines)
+	if !ok {
 		return nil
 	}
-	older := false
-	for _, m := range machines {
-		if v, err := version.ParseSemantic(clusterConfig(c, m, &typesv1.Host{}).GetKubernetesVersion()); err == nil && v.LessThan(newest) {
-			older = true
-		}
-	}
-	want := "v" + newest.String()
-	e.mu.Lock()
-	done := e.addons[name] == want
-	e.mu.Unlock()
-	if !older || done {
-		return nil
-	}
-	r, err := e.recipe(ctx, name, image, want)
+	r, err := e.recipe(ctx, name, step.Image, step.Version)
 	if err != nil {
 		return nil // the AddonUpgrade condition says why; no addon step
 	}
@@ -405,20 +369,47 @@ func (e *Executor) syncAddons(ctx context.Context, c *typesv1.Cluster, machines 
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, kubeCallTimeout)
+	callCtx, cancel := context.WithTimeout(ctx, kubeCallTimeout)
 	defer cancel()
-	changed, err := SetAddonImages(ctx, cs, r)
+	changed, err := SetAddonImages(callCtx, cs, r)
 	if len(changed) > 0 {
-		msg := "control plane at " + want + " Ready (recipe of Image " + strconv.Quote(image) + "): " + strings.Join(changed, "; ")
+		msg := "control plane at " + step.Version + " Ready (recipe of Image " + strconv.Quote(step.Image) + "): " + strings.Join(changed, "; ")
 		e.clusterEvent(ctx, name, "Normal", ReasonAddonsUpgraded, msg)
 		e.setClusterCondition(ctx, name, conditions.New(ConditionAddonUpgrade, conditions.True, ReasonAddonsUpgraded, msg))
 	}
 	if err != nil {
 		e.clusterEvent(ctx, name, "Warning", "AddonsUpgradeFailed", err.Error())
-		return fmt.Errorf("addons to %s: %w", want, err)
+		return fmt.Errorf("addons to %s: %w", step.Version, err)
 	}
-	e.mu.Lock()
-	e.addons[name] = want
-	e.mu.Unlock()
-	return nil
+	return e.recordAddons(ctx, name, func(a *typesv1.ClusterAddons) { a.Version = step.Version })
+}
+
+// recordAddons records an addon step done in the Cluster's status.addons.
+func (e *Executor) recordAddons(ctx context.Context, cluster string, set func(*typesv1.ClusterAddons)) error {
+	for {
+		c := &typesv1.Cluster{}
+		rev, err := e.deps.Store.Get(ctx, ClustersKind, cluster, c)
+		if err != nil {
+			return err
+		}
+		if c.Status == nil {
+			c.Status = &typesv1.ClusterStatus{}
+		}
+		if c.Status.Addons == nil {
+			c.Status.Addons = &typesv1.ClusterAddons{}
+		}
+		before := proto.Clone(c.Status.Addons)
+		set(c.Status.Addons)
+		if proto.Equal(before, c.Status.Addons) {
+			return nil
+		}
+		_, err = e.deps.Store.Update(ctx, ClustersKind, cluster, c, rev)
+		if errdefs.IsConflict(err) && ctx.Err() == nil {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("cluster %s: record addon step: %w", cluster, err)
+		}
+		return nil
+	}
 }

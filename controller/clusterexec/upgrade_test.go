@@ -458,3 +458,52 @@ func TestUpgradeWithoutRecipeBlocks(t *testing.T) {
 	}
 	require.Equal(t, target, clusterConfigOf(t, cs)["kubernetesVersion"])
 }
+
+// TestRestartMidUpgradeKeepsAddonSteps rolls a one-member control plane
+// to v1.34.4 and restarts the executor (a new instance over the same
+// store, as a new leader) mid-upgrade: after the addons moved to the new
+// release and while the old member's drain is held up (a
+// PodDisruptionBudget). The new executor takes the rollout up where it was
+// (it drains the old member again) and does not run the addon step again:
+// the Cluster's status.addons records it, not the old executor's memory.
+func TestRestartMidUpgradeKeepsAddonSteps(t *testing.T) {
+	prev := kubetools.Previous()
+	want := kubetools.Release{Kubernetes: "v1.34.4", Etcd: "3.6.99-0", CoreDNS: "v1.99.0", Pause: "3.10.1"}
+	cs := fake.NewClientset(append(addons("registry.k8s.io/kube-proxy:"+prev.Kubernetes, "registry.k8s.io/coredns/coredns:"+prev.CoreDNS),
+		kubeadmConfig(clusterConfiguration133))...)
+	w := newUpgradeWorld(t, cs)
+	drains := &stuckDrainer{prefix: "h1", stuck: map[string]int{}, done: map[string]int{}}
+	w.drain = drains.Drain
+	stop := w.start()
+	old := w.bootstrapped()
+	require.Equal(t, "h1", old.GetSpec().GetHost())
+
+	w.upgradeTo(want.Kubernetes, "debian12-k8s1.34.4-new", &typesv1.ImageAddons{KubeProxy: want.Kubernetes, Coredns: want.CoreDNS, Etcd: want.Etcd, Pause: want.Pause})
+	require.Eventually(t, func() bool {
+		proxy, dns := images(t, cs)
+		return proxy == "registry.k8s.io/kube-proxy:"+want.Kubernetes && dns == "registry.k8s.io/coredns/coredns:"+want.CoreDNS &&
+			w.cluster().GetStatus().GetAddons().GetVersion() == want.Kubernetes && drains.started("h1") >= 1
+	}, 60*time.Second, 20*time.Millisecond, "addons never moved to %s with the old member's drain under way", want.Kubernetes)
+	require.Equal(t, want.Kubernetes, w.cluster().GetStatus().GetAddons().GetKubeadmConfigVersion(), "kubeadm-config step recorded")
+	stop()
+
+	cs.ClearActions()
+	obs := &reconciles{now: time.Now}
+	w.observer = obs
+	stop = w.start()
+	defer stop()
+	require.Eventually(t, func() bool { return drains.started("h1") >= 2 && len(obs.times()) >= 3 }, 60*time.Second, 20*time.Millisecond,
+		"the new executor did not take up the rollout (drains of h1 %d, reconciles %d)", drains.started("h1"), len(obs.times()))
+	ms := w.machines()
+	stillOld := false
+	for _, m := range ms {
+		stillOld = stillOld || m.GetMetadata().GetUid() == old.GetMetadata().GetUid()
+	}
+	require.True(t, stillOld, "the old member is gone: the restart was not mid-upgrade")
+	for _, a := range cs.Actions() {
+		switch a.GetResource().Resource {
+		case "daemonsets", "deployments", "configmaps":
+			t.Errorf("the new executor ran an addon step again: %s %s", a.GetVerb(), a.GetResource().Resource)
+		}
+	}
+}

@@ -2113,8 +2113,12 @@ type ClusterStatus struct {
 	Conditions       []*Condition           `protobuf:"bytes,2,rep,name=conditions,proto3" json:"conditions,omitempty"`
 	CaHash           string                 `protobuf:"bytes,3,opt,name=ca_hash,json=caHash,proto3" json:"ca_hash,omitempty"`
 	ApiServerVersion string                 `protobuf:"bytes,4,opt,name=api_server_version,json=apiServerVersion,proto3" json:"api_server_version,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// addons records which addon steps of an upgrade by reimaging are done,
+	// so that a controller that restarts mid-upgrade neither repeats nor
+	// skips one.
+	Addons        *ClusterAddons `protobuf:"bytes,5,opt,name=addons,proto3" json:"addons,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClusterStatus) Reset() {
@@ -2175,6 +2179,72 @@ func (x *ClusterStatus) GetApiServerVersion() string {
 	return ""
 }
 
+func (x *ClusterStatus) GetAddons() *ClusterAddons {
+	if x != nil {
+		return x.Addons
+	}
+	return nil
+}
+
+// ClusterAddons are the Kubernetes versions the cluster-wide kubeadm
+// state was moved to by upgrades (empty: never).
+type ClusterAddons struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// kubeadm_config_version is the version kube-system/kubeadm-config was
+	// set to before a newer control-plane member joined.
+	KubeadmConfigVersion string `protobuf:"bytes,1,opt,name=kubeadm_config_version,json=kubeadmConfigVersion,proto3" json:"kubeadm_config_version,omitempty"`
+	// version is the version whose kube-proxy and CoreDNS images the
+	// cluster's addons were moved to, once its first control-plane member
+	// was Ready.
+	Version       string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterAddons) Reset() {
+	*x = ClusterAddons{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterAddons) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterAddons) ProtoMessage() {}
+
+func (x *ClusterAddons) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterAddons.ProtoReflect.Descriptor instead.
+func (*ClusterAddons) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ClusterAddons) GetKubeadmConfigVersion() string {
+	if x != nil {
+		return x.KubeadmConfigVersion
+	}
+	return ""
+}
+
+func (x *ClusterAddons) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
 type Cluster struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ApiVersion    string                 `protobuf:"bytes,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
@@ -2188,7 +2258,7 @@ type Cluster struct {
 
 func (x *Cluster) Reset() {
 	*x = Cluster{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2200,7 +2270,7 @@ func (x *Cluster) String() string {
 func (*Cluster) ProtoMessage() {}
 
 func (x *Cluster) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2213,7 +2283,7 @@ func (x *Cluster) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cluster.ProtoReflect.Descriptor instead.
 func (*Cluster) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{20}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Cluster) GetApiVersion() string {
@@ -2274,7 +2344,7 @@ type ControlPlaneSpec struct {
 
 func (x *ControlPlaneSpec) Reset() {
 	*x = ControlPlaneSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2286,7 +2356,7 @@ func (x *ControlPlaneSpec) String() string {
 func (*ControlPlaneSpec) ProtoMessage() {}
 
 func (x *ControlPlaneSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2299,7 +2369,7 @@ func (x *ControlPlaneSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneSpec.ProtoReflect.Descriptor instead.
 func (*ControlPlaneSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{21}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ControlPlaneSpec) GetCluster() string {
@@ -2367,7 +2437,7 @@ type ControlPlaneStatus struct {
 
 func (x *ControlPlaneStatus) Reset() {
 	*x = ControlPlaneStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2379,7 +2449,7 @@ func (x *ControlPlaneStatus) String() string {
 func (*ControlPlaneStatus) ProtoMessage() {}
 
 func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2392,7 +2462,7 @@ func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneStatus.ProtoReflect.Descriptor instead.
 func (*ControlPlaneStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{22}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ControlPlaneStatus) GetReplicas() int32 {
@@ -2450,7 +2520,7 @@ type ControlPlane struct {
 
 func (x *ControlPlane) Reset() {
 	*x = ControlPlane{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2462,7 +2532,7 @@ func (x *ControlPlane) String() string {
 func (*ControlPlane) ProtoMessage() {}
 
 func (x *ControlPlane) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2475,7 +2545,7 @@ func (x *ControlPlane) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlane.ProtoReflect.Descriptor instead.
 func (*ControlPlane) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{23}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ControlPlane) GetApiVersion() string {
@@ -2529,7 +2599,7 @@ type RolloutStrategy struct {
 
 func (x *RolloutStrategy) Reset() {
 	*x = RolloutStrategy{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2541,7 +2611,7 @@ func (x *RolloutStrategy) String() string {
 func (*RolloutStrategy) ProtoMessage() {}
 
 func (x *RolloutStrategy) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2554,7 +2624,7 @@ func (x *RolloutStrategy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutStrategy.ProtoReflect.Descriptor instead.
 func (*RolloutStrategy) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{24}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RolloutStrategy) GetType() string {
@@ -2601,7 +2671,7 @@ type MachineDeploymentSpec struct {
 
 func (x *MachineDeploymentSpec) Reset() {
 	*x = MachineDeploymentSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2613,7 +2683,7 @@ func (x *MachineDeploymentSpec) String() string {
 func (*MachineDeploymentSpec) ProtoMessage() {}
 
 func (x *MachineDeploymentSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2626,7 +2696,7 @@ func (x *MachineDeploymentSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineDeploymentSpec.ProtoReflect.Descriptor instead.
 func (*MachineDeploymentSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{25}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *MachineDeploymentSpec) GetCluster() string {
@@ -2693,7 +2763,7 @@ type MachineDeploymentStatus struct {
 
 func (x *MachineDeploymentStatus) Reset() {
 	*x = MachineDeploymentStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2705,7 +2775,7 @@ func (x *MachineDeploymentStatus) String() string {
 func (*MachineDeploymentStatus) ProtoMessage() {}
 
 func (x *MachineDeploymentStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2718,7 +2788,7 @@ func (x *MachineDeploymentStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineDeploymentStatus.ProtoReflect.Descriptor instead.
 func (*MachineDeploymentStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{26}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MachineDeploymentStatus) GetReplicas() int32 {
@@ -2776,7 +2846,7 @@ type MachineDeployment struct {
 
 func (x *MachineDeployment) Reset() {
 	*x = MachineDeployment{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2788,7 +2858,7 @@ func (x *MachineDeployment) String() string {
 func (*MachineDeployment) ProtoMessage() {}
 
 func (x *MachineDeployment) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2801,7 +2871,7 @@ func (x *MachineDeployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineDeployment.ProtoReflect.Descriptor instead.
 func (*MachineDeployment) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{27}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *MachineDeployment) GetApiVersion() string {
@@ -2855,7 +2925,7 @@ type MachineSpec struct {
 
 func (x *MachineSpec) Reset() {
 	*x = MachineSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2867,7 +2937,7 @@ func (x *MachineSpec) String() string {
 func (*MachineSpec) ProtoMessage() {}
 
 func (x *MachineSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2880,7 +2950,7 @@ func (x *MachineSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineSpec.ProtoReflect.Descriptor instead.
 func (*MachineSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{28}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *MachineSpec) GetCluster() string {
@@ -2945,7 +3015,7 @@ type MachineStatus struct {
 
 func (x *MachineStatus) Reset() {
 	*x = MachineStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2957,7 +3027,7 @@ func (x *MachineStatus) String() string {
 func (*MachineStatus) ProtoMessage() {}
 
 func (x *MachineStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2970,7 +3040,7 @@ func (x *MachineStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineStatus.ProtoReflect.Descriptor instead.
 func (*MachineStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{29}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *MachineStatus) GetPhase() string {
@@ -3035,7 +3105,7 @@ type Machine struct {
 
 func (x *Machine) Reset() {
 	*x = Machine{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3047,7 +3117,7 @@ func (x *Machine) String() string {
 func (*Machine) ProtoMessage() {}
 
 func (x *Machine) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3060,7 +3130,7 @@ func (x *Machine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Machine.ProtoReflect.Descriptor instead.
 func (*Machine) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{30}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Machine) GetApiVersion() string {
@@ -3110,7 +3180,7 @@ type UnhealthyCondition struct {
 
 func (x *UnhealthyCondition) Reset() {
 	*x = UnhealthyCondition{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3122,7 +3192,7 @@ func (x *UnhealthyCondition) String() string {
 func (*UnhealthyCondition) ProtoMessage() {}
 
 func (x *UnhealthyCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3135,7 +3205,7 @@ func (x *UnhealthyCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnhealthyCondition.ProtoReflect.Descriptor instead.
 func (*UnhealthyCondition) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{31}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *UnhealthyCondition) GetType() string {
@@ -3175,7 +3245,7 @@ type HealthCheckSpec struct {
 
 func (x *HealthCheckSpec) Reset() {
 	*x = HealthCheckSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3187,7 +3257,7 @@ func (x *HealthCheckSpec) String() string {
 func (*HealthCheckSpec) ProtoMessage() {}
 
 func (x *HealthCheckSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3200,7 +3270,7 @@ func (x *HealthCheckSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheckSpec.ProtoReflect.Descriptor instead.
 func (*HealthCheckSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{32}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *HealthCheckSpec) GetCluster() string {
@@ -3250,7 +3320,7 @@ type HealthCheckStatus struct {
 
 func (x *HealthCheckStatus) Reset() {
 	*x = HealthCheckStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3262,7 +3332,7 @@ func (x *HealthCheckStatus) String() string {
 func (*HealthCheckStatus) ProtoMessage() {}
 
 func (x *HealthCheckStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3275,7 +3345,7 @@ func (x *HealthCheckStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheckStatus.ProtoReflect.Descriptor instead.
 func (*HealthCheckStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{33}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *HealthCheckStatus) GetExpectedMachines() int32 {
@@ -3319,7 +3389,7 @@ type HealthCheck struct {
 
 func (x *HealthCheck) Reset() {
 	*x = HealthCheck{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3331,7 +3401,7 @@ func (x *HealthCheck) String() string {
 func (*HealthCheck) ProtoMessage() {}
 
 func (x *HealthCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3344,7 +3414,7 @@ func (x *HealthCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheck.ProtoReflect.Descriptor instead.
 func (*HealthCheck) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{34}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *HealthCheck) GetApiVersion() string {
@@ -3399,7 +3469,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[35]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3411,7 +3481,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[35]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3424,7 +3494,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{35}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Event) GetName() string {
@@ -3499,7 +3569,7 @@ type EnrollmentToken struct {
 
 func (x *EnrollmentToken) Reset() {
 	*x = EnrollmentToken{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[36]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3511,7 +3581,7 @@ func (x *EnrollmentToken) String() string {
 func (*EnrollmentToken) ProtoMessage() {}
 
 func (x *EnrollmentToken) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[36]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3524,7 +3594,7 @@ func (x *EnrollmentToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollmentToken.ProtoReflect.Descriptor instead.
 func (*EnrollmentToken) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{36}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *EnrollmentToken) GetId() string {
@@ -3812,14 +3882,18 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"dns_domain\x18\b \x01(\tR\tdnsDomain\x12\x16\n" +
 	"\x06paused\x18\t \x01(\bR\x06paused\x128\n" +
 	"\x18certificate_renewal_days\x18\n" +
-	" \x01(\x05R\x16certificateRenewalDays\"\xa6\x01\n" +
+	" \x01(\x05R\x16certificateRenewalDays\"\xdc\x01\n" +
 	"\rClusterStatus\x12\x14\n" +
 	"\x05phase\x18\x01 \x01(\tR\x05phase\x128\n" +
 	"\n" +
 	"conditions\x18\x02 \x03(\v2\x18.kiln.types.v1.ConditionR\n" +
 	"conditions\x12\x17\n" +
 	"\aca_hash\x18\x03 \x01(\tR\x06caHash\x12,\n" +
-	"\x12api_server_version\x18\x04 \x01(\tR\x10apiServerVersion\"\xdb\x01\n" +
+	"\x12api_server_version\x18\x04 \x01(\tR\x10apiServerVersion\x124\n" +
+	"\x06addons\x18\x05 \x01(\v2\x1c.kiln.types.v1.ClusterAddonsR\x06addons\"_\n" +
+	"\rClusterAddons\x124\n" +
+	"\x16kubeadm_config_version\x18\x01 \x01(\tR\x14kubeadmConfigVersion\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\"\xdb\x01\n" +
 	"\aCluster\x12\x1f\n" +
 	"\vapi_version\x18\x01 \x01(\tR\n" +
 	"apiVersion\x12\x12\n" +
@@ -3989,7 +4063,7 @@ func file_kiln_types_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_kiln_types_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kiln_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_kiln_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_kiln_types_v1_types_proto_goTypes = []any{
 	(HostState)(0),                  // 0: kiln.types.v1.HostState
 	(*ObjectMeta)(nil),              // 1: kiln.types.v1.ObjectMeta
@@ -4012,52 +4086,53 @@ var file_kiln_types_v1_types_proto_goTypes = []any{
 	(*Image)(nil),                   // 18: kiln.types.v1.Image
 	(*ClusterSpec)(nil),             // 19: kiln.types.v1.ClusterSpec
 	(*ClusterStatus)(nil),           // 20: kiln.types.v1.ClusterStatus
-	(*Cluster)(nil),                 // 21: kiln.types.v1.Cluster
-	(*ControlPlaneSpec)(nil),        // 22: kiln.types.v1.ControlPlaneSpec
-	(*ControlPlaneStatus)(nil),      // 23: kiln.types.v1.ControlPlaneStatus
-	(*ControlPlane)(nil),            // 24: kiln.types.v1.ControlPlane
-	(*RolloutStrategy)(nil),         // 25: kiln.types.v1.RolloutStrategy
-	(*MachineDeploymentSpec)(nil),   // 26: kiln.types.v1.MachineDeploymentSpec
-	(*MachineDeploymentStatus)(nil), // 27: kiln.types.v1.MachineDeploymentStatus
-	(*MachineDeployment)(nil),       // 28: kiln.types.v1.MachineDeployment
-	(*MachineSpec)(nil),             // 29: kiln.types.v1.MachineSpec
-	(*MachineStatus)(nil),           // 30: kiln.types.v1.MachineStatus
-	(*Machine)(nil),                 // 31: kiln.types.v1.Machine
-	(*UnhealthyCondition)(nil),      // 32: kiln.types.v1.UnhealthyCondition
-	(*HealthCheckSpec)(nil),         // 33: kiln.types.v1.HealthCheckSpec
-	(*HealthCheckStatus)(nil),       // 34: kiln.types.v1.HealthCheckStatus
-	(*HealthCheck)(nil),             // 35: kiln.types.v1.HealthCheck
-	(*Event)(nil),                   // 36: kiln.types.v1.Event
-	(*EnrollmentToken)(nil),         // 37: kiln.types.v1.EnrollmentToken
-	nil,                             // 38: kiln.types.v1.ObjectMeta.LabelsEntry
-	nil,                             // 39: kiln.types.v1.ObjectMeta.AnnotationsEntry
-	nil,                             // 40: kiln.types.v1.Facts.KubeVersionsEntry
-	nil,                             // 41: kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
-	nil,                             // 42: kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
-	nil,                             // 43: kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
-	nil,                             // 44: kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
-	nil,                             // 45: kiln.types.v1.HealthCheckSpec.SelectorEntry
-	(*timestamppb.Timestamp)(nil),   // 46: google.protobuf.Timestamp
+	(*ClusterAddons)(nil),           // 21: kiln.types.v1.ClusterAddons
+	(*Cluster)(nil),                 // 22: kiln.types.v1.Cluster
+	(*ControlPlaneSpec)(nil),        // 23: kiln.types.v1.ControlPlaneSpec
+	(*ControlPlaneStatus)(nil),      // 24: kiln.types.v1.ControlPlaneStatus
+	(*ControlPlane)(nil),            // 25: kiln.types.v1.ControlPlane
+	(*RolloutStrategy)(nil),         // 26: kiln.types.v1.RolloutStrategy
+	(*MachineDeploymentSpec)(nil),   // 27: kiln.types.v1.MachineDeploymentSpec
+	(*MachineDeploymentStatus)(nil), // 28: kiln.types.v1.MachineDeploymentStatus
+	(*MachineDeployment)(nil),       // 29: kiln.types.v1.MachineDeployment
+	(*MachineSpec)(nil),             // 30: kiln.types.v1.MachineSpec
+	(*MachineStatus)(nil),           // 31: kiln.types.v1.MachineStatus
+	(*Machine)(nil),                 // 32: kiln.types.v1.Machine
+	(*UnhealthyCondition)(nil),      // 33: kiln.types.v1.UnhealthyCondition
+	(*HealthCheckSpec)(nil),         // 34: kiln.types.v1.HealthCheckSpec
+	(*HealthCheckStatus)(nil),       // 35: kiln.types.v1.HealthCheckStatus
+	(*HealthCheck)(nil),             // 36: kiln.types.v1.HealthCheck
+	(*Event)(nil),                   // 37: kiln.types.v1.Event
+	(*EnrollmentToken)(nil),         // 38: kiln.types.v1.EnrollmentToken
+	nil,                             // 39: kiln.types.v1.ObjectMeta.LabelsEntry
+	nil,                             // 40: kiln.types.v1.ObjectMeta.AnnotationsEntry
+	nil,                             // 41: kiln.types.v1.Facts.KubeVersionsEntry
+	nil,                             // 42: kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
+	nil,                             // 43: kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
+	nil,                             // 44: kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
+	nil,                             // 45: kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
+	nil,                             // 46: kiln.types.v1.HealthCheckSpec.SelectorEntry
+	(*timestamppb.Timestamp)(nil),   // 47: google.protobuf.Timestamp
 }
 var file_kiln_types_v1_types_proto_depIdxs = []int32{
-	38, // 0: kiln.types.v1.ObjectMeta.labels:type_name -> kiln.types.v1.ObjectMeta.LabelsEntry
-	39, // 1: kiln.types.v1.ObjectMeta.annotations:type_name -> kiln.types.v1.ObjectMeta.AnnotationsEntry
-	46, // 2: kiln.types.v1.ObjectMeta.creation_timestamp:type_name -> google.protobuf.Timestamp
-	46, // 3: kiln.types.v1.ObjectMeta.deletion_timestamp:type_name -> google.protobuf.Timestamp
-	46, // 4: kiln.types.v1.Condition.last_transition_time:type_name -> google.protobuf.Timestamp
+	39, // 0: kiln.types.v1.ObjectMeta.labels:type_name -> kiln.types.v1.ObjectMeta.LabelsEntry
+	40, // 1: kiln.types.v1.ObjectMeta.annotations:type_name -> kiln.types.v1.ObjectMeta.AnnotationsEntry
+	47, // 2: kiln.types.v1.ObjectMeta.creation_timestamp:type_name -> google.protobuf.Timestamp
+	47, // 3: kiln.types.v1.ObjectMeta.deletion_timestamp:type_name -> google.protobuf.Timestamp
+	47, // 4: kiln.types.v1.Condition.last_transition_time:type_name -> google.protobuf.Timestamp
 	3,  // 5: kiln.types.v1.HostSpec.bmc:type_name -> kiln.types.v1.BMCSpec
 	5,  // 6: kiln.types.v1.HostSpec.root_device_hints:type_name -> kiln.types.v1.RootDeviceHints
 	6,  // 7: kiln.types.v1.Facts.disks:type_name -> kiln.types.v1.Disk
 	7,  // 8: kiln.types.v1.Facts.nics:type_name -> kiln.types.v1.NIC
 	8,  // 9: kiln.types.v1.Facts.routes:type_name -> kiln.types.v1.Route
-	40, // 10: kiln.types.v1.Facts.kube_versions:type_name -> kiln.types.v1.Facts.KubeVersionsEntry
-	46, // 11: kiln.types.v1.AgentStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
-	46, // 12: kiln.types.v1.AgentStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
-	46, // 13: kiln.types.v1.OperationStatus.started:type_name -> google.protobuf.Timestamp
-	46, // 14: kiln.types.v1.OperationStatus.finished:type_name -> google.protobuf.Timestamp
-	46, // 15: kiln.types.v1.OperationStatus.retry_after:type_name -> google.protobuf.Timestamp
+	41, // 10: kiln.types.v1.Facts.kube_versions:type_name -> kiln.types.v1.Facts.KubeVersionsEntry
+	47, // 11: kiln.types.v1.AgentStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
+	47, // 12: kiln.types.v1.AgentStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
+	47, // 13: kiln.types.v1.OperationStatus.started:type_name -> google.protobuf.Timestamp
+	47, // 14: kiln.types.v1.OperationStatus.finished:type_name -> google.protobuf.Timestamp
+	47, // 15: kiln.types.v1.OperationStatus.retry_after:type_name -> google.protobuf.Timestamp
 	12, // 16: kiln.types.v1.OperationStatus.progress:type_name -> kiln.types.v1.OperationProgress
-	46, // 17: kiln.types.v1.OperationProgress.updated:type_name -> google.protobuf.Timestamp
+	47, // 17: kiln.types.v1.OperationProgress.updated:type_name -> google.protobuf.Timestamp
 	0,  // 18: kiln.types.v1.HostStatus.state:type_name -> kiln.types.v1.HostState
 	9,  // 19: kiln.types.v1.HostStatus.facts:type_name -> kiln.types.v1.Facts
 	10, // 20: kiln.types.v1.HostStatus.agent:type_name -> kiln.types.v1.AgentStatus
@@ -4072,43 +4147,44 @@ var file_kiln_types_v1_types_proto_depIdxs = []int32{
 	15, // 29: kiln.types.v1.Image.spec:type_name -> kiln.types.v1.ImageSpec
 	17, // 30: kiln.types.v1.Image.status:type_name -> kiln.types.v1.ImageStatus
 	2,  // 31: kiln.types.v1.ClusterStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 32: kiln.types.v1.Cluster.metadata:type_name -> kiln.types.v1.ObjectMeta
-	19, // 33: kiln.types.v1.Cluster.spec:type_name -> kiln.types.v1.ClusterSpec
-	20, // 34: kiln.types.v1.Cluster.status:type_name -> kiln.types.v1.ClusterStatus
-	41, // 35: kiln.types.v1.ControlPlaneSpec.host_selector:type_name -> kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
-	42, // 36: kiln.types.v1.ControlPlaneSpec.image_selector:type_name -> kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
-	2,  // 37: kiln.types.v1.ControlPlaneStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 38: kiln.types.v1.ControlPlane.metadata:type_name -> kiln.types.v1.ObjectMeta
-	22, // 39: kiln.types.v1.ControlPlane.spec:type_name -> kiln.types.v1.ControlPlaneSpec
-	23, // 40: kiln.types.v1.ControlPlane.status:type_name -> kiln.types.v1.ControlPlaneStatus
-	43, // 41: kiln.types.v1.MachineDeploymentSpec.host_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
-	25, // 42: kiln.types.v1.MachineDeploymentSpec.strategy:type_name -> kiln.types.v1.RolloutStrategy
-	44, // 43: kiln.types.v1.MachineDeploymentSpec.image_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
-	2,  // 44: kiln.types.v1.MachineDeploymentStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 45: kiln.types.v1.MachineDeployment.metadata:type_name -> kiln.types.v1.ObjectMeta
-	26, // 46: kiln.types.v1.MachineDeployment.spec:type_name -> kiln.types.v1.MachineDeploymentSpec
-	27, // 47: kiln.types.v1.MachineDeployment.status:type_name -> kiln.types.v1.MachineDeploymentStatus
-	2,  // 48: kiln.types.v1.MachineStatus.conditions:type_name -> kiln.types.v1.Condition
-	46, // 49: kiln.types.v1.MachineStatus.bootstrap_time:type_name -> google.protobuf.Timestamp
-	46, // 50: kiln.types.v1.MachineStatus.node_ready_time:type_name -> google.protobuf.Timestamp
-	46, // 51: kiln.types.v1.MachineStatus.certificates_not_after:type_name -> google.protobuf.Timestamp
-	1,  // 52: kiln.types.v1.Machine.metadata:type_name -> kiln.types.v1.ObjectMeta
-	29, // 53: kiln.types.v1.Machine.spec:type_name -> kiln.types.v1.MachineSpec
-	30, // 54: kiln.types.v1.Machine.status:type_name -> kiln.types.v1.MachineStatus
-	45, // 55: kiln.types.v1.HealthCheckSpec.selector:type_name -> kiln.types.v1.HealthCheckSpec.SelectorEntry
-	32, // 56: kiln.types.v1.HealthCheckSpec.unhealthy_conditions:type_name -> kiln.types.v1.UnhealthyCondition
-	2,  // 57: kiln.types.v1.HealthCheckStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 58: kiln.types.v1.HealthCheck.metadata:type_name -> kiln.types.v1.ObjectMeta
-	33, // 59: kiln.types.v1.HealthCheck.spec:type_name -> kiln.types.v1.HealthCheckSpec
-	34, // 60: kiln.types.v1.HealthCheck.status:type_name -> kiln.types.v1.HealthCheckStatus
-	46, // 61: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
-	46, // 62: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
-	46, // 63: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
-	64, // [64:64] is the sub-list for method output_type
-	64, // [64:64] is the sub-list for method input_type
-	64, // [64:64] is the sub-list for extension type_name
-	64, // [64:64] is the sub-list for extension extendee
-	0,  // [0:64] is the sub-list for field type_name
+	21, // 32: kiln.types.v1.ClusterStatus.addons:type_name -> kiln.types.v1.ClusterAddons
+	1,  // 33: kiln.types.v1.Cluster.metadata:type_name -> kiln.types.v1.ObjectMeta
+	19, // 34: kiln.types.v1.Cluster.spec:type_name -> kiln.types.v1.ClusterSpec
+	20, // 35: kiln.types.v1.Cluster.status:type_name -> kiln.types.v1.ClusterStatus
+	42, // 36: kiln.types.v1.ControlPlaneSpec.host_selector:type_name -> kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
+	43, // 37: kiln.types.v1.ControlPlaneSpec.image_selector:type_name -> kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
+	2,  // 38: kiln.types.v1.ControlPlaneStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 39: kiln.types.v1.ControlPlane.metadata:type_name -> kiln.types.v1.ObjectMeta
+	23, // 40: kiln.types.v1.ControlPlane.spec:type_name -> kiln.types.v1.ControlPlaneSpec
+	24, // 41: kiln.types.v1.ControlPlane.status:type_name -> kiln.types.v1.ControlPlaneStatus
+	44, // 42: kiln.types.v1.MachineDeploymentSpec.host_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
+	26, // 43: kiln.types.v1.MachineDeploymentSpec.strategy:type_name -> kiln.types.v1.RolloutStrategy
+	45, // 44: kiln.types.v1.MachineDeploymentSpec.image_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
+	2,  // 45: kiln.types.v1.MachineDeploymentStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 46: kiln.types.v1.MachineDeployment.metadata:type_name -> kiln.types.v1.ObjectMeta
+	27, // 47: kiln.types.v1.MachineDeployment.spec:type_name -> kiln.types.v1.MachineDeploymentSpec
+	28, // 48: kiln.types.v1.MachineDeployment.status:type_name -> kiln.types.v1.MachineDeploymentStatus
+	2,  // 49: kiln.types.v1.MachineStatus.conditions:type_name -> kiln.types.v1.Condition
+	47, // 50: kiln.types.v1.MachineStatus.bootstrap_time:type_name -> google.protobuf.Timestamp
+	47, // 51: kiln.types.v1.MachineStatus.node_ready_time:type_name -> google.protobuf.Timestamp
+	47, // 52: kiln.types.v1.MachineStatus.certificates_not_after:type_name -> google.protobuf.Timestamp
+	1,  // 53: kiln.types.v1.Machine.metadata:type_name -> kiln.types.v1.ObjectMeta
+	30, // 54: kiln.types.v1.Machine.spec:type_name -> kiln.types.v1.MachineSpec
+	31, // 55: kiln.types.v1.Machine.status:type_name -> kiln.types.v1.MachineStatus
+	46, // 56: kiln.types.v1.HealthCheckSpec.selector:type_name -> kiln.types.v1.HealthCheckSpec.SelectorEntry
+	33, // 57: kiln.types.v1.HealthCheckSpec.unhealthy_conditions:type_name -> kiln.types.v1.UnhealthyCondition
+	2,  // 58: kiln.types.v1.HealthCheckStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,  // 59: kiln.types.v1.HealthCheck.metadata:type_name -> kiln.types.v1.ObjectMeta
+	34, // 60: kiln.types.v1.HealthCheck.spec:type_name -> kiln.types.v1.HealthCheckSpec
+	35, // 61: kiln.types.v1.HealthCheck.status:type_name -> kiln.types.v1.HealthCheckStatus
+	47, // 62: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
+	47, // 63: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
+	47, // 64: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
+	65, // [65:65] is the sub-list for method output_type
+	65, // [65:65] is the sub-list for method input_type
+	65, // [65:65] is the sub-list for extension type_name
+	65, // [65:65] is the sub-list for extension extendee
+	0,  // [0:65] is the sub-list for field type_name
 }
 
 func init() { file_kiln_types_v1_types_proto_init() }
@@ -4123,7 +4199,7 @@ func file_kiln_types_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kiln_types_v1_types_proto_rawDesc), len(file_kiln_types_v1_types_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   45,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

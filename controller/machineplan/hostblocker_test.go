@@ -1,4 +1,4 @@
-package clusterexec
+package machineplan
 
 import (
 	"testing"
@@ -25,7 +25,7 @@ func TestHostBlockerBootAgentMissing(t *testing.T) {
 			},
 		},
 	}
-	c := hostBlocker(h)
+	c := HostBlocker(h)
 	require.Equal(t, conditions.False, c.GetStatus())
 	require.Equal(t, hostlife.ReasonBootAgentMissing, c.GetReason())
 	require.Contains(t, c.GetMessage(), "host h4 (Provisioning, step WaitBootAgent): BootAgentCheckedIn=False: no boot agent check-in 20s after power on (kilnctl describe host h4)")
