@@ -109,9 +109,8 @@ func TestLabDrainDeadlock(t *testing.T) {
 	for _, want := range []string{"node " + worker, "deadline", "drain timeout " + haltDrainTimeout.String(), "PodDisruptionBudget", "kubectl get pdb -A", "halted"} {
 		require.Contains(t, drained.GetMessage(), want, "Drained message of %s", r.victim)
 	}
-	r.blockedAt = drained.GetLastTransitionTime().AsTime()
-	r.mark("%s: machine %s Drained=False reason=%s (condition time %s): %s", blocked, r.victim, drained.GetReason(),
-		r.blockedAt.UTC().Format(time.TimeOnly), drained.GetMessage())
+	r.mark("%s: machine %s Drained=False reason=%s (False since %s): %s", blocked, r.victim, drained.GetReason(),
+		drained.GetLastTransitionTime().AsTime().UTC().Format(time.TimeOnly), drained.GetMessage())
 	desc, err := lab.Kilnctl(ctx, nil, "describe", "cluster", blocked)
 	require.NoError(t, err)
 	require.Contains(t, desc, clusterexec.ReasonDrainTimeout, "kilnctl describe cluster %s", blocked)
@@ -186,7 +185,6 @@ type drainRun struct {
 	kc    string
 
 	victim, victimUID string
-	blockedAt         time.Time
 	holding           bool // pdb-a's drain must stay blocked at every poll
 	polls             int
 }
