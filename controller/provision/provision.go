@@ -280,9 +280,7 @@ func (e *Executor) work(ctx context.Context) {
 		if o := e.deps.Observer; o != nil && ctx.Err() == nil {
 			o.ObserveReconcile("hosts", err, e.cfg.Clock().Sub(start), e.q.Len())
 		}
-		// A write the fence refused is logged even when the lost term's
-		// ctx ended meanwhile: it is how a deposed leader shows it stopped.
-		if err != nil && (ctx.Err() == nil || errors.Is(err, store.ErrFenced)) {
+		if err != nil && ctx.Err() == nil {
 			e.log.Warn("reconcile host", "host", name, "err", err)
 			requeue = max(requeue, 5*time.Second)
 		}
