@@ -138,7 +138,10 @@ type process struct {
 	stderr  string
 }
 
-func startProcess(t *testing.T, bin, id, keyFile string, endpoints []string) *process {
+// startProcess starts kiln-controller run as replica id on endpoints,
+// with extra flags added, and waits until it serves. It is killed (by
+// PID) at cleanup.
+func startProcess(t *testing.T, bin, id, keyFile string, endpoints []string, extra ...string) *process {
 	t.Helper()
 	dataDir := t.TempDir()
 	p := &process{id: id, dataDir: dataDir, stderr: filepath.Join(dataDir, "stderr.log")}
@@ -153,6 +156,7 @@ func startProcess(t *testing.T, bin, id, keyFile string, endpoints []string) *pr
 		"--id", id,
 		"--election-ttl", "2s",
 	)
+	p.cmd.Args = append(p.cmd.Args, extra...)
 	p.cmd.Stderr = errf
 	stdout, err := p.cmd.StdoutPipe()
 	require.NoError(t, err)

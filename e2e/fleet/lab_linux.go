@@ -125,6 +125,17 @@ func (l *Lab) HostResource(i int) string {
 	return rack.ResourceName(l.cfg.Name, fmt.Sprintf("h%d", i))
 }
 
+// HostAddress is the lab's i-th host's address on the lab network
+// (1-based, as HostResource): kilnctl lab up gives host i the gateway's
+// address plus i.
+func (l *Lab) HostAddress(i int) string {
+	a := l.gateway
+	for range i {
+		a = a.Next()
+	}
+	return a.String()
+}
+
 // APIServerEndpoint is the lab's API load balancer (kilnctl lab up
 // --apiserver-lb): the controlPlaneEndpoint of the lab's clusters.
 func (l *Lab) APIServerEndpoint() string {
@@ -218,7 +229,7 @@ func (l *Lab) UpRack(ctx context.Context) error {
 // hosts | kilnctl apply -f -).
 func (l *Lab) RegisterHosts(ctx context.Context) error {
 	l.say("registering the rack's hosts (kilnctl lab hosts | kilnctl apply -f -)")
-	hosts, err := l.Kilnctl(ctx, nil, l.labArgs("hosts")...)
+	hosts, err := l.HostsYAML(ctx)
 	if err != nil {
 		return err
 	}
@@ -226,6 +237,12 @@ func (l *Lab) RegisterHosts(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// HostsYAML is the rack's hosts as Host resources (kilnctl lab hosts),
+// for a caller that labels them before it applies them.
+func (l *Lab) HostsYAML(ctx context.Context) (string, error) {
+	return l.Kilnctl(ctx, nil, l.labArgs("hosts")...)
 }
 
 // StartController starts kiln-controller in the background (its own

@@ -368,16 +368,20 @@ func rollout(t *testing.T, ctx context.Context, lab *fleet.Lab, tag string) {
 	require.NoError(t, err)
 
 	// A newer image rolls nothing while the spec names images by labels:
-	// once the control plane has seen it (ImageResolved names it), every
-	// machine is the one it was.
-	_, err = lab.Watch(ctx, clusterName, time.Second, func(s *fleet.Snapshot) bool {
+	// once both planners have planned with it in view (the image their
+	// status resolved is the new one), they still count every machine up
+	// to date (a replacement is planned only for an outdated machine, in
+	// the pass that stores that status), and every machine is the one it
+	// was.
+	unchanged, err := lab.Watch(ctx, clusterName, time.Second, func(s *fleet.Snapshot) bool {
 		c := conditions.Get(s.ControlPlanes[cpName].GetStatus().GetConditions(), clusterplan.ConditionImageResolved)
-		return c != nil && strings.Contains(c.GetMessage(), tag2)
+		return c != nil && strings.Contains(c.GetMessage(), tag2) &&
+			s.ControlPlanes[cpName].GetStatus().GetImage() == tag2 && s.MachineDeployments[mdName].GetStatus().GetImage() == tag2
 	})
 	require.NoError(t, err)
-	time.Sleep(3 * time.Second) // one more reconcile pass
-	unchanged, err := lab.Snapshot(ctx, clusterName)
-	require.NoError(t, err)
+	cp, md := unchanged.ControlPlanes[cpName], unchanged.MachineDeployments[mdName]
+	require.Equal(t, cp.GetSpec().GetReplicas(), cp.GetStatus().GetUpdatedReplicas(), "control plane: machines up to date once it resolved %s", tag2)
+	require.Equal(t, md.GetSpec().GetReplicas(), md.GetStatus().GetUpdatedReplicas(), "workers: machines up to date once they resolved %s", tag2)
 	for name, m := range before.Machines {
 		now := unchanged.Machines[name]
 		require.NotNil(t, now, "machine %s went away after a newer image appeared", name)

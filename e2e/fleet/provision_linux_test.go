@@ -130,8 +130,9 @@ const labTagDate = "20300102"
 
 // startLab builds everything and brings up a lab's rack and controller
 // with the lab image applied; the hosts are not registered yet. Down runs
-// at cleanup.
-func startLab(t *testing.T, ctx context.Context) (*fleet.Lab, string) {
+// at cleanup. Each tweak may change the lab's shape or the controller's
+// flags before the lab starts.
+func startLab(t *testing.T, ctx context.Context, tweaks ...func(*fleet.Config)) (*fleet.Lab, string) {
 	t.Helper()
 	bin := buildBinaries(t)
 	out := &testWriter{t: t}
@@ -140,8 +141,12 @@ func startLab(t *testing.T, ctx context.Context) (*fleet.Lab, string) {
 	imgDir, m, err := fleet.LabImage(ctx, fleet.ImageOptions{Agent: filepath.Join(bin, "kiln-agent"), TagDate: labTagDate, Progress: out})
 	require.NoError(t, err)
 	require.True(t, strings.HasSuffix(m.Tag, "-"+labTagDate), "lab image tag %s: want the date %s", m.Tag, labTagDate)
-	lab, err := fleet.New(fleet.Config{Name: fmt.Sprintf("f%04d", rand.IntN(10000)), Dir: dir, Bin: bin, Subnet: freeSubnet(t),
-		Hosts: 3, IPMI: 1, DiskSize: "6G", MediaDir: filepath.Join(dir, "media"), ImageDir: imgDir, Out: out})
+	cfg := fleet.Config{Name: fmt.Sprintf("f%04d", rand.IntN(10000)), Dir: dir, Bin: bin, Subnet: freeSubnet(t),
+		Hosts: 3, IPMI: 1, DiskSize: "6G", MediaDir: filepath.Join(dir, "media"), ImageDir: imgDir, Out: out}
+	for _, tw := range tweaks {
+		tw(&cfg)
+	}
+	lab, err := fleet.New(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		if t.Failed() {

@@ -3,10 +3,12 @@ package kube
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +20,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -797,10 +800,22 @@ func TestKubeadmControlPlaneJoin(t *testing.T) {
 	logb, err := os.ReadFile(filepath.Join(cp2.Dir, "operations.log"))
 	require.NoError(t, err)
 	t.Logf("reset of %s:\n%s", cp2.Name, tail(string(logb), 25))
-	// The first control plane's etcd has one member again and quorum. (A
-	// two-member etcd that lost a member without removal loses its leader
-	// within an election timeout, about a second: wait longer than that.)
-	time.Sleep(5 * time.Second)
+	// The first control plane's etcd has one member again and quorum: a
+	// linearizable member list (which needs a quorum) answers with cp1
+	// alone. (Without the removal it would list two members, and then
+	// fail once the two-member etcd lost its leader.)
+	var members []string
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		members, err = cp1.etcdMembers(ctx)
+		if err == nil && len(members) == 1 && members[0] == cp1.Name {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("etcd members of %s after removing the second = %v, %v; want [%s]", cp1.Name, members, err, cp1.Name)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 	p1, err := cp1.agent.Probe(ctx, &agentv1.ProbeRequest{Cluster: cp1.cluster("control-plane")})
 	require.NoError(t, err)
 	for _, typ := range []string{probe.EtcdMemberHealthy, probe.APIServerReady} {
@@ -808,4 +823,46 @@ func TestKubeadmControlPlaneJoin(t *testing.T) {
 			t.Errorf("after removing the second member, %s %s = %s/%s: %s", cp1.Name, typ, c.GetStatus(), c.GetReason(), c.GetMessage())
 		}
 	}
+}
+
+// etcdMembers lists the names of the etcd members n's member knows, asked
+// on n's client port with kubeadm's health-check client certificate. The
+// list is linearizable: it fails without a quorum.
+//
+// Equivalent to: `etcdctl --endpoints https://IP:2379 --cacert ca.crt
+// --cert healthcheck-client.crt --key healthcheck-client.key member list`.
+func (n *labNode) etcdMembers(ctx context.Context) ([]string, error) {
+	dir := filepath.Join(n.Root, "etc", "kubernetes", "pki", "etcd")
+	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "healthcheck-client.crt"), filepath.Join(dir, "healthcheck-client.key"))
+	if err != nil {
+		return nil, err
+	}
+	ca, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		return nil, fmt.Errorf("%s: no certificate", filepath.Join(dir, "ca.crt"))
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   []string{"https://" + net.JoinHostPort(n.IP, "2379")},
+		TLS:         &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: pool, MinVersion: tls.VersionTLS12},
+		DialTimeout: 5 * time.Second,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer cli.Close()
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := cli.MemberList(lctx)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, m := range resp.Members {
+		names = append(names, m.Name)
+	}
+	return names, nil
 }
