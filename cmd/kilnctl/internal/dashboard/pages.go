@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"embed"
-	"fmt"
 	"hash/fnv"
 	"html/template"
 	"log/slog"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/kilnhq/kiln/cmd/kilnctl/internal/describe"
 	"github.com/kilnhq/kiln/internal/errgrpc"
+	opprogress "github.com/kilnhq/kiln/internal/progress"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
@@ -292,21 +292,12 @@ func (e *eventCache) get(ctx context.Context, kind, name string, limit int64) []
 	return evs
 }
 
+// humanBytes is b in IEC units, "-" for none.
 func humanBytes(b uint64) string {
 	if b == 0 {
 		return "-"
 	}
-	const unit = 1024
-	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB"}
-	v, i := float64(b), 0
-	for v >= unit && i < len(units)-1 {
-		v /= unit
-		i++
-	}
-	if i == 0 {
-		return fmt.Sprintf("%d B", b)
-	}
-	return fmt.Sprintf("%.1f %s", v, units[i])
+	return opprogress.Bytes(b)
 }
 
 func labelString(m map[string]string) string {

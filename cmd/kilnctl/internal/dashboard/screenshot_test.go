@@ -83,20 +83,21 @@ func TestScreenshots(t *testing.T) {
 	ctx = newBrowser(t)
 	login(t, ctx, loginURL, base)
 
-	// A host while its image is laid.
+	// A host while its image is laid, once its progress (bytes, rate,
+	// ETA) is stored.
 	var laying string
 	require.Eventually(t, func() bool {
 		items, _, err := st.List(context.Background(), "hosts", func() proto.Message { return &typesv1.Host{} }, store.ListOptions{})
 		require.NoError(t, err)
 		for _, it := range items {
 			op := it.Msg.(*typesv1.Host).GetStatus().GetLastOperation()
-			if op.GetKind() == "LayImage" && op.GetState() == "Running" {
+			if op.GetKind() == "LayImage" && op.GetState() == "Running" && op.GetProgress().GetDoneBytes() > 0 {
 				laying = it.Name
 				return true
 			}
 		}
 		return false
-	}, 2*time.Minute, 100*time.Millisecond, "no host laying its image")
+	}, 2*time.Minute, 100*time.Millisecond, "no host laying its image with progress stored")
 	require.Equal(t, int64(http.StatusOK), open(t, ctx, base+"/hosts/"+laying))
 	screenshot(t, ctx, filepath.Join(dir, "host.png"))
 
