@@ -140,9 +140,28 @@ func (m *Metrics) Serve(ctx context.Context, lis net.Listener, log *slog.Logger)
 // fails the handshake, and another role (an agent's) gets 403 Forbidden.
 // It returns nil after ctx ends, or the error that stopped serving.
 func (m *Metrics) ServeTLS(ctx context.Context, lis net.Listener, conf *tls.Config, log *slog.Logger) error {
+	c := requireClientCert(conf)
+	return promserve.Serve(ctx, tls.NewListener(lis, c), requireScraper(m.handler()), log)
+}
+
+// requireClientCert is conf requiring a verified client certificate,
+// also in the configuration its GetConfigForClient returns per connection
+// (the agent's, so that each handshake trusts the CAs of the moment).
+func requireClientCert(conf *tls.Config) *tls.Config {
 	c := conf.Clone()
 	c.ClientAuth = tls.RequireAndVerifyClientCert
-	return promserve.Serve(ctx, tls.NewListener(lis, c), requireScraper(m.handler()), log)
+	if get := c.GetConfigForClient; get != nil {
+		c.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+			cc, err := get(hello)
+			if err != nil || cc == nil {
+				return cc, err
+			}
+			cc = cc.Clone()
+			cc.ClientAuth = tls.RequireAndVerifyClientCert
+			return cc, nil
+		}
+	}
+	return c
 }
 
 func (m *Metrics) handler() http.Handler {

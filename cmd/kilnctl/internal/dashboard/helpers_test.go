@@ -21,7 +21,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kilnhq/kiln/cmd/kilnctl/internal/cli"
+	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
+	"github.com/kilnhq/kiln/controller/limits"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/testenv"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
@@ -335,7 +337,12 @@ func (f fixture) populate(t testing.TB, st *store.Store) {
 // startFleet starts a controller holding fixture f.
 func startFleet(t testing.TB, f fixture) *controllertest.Env {
 	t.Helper()
-	env := controllertest.Start(t)
+	// The tests compare the pages with a `kilnctl describe host` of every
+	// host, far more requests than a person's rate limit lets through
+	// (50/s, bursts of 200): people are not limited here.
+	env := controllertest.Start(t, controllertest.WithConfig(func(c *controller.Config) {
+		c.Limits.People = limits.Rate{PerSecond: -1}
+	}))
 	f.populate(t, env.Store())
 	return env
 }
