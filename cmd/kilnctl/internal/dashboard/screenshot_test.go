@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -109,4 +110,43 @@ func TestScreenshots(t *testing.T) {
 	}, 4*time.Minute, 250*time.Millisecond, "cluster sim not Ready")
 	require.Equal(t, int64(http.StatusOK), open(t, ctx, base+"/clusters/sim"))
 	screenshot(t, ctx, filepath.Join(dir, "cluster.png"))
+}
+
+// labConfigVar names a kilnconfig of a running lab (`make lab` prints its
+// path) for TestLabScreenshots.
+const labConfigVar = "KILN_DASHBOARD_LAB_KILNCONFIG"
+
+// TestLabScreenshots takes the overview, the cluster page and a host page
+// of a running lab into KILN_DASHBOARD_SCREENSHOTS as lab-*.png: opt-in,
+// `make lab` first, then `KILN_DASHBOARD_LAB_KILNCONFIG=...
+// KILN_DASHBOARD_SCREENSHOTS=$PWD/docs/dashboard go test
+// ./cmd/kilnctl/internal/dashboard -run TestLabScreenshots`.
+func TestLabScreenshots(t *testing.T) {
+	dir, kilnconfig := os.Getenv(screenshotVar), os.Getenv(labConfigVar)
+	if dir == "" || kilnconfig == "" {
+		t.Skip("set " + screenshotVar + "=DIR and " + labConfigVar + "=KILNCONFIG (of a running lab) to write the lab's dashboard screenshots to DIR")
+	}
+	requireChromium(t)
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	hosts := columns(kilnctl(t, kilnconfig, "get", "hosts"))
+	clusters := columns(kilnctl(t, kilnconfig, "get", "clusters"))
+	require.NotEmpty(t, hosts, "the lab has no hosts")
+	require.NotEmpty(t, clusters, "the lab has no clusters")
+
+	base, loginURL := startDashboard(t, kilnconfig)
+	ctx := newBrowser(t)
+	login(t, ctx, loginURL, base)
+	waitJS(t, ctx, `document.querySelector('[data-total="hosts"]')?.textContent === '`+strconv.Itoa(len(hosts))+`'`, 60*time.Second)
+	screenshot(t, ctx, filepath.Join(dir, "lab-overview.png"))
+	require.Equal(t, int64(http.StatusOK), open(t, ctx, base+"/clusters/"+clusters[0]["NAME"]))
+	screenshot(t, ctx, filepath.Join(dir, "lab-cluster.png"))
+	host := hosts[0]["NAME"]
+	for _, h := range hosts {
+		if h["MACHINE"] != "" && h["MACHINE"] != "-" {
+			host = h["NAME"]
+			break
+		}
+	}
+	require.Equal(t, int64(http.StatusOK), open(t, ctx, base+"/hosts/"+host))
+	screenshot(t, ctx, filepath.Join(dir, "lab-host.png"))
 }
