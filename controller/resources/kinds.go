@@ -59,6 +59,18 @@ var Kinds = []Kind{
 		func(m proto.Message) *controllerv1.Resource {
 			return &controllerv1.Resource{Kind: &controllerv1.Resource_HealthCheck{HealthCheck: m.(*typesv1.HealthCheck)}}
 		}},
+	{"ClusterClass", "clusterclasses", func() proto.Message { return &typesv1.ClusterClass{} },
+		func(m proto.Message) *controllerv1.Resource {
+			return &controllerv1.Resource{Kind: &controllerv1.Resource_ClusterClass{ClusterClass: m.(*typesv1.ClusterClass)}}
+		}},
+	{"Rollout", "rollouts", func() proto.Message { return &typesv1.Rollout{} },
+		func(m proto.Message) *controllerv1.Resource {
+			return &controllerv1.Resource{Kind: &controllerv1.Resource_Rollout{Rollout: m.(*typesv1.Rollout)}}
+		}},
+	{"GitSource", "gitsources", func() proto.Message { return &typesv1.GitSource{} },
+		func(m proto.Message) *controllerv1.Resource {
+			return &controllerv1.Resource{Kind: &controllerv1.Resource_GitSource{GitSource: m.(*typesv1.GitSource)}}
+		}},
 }
 
 // LookupKind finds a kind by its name, plural or singular in any case
@@ -97,9 +109,15 @@ func Unwrap(r *controllerv1.Resource) (Kind, proto.Message, error) {
 		m = o.Machine
 	case *controllerv1.Resource_HealthCheck:
 		m = o.HealthCheck
+	case *controllerv1.Resource_ClusterClass:
+		m = o.ClusterClass
+	case *controllerv1.Resource_Rollout:
+		m = o.Rollout
+	case *controllerv1.Resource_GitSource:
+		m = o.GitSource
 	}
 	if m == nil || !m.ProtoReflect().IsValid() {
-		return Kind{}, nil, errdefs.InvalidArgument("resource holds no object: set one of Host, Image, Cluster, ControlPlane, MachineDeployment, Machine, HealthCheck")
+		return Kind{}, nil, errdefs.InvalidArgument("resource holds no object: set one of Host, Image, Cluster, ControlPlane, MachineDeployment, Machine, HealthCheck, ClusterClass, Rollout, GitSource")
 	}
 	name := string(m.ProtoReflect().Descriptor().Name())
 	for _, k := range Kinds {

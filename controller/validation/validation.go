@@ -85,7 +85,7 @@ func Validate(r *controllerv1.Resource) error {
 	}
 	switch o := r.GetKind().(type) {
 	case nil:
-		return errdefs.InvalidArgument("resource has no kind: set one of Host, Image, Cluster, ControlPlane, MachineDeployment, Machine, HealthCheck")
+		return errdefs.InvalidArgument("resource has no kind: set one of Host, Image, Cluster, ControlPlane, MachineDeployment, Machine, HealthCheck, ClusterClass, Rollout, GitSource")
 	case *controllerv1.Resource_Host:
 		checkHeader(&p, "Host", o.Host.GetApiVersion(), o.Host.GetKind(), o.Host.GetMetadata())
 		checkHost(&p, o.Host.GetSpec())
@@ -107,6 +107,15 @@ func Validate(r *controllerv1.Resource) error {
 	case *controllerv1.Resource_HealthCheck:
 		checkHeader(&p, "HealthCheck", o.HealthCheck.GetApiVersion(), o.HealthCheck.GetKind(), o.HealthCheck.GetMetadata())
 		checkHealthCheck(&p, o.HealthCheck.GetSpec())
+	case *controllerv1.Resource_ClusterClass:
+		checkHeader(&p, "ClusterClass", o.ClusterClass.GetApiVersion(), o.ClusterClass.GetKind(), o.ClusterClass.GetMetadata())
+		checkClusterClass(&p, o.ClusterClass.GetSpec())
+	case *controllerv1.Resource_Rollout:
+		checkHeader(&p, "Rollout", o.Rollout.GetApiVersion(), o.Rollout.GetKind(), o.Rollout.GetMetadata())
+		checkRollout(&p, o.Rollout.GetSpec())
+	case *controllerv1.Resource_GitSource:
+		checkHeader(&p, "GitSource", o.GitSource.GetApiVersion(), o.GitSource.GetKind(), o.GitSource.GetMetadata())
+		checkGitSource(&p, o.GitSource.GetSpec())
 	}
 	return p.err(kind, name)
 }
@@ -129,6 +138,12 @@ func KindName(r *controllerv1.Resource) (kind, name string) {
 		return "Machine", o.Machine.GetMetadata().GetName()
 	case *controllerv1.Resource_HealthCheck:
 		return "HealthCheck", o.HealthCheck.GetMetadata().GetName()
+	case *controllerv1.Resource_ClusterClass:
+		return "ClusterClass", o.ClusterClass.GetMetadata().GetName()
+	case *controllerv1.Resource_Rollout:
+		return "Rollout", o.Rollout.GetMetadata().GetName()
+	case *controllerv1.Resource_GitSource:
+		return "GitSource", o.GitSource.GetMetadata().GetName()
 	}
 	return "", ""
 }

@@ -24,6 +24,9 @@ var kinds = []kind{
 	{"MachineDeployment", []string{"machinedeployment", "machinedeployments", "md"}},
 	{"Machine", []string{"machine", "machines", "m"}},
 	{"HealthCheck", []string{"healthcheck", "healthchecks", "hc"}},
+	{"ClusterClass", []string{"clusterclass", "clusterclasses", "cc"}},
+	{"Rollout", []string{"rollout", "rollouts", "ro"}},
+	{"GitSource", []string{"gitsource", "gitsources", "gs"}},
 }
 
 // lookupKind resolves a kind as typed (singular, plural or short name, any

@@ -211,6 +211,27 @@ var columns = map[string][]column{
 		}),
 		wideReasonCol(),
 	},
+	"ClusterClass": {
+		nameCol(),
+		col("REVISION", func(r *controllerv1.Resource) string {
+			return strconv.FormatInt(r.GetClusterClass().GetStatus().GetRevision(), 10)
+		}),
+		reasonCol(),
+		ageCol,
+	},
+	"Rollout": {
+		nameCol(),
+		col("PHASE", func(r *controllerv1.Resource) string { return dash(r.GetRollout().GetStatus().GetPhase()) }),
+		reasonCol(),
+		ageCol,
+	},
+	"GitSource": {
+		nameCol(),
+		col("URL", func(r *controllerv1.Resource) string { return r.GetGitSource().GetSpec().GetUrl() }),
+		col("COMMIT", func(r *controllerv1.Resource) string { return dash(r.GetGitSource().GetStatus().GetAppliedCommit()) }),
+		reasonCol(),
+		ageCol,
+	},
 }
 
 // table writes rows for items of kind k like kubectl: a header and one
@@ -277,6 +298,12 @@ func metaOf(r *controllerv1.Resource) *typesv1.ObjectMeta {
 		return o.Machine.GetMetadata()
 	case *controllerv1.Resource_HealthCheck:
 		return o.HealthCheck.GetMetadata()
+	case *controllerv1.Resource_ClusterClass:
+		return o.ClusterClass.GetMetadata()
+	case *controllerv1.Resource_Rollout:
+		return o.Rollout.GetMetadata()
+	case *controllerv1.Resource_GitSource:
+		return o.GitSource.GetMetadata()
 	}
 	return nil
 }
@@ -298,6 +325,12 @@ func conditionsOf(r *controllerv1.Resource) []*typesv1.Condition {
 		return o.Machine.GetStatus().GetConditions()
 	case *controllerv1.Resource_HealthCheck:
 		return o.HealthCheck.GetStatus().GetConditions()
+	case *controllerv1.Resource_ClusterClass:
+		return o.ClusterClass.GetStatus().GetConditions()
+	case *controllerv1.Resource_Rollout:
+		return o.Rollout.GetStatus().GetConditions()
+	case *controllerv1.Resource_GitSource:
+		return o.GitSource.GetStatus().GetConditions()
 	}
 	return nil
 }

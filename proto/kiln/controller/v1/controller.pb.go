@@ -38,6 +38,9 @@ type Resource struct {
 	//	*Resource_MachineDeployment
 	//	*Resource_Machine
 	//	*Resource_HealthCheck
+	//	*Resource_ClusterClass
+	//	*Resource_Rollout
+	//	*Resource_GitSource
 	Kind          isResource_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -143,6 +146,33 @@ func (x *Resource) GetHealthCheck() *v1.HealthCheck {
 	return nil
 }
 
+func (x *Resource) GetClusterClass() *v1.ClusterClass {
+	if x != nil {
+		if x, ok := x.Kind.(*Resource_ClusterClass); ok {
+			return x.ClusterClass
+		}
+	}
+	return nil
+}
+
+func (x *Resource) GetRollout() *v1.Rollout {
+	if x != nil {
+		if x, ok := x.Kind.(*Resource_Rollout); ok {
+			return x.Rollout
+		}
+	}
+	return nil
+}
+
+func (x *Resource) GetGitSource() *v1.GitSource {
+	if x != nil {
+		if x, ok := x.Kind.(*Resource_GitSource); ok {
+			return x.GitSource
+		}
+	}
+	return nil
+}
+
 type isResource_Kind interface {
 	isResource_Kind()
 }
@@ -175,6 +205,18 @@ type Resource_HealthCheck struct {
 	HealthCheck *v1.HealthCheck `protobuf:"bytes,7,opt,name=health_check,json=healthCheck,proto3,oneof"`
 }
 
+type Resource_ClusterClass struct {
+	ClusterClass *v1.ClusterClass `protobuf:"bytes,8,opt,name=cluster_class,json=clusterClass,proto3,oneof"`
+}
+
+type Resource_Rollout struct {
+	Rollout *v1.Rollout `protobuf:"bytes,9,opt,name=rollout,proto3,oneof"`
+}
+
+type Resource_GitSource struct {
+	GitSource *v1.GitSource `protobuf:"bytes,10,opt,name=git_source,json=gitSource,proto3,oneof"`
+}
+
 func (*Resource_Host) isResource_Kind() {}
 
 func (*Resource_Image) isResource_Kind() {}
@@ -188,6 +230,12 @@ func (*Resource_MachineDeployment) isResource_Kind() {}
 func (*Resource_Machine) isResource_Kind() {}
 
 func (*Resource_HealthCheck) isResource_Kind() {}
+
+func (*Resource_ClusterClass) isResource_Kind() {}
+
+func (*Resource_Rollout) isResource_Kind() {}
+
+func (*Resource_GitSource) isResource_Kind() {}
 
 type ApplyRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -1780,7 +1828,7 @@ var File_kiln_controller_v1_controller_proto protoreflect.FileDescriptor
 
 const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\n" +
-	"#kiln/controller/v1/controller.proto\x12\x12kiln.controller.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19kiln/types/v1/types.proto\"\xab\x03\n" +
+	"#kiln/controller/v1/controller.proto\x12\x12kiln.controller.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19kiln/types/v1/types.proto\"\xde\x04\n" +
 	"\bResource\x12)\n" +
 	"\x04host\x18\x01 \x01(\v2\x13.kiln.types.v1.HostH\x00R\x04host\x12,\n" +
 	"\x05image\x18\x02 \x01(\v2\x14.kiln.types.v1.ImageH\x00R\x05image\x122\n" +
@@ -1788,7 +1836,12 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\rcontrol_plane\x18\x04 \x01(\v2\x1b.kiln.types.v1.ControlPlaneH\x00R\fcontrolPlane\x12Q\n" +
 	"\x12machine_deployment\x18\x05 \x01(\v2 .kiln.types.v1.MachineDeploymentH\x00R\x11machineDeployment\x122\n" +
 	"\amachine\x18\x06 \x01(\v2\x16.kiln.types.v1.MachineH\x00R\amachine\x12?\n" +
-	"\fhealth_check\x18\a \x01(\v2\x1a.kiln.types.v1.HealthCheckH\x00R\vhealthCheckB\x06\n" +
+	"\fhealth_check\x18\a \x01(\v2\x1a.kiln.types.v1.HealthCheckH\x00R\vhealthCheck\x12B\n" +
+	"\rcluster_class\x18\b \x01(\v2\x1b.kiln.types.v1.ClusterClassH\x00R\fclusterClass\x122\n" +
+	"\arollout\x18\t \x01(\v2\x16.kiln.types.v1.RolloutH\x00R\arollout\x129\n" +
+	"\n" +
+	"git_source\x18\n" +
+	" \x01(\v2\x18.kiln.types.v1.GitSourceH\x00R\tgitSourceB\x06\n" +
 	"\x04kind\"c\n" +
 	"\fApplyRequest\x12:\n" +
 	"\tresources\x18\x01 \x03(\v2\x1c.kiln.controller.v1.ResourceR\tresources\x12\x17\n" +
@@ -1971,9 +2024,12 @@ var file_kiln_controller_v1_controller_proto_goTypes = []any{
 	(*v1.MachineDeployment)(nil),  // 33: kiln.types.v1.MachineDeployment
 	(*v1.Machine)(nil),            // 34: kiln.types.v1.Machine
 	(*v1.HealthCheck)(nil),        // 35: kiln.types.v1.HealthCheck
-	(*v1.Event)(nil),              // 36: kiln.types.v1.Event
-	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
-	(*v1.Facts)(nil),              // 38: kiln.types.v1.Facts
+	(*v1.ClusterClass)(nil),       // 36: kiln.types.v1.ClusterClass
+	(*v1.Rollout)(nil),            // 37: kiln.types.v1.Rollout
+	(*v1.GitSource)(nil),          // 38: kiln.types.v1.GitSource
+	(*v1.Event)(nil),              // 39: kiln.types.v1.Event
+	(*timestamppb.Timestamp)(nil), // 40: google.protobuf.Timestamp
+	(*v1.Facts)(nil),              // 41: kiln.types.v1.Facts
 }
 var file_kiln_controller_v1_controller_proto_depIdxs = []int32{
 	29, // 0: kiln.controller.v1.Resource.host:type_name -> kiln.types.v1.Host
@@ -1983,49 +2039,52 @@ var file_kiln_controller_v1_controller_proto_depIdxs = []int32{
 	33, // 4: kiln.controller.v1.Resource.machine_deployment:type_name -> kiln.types.v1.MachineDeployment
 	34, // 5: kiln.controller.v1.Resource.machine:type_name -> kiln.types.v1.Machine
 	35, // 6: kiln.controller.v1.Resource.health_check:type_name -> kiln.types.v1.HealthCheck
-	0,  // 7: kiln.controller.v1.ApplyRequest.resources:type_name -> kiln.controller.v1.Resource
-	2,  // 8: kiln.controller.v1.ApplyResponse.results:type_name -> kiln.controller.v1.ApplyResult
-	28, // 9: kiln.controller.v1.ListRequest.label_selector:type_name -> kiln.controller.v1.ListRequest.LabelSelectorEntry
-	0,  // 10: kiln.controller.v1.ListResponse.items:type_name -> kiln.controller.v1.Resource
-	0,  // 11: kiln.controller.v1.WatchEvent.resource:type_name -> kiln.controller.v1.Resource
-	36, // 12: kiln.controller.v1.ListEventsResponse.events:type_name -> kiln.types.v1.Event
-	37, // 13: kiln.controller.v1.CreateTokenResponse.expires:type_name -> google.protobuf.Timestamp
-	38, // 14: kiln.controller.v1.EnrollRequest.facts:type_name -> kiln.types.v1.Facts
-	38, // 15: kiln.controller.v1.HeartbeatRequest.facts:type_name -> kiln.types.v1.Facts
-	37, // 16: kiln.controller.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	37, // 17: kiln.controller.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	23, // 18: kiln.controller.v1.ListAuditResponse.entries:type_name -> kiln.controller.v1.AuditEntry
-	1,  // 19: kiln.controller.v1.Resources.Apply:input_type -> kiln.controller.v1.ApplyRequest
-	4,  // 20: kiln.controller.v1.Resources.Get:input_type -> kiln.controller.v1.GetRequest
-	5,  // 21: kiln.controller.v1.Resources.List:input_type -> kiln.controller.v1.ListRequest
-	7,  // 22: kiln.controller.v1.Resources.Delete:input_type -> kiln.controller.v1.DeleteRequest
-	9,  // 23: kiln.controller.v1.Resources.Watch:input_type -> kiln.controller.v1.WatchRequest
-	11, // 24: kiln.controller.v1.Resources.ListEvents:input_type -> kiln.controller.v1.ListEventsRequest
-	13, // 25: kiln.controller.v1.Resources.CreateToken:input_type -> kiln.controller.v1.CreateTokenRequest
-	15, // 26: kiln.controller.v1.Resources.GetKubeconfig:input_type -> kiln.controller.v1.GetKubeconfigRequest
-	24, // 27: kiln.controller.v1.Resources.ListAudit:input_type -> kiln.controller.v1.ListAuditRequest
-	17, // 28: kiln.controller.v1.Enrollment.Enroll:input_type -> kiln.controller.v1.EnrollRequest
-	19, // 29: kiln.controller.v1.Agents.Heartbeat:input_type -> kiln.controller.v1.HeartbeatRequest
-	21, // 30: kiln.controller.v1.Agents.Renew:input_type -> kiln.controller.v1.RenewRequest
-	26, // 31: kiln.controller.v1.Maintenance.Backup:input_type -> kiln.controller.v1.BackupRequest
-	3,  // 32: kiln.controller.v1.Resources.Apply:output_type -> kiln.controller.v1.ApplyResponse
-	0,  // 33: kiln.controller.v1.Resources.Get:output_type -> kiln.controller.v1.Resource
-	6,  // 34: kiln.controller.v1.Resources.List:output_type -> kiln.controller.v1.ListResponse
-	8,  // 35: kiln.controller.v1.Resources.Delete:output_type -> kiln.controller.v1.DeleteResponse
-	10, // 36: kiln.controller.v1.Resources.Watch:output_type -> kiln.controller.v1.WatchEvent
-	12, // 37: kiln.controller.v1.Resources.ListEvents:output_type -> kiln.controller.v1.ListEventsResponse
-	14, // 38: kiln.controller.v1.Resources.CreateToken:output_type -> kiln.controller.v1.CreateTokenResponse
-	16, // 39: kiln.controller.v1.Resources.GetKubeconfig:output_type -> kiln.controller.v1.GetKubeconfigResponse
-	25, // 40: kiln.controller.v1.Resources.ListAudit:output_type -> kiln.controller.v1.ListAuditResponse
-	18, // 41: kiln.controller.v1.Enrollment.Enroll:output_type -> kiln.controller.v1.EnrollResponse
-	20, // 42: kiln.controller.v1.Agents.Heartbeat:output_type -> kiln.controller.v1.HeartbeatResponse
-	22, // 43: kiln.controller.v1.Agents.Renew:output_type -> kiln.controller.v1.RenewResponse
-	27, // 44: kiln.controller.v1.Maintenance.Backup:output_type -> kiln.controller.v1.BackupChunk
-	32, // [32:45] is the sub-list for method output_type
-	19, // [19:32] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	36, // 7: kiln.controller.v1.Resource.cluster_class:type_name -> kiln.types.v1.ClusterClass
+	37, // 8: kiln.controller.v1.Resource.rollout:type_name -> kiln.types.v1.Rollout
+	38, // 9: kiln.controller.v1.Resource.git_source:type_name -> kiln.types.v1.GitSource
+	0,  // 10: kiln.controller.v1.ApplyRequest.resources:type_name -> kiln.controller.v1.Resource
+	2,  // 11: kiln.controller.v1.ApplyResponse.results:type_name -> kiln.controller.v1.ApplyResult
+	28, // 12: kiln.controller.v1.ListRequest.label_selector:type_name -> kiln.controller.v1.ListRequest.LabelSelectorEntry
+	0,  // 13: kiln.controller.v1.ListResponse.items:type_name -> kiln.controller.v1.Resource
+	0,  // 14: kiln.controller.v1.WatchEvent.resource:type_name -> kiln.controller.v1.Resource
+	39, // 15: kiln.controller.v1.ListEventsResponse.events:type_name -> kiln.types.v1.Event
+	40, // 16: kiln.controller.v1.CreateTokenResponse.expires:type_name -> google.protobuf.Timestamp
+	41, // 17: kiln.controller.v1.EnrollRequest.facts:type_name -> kiln.types.v1.Facts
+	41, // 18: kiln.controller.v1.HeartbeatRequest.facts:type_name -> kiln.types.v1.Facts
+	40, // 19: kiln.controller.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	40, // 20: kiln.controller.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	23, // 21: kiln.controller.v1.ListAuditResponse.entries:type_name -> kiln.controller.v1.AuditEntry
+	1,  // 22: kiln.controller.v1.Resources.Apply:input_type -> kiln.controller.v1.ApplyRequest
+	4,  // 23: kiln.controller.v1.Resources.Get:input_type -> kiln.controller.v1.GetRequest
+	5,  // 24: kiln.controller.v1.Resources.List:input_type -> kiln.controller.v1.ListRequest
+	7,  // 25: kiln.controller.v1.Resources.Delete:input_type -> kiln.controller.v1.DeleteRequest
+	9,  // 26: kiln.controller.v1.Resources.Watch:input_type -> kiln.controller.v1.WatchRequest
+	11, // 27: kiln.controller.v1.Resources.ListEvents:input_type -> kiln.controller.v1.ListEventsRequest
+	13, // 28: kiln.controller.v1.Resources.CreateToken:input_type -> kiln.controller.v1.CreateTokenRequest
+	15, // 29: kiln.controller.v1.Resources.GetKubeconfig:input_type -> kiln.controller.v1.GetKubeconfigRequest
+	24, // 30: kiln.controller.v1.Resources.ListAudit:input_type -> kiln.controller.v1.ListAuditRequest
+	17, // 31: kiln.controller.v1.Enrollment.Enroll:input_type -> kiln.controller.v1.EnrollRequest
+	19, // 32: kiln.controller.v1.Agents.Heartbeat:input_type -> kiln.controller.v1.HeartbeatRequest
+	21, // 33: kiln.controller.v1.Agents.Renew:input_type -> kiln.controller.v1.RenewRequest
+	26, // 34: kiln.controller.v1.Maintenance.Backup:input_type -> kiln.controller.v1.BackupRequest
+	3,  // 35: kiln.controller.v1.Resources.Apply:output_type -> kiln.controller.v1.ApplyResponse
+	0,  // 36: kiln.controller.v1.Resources.Get:output_type -> kiln.controller.v1.Resource
+	6,  // 37: kiln.controller.v1.Resources.List:output_type -> kiln.controller.v1.ListResponse
+	8,  // 38: kiln.controller.v1.Resources.Delete:output_type -> kiln.controller.v1.DeleteResponse
+	10, // 39: kiln.controller.v1.Resources.Watch:output_type -> kiln.controller.v1.WatchEvent
+	12, // 40: kiln.controller.v1.Resources.ListEvents:output_type -> kiln.controller.v1.ListEventsResponse
+	14, // 41: kiln.controller.v1.Resources.CreateToken:output_type -> kiln.controller.v1.CreateTokenResponse
+	16, // 42: kiln.controller.v1.Resources.GetKubeconfig:output_type -> kiln.controller.v1.GetKubeconfigResponse
+	25, // 43: kiln.controller.v1.Resources.ListAudit:output_type -> kiln.controller.v1.ListAuditResponse
+	18, // 44: kiln.controller.v1.Enrollment.Enroll:output_type -> kiln.controller.v1.EnrollResponse
+	20, // 45: kiln.controller.v1.Agents.Heartbeat:output_type -> kiln.controller.v1.HeartbeatResponse
+	22, // 46: kiln.controller.v1.Agents.Renew:output_type -> kiln.controller.v1.RenewResponse
+	27, // 47: kiln.controller.v1.Maintenance.Backup:output_type -> kiln.controller.v1.BackupChunk
+	35, // [35:48] is the sub-list for method output_type
+	22, // [22:35] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_kiln_controller_v1_controller_proto_init() }
@@ -2041,6 +2100,9 @@ func file_kiln_controller_v1_controller_proto_init() {
 		(*Resource_MachineDeployment)(nil),
 		(*Resource_Machine)(nil),
 		(*Resource_HealthCheck)(nil),
+		(*Resource_ClusterClass)(nil),
+		(*Resource_Rollout)(nil),
+		(*Resource_GitSource)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -2003,8 +2003,12 @@ type ClusterSpec struct {
 	// certificate_renewal_days triggers a rollout when a node certificate
 	// expires within this many days.
 	CertificateRenewalDays int32 `protobuf:"varint,10,opt,name=certificate_renewal_days,json=certificateRenewalDays,proto3" json:"certificate_renewal_days,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// topology, when set, derives the cluster's ControlPlane,
+	// MachineDeployments and HealthChecks from a ClusterClass; the
+	// controller owns those objects.
+	Topology      *ClusterTopology `protobuf:"bytes,11,opt,name=topology,proto3" json:"topology,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClusterSpec) Reset() {
@@ -2107,6 +2111,214 @@ func (x *ClusterSpec) GetCertificateRenewalDays() int32 {
 	return 0
 }
 
+func (x *ClusterSpec) GetTopology() *ClusterTopology {
+	if x != nil {
+		return x.Topology
+	}
+	return nil
+}
+
+// ClusterTopology is a cluster written as an instance of a ClusterClass.
+type ClusterTopology struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// class names the ClusterClass.
+	Class string `protobuf:"bytes,1,opt,name=class,proto3" json:"class,omitempty"`
+	// version is the Kubernetes version of every machine of the cluster.
+	Version              string                `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	ControlPlaneReplicas int32                 `protobuf:"varint,3,opt,name=control_plane_replicas,json=controlPlaneReplicas,proto3" json:"control_plane_replicas,omitempty"`
+	Workers              []*TopologyWorkerPool `protobuf:"bytes,4,rep,name=workers,proto3" json:"workers,omitempty"`
+	// variables are the values of the class's variables, as text
+	// ("3", "10.244.0.0/16"); missing ones take the class's defaults.
+	Variables     map[string]string `protobuf:"bytes,5,rep,name=variables,proto3" json:"variables,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterTopology) Reset() {
+	*x = ClusterTopology{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterTopology) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterTopology) ProtoMessage() {}
+
+func (x *ClusterTopology) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterTopology.ProtoReflect.Descriptor instead.
+func (*ClusterTopology) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ClusterTopology) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *ClusterTopology) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *ClusterTopology) GetControlPlaneReplicas() int32 {
+	if x != nil {
+		return x.ControlPlaneReplicas
+	}
+	return 0
+}
+
+func (x *ClusterTopology) GetWorkers() []*TopologyWorkerPool {
+	if x != nil {
+		return x.Workers
+	}
+	return nil
+}
+
+func (x *ClusterTopology) GetVariables() map[string]string {
+	if x != nil {
+		return x.Variables
+	}
+	return nil
+}
+
+// TopologyWorkerPool is one MachineDeployment of a topology cluster.
+type TopologyWorkerPool struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// class names one of the ClusterClass's worker classes.
+	Class string `protobuf:"bytes,1,opt,name=class,proto3" json:"class,omitempty"`
+	// name is the pool's name, unique within the cluster.
+	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Replicas      int32  `protobuf:"varint,3,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TopologyWorkerPool) Reset() {
+	*x = TopologyWorkerPool{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TopologyWorkerPool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TopologyWorkerPool) ProtoMessage() {}
+
+func (x *TopologyWorkerPool) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TopologyWorkerPool.ProtoReflect.Descriptor instead.
+func (*TopologyWorkerPool) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *TopologyWorkerPool) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *TopologyWorkerPool) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TopologyWorkerPool) GetReplicas() int32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+// ClusterTopologyStatus says which revision of its class a topology
+// cluster follows. The controller sets class_revision to the class's
+// revision when the cluster is created; afterwards only a Rollout moves
+// it (a class change never rolls every cluster at once).
+type ClusterTopologyStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClassRevision int64                  `protobuf:"varint,1,opt,name=class_revision,json=classRevision,proto3" json:"class_revision,omitempty"`
+	// version is the topology version the derived objects carry.
+	Version       string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterTopologyStatus) Reset() {
+	*x = ClusterTopologyStatus{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterTopologyStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterTopologyStatus) ProtoMessage() {}
+
+func (x *ClusterTopologyStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterTopologyStatus.ProtoReflect.Descriptor instead.
+func (*ClusterTopologyStatus) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ClusterTopologyStatus) GetClassRevision() int64 {
+	if x != nil {
+		return x.ClassRevision
+	}
+	return 0
+}
+
+func (x *ClusterTopologyStatus) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
 type ClusterStatus struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	Phase            string                 `protobuf:"bytes,1,opt,name=phase,proto3" json:"phase,omitempty"`
@@ -2116,14 +2328,16 @@ type ClusterStatus struct {
 	// addons records which addon steps of an upgrade by reimaging are done,
 	// so that a controller that restarts mid-upgrade neither repeats nor
 	// skips one.
-	Addons        *ClusterAddons `protobuf:"bytes,5,opt,name=addons,proto3" json:"addons,omitempty"`
+	Addons *ClusterAddons `protobuf:"bytes,5,opt,name=addons,proto3" json:"addons,omitempty"`
+	// topology is set on clusters with spec.topology.
+	Topology      *ClusterTopologyStatus `protobuf:"bytes,6,opt,name=topology,proto3" json:"topology,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClusterStatus) Reset() {
 	*x = ClusterStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[19]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2135,7 +2349,7 @@ func (x *ClusterStatus) String() string {
 func (*ClusterStatus) ProtoMessage() {}
 
 func (x *ClusterStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[19]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2148,7 +2362,7 @@ func (x *ClusterStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatus.ProtoReflect.Descriptor instead.
 func (*ClusterStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{19}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ClusterStatus) GetPhase() string {
@@ -2186,6 +2400,13 @@ func (x *ClusterStatus) GetAddons() *ClusterAddons {
 	return nil
 }
 
+func (x *ClusterStatus) GetTopology() *ClusterTopologyStatus {
+	if x != nil {
+		return x.Topology
+	}
+	return nil
+}
+
 // ClusterAddons are the Kubernetes versions the cluster-wide kubeadm
 // state was moved to by upgrades (empty: never).
 type ClusterAddons struct {
@@ -2203,7 +2424,7 @@ type ClusterAddons struct {
 
 func (x *ClusterAddons) Reset() {
 	*x = ClusterAddons{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2215,7 +2436,7 @@ func (x *ClusterAddons) String() string {
 func (*ClusterAddons) ProtoMessage() {}
 
 func (x *ClusterAddons) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[20]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2228,7 +2449,7 @@ func (x *ClusterAddons) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterAddons.ProtoReflect.Descriptor instead.
 func (*ClusterAddons) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{20}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ClusterAddons) GetKubeadmConfigVersion() string {
@@ -2258,7 +2479,7 @@ type Cluster struct {
 
 func (x *Cluster) Reset() {
 	*x = Cluster{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2270,7 +2491,7 @@ func (x *Cluster) String() string {
 func (*Cluster) ProtoMessage() {}
 
 func (x *Cluster) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[21]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2283,7 +2504,7 @@ func (x *Cluster) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Cluster.ProtoReflect.Descriptor instead.
 func (*Cluster) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{21}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Cluster) GetApiVersion() string {
@@ -2344,7 +2565,7 @@ type ControlPlaneSpec struct {
 
 func (x *ControlPlaneSpec) Reset() {
 	*x = ControlPlaneSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2356,7 +2577,7 @@ func (x *ControlPlaneSpec) String() string {
 func (*ControlPlaneSpec) ProtoMessage() {}
 
 func (x *ControlPlaneSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[22]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2369,7 +2590,7 @@ func (x *ControlPlaneSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneSpec.ProtoReflect.Descriptor instead.
 func (*ControlPlaneSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{22}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ControlPlaneSpec) GetCluster() string {
@@ -2437,7 +2658,7 @@ type ControlPlaneStatus struct {
 
 func (x *ControlPlaneStatus) Reset() {
 	*x = ControlPlaneStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2449,7 +2670,7 @@ func (x *ControlPlaneStatus) String() string {
 func (*ControlPlaneStatus) ProtoMessage() {}
 
 func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[23]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2462,7 +2683,7 @@ func (x *ControlPlaneStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlaneStatus.ProtoReflect.Descriptor instead.
 func (*ControlPlaneStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{23}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ControlPlaneStatus) GetReplicas() int32 {
@@ -2520,7 +2741,7 @@ type ControlPlane struct {
 
 func (x *ControlPlane) Reset() {
 	*x = ControlPlane{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2532,7 +2753,7 @@ func (x *ControlPlane) String() string {
 func (*ControlPlane) ProtoMessage() {}
 
 func (x *ControlPlane) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[24]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2545,7 +2766,7 @@ func (x *ControlPlane) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlPlane.ProtoReflect.Descriptor instead.
 func (*ControlPlane) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{24}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ControlPlane) GetApiVersion() string {
@@ -2599,7 +2820,7 @@ type RolloutStrategy struct {
 
 func (x *RolloutStrategy) Reset() {
 	*x = RolloutStrategy{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2611,7 +2832,7 @@ func (x *RolloutStrategy) String() string {
 func (*RolloutStrategy) ProtoMessage() {}
 
 func (x *RolloutStrategy) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[25]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2624,7 +2845,7 @@ func (x *RolloutStrategy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutStrategy.ProtoReflect.Descriptor instead.
 func (*RolloutStrategy) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{25}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RolloutStrategy) GetType() string {
@@ -2671,7 +2892,7 @@ type MachineDeploymentSpec struct {
 
 func (x *MachineDeploymentSpec) Reset() {
 	*x = MachineDeploymentSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2683,7 +2904,7 @@ func (x *MachineDeploymentSpec) String() string {
 func (*MachineDeploymentSpec) ProtoMessage() {}
 
 func (x *MachineDeploymentSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[26]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2696,7 +2917,7 @@ func (x *MachineDeploymentSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineDeploymentSpec.ProtoReflect.Descriptor instead.
 func (*MachineDeploymentSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{26}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *MachineDeploymentSpec) GetCluster() string {
@@ -2763,7 +2984,7 @@ type MachineDeploymentStatus struct {
 
 func (x *MachineDeploymentStatus) Reset() {
 	*x = MachineDeploymentStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2775,7 +2996,7 @@ func (x *MachineDeploymentStatus) String() string {
 func (*MachineDeploymentStatus) ProtoMessage() {}
 
 func (x *MachineDeploymentStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[27]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2788,7 +3009,7 @@ func (x *MachineDeploymentStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineDeploymentStatus.ProtoReflect.Descriptor instead.
 func (*MachineDeploymentStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{27}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *MachineDeploymentStatus) GetReplicas() int32 {
@@ -2846,7 +3067,7 @@ type MachineDeployment struct {
 
 func (x *MachineDeployment) Reset() {
 	*x = MachineDeployment{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2858,7 +3079,7 @@ func (x *MachineDeployment) String() string {
 func (*MachineDeployment) ProtoMessage() {}
 
 func (x *MachineDeployment) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[28]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2871,7 +3092,7 @@ func (x *MachineDeployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineDeployment.ProtoReflect.Descriptor instead.
 func (*MachineDeployment) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{28}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *MachineDeployment) GetApiVersion() string {
@@ -2925,7 +3146,7 @@ type MachineSpec struct {
 
 func (x *MachineSpec) Reset() {
 	*x = MachineSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2937,7 +3158,7 @@ func (x *MachineSpec) String() string {
 func (*MachineSpec) ProtoMessage() {}
 
 func (x *MachineSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[29]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2950,7 +3171,7 @@ func (x *MachineSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineSpec.ProtoReflect.Descriptor instead.
 func (*MachineSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{29}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *MachineSpec) GetCluster() string {
@@ -3015,7 +3236,7 @@ type MachineStatus struct {
 
 func (x *MachineStatus) Reset() {
 	*x = MachineStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3027,7 +3248,7 @@ func (x *MachineStatus) String() string {
 func (*MachineStatus) ProtoMessage() {}
 
 func (x *MachineStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[30]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3040,7 +3261,7 @@ func (x *MachineStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineStatus.ProtoReflect.Descriptor instead.
 func (*MachineStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{30}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *MachineStatus) GetPhase() string {
@@ -3105,7 +3326,7 @@ type Machine struct {
 
 func (x *Machine) Reset() {
 	*x = Machine{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3117,7 +3338,7 @@ func (x *Machine) String() string {
 func (*Machine) ProtoMessage() {}
 
 func (x *Machine) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[31]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3130,7 +3351,7 @@ func (x *Machine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Machine.ProtoReflect.Descriptor instead.
 func (*Machine) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{31}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Machine) GetApiVersion() string {
@@ -3180,7 +3401,7 @@ type UnhealthyCondition struct {
 
 func (x *UnhealthyCondition) Reset() {
 	*x = UnhealthyCondition{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3192,7 +3413,7 @@ func (x *UnhealthyCondition) String() string {
 func (*UnhealthyCondition) ProtoMessage() {}
 
 func (x *UnhealthyCondition) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[32]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3205,7 +3426,7 @@ func (x *UnhealthyCondition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnhealthyCondition.ProtoReflect.Descriptor instead.
 func (*UnhealthyCondition) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{32}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *UnhealthyCondition) GetType() string {
@@ -3245,7 +3466,7 @@ type HealthCheckSpec struct {
 
 func (x *HealthCheckSpec) Reset() {
 	*x = HealthCheckSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3257,7 +3478,7 @@ func (x *HealthCheckSpec) String() string {
 func (*HealthCheckSpec) ProtoMessage() {}
 
 func (x *HealthCheckSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[33]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3270,7 +3491,7 @@ func (x *HealthCheckSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheckSpec.ProtoReflect.Descriptor instead.
 func (*HealthCheckSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{33}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *HealthCheckSpec) GetCluster() string {
@@ -3320,7 +3541,7 @@ type HealthCheckStatus struct {
 
 func (x *HealthCheckStatus) Reset() {
 	*x = HealthCheckStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3332,7 +3553,7 @@ func (x *HealthCheckStatus) String() string {
 func (*HealthCheckStatus) ProtoMessage() {}
 
 func (x *HealthCheckStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[34]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3345,7 +3566,7 @@ func (x *HealthCheckStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheckStatus.ProtoReflect.Descriptor instead.
 func (*HealthCheckStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{34}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *HealthCheckStatus) GetExpectedMachines() int32 {
@@ -3389,7 +3610,7 @@ type HealthCheck struct {
 
 func (x *HealthCheck) Reset() {
 	*x = HealthCheck{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[35]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3401,7 +3622,7 @@ func (x *HealthCheck) String() string {
 func (*HealthCheck) ProtoMessage() {}
 
 func (x *HealthCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[35]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3414,7 +3635,7 @@ func (x *HealthCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthCheck.ProtoReflect.Descriptor instead.
 func (*HealthCheck) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{35}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *HealthCheck) GetApiVersion() string {
@@ -3452,6 +3673,1219 @@ func (x *HealthCheck) GetStatus() *HealthCheckStatus {
 	return nil
 }
 
+// ClusterClass is a cluster shape: a control-plane class, named worker
+// classes and typed variables, from which clusters with spec.topology are
+// derived.
+type ClusterClass struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ApiVersion    string                 `protobuf:"bytes,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
+	Kind          string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Metadata      *ObjectMeta            `protobuf:"bytes,3,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	Spec          *ClusterClassSpec      `protobuf:"bytes,4,opt,name=spec,proto3" json:"spec,omitempty"`
+	Status        *ClusterClassStatus    `protobuf:"bytes,5,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterClass) Reset() {
+	*x = ClusterClass{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterClass) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterClass) ProtoMessage() {}
+
+func (x *ClusterClass) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterClass.ProtoReflect.Descriptor instead.
+func (*ClusterClass) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *ClusterClass) GetApiVersion() string {
+	if x != nil {
+		return x.ApiVersion
+	}
+	return ""
+}
+
+func (x *ClusterClass) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *ClusterClass) GetMetadata() *ObjectMeta {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+func (x *ClusterClass) GetSpec() *ClusterClassSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *ClusterClass) GetStatus() *ClusterClassStatus {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+type ClusterClassSpec struct {
+	state        protoimpl.MessageState  `protogen:"open.v1"`
+	ControlPlane *ClusterClassMachines   `protobuf:"bytes,1,opt,name=control_plane,json=controlPlane,proto3" json:"control_plane,omitempty"`
+	Workers      []*ClusterClassWorker   `protobuf:"bytes,2,rep,name=workers,proto3" json:"workers,omitempty"`
+	Variables    []*ClusterClassVariable `protobuf:"bytes,3,rep,name=variables,proto3" json:"variables,omitempty"`
+	// cluster holds the Cluster spec fields the class sets for its
+	// clusters (pod_cidr, service_cidr, cni_manifest, ...); string fields
+	// may name variables.
+	Cluster *ClusterSpec `protobuf:"bytes,4,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	// rollout is how a new revision of the class reaches its clusters: the
+	// controller creates a Rollout with this spec (change and selector
+	// filled in) at each new revision.
+	Rollout       *RolloutSpec `protobuf:"bytes,5,opt,name=rollout,proto3" json:"rollout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterClassSpec) Reset() {
+	*x = ClusterClassSpec{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterClassSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterClassSpec) ProtoMessage() {}
+
+func (x *ClusterClassSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterClassSpec.ProtoReflect.Descriptor instead.
+func (*ClusterClassSpec) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *ClusterClassSpec) GetControlPlane() *ClusterClassMachines {
+	if x != nil {
+		return x.ControlPlane
+	}
+	return nil
+}
+
+func (x *ClusterClassSpec) GetWorkers() []*ClusterClassWorker {
+	if x != nil {
+		return x.Workers
+	}
+	return nil
+}
+
+func (x *ClusterClassSpec) GetVariables() []*ClusterClassVariable {
+	if x != nil {
+		return x.Variables
+	}
+	return nil
+}
+
+func (x *ClusterClassSpec) GetCluster() *ClusterSpec {
+	if x != nil {
+		return x.Cluster
+	}
+	return nil
+}
+
+func (x *ClusterClassSpec) GetRollout() *RolloutSpec {
+	if x != nil {
+		return x.Rollout
+	}
+	return nil
+}
+
+// ClusterClassMachines is the template of a ControlPlane or a
+// MachineDeployment of the class.
+type ClusterClassMachines struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	HostSelector    map[string]string      `protobuf:"bytes,1,rep,name=host_selector,json=hostSelector,proto3" json:"host_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Image           string                 `protobuf:"bytes,2,opt,name=image,proto3" json:"image,omitempty"`
+	ImageSelector   map[string]string      `protobuf:"bytes,3,rep,name=image_selector,json=imageSelector,proto3" json:"image_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Strategy        *RolloutStrategy       `protobuf:"bytes,4,opt,name=strategy,proto3" json:"strategy,omitempty"`
+	RolloutMaxSurge int32                  `protobuf:"varint,5,opt,name=rollout_max_surge,json=rolloutMaxSurge,proto3" json:"rollout_max_surge,omitempty"`
+	// health_check is the template of the HealthCheck of these machines
+	// (cluster and selector are filled in); unset: none.
+	HealthCheck   *HealthCheckSpec `protobuf:"bytes,6,opt,name=health_check,json=healthCheck,proto3" json:"health_check,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterClassMachines) Reset() {
+	*x = ClusterClassMachines{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterClassMachines) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterClassMachines) ProtoMessage() {}
+
+func (x *ClusterClassMachines) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterClassMachines.ProtoReflect.Descriptor instead.
+func (*ClusterClassMachines) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *ClusterClassMachines) GetHostSelector() map[string]string {
+	if x != nil {
+		return x.HostSelector
+	}
+	return nil
+}
+
+func (x *ClusterClassMachines) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *ClusterClassMachines) GetImageSelector() map[string]string {
+	if x != nil {
+		return x.ImageSelector
+	}
+	return nil
+}
+
+func (x *ClusterClassMachines) GetStrategy() *RolloutStrategy {
+	if x != nil {
+		return x.Strategy
+	}
+	return nil
+}
+
+func (x *ClusterClassMachines) GetRolloutMaxSurge() int32 {
+	if x != nil {
+		return x.RolloutMaxSurge
+	}
+	return 0
+}
+
+func (x *ClusterClassMachines) GetHealthCheck() *HealthCheckSpec {
+	if x != nil {
+		return x.HealthCheck
+	}
+	return nil
+}
+
+type ClusterClassWorker struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Template      *ClusterClassMachines  `protobuf:"bytes,2,opt,name=template,proto3" json:"template,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterClassWorker) Reset() {
+	*x = ClusterClassWorker{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterClassWorker) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterClassWorker) ProtoMessage() {}
+
+func (x *ClusterClassWorker) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterClassWorker.ProtoReflect.Descriptor instead.
+func (*ClusterClassWorker) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ClusterClassWorker) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ClusterClassWorker) GetTemplate() *ClusterClassMachines {
+	if x != nil {
+		return x.Template
+	}
+	return nil
+}
+
+// ClusterClassVariable is one typed variable of a class.
+type ClusterClassVariable struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// type is "integer", "string", "enum" or "cidr".
+	Type     string `protobuf:"bytes,2,opt,name=type,proto3" json:"type,omitempty"`
+	Required bool   `protobuf:"varint,3,opt,name=required,proto3" json:"required,omitempty"`
+	// default is the value as text; empty: no default.
+	Default string `protobuf:"bytes,4,opt,name=default,proto3" json:"default,omitempty"`
+	// enum lists the allowed values of an "enum" variable.
+	Enum []string `protobuf:"bytes,5,rep,name=enum,proto3" json:"enum,omitempty"`
+	// minimum and maximum bound an integer, or a cidr's prefix length.
+	Minimum       *int64 `protobuf:"varint,6,opt,name=minimum,proto3,oneof" json:"minimum,omitempty"`
+	Maximum       *int64 `protobuf:"varint,7,opt,name=maximum,proto3,oneof" json:"maximum,omitempty"`
+	Description   string `protobuf:"bytes,8,opt,name=description,proto3" json:"description,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterClassVariable) Reset() {
+	*x = ClusterClassVariable{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterClassVariable) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterClassVariable) ProtoMessage() {}
+
+func (x *ClusterClassVariable) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterClassVariable.ProtoReflect.Descriptor instead.
+func (*ClusterClassVariable) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ClusterClassVariable) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ClusterClassVariable) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *ClusterClassVariable) GetRequired() bool {
+	if x != nil {
+		return x.Required
+	}
+	return false
+}
+
+func (x *ClusterClassVariable) GetDefault() string {
+	if x != nil {
+		return x.Default
+	}
+	return ""
+}
+
+func (x *ClusterClassVariable) GetEnum() []string {
+	if x != nil {
+		return x.Enum
+	}
+	return nil
+}
+
+func (x *ClusterClassVariable) GetMinimum() int64 {
+	if x != nil && x.Minimum != nil {
+		return *x.Minimum
+	}
+	return 0
+}
+
+func (x *ClusterClassVariable) GetMaximum() int64 {
+	if x != nil && x.Maximum != nil {
+		return *x.Maximum
+	}
+	return 0
+}
+
+func (x *ClusterClassVariable) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+type ClusterClassStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// revision counts the class's spec changes: 1 at creation.
+	Revision   int64        `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	Conditions []*Condition `protobuf:"bytes,2,rep,name=conditions,proto3" json:"conditions,omitempty"`
+	// revisions keeps the specs of the revisions clusters still follow.
+	Revisions     []*ClusterClassRevision `protobuf:"bytes,3,rep,name=revisions,proto3" json:"revisions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterClassStatus) Reset() {
+	*x = ClusterClassStatus{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterClassStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterClassStatus) ProtoMessage() {}
+
+func (x *ClusterClassStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterClassStatus.ProtoReflect.Descriptor instead.
+func (*ClusterClassStatus) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ClusterClassStatus) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *ClusterClassStatus) GetConditions() []*Condition {
+	if x != nil {
+		return x.Conditions
+	}
+	return nil
+}
+
+func (x *ClusterClassStatus) GetRevisions() []*ClusterClassRevision {
+	if x != nil {
+		return x.Revisions
+	}
+	return nil
+}
+
+type ClusterClassRevision struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Revision      int64                  `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	Spec          *ClusterClassSpec      `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterClassRevision) Reset() {
+	*x = ClusterClassRevision{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterClassRevision) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterClassRevision) ProtoMessage() {}
+
+func (x *ClusterClassRevision) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterClassRevision.ProtoReflect.Descriptor instead.
+func (*ClusterClassRevision) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *ClusterClassRevision) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *ClusterClassRevision) GetSpec() *ClusterClassSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+// Rollout carries one change (a Kubernetes version, an image, or a class
+// revision) to a set of clusters in ordered waves, with bake times and
+// halt rules.
+type Rollout struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ApiVersion    string                 `protobuf:"bytes,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
+	Kind          string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Metadata      *ObjectMeta            `protobuf:"bytes,3,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	Spec          *RolloutSpec           `protobuf:"bytes,4,opt,name=spec,proto3" json:"spec,omitempty"`
+	Status        *RolloutStatus         `protobuf:"bytes,5,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Rollout) Reset() {
+	*x = Rollout{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Rollout) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Rollout) ProtoMessage() {}
+
+func (x *Rollout) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Rollout.ProtoReflect.Descriptor instead.
+func (*Rollout) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *Rollout) GetApiVersion() string {
+	if x != nil {
+		return x.ApiVersion
+	}
+	return ""
+}
+
+func (x *Rollout) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Rollout) GetMetadata() *ObjectMeta {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+func (x *Rollout) GetSpec() *RolloutSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *Rollout) GetStatus() *RolloutStatus {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+type RolloutSpec struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Change *RolloutChange         `protobuf:"bytes,1,opt,name=change,proto3" json:"change,omitempty"`
+	// cluster_selector chooses the clusters by their labels.
+	ClusterSelector map[string]string `protobuf:"bytes,2,rep,name=cluster_selector,json=clusterSelector,proto3" json:"cluster_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// wave_label orders the waves by its value (default "upgrade-wave").
+	WaveLabel string `protobuf:"bytes,3,opt,name=wave_label,json=waveLabel,proto3" json:"wave_label,omitempty"`
+	// bake is a Go duration waited after a wave is done before the next.
+	Bake string `protobuf:"bytes,4,opt,name=bake,proto3" json:"bake,omitempty"`
+	// max_concurrent is how many clusters of a wave roll at once (default 1).
+	MaxConcurrent int32        `protobuf:"varint,5,opt,name=max_concurrent,json=maxConcurrent,proto3" json:"max_concurrent,omitempty"`
+	Halt          *RolloutHalt `protobuf:"bytes,6,opt,name=halt,proto3" json:"halt,omitempty"`
+	// paused stops starting clusters (kilnctl rollout pause|resume).
+	Paused bool `protobuf:"varint,7,opt,name=paused,proto3" json:"paused,omitempty"`
+	// aborted stops the rollout for good (kilnctl rollout abort).
+	Aborted       bool `protobuf:"varint,8,opt,name=aborted,proto3" json:"aborted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RolloutSpec) Reset() {
+	*x = RolloutSpec{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolloutSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolloutSpec) ProtoMessage() {}
+
+func (x *RolloutSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolloutSpec.ProtoReflect.Descriptor instead.
+func (*RolloutSpec) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *RolloutSpec) GetChange() *RolloutChange {
+	if x != nil {
+		return x.Change
+	}
+	return nil
+}
+
+func (x *RolloutSpec) GetClusterSelector() map[string]string {
+	if x != nil {
+		return x.ClusterSelector
+	}
+	return nil
+}
+
+func (x *RolloutSpec) GetWaveLabel() string {
+	if x != nil {
+		return x.WaveLabel
+	}
+	return ""
+}
+
+func (x *RolloutSpec) GetBake() string {
+	if x != nil {
+		return x.Bake
+	}
+	return ""
+}
+
+func (x *RolloutSpec) GetMaxConcurrent() int32 {
+	if x != nil {
+		return x.MaxConcurrent
+	}
+	return 0
+}
+
+func (x *RolloutSpec) GetHalt() *RolloutHalt {
+	if x != nil {
+		return x.Halt
+	}
+	return nil
+}
+
+func (x *RolloutSpec) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+func (x *RolloutSpec) GetAborted() bool {
+	if x != nil {
+		return x.Aborted
+	}
+	return false
+}
+
+type RolloutChange struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	KubernetesVersion string                 `protobuf:"bytes,1,opt,name=kubernetes_version,json=kubernetesVersion,proto3" json:"kubernetes_version,omitempty"`
+	Image             string                 `protobuf:"bytes,2,opt,name=image,proto3" json:"image,omitempty"`
+	ImageSelector     map[string]string      `protobuf:"bytes,3,rep,name=image_selector,json=imageSelector,proto3" json:"image_selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// cluster_class and class_revision move the class's clusters to that
+	// revision.
+	ClusterClass  string `protobuf:"bytes,4,opt,name=cluster_class,json=clusterClass,proto3" json:"cluster_class,omitempty"`
+	ClassRevision int64  `protobuf:"varint,5,opt,name=class_revision,json=classRevision,proto3" json:"class_revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RolloutChange) Reset() {
+	*x = RolloutChange{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolloutChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolloutChange) ProtoMessage() {}
+
+func (x *RolloutChange) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolloutChange.ProtoReflect.Descriptor instead.
+func (*RolloutChange) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *RolloutChange) GetKubernetesVersion() string {
+	if x != nil {
+		return x.KubernetesVersion
+	}
+	return ""
+}
+
+func (x *RolloutChange) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+func (x *RolloutChange) GetImageSelector() map[string]string {
+	if x != nil {
+		return x.ImageSelector
+	}
+	return nil
+}
+
+func (x *RolloutChange) GetClusterClass() string {
+	if x != nil {
+		return x.ClusterClass
+	}
+	return ""
+}
+
+func (x *RolloutChange) GetClassRevision() int64 {
+	if x != nil {
+		return x.ClassRevision
+	}
+	return 0
+}
+
+type RolloutHalt struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ready_timeout: a cluster of the wave not Ready within it halts the
+	// rollout (Go duration).
+	ReadyTimeout string `protobuf:"bytes,1,opt,name=ready_timeout,json=readyTimeout,proto3" json:"ready_timeout,omitempty"`
+	// on_remediation halts when a HealthCheck of a cluster in the wave
+	// remediates a machine.
+	OnRemediation bool `protobuf:"varint,2,opt,name=on_remediation,json=onRemediation,proto3" json:"on_remediation,omitempty"`
+	// conditions halt when a cluster of the wave has one of them.
+	Conditions    []*UnhealthyCondition `protobuf:"bytes,3,rep,name=conditions,proto3" json:"conditions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RolloutHalt) Reset() {
+	*x = RolloutHalt{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolloutHalt) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolloutHalt) ProtoMessage() {}
+
+func (x *RolloutHalt) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolloutHalt.ProtoReflect.Descriptor instead.
+func (*RolloutHalt) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *RolloutHalt) GetReadyTimeout() string {
+	if x != nil {
+		return x.ReadyTimeout
+	}
+	return ""
+}
+
+func (x *RolloutHalt) GetOnRemediation() bool {
+	if x != nil {
+		return x.OnRemediation
+	}
+	return false
+}
+
+func (x *RolloutHalt) GetConditions() []*UnhealthyCondition {
+	if x != nil {
+		return x.Conditions
+	}
+	return nil
+}
+
+type RolloutStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// phase is Pending, Progressing, Baking, Paused, Halted, Aborted or
+	// Complete.
+	Phase         string         `protobuf:"bytes,1,opt,name=phase,proto3" json:"phase,omitempty"`
+	Conditions    []*Condition   `protobuf:"bytes,2,rep,name=conditions,proto3" json:"conditions,omitempty"`
+	Waves         []*RolloutWave `protobuf:"bytes,3,rep,name=waves,proto3" json:"waves,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RolloutStatus) Reset() {
+	*x = RolloutStatus{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolloutStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolloutStatus) ProtoMessage() {}
+
+func (x *RolloutStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolloutStatus.ProtoReflect.Descriptor instead.
+func (*RolloutStatus) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *RolloutStatus) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *RolloutStatus) GetConditions() []*Condition {
+	if x != nil {
+		return x.Conditions
+	}
+	return nil
+}
+
+func (x *RolloutStatus) GetWaves() []*RolloutWave {
+	if x != nil {
+		return x.Waves
+	}
+	return nil
+}
+
+type RolloutWave struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// value is the wave label's value.
+	Value string `protobuf:"bytes,1,opt,name=value,proto3" json:"value,omitempty"`
+	// state is Waiting, InProgress, Baking, Done or Halted.
+	State      string   `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	Clusters   []string `protobuf:"bytes,3,rep,name=clusters,proto3" json:"clusters,omitempty"`
+	Done       []string `protobuf:"bytes,4,rep,name=done,proto3" json:"done,omitempty"`
+	InProgress []string `protobuf:"bytes,5,rep,name=in_progress,json=inProgress,proto3" json:"in_progress,omitempty"`
+	// done_time is when the wave's last cluster was done (its bake starts).
+	DoneTime      *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=done_time,json=doneTime,proto3" json:"done_time,omitempty"`
+	Message       string                 `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RolloutWave) Reset() {
+	*x = RolloutWave{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolloutWave) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolloutWave) ProtoMessage() {}
+
+func (x *RolloutWave) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolloutWave.ProtoReflect.Descriptor instead.
+func (*RolloutWave) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *RolloutWave) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *RolloutWave) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *RolloutWave) GetClusters() []string {
+	if x != nil {
+		return x.Clusters
+	}
+	return nil
+}
+
+func (x *RolloutWave) GetDone() []string {
+	if x != nil {
+		return x.Done
+	}
+	return nil
+}
+
+func (x *RolloutWave) GetInProgress() []string {
+	if x != nil {
+		return x.InProgress
+	}
+	return nil
+}
+
+func (x *RolloutWave) GetDoneTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DoneTime
+	}
+	return nil
+}
+
+func (x *RolloutWave) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+// GitSource applies the YAML of a path of a Git repository as one atomic
+// revision, and prunes what a revision dropped.
+type GitSource struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ApiVersion    string                 `protobuf:"bytes,1,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
+	Kind          string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Metadata      *ObjectMeta            `protobuf:"bytes,3,opt,name=metadata,proto3" json:"metadata,omitempty"`
+	Spec          *GitSourceSpec         `protobuf:"bytes,4,opt,name=spec,proto3" json:"spec,omitempty"`
+	Status        *GitSourceStatus       `protobuf:"bytes,5,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GitSource) Reset() {
+	*x = GitSource{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GitSource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GitSource) ProtoMessage() {}
+
+func (x *GitSource) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GitSource.ProtoReflect.Descriptor instead.
+func (*GitSource) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *GitSource) GetApiVersion() string {
+	if x != nil {
+		return x.ApiVersion
+	}
+	return ""
+}
+
+func (x *GitSource) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *GitSource) GetMetadata() *ObjectMeta {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+func (x *GitSource) GetSpec() *GitSourceSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *GitSource) GetStatus() *GitSourceStatus {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+type GitSourceSpec struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Url    string                 `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	Branch string                 `protobuf:"bytes,2,opt,name=branch,proto3" json:"branch,omitempty"`
+	Path   string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
+	// interval is a Go duration between fetches.
+	Interval      string `protobuf:"bytes,4,opt,name=interval,proto3" json:"interval,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GitSourceSpec) Reset() {
+	*x = GitSourceSpec{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GitSourceSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GitSourceSpec) ProtoMessage() {}
+
+func (x *GitSourceSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GitSourceSpec.ProtoReflect.Descriptor instead.
+func (*GitSourceSpec) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *GitSourceSpec) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *GitSourceSpec) GetBranch() string {
+	if x != nil {
+		return x.Branch
+	}
+	return ""
+}
+
+func (x *GitSourceSpec) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *GitSourceSpec) GetInterval() string {
+	if x != nil {
+		return x.Interval
+	}
+	return ""
+}
+
+type GitSourceStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// applied_commit is the last commit applied whole.
+	AppliedCommit string                 `protobuf:"bytes,1,opt,name=applied_commit,json=appliedCommit,proto3" json:"applied_commit,omitempty"`
+	AppliedTime   *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=applied_time,json=appliedTime,proto3" json:"applied_time,omitempty"`
+	Conditions    []*Condition           `protobuf:"bytes,3,rep,name=conditions,proto3" json:"conditions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GitSourceStatus) Reset() {
+	*x = GitSourceStatus{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GitSourceStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GitSourceStatus) ProtoMessage() {}
+
+func (x *GitSourceStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GitSourceStatus.ProtoReflect.Descriptor instead.
+func (*GitSourceStatus) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *GitSourceStatus) GetAppliedCommit() string {
+	if x != nil {
+		return x.AppliedCommit
+	}
+	return ""
+}
+
+func (x *GitSourceStatus) GetAppliedTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.AppliedTime
+	}
+	return nil
+}
+
+func (x *GitSourceStatus) GetConditions() []*Condition {
+	if x != nil {
+		return x.Conditions
+	}
+	return nil
+}
+
 // Event records something that happened to an object.
 type Event struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -3469,7 +4903,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[36]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3481,7 +4915,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[36]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3494,7 +4928,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{36}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *Event) GetName() string {
@@ -3569,7 +5003,7 @@ type EnrollmentToken struct {
 
 func (x *EnrollmentToken) Reset() {
 	*x = EnrollmentToken{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[37]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3581,7 +5015,7 @@ func (x *EnrollmentToken) String() string {
 func (*EnrollmentToken) ProtoMessage() {}
 
 func (x *EnrollmentToken) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[37]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3594,7 +5028,7 @@ func (x *EnrollmentToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollmentToken.ProtoReflect.Descriptor instead.
 func (*EnrollmentToken) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{37}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *EnrollmentToken) GetId() string {
@@ -3869,7 +5303,7 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x125\n" +
 	"\bmetadata\x18\x03 \x01(\v2\x19.kiln.types.v1.ObjectMetaR\bmetadata\x12,\n" +
 	"\x04spec\x18\x04 \x01(\v2\x18.kiln.types.v1.ImageSpecR\x04spec\x122\n" +
-	"\x06status\x18\x05 \x01(\v2\x1a.kiln.types.v1.ImageStatusR\x06status\"\x8e\x03\n" +
+	"\x06status\x18\x05 \x01(\v2\x1a.kiln.types.v1.ImageStatusR\x06status\"\xca\x03\n" +
 	"\vClusterSpec\x12-\n" +
 	"\x12kubernetes_version\x18\x01 \x01(\tR\x11kubernetesVersion\x12\x19\n" +
 	"\bpod_cidr\x18\x02 \x01(\tR\apodCidr\x12!\n" +
@@ -3882,7 +5316,24 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"dns_domain\x18\b \x01(\tR\tdnsDomain\x12\x16\n" +
 	"\x06paused\x18\t \x01(\bR\x06paused\x128\n" +
 	"\x18certificate_renewal_days\x18\n" +
-	" \x01(\x05R\x16certificateRenewalDays\"\xdc\x01\n" +
+	" \x01(\x05R\x16certificateRenewalDays\x12:\n" +
+	"\btopology\x18\v \x01(\v2\x1e.kiln.types.v1.ClusterTopologyR\btopology\"\xbf\x02\n" +
+	"\x0fClusterTopology\x12\x14\n" +
+	"\x05class\x18\x01 \x01(\tR\x05class\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\x124\n" +
+	"\x16control_plane_replicas\x18\x03 \x01(\x05R\x14controlPlaneReplicas\x12;\n" +
+	"\aworkers\x18\x04 \x03(\v2!.kiln.types.v1.TopologyWorkerPoolR\aworkers\x12K\n" +
+	"\tvariables\x18\x05 \x03(\v2-.kiln.types.v1.ClusterTopology.VariablesEntryR\tvariables\x1a<\n" +
+	"\x0eVariablesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Z\n" +
+	"\x12TopologyWorkerPool\x12\x14\n" +
+	"\x05class\x18\x01 \x01(\tR\x05class\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1a\n" +
+	"\breplicas\x18\x03 \x01(\x05R\breplicas\"X\n" +
+	"\x15ClusterTopologyStatus\x12%\n" +
+	"\x0eclass_revision\x18\x01 \x01(\x03R\rclassRevision\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\"\x9e\x02\n" +
 	"\rClusterStatus\x12\x14\n" +
 	"\x05phase\x18\x01 \x01(\tR\x05phase\x128\n" +
 	"\n" +
@@ -3890,7 +5341,8 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"conditions\x12\x17\n" +
 	"\aca_hash\x18\x03 \x01(\tR\x06caHash\x12,\n" +
 	"\x12api_server_version\x18\x04 \x01(\tR\x10apiServerVersion\x124\n" +
-	"\x06addons\x18\x05 \x01(\v2\x1c.kiln.types.v1.ClusterAddonsR\x06addons\"_\n" +
+	"\x06addons\x18\x05 \x01(\v2\x1c.kiln.types.v1.ClusterAddonsR\x06addons\x12@\n" +
+	"\btopology\x18\x06 \x01(\v2$.kiln.types.v1.ClusterTopologyStatusR\btopology\"_\n" +
 	"\rClusterAddons\x124\n" +
 	"\x16kubeadm_config_version\x18\x01 \x01(\tR\x14kubeadmConfigVersion\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\"\xdb\x01\n" +
@@ -4017,7 +5469,126 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x125\n" +
 	"\bmetadata\x18\x03 \x01(\v2\x19.kiln.types.v1.ObjectMetaR\bmetadata\x122\n" +
 	"\x04spec\x18\x04 \x01(\v2\x1e.kiln.types.v1.HealthCheckSpecR\x04spec\x128\n" +
-	"\x06status\x18\x05 \x01(\v2 .kiln.types.v1.HealthCheckStatusR\x06status\"\xd3\x01\n" +
+	"\x06status\x18\x05 \x01(\v2 .kiln.types.v1.HealthCheckStatusR\x06status\"\xea\x01\n" +
+	"\fClusterClass\x12\x1f\n" +
+	"\vapi_version\x18\x01 \x01(\tR\n" +
+	"apiVersion\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x125\n" +
+	"\bmetadata\x18\x03 \x01(\v2\x19.kiln.types.v1.ObjectMetaR\bmetadata\x123\n" +
+	"\x04spec\x18\x04 \x01(\v2\x1f.kiln.types.v1.ClusterClassSpecR\x04spec\x129\n" +
+	"\x06status\x18\x05 \x01(\v2!.kiln.types.v1.ClusterClassStatusR\x06status\"\xc8\x02\n" +
+	"\x10ClusterClassSpec\x12H\n" +
+	"\rcontrol_plane\x18\x01 \x01(\v2#.kiln.types.v1.ClusterClassMachinesR\fcontrolPlane\x12;\n" +
+	"\aworkers\x18\x02 \x03(\v2!.kiln.types.v1.ClusterClassWorkerR\aworkers\x12A\n" +
+	"\tvariables\x18\x03 \x03(\v2#.kiln.types.v1.ClusterClassVariableR\tvariables\x124\n" +
+	"\acluster\x18\x04 \x01(\v2\x1a.kiln.types.v1.ClusterSpecR\acluster\x124\n" +
+	"\arollout\x18\x05 \x01(\v2\x1a.kiln.types.v1.RolloutSpecR\arollout\"\x95\x04\n" +
+	"\x14ClusterClassMachines\x12Z\n" +
+	"\rhost_selector\x18\x01 \x03(\v25.kiln.types.v1.ClusterClassMachines.HostSelectorEntryR\fhostSelector\x12\x14\n" +
+	"\x05image\x18\x02 \x01(\tR\x05image\x12]\n" +
+	"\x0eimage_selector\x18\x03 \x03(\v26.kiln.types.v1.ClusterClassMachines.ImageSelectorEntryR\rimageSelector\x12:\n" +
+	"\bstrategy\x18\x04 \x01(\v2\x1e.kiln.types.v1.RolloutStrategyR\bstrategy\x12*\n" +
+	"\x11rollout_max_surge\x18\x05 \x01(\x05R\x0frolloutMaxSurge\x12A\n" +
+	"\fhealth_check\x18\x06 \x01(\v2\x1e.kiln.types.v1.HealthCheckSpecR\vhealthCheck\x1a?\n" +
+	"\x11HostSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a@\n" +
+	"\x12ImageSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"i\n" +
+	"\x12ClusterClassWorker\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12?\n" +
+	"\btemplate\x18\x02 \x01(\v2#.kiln.types.v1.ClusterClassMachinesR\btemplate\"\x80\x02\n" +
+	"\x14ClusterClassVariable\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04type\x18\x02 \x01(\tR\x04type\x12\x1a\n" +
+	"\brequired\x18\x03 \x01(\bR\brequired\x12\x18\n" +
+	"\adefault\x18\x04 \x01(\tR\adefault\x12\x12\n" +
+	"\x04enum\x18\x05 \x03(\tR\x04enum\x12\x1d\n" +
+	"\aminimum\x18\x06 \x01(\x03H\x00R\aminimum\x88\x01\x01\x12\x1d\n" +
+	"\amaximum\x18\a \x01(\x03H\x01R\amaximum\x88\x01\x01\x12 \n" +
+	"\vdescription\x18\b \x01(\tR\vdescriptionB\n" +
+	"\n" +
+	"\b_minimumB\n" +
+	"\n" +
+	"\b_maximum\"\xad\x01\n" +
+	"\x12ClusterClassStatus\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x03R\brevision\x128\n" +
+	"\n" +
+	"conditions\x18\x02 \x03(\v2\x18.kiln.types.v1.ConditionR\n" +
+	"conditions\x12A\n" +
+	"\trevisions\x18\x03 \x03(\v2#.kiln.types.v1.ClusterClassRevisionR\trevisions\"g\n" +
+	"\x14ClusterClassRevision\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x03R\brevision\x123\n" +
+	"\x04spec\x18\x02 \x01(\v2\x1f.kiln.types.v1.ClusterClassSpecR\x04spec\"\xdb\x01\n" +
+	"\aRollout\x12\x1f\n" +
+	"\vapi_version\x18\x01 \x01(\tR\n" +
+	"apiVersion\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x125\n" +
+	"\bmetadata\x18\x03 \x01(\v2\x19.kiln.types.v1.ObjectMetaR\bmetadata\x12.\n" +
+	"\x04spec\x18\x04 \x01(\v2\x1a.kiln.types.v1.RolloutSpecR\x04spec\x124\n" +
+	"\x06status\x18\x05 \x01(\v2\x1c.kiln.types.v1.RolloutStatusR\x06status\"\x9f\x03\n" +
+	"\vRolloutSpec\x124\n" +
+	"\x06change\x18\x01 \x01(\v2\x1c.kiln.types.v1.RolloutChangeR\x06change\x12Z\n" +
+	"\x10cluster_selector\x18\x02 \x03(\v2/.kiln.types.v1.RolloutSpec.ClusterSelectorEntryR\x0fclusterSelector\x12\x1d\n" +
+	"\n" +
+	"wave_label\x18\x03 \x01(\tR\twaveLabel\x12\x12\n" +
+	"\x04bake\x18\x04 \x01(\tR\x04bake\x12%\n" +
+	"\x0emax_concurrent\x18\x05 \x01(\x05R\rmaxConcurrent\x12.\n" +
+	"\x04halt\x18\x06 \x01(\v2\x1a.kiln.types.v1.RolloutHaltR\x04halt\x12\x16\n" +
+	"\x06paused\x18\a \x01(\bR\x06paused\x12\x18\n" +
+	"\aaborted\x18\b \x01(\bR\aaborted\x1aB\n" +
+	"\x14ClusterSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xba\x02\n" +
+	"\rRolloutChange\x12-\n" +
+	"\x12kubernetes_version\x18\x01 \x01(\tR\x11kubernetesVersion\x12\x14\n" +
+	"\x05image\x18\x02 \x01(\tR\x05image\x12V\n" +
+	"\x0eimage_selector\x18\x03 \x03(\v2/.kiln.types.v1.RolloutChange.ImageSelectorEntryR\rimageSelector\x12#\n" +
+	"\rcluster_class\x18\x04 \x01(\tR\fclusterClass\x12%\n" +
+	"\x0eclass_revision\x18\x05 \x01(\x03R\rclassRevision\x1a@\n" +
+	"\x12ImageSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9c\x01\n" +
+	"\vRolloutHalt\x12#\n" +
+	"\rready_timeout\x18\x01 \x01(\tR\freadyTimeout\x12%\n" +
+	"\x0eon_remediation\x18\x02 \x01(\bR\ronRemediation\x12A\n" +
+	"\n" +
+	"conditions\x18\x03 \x03(\v2!.kiln.types.v1.UnhealthyConditionR\n" +
+	"conditions\"\x91\x01\n" +
+	"\rRolloutStatus\x12\x14\n" +
+	"\x05phase\x18\x01 \x01(\tR\x05phase\x128\n" +
+	"\n" +
+	"conditions\x18\x02 \x03(\v2\x18.kiln.types.v1.ConditionR\n" +
+	"conditions\x120\n" +
+	"\x05waves\x18\x03 \x03(\v2\x1a.kiln.types.v1.RolloutWaveR\x05waves\"\xdd\x01\n" +
+	"\vRolloutWave\x12\x14\n" +
+	"\x05value\x18\x01 \x01(\tR\x05value\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1a\n" +
+	"\bclusters\x18\x03 \x03(\tR\bclusters\x12\x12\n" +
+	"\x04done\x18\x04 \x03(\tR\x04done\x12\x1f\n" +
+	"\vin_progress\x18\x05 \x03(\tR\n" +
+	"inProgress\x127\n" +
+	"\tdone_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\bdoneTime\x12\x18\n" +
+	"\amessage\x18\a \x01(\tR\amessage\"\xe1\x01\n" +
+	"\tGitSource\x12\x1f\n" +
+	"\vapi_version\x18\x01 \x01(\tR\n" +
+	"apiVersion\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x125\n" +
+	"\bmetadata\x18\x03 \x01(\v2\x19.kiln.types.v1.ObjectMetaR\bmetadata\x120\n" +
+	"\x04spec\x18\x04 \x01(\v2\x1c.kiln.types.v1.GitSourceSpecR\x04spec\x126\n" +
+	"\x06status\x18\x05 \x01(\v2\x1e.kiln.types.v1.GitSourceStatusR\x06status\"i\n" +
+	"\rGitSourceSpec\x12\x10\n" +
+	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
+	"\x06branch\x18\x02 \x01(\tR\x06branch\x12\x12\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\x12\x1a\n" +
+	"\binterval\x18\x04 \x01(\tR\binterval\"\xb1\x01\n" +
+	"\x0fGitSourceStatus\x12%\n" +
+	"\x0eapplied_commit\x18\x01 \x01(\tR\rappliedCommit\x12=\n" +
+	"\fapplied_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vappliedTime\x128\n" +
+	"\n" +
+	"conditions\x18\x03 \x03(\v2\x18.kiln.types.v1.ConditionR\n" +
+	"conditions\"\xd3\x01\n" +
 	"\x05Event\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1f\n" +
@@ -4063,7 +5634,7 @@ func file_kiln_types_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_kiln_types_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kiln_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_kiln_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
 var file_kiln_types_v1_types_proto_goTypes = []any{
 	(HostState)(0),                  // 0: kiln.types.v1.HostState
 	(*ObjectMeta)(nil),              // 1: kiln.types.v1.ObjectMeta
@@ -4085,106 +5656,166 @@ var file_kiln_types_v1_types_proto_goTypes = []any{
 	(*ImageStatus)(nil),             // 17: kiln.types.v1.ImageStatus
 	(*Image)(nil),                   // 18: kiln.types.v1.Image
 	(*ClusterSpec)(nil),             // 19: kiln.types.v1.ClusterSpec
-	(*ClusterStatus)(nil),           // 20: kiln.types.v1.ClusterStatus
-	(*ClusterAddons)(nil),           // 21: kiln.types.v1.ClusterAddons
-	(*Cluster)(nil),                 // 22: kiln.types.v1.Cluster
-	(*ControlPlaneSpec)(nil),        // 23: kiln.types.v1.ControlPlaneSpec
-	(*ControlPlaneStatus)(nil),      // 24: kiln.types.v1.ControlPlaneStatus
-	(*ControlPlane)(nil),            // 25: kiln.types.v1.ControlPlane
-	(*RolloutStrategy)(nil),         // 26: kiln.types.v1.RolloutStrategy
-	(*MachineDeploymentSpec)(nil),   // 27: kiln.types.v1.MachineDeploymentSpec
-	(*MachineDeploymentStatus)(nil), // 28: kiln.types.v1.MachineDeploymentStatus
-	(*MachineDeployment)(nil),       // 29: kiln.types.v1.MachineDeployment
-	(*MachineSpec)(nil),             // 30: kiln.types.v1.MachineSpec
-	(*MachineStatus)(nil),           // 31: kiln.types.v1.MachineStatus
-	(*Machine)(nil),                 // 32: kiln.types.v1.Machine
-	(*UnhealthyCondition)(nil),      // 33: kiln.types.v1.UnhealthyCondition
-	(*HealthCheckSpec)(nil),         // 34: kiln.types.v1.HealthCheckSpec
-	(*HealthCheckStatus)(nil),       // 35: kiln.types.v1.HealthCheckStatus
-	(*HealthCheck)(nil),             // 36: kiln.types.v1.HealthCheck
-	(*Event)(nil),                   // 37: kiln.types.v1.Event
-	(*EnrollmentToken)(nil),         // 38: kiln.types.v1.EnrollmentToken
-	nil,                             // 39: kiln.types.v1.ObjectMeta.LabelsEntry
-	nil,                             // 40: kiln.types.v1.ObjectMeta.AnnotationsEntry
-	nil,                             // 41: kiln.types.v1.Facts.KubeVersionsEntry
-	nil,                             // 42: kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
-	nil,                             // 43: kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
-	nil,                             // 44: kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
-	nil,                             // 45: kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
-	nil,                             // 46: kiln.types.v1.HealthCheckSpec.SelectorEntry
-	(*timestamppb.Timestamp)(nil),   // 47: google.protobuf.Timestamp
+	(*ClusterTopology)(nil),         // 20: kiln.types.v1.ClusterTopology
+	(*TopologyWorkerPool)(nil),      // 21: kiln.types.v1.TopologyWorkerPool
+	(*ClusterTopologyStatus)(nil),   // 22: kiln.types.v1.ClusterTopologyStatus
+	(*ClusterStatus)(nil),           // 23: kiln.types.v1.ClusterStatus
+	(*ClusterAddons)(nil),           // 24: kiln.types.v1.ClusterAddons
+	(*Cluster)(nil),                 // 25: kiln.types.v1.Cluster
+	(*ControlPlaneSpec)(nil),        // 26: kiln.types.v1.ControlPlaneSpec
+	(*ControlPlaneStatus)(nil),      // 27: kiln.types.v1.ControlPlaneStatus
+	(*ControlPlane)(nil),            // 28: kiln.types.v1.ControlPlane
+	(*RolloutStrategy)(nil),         // 29: kiln.types.v1.RolloutStrategy
+	(*MachineDeploymentSpec)(nil),   // 30: kiln.types.v1.MachineDeploymentSpec
+	(*MachineDeploymentStatus)(nil), // 31: kiln.types.v1.MachineDeploymentStatus
+	(*MachineDeployment)(nil),       // 32: kiln.types.v1.MachineDeployment
+	(*MachineSpec)(nil),             // 33: kiln.types.v1.MachineSpec
+	(*MachineStatus)(nil),           // 34: kiln.types.v1.MachineStatus
+	(*Machine)(nil),                 // 35: kiln.types.v1.Machine
+	(*UnhealthyCondition)(nil),      // 36: kiln.types.v1.UnhealthyCondition
+	(*HealthCheckSpec)(nil),         // 37: kiln.types.v1.HealthCheckSpec
+	(*HealthCheckStatus)(nil),       // 38: kiln.types.v1.HealthCheckStatus
+	(*HealthCheck)(nil),             // 39: kiln.types.v1.HealthCheck
+	(*ClusterClass)(nil),            // 40: kiln.types.v1.ClusterClass
+	(*ClusterClassSpec)(nil),        // 41: kiln.types.v1.ClusterClassSpec
+	(*ClusterClassMachines)(nil),    // 42: kiln.types.v1.ClusterClassMachines
+	(*ClusterClassWorker)(nil),      // 43: kiln.types.v1.ClusterClassWorker
+	(*ClusterClassVariable)(nil),    // 44: kiln.types.v1.ClusterClassVariable
+	(*ClusterClassStatus)(nil),      // 45: kiln.types.v1.ClusterClassStatus
+	(*ClusterClassRevision)(nil),    // 46: kiln.types.v1.ClusterClassRevision
+	(*Rollout)(nil),                 // 47: kiln.types.v1.Rollout
+	(*RolloutSpec)(nil),             // 48: kiln.types.v1.RolloutSpec
+	(*RolloutChange)(nil),           // 49: kiln.types.v1.RolloutChange
+	(*RolloutHalt)(nil),             // 50: kiln.types.v1.RolloutHalt
+	(*RolloutStatus)(nil),           // 51: kiln.types.v1.RolloutStatus
+	(*RolloutWave)(nil),             // 52: kiln.types.v1.RolloutWave
+	(*GitSource)(nil),               // 53: kiln.types.v1.GitSource
+	(*GitSourceSpec)(nil),           // 54: kiln.types.v1.GitSourceSpec
+	(*GitSourceStatus)(nil),         // 55: kiln.types.v1.GitSourceStatus
+	(*Event)(nil),                   // 56: kiln.types.v1.Event
+	(*EnrollmentToken)(nil),         // 57: kiln.types.v1.EnrollmentToken
+	nil,                             // 58: kiln.types.v1.ObjectMeta.LabelsEntry
+	nil,                             // 59: kiln.types.v1.ObjectMeta.AnnotationsEntry
+	nil,                             // 60: kiln.types.v1.Facts.KubeVersionsEntry
+	nil,                             // 61: kiln.types.v1.ClusterTopology.VariablesEntry
+	nil,                             // 62: kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
+	nil,                             // 63: kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
+	nil,                             // 64: kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
+	nil,                             // 65: kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
+	nil,                             // 66: kiln.types.v1.HealthCheckSpec.SelectorEntry
+	nil,                             // 67: kiln.types.v1.ClusterClassMachines.HostSelectorEntry
+	nil,                             // 68: kiln.types.v1.ClusterClassMachines.ImageSelectorEntry
+	nil,                             // 69: kiln.types.v1.RolloutSpec.ClusterSelectorEntry
+	nil,                             // 70: kiln.types.v1.RolloutChange.ImageSelectorEntry
+	(*timestamppb.Timestamp)(nil),   // 71: google.protobuf.Timestamp
 }
 var file_kiln_types_v1_types_proto_depIdxs = []int32{
-	39, // 0: kiln.types.v1.ObjectMeta.labels:type_name -> kiln.types.v1.ObjectMeta.LabelsEntry
-	40, // 1: kiln.types.v1.ObjectMeta.annotations:type_name -> kiln.types.v1.ObjectMeta.AnnotationsEntry
-	47, // 2: kiln.types.v1.ObjectMeta.creation_timestamp:type_name -> google.protobuf.Timestamp
-	47, // 3: kiln.types.v1.ObjectMeta.deletion_timestamp:type_name -> google.protobuf.Timestamp
-	47, // 4: kiln.types.v1.Condition.last_transition_time:type_name -> google.protobuf.Timestamp
-	3,  // 5: kiln.types.v1.HostSpec.bmc:type_name -> kiln.types.v1.BMCSpec
-	5,  // 6: kiln.types.v1.HostSpec.root_device_hints:type_name -> kiln.types.v1.RootDeviceHints
-	6,  // 7: kiln.types.v1.Facts.disks:type_name -> kiln.types.v1.Disk
-	7,  // 8: kiln.types.v1.Facts.nics:type_name -> kiln.types.v1.NIC
-	8,  // 9: kiln.types.v1.Facts.routes:type_name -> kiln.types.v1.Route
-	41, // 10: kiln.types.v1.Facts.kube_versions:type_name -> kiln.types.v1.Facts.KubeVersionsEntry
-	47, // 11: kiln.types.v1.AgentStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
-	47, // 12: kiln.types.v1.AgentStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
-	47, // 13: kiln.types.v1.OperationStatus.started:type_name -> google.protobuf.Timestamp
-	47, // 14: kiln.types.v1.OperationStatus.finished:type_name -> google.protobuf.Timestamp
-	47, // 15: kiln.types.v1.OperationStatus.retry_after:type_name -> google.protobuf.Timestamp
-	12, // 16: kiln.types.v1.OperationStatus.progress:type_name -> kiln.types.v1.OperationProgress
-	47, // 17: kiln.types.v1.OperationProgress.updated:type_name -> google.protobuf.Timestamp
-	0,  // 18: kiln.types.v1.HostStatus.state:type_name -> kiln.types.v1.HostState
-	9,  // 19: kiln.types.v1.HostStatus.facts:type_name -> kiln.types.v1.Facts
-	10, // 20: kiln.types.v1.HostStatus.agent:type_name -> kiln.types.v1.AgentStatus
-	11, // 21: kiln.types.v1.HostStatus.last_operation:type_name -> kiln.types.v1.OperationStatus
-	2,  // 22: kiln.types.v1.HostStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 23: kiln.types.v1.Host.metadata:type_name -> kiln.types.v1.ObjectMeta
-	4,  // 24: kiln.types.v1.Host.spec:type_name -> kiln.types.v1.HostSpec
-	13, // 25: kiln.types.v1.Host.status:type_name -> kiln.types.v1.HostStatus
-	16, // 26: kiln.types.v1.ImageSpec.addons:type_name -> kiln.types.v1.ImageAddons
-	2,  // 27: kiln.types.v1.ImageStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 28: kiln.types.v1.Image.metadata:type_name -> kiln.types.v1.ObjectMeta
-	15, // 29: kiln.types.v1.Image.spec:type_name -> kiln.types.v1.ImageSpec
-	17, // 30: kiln.types.v1.Image.status:type_name -> kiln.types.v1.ImageStatus
-	2,  // 31: kiln.types.v1.ClusterStatus.conditions:type_name -> kiln.types.v1.Condition
-	21, // 32: kiln.types.v1.ClusterStatus.addons:type_name -> kiln.types.v1.ClusterAddons
-	1,  // 33: kiln.types.v1.Cluster.metadata:type_name -> kiln.types.v1.ObjectMeta
-	19, // 34: kiln.types.v1.Cluster.spec:type_name -> kiln.types.v1.ClusterSpec
-	20, // 35: kiln.types.v1.Cluster.status:type_name -> kiln.types.v1.ClusterStatus
-	42, // 36: kiln.types.v1.ControlPlaneSpec.host_selector:type_name -> kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
-	43, // 37: kiln.types.v1.ControlPlaneSpec.image_selector:type_name -> kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
-	2,  // 38: kiln.types.v1.ControlPlaneStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 39: kiln.types.v1.ControlPlane.metadata:type_name -> kiln.types.v1.ObjectMeta
-	23, // 40: kiln.types.v1.ControlPlane.spec:type_name -> kiln.types.v1.ControlPlaneSpec
-	24, // 41: kiln.types.v1.ControlPlane.status:type_name -> kiln.types.v1.ControlPlaneStatus
-	44, // 42: kiln.types.v1.MachineDeploymentSpec.host_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
-	26, // 43: kiln.types.v1.MachineDeploymentSpec.strategy:type_name -> kiln.types.v1.RolloutStrategy
-	45, // 44: kiln.types.v1.MachineDeploymentSpec.image_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
-	2,  // 45: kiln.types.v1.MachineDeploymentStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 46: kiln.types.v1.MachineDeployment.metadata:type_name -> kiln.types.v1.ObjectMeta
-	27, // 47: kiln.types.v1.MachineDeployment.spec:type_name -> kiln.types.v1.MachineDeploymentSpec
-	28, // 48: kiln.types.v1.MachineDeployment.status:type_name -> kiln.types.v1.MachineDeploymentStatus
-	2,  // 49: kiln.types.v1.MachineStatus.conditions:type_name -> kiln.types.v1.Condition
-	47, // 50: kiln.types.v1.MachineStatus.bootstrap_time:type_name -> google.protobuf.Timestamp
-	47, // 51: kiln.types.v1.MachineStatus.node_ready_time:type_name -> google.protobuf.Timestamp
-	47, // 52: kiln.types.v1.MachineStatus.certificates_not_after:type_name -> google.protobuf.Timestamp
-	1,  // 53: kiln.types.v1.Machine.metadata:type_name -> kiln.types.v1.ObjectMeta
-	30, // 54: kiln.types.v1.Machine.spec:type_name -> kiln.types.v1.MachineSpec
-	31, // 55: kiln.types.v1.Machine.status:type_name -> kiln.types.v1.MachineStatus
-	46, // 56: kiln.types.v1.HealthCheckSpec.selector:type_name -> kiln.types.v1.HealthCheckSpec.SelectorEntry
-	33, // 57: kiln.types.v1.HealthCheckSpec.unhealthy_conditions:type_name -> kiln.types.v1.UnhealthyCondition
-	2,  // 58: kiln.types.v1.HealthCheckStatus.conditions:type_name -> kiln.types.v1.Condition
-	1,  // 59: kiln.types.v1.HealthCheck.metadata:type_name -> kiln.types.v1.ObjectMeta
-	34, // 60: kiln.types.v1.HealthCheck.spec:type_name -> kiln.types.v1.HealthCheckSpec
-	35, // 61: kiln.types.v1.HealthCheck.status:type_name -> kiln.types.v1.HealthCheckStatus
-	47, // 62: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
-	47, // 63: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
-	47, // 64: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
-	65, // [65:65] is the sub-list for method output_type
-	65, // [65:65] is the sub-list for method input_type
-	65, // [65:65] is the sub-list for extension type_name
-	65, // [65:65] is the sub-list for extension extendee
-	0,  // [0:65] is the sub-list for field type_name
+	58,  // 0: kiln.types.v1.ObjectMeta.labels:type_name -> kiln.types.v1.ObjectMeta.LabelsEntry
+	59,  // 1: kiln.types.v1.ObjectMeta.annotations:type_name -> kiln.types.v1.ObjectMeta.AnnotationsEntry
+	71,  // 2: kiln.types.v1.ObjectMeta.creation_timestamp:type_name -> google.protobuf.Timestamp
+	71,  // 3: kiln.types.v1.ObjectMeta.deletion_timestamp:type_name -> google.protobuf.Timestamp
+	71,  // 4: kiln.types.v1.Condition.last_transition_time:type_name -> google.protobuf.Timestamp
+	3,   // 5: kiln.types.v1.HostSpec.bmc:type_name -> kiln.types.v1.BMCSpec
+	5,   // 6: kiln.types.v1.HostSpec.root_device_hints:type_name -> kiln.types.v1.RootDeviceHints
+	6,   // 7: kiln.types.v1.Facts.disks:type_name -> kiln.types.v1.Disk
+	7,   // 8: kiln.types.v1.Facts.nics:type_name -> kiln.types.v1.NIC
+	8,   // 9: kiln.types.v1.Facts.routes:type_name -> kiln.types.v1.Route
+	60,  // 10: kiln.types.v1.Facts.kube_versions:type_name -> kiln.types.v1.Facts.KubeVersionsEntry
+	71,  // 11: kiln.types.v1.AgentStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
+	71,  // 12: kiln.types.v1.AgentStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
+	71,  // 13: kiln.types.v1.OperationStatus.started:type_name -> google.protobuf.Timestamp
+	71,  // 14: kiln.types.v1.OperationStatus.finished:type_name -> google.protobuf.Timestamp
+	71,  // 15: kiln.types.v1.OperationStatus.retry_after:type_name -> google.protobuf.Timestamp
+	12,  // 16: kiln.types.v1.OperationStatus.progress:type_name -> kiln.types.v1.OperationProgress
+	71,  // 17: kiln.types.v1.OperationProgress.updated:type_name -> google.protobuf.Timestamp
+	0,   // 18: kiln.types.v1.HostStatus.state:type_name -> kiln.types.v1.HostState
+	9,   // 19: kiln.types.v1.HostStatus.facts:type_name -> kiln.types.v1.Facts
+	10,  // 20: kiln.types.v1.HostStatus.agent:type_name -> kiln.types.v1.AgentStatus
+	11,  // 21: kiln.types.v1.HostStatus.last_operation:type_name -> kiln.types.v1.OperationStatus
+	2,   // 22: kiln.types.v1.HostStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,   // 23: kiln.types.v1.Host.metadata:type_name -> kiln.types.v1.ObjectMeta
+	4,   // 24: kiln.types.v1.Host.spec:type_name -> kiln.types.v1.HostSpec
+	13,  // 25: kiln.types.v1.Host.status:type_name -> kiln.types.v1.HostStatus
+	16,  // 26: kiln.types.v1.ImageSpec.addons:type_name -> kiln.types.v1.ImageAddons
+	2,   // 27: kiln.types.v1.ImageStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,   // 28: kiln.types.v1.Image.metadata:type_name -> kiln.types.v1.ObjectMeta
+	15,  // 29: kiln.types.v1.Image.spec:type_name -> kiln.types.v1.ImageSpec
+	17,  // 30: kiln.types.v1.Image.status:type_name -> kiln.types.v1.ImageStatus
+	20,  // 31: kiln.types.v1.ClusterSpec.topology:type_name -> kiln.types.v1.ClusterTopology
+	21,  // 32: kiln.types.v1.ClusterTopology.workers:type_name -> kiln.types.v1.TopologyWorkerPool
+	61,  // 33: kiln.types.v1.ClusterTopology.variables:type_name -> kiln.types.v1.ClusterTopology.VariablesEntry
+	2,   // 34: kiln.types.v1.ClusterStatus.conditions:type_name -> kiln.types.v1.Condition
+	24,  // 35: kiln.types.v1.ClusterStatus.addons:type_name -> kiln.types.v1.ClusterAddons
+	22,  // 36: kiln.types.v1.ClusterStatus.topology:type_name -> kiln.types.v1.ClusterTopologyStatus
+	1,   // 37: kiln.types.v1.Cluster.metadata:type_name -> kiln.types.v1.ObjectMeta
+	19,  // 38: kiln.types.v1.Cluster.spec:type_name -> kiln.types.v1.ClusterSpec
+	23,  // 39: kiln.types.v1.Cluster.status:type_name -> kiln.types.v1.ClusterStatus
+	62,  // 40: kiln.types.v1.ControlPlaneSpec.host_selector:type_name -> kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
+	63,  // 41: kiln.types.v1.ControlPlaneSpec.image_selector:type_name -> kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
+	2,   // 42: kiln.types.v1.ControlPlaneStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,   // 43: kiln.types.v1.ControlPlane.metadata:type_name -> kiln.types.v1.ObjectMeta
+	26,  // 44: kiln.types.v1.ControlPlane.spec:type_name -> kiln.types.v1.ControlPlaneSpec
+	27,  // 45: kiln.types.v1.ControlPlane.status:type_name -> kiln.types.v1.ControlPlaneStatus
+	64,  // 46: kiln.types.v1.MachineDeploymentSpec.host_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
+	29,  // 47: kiln.types.v1.MachineDeploymentSpec.strategy:type_name -> kiln.types.v1.RolloutStrategy
+	65,  // 48: kiln.types.v1.MachineDeploymentSpec.image_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
+	2,   // 49: kiln.types.v1.MachineDeploymentStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,   // 50: kiln.types.v1.MachineDeployment.metadata:type_name -> kiln.types.v1.ObjectMeta
+	30,  // 51: kiln.types.v1.MachineDeployment.spec:type_name -> kiln.types.v1.MachineDeploymentSpec
+	31,  // 52: kiln.types.v1.MachineDeployment.status:type_name -> kiln.types.v1.MachineDeploymentStatus
+	2,   // 53: kiln.types.v1.MachineStatus.conditions:type_name -> kiln.types.v1.Condition
+	71,  // 54: kiln.types.v1.MachineStatus.bootstrap_time:type_name -> google.protobuf.Timestamp
+	71,  // 55: kiln.types.v1.MachineStatus.node_ready_time:type_name -> google.protobuf.Timestamp
+	71,  // 56: kiln.types.v1.MachineStatus.certificates_not_after:type_name -> google.protobuf.Timestamp
+	1,   // 57: kiln.types.v1.Machine.metadata:type_name -> kiln.types.v1.ObjectMeta
+	33,  // 58: kiln.types.v1.Machine.spec:type_name -> kiln.types.v1.MachineSpec
+	34,  // 59: kiln.types.v1.Machine.status:type_name -> kiln.types.v1.MachineStatus
+	66,  // 60: kiln.types.v1.HealthCheckSpec.selector:type_name -> kiln.types.v1.HealthCheckSpec.SelectorEntry
+	36,  // 61: kiln.types.v1.HealthCheckSpec.unhealthy_conditions:type_name -> kiln.types.v1.UnhealthyCondition
+	2,   // 62: kiln.types.v1.HealthCheckStatus.conditions:type_name -> kiln.types.v1.Condition
+	1,   // 63: kiln.types.v1.HealthCheck.metadata:type_name -> kiln.types.v1.ObjectMeta
+	37,  // 64: kiln.types.v1.HealthCheck.spec:type_name -> kiln.types.v1.HealthCheckSpec
+	38,  // 65: kiln.types.v1.HealthCheck.status:type_name -> kiln.types.v1.HealthCheckStatus
+	1,   // 66: kiln.types.v1.ClusterClass.metadata:type_name -> kiln.types.v1.ObjectMeta
+	41,  // 67: kiln.types.v1.ClusterClass.spec:type_name -> kiln.types.v1.ClusterClassSpec
+	45,  // 68: kiln.types.v1.ClusterClass.status:type_name -> kiln.types.v1.ClusterClassStatus
+	42,  // 69: kiln.types.v1.ClusterClassSpec.control_plane:type_name -> kiln.types.v1.ClusterClassMachines
+	43,  // 70: kiln.types.v1.ClusterClassSpec.workers:type_name -> kiln.types.v1.ClusterClassWorker
+	44,  // 71: kiln.types.v1.ClusterClassSpec.variables:type_name -> kiln.types.v1.ClusterClassVariable
+	19,  // 72: kiln.types.v1.ClusterClassSpec.cluster:type_name -> kiln.types.v1.ClusterSpec
+	48,  // 73: kiln.types.v1.ClusterClassSpec.rollout:type_name -> kiln.types.v1.RolloutSpec
+	67,  // 74: kiln.types.v1.ClusterClassMachines.host_selector:type_name -> kiln.types.v1.ClusterClassMachines.HostSelectorEntry
+	68,  // 75: kiln.types.v1.ClusterClassMachines.image_selector:type_name -> kiln.types.v1.ClusterClassMachines.ImageSelectorEntry
+	29,  // 76: kiln.types.v1.ClusterClassMachines.strategy:type_name -> kiln.types.v1.RolloutStrategy
+	37,  // 77: kiln.types.v1.ClusterClassMachines.health_check:type_name -> kiln.types.v1.HealthCheckSpec
+	42,  // 78: kiln.types.v1.ClusterClassWorker.template:type_name -> kiln.types.v1.ClusterClassMachines
+	2,   // 79: kiln.types.v1.ClusterClassStatus.conditions:type_name -> kiln.types.v1.Condition
+	46,  // 80: kiln.types.v1.ClusterClassStatus.revisions:type_name -> kiln.types.v1.ClusterClassRevision
+	41,  // 81: kiln.types.v1.ClusterClassRevision.spec:type_name -> kiln.types.v1.ClusterClassSpec
+	1,   // 82: kiln.types.v1.Rollout.metadata:type_name -> kiln.types.v1.ObjectMeta
+	48,  // 83: kiln.types.v1.Rollout.spec:type_name -> kiln.types.v1.RolloutSpec
+	51,  // 84: kiln.types.v1.Rollout.status:type_name -> kiln.types.v1.RolloutStatus
+	49,  // 85: kiln.types.v1.RolloutSpec.change:type_name -> kiln.types.v1.RolloutChange
+	69,  // 86: kiln.types.v1.RolloutSpec.cluster_selector:type_name -> kiln.types.v1.RolloutSpec.ClusterSelectorEntry
+	50,  // 87: kiln.types.v1.RolloutSpec.halt:type_name -> kiln.types.v1.RolloutHalt
+	70,  // 88: kiln.types.v1.RolloutChange.image_selector:type_name -> kiln.types.v1.RolloutChange.ImageSelectorEntry
+	36,  // 89: kiln.types.v1.RolloutHalt.conditions:type_name -> kiln.types.v1.UnhealthyCondition
+	2,   // 90: kiln.types.v1.RolloutStatus.conditions:type_name -> kiln.types.v1.Condition
+	52,  // 91: kiln.types.v1.RolloutStatus.waves:type_name -> kiln.types.v1.RolloutWave
+	71,  // 92: kiln.types.v1.RolloutWave.done_time:type_name -> google.protobuf.Timestamp
+	1,   // 93: kiln.types.v1.GitSource.metadata:type_name -> kiln.types.v1.ObjectMeta
+	54,  // 94: kiln.types.v1.GitSource.spec:type_name -> kiln.types.v1.GitSourceSpec
+	55,  // 95: kiln.types.v1.GitSource.status:type_name -> kiln.types.v1.GitSourceStatus
+	71,  // 96: kiln.types.v1.GitSourceStatus.applied_time:type_name -> google.protobuf.Timestamp
+	2,   // 97: kiln.types.v1.GitSourceStatus.conditions:type_name -> kiln.types.v1.Condition
+	71,  // 98: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
+	71,  // 99: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
+	71,  // 100: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
+	101, // [101:101] is the sub-list for method output_type
+	101, // [101:101] is the sub-list for method input_type
+	101, // [101:101] is the sub-list for extension type_name
+	101, // [101:101] is the sub-list for extension extendee
+	0,   // [0:101] is the sub-list for field type_name
 }
 
 func init() { file_kiln_types_v1_types_proto_init() }
@@ -4193,13 +5824,14 @@ func file_kiln_types_v1_types_proto_init() {
 		return
 	}
 	file_kiln_types_v1_types_proto_msgTypes[4].OneofWrappers = []any{}
+	file_kiln_types_v1_types_proto_msgTypes[43].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kiln_types_v1_types_proto_rawDesc), len(file_kiln_types_v1_types_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   46,
+			NumMessages:   70,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
