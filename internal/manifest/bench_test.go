@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-
-	"github.com/kilnhq/kiln/controller/validation"
 )
 
 // hostsYAML is a fleet file of n Redfish hosts.
@@ -32,24 +30,6 @@ spec:
 `, i/40, i%40, i/40, i/250, i%250, i/256, i%256)
 	}
 	return []byte(b.String())
-}
-
-// BenchmarkDecode1000Hosts measures parsing and checking a 1000-host file
-// (what `kilnctl apply -f fleet.yaml` does before sending anything).
-func BenchmarkDecode1000Hosts(b *testing.B) {
-	data := hostsYAML(1000)
-	b.SetBytes(int64(len(data)))
-	for b.Loop() {
-		docs, err := Decode("fleet.yaml", data)
-		if err != nil || len(docs) != 1000 {
-			b.Fatalf("Decode() = %d docs, %v", len(docs), err)
-		}
-		for _, d := range docs {
-			if err := validation.Validate(d.Resource); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
 }
 
 // BenchmarkMarshal1000Hosts measures `kilnctl get hosts -o yaml` output

@@ -67,7 +67,7 @@ func (c *converter) spend(n *yaml.Node, path string) bool {
 }
 
 func (c *converter) fail(n *yaml.Node, path, format string, args ...any) {
-	c.errs.add(c.file, n.Line, path, format, args...)
+	c.errs.Add(c.file, n.Line, path, format, args...)
 }
 
 // value converts the node of field fd (a whole list or map, or a single

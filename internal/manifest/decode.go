@@ -100,7 +100,8 @@ func (e *Error) Error() string {
 // Is makes errdefs.IsInvalidArgument(e) true.
 func (e *Error) Is(target error) bool { return target == errdefs.ErrInvalidArgument }
 
-func (e *Error) add(file string, line int, field, format string, args ...any) {
+// Add appends a problem at file:line (field may be empty).
+func (e *Error) Add(file string, line int, field, format string, args ...any) {
 	e.Problems = append(e.Problems, Problem{File: file, Line: line, Field: field, Msg: fmt.Sprintf(format, args...)})
 }
 
@@ -155,7 +156,7 @@ func Decode(file string, data []byte) ([]*Document, error) {
 		}
 		if err != nil {
 			line, msg := yamlErrorLine(err)
-			errs.add(file, line, "", "%s", msg)
+			errs.Add(file, line, "", "%s", msg)
 			break // the decoder cannot resume after a syntax error
 		}
 		doc := decodeDocument(file, &n, &errs)
@@ -201,7 +202,7 @@ func decodeDocument(file string, n *yaml.Node, errs *Error) *Document {
 		return nil
 	}
 	if root.Kind != yaml.MappingNode {
-		errs.add(file, root.Line, "", "a document must be a mapping with apiVersion, kind, metadata and spec")
+		errs.Add(file, root.Line, "", "a document must be a mapping with apiVersion, kind, metadata and spec")
 		return nil
 	}
 	before := len(errs.Problems)
@@ -222,28 +223,28 @@ func decodeDocument(file string, n *yaml.Node, errs *Error) *Document {
 			if s := suggest(k.Value, []string{"apiVersion", "kind", "metadata", "spec", "status"}); s != "" {
 				msg = "unknown field (did you mean " + s + "?)"
 			}
-			errs.add(file, k.Line, k.Value, "%s", msg)
+			errs.Add(file, k.Line, k.Value, "%s", msg)
 			continue
 		}
 		d.lines[k.Value] = k.Line
 	}
 	switch {
 	case apiVersion == nil:
-		errs.add(file, root.Line, "apiVersion", "required: use %s", APIVersion)
+		errs.Add(file, root.Line, "apiVersion", "required: use %s", APIVersion)
 	case apiVersion.Value != APIVersion:
-		errs.add(file, apiVersion.Line, "apiVersion", "%q is not served: use %s", apiVersion.Value, APIVersion)
+		errs.Add(file, apiVersion.Line, "apiVersion", "%q is not served: use %s", apiVersion.Value, APIVersion)
 	}
 	kinds := kindFields()
 	var fd protoreflect.FieldDescriptor
 	switch {
 	case kind == nil:
-		errs.add(file, root.Line, "kind", "required: one of %s", strings.Join(KindNames(), ", "))
+		errs.Add(file, root.Line, "kind", "required: one of %s", strings.Join(KindNames(), ", "))
 	case kinds[kind.Value] == nil:
 		msg := fmt.Sprintf("unknown kind %q: use one of %s", kind.Value, strings.Join(KindNames(), ", "))
 		if s := suggest(kind.Value, KindNames()); s != "" {
 			msg = fmt.Sprintf("unknown kind %q (did you mean %s?)", kind.Value, s)
 		}
-		errs.add(file, kind.Line, "kind", "%s", msg)
+		errs.Add(file, kind.Line, "kind", "%s", msg)
 	default:
 		fd = kinds[kind.Value]
 	}
@@ -262,9 +263,9 @@ func decodeDocument(file string, n *yaml.Node, errs *Error) *Document {
 		}
 		if !ok {
 			if name == "spec" {
-				errs.add(file, root.Line, "spec", "required")
+				errs.Add(file, root.Line, "spec", "required")
 			} else {
-				errs.add(file, root.Line, "metadata", "required: at least metadata.name")
+				errs.Add(file, root.Line, "metadata", "required: at least metadata.name")
 			}
 			continue
 		}
@@ -278,14 +279,14 @@ func decodeDocument(file string, n *yaml.Node, errs *Error) *Document {
 	}
 	b, err := json.Marshal(obj)
 	if err != nil {
-		errs.add(file, root.Line, "", "encode: %v", err)
+		errs.Add(file, root.Line, "", "encode: %v", err)
 		return nil
 	}
 	msg := (&controllerv1.Resource{}).ProtoReflect().NewField(fd).Message().Interface()
 	if err := protojson.Unmarshal(b, msg); err != nil {
 		// The walk above checks every field, so this is a bug or a
 		// corner it does not know; keep the position of the document.
-		errs.add(file, root.Line, "", "%v", err)
+		errs.Add(file, root.Line, "", "%v", err)
 		return nil
 	}
 	r := &controllerv1.Resource{}
@@ -303,7 +304,7 @@ func UnmarshalMessage(file string, data []byte, m proto.Message) error {
 	if err := yaml.Unmarshal(data, &n); err != nil {
 		line, msg := yamlErrorLine(err)
 		errs := &Error{}
-		errs.add(file, line, "", "%s", msg)
+		errs.Add(file, line, "", "%s", msg)
 		return errs
 	}
 	root := &n
@@ -324,7 +325,7 @@ func UnmarshalMessage(file string, data []byte, m proto.Message) error {
 		return fmt.Errorf("manifest: encode: %w", err)
 	}
 	if err := protojson.Unmarshal(b, m); err != nil {
-		errs.add(file, root.Line, "", "%v", err)
+		errs.Add(file, root.Line, "", "%v", err)
 		return errs
 	}
 	return nil

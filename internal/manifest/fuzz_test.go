@@ -66,7 +66,10 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("Decode returned a document without a resource")
 			}
 			var errs Error
-			CheckDocument(d, &errs)
+			if checkDocument == nil {
+				t.Fatal("checkDocument is unset: load_test.go's init sets it")
+			}
+			checkDocument(d, &errs)
 			for _, p := range errs.Problems {
 				if p.Line < 1 || p.Line > lines {
 					t.Errorf("validation problem %q at line %d, outside the file's %d lines", p, p.Line, lines)

@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-
-	"github.com/kilnhq/kiln/controller/validation"
 )
 
 // Files expands paths into the files to read: a file stands for itself,
@@ -50,17 +48,17 @@ func Files(paths ...string) ([]string, error) {
 	return out, nil
 }
 
-// Load reads every file named by paths (see Files), decodes every
-// document and validates every resource with validation.Validate. It
-// returns the documents only when all of them are good; otherwise an
-// *Error listing every problem of every file, each with its file and line
-// (class errdefs.InvalidArgument), so nothing is applied from a set with
-// one bad document. The same kind and name twice is a problem too. stdin
-// is read for "-".
-func Load(stdin io.Reader, paths ...string) ([]*Document, error) {
+// Read reads every file named by paths (see Files) and decodes every
+// document. It returns the documents that decoded, and problems listing
+// every problem of every file, each with its file and line (nil when
+// there are none); the same kind and name twice is a problem too. err is
+// an error reading the files. stdin is read for "-". Read does not
+// validate the resources: controller/validation.LoadManifests reads and
+// validates, all or nothing.
+func Read(stdin io.Reader, paths ...string) (docs []*Document, problems *Error, err error) {
 	files, err := Files(paths...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var all []*Document
 	var errs Error
@@ -72,7 +70,7 @@ func Load(stdin io.Reader, paths ...string) ([]*Document, error) {
 			data, err = os.ReadFile(f)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("manifest: %w", err)
+			return nil, nil, fmt.Errorf("manifest: %w", err)
 		}
 		docs, err := Decode(f, data)
 		var derr *Error
@@ -81,46 +79,50 @@ func Load(stdin io.Reader, paths ...string) ([]*Document, error) {
 			errs.Problems = append(errs.Problems, derr.Problems...)
 			continue
 		case err != nil:
-			return nil, err
+			return nil, nil, err
 		}
 		all = append(all, docs...)
 	}
 	seen := map[string]*Document{}
 	for _, d := range all {
-		CheckDocument(d, &errs)
-		kind, name := validation.KindName(d.Resource)
+		kind, name := d.KindName()
 		key := kind + "/" + name
 		if first, dup := seen[key]; dup && name != "" {
-			errs.add(d.File, d.Line, "", "%s is also defined at %s:%d: each resource once", key, first.File, first.Line)
+			errs.Add(d.File, d.Line, "", "%s is also defined at %s:%d: each resource once", key, first.File, first.Line)
 			continue
 		}
 		seen[key] = d
 	}
-	if err := errs.orNil(); err != nil {
-		return nil, err
+	if len(errs.Problems) > 0 {
+		return all, &errs, nil
 	}
-	return all, nil
+	return all, nil, nil
 }
 
-// CheckDocument runs validation.Validate on d's resource and adds its
-// problems to errs, each at the line of its field.
-func CheckDocument(d *Document, errs *Error) {
-	err := validation.Validate(d.Resource)
-	if err == nil {
-		return
+// KindName returns the kind ("Host") and the metadata name of the
+// document's resource; both are empty for a Resource with no kind set.
+func (d *Document) KindName() (kind, name string) {
+	m := d.Resource.ProtoReflect()
+	od := m.Descriptor().Oneofs().ByName("kind")
+	if od == nil {
+		return "", ""
 	}
-	var verr *validation.Error
-	if !errors.As(err, &verr) {
-		errs.add(d.File, d.Line, "", "%v", err)
-		return
+	fd := m.WhichOneof(od)
+	if fd == nil {
+		return "", ""
 	}
-	for _, f := range verr.Fields {
-		errs.add(d.File, d.FieldLine(f.Field), f.Field, "%s", f.Message)
+	obj := m.Get(fd).Message()
+	kind = string(obj.Descriptor().Name())
+	md := obj.Descriptor().Fields().ByName("metadata")
+	if md == nil || !obj.Has(md) {
+		return kind, ""
 	}
+	meta := obj.Get(md).Message()
+	return kind, meta.Get(meta.Descriptor().Fields().ByName("name")).String()
 }
 
 // Summary returns "Kind/name" for a document, for messages.
 func (d *Document) Summary() string {
-	kind, name := validation.KindName(d.Resource)
+	kind, name := d.KindName()
 	return strings.ToLower(kind) + "/" + name
 }

@@ -2,8 +2,6 @@ package manifest
 
 import (
 	"encoding/json"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +11,6 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/kilnhq/kiln/controller/validation"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
@@ -77,7 +74,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"proto name suggests json name", strings.Replace(goodCluster, "podCidr", "pod_cidr", 1),
 			[]string{"f.yaml:9: spec.pod_cidr: unknown field (did you mean podCidr?)"}},
 		{"unknown field without suggestion", goodCluster + "  flavour: large\n",
-			[]string{"f.yaml:11: spec.flavour: unknown field: ClusterSpec has ccmManifest, certificateRenewalDays, cloudProvider, cniManifest, controlPlaneEndpoint, dnsDomain, kubernetesVersion, paused, podCidr, serviceCidr"}},
+			[]string{"f.yaml:11: spec.flavour: unknown field: ClusterSpec has ccmManifest, certificateRenewalDays, cloudProvider, cniManifest, controlPlaneEndpoint, dnsDomain, kubernetesVersion, paused, podCidr, serviceCidr, topology"}},
 		{"wrong type int for string", strings.Replace(goodCluster, "v1.34.4", "1.34", 1),
 			[]string{`f.yaml:8: spec.kubernetesVersion: want a string, got the number 1.34: quote it ("1.34")`}},
 		{"wrong type string for int", "apiVersion: kiln.dev/v1\nkind: ControlPlane\nmetadata:\n  name: cp\nspec:\n  cluster: lab\n  replicas: three\n",
@@ -103,7 +100,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"unknown kind", strings.Replace(goodCluster, "kind: Cluster", "kind: Clustr", 1),
 			[]string{`f.yaml:2: kind: unknown kind "Clustr" (did you mean Cluster?)`}},
 		{"missing kind", strings.Replace(goodCluster, "kind: Cluster\n", "", 1),
-			[]string{"f.yaml:1: kind: required: one of Host, Image, Cluster, ControlPlane, MachineDeployment, Machine, HealthCheck"}},
+			[]string{"f.yaml:1: kind: required: one of Host, Image, Cluster, ControlPlane, MachineDeployment, Machine, HealthCheck, ClusterClass, Rollout, GitSource"}},
 		{"bad api version", strings.Replace(goodCluster, "kiln.dev/v1", "kiln.dev/v1beta1", 1),
 			[]string{`f.yaml:1: apiVersion: "kiln.dev/v1beta1" is not served: use kiln.dev/v1`}},
 		{"unknown top-level key", goodCluster + "specs: {}\n",
@@ -140,83 +137,10 @@ func TestDecodeErrors(t *testing.T) {
 	}
 }
 
-func TestLoadValidationLines(t *testing.T) {
-	dir := t.TempDir()
-	p := filepath.Join(dir, "lab.yaml")
-	in := strings.Replace(goodCluster, "10.244.0.0/16", "10.244.1.0/16", 1) + "---\napiVersion: kiln.dev/v1\nkind: ControlPlane\nmetadata:\n  name: cp\nspec:\n  cluster: lab\n  replicas: 2\n"
-	require.NoError(t, os.WriteFile(p, []byte(in), 0o644))
-	_, err := Load(nil, p)
-	require.Error(t, err)
-	want := p + `:9: spec.podCidr: "10.244.1.0/16" has host bits set: use 10.244.0.0/16` + "\n" +
-		p + ":18: spec.replicas: 2 is even: an even number of control-plane members cannot keep etcd quorum better than one less: use 1, 3 or 5"
-	if err.Error() != want {
-		t.Errorf("Load(%q) = %q, want %q", p, err, want)
-	}
-}
-
-func TestLoadDirectoryAllOrNothing(t *testing.T) {
-	dir := t.TempDir()
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "a.yaml"), []byte(goodCluster), 0o644))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "notes.txt"), []byte("not yaml: ["), 0o644))
-	docs, err := Load(nil, dir)
-	require.NoError(t, err)
-	require.Len(t, docs, 1)
-
-	// One bad file among good ones: nothing comes back.
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "b.yml"), []byte(strings.Replace(goodCluster, "name: lab", "name: Lab", 1)), 0o644))
-	docs, err = Load(nil, dir)
-	if err == nil || docs != nil {
-		t.Fatalf("Load(dir with a bad file) = %d docs, %v, want no docs and an error", len(docs), err)
-	}
-	if want := filepath.Join(dir, "b.yml") + `:4: metadata.name: "Lab" is not a DNS-1123 name`; !strings.Contains(err.Error(), want) {
-		t.Errorf("Load(dir) = %q, want it to contain %q", err, want)
-	}
-
-	// The same resource twice.
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "b.yml"), []byte(goodCluster), 0o644))
-	_, err = Load(nil, dir)
-	if want := filepath.Join(dir, "b.yml") + ":1: Cluster/lab is also defined at " + filepath.Join(dir, "a.yaml") + ":1"; err == nil || !strings.Contains(err.Error(), want) {
-		t.Errorf("Load(dir with a duplicate) = %v, want %q", err, want)
-	}
-
-	// Standard input.
-	docs, err = Load(strings.NewReader(goodCluster), "-")
-	require.NoError(t, err)
-	if len(docs) != 1 || docs[0].File != "-" {
-		t.Errorf("Load(stdin) = %v, want one document from -", docs)
-	}
-
-	if _, err := Load(nil, t.TempDir()); err == nil || !strings.Contains(err.Error(), "holds no *.yaml or *.yml files") {
-		t.Errorf("Load(empty dir) = %v, want an error naming the empty directory", err)
-	}
-}
-
-// TestExamples parses and validates every file in examples/: what we show
-// users must apply.
-func TestExamples(t *testing.T) {
-	docs, err := Load(nil, "../../examples")
-	require.NoError(t, err)
-	kinds := map[string]int{}
-	for _, d := range docs {
-		kind, _ := validation.KindName(d.Resource)
-		kinds[kind]++
-	}
-	want := map[string]int{"Host": 3, "Image": 1, "Cluster": 2, "ControlPlane": 2, "MachineDeployment": 2, "HealthCheck": 1}
-	for k, n := range want {
-		if kinds[k] != n {
-			t.Errorf("Load(examples) has %d %s, want %d", kinds[k], k, n)
-		}
-	}
-	for _, f := range []string{"host-redfish.yaml", "host-ipmi.yaml", "host-byoh.yaml", "image.yaml", "cluster.yaml", "lab-cluster.yaml"} {
-		if _, err := os.Stat(filepath.Join("../../examples", f)); err != nil {
-			t.Errorf("examples/%s: %v", f, err)
-		}
-	}
-}
-
 func TestMarshalRoundTrip(t *testing.T) {
-	docs, err := Load(nil, "../../examples")
+	docs, problems, err := Read(nil, "../../examples")
 	require.NoError(t, err)
+	require.Nil(t, problems)
 	for _, d := range docs {
 		b, err := Marshal(d.Resource)
 		require.NoError(t, err)

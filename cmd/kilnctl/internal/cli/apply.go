@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kilnhq/kiln/controller/validation"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/manifest"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
@@ -38,7 +39,7 @@ References to objects in the same apply count as existing.`,
 			if len(files) == 0 {
 				return errdefs.InvalidArgument("apply: pass -f FILE or -f DIR (or -f - for standard input)")
 			}
-			docs, err := manifest.Load(a.opts.Stdin, files...)
+			docs, err := validation.LoadManifests(a.opts.Stdin, files...)
 			var merr *manifest.Error
 			if errors.As(err, &merr) {
 				return fmt.Errorf("nothing applied; fix these and apply again:\n%w", err)

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kilnhq/kiln/controller/controllertest"
+	"github.com/kilnhq/kiln/controller/validation"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/manifest"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
@@ -71,7 +72,7 @@ func TestEndToEnd(t *testing.T) {
 	})
 
 	t.Run("get -o yaml prints what was applied", func(t *testing.T) {
-		applied, err := manifest.Load(nil, filepath.Join(examplesDir, "host-redfish.yaml"))
+		applied, err := validation.LoadManifests(nil, filepath.Join(examplesDir, "host-redfish.yaml"))
 		require.NoError(t, err)
 		out := mustKilnctl(t, admin, "get", "host", "rack1-01", "-o", "yaml")
 		if strings.Contains(out, "change-me") || strings.Contains(out, "password:") {

@@ -12,9 +12,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kilnhq/kiln/controller/validation"
 	"github.com/kilnhq/kiln/e2e/lab/rack"
 	"github.com/kilnhq/kiln/internal/errdefs"
-	"github.com/kilnhq/kiln/internal/manifest"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -58,7 +58,7 @@ func TestLabHosts(t *testing.T) {
 	out, stderr, err := runLab(t, "", "lab", "hosts", "--state-dir", dir)
 	require.NoError(t, err, stderr)
 
-	docs, err := manifest.Load(strings.NewReader(out), "-")
+	docs, err := validation.LoadManifests(strings.NewReader(out), "-")
 	require.NoError(t, err, "kilnctl apply would refuse:\n%s", out)
 	require.Len(t, docs, 2)
 	want := []*typesv1.Host{

@@ -14,9 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnhq/kiln/bmc"
+	"github.com/kilnhq/kiln/controller/validation"
 	"github.com/kilnhq/kiln/e2e/lab/rack"
 	"github.com/kilnhq/kiln/internal/conditions"
-	"github.com/kilnhq/kiln/internal/manifest"
 	"github.com/kilnhq/kiln/internal/testenv"
 )
 
@@ -67,7 +67,7 @@ func TestLabCommands(t *testing.T) {
 	// lab hosts prints Host resources kilnctl apply accepts, named LAB-hI.
 	hosts, err := exec.Command(kilnctl, "lab", "hosts", "--state-dir", dir).Output()
 	require.NoError(t, err)
-	docs, err := manifest.Load(bytes.NewReader(hosts), "-")
+	docs, err := validation.LoadManifests(bytes.NewReader(hosts), "-")
 	require.NoError(t, err, "kilnctl apply would refuse kilnctl lab hosts:\n%s", hosts)
 	require.Len(t, docs, 2)
 	for i, d := range docs {
