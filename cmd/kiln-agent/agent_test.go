@@ -22,11 +22,11 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
-	agentclient "github.com/kilnhq/kiln/agent/client"
 	"github.com/kilnhq/kiln/agent/identity"
 	"github.com/kilnhq/kiln/agent/logring"
 	"github.com/kilnhq/kiln/agent/renew"
 	"github.com/kilnhq/kiln/controller"
+	agentclient "github.com/kilnhq/kiln/controller/agentclient"
 	"github.com/kilnhq/kiln/controller/controllertest"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/pki"

@@ -9,7 +9,7 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/kilnhq/kiln/agent/client"
+	"github.com/kilnhq/kiln/controller/agentclient"
 	"github.com/kilnhq/kiln/internal/pki"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
@@ -53,7 +53,7 @@ func (p *AgentPool) Dial(_ context.Context, h *typesv1.Host) (agentv1.AgentClien
 		c.conn.Close()
 		delete(p.conns, name)
 	}
-	cl, conn, err := client.DialFollowing(addr, name, p.roots, p.cert)
+	cl, conn, err := agentclient.DialFollowing(addr, name, p.roots, p.cert)
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package client_test
+package agentclient_test
 
 import (
 	"context"
@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kilnhq/kiln/agent/agenttest"
-	"github.com/kilnhq/kiln/agent/client"
 	"github.com/kilnhq/kiln/agent/server"
+	client "github.com/kilnhq/kiln/controller/agentclient"
 	"github.com/kilnhq/kiln/internal/pki"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"

@@ -1,10 +1,10 @@
-// Package client is how the controller (and the lab) dials an agent: mTLS
+// Package agentclient is how the controller (and the lab) dials an agent: mTLS
 // with the controller's certificate, trusting only the Kiln CA, and
 // checking that the agent at the address is the host it expects. An agent
 // certificate names its host (CommonName) and carries the agent role, so an
 // agent that took over another host's address is refused, whatever IP
 // addresses its certificate lists.
-package client
+package agentclient
 
 import (
 	"crypto/tls"
