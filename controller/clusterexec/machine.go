@@ -398,7 +398,11 @@ func (e *Executor) bootstrapped(ctx context.Context, c *typesv1.Cluster, a machi
 	e.log.Info("machine bootstrapped", "machine", name, "mode", mode)
 	return e.updateMachine(ctx, name, func(x *typesv1.Machine) bool {
 		x.Status.Conditions, _ = conditions.Set(x.Status.Conditions, conditions.New(ConditionBootstrapped, conditions.True, "Kubeadm"+strings.ReplaceAll(titleMode(mode), "-", ""), ""), now)
-		x.Status.Conditions, _ = conditions.Set(x.Status.Conditions, conditions.New(machineplan.ConditionOperation, conditions.False, machineplan.ReasonSucceeded, "operation "+a.OperationID), now)
+		// False (no operation runs) is the good end here: severity Info
+		// keeps describe and the dashboard from painting it as a failure.
+		done := conditions.New(machineplan.ConditionOperation, conditions.False, machineplan.ReasonSucceeded, "operation "+a.OperationID)
+		done.Severity = "Info"
+		x.Status.Conditions, _ = conditions.Set(x.Status.Conditions, done, now)
 		if conditions.Get(x.Status.Conditions, ConditionBootstrapFailed) != nil {
 			x.Status.Conditions, _ = conditions.Set(x.Status.Conditions, conditions.New(ConditionBootstrapFailed, conditions.False, "Bootstrapped", ""), now)
 		}

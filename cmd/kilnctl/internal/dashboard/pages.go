@@ -29,13 +29,14 @@ var assets embed.FS
 
 func parseTemplates() (*template.Template, error) {
 	return template.New("").Funcs(template.FuncMap{
-		"hostState":   describe.HostState,
-		"dash":        describe.Dash,
-		"statusClass": statusClass,
-		"bytes":       humanBytes,
-		"pct":         func(f float64) string { return strconv.FormatFloat(f, 'f', 0, 64) },
-		"labels":      labelString,
-		"dist":        func(id, title string, c []count) distView { return distView{ID: id, Title: title, Counts: c} },
+		"hostState":      describe.HostState,
+		"dash":           describe.Dash,
+		"statusClass":    statusClass,
+		"conditionClass": conditionClass,
+		"bytes":          humanBytes,
+		"pct":            func(f float64) string { return strconv.FormatFloat(f, 'f', 0, 64) },
+		"labels":         labelString,
+		"dist":           func(id, title string, c []count) distView { return distView{ID: id, Title: title, Counts: c} },
 		"timestamp": func(ts *timestamppb.Timestamp) string {
 			if ts == nil {
 				return "-"

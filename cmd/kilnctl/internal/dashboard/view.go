@@ -326,6 +326,16 @@ func clusterOf(f *fleet, h *typesv1.Host) string {
 	return ""
 }
 
+// conditionClass is the CSS class of a condition's status: a False
+// condition of severity Info (an operation that ended well, a check that
+// does not apply) is not a failure.
+func conditionClass(status, severity string) string {
+	if strings.EqualFold(status, "false") && severity == "Info" {
+		return "none"
+	}
+	return statusClass(status)
+}
+
 // statusClass is the CSS class of a condition status or host state.
 func statusClass(s string) string {
 	switch strings.ToLower(s) {
