@@ -479,6 +479,127 @@ func TestUpDownQEMU(t *testing.T) {
 	}
 }
 
+// TestUpDownLibvirt brings up a one-host libvirt lab (the system libvirtd
+// when its socket answers, else a private one the supervisor starts),
+// powers the domain on with a blank disk through its Redfish emulator,
+// checks libvirt runs it (virsh domstate) and its QEMU is recorded, and
+// checks Down leaves no domain, libvirtd, QEMU, file, link or nft table of
+// the lab, after a clean stop and after the supervisor was killed.
+func TestUpDownLibvirt(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Skip(t, "needs root for the bridge, nftables and libvirtd")
+	}
+	for tool, pkg := range map[string]string{"ip": "iproute2", "nft": "nftables", "qemu-system-x86_64": "qemu-system-x86",
+		"libvirtd": "libvirt-daemon-system", "virsh": "libvirt-clients", "unshare": "util-linux"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			testenv.Skipf(t, "%s not installed (Debian package %s)", tool, pkg)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	for _, crash := range []bool{false, true} {
+		t.Run(fmt.Sprintf("supervisor crashed=%v", crash), func(t *testing.T) {
+			before := snapshot(t)
+			// Short: the private libvirtd's socket lives in it (108 bytes).
+			dir, err := os.MkdirTemp("", "kiln-lvlab-")
+			require.NoError(t, err)
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			dir = filepath.Join(dir, "lab")
+			name := fmt.Sprintf("v%d", os.Getpid()%100000)
+			rep, err := Up(ctx, Options{
+				Name: name, Hosts: 1, Backend: BackendLibvirt, StateDir: dir, DiskSize: 64 << 20,
+				ServeCommand: []string{os.Args[0], "-test.run=^$"}, ServeEnv: []string{serveEnv + "=" + dir},
+			})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = Down(context.Background(), dir, nil) })
+			require.Len(t, rep.Hosts, 1)
+			h := rep.Hosts[0]
+			require.Equal(t, BackendLibvirt, rep.Backend)
+			require.NotEmpty(t, rep.LibvirtSocket)
+			t.Logf("libvirtd at %s (private: %v)", rep.LibvirtSocket, rep.LibvirtPrivate)
+			dom := "kiln-" + name + "-h1"
+			require.Equal(t, dom, h.Machine)
+			virsh := func(args ...string) (string, error) {
+				out, err := exec.Command("virsh", append([]string{"-c", "qemu:///system?socket=" + rep.LibvirtSocket}, args...)...).CombinedOutput()
+				return strings.TrimSpace(string(out)), err
+			}
+			st, err := virsh("domstate", dom)
+			require.NoError(t, err, "virsh domstate %s: %s", dom, st)
+			require.Equal(t, "shut off", st)
+
+			c := rep.Credentials[h.Name]
+			redfishReset(t, h.BMC.Address, c, "Hdd", "On")
+			st, err = virsh("domstate", dom)
+			require.NoError(t, err, st)
+			require.Equal(t, "running", st, "virsh domstate after a Redfish power on")
+
+			rep, err = Status(dir)
+			require.NoError(t, err)
+			require.True(t, rep.Running)
+			var pids []string
+			for _, r := range rep.Resources {
+				if r.Kind == netns.KindPID {
+					pids = append(pids, r.Value)
+				}
+			}
+			want := 1 // QEMU
+			if rep.LibvirtPrivate {
+				want = 2 // and libvirtd
+			}
+			require.Len(t, pids, want, "processes recorded: %v", rep.Resources)
+			for _, p := range pids {
+				require.True(t, netns.ProcessAlive(p), "recorded process %s not running", p)
+			}
+			require.Contains(t, rep.Resources, netns.Resource{Kind: KindDomain, Value: dom})
+
+			if crash {
+				var spid int
+				fmt.Sscanf(rep.Serve, "%d:", &spid)
+				require.NoError(t, syscall.Kill(spid, syscall.SIGKILL))
+				for netns.ProcessAlive(rep.Serve) {
+					time.Sleep(50 * time.Millisecond)
+				}
+				for _, p := range pids {
+					require.True(t, netns.ProcessAlive(p), "%s outlives its killed supervisor", p)
+				}
+			}
+
+			t0 := time.Now()
+			require.NoError(t, Down(ctx, dir, slog.New(slog.NewTextHandler(testWriter{t}, nil))))
+			t.Logf("lab down took %s", time.Since(t0).Round(time.Millisecond))
+			for _, p := range append(pids, rep.Serve) {
+				if netns.ProcessAlive(p) {
+					t.Errorf("after Down: process %s still running", p)
+				}
+			}
+			if rep.LibvirtPrivate {
+				for _, p := range []string{"/etc/libvirt/qemu/" + dom + ".xml", "/run/libvirt/qemu/" + dom + ".pid", "/run/libvirt/qemu/" + dom + ".xml", "/var/log/libvirt/qemu/" + dom + ".log"} {
+					if _, err := os.Stat(p); err == nil {
+						t.Errorf("after Down: %s (the domain at the private libvirtd) still there", p)
+					}
+				}
+			} else if out, err := virsh("dominfo", dom); err == nil {
+				t.Errorf("after Down: domain %s still defined:\n%s", dom, out)
+			}
+			for _, p := range []string{dir, h.Disk} {
+				if _, err := os.Stat(p); err == nil {
+					t.Errorf("after Down: %s still there", p)
+				}
+			}
+			after := snapshot(t)
+			for _, c := range []struct {
+				what          string
+				before, after []string
+			}{{"link", before.links, after.links}, {"nft table", before.tables, after.tables}} {
+				extra := slices.DeleteFunc(diff(c.before, c.after), func(x string) bool { return !strings.Contains(x, name) })
+				if len(extra) > 0 {
+					t.Errorf("after Down: %s left behind: %v", c.what, extra)
+				}
+			}
+		})
+	}
+}
+
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
