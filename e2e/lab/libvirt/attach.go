@@ -37,8 +37,8 @@ type AttachOptions struct {
 // Attach connects to libvirtd and returns an existing domain behind
 // machine.Machine, for a BMC in front of VMs a CI already defines. Power
 // on rewrites only the domain's boot order (`<os><boot dev>` when the
-// domain uses it, else the `<boot order>` of its first disk, CD drive
-// and NIC) and starts it; virtual media changes the source of its first
+// domain uses it, else the `<boot order>` of its boot disk, CD drive and
+// NIC) and starts it; virtual media changes the source of its first
 // CD drive. Close disconnects and leaves the domain defined.
 //
 // It returns InvalidArgument without a domain or directory, NotFound
@@ -185,15 +185,31 @@ func firstDisk(d *libvirtxml.Domain, device string) *libvirtxml.DomainDisk {
 	return nil
 }
 
+// bootDisk is the disk of device kind that boots first in d (the lowest
+// `<boot order>`), else the first of that kind; nil when none.
+func bootDisk(d *libvirtxml.Domain, device string) *libvirtxml.DomainDisk {
+	var best *libvirtxml.DomainDisk
+	for i := range d.Devices.Disks {
+		dk := &d.Devices.Disks[i]
+		if dk.Device != device && !(device == "disk" && dk.Device == "") {
+			continue
+		}
+		if best == nil || (dk.Boot != nil && (best.Boot == nil || dk.Boot.Order < best.Boot.Order)) {
+			best = dk
+		}
+	}
+	return best
+}
+
 // osBootDev are the `<os><boot dev>` names of the lab's boot devices.
 var osBootDev = map[string]string{machine.BootDisk: "hd", machine.BootCD: "cdrom", machine.BootPXE: "network"}
 
 // setBootDevice makes dev boot first in an existing domain definition.
 // A domain with `<os><boot dev>` elements gets dev's element first; one
-// with per-device `<boot order>` (or none) gets order 1 on its first
-// device of that kind and 2, 3 on the others (the disk, NIC, CD of
-// bootOrder), every other disk and NIC losing its order (libvirt wants
-// them unique). It returns FailedPrecondition when the domain has no
+// with per-device `<boot order>` (or none) gets order 1 on its device of
+// that kind that booted first (else the first of that kind) and 2, 3 on
+// the others (the disk, NIC, CD of bootOrder), every other disk and NIC
+// losing its order (libvirt wants them unique). It returns FailedPrecondition when the domain has no
 // device of that kind.
 func setBootDevice(d *libvirtxml.Domain, dev string) error {
 	if d.OS != nil && len(d.OS.BootDevices) > 0 {
@@ -210,10 +226,13 @@ func setBootDevice(d *libvirtxml.Domain, dev string) error {
 	if d.Devices == nil {
 		return errdefs.FailedPrecondition("domain has no devices")
 	}
-	disk, cd := firstDisk(d, "disk"), firstDisk(d, "cdrom")
+	disk, cd := bootDisk(d, "disk"), bootDisk(d, "cdrom")
 	var nic *libvirtxml.DomainInterface
-	if len(d.Devices.Interfaces) > 0 {
-		nic = &d.Devices.Interfaces[0]
+	for i := range d.Devices.Interfaces {
+		n := &d.Devices.Interfaces[i]
+		if nic == nil || (n.Boot != nil && (nic.Boot == nil || n.Boot.Order < nic.Boot.Order)) {
+			nic = n
+		}
 	}
 	switch {
 	case dev == machine.BootCD && cd == nil:

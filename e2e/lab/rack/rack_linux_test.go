@@ -338,6 +338,7 @@ func TestUpInvalid(t *testing.T) {
 		{"boot URL not http", Options{Hosts: 1, BootURL: "tftp://10.0.0.1/{host}", ServeCommand: []string{"x"}}},
 		{"boot URL without host", Options{Hosts: 1, BootURL: "http://{gateway}:8080/boot/ipxe/h1", ServeCommand: []string{"x"}}},
 		{"boot URL on qemu", Options{Hosts: 1, Backend: BackendQEMU, BootURL: "http://{gateway}:8080/boot/ipxe/{host}", ServeCommand: []string{"x"}}},
+		{"boot URL on libvirt", Options{Hosts: 1, Backend: BackendLibvirt, BootURL: "http://{gateway}:8080/boot/ipxe/{host}", ServeCommand: []string{"x"}}},
 		{"unknown redfish auth", Options{Hosts: 1, RedfishAuth: []string{"digest"}, ServeCommand: []string{"x"}}},
 		{"more redfish auths than hosts", Options{Hosts: 1, RedfishAuth: []string{"basic", "basic"}, ServeCommand: []string{"x"}}},
 	}
@@ -354,10 +355,12 @@ func TestUpInvalid(t *testing.T) {
 // machine can run, naming the limit and KVM.
 func TestQEMUHostLimit(t *testing.T) {
 	t.Setenv("KILN_QEMU_ACCEL", "")
-	_, err := Up(context.Background(), Options{Hosts: 2, IPMI: 1, Backend: BackendQEMU, ChassisCommand: []string{"x"}, ServeCommand: []string{"x"}})
-	require.Error(t, err)
-	for _, want := range []string{"at most 2", "KVM"} {
-		require.Contains(t, err.Error(), want)
+	for _, backend := range []string{BackendQEMU, BackendLibvirt} {
+		_, err := Up(context.Background(), Options{Hosts: 2, IPMI: 1, Backend: backend, ChassisCommand: []string{"x"}, ServeCommand: []string{"x"}})
+		require.Error(t, err, backend)
+		for _, want := range []string{"3 " + backend + " hosts", "at most 2", "KVM"} {
+			require.Contains(t, err.Error(), want)
+		}
 	}
 }
 
