@@ -144,7 +144,9 @@ type Options struct {
 	// (kiln-chassis, or {"kilnctl", "lab", "chassis"}); required when
 	// IPMI > 0.
 	ChassisCommand []string `json:"chassisCommand,omitempty"`
-	// ReadyTimeout bounds Up's wait for the supervisor (default 2 min).
+	// ReadyTimeout bounds Up's wait for the supervisor (default 2 min; 10
+	// min for libvirt, whose private libvirtd waits for another one to
+	// stop).
 	ReadyTimeout time.Duration `json:"readyTimeout,omitempty"`
 }
 
@@ -237,6 +239,11 @@ func (o *Options) defaults() error {
 	}
 	if o.ReadyTimeout == 0 {
 		o.ReadyTimeout = 2 * time.Minute
+		if o.Backend == BackendLibvirt {
+			// A private libvirtd waits for another one to stop
+			// (libvirt.LockFile).
+			o.ReadyTimeout = 10 * time.Minute
+		}
 	}
 	return nil
 }

@@ -498,7 +498,8 @@ func TestUpDownLibvirt(t *testing.T) {
 			testenv.Skipf(t, "%s not installed (Debian package %s)", tool, pkg)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	// Long: Up waits while another private libvirtd runs (libvirt.LockFile).
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	for _, crash := range []bool{false, true} {
 		t.Run(fmt.Sprintf("supervisor crashed=%v", crash), func(t *testing.T) {
