@@ -500,7 +500,8 @@ func (v *labVM) PowerOn(ctx context.Context, bootDevice string) error {
 
 // Down stops the lab in dir and removes everything its state file
 // records: the supervisor (SIGTERM, then SIGKILL after 60 s), every
-// process, cgroup, mount, loop device, namespace, link and the nft table,
+// libvirt domain, process, cgroup, mount, loop device, namespace, link and
+// the nft table,
 // then the state directory itself. Things already gone are skipped, so
 // Down can be run again after a partial teardown; the state directory
 // stays when something could not be removed. It returns NotFound when dir

@@ -32,7 +32,8 @@ with an nftables guard that keeps lab traffic off the uplink.
 BMC emulators and the hosts; "lab down" stops it and removes everything
 the lab created, as recorded in STATE_DIR/state.json. "lab hosts" prints
 the hosts as Host resources named LAB-hI, for "kilnctl apply -f -".
-See docs/lab.md.`,
+"lab bmc" serves the same BMC emulators in front of libvirt domains that
+exist already. See docs/lab.md.`,
 	}
 	var name, stateDir string
 	dirOf := func() string {
