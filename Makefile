@@ -74,8 +74,11 @@ bench:
 fresh-check:
 	./hack/fresh-check.sh $(FRESH_REF)
 
+# BACKEND=netns (default), qemu or libvirt: the machine backend of the
+# lab's hosts (docs/lab.md, "make lab BACKEND=").
+BACKEND ?= netns
 lab: build
-	./hack/lab.sh up
+	BACKEND=$(BACKEND) ./hack/lab.sh up
 
 lab-down:
 	./hack/lab.sh down

@@ -18,6 +18,9 @@
 #   KILN_LAB_DIR=DIR     where the lab keeps its state (default
 #                        /var/lib/kiln/lab-run/kiln)
 #   KILN_LAB_ARGS=...    extra arguments to kiln-lab up (e.g. --timeout 60m)
+#   BACKEND=netns|qemu|libvirt  the hosts' machine backend (make lab
+#                        BACKEND=...); the cluster converges on netns hosts
+#                        only so far: qemu and libvirt stop with the reason
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="/usr/local/go/bin:${PATH}"
@@ -27,6 +30,26 @@ dir=${KILN_LAB_DIR:-/var/lib/kiln/lab-run/kiln}
 cmd=${1:-up}
 start=$(date +%s)
 say() { echo "lab: [$(( $(date +%s) - start ))s] $*"; }
+
+# Refuse a backend make lab cannot run before anything is installed or built.
+if [ "$cmd" = up ]; then
+  case "${BACKEND:-netns}" in
+    netns) ;;
+    qemu|libvirt)
+      cat >&2 <<EOF
+lab: BACKEND=${BACKEND}: make lab provisions its cluster on netns hosts only so far.
+  The ${BACKEND} hosts are TCG VMs here (no /dev/kvm): at most 2 of them
+  (the lab's cluster has 3 Redfish + 1 IPMI hosts), on user-mode networking
+  (no PXE from the lab's boot server, no API load balancer on the bridge),
+  and they need the golden image with a kernel and an ESP
+  (examples/images/image-spec.yaml) rather than the nspawn lab image.
+  The rack alone runs: kilnctl lab up --backend ${BACKEND} --hosts 1
+  (docs/lab.md, "make lab BACKEND=").
+EOF
+      exit 2 ;;
+    *) echo "lab: BACKEND=${BACKEND}: want netns, qemu or libvirt" >&2; exit 2 ;;
+  esac
+fi
 
 if [ "$(id -u)" != 0 ]; then
   echo "lab: needs root (network namespaces, nftables, systemd-nspawn, loop devices): sudo make $([ "$cmd" = down ] && echo lab-down || echo lab)" >&2

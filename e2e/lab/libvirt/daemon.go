@@ -20,6 +20,13 @@ import (
 // into libvirt).
 const SystemQEMUConf = "/etc/libvirt/qemu.conf"
 
+// LockFile serializes private libvirtds on a machine. Their QEMU drivers
+// share the system state paths, and a second one exits at once ("Driver
+// state initialization failed"), so StartDaemon takes an exclusive flock
+// on this file first, waiting while another holds it, and the lock lives
+// as long as the libvirtd it started (the child inherits it).
+const LockFile = "/run/lock/kiln-libvirtd.lock"
+
 // Daemon is a private libvirtd started for a lab on a machine without a
 // service manager: its own configuration, log and unix sockets in a
 // directory of its own, and its own QEMU driver configuration
@@ -37,6 +44,7 @@ type Daemon struct {
 	done   chan struct{}
 	ownDir bool
 	log    *slog.Logger
+	lock   *os.File
 }
 
 // DaemonOptions configure StartDaemon.
@@ -56,7 +64,9 @@ stdio_handler = "file"
 `
 
 // StartDaemon starts libvirtd in the foreground as a child of this
-// process and waits until it answers on its socket. It needs root,
+// process and waits until it answers on its socket. It first waits, as
+// long as ctx allows, for any other private libvirtd of this machine to
+// stop (LockFile), and returns Unavailable naming the lock when ctx ends. It needs root,
 // unshare (util-linux) and Debian's libvirt-daemon-system and
 // libvirt-daemon-driver-qemu. Equivalent to `unshare --mount
 // --propagation private sh -c 'mount --bind DIR/qemu.conf
@@ -78,6 +88,11 @@ func StartDaemon(ctx context.Context, o DaemonOptions) (*Daemon, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	d := &Daemon{dir: o.Dir, log: log.With("component", "libvirtd")}
+	lock, err := lockPrivate(ctx, d.log)
+	if err != nil {
+		return nil, err
+	}
+	d.lock = lock
 	if d.dir == "" {
 		dir, err := os.MkdirTemp("", "kiln-lv-")
 		if err != nil {
@@ -146,6 +161,10 @@ func (d *Daemon) start(name string, args ...string) error {
 	cmd := exec.Command(name, args...)
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if d.lock != nil {
+		// libvirtd keeps the lock when this process dies before it.
+		cmd.ExtraFiles = []*os.File{d.lock}
+	}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("libvirt: start libvirtd: %w", err)
 	}
@@ -222,5 +241,45 @@ func (d *Daemon) Close() error {
 	if d.ownDir {
 		errs = append(errs, os.RemoveAll(d.dir))
 	}
+	if d.lock != nil {
+		_ = d.lock.Close()
+		d.lock = nil
+	}
 	return errors.Join(errs...)
+}
+
+// lockPrivate takes LockFile exclusively, waiting while another private
+// libvirtd holds it, until ctx ends.
+func lockPrivate(ctx context.Context, log *slog.Logger) (*os.File, error) {
+	if err := os.MkdirAll(filepath.Dir(LockFile), 0o755); err != nil {
+		return nil, fmt.Errorf("libvirt: %w", err)
+	}
+	f, err := os.OpenFile(LockFile, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("libvirt: %w", err)
+	}
+	t0 := time.Now()
+	for waited := false; ; {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			if waited {
+				log.Info("the other private libvirtd stopped", "waited", time.Since(t0).Round(time.Second))
+			}
+			return f, nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("libvirt: lock %s: %w", LockFile, err)
+		}
+		if !waited {
+			log.Info("waiting for another private libvirtd of this machine to stop (only one can run)", "lock", LockFile)
+			waited = true
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, errdefs.Unavailable("libvirt: another private libvirtd runs on this machine (%s is locked; libvirt's QEMU driver keeps its state in system paths, so only one runs at a time): waited %s", LockFile, time.Since(t0).Round(time.Second))
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }

@@ -109,6 +109,9 @@ type VM struct {
 	boot  string
 	media string // local path in the CD drive, "" when empty
 	nfile int
+	// attached: the domain existed before (Attach); it is redefined
+	// only in its boot order and CD source, and Close leaves it defined.
+	attached bool
 }
 
 var _ machine.Machine = (*VM)(nil)
@@ -395,9 +398,20 @@ func (v *VM) PowerOn(ctx context.Context, bootDevice string) error {
 	if on {
 		return nil
 	}
-	uuid := v.def.UUID
-	v.def = v.domainXML(bootDevice)
-	v.def.UUID = uuid
+	if v.attached {
+		def, err := v.persistentLocked()
+		if err != nil {
+			return err
+		}
+		if err := setBootDevice(def, bootDevice); err != nil {
+			return fmt.Errorf("libvirt: %s: %w", v.o.Name, err)
+		}
+		v.def = def
+	} else {
+		uuid := v.def.UUID
+		v.def = v.domainXML(bootDevice)
+		v.def.UUID = uuid
+	}
 	if err := v.defineLocked(); err != nil {
 		return err
 	}
@@ -524,6 +538,9 @@ func (v *VM) InsertMedia(rawURL string) error {
 	on, err := v.stateLocked()
 	if err != nil {
 		return err
+	}
+	if v.attached {
+		return v.insertAttachedLocked(rawURL, path, on)
 	}
 	prev := v.media
 	v.media = path
@@ -663,6 +680,12 @@ func (v *VM) Close() error {
 	defer v.mu.Unlock()
 	if v.lv == nil {
 		return nil
+	}
+	if v.attached {
+		v.removeDownload(v.media)
+		err := v.lv.Disconnect()
+		v.lv = nil
+		return err
 	}
 	var errs []error
 	if on, err := v.stateLocked(); err != nil {

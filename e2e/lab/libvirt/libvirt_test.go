@@ -67,7 +67,9 @@ func libvirtSocket(t testing.TB) string {
 			daemon.socket = libvirt.DefaultSocket
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		// Long: another package's private libvirtd may run (go test runs
+		// packages in parallel) and only one can (libvirt.LockFile).
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 		defer cancel()
 		var log *slog.Logger
 		if testing.Verbose() {

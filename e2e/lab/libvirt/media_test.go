@@ -9,7 +9,9 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"libvirt.org/go/libvirtxml"
 
+	"github.com/kilnhq/kiln/e2e/lab/machine"
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
@@ -131,6 +133,76 @@ func TestNewValidates(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := New(tc.o); !tc.want(err) {
 				t.Errorf("New(%s) = %v, want a typed error", tc.name, err)
+			}
+		})
+	}
+}
+
+// TestSetBootDevice: an existing domain's boot order changes the way its
+// definition already expresses it, and a missing device is refused.
+func TestSetBootDevice(t *testing.T) {
+	osBoot := func(devs ...string) *libvirtxml.DomainOS {
+		o := &libvirtxml.DomainOS{}
+		for _, d := range devs {
+			o.BootDevices = append(o.BootDevices, libvirtxml.DomainBootDevice{Dev: d})
+		}
+		return o
+	}
+	devices := func(cd bool, diskOrder uint) *libvirtxml.DomainDeviceList {
+		l := &libvirtxml.DomainDeviceList{
+			Disks:      []libvirtxml.DomainDisk{{Device: "disk"}, {Device: "disk"}},
+			Interfaces: []libvirtxml.DomainInterface{{}},
+		}
+		if diskOrder > 0 {
+			l.Disks[1].Boot = &libvirtxml.DomainDeviceBoot{Order: diskOrder}
+		}
+		if cd {
+			l.Disks = append(l.Disks, libvirtxml.DomainDisk{Device: "cdrom"})
+		}
+		return l
+	}
+	order := func(b *libvirtxml.DomainDeviceBoot) uint {
+		if b == nil {
+			return 0
+		}
+		return b.Order
+	}
+	for _, tc := range []struct {
+		name, dev string
+		d         libvirtxml.Domain
+		// wantOS is the <os><boot dev> list; else the orders of disk 0,
+		// disk 1, the NIC and the CD drive.
+		wantOS    []string
+		wantOrder [4]uint
+		wantErr   bool
+	}{
+		{name: "os boot cd", dev: machine.BootCD, d: libvirtxml.Domain{OS: osBoot("hd"), Devices: devices(true, 0)}, wantOS: []string{"cdrom", "hd"}},
+		{name: "os boot back to disk", dev: machine.BootDisk, d: libvirtxml.Domain{OS: osBoot("cdrom", "hd", "network"), Devices: devices(true, 0)}, wantOS: []string{"hd", "cdrom", "network"}},
+		{name: "device order cd", dev: machine.BootCD, d: libvirtxml.Domain{OS: osBoot(), Devices: devices(true, 1)}, wantOrder: [4]uint{0, 2, 3, 1}}, // disk 1 was the boot disk
+		{name: "device order pxe", dev: machine.BootPXE, d: libvirtxml.Domain{OS: osBoot(), Devices: devices(true, 0)}, wantOrder: [4]uint{2, 0, 1, 3}},
+		{name: "no cd drive", dev: machine.BootCD, d: libvirtxml.Domain{OS: osBoot(), Devices: devices(false, 0)}, wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := setBootDevice(&tc.d, tc.dev)
+			if tc.wantErr {
+				if !errdefs.IsFailedPrecondition(err) {
+					t.Fatalf("setBootDevice(%q) = %v, want FailedPrecondition", tc.dev, err)
+				}
+				return
+			}
+			require.NoError(t, err)
+			if tc.wantOS != nil {
+				var got []string
+				for _, b := range tc.d.OS.BootDevices {
+					got = append(got, b.Dev)
+				}
+				require.Equal(t, tc.wantOS, got, "setBootDevice(%q): <os><boot dev>", tc.dev)
+				return
+			}
+			ds := tc.d.Devices
+			got := [4]uint{order(ds.Disks[0].Boot), order(ds.Disks[1].Boot), order(ds.Interfaces[0].Boot), order(ds.Disks[2].Boot)}
+			if got != tc.wantOrder {
+				t.Errorf("setBootDevice(%q): boot orders (disk0, disk1, nic, cd) = %v, want %v", tc.dev, got, tc.wantOrder)
 			}
 		})
 	}

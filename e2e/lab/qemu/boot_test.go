@@ -419,3 +419,111 @@ func BenchmarkBoot(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkConcurrentBoot measures what N TCG VMs booted at once cost on
+// this machine: each VM boots its own ISO (virtual media from the boot
+// server) into the agent, which enrolls with one controller. It reports
+// the slowest VM's time to "agent up" and to enrolled, and the CPU the
+// QEMU processes used (seconds, user + system, from /proc/PID/stat) up to
+// that point. Opt-in, not in make test: KILN_QEMU_CONCURRENT=3,4 go test
+// -run XXX -bench ConcurrentBoot -benchtime=1x ./e2e/lab/qemu/ (docs/lab.md,
+// "What 3 and 4 TCG hosts cost").
+func BenchmarkConcurrentBoot(b *testing.B) {
+	spec := os.Getenv("KILN_QEMU_CONCURRENT")
+	if spec == "" {
+		b.Skip("set KILN_QEMU_CONCURRENT=3,4 (VMs booted at once) to run")
+	}
+	for _, f := range strings.Split(spec, ",") {
+		var n int
+		if _, err := fmt.Sscan(f, &n); err != nil || n < 1 {
+			b.Fatalf("KILN_QEMU_CONCURRENT=%q: want VM counts such as 3,4", spec)
+		}
+		// No "=" in the name: it goes into temp dir paths, and xorriso reads
+		// "=" in a path as a graft point.
+		b.Run(fmt.Sprintf("%dvms", n), func(b *testing.B) {
+			for range b.N {
+				concurrentBoot(b, n)
+			}
+		})
+	}
+}
+
+func concurrentBoot(b *testing.B, n int) {
+	dir := bootMedia(b)
+	env := controllertest.Start(b)
+	ts := userNetBootServer(b, env, dir, nil)
+	type vmRun struct {
+		name string
+		vm   *qemu.VM
+		r    *bootResult
+	}
+	runs := make([]*vmRun, n)
+	for i := range runs {
+		name := fmt.Sprintf("cc%d-vm%d", n, i+1)
+		vm := newVM(b, qemu.Options{Name: name, DiskSize: 64 << 20, MAC: fmt.Sprintf("52:54:00:4b:6a:%02x", i+1)})
+		require.NoError(b, vm.InsertMedia(bootserver.ISOURL(ts.URL, name)))
+		runs[i] = &vmRun{name: name, vm: vm}
+	}
+	load0 := loadAvg()
+	t0 := time.Now()
+	for _, r := range runs {
+		require.NoError(b, r.vm.PowerOn(context.Background(), machine.BootCD))
+	}
+	var wg sync.WaitGroup
+	for _, r := range runs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.r = &bootResult{env: env, vm: r.vm}
+			finish(b, r.r, r.name, t0)
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(t0)
+	var maxUp, maxEnrolled time.Duration
+	cpu := 0.0
+	for _, r := range runs {
+		maxUp, maxEnrolled = max(maxUp, r.r.agentUp), max(maxEnrolled, r.r.enrolled)
+		c := cpuSeconds(r.vm.PID())
+		cpu += c
+		// Printed, not logged: a benchmark's log is cut at a few lines and
+		// the controller's fill them.
+		fmt.Printf("%s: agent up %.1fs, enrolled %.1fs, QEMU CPU %.1fs\n", r.name, r.r.agentUp.Seconds(), r.r.enrolled.Seconds(), c)
+	}
+	fmt.Printf("%d VMs: all enrolled after %.1fs; QEMU CPU %.1fs in all (%.2f cores busy on average); load average %s before, %s after\n",
+		n, wall.Seconds(), cpu, cpu/wall.Seconds(), load0, loadAvg())
+	b.ReportMetric(maxUp.Seconds(), "s-slowest-agent-up")
+	b.ReportMetric(maxEnrolled.Seconds(), "s-slowest-enrolled")
+	b.ReportMetric(cpu, "s-qemu-cpu")
+}
+
+// cpuSeconds is the user + system CPU time of process pid (fields 14 and
+// 15 of /proc/PID/stat, in clock ticks of 1/100 s on Linux).
+func cpuSeconds(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	var utime, stime float64
+	fmt.Sscan(f[11], &utime)
+	fmt.Sscan(f[12], &stime)
+	return (utime + stime) / 100
+}
+
+func loadAvg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}

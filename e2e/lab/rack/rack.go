@@ -1,7 +1,8 @@
 // Package rack runs a lab rack on one Linux machine: an nftables guard
 // that keeps lab traffic off the machine's uplink, a bridge on a lab-only
-// subnet, N hosts (e2e/lab/netns machines, or e2e/lab/qemu VMs with
-// Backend "qemu") each behind its own Redfish
+// subnet, N hosts (e2e/lab/netns machines, e2e/lab/qemu VMs with
+// Backend "qemu", or e2e/lab/libvirt domains with Backend "libvirt") each
+// behind its own Redfish
 // emulator on loopback, and K more behind real ipmi_sim BMCs.
 //
 // The BMC emulators must outlive the command that starts the lab, so the
@@ -49,16 +50,27 @@ const (
 // Resource kinds of the rack itself (besides netns' kinds).
 const (
 	KindNFT = "nft" // an nftables table: "inet kiln-lab-NAME"
+	// KindDomain is a libvirt domain (its name) defined at the lab's
+	// libvirtd (State.LibvirtSocket).
+	KindDomain = "libvirt-domain"
 )
 
 // Machine backends.
 const (
 	BackendNetns = "netns" // network namespace + systemd-nspawn hosts (e2e/lab/netns)
 	BackendQEMU  = "qemu"  // QEMU VMs (e2e/lab/qemu)
+	// BackendLibvirt: libvirt domains (e2e/lab/libvirt) at the system
+	// libvirtd when its socket answers, else at a private one.
+	BackendLibvirt = "libvirt"
 )
 
-// MaxQEMUHosts is how many QEMU hosts a lab may have under TCG: this
-// machine runs one busy VM at a time. KILN_QEMU_ACCEL=kvm lifts it.
+// isVM reports whether backend's hosts are VMs (qemu, libvirt): one
+// virtio disk, SeaBIOS, user-mode networking.
+func isVM(backend string) bool { return backend == BackendQEMU || backend == BackendLibvirt }
+
+// MaxQEMUHosts is how many QEMU (or libvirt) hosts a lab may have under
+// TCG: this machine runs one busy VM at a time. KILN_QEMU_ACCEL=kvm lifts
+// it.
 const MaxQEMUHosts = 2
 
 // Phases of a lab.
@@ -88,8 +100,9 @@ type Options struct {
 	// past the list's end), "basic" (no SessionService, basic auth only)
 	// or "session" (basic auth refused). See redfish.Config.Auth.
 	RedfishAuth []string `json:"redfishAuth,omitempty"`
-	// Backend is the machine backend: "netns" (the default) or "qemu"
-	// (at most MaxQEMUHosts hosts without KVM; user-mode networking).
+	// Backend is the machine backend: "netns" (the default), "qemu" or
+	// "libvirt" (at most MaxQEMUHosts hosts without KVM; user-mode
+	// networking).
 	Backend string `json:"backend"`
 	// StateDir holds the state file, credentials, host disks and logs
 	// (default /var/lib/kiln/lab/NAME).
@@ -131,7 +144,9 @@ type Options struct {
 	// (kiln-chassis, or {"kilnctl", "lab", "chassis"}); required when
 	// IPMI > 0.
 	ChassisCommand []string `json:"chassisCommand,omitempty"`
-	// ReadyTimeout bounds Up's wait for the supervisor (default 2 min).
+	// ReadyTimeout bounds Up's wait for the supervisor (default 2 min; 10
+	// min for libvirt, whose private libvirtd waits for another one to
+	// stop).
 	ReadyTimeout time.Duration `json:"readyTimeout,omitempty"`
 }
 
@@ -174,8 +189,8 @@ func (o *Options) defaults() error {
 	if o.Backend == "" {
 		o.Backend = "netns"
 	}
-	if o.Backend != BackendNetns && o.Backend != BackendQEMU {
-		return errdefs.NotSupported("lab backend %q: want netns or qemu", o.Backend)
+	if o.Backend != BackendNetns && !isVM(o.Backend) {
+		return errdefs.NotSupported("lab backend %q: want netns, qemu or libvirt", o.Backend)
 	}
 	if o.Hosts < 0 || o.IPMI < 0 || o.Hosts+o.IPMI == 0 || o.Hosts+o.IPMI > 200 {
 		return errdefs.InvalidArgument("lab: %d Redfish and %d IPMI hosts: want 1 to 200 in all", o.Hosts, o.IPMI)
@@ -190,8 +205,8 @@ func (o *Options) defaults() error {
 			return errdefs.InvalidArgument("lab: Redfish auth %q: want both, basic or session", a)
 		}
 	}
-	if o.Backend == BackendQEMU && o.Hosts+o.IPMI > MaxQEMUHosts && os.Getenv("KILN_QEMU_ACCEL") != "kvm" {
-		return errdefs.InvalidArgument("lab: %d qemu hosts: at most %d under TCG emulation (a TCG VM takes a core; KVM lifts the limit: KILN_QEMU_ACCEL=kvm)", o.Hosts+o.IPMI, MaxQEMUHosts)
+	if isVM(o.Backend) && o.Hosts+o.IPMI > MaxQEMUHosts && os.Getenv("KILN_QEMU_ACCEL") != "kvm" {
+		return errdefs.InvalidArgument("lab: %d %s hosts: at most %d under TCG emulation (a TCG VM takes a core; KVM lifts the limit: KILN_QEMU_ACCEL=kvm)", o.Hosts+o.IPMI, o.Backend, MaxQEMUHosts)
 	}
 	if o.BootURL != "" {
 		u, err := url.Parse(BootScriptURL(o.BootURL, "kiln-h1", "10.251.0.1"))
@@ -202,6 +217,8 @@ func (o *Options) defaults() error {
 			return errdefs.InvalidArgument("lab boot URL %q: {host} (the Host resource name) is missing: every host would boot the same script", o.BootURL)
 		case o.Backend == BackendQEMU:
 			return errdefs.InvalidArgument("lab boot URL: the qemu backend's VMs PXE boot from QEMU's own network, not from a boot URL")
+		case o.Backend == BackendLibvirt:
+			return errdefs.InvalidArgument("lab boot URL: the libvirt backend's VMs are on user-mode networking, not on the lab bridge: they boot by virtual media, not from a boot URL")
 		}
 	}
 	if o.IPMI > 0 && len(o.ChassisCommand) == 0 {
@@ -222,6 +239,11 @@ func (o *Options) defaults() error {
 	}
 	if o.ReadyTimeout == 0 {
 		o.ReadyTimeout = 2 * time.Minute
+		if o.Backend == BackendLibvirt {
+			// A private libvirtd waits for another one to stop
+			// (libvirt.LockFile).
+			o.ReadyTimeout = 10 * time.Minute
+		}
 	}
 	return nil
 }
@@ -243,7 +265,11 @@ type State struct {
 	Gateway string `json:"gateway,omitempty"`
 	// APIServer is the API load balancer's address (Options.APIServerLB).
 	APIServer string `json:"apiServer,omitempty"`
-	Hosts     []Host `json:"hosts,omitempty"`
+	// LibvirtSocket is the libvirtd of a libvirt lab; LibvirtPrivate says
+	// it is a private one the supervisor started (its PID is a resource).
+	LibvirtSocket  string `json:"libvirtSocket,omitempty"`
+	LibvirtPrivate bool   `json:"libvirtPrivate,omitempty"`
+	Hosts          []Host `json:"hosts,omitempty"`
 	// Resources is everything created, in order of creation.
 	Resources []netns.Resource `json:"resources,omitempty"`
 	Updated   time.Time        `json:"updated"`

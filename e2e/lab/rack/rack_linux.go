@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/kilnhq/kiln/e2e/lab/ipmisim"
+	"github.com/kilnhq/kiln/e2e/lab/libvirt"
 	"github.com/kilnhq/kiln/e2e/lab/machine"
 	"github.com/kilnhq/kiln/e2e/lab/netns"
 	"github.com/kilnhq/kiln/e2e/lab/qemu"
@@ -130,9 +131,13 @@ type server struct {
 
 	machines []machine.Machine
 	vms      []*qemu.VM
-	redfish  []*redfish.BMC
-	sims     []*ipmisim.Sim
-	lb       *LoadBalancer
+	domains  []*libvirt.VM
+	libvirtd *libvirt.Daemon
+	// libvirtSocket is the libvirtd the domains are defined at.
+	libvirtSocket string
+	redfish       []*redfish.BMC
+	sims          []*ipmisim.Sim
+	lb            *LoadBalancer
 }
 
 func (s *server) saveLocked() {
@@ -263,6 +268,11 @@ func (s *server) up(ctx context.Context) error {
 			return err
 		}
 	}
+	if o.Backend == BackendLibvirt {
+		if err := s.startLibvirt(ctx); err != nil {
+			return err
+		}
+	}
 	addr := gw
 	for i := 1; i <= n; i++ {
 		if err := ctx.Err(); err != nil {
@@ -294,14 +304,22 @@ func (s *server) up(ctx context.Context) error {
 			m machine.Machine
 			h Host
 		)
-		if o.Backend == BackendQEMU {
+		switch o.Backend {
+		case BackendQEMU:
 			vm, err := s.newVM(i, name, hdir)
 			if err != nil {
 				return err
 			}
 			m = vm
 			h = Host{Name: name, Resource: resource, Machine: vm.name, Address: qemuGuestAddress, MAC: vm.mac, Disk: vm.disk, Dir: hdir}
-		} else {
+		case BackendLibvirt:
+			d, err := s.newDomain(i, name, hdir)
+			if err != nil {
+				return err
+			}
+			m = d
+			h = Host{Name: name, Resource: resource, Machine: d.Name(), Address: qemuGuestAddress, MAC: d.mac, Disk: d.disk, Dir: hdir}
+		default:
 			nm, err := netns.New(ctx, netns.Options{
 				Name: name, Lab: o.Name, StateDir: hdir, Bridge: bridge,
 				Address: addr.String() + "/24", Gateway: gw.String(),
@@ -422,6 +440,14 @@ func (s *server) shutdown() {
 	for _, vm := range s.vms {
 		_ = vm.Close()
 	}
+	for _, d := range s.domains {
+		if err := d.Close(); err != nil {
+			s.log.Warn("libvirt domain not removed (lab down retries)", "domain", d.Name(), "err", err)
+		}
+	}
+	if s.libvirtd != nil {
+		_ = s.libvirtd.Close()
+	}
 }
 
 // qemuGuestAddress is a QEMU host's address on user-mode networking
@@ -474,7 +500,8 @@ func (v *labVM) PowerOn(ctx context.Context, bootDevice string) error {
 
 // Down stops the lab in dir and removes everything its state file
 // records: the supervisor (SIGTERM, then SIGKILL after 60 s), every
-// process, cgroup, mount, loop device, namespace, link and the nft table,
+// libvirt domain, process, cgroup, mount, loop device, namespace, link and
+// the nft table,
 // then the state directory itself. Things already gone are skipped, so
 // Down can be run again after a partial teardown; the state directory
 // stays when something could not be removed. It returns NotFound when dir
@@ -511,7 +538,7 @@ func Down(ctx context.Context, dir string, log *slog.Logger) error {
 		st = st2
 	}
 	var errs []error
-	order := []string{netns.KindPID, netns.KindCgroup, netns.KindMount, netns.KindLoop, netns.KindDir, netns.KindNetns, netns.KindLink, KindNFT}
+	order := []string{KindDomain, netns.KindPID, netns.KindCgroup, netns.KindMount, netns.KindLoop, netns.KindDir, netns.KindNetns, netns.KindLink, KindNFT}
 	for _, kind := range order {
 		rs := slices.Clone(st.Resources)
 		slices.Reverse(rs)
@@ -520,9 +547,12 @@ func Down(ctx context.Context, dir string, log *slog.Logger) error {
 				continue
 			}
 			var err error
-			if kind == KindNFT {
+			switch kind {
+			case KindNFT:
 				err = removeTable(ctx, r.Value)
-			} else {
+			case KindDomain:
+				err = removeDomain(st, r.Value)
+			default:
 				err = netns.Remove(ctx, r)
 			}
 			if err != nil {
@@ -530,7 +560,18 @@ func Down(ctx context.Context, dir string, log *slog.Logger) error {
 				errs = append(errs, fmt.Errorf("%s %s: %w", r.Kind, r.Value, err))
 			}
 		}
-		if kind == netns.KindDir && st.Backend != BackendQEMU {
+		if kind == netns.KindPID && st.LibvirtPrivate {
+			// The private libvirtd is gone now: what its QEMU driver kept
+			// of the lab's domains in the system paths goes too.
+			for _, r := range st.Resources {
+				if r.Kind == KindDomain {
+					if err := libvirt.RemoveDomainFiles(r.Value); err != nil {
+						errs = append(errs, err)
+					}
+				}
+			}
+		}
+		if kind == netns.KindDir && !isVM(st.Backend) {
 			for _, h := range st.Hosts {
 				if h.Machine == "" {
 					continue
@@ -722,4 +763,91 @@ func raiseInotifyInstances(log *slog.Logger) error {
 	}
 	log.Info("raised fs.inotify.max_user_instances for the lab's hosts (left raised)", "from", cur, "to", inotifyInstances)
 	return nil
+}
+
+// --- libvirt
+
+// startLibvirt picks the lab's libvirtd: the system one when its socket
+// answers, else a private one (libvirt.StartDaemon) in STATE_DIR/libvirtd,
+// recorded by PID.
+func (s *server) startLibvirt(ctx context.Context) error {
+	if libvirt.Answers(libvirt.DefaultSocket) {
+		s.libvirtSocket = libvirt.DefaultSocket
+		s.update(func(st *State) { st.LibvirtSocket = libvirt.DefaultSocket })
+		s.log.Info("using the system libvirtd", "socket", libvirt.DefaultSocket)
+		return nil
+	}
+	d, err := libvirt.StartDaemon(ctx, libvirt.DaemonOptions{Dir: filepath.Join(s.dir, "libvirtd"), Logger: s.log})
+	if err != nil {
+		return fmt.Errorf("lab: no system libvirtd at %s and a private one did not start: %w", libvirt.DefaultSocket, err)
+	}
+	s.libvirtd, s.libvirtSocket = d, d.Socket()
+	s.track(netns.Resource{Kind: netns.KindPID, Value: netns.ProcessID(d.PID())})
+	s.update(func(st *State) { st.LibvirtSocket, st.LibvirtPrivate = d.Socket(), true })
+	s.log.Info("started a private libvirtd", "pid", d.PID(), "socket", d.Socket())
+	return nil
+}
+
+// labDomain is a lab host on libvirt: it records the domain's QEMU
+// process in the state file as soon as it runs.
+type labDomain struct {
+	*libvirt.VM
+	mac, disk string
+	track     func(netns.Resource)
+
+	mu      sync.Mutex
+	tracked int
+}
+
+// newDomain makes host i a libvirt domain (TCG unless
+// KILN_QEMU_ACCEL=kvm, SeaBIOS, a sparse disk in hdir, user-mode
+// networking). The host directory and the domain are recorded before
+// they are created.
+func (s *server) newDomain(i int, name, hdir string) (*labDomain, error) {
+	s.track(netns.Resource{Kind: netns.KindDir, Value: hdir})
+	dname := "kiln-" + s.opts.Name + "-" + name
+	mac := fmt.Sprintf("52:54:00:4b:%02x:%02x", i>>8&0xff, i&0xff)
+	s.track(netns.Resource{Kind: KindDomain, Value: dname})
+	vm, err := libvirt.New(libvirt.Options{
+		Name: dname, Dir: hdir, DiskSize: s.opts.DiskSize, MAC: mac,
+		KVM: os.Getenv("KILN_QEMU_ACCEL") == "kvm",
+		// The state directory is 0700: QEMU runs as root to read it.
+		RunAsRoot: true,
+		Socket:    s.libvirtSocket,
+		Logger:    s.log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.domains = append(s.domains, vm)
+	return &labDomain{VM: vm, mac: mac, disk: filepath.Join(hdir, "disk.raw"), track: s.track}, nil
+}
+
+// PowerOn starts the domain and records its QEMU PID.
+func (d *labDomain) PowerOn(ctx context.Context, bootDevice string) error {
+	err := d.VM.PowerOn(ctx, bootDevice)
+	b, _ := os.ReadFile(libvirt.PIDFile(d.Name()))
+	if pid, perr := strconv.Atoi(strings.TrimSpace(string(b))); perr == nil && pid > 0 {
+		d.mu.Lock()
+		if pid != d.tracked {
+			d.tracked = pid
+			d.track(netns.Resource{Kind: netns.KindPID, Value: netns.ProcessID(pid)})
+		}
+		d.mu.Unlock()
+	}
+	return err
+}
+
+// removeDomain destroys and undefines a lab domain at the lab's
+// libvirtd. When that is a private libvirtd that no longer answers, the
+// domain's QEMU is killed by PID and its files removed after (Down).
+func removeDomain(st *State, name string) error {
+	if st.LibvirtSocket == "" {
+		return nil
+	}
+	err := libvirt.Undefine(st.LibvirtSocket, name)
+	if errdefs.IsUnavailable(err) && st.LibvirtPrivate {
+		return nil
+	}
+	return err
 }

@@ -338,6 +338,7 @@ func TestUpInvalid(t *testing.T) {
 		{"boot URL not http", Options{Hosts: 1, BootURL: "tftp://10.0.0.1/{host}", ServeCommand: []string{"x"}}},
 		{"boot URL without host", Options{Hosts: 1, BootURL: "http://{gateway}:8080/boot/ipxe/h1", ServeCommand: []string{"x"}}},
 		{"boot URL on qemu", Options{Hosts: 1, Backend: BackendQEMU, BootURL: "http://{gateway}:8080/boot/ipxe/{host}", ServeCommand: []string{"x"}}},
+		{"boot URL on libvirt", Options{Hosts: 1, Backend: BackendLibvirt, BootURL: "http://{gateway}:8080/boot/ipxe/{host}", ServeCommand: []string{"x"}}},
 		{"unknown redfish auth", Options{Hosts: 1, RedfishAuth: []string{"digest"}, ServeCommand: []string{"x"}}},
 		{"more redfish auths than hosts", Options{Hosts: 1, RedfishAuth: []string{"basic", "basic"}, ServeCommand: []string{"x"}}},
 	}
@@ -354,10 +355,12 @@ func TestUpInvalid(t *testing.T) {
 // machine can run, naming the limit and KVM.
 func TestQEMUHostLimit(t *testing.T) {
 	t.Setenv("KILN_QEMU_ACCEL", "")
-	_, err := Up(context.Background(), Options{Hosts: 2, IPMI: 1, Backend: BackendQEMU, ChassisCommand: []string{"x"}, ServeCommand: []string{"x"}})
-	require.Error(t, err)
-	for _, want := range []string{"at most 2", "KVM"} {
-		require.Contains(t, err.Error(), want)
+	for _, backend := range []string{BackendQEMU, BackendLibvirt} {
+		_, err := Up(context.Background(), Options{Hosts: 2, IPMI: 1, Backend: backend, ChassisCommand: []string{"x"}, ServeCommand: []string{"x"}})
+		require.Error(t, err, backend)
+		for _, want := range []string{"3 " + backend + " hosts", "at most 2", "KVM"} {
+			require.Contains(t, err.Error(), want)
+		}
 	}
 }
 
@@ -461,6 +464,128 @@ func TestUpDownQEMU(t *testing.T) {
 				}
 			}
 			for _, p := range []string{dir, sock, h.Disk} {
+				if _, err := os.Stat(p); err == nil {
+					t.Errorf("after Down: %s still there", p)
+				}
+			}
+			after := snapshot(t)
+			for _, c := range []struct {
+				what          string
+				before, after []string
+			}{{"link", before.links, after.links}, {"nft table", before.tables, after.tables}} {
+				extra := slices.DeleteFunc(diff(c.before, c.after), func(x string) bool { return !strings.Contains(x, name) })
+				if len(extra) > 0 {
+					t.Errorf("after Down: %s left behind: %v", c.what, extra)
+				}
+			}
+		})
+	}
+}
+
+// TestUpDownLibvirt brings up a one-host libvirt lab (the system libvirtd
+// when its socket answers, else a private one the supervisor starts),
+// powers the domain on with a blank disk through its Redfish emulator,
+// checks libvirt runs it (virsh domstate) and its QEMU is recorded, and
+// checks Down leaves no domain, libvirtd, QEMU, file, link or nft table of
+// the lab, after a clean stop and after the supervisor was killed.
+func TestUpDownLibvirt(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Skip(t, "needs root for the bridge, nftables and libvirtd")
+	}
+	for tool, pkg := range map[string]string{"ip": "iproute2", "nft": "nftables", "qemu-system-x86_64": "qemu-system-x86",
+		"libvirtd": "libvirt-daemon-system", "virsh": "libvirt-clients", "unshare": "util-linux"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			testenv.Skipf(t, "%s not installed (Debian package %s)", tool, pkg)
+		}
+	}
+	// Long: Up waits while another private libvirtd runs (libvirt.LockFile).
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	for _, crash := range []bool{false, true} {
+		t.Run(fmt.Sprintf("supervisor crashed=%v", crash), func(t *testing.T) {
+			before := snapshot(t)
+			// Short: the private libvirtd's socket lives in it (108 bytes).
+			dir, err := os.MkdirTemp("", "kiln-lvlab-")
+			require.NoError(t, err)
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			dir = filepath.Join(dir, "lab")
+			name := fmt.Sprintf("v%d", os.Getpid()%100000)
+			rep, err := Up(ctx, Options{
+				Name: name, Hosts: 1, Backend: BackendLibvirt, StateDir: dir, DiskSize: 64 << 20,
+				ServeCommand: []string{os.Args[0], "-test.run=^$"}, ServeEnv: []string{serveEnv + "=" + dir},
+			})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = Down(context.Background(), dir, nil) })
+			require.Len(t, rep.Hosts, 1)
+			h := rep.Hosts[0]
+			require.Equal(t, BackendLibvirt, rep.Backend)
+			require.NotEmpty(t, rep.LibvirtSocket)
+			t.Logf("libvirtd at %s (private: %v)", rep.LibvirtSocket, rep.LibvirtPrivate)
+			dom := "kiln-" + name + "-h1"
+			require.Equal(t, dom, h.Machine)
+			virsh := func(args ...string) (string, error) {
+				out, err := exec.Command("virsh", append([]string{"-c", "qemu:///system?socket=" + rep.LibvirtSocket}, args...)...).CombinedOutput()
+				return strings.TrimSpace(string(out)), err
+			}
+			st, err := virsh("domstate", dom)
+			require.NoError(t, err, "virsh domstate %s: %s", dom, st)
+			require.Equal(t, "shut off", st)
+
+			c := rep.Credentials[h.Name]
+			redfishReset(t, h.BMC.Address, c, "Hdd", "On")
+			st, err = virsh("domstate", dom)
+			require.NoError(t, err, st)
+			require.Equal(t, "running", st, "virsh domstate after a Redfish power on")
+
+			rep, err = Status(dir)
+			require.NoError(t, err)
+			require.True(t, rep.Running)
+			var pids []string
+			for _, r := range rep.Resources {
+				if r.Kind == netns.KindPID {
+					pids = append(pids, r.Value)
+				}
+			}
+			want := 1 // QEMU
+			if rep.LibvirtPrivate {
+				want = 2 // and libvirtd
+			}
+			require.Len(t, pids, want, "processes recorded: %v", rep.Resources)
+			for _, p := range pids {
+				require.True(t, netns.ProcessAlive(p), "recorded process %s not running", p)
+			}
+			require.Contains(t, rep.Resources, netns.Resource{Kind: KindDomain, Value: dom})
+
+			if crash {
+				var spid int
+				fmt.Sscanf(rep.Serve, "%d:", &spid)
+				require.NoError(t, syscall.Kill(spid, syscall.SIGKILL))
+				for netns.ProcessAlive(rep.Serve) {
+					time.Sleep(50 * time.Millisecond)
+				}
+				for _, p := range pids {
+					require.True(t, netns.ProcessAlive(p), "%s outlives its killed supervisor", p)
+				}
+			}
+
+			t0 := time.Now()
+			require.NoError(t, Down(ctx, dir, slog.New(slog.NewTextHandler(testWriter{t}, nil))))
+			t.Logf("lab down took %s", time.Since(t0).Round(time.Millisecond))
+			for _, p := range append(pids, rep.Serve) {
+				if netns.ProcessAlive(p) {
+					t.Errorf("after Down: process %s still running", p)
+				}
+			}
+			if rep.LibvirtPrivate {
+				for _, p := range []string{"/etc/libvirt/qemu/" + dom + ".xml", "/run/libvirt/qemu/" + dom + ".pid", "/run/libvirt/qemu/" + dom + ".xml", "/var/log/libvirt/qemu/" + dom + ".log"} {
+					if _, err := os.Stat(p); err == nil {
+						t.Errorf("after Down: %s (the domain at the private libvirtd) still there", p)
+					}
+				}
+			} else if out, err := virsh("dominfo", dom); err == nil {
+				t.Errorf("after Down: domain %s still defined:\n%s", dom, out)
+			}
+			for _, p := range []string{dir, h.Disk} {
 				if _, err := os.Stat(p); err == nil {
 					t.Errorf("after Down: %s still there", p)
 				}

@@ -22,6 +22,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -235,6 +236,27 @@ func (b *BMC) Start() {
 		srv.Start()
 	}
 	b.srv = srv
+}
+
+// StartOn listens on addr (host:port; port 0 picks a free one) instead
+// of a loopback port and serves, for an emulator other machines reach. It
+// returns the listen error (Unavailable).
+func (b *BMC) StartOn(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return errdefs.Unavailable("redfish emulator: listen on %s: %v", addr, err)
+	}
+	srv := httptest.NewUnstartedServer(b)
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.Config.ErrorLog = nil
+	if b.cfg.TLS {
+		srv.StartTLS()
+	} else {
+		srv.Start()
+	}
+	b.srv = srv
+	return nil
 }
 
 // URL is the base URL (http://127.0.0.1:PORT) once started.

@@ -24,15 +24,16 @@ func LabCommand() *cobra.Command {
 		Use:   "lab",
 		Short: "Run a lab rack on this machine: network-namespace hosts behind emulated BMCs",
 		Long: `Run a lab rack on this machine: network-namespace hosts (or QEMU VMs,
---backend qemu) behind emulated BMCs (a Redfish emulator per host, or
-ipmi_sim), on a bridge of their own,
+--backend qemu, or libvirt domains, --backend libvirt) behind emulated
+BMCs (a Redfish emulator per host, or ipmi_sim), on a bridge of their own,
 with an nftables guard that keeps lab traffic off the uplink.
 
 "lab up" starts a supervisor ("lab serve") in the background that runs the
 BMC emulators and the hosts; "lab down" stops it and removes everything
 the lab created, as recorded in STATE_DIR/state.json. "lab hosts" prints
 the hosts as Host resources named LAB-hI, for "kilnctl apply -f -".
-See docs/lab.md.`,
+"lab bmc" serves the same BMC emulators in front of libvirt domains that
+exist already. See docs/lab.md.`,
 	}
 	var name, stateDir string
 	dirOf := func() string {
@@ -71,7 +72,7 @@ See docs/lab.md.`,
 	up.Flags().IntVar(&o.Hosts, "hosts", 3, "hosts behind Redfish emulators")
 	up.Flags().IntVar(&o.IPMI, "ipmi", 0, "further hosts behind ipmi_sim BMCs")
 	up.Flags().StringSliceVar(&o.RedfishAuth, "redfish-auth", nil, "authentication of each Redfish emulator in host order: both (default), basic (no SessionService, basic auth only, like several BMCs in the field) or session; e.g. --redfish-auth both,basic")
-	up.Flags().StringVar(&o.Backend, "backend", "netns", "machine backend: netns|qemu (qemu: QEMU VMs on user-mode networking, at most 2 hosts without KVM; see docs/lab.md)")
+	up.Flags().StringVar(&o.Backend, "backend", "netns", "machine backend: netns|qemu|libvirt (qemu: QEMU VMs, libvirt: libvirt domains at the system libvirtd or a private one; both on user-mode networking, at most 2 hosts without KVM; see docs/lab.md)")
 	up.Flags().StringVar(&o.Subnet, "subnet", "", "lab IPv4 /24 (default: a free 10.251.X.0/24)")
 	up.Flags().StringVar(&o.AgentBinary, "agent", "", "boot media program: PXE and virtual-media boots run `AGENT run` (kiln-agent)")
 	up.Flags().StringVar(&o.ControllerURL, "controller", "", "controller address for the boot agent (kiln.controller=); listen on the lab's gateway address")
@@ -130,7 +131,7 @@ See docs/lab.md.`,
 			return nil
 		},
 	}
-	lab.AddCommand(up, status, labHostsCommand(dirOf), down, serve, chassis)
+	lab.AddCommand(up, status, labHostsCommand(dirOf), down, serve, chassis, labBMCCommand())
 	return lab
 }
 
@@ -143,7 +144,15 @@ func printLab(w io.Writer, rep *rack.Report) error {
 	if rep.Error != "" {
 		fmt.Fprintf(w, "error: %s\n", rep.Error)
 	}
-	fmt.Fprintf(w, "bridge %s, subnet %s, gateway %s; uplink %s guarded by nft table %s\n\n", rep.Bridge, rep.Subnet, rep.Gateway, rep.Uplink, rep.NFTTable)
+	fmt.Fprintf(w, "bridge %s, subnet %s, gateway %s; uplink %s guarded by nft table %s\n", rep.Bridge, rep.Subnet, rep.Gateway, rep.Uplink, rep.NFTTable)
+	if rep.LibvirtSocket != "" {
+		which := "system libvirtd"
+		if rep.LibvirtPrivate {
+			which = "private libvirtd (no system one answered)"
+		}
+		fmt.Fprintf(w, "libvirt: %s at %s\n", which, rep.LibvirtSocket)
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "HOST\tRESOURCE\tADDRESS\tMAC\tBMC\tADDRESS\tUSER\tPASSWORD")
 	for _, h := range rep.Hosts {

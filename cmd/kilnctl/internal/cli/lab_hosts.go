@@ -36,7 +36,7 @@ func labHostsCommand(dirOf func() string) *cobra.Command {
 use), labels lab: "true" and kiln.dev/lab: LAB, the BMC (the Redfish
 emulator's URL with insecureSkipVerify, or the ipmi_sim host:port) with
 its user and password from the lab's credentials, bootMac, the disk file
-as rootDiskHint (/dev/vda, the VM's disk, with --backend qemu), and
+as rootDiskHint (/dev/vda, the VM's disk, with --backend qemu or libvirt), and
 online: true.
 
 The output carries the BMC passwords: pipe it into kilnctl apply rather
@@ -81,7 +81,7 @@ func LabHostResources(rep *rack.Report) []*controllerv1.Resource {
 			RootDiskHint: h.Disk,
 			Online:       true,
 		}
-		if rep.Backend == rack.BackendQEMU {
+		if rep.Backend == rack.BackendQEMU || rep.Backend == rack.BackendLibvirt {
 			spec.BootMode = "legacy" // SeaBIOS
 			// The agent runs inside the VM, where the disk file is its
 			// one virtio disk: the file's path means nothing there.

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -121,4 +122,54 @@ func TestLabCommands(t *testing.T) {
 	if out, _ := exec.Command("ip", "netns", "list").Output(); strings.Contains(string(out), "kiln-"+name+"-") {
 		t.Errorf("namespaces of lab %s still there after lab down:\n%s", name, out)
 	}
+
+	// The same commands with --backend libvirt: one domain behind a
+	// Redfish emulator, at the system libvirtd or a private one.
+	t.Run("backend libvirt", func(t *testing.T) {
+		for tool, pkg := range map[string]string{"libvirtd": "libvirt-daemon-system", "qemu-system-x86_64": "qemu-system-x86", "unshare": "util-linux"} {
+			if _, err := exec.LookPath(tool); err != nil {
+				testenv.Skipf(t, "%s not installed (%s)", tool, pkg)
+			}
+		}
+		// Short: a private libvirtd's socket goes in it (108 bytes).
+		base, err := os.MkdirTemp("", "kiln-lvcli-")
+		require.NoError(t, err)
+		t.Cleanup(func() { os.RemoveAll(base) })
+		dir := filepath.Join(base, "lab")
+		t.Cleanup(func() { _ = exec.Command(kilnctl, "lab", "down", "--state-dir", dir).Run() })
+		up := run("lab", "up", "--backend", "libvirt", "--name", name, "--hosts", "1", "--state-dir", dir, "--disk-size", "64M")
+		status := run("lab", "status", "--state-dir", dir)
+		for _, want := range []string{"lab " + name + ": ready", "libvirt: ", " " + name + "-h1 ", "10.0.2.15"} {
+			if !strings.Contains(up, want) || !strings.Contains(status, want) {
+				t.Errorf("kilnctl lab up --backend libvirt printed:\n%s\nand lab status:\n%s\nwant %q in both", up, status, want)
+			}
+		}
+		rep, err := rack.Status(dir)
+		require.NoError(t, err)
+		require.Equal(t, rack.BackendLibvirt, rep.Backend)
+		var pids []string
+		for _, r := range rep.Resources {
+			if r.Kind == "pid" {
+				pids = append(pids, r.Value)
+			}
+		}
+		if down := run("lab", "down", "--state-dir", dir); !strings.Contains(down, "removed") {
+			t.Errorf("kilnctl lab down printed %q", down)
+		}
+		if _, err := os.Stat(dir); err == nil {
+			t.Errorf("state dir %s still there after lab down", dir)
+		}
+		if _, err := os.Stat("/etc/libvirt/qemu/kiln-" + name + "-h1.xml"); rep.LibvirtPrivate && err == nil {
+			t.Errorf("domain kiln-%s-h1 still defined after lab down", name)
+		}
+		for _, p := range append(pids, rep.Serve) {
+			var pid int
+			fmt.Sscanf(p, "%d:", &pid)
+			if pid > 0 && syscall.Kill(pid, 0) == nil {
+				if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); len(b) > 0 && !strings.Contains(string(b), ") Z ") {
+					t.Errorf("process %s of the libvirt lab still runs after lab down", p)
+				}
+			}
+		}
+	})
 }
