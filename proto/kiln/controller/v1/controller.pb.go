@@ -1669,6 +1669,209 @@ func (x *ListAuditResponse) GetEntries() []*AuditEntry {
 	return nil
 }
 
+type PauseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// moved_to is the API address of the controller the fleet moves to.
+	MovedTo string `protobuf:"bytes,1,opt,name=moved_to,json=movedTo,proto3" json:"moved_to,omitempty"`
+	// moved marks the move done (the copy was verified on moved_to).
+	Moved         bool `protobuf:"varint,2,opt,name=moved,proto3" json:"moved,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseRequest) Reset() {
+	*x = PauseRequest{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseRequest) ProtoMessage() {}
+
+func (x *PauseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
+func (*PauseRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *PauseRequest) GetMovedTo() string {
+	if x != nil {
+		return x.MovedTo
+	}
+	return ""
+}
+
+func (x *PauseRequest) GetMoved() bool {
+	if x != nil {
+		return x.Moved
+	}
+	return false
+}
+
+type ResumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeRequest) Reset() {
+	*x = ResumeRequest{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeRequest) ProtoMessage() {}
+
+func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
+func (*ResumeRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{27}
+}
+
+type GetPauseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPauseRequest) Reset() {
+	*x = GetPauseRequest{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPauseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPauseRequest) ProtoMessage() {}
+
+func (x *GetPauseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPauseRequest.ProtoReflect.Descriptor instead.
+func (*GetPauseRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{28}
+}
+
+type PauseStatus struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Paused  bool                   `protobuf:"varint,1,opt,name=paused,proto3" json:"paused,omitempty"`
+	MovedTo string                 `protobuf:"bytes,2,opt,name=moved_to,json=movedTo,proto3" json:"moved_to,omitempty"`
+	// by is the name of the admin certificate that paused it.
+	By            string                 `protobuf:"bytes,3,opt,name=by,proto3" json:"by,omitempty"`
+	Since         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	Moved         bool                   `protobuf:"varint,5,opt,name=moved,proto3" json:"moved,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseStatus) Reset() {
+	*x = PauseStatus{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseStatus) ProtoMessage() {}
+
+func (x *PauseStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseStatus.ProtoReflect.Descriptor instead.
+func (*PauseStatus) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *PauseStatus) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+func (x *PauseStatus) GetMovedTo() string {
+	if x != nil {
+		return x.MovedTo
+	}
+	return ""
+}
+
+func (x *PauseStatus) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+func (x *PauseStatus) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *PauseStatus) GetMoved() bool {
+	if x != nil {
+		return x.Moved
+	}
+	return false
+}
+
 type BackupRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// recipients are age X25519 public keys ("age1..."); the backup opens
@@ -1680,7 +1883,7 @@ type BackupRequest struct {
 
 func (x *BackupRequest) Reset() {
 	*x = BackupRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1692,7 +1895,7 @@ func (x *BackupRequest) String() string {
 func (*BackupRequest) ProtoMessage() {}
 
 func (x *BackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1705,7 +1908,7 @@ func (x *BackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
 func (*BackupRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{26}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *BackupRequest) GetRecipients() []string {
@@ -1727,7 +1930,7 @@ type BackupChunk struct {
 
 func (x *BackupChunk) Reset() {
 	*x = BackupChunk{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1739,7 +1942,7 @@ func (x *BackupChunk) String() string {
 func (*BackupChunk) ProtoMessage() {}
 
 func (x *BackupChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1752,7 +1955,7 @@ func (x *BackupChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupChunk.ProtoReflect.Descriptor instead.
 func (*BackupChunk) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{27}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *BackupChunk) GetData() []byte {
@@ -1892,7 +2095,18 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\x05since\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x14\n" +
 	"\x05limit\x18\x04 \x01(\x03R\x05limit\"M\n" +
 	"\x11ListAuditResponse\x128\n" +
-	"\aentries\x18\x01 \x03(\v2\x1e.kiln.controller.v1.AuditEntryR\aentries\"/\n" +
+	"\aentries\x18\x01 \x03(\v2\x1e.kiln.controller.v1.AuditEntryR\aentries\"?\n" +
+	"\fPauseRequest\x12\x19\n" +
+	"\bmoved_to\x18\x01 \x01(\tR\amovedTo\x12\x14\n" +
+	"\x05moved\x18\x02 \x01(\bR\x05moved\"\x0f\n" +
+	"\rResumeRequest\"\x11\n" +
+	"\x0fGetPauseRequest\"\x98\x01\n" +
+	"\vPauseStatus\x12\x16\n" +
+	"\x06paused\x18\x01 \x01(\bR\x06paused\x12\x19\n" +
+	"\bmoved_to\x18\x02 \x01(\tR\amovedTo\x12\x0e\n" +
+	"\x02by\x18\x03 \x01(\tR\x02by\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x14\n" +
+	"\x05moved\x18\x05 \x01(\bR\x05moved\"/\n" +
 	"\rBackupRequest\x12\x1e\n" +
 	"\n" +
 	"recipients\x18\x01 \x03(\tR\n" +
@@ -1917,9 +2131,12 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\x06Enroll\x12!.kiln.controller.v1.EnrollRequest\x1a\".kiln.controller.v1.EnrollResponse2\xb0\x01\n" +
 	"\x06Agents\x12X\n" +
 	"\tHeartbeat\x12$.kiln.controller.v1.HeartbeatRequest\x1a%.kiln.controller.v1.HeartbeatResponse\x12L\n" +
-	"\x05Renew\x12 .kiln.controller.v1.RenewRequest\x1a!.kiln.controller.v1.RenewResponse2]\n" +
+	"\x05Renew\x12 .kiln.controller.v1.RenewRequest\x1a!.kiln.controller.v1.RenewResponse2\xc9\x02\n" +
 	"\vMaintenance\x12N\n" +
-	"\x06Backup\x12!.kiln.controller.v1.BackupRequest\x1a\x1f.kiln.controller.v1.BackupChunk0\x01B>Z<github.com/kilnhq/kiln/proto/kiln/controller/v1;controllerv1b\x06proto3"
+	"\x06Backup\x12!.kiln.controller.v1.BackupRequest\x1a\x1f.kiln.controller.v1.BackupChunk0\x01\x12J\n" +
+	"\x05Pause\x12 .kiln.controller.v1.PauseRequest\x1a\x1f.kiln.controller.v1.PauseStatus\x12L\n" +
+	"\x06Resume\x12!.kiln.controller.v1.ResumeRequest\x1a\x1f.kiln.controller.v1.PauseStatus\x12P\n" +
+	"\bGetPause\x12#.kiln.controller.v1.GetPauseRequest\x1a\x1f.kiln.controller.v1.PauseStatusB>Z<github.com/kilnhq/kiln/proto/kiln/controller/v1;controllerv1b\x06proto3"
 
 var (
 	file_kiln_controller_v1_controller_proto_rawDescOnce sync.Once
@@ -1933,7 +2150,7 @@ func file_kiln_controller_v1_controller_proto_rawDescGZIP() []byte {
 	return file_kiln_controller_v1_controller_proto_rawDescData
 }
 
-var file_kiln_controller_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_kiln_controller_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_kiln_controller_v1_controller_proto_goTypes = []any{
 	(*Resource)(nil),              // 0: kiln.controller.v1.Resource
 	(*ApplyRequest)(nil),          // 1: kiln.controller.v1.ApplyRequest
@@ -1961,71 +2178,82 @@ var file_kiln_controller_v1_controller_proto_goTypes = []any{
 	(*AuditEntry)(nil),            // 23: kiln.controller.v1.AuditEntry
 	(*ListAuditRequest)(nil),      // 24: kiln.controller.v1.ListAuditRequest
 	(*ListAuditResponse)(nil),     // 25: kiln.controller.v1.ListAuditResponse
-	(*BackupRequest)(nil),         // 26: kiln.controller.v1.BackupRequest
-	(*BackupChunk)(nil),           // 27: kiln.controller.v1.BackupChunk
-	nil,                           // 28: kiln.controller.v1.ListRequest.LabelSelectorEntry
-	(*v1.Host)(nil),               // 29: kiln.types.v1.Host
-	(*v1.Image)(nil),              // 30: kiln.types.v1.Image
-	(*v1.Cluster)(nil),            // 31: kiln.types.v1.Cluster
-	(*v1.ControlPlane)(nil),       // 32: kiln.types.v1.ControlPlane
-	(*v1.MachineDeployment)(nil),  // 33: kiln.types.v1.MachineDeployment
-	(*v1.Machine)(nil),            // 34: kiln.types.v1.Machine
-	(*v1.HealthCheck)(nil),        // 35: kiln.types.v1.HealthCheck
-	(*v1.Event)(nil),              // 36: kiln.types.v1.Event
-	(*timestamppb.Timestamp)(nil), // 37: google.protobuf.Timestamp
-	(*v1.Facts)(nil),              // 38: kiln.types.v1.Facts
+	(*PauseRequest)(nil),          // 26: kiln.controller.v1.PauseRequest
+	(*ResumeRequest)(nil),         // 27: kiln.controller.v1.ResumeRequest
+	(*GetPauseRequest)(nil),       // 28: kiln.controller.v1.GetPauseRequest
+	(*PauseStatus)(nil),           // 29: kiln.controller.v1.PauseStatus
+	(*BackupRequest)(nil),         // 30: kiln.controller.v1.BackupRequest
+	(*BackupChunk)(nil),           // 31: kiln.controller.v1.BackupChunk
+	nil,                           // 32: kiln.controller.v1.ListRequest.LabelSelectorEntry
+	(*v1.Host)(nil),               // 33: kiln.types.v1.Host
+	(*v1.Image)(nil),              // 34: kiln.types.v1.Image
+	(*v1.Cluster)(nil),            // 35: kiln.types.v1.Cluster
+	(*v1.ControlPlane)(nil),       // 36: kiln.types.v1.ControlPlane
+	(*v1.MachineDeployment)(nil),  // 37: kiln.types.v1.MachineDeployment
+	(*v1.Machine)(nil),            // 38: kiln.types.v1.Machine
+	(*v1.HealthCheck)(nil),        // 39: kiln.types.v1.HealthCheck
+	(*v1.Event)(nil),              // 40: kiln.types.v1.Event
+	(*timestamppb.Timestamp)(nil), // 41: google.protobuf.Timestamp
+	(*v1.Facts)(nil),              // 42: kiln.types.v1.Facts
 }
 var file_kiln_controller_v1_controller_proto_depIdxs = []int32{
-	29, // 0: kiln.controller.v1.Resource.host:type_name -> kiln.types.v1.Host
-	30, // 1: kiln.controller.v1.Resource.image:type_name -> kiln.types.v1.Image
-	31, // 2: kiln.controller.v1.Resource.cluster:type_name -> kiln.types.v1.Cluster
-	32, // 3: kiln.controller.v1.Resource.control_plane:type_name -> kiln.types.v1.ControlPlane
-	33, // 4: kiln.controller.v1.Resource.machine_deployment:type_name -> kiln.types.v1.MachineDeployment
-	34, // 5: kiln.controller.v1.Resource.machine:type_name -> kiln.types.v1.Machine
-	35, // 6: kiln.controller.v1.Resource.health_check:type_name -> kiln.types.v1.HealthCheck
+	33, // 0: kiln.controller.v1.Resource.host:type_name -> kiln.types.v1.Host
+	34, // 1: kiln.controller.v1.Resource.image:type_name -> kiln.types.v1.Image
+	35, // 2: kiln.controller.v1.Resource.cluster:type_name -> kiln.types.v1.Cluster
+	36, // 3: kiln.controller.v1.Resource.control_plane:type_name -> kiln.types.v1.ControlPlane
+	37, // 4: kiln.controller.v1.Resource.machine_deployment:type_name -> kiln.types.v1.MachineDeployment
+	38, // 5: kiln.controller.v1.Resource.machine:type_name -> kiln.types.v1.Machine
+	39, // 6: kiln.controller.v1.Resource.health_check:type_name -> kiln.types.v1.HealthCheck
 	0,  // 7: kiln.controller.v1.ApplyRequest.resources:type_name -> kiln.controller.v1.Resource
 	2,  // 8: kiln.controller.v1.ApplyResponse.results:type_name -> kiln.controller.v1.ApplyResult
-	28, // 9: kiln.controller.v1.ListRequest.label_selector:type_name -> kiln.controller.v1.ListRequest.LabelSelectorEntry
+	32, // 9: kiln.controller.v1.ListRequest.label_selector:type_name -> kiln.controller.v1.ListRequest.LabelSelectorEntry
 	0,  // 10: kiln.controller.v1.ListResponse.items:type_name -> kiln.controller.v1.Resource
 	0,  // 11: kiln.controller.v1.WatchEvent.resource:type_name -> kiln.controller.v1.Resource
-	36, // 12: kiln.controller.v1.ListEventsResponse.events:type_name -> kiln.types.v1.Event
-	37, // 13: kiln.controller.v1.CreateTokenResponse.expires:type_name -> google.protobuf.Timestamp
-	38, // 14: kiln.controller.v1.EnrollRequest.facts:type_name -> kiln.types.v1.Facts
-	38, // 15: kiln.controller.v1.HeartbeatRequest.facts:type_name -> kiln.types.v1.Facts
-	37, // 16: kiln.controller.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	37, // 17: kiln.controller.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	40, // 12: kiln.controller.v1.ListEventsResponse.events:type_name -> kiln.types.v1.Event
+	41, // 13: kiln.controller.v1.CreateTokenResponse.expires:type_name -> google.protobuf.Timestamp
+	42, // 14: kiln.controller.v1.EnrollRequest.facts:type_name -> kiln.types.v1.Facts
+	42, // 15: kiln.controller.v1.HeartbeatRequest.facts:type_name -> kiln.types.v1.Facts
+	41, // 16: kiln.controller.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	41, // 17: kiln.controller.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
 	23, // 18: kiln.controller.v1.ListAuditResponse.entries:type_name -> kiln.controller.v1.AuditEntry
-	1,  // 19: kiln.controller.v1.Resources.Apply:input_type -> kiln.controller.v1.ApplyRequest
-	4,  // 20: kiln.controller.v1.Resources.Get:input_type -> kiln.controller.v1.GetRequest
-	5,  // 21: kiln.controller.v1.Resources.List:input_type -> kiln.controller.v1.ListRequest
-	7,  // 22: kiln.controller.v1.Resources.Delete:input_type -> kiln.controller.v1.DeleteRequest
-	9,  // 23: kiln.controller.v1.Resources.Watch:input_type -> kiln.controller.v1.WatchRequest
-	11, // 24: kiln.controller.v1.Resources.ListEvents:input_type -> kiln.controller.v1.ListEventsRequest
-	13, // 25: kiln.controller.v1.Resources.CreateToken:input_type -> kiln.controller.v1.CreateTokenRequest
-	15, // 26: kiln.controller.v1.Resources.GetKubeconfig:input_type -> kiln.controller.v1.GetKubeconfigRequest
-	24, // 27: kiln.controller.v1.Resources.ListAudit:input_type -> kiln.controller.v1.ListAuditRequest
-	17, // 28: kiln.controller.v1.Enrollment.Enroll:input_type -> kiln.controller.v1.EnrollRequest
-	19, // 29: kiln.controller.v1.Agents.Heartbeat:input_type -> kiln.controller.v1.HeartbeatRequest
-	21, // 30: kiln.controller.v1.Agents.Renew:input_type -> kiln.controller.v1.RenewRequest
-	26, // 31: kiln.controller.v1.Maintenance.Backup:input_type -> kiln.controller.v1.BackupRequest
-	3,  // 32: kiln.controller.v1.Resources.Apply:output_type -> kiln.controller.v1.ApplyResponse
-	0,  // 33: kiln.controller.v1.Resources.Get:output_type -> kiln.controller.v1.Resource
-	6,  // 34: kiln.controller.v1.Resources.List:output_type -> kiln.controller.v1.ListResponse
-	8,  // 35: kiln.controller.v1.Resources.Delete:output_type -> kiln.controller.v1.DeleteResponse
-	10, // 36: kiln.controller.v1.Resources.Watch:output_type -> kiln.controller.v1.WatchEvent
-	12, // 37: kiln.controller.v1.Resources.ListEvents:output_type -> kiln.controller.v1.ListEventsResponse
-	14, // 38: kiln.controller.v1.Resources.CreateToken:output_type -> kiln.controller.v1.CreateTokenResponse
-	16, // 39: kiln.controller.v1.Resources.GetKubeconfig:output_type -> kiln.controller.v1.GetKubeconfigResponse
-	25, // 40: kiln.controller.v1.Resources.ListAudit:output_type -> kiln.controller.v1.ListAuditResponse
-	18, // 41: kiln.controller.v1.Enrollment.Enroll:output_type -> kiln.controller.v1.EnrollResponse
-	20, // 42: kiln.controller.v1.Agents.Heartbeat:output_type -> kiln.controller.v1.HeartbeatResponse
-	22, // 43: kiln.controller.v1.Agents.Renew:output_type -> kiln.controller.v1.RenewResponse
-	27, // 44: kiln.controller.v1.Maintenance.Backup:output_type -> kiln.controller.v1.BackupChunk
-	32, // [32:45] is the sub-list for method output_type
-	19, // [19:32] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	41, // 19: kiln.controller.v1.PauseStatus.since:type_name -> google.protobuf.Timestamp
+	1,  // 20: kiln.controller.v1.Resources.Apply:input_type -> kiln.controller.v1.ApplyRequest
+	4,  // 21: kiln.controller.v1.Resources.Get:input_type -> kiln.controller.v1.GetRequest
+	5,  // 22: kiln.controller.v1.Resources.List:input_type -> kiln.controller.v1.ListRequest
+	7,  // 23: kiln.controller.v1.Resources.Delete:input_type -> kiln.controller.v1.DeleteRequest
+	9,  // 24: kiln.controller.v1.Resources.Watch:input_type -> kiln.controller.v1.WatchRequest
+	11, // 25: kiln.controller.v1.Resources.ListEvents:input_type -> kiln.controller.v1.ListEventsRequest
+	13, // 26: kiln.controller.v1.Resources.CreateToken:input_type -> kiln.controller.v1.CreateTokenRequest
+	15, // 27: kiln.controller.v1.Resources.GetKubeconfig:input_type -> kiln.controller.v1.GetKubeconfigRequest
+	24, // 28: kiln.controller.v1.Resources.ListAudit:input_type -> kiln.controller.v1.ListAuditRequest
+	17, // 29: kiln.controller.v1.Enrollment.Enroll:input_type -> kiln.controller.v1.EnrollRequest
+	19, // 30: kiln.controller.v1.Agents.Heartbeat:input_type -> kiln.controller.v1.HeartbeatRequest
+	21, // 31: kiln.controller.v1.Agents.Renew:input_type -> kiln.controller.v1.RenewRequest
+	30, // 32: kiln.controller.v1.Maintenance.Backup:input_type -> kiln.controller.v1.BackupRequest
+	26, // 33: kiln.controller.v1.Maintenance.Pause:input_type -> kiln.controller.v1.PauseRequest
+	27, // 34: kiln.controller.v1.Maintenance.Resume:input_type -> kiln.controller.v1.ResumeRequest
+	28, // 35: kiln.controller.v1.Maintenance.GetPause:input_type -> kiln.controller.v1.GetPauseRequest
+	3,  // 36: kiln.controller.v1.Resources.Apply:output_type -> kiln.controller.v1.ApplyResponse
+	0,  // 37: kiln.controller.v1.Resources.Get:output_type -> kiln.controller.v1.Resource
+	6,  // 38: kiln.controller.v1.Resources.List:output_type -> kiln.controller.v1.ListResponse
+	8,  // 39: kiln.controller.v1.Resources.Delete:output_type -> kiln.controller.v1.DeleteResponse
+	10, // 40: kiln.controller.v1.Resources.Watch:output_type -> kiln.controller.v1.WatchEvent
+	12, // 41: kiln.controller.v1.Resources.ListEvents:output_type -> kiln.controller.v1.ListEventsResponse
+	14, // 42: kiln.controller.v1.Resources.CreateToken:output_type -> kiln.controller.v1.CreateTokenResponse
+	16, // 43: kiln.controller.v1.Resources.GetKubeconfig:output_type -> kiln.controller.v1.GetKubeconfigResponse
+	25, // 44: kiln.controller.v1.Resources.ListAudit:output_type -> kiln.controller.v1.ListAuditResponse
+	18, // 45: kiln.controller.v1.Enrollment.Enroll:output_type -> kiln.controller.v1.EnrollResponse
+	20, // 46: kiln.controller.v1.Agents.Heartbeat:output_type -> kiln.controller.v1.HeartbeatResponse
+	22, // 47: kiln.controller.v1.Agents.Renew:output_type -> kiln.controller.v1.RenewResponse
+	31, // 48: kiln.controller.v1.Maintenance.Backup:output_type -> kiln.controller.v1.BackupChunk
+	29, // 49: kiln.controller.v1.Maintenance.Pause:output_type -> kiln.controller.v1.PauseStatus
+	29, // 50: kiln.controller.v1.Maintenance.Resume:output_type -> kiln.controller.v1.PauseStatus
+	29, // 51: kiln.controller.v1.Maintenance.GetPause:output_type -> kiln.controller.v1.PauseStatus
+	36, // [36:52] is the sub-list for method output_type
+	20, // [20:36] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_kiln_controller_v1_controller_proto_init() }
@@ -2048,7 +2276,7 @@ func file_kiln_controller_v1_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kiln_controller_v1_controller_proto_rawDesc), len(file_kiln_controller_v1_controller_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

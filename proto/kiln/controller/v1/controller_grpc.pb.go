@@ -720,7 +720,10 @@ var Agents_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Maintenance_Backup_FullMethodName = "/kiln.controller.v1.Maintenance/Backup"
+	Maintenance_Backup_FullMethodName   = "/kiln.controller.v1.Maintenance/Backup"
+	Maintenance_Pause_FullMethodName    = "/kiln.controller.v1.Maintenance/Pause"
+	Maintenance_Resume_FullMethodName   = "/kiln.controller.v1.Maintenance/Resume"
+	Maintenance_GetPause_FullMethodName = "/kiln.controller.v1.Maintenance/GetPause"
 )
 
 // MaintenanceClient is the client API for Maintenance service.
@@ -735,6 +738,17 @@ type MaintenanceClient interface {
 	// them, encrypted (age) to the request's recipients before it leaves the
 	// controller. The last chunk carries the revision and the key count.
 	Backup(ctx context.Context, in *BackupRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[BackupChunk], error)
+	// Pause pauses the whole controller for a move (kilnctl move): from the
+	// pause on, every write (the API's and every reconciler's) is refused
+	// with FailedPrecondition saying where the controller moved, and the
+	// reconcilers stop, until Resume. The pause is a record in the store,
+	// so it survives restarts and holds for every replica. Pausing a paused
+	// controller returns the pause in force.
+	Pause(ctx context.Context, in *PauseRequest, opts ...grpc.CallOption) (*PauseStatus, error)
+	// Resume removes the pause (a move that was abandoned).
+	Resume(ctx context.Context, in *ResumeRequest, opts ...grpc.CallOption) (*PauseStatus, error)
+	// GetPause says whether the controller is paused, and for which move.
+	GetPause(ctx context.Context, in *GetPauseRequest, opts ...grpc.CallOption) (*PauseStatus, error)
 }
 
 type maintenanceClient struct {
@@ -764,6 +778,36 @@ func (c *maintenanceClient) Backup(ctx context.Context, in *BackupRequest, opts 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Maintenance_BackupClient = grpc.ServerStreamingClient[BackupChunk]
 
+func (c *maintenanceClient) Pause(ctx context.Context, in *PauseRequest, opts ...grpc.CallOption) (*PauseStatus, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PauseStatus)
+	err := c.cc.Invoke(ctx, Maintenance_Pause_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *maintenanceClient) Resume(ctx context.Context, in *ResumeRequest, opts ...grpc.CallOption) (*PauseStatus, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PauseStatus)
+	err := c.cc.Invoke(ctx, Maintenance_Resume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *maintenanceClient) GetPause(ctx context.Context, in *GetPauseRequest, opts ...grpc.CallOption) (*PauseStatus, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PauseStatus)
+	err := c.cc.Invoke(ctx, Maintenance_GetPause_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MaintenanceServer is the server API for Maintenance service.
 // All implementations must embed UnimplementedMaintenanceServer
 // for forward compatibility.
@@ -776,6 +820,17 @@ type MaintenanceServer interface {
 	// them, encrypted (age) to the request's recipients before it leaves the
 	// controller. The last chunk carries the revision and the key count.
 	Backup(*BackupRequest, grpc.ServerStreamingServer[BackupChunk]) error
+	// Pause pauses the whole controller for a move (kilnctl move): from the
+	// pause on, every write (the API's and every reconciler's) is refused
+	// with FailedPrecondition saying where the controller moved, and the
+	// reconcilers stop, until Resume. The pause is a record in the store,
+	// so it survives restarts and holds for every replica. Pausing a paused
+	// controller returns the pause in force.
+	Pause(context.Context, *PauseRequest) (*PauseStatus, error)
+	// Resume removes the pause (a move that was abandoned).
+	Resume(context.Context, *ResumeRequest) (*PauseStatus, error)
+	// GetPause says whether the controller is paused, and for which move.
+	GetPause(context.Context, *GetPauseRequest) (*PauseStatus, error)
 	mustEmbedUnimplementedMaintenanceServer()
 }
 
@@ -788,6 +843,15 @@ type UnimplementedMaintenanceServer struct{}
 
 func (UnimplementedMaintenanceServer) Backup(*BackupRequest, grpc.ServerStreamingServer[BackupChunk]) error {
 	return status.Errorf(codes.Unimplemented, "method Backup not implemented")
+}
+func (UnimplementedMaintenanceServer) Pause(context.Context, *PauseRequest) (*PauseStatus, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Pause not implemented")
+}
+func (UnimplementedMaintenanceServer) Resume(context.Context, *ResumeRequest) (*PauseStatus, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Resume not implemented")
+}
+func (UnimplementedMaintenanceServer) GetPause(context.Context, *GetPauseRequest) (*PauseStatus, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetPause not implemented")
 }
 func (UnimplementedMaintenanceServer) mustEmbedUnimplementedMaintenanceServer() {}
 func (UnimplementedMaintenanceServer) testEmbeddedByValue()                     {}
@@ -821,13 +885,80 @@ func _Maintenance_Backup_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Maintenance_BackupServer = grpc.ServerStreamingServer[BackupChunk]
 
+func _Maintenance_Pause_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PauseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MaintenanceServer).Pause(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Maintenance_Pause_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MaintenanceServer).Pause(ctx, req.(*PauseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Maintenance_Resume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MaintenanceServer).Resume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Maintenance_Resume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MaintenanceServer).Resume(ctx, req.(*ResumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Maintenance_GetPause_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetPauseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MaintenanceServer).GetPause(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Maintenance_GetPause_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MaintenanceServer).GetPause(ctx, req.(*GetPauseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Maintenance_ServiceDesc is the grpc.ServiceDesc for Maintenance service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
 var Maintenance_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "kiln.controller.v1.Maintenance",
 	HandlerType: (*MaintenanceServer)(nil),
-	Methods:     []grpc.MethodDesc{},
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Pause",
+			Handler:    _Maintenance_Pause_Handler,
+		},
+		{
+			MethodName: "Resume",
+			Handler:    _Maintenance_Resume_Handler,
+		},
+		{
+			MethodName: "GetPause",
+			Handler:    _Maintenance_GetPause_Handler,
+		},
+	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "Backup",
