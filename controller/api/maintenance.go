@@ -1,9 +1,13 @@
 package api
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"io"
 	"time"
+
+	"filippo.io/age"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -75,7 +79,68 @@ func pauseStatus(p *store.Pause) *controllerv1.PauseStatus {
 	if p == nil {
 		return &controllerv1.PauseStatus{}
 	}
-	return &controllerv1.PauseStatus{Paused: true, MovedTo: p.MovedTo, By: p.By, Since: timestamppb.New(p.Since), Moved: p.Moved}
+	return &controllerv1.PauseStatus{Paused: true, MovedTo: p.MovedTo, By: p.By, Since: timestamppb.New(p.Since), Moved: p.Moved, From: p.From}
+}
+
+// Adopt receives another controller's backup and makes this controller
+// its fleet's home (store.Adopt). The one-time identity never leaves
+// this call.
+func (s *maintenanceServer) Adopt(stream controllerv1.Maintenance_AdoptServer) error {
+	var (
+		buf      bytes.Buffer
+		identity string
+		from     string
+	)
+	for {
+		ch, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if identity == "" {
+			identity, from = ch.GetIdentity(), ch.GetFrom()
+		}
+		if buf.Len()+len(ch.GetData()) > store.MaxBackupSize+1<<20 {
+			return errgrpc.ToGRPC(errdefs.InvalidArgument("adopt: backup larger than %d bytes", store.MaxBackupSize))
+		}
+		buf.Write(ch.GetData())
+	}
+	if identity == "" || from == "" {
+		return errgrpc.ToGRPC(errdefs.InvalidArgument("adopt: the first chunk must carry the identity that opens the backup and the address it comes from"))
+	}
+	id, err := age.ParseX25519Identity(identity)
+	if err != nil {
+		// The identity is a secret: the parser's message is not repeated.
+		return errgrpc.ToGRPC(errdefs.InvalidArgument("adopt: the identity is not an age X25519 identity (AGE-SECRET-KEY-1...)"))
+	}
+	key, body, err := backup.Open(&buf, []age.Identity{id})
+	if err != nil {
+		return errgrpc.ToGRPC(err)
+	}
+	fromSealer, err := seal.New(key)
+	if err != nil {
+		return errgrpc.ToGRPC(err)
+	}
+	info, err := s.store.Adopt(stream.Context(), body, fromSealer, from, s.now())
+	if err != nil {
+		return errgrpc.ToGRPC(err)
+	}
+	return stream.SendAndClose(&controllerv1.AdoptResponse{Revision: info.Revision, Keys: int32(info.Keys), Secrets: int32(info.Secrets)})
+}
+
+// Inventory counts and hashes the store's kinds.
+func (s *maintenanceServer) Inventory(ctx context.Context, _ *controllerv1.InventoryRequest) (*controllerv1.InventoryResponse, error) {
+	kinds, rev, err := s.store.Inventory(ctx)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	out := &controllerv1.InventoryResponse{Revision: rev}
+	for _, k := range kinds {
+		out.Kinds = append(out.Kinds, &controllerv1.KindInventory{Kind: k.Kind, Count: int32(k.Count), Sha256: k.SHA256})
+	}
+	return out, nil
 }
 
 // Backup encrypts on the controller: the sealing key and the secrets are

@@ -40,9 +40,15 @@ type Pause struct {
 	// Moved is set once the copy is verified on MovedTo (the move's last
 	// step): the fleet lives there now.
 	Moved bool `json:"moved"`
+	// From is set instead of MovedTo on the target of a move while it
+	// adopts the fleet (Adopt): the address it moves in from.
+	From string `json:"from,omitempty"`
 }
 
 func (p *Pause) String() string {
+	if p.From != "" {
+		return fmt.Sprintf("adopting the fleet of %s (since %s)", p.From, p.Since.UTC().Format(time.RFC3339))
+	}
 	state := "moving to"
 	if p.Moved {
 		state = "moved to"
@@ -55,9 +61,15 @@ func (p *Pause) String() string {
 // transaction: after it returns, no write through a Store succeeds. It
 // returns Unavailable when etcd does not answer.
 func (s *Store) Pause(ctx context.Context, p Pause) (Pause, error) {
+	have, _, err := s.pause(ctx, p)
+	return have, err
+}
+
+// pause is Pause that also reports whether it recorded p.
+func (s *Store) pause(ctx context.Context, p Pause) (Pause, bool, error) {
 	val, err := json.Marshal(p)
 	if err != nil {
-		return Pause{}, err
+		return Pause{}, false, err
 	}
 	resp, err := s.client.Txn(ctx).
 		If(clientv3.Compare(clientv3.Version(pauseKey), "=", 0)).
@@ -65,20 +77,20 @@ func (s *Store) Pause(ctx context.Context, p Pause) (Pause, error) {
 		Else(clientv3.OpGet(pauseKey)).
 		Commit()
 	if err != nil {
-		return Pause{}, etcdErr(ctx, "pause", err)
+		return Pause{}, false, etcdErr(ctx, "pause", err)
 	}
 	if resp.Succeeded {
-		return p, nil
+		return p, true, nil
 	}
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if len(kvs) == 0 {
-		return Pause{}, errdefs.Unavailable("pause: the pause record changed while it was written; try again")
+		return Pause{}, false, errdefs.Unavailable("pause: the pause record changed while it was written; try again")
 	}
 	var have Pause
 	if err := json.Unmarshal(kvs[0].Value, &have); err != nil {
-		return Pause{}, fmt.Errorf("pause: decode the record: %w", err)
+		return Pause{}, false, fmt.Errorf("pause: decode the record: %w", err)
 	}
-	return have, nil
+	return have, false, nil
 }
 
 // MarkMoved sets Moved on the pause in force. It returns FailedPrecondition

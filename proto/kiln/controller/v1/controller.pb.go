@@ -1669,6 +1669,283 @@ func (x *ListAuditResponse) GetEntries() []*AuditEntry {
 	return nil
 }
 
+type AdoptChunk struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Data  []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	// identity (first chunk) is the age identity (AGE-SECRET-KEY-1...) that
+	// opens the backup: a one-time key kilnctl move makes.
+	Identity string `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"`
+	// from (first chunk) is the API address of the controller moving here.
+	From          string `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdoptChunk) Reset() {
+	*x = AdoptChunk{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdoptChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdoptChunk) ProtoMessage() {}
+
+func (x *AdoptChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdoptChunk.ProtoReflect.Descriptor instead.
+func (*AdoptChunk) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *AdoptChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *AdoptChunk) GetIdentity() string {
+	if x != nil {
+		return x.Identity
+	}
+	return ""
+}
+
+func (x *AdoptChunk) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+type AdoptResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Revision int64                  `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	Keys     int32                  `protobuf:"varint,2,opt,name=keys,proto3" json:"keys,omitempty"`
+	// secrets is the number of sealed secrets re-sealed under this
+	// controller's key.
+	Secrets       int32 `protobuf:"varint,3,opt,name=secrets,proto3" json:"secrets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdoptResponse) Reset() {
+	*x = AdoptResponse{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdoptResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdoptResponse) ProtoMessage() {}
+
+func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdoptResponse.ProtoReflect.Descriptor instead.
+func (*AdoptResponse) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *AdoptResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *AdoptResponse) GetKeys() int32 {
+	if x != nil {
+		return x.Keys
+	}
+	return 0
+}
+
+func (x *AdoptResponse) GetSecrets() int32 {
+	if x != nil {
+		return x.Secrets
+	}
+	return 0
+}
+
+type InventoryRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InventoryRequest) Reset() {
+	*x = InventoryRequest{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InventoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InventoryRequest) ProtoMessage() {}
+
+func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
+func (*InventoryRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{28}
+}
+
+type InventoryResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kinds         []*KindInventory       `protobuf:"bytes,1,rep,name=kinds,proto3" json:"kinds,omitempty"`
+	Revision      int64                  `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InventoryResponse) Reset() {
+	*x = InventoryResponse{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InventoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InventoryResponse) ProtoMessage() {}
+
+func (x *InventoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InventoryResponse.ProtoReflect.Descriptor instead.
+func (*InventoryResponse) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *InventoryResponse) GetKinds() []*KindInventory {
+	if x != nil {
+		return x.Kinds
+	}
+	return nil
+}
+
+func (x *InventoryResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+type KindInventory struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// kind is the key segment ("hosts", "clusters"); "secrets" for the
+	// sealed secrets.
+	Kind  string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Count int32  `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// sha256 (hex) of every key and value of the kind, in key order; of the
+	// paths only, for secrets.
+	Sha256        string `protobuf:"bytes,3,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KindInventory) Reset() {
+	*x = KindInventory{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KindInventory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KindInventory) ProtoMessage() {}
+
+func (x *KindInventory) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KindInventory.ProtoReflect.Descriptor instead.
+func (*KindInventory) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *KindInventory) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *KindInventory) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *KindInventory) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
 type PauseRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// moved_to is the API address of the controller the fleet moves to.
@@ -1681,7 +1958,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1693,7 +1970,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1706,7 +1983,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{26}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *PauseRequest) GetMovedTo() string {
@@ -1731,7 +2008,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1743,7 +2020,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1756,7 +2033,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{27}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{32}
 }
 
 type GetPauseRequest struct {
@@ -1767,7 +2044,7 @@ type GetPauseRequest struct {
 
 func (x *GetPauseRequest) Reset() {
 	*x = GetPauseRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[28]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1779,7 +2056,7 @@ func (x *GetPauseRequest) String() string {
 func (*GetPauseRequest) ProtoMessage() {}
 
 func (x *GetPauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[28]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1792,7 +2069,7 @@ func (x *GetPauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPauseRequest.ProtoReflect.Descriptor instead.
 func (*GetPauseRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{28}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{33}
 }
 
 type PauseStatus struct {
@@ -1800,16 +2077,19 @@ type PauseStatus struct {
 	Paused  bool                   `protobuf:"varint,1,opt,name=paused,proto3" json:"paused,omitempty"`
 	MovedTo string                 `protobuf:"bytes,2,opt,name=moved_to,json=movedTo,proto3" json:"moved_to,omitempty"`
 	// by is the name of the admin certificate that paused it.
-	By            string                 `protobuf:"bytes,3,opt,name=by,proto3" json:"by,omitempty"`
-	Since         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
-	Moved         bool                   `protobuf:"varint,5,opt,name=moved,proto3" json:"moved,omitempty"`
+	By    string                 `protobuf:"bytes,3,opt,name=by,proto3" json:"by,omitempty"`
+	Since *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	Moved bool                   `protobuf:"varint,5,opt,name=moved,proto3" json:"moved,omitempty"`
+	// from is set on a controller adopting another's fleet (Adopt): the
+	// address it moves in from.
+	From          string `protobuf:"bytes,6,opt,name=from,proto3" json:"from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PauseStatus) Reset() {
 	*x = PauseStatus{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[29]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1821,7 +2101,7 @@ func (x *PauseStatus) String() string {
 func (*PauseStatus) ProtoMessage() {}
 
 func (x *PauseStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[29]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1834,7 +2114,7 @@ func (x *PauseStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseStatus.ProtoReflect.Descriptor instead.
 func (*PauseStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{29}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PauseStatus) GetPaused() bool {
@@ -1872,6 +2152,13 @@ func (x *PauseStatus) GetMoved() bool {
 	return false
 }
 
+func (x *PauseStatus) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
 type BackupRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// recipients are age X25519 public keys ("age1..."); the backup opens
@@ -1883,7 +2170,7 @@ type BackupRequest struct {
 
 func (x *BackupRequest) Reset() {
 	*x = BackupRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[30]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1895,7 +2182,7 @@ func (x *BackupRequest) String() string {
 func (*BackupRequest) ProtoMessage() {}
 
 func (x *BackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[30]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1908,7 +2195,7 @@ func (x *BackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
 func (*BackupRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{30}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *BackupRequest) GetRecipients() []string {
@@ -1930,7 +2217,7 @@ type BackupChunk struct {
 
 func (x *BackupChunk) Reset() {
 	*x = BackupChunk{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[31]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1942,7 +2229,7 @@ func (x *BackupChunk) String() string {
 func (*BackupChunk) ProtoMessage() {}
 
 func (x *BackupChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[31]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1955,7 +2242,7 @@ func (x *BackupChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupChunk.ProtoReflect.Descriptor instead.
 func (*BackupChunk) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{31}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *BackupChunk) GetData() []byte {
@@ -2095,18 +2382,36 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\x05since\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x14\n" +
 	"\x05limit\x18\x04 \x01(\x03R\x05limit\"M\n" +
 	"\x11ListAuditResponse\x128\n" +
-	"\aentries\x18\x01 \x03(\v2\x1e.kiln.controller.v1.AuditEntryR\aentries\"?\n" +
+	"\aentries\x18\x01 \x03(\v2\x1e.kiln.controller.v1.AuditEntryR\aentries\"P\n" +
+	"\n" +
+	"AdoptChunk\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x1a\n" +
+	"\bidentity\x18\x02 \x01(\tR\bidentity\x12\x12\n" +
+	"\x04from\x18\x03 \x01(\tR\x04from\"Y\n" +
+	"\rAdoptResponse\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x12\n" +
+	"\x04keys\x18\x02 \x01(\x05R\x04keys\x12\x18\n" +
+	"\asecrets\x18\x03 \x01(\x05R\asecrets\"\x12\n" +
+	"\x10InventoryRequest\"h\n" +
+	"\x11InventoryResponse\x127\n" +
+	"\x05kinds\x18\x01 \x03(\v2!.kiln.controller.v1.KindInventoryR\x05kinds\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\"Q\n" +
+	"\rKindInventory\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x05R\x05count\x12\x16\n" +
+	"\x06sha256\x18\x03 \x01(\tR\x06sha256\"?\n" +
 	"\fPauseRequest\x12\x19\n" +
 	"\bmoved_to\x18\x01 \x01(\tR\amovedTo\x12\x14\n" +
 	"\x05moved\x18\x02 \x01(\bR\x05moved\"\x0f\n" +
 	"\rResumeRequest\"\x11\n" +
-	"\x0fGetPauseRequest\"\x98\x01\n" +
+	"\x0fGetPauseRequest\"\xac\x01\n" +
 	"\vPauseStatus\x12\x16\n" +
 	"\x06paused\x18\x01 \x01(\bR\x06paused\x12\x19\n" +
 	"\bmoved_to\x18\x02 \x01(\tR\amovedTo\x12\x0e\n" +
 	"\x02by\x18\x03 \x01(\tR\x02by\x120\n" +
 	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x14\n" +
-	"\x05moved\x18\x05 \x01(\bR\x05moved\"/\n" +
+	"\x05moved\x18\x05 \x01(\bR\x05moved\x12\x12\n" +
+	"\x04from\x18\x06 \x01(\tR\x04from\"/\n" +
 	"\rBackupRequest\x12\x1e\n" +
 	"\n" +
 	"recipients\x18\x01 \x03(\tR\n" +
@@ -2131,12 +2436,14 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\x06Enroll\x12!.kiln.controller.v1.EnrollRequest\x1a\".kiln.controller.v1.EnrollResponse2\xb0\x01\n" +
 	"\x06Agents\x12X\n" +
 	"\tHeartbeat\x12$.kiln.controller.v1.HeartbeatRequest\x1a%.kiln.controller.v1.HeartbeatResponse\x12L\n" +
-	"\x05Renew\x12 .kiln.controller.v1.RenewRequest\x1a!.kiln.controller.v1.RenewResponse2\xc9\x02\n" +
+	"\x05Renew\x12 .kiln.controller.v1.RenewRequest\x1a!.kiln.controller.v1.RenewResponse2\xf1\x03\n" +
 	"\vMaintenance\x12N\n" +
 	"\x06Backup\x12!.kiln.controller.v1.BackupRequest\x1a\x1f.kiln.controller.v1.BackupChunk0\x01\x12J\n" +
 	"\x05Pause\x12 .kiln.controller.v1.PauseRequest\x1a\x1f.kiln.controller.v1.PauseStatus\x12L\n" +
 	"\x06Resume\x12!.kiln.controller.v1.ResumeRequest\x1a\x1f.kiln.controller.v1.PauseStatus\x12P\n" +
-	"\bGetPause\x12#.kiln.controller.v1.GetPauseRequest\x1a\x1f.kiln.controller.v1.PauseStatusB>Z<github.com/kilnhq/kiln/proto/kiln/controller/v1;controllerv1b\x06proto3"
+	"\bGetPause\x12#.kiln.controller.v1.GetPauseRequest\x1a\x1f.kiln.controller.v1.PauseStatus\x12L\n" +
+	"\x05Adopt\x12\x1e.kiln.controller.v1.AdoptChunk\x1a!.kiln.controller.v1.AdoptResponse(\x01\x12X\n" +
+	"\tInventory\x12$.kiln.controller.v1.InventoryRequest\x1a%.kiln.controller.v1.InventoryResponseB>Z<github.com/kilnhq/kiln/proto/kiln/controller/v1;controllerv1b\x06proto3"
 
 var (
 	file_kiln_controller_v1_controller_proto_rawDescOnce sync.Once
@@ -2150,7 +2457,7 @@ func file_kiln_controller_v1_controller_proto_rawDescGZIP() []byte {
 	return file_kiln_controller_v1_controller_proto_rawDescData
 }
 
-var file_kiln_controller_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_kiln_controller_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_kiln_controller_v1_controller_proto_goTypes = []any{
 	(*Resource)(nil),              // 0: kiln.controller.v1.Resource
 	(*ApplyRequest)(nil),          // 1: kiln.controller.v1.ApplyRequest
@@ -2178,82 +2485,92 @@ var file_kiln_controller_v1_controller_proto_goTypes = []any{
 	(*AuditEntry)(nil),            // 23: kiln.controller.v1.AuditEntry
 	(*ListAuditRequest)(nil),      // 24: kiln.controller.v1.ListAuditRequest
 	(*ListAuditResponse)(nil),     // 25: kiln.controller.v1.ListAuditResponse
-	(*PauseRequest)(nil),          // 26: kiln.controller.v1.PauseRequest
-	(*ResumeRequest)(nil),         // 27: kiln.controller.v1.ResumeRequest
-	(*GetPauseRequest)(nil),       // 28: kiln.controller.v1.GetPauseRequest
-	(*PauseStatus)(nil),           // 29: kiln.controller.v1.PauseStatus
-	(*BackupRequest)(nil),         // 30: kiln.controller.v1.BackupRequest
-	(*BackupChunk)(nil),           // 31: kiln.controller.v1.BackupChunk
-	nil,                           // 32: kiln.controller.v1.ListRequest.LabelSelectorEntry
-	(*v1.Host)(nil),               // 33: kiln.types.v1.Host
-	(*v1.Image)(nil),              // 34: kiln.types.v1.Image
-	(*v1.Cluster)(nil),            // 35: kiln.types.v1.Cluster
-	(*v1.ControlPlane)(nil),       // 36: kiln.types.v1.ControlPlane
-	(*v1.MachineDeployment)(nil),  // 37: kiln.types.v1.MachineDeployment
-	(*v1.Machine)(nil),            // 38: kiln.types.v1.Machine
-	(*v1.HealthCheck)(nil),        // 39: kiln.types.v1.HealthCheck
-	(*v1.Event)(nil),              // 40: kiln.types.v1.Event
-	(*timestamppb.Timestamp)(nil), // 41: google.protobuf.Timestamp
-	(*v1.Facts)(nil),              // 42: kiln.types.v1.Facts
+	(*AdoptChunk)(nil),            // 26: kiln.controller.v1.AdoptChunk
+	(*AdoptResponse)(nil),         // 27: kiln.controller.v1.AdoptResponse
+	(*InventoryRequest)(nil),      // 28: kiln.controller.v1.InventoryRequest
+	(*InventoryResponse)(nil),     // 29: kiln.controller.v1.InventoryResponse
+	(*KindInventory)(nil),         // 30: kiln.controller.v1.KindInventory
+	(*PauseRequest)(nil),          // 31: kiln.controller.v1.PauseRequest
+	(*ResumeRequest)(nil),         // 32: kiln.controller.v1.ResumeRequest
+	(*GetPauseRequest)(nil),       // 33: kiln.controller.v1.GetPauseRequest
+	(*PauseStatus)(nil),           // 34: kiln.controller.v1.PauseStatus
+	(*BackupRequest)(nil),         // 35: kiln.controller.v1.BackupRequest
+	(*BackupChunk)(nil),           // 36: kiln.controller.v1.BackupChunk
+	nil,                           // 37: kiln.controller.v1.ListRequest.LabelSelectorEntry
+	(*v1.Host)(nil),               // 38: kiln.types.v1.Host
+	(*v1.Image)(nil),              // 39: kiln.types.v1.Image
+	(*v1.Cluster)(nil),            // 40: kiln.types.v1.Cluster
+	(*v1.ControlPlane)(nil),       // 41: kiln.types.v1.ControlPlane
+	(*v1.MachineDeployment)(nil),  // 42: kiln.types.v1.MachineDeployment
+	(*v1.Machine)(nil),            // 43: kiln.types.v1.Machine
+	(*v1.HealthCheck)(nil),        // 44: kiln.types.v1.HealthCheck
+	(*v1.Event)(nil),              // 45: kiln.types.v1.Event
+	(*timestamppb.Timestamp)(nil), // 46: google.protobuf.Timestamp
+	(*v1.Facts)(nil),              // 47: kiln.types.v1.Facts
 }
 var file_kiln_controller_v1_controller_proto_depIdxs = []int32{
-	33, // 0: kiln.controller.v1.Resource.host:type_name -> kiln.types.v1.Host
-	34, // 1: kiln.controller.v1.Resource.image:type_name -> kiln.types.v1.Image
-	35, // 2: kiln.controller.v1.Resource.cluster:type_name -> kiln.types.v1.Cluster
-	36, // 3: kiln.controller.v1.Resource.control_plane:type_name -> kiln.types.v1.ControlPlane
-	37, // 4: kiln.controller.v1.Resource.machine_deployment:type_name -> kiln.types.v1.MachineDeployment
-	38, // 5: kiln.controller.v1.Resource.machine:type_name -> kiln.types.v1.Machine
-	39, // 6: kiln.controller.v1.Resource.health_check:type_name -> kiln.types.v1.HealthCheck
+	38, // 0: kiln.controller.v1.Resource.host:type_name -> kiln.types.v1.Host
+	39, // 1: kiln.controller.v1.Resource.image:type_name -> kiln.types.v1.Image
+	40, // 2: kiln.controller.v1.Resource.cluster:type_name -> kiln.types.v1.Cluster
+	41, // 3: kiln.controller.v1.Resource.control_plane:type_name -> kiln.types.v1.ControlPlane
+	42, // 4: kiln.controller.v1.Resource.machine_deployment:type_name -> kiln.types.v1.MachineDeployment
+	43, // 5: kiln.controller.v1.Resource.machine:type_name -> kiln.types.v1.Machine
+	44, // 6: kiln.controller.v1.Resource.health_check:type_name -> kiln.types.v1.HealthCheck
 	0,  // 7: kiln.controller.v1.ApplyRequest.resources:type_name -> kiln.controller.v1.Resource
 	2,  // 8: kiln.controller.v1.ApplyResponse.results:type_name -> kiln.controller.v1.ApplyResult
-	32, // 9: kiln.controller.v1.ListRequest.label_selector:type_name -> kiln.controller.v1.ListRequest.LabelSelectorEntry
+	37, // 9: kiln.controller.v1.ListRequest.label_selector:type_name -> kiln.controller.v1.ListRequest.LabelSelectorEntry
 	0,  // 10: kiln.controller.v1.ListResponse.items:type_name -> kiln.controller.v1.Resource
 	0,  // 11: kiln.controller.v1.WatchEvent.resource:type_name -> kiln.controller.v1.Resource
-	40, // 12: kiln.controller.v1.ListEventsResponse.events:type_name -> kiln.types.v1.Event
-	41, // 13: kiln.controller.v1.CreateTokenResponse.expires:type_name -> google.protobuf.Timestamp
-	42, // 14: kiln.controller.v1.EnrollRequest.facts:type_name -> kiln.types.v1.Facts
-	42, // 15: kiln.controller.v1.HeartbeatRequest.facts:type_name -> kiln.types.v1.Facts
-	41, // 16: kiln.controller.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	41, // 17: kiln.controller.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	45, // 12: kiln.controller.v1.ListEventsResponse.events:type_name -> kiln.types.v1.Event
+	46, // 13: kiln.controller.v1.CreateTokenResponse.expires:type_name -> google.protobuf.Timestamp
+	47, // 14: kiln.controller.v1.EnrollRequest.facts:type_name -> kiln.types.v1.Facts
+	47, // 15: kiln.controller.v1.HeartbeatRequest.facts:type_name -> kiln.types.v1.Facts
+	46, // 16: kiln.controller.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	46, // 17: kiln.controller.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
 	23, // 18: kiln.controller.v1.ListAuditResponse.entries:type_name -> kiln.controller.v1.AuditEntry
-	41, // 19: kiln.controller.v1.PauseStatus.since:type_name -> google.protobuf.Timestamp
-	1,  // 20: kiln.controller.v1.Resources.Apply:input_type -> kiln.controller.v1.ApplyRequest
-	4,  // 21: kiln.controller.v1.Resources.Get:input_type -> kiln.controller.v1.GetRequest
-	5,  // 22: kiln.controller.v1.Resources.List:input_type -> kiln.controller.v1.ListRequest
-	7,  // 23: kiln.controller.v1.Resources.Delete:input_type -> kiln.controller.v1.DeleteRequest
-	9,  // 24: kiln.controller.v1.Resources.Watch:input_type -> kiln.controller.v1.WatchRequest
-	11, // 25: kiln.controller.v1.Resources.ListEvents:input_type -> kiln.controller.v1.ListEventsRequest
-	13, // 26: kiln.controller.v1.Resources.CreateToken:input_type -> kiln.controller.v1.CreateTokenRequest
-	15, // 27: kiln.controller.v1.Resources.GetKubeconfig:input_type -> kiln.controller.v1.GetKubeconfigRequest
-	24, // 28: kiln.controller.v1.Resources.ListAudit:input_type -> kiln.controller.v1.ListAuditRequest
-	17, // 29: kiln.controller.v1.Enrollment.Enroll:input_type -> kiln.controller.v1.EnrollRequest
-	19, // 30: kiln.controller.v1.Agents.Heartbeat:input_type -> kiln.controller.v1.HeartbeatRequest
-	21, // 31: kiln.controller.v1.Agents.Renew:input_type -> kiln.controller.v1.RenewRequest
-	30, // 32: kiln.controller.v1.Maintenance.Backup:input_type -> kiln.controller.v1.BackupRequest
-	26, // 33: kiln.controller.v1.Maintenance.Pause:input_type -> kiln.controller.v1.PauseRequest
-	27, // 34: kiln.controller.v1.Maintenance.Resume:input_type -> kiln.controller.v1.ResumeRequest
-	28, // 35: kiln.controller.v1.Maintenance.GetPause:input_type -> kiln.controller.v1.GetPauseRequest
-	3,  // 36: kiln.controller.v1.Resources.Apply:output_type -> kiln.controller.v1.ApplyResponse
-	0,  // 37: kiln.controller.v1.Resources.Get:output_type -> kiln.controller.v1.Resource
-	6,  // 38: kiln.controller.v1.Resources.List:output_type -> kiln.controller.v1.ListResponse
-	8,  // 39: kiln.controller.v1.Resources.Delete:output_type -> kiln.controller.v1.DeleteResponse
-	10, // 40: kiln.controller.v1.Resources.Watch:output_type -> kiln.controller.v1.WatchEvent
-	12, // 41: kiln.controller.v1.Resources.ListEvents:output_type -> kiln.controller.v1.ListEventsResponse
-	14, // 42: kiln.controller.v1.Resources.CreateToken:output_type -> kiln.controller.v1.CreateTokenResponse
-	16, // 43: kiln.controller.v1.Resources.GetKubeconfig:output_type -> kiln.controller.v1.GetKubeconfigResponse
-	25, // 44: kiln.controller.v1.Resources.ListAudit:output_type -> kiln.controller.v1.ListAuditResponse
-	18, // 45: kiln.controller.v1.Enrollment.Enroll:output_type -> kiln.controller.v1.EnrollResponse
-	20, // 46: kiln.controller.v1.Agents.Heartbeat:output_type -> kiln.controller.v1.HeartbeatResponse
-	22, // 47: kiln.controller.v1.Agents.Renew:output_type -> kiln.controller.v1.RenewResponse
-	31, // 48: kiln.controller.v1.Maintenance.Backup:output_type -> kiln.controller.v1.BackupChunk
-	29, // 49: kiln.controller.v1.Maintenance.Pause:output_type -> kiln.controller.v1.PauseStatus
-	29, // 50: kiln.controller.v1.Maintenance.Resume:output_type -> kiln.controller.v1.PauseStatus
-	29, // 51: kiln.controller.v1.Maintenance.GetPause:output_type -> kiln.controller.v1.PauseStatus
-	36, // [36:52] is the sub-list for method output_type
-	20, // [20:36] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	30, // 19: kiln.controller.v1.InventoryResponse.kinds:type_name -> kiln.controller.v1.KindInventory
+	46, // 20: kiln.controller.v1.PauseStatus.since:type_name -> google.protobuf.Timestamp
+	1,  // 21: kiln.controller.v1.Resources.Apply:input_type -> kiln.controller.v1.ApplyRequest
+	4,  // 22: kiln.controller.v1.Resources.Get:input_type -> kiln.controller.v1.GetRequest
+	5,  // 23: kiln.controller.v1.Resources.List:input_type -> kiln.controller.v1.ListRequest
+	7,  // 24: kiln.controller.v1.Resources.Delete:input_type -> kiln.controller.v1.DeleteRequest
+	9,  // 25: kiln.controller.v1.Resources.Watch:input_type -> kiln.controller.v1.WatchRequest
+	11, // 26: kiln.controller.v1.Resources.ListEvents:input_type -> kiln.controller.v1.ListEventsRequest
+	13, // 27: kiln.controller.v1.Resources.CreateToken:input_type -> kiln.controller.v1.CreateTokenRequest
+	15, // 28: kiln.controller.v1.Resources.GetKubeconfig:input_type -> kiln.controller.v1.GetKubeconfigRequest
+	24, // 29: kiln.controller.v1.Resources.ListAudit:input_type -> kiln.controller.v1.ListAuditRequest
+	17, // 30: kiln.controller.v1.Enrollment.Enroll:input_type -> kiln.controller.v1.EnrollRequest
+	19, // 31: kiln.controller.v1.Agents.Heartbeat:input_type -> kiln.controller.v1.HeartbeatRequest
+	21, // 32: kiln.controller.v1.Agents.Renew:input_type -> kiln.controller.v1.RenewRequest
+	35, // 33: kiln.controller.v1.Maintenance.Backup:input_type -> kiln.controller.v1.BackupRequest
+	31, // 34: kiln.controller.v1.Maintenance.Pause:input_type -> kiln.controller.v1.PauseRequest
+	32, // 35: kiln.controller.v1.Maintenance.Resume:input_type -> kiln.controller.v1.ResumeRequest
+	33, // 36: kiln.controller.v1.Maintenance.GetPause:input_type -> kiln.controller.v1.GetPauseRequest
+	26, // 37: kiln.controller.v1.Maintenance.Adopt:input_type -> kiln.controller.v1.AdoptChunk
+	28, // 38: kiln.controller.v1.Maintenance.Inventory:input_type -> kiln.controller.v1.InventoryRequest
+	3,  // 39: kiln.controller.v1.Resources.Apply:output_type -> kiln.controller.v1.ApplyResponse
+	0,  // 40: kiln.controller.v1.Resources.Get:output_type -> kiln.controller.v1.Resource
+	6,  // 41: kiln.controller.v1.Resources.List:output_type -> kiln.controller.v1.ListResponse
+	8,  // 42: kiln.controller.v1.Resources.Delete:output_type -> kiln.controller.v1.DeleteResponse
+	10, // 43: kiln.controller.v1.Resources.Watch:output_type -> kiln.controller.v1.WatchEvent
+	12, // 44: kiln.controller.v1.Resources.ListEvents:output_type -> kiln.controller.v1.ListEventsResponse
+	14, // 45: kiln.controller.v1.Resources.CreateToken:output_type -> kiln.controller.v1.CreateTokenResponse
+	16, // 46: kiln.controller.v1.Resources.GetKubeconfig:output_type -> kiln.controller.v1.GetKubeconfigResponse
+	25, // 47: kiln.controller.v1.Resources.ListAudit:output_type -> kiln.controller.v1.ListAuditResponse
+	18, // 48: kiln.controller.v1.Enrollment.Enroll:output_type -> kiln.controller.v1.EnrollResponse
+	20, // 49: kiln.controller.v1.Agents.Heartbeat:output_type -> kiln.controller.v1.HeartbeatResponse
+	22, // 50: kiln.controller.v1.Agents.Renew:output_type -> kiln.controller.v1.RenewResponse
+	36, // 51: kiln.controller.v1.Maintenance.Backup:output_type -> kiln.controller.v1.BackupChunk
+	34, // 52: kiln.controller.v1.Maintenance.Pause:output_type -> kiln.controller.v1.PauseStatus
+	34, // 53: kiln.controller.v1.Maintenance.Resume:output_type -> kiln.controller.v1.PauseStatus
+	34, // 54: kiln.controller.v1.Maintenance.GetPause:output_type -> kiln.controller.v1.PauseStatus
+	27, // 55: kiln.controller.v1.Maintenance.Adopt:output_type -> kiln.controller.v1.AdoptResponse
+	29, // 56: kiln.controller.v1.Maintenance.Inventory:output_type -> kiln.controller.v1.InventoryResponse
+	39, // [39:57] is the sub-list for method output_type
+	21, // [21:39] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_kiln_controller_v1_controller_proto_init() }
@@ -2276,7 +2593,7 @@ func file_kiln_controller_v1_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kiln_controller_v1_controller_proto_rawDesc), len(file_kiln_controller_v1_controller_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   33,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -720,10 +720,12 @@ var Agents_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Maintenance_Backup_FullMethodName   = "/kiln.controller.v1.Maintenance/Backup"
-	Maintenance_Pause_FullMethodName    = "/kiln.controller.v1.Maintenance/Pause"
-	Maintenance_Resume_FullMethodName   = "/kiln.controller.v1.Maintenance/Resume"
-	Maintenance_GetPause_FullMethodName = "/kiln.controller.v1.Maintenance/GetPause"
+	Maintenance_Backup_FullMethodName    = "/kiln.controller.v1.Maintenance/Backup"
+	Maintenance_Pause_FullMethodName     = "/kiln.controller.v1.Maintenance/Pause"
+	Maintenance_Resume_FullMethodName    = "/kiln.controller.v1.Maintenance/Resume"
+	Maintenance_GetPause_FullMethodName  = "/kiln.controller.v1.Maintenance/GetPause"
+	Maintenance_Adopt_FullMethodName     = "/kiln.controller.v1.Maintenance/Adopt"
+	Maintenance_Inventory_FullMethodName = "/kiln.controller.v1.Maintenance/Inventory"
 )
 
 // MaintenanceClient is the client API for Maintenance service.
@@ -749,6 +751,20 @@ type MaintenanceClient interface {
 	Resume(ctx context.Context, in *ResumeRequest, opts ...grpc.CallOption) (*PauseStatus, error)
 	// GetPause says whether the controller is paused, and for which move.
 	GetPause(ctx context.Context, in *GetPauseRequest, opts ...grpc.CallOption) (*PauseStatus, error)
+	// Adopt makes this controller, a fresh one, the home of another's
+	// fleet (the target side of kilnctl move): the stream is a backup of
+	// the other controller (Backup), the first chunk also carries the age
+	// identity that opens it and the address it comes from. The controller
+	// pauses itself (moving in from that address), refuses with
+	// FailedPrecondition when it holds any resource (unless it is adopting
+	// from the same address already: a move run again), replaces its CA and
+	// other secrets with the backup's, re-sealed under its own key, and
+	// writes every resource. It stays paused: Resume once Inventory matches.
+	Adopt(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[AdoptChunk, AdoptResponse], error)
+	// Inventory counts the resources of each kind and hashes them (key and
+	// stored value, in key order), and counts the sealed secrets and hashes
+	// their paths (never their values), at one revision.
+	Inventory(ctx context.Context, in *InventoryRequest, opts ...grpc.CallOption) (*InventoryResponse, error)
 }
 
 type maintenanceClient struct {
@@ -808,6 +824,29 @@ func (c *maintenanceClient) GetPause(ctx context.Context, in *GetPauseRequest, o
 	return out, nil
 }
 
+func (c *maintenanceClient) Adopt(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[AdoptChunk, AdoptResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Maintenance_ServiceDesc.Streams[1], Maintenance_Adopt_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[AdoptChunk, AdoptResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Maintenance_AdoptClient = grpc.ClientStreamingClient[AdoptChunk, AdoptResponse]
+
+func (c *maintenanceClient) Inventory(ctx context.Context, in *InventoryRequest, opts ...grpc.CallOption) (*InventoryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(InventoryResponse)
+	err := c.cc.Invoke(ctx, Maintenance_Inventory_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MaintenanceServer is the server API for Maintenance service.
 // All implementations must embed UnimplementedMaintenanceServer
 // for forward compatibility.
@@ -831,6 +870,20 @@ type MaintenanceServer interface {
 	Resume(context.Context, *ResumeRequest) (*PauseStatus, error)
 	// GetPause says whether the controller is paused, and for which move.
 	GetPause(context.Context, *GetPauseRequest) (*PauseStatus, error)
+	// Adopt makes this controller, a fresh one, the home of another's
+	// fleet (the target side of kilnctl move): the stream is a backup of
+	// the other controller (Backup), the first chunk also carries the age
+	// identity that opens it and the address it comes from. The controller
+	// pauses itself (moving in from that address), refuses with
+	// FailedPrecondition when it holds any resource (unless it is adopting
+	// from the same address already: a move run again), replaces its CA and
+	// other secrets with the backup's, re-sealed under its own key, and
+	// writes every resource. It stays paused: Resume once Inventory matches.
+	Adopt(grpc.ClientStreamingServer[AdoptChunk, AdoptResponse]) error
+	// Inventory counts the resources of each kind and hashes them (key and
+	// stored value, in key order), and counts the sealed secrets and hashes
+	// their paths (never their values), at one revision.
+	Inventory(context.Context, *InventoryRequest) (*InventoryResponse, error)
 	mustEmbedUnimplementedMaintenanceServer()
 }
 
@@ -852,6 +905,12 @@ func (UnimplementedMaintenanceServer) Resume(context.Context, *ResumeRequest) (*
 }
 func (UnimplementedMaintenanceServer) GetPause(context.Context, *GetPauseRequest) (*PauseStatus, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetPause not implemented")
+}
+func (UnimplementedMaintenanceServer) Adopt(grpc.ClientStreamingServer[AdoptChunk, AdoptResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method Adopt not implemented")
+}
+func (UnimplementedMaintenanceServer) Inventory(context.Context, *InventoryRequest) (*InventoryResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Inventory not implemented")
 }
 func (UnimplementedMaintenanceServer) mustEmbedUnimplementedMaintenanceServer() {}
 func (UnimplementedMaintenanceServer) testEmbeddedByValue()                     {}
@@ -939,6 +998,31 @@ func _Maintenance_GetPause_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Maintenance_Adopt_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(MaintenanceServer).Adopt(&grpc.GenericServerStream[AdoptChunk, AdoptResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Maintenance_AdoptServer = grpc.ClientStreamingServer[AdoptChunk, AdoptResponse]
+
+func _Maintenance_Inventory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InventoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MaintenanceServer).Inventory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Maintenance_Inventory_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MaintenanceServer).Inventory(ctx, req.(*InventoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Maintenance_ServiceDesc is the grpc.ServiceDesc for Maintenance service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -958,12 +1042,21 @@ var Maintenance_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "GetPause",
 			Handler:    _Maintenance_GetPause_Handler,
 		},
+		{
+			MethodName: "Inventory",
+			Handler:    _Maintenance_Inventory_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "Backup",
 			Handler:       _Maintenance_Backup_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Adopt",
+			Handler:       _Maintenance_Adopt_Handler,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "kiln/controller/v1/controller.proto",
