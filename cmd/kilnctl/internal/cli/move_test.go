@@ -143,4 +143,3 @@ func enrollAgent(ctx context.Context, t *testing.T, env *controllertest.Env, nam
 	require.NoError(t, err)
 	return keyPEM, resp.GetCertificatePem()
 }
-
