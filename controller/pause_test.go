@@ -119,4 +119,16 @@ func TestPauseForMove(t *testing.T) {
 	_, err = resourcesClient(t, env, "operator").Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{host("rack1-02", "other-pw")}})
 	require.NoError(t, err, "Apply after resume")
 	require.NoError(t, heartbeat(env), "heartbeat after resume")
+
+	// Pausing and resuming the whole controller is in the audit log (the
+	// pauses were recorded while paused), with who did it.
+	audit, err := resourcesClient(t, env, "admin").ListAudit(ctx, &controllerv1.ListAuditRequest{})
+	require.NoError(t, err)
+	verbs := map[string]int{}
+	for _, e := range audit.GetEntries() {
+		if e.GetKind() == "Controller" && e.GetUser() == "admin" && e.GetResult() == "ok" {
+			verbs[e.GetVerb()]++
+		}
+	}
+	require.Equal(t, map[string]int{"pause": 2, "resume": 1, "backup": 1}, verbs, "audit entries of the controller")
 }
