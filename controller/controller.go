@@ -506,7 +506,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	life, endLife := context.WithCancel(ctx)
 	defer endLife()
 	api.Register(life, srv, res, enr, rec, st, st)
-	api.RegisterMaintenance(srv, st, c.cfg.SecretKeyFile)
+	api.RegisterMaintenance(srv, st, c.cfg.SecretKeyFile, c.cfg.Clock)
 	boot, err := c.startBoot(life, st, enr, ca, addr)
 	if err != nil {
 		return err
@@ -563,11 +563,25 @@ func (c *Controller) Run(ctx context.Context) error {
 				// deposed, this replica's writes are refused and it starts no
 				// step, even before its own lease deadline passes.
 				fenced := st.Fenced(store.Fence{Key: term.Key, Rev: term.Rev})
-				c.collectOrphanSecrets(lctx, fenced)
-				stopLife := c.runLifecycle(lctx, fenced, rec, ca, enr, addr)
-				c.reconcile(lctx, fenced, rec)
-				stopLife()
-				c.log.Info("reconcilers stopped")
+				// A controller paused for a move (kilnctl move) runs no
+				// reconciler until it is resumed; a pause recorded while
+				// they run stops them (the store refuses their writes from
+				// the pause's revision on either way).
+				for lctx.Err() == nil {
+					if p, err := st.Paused(lctx); err == nil && p != nil {
+						c.log.Warn("paused for a move: reconcilers wait until it is resumed", "moved_to", p.MovedTo, "moved", p.Moved, "by", p.By)
+					}
+					if err := st.WaitResumed(lctx); err != nil {
+						break
+					}
+					rctx, stop := st.UntilPaused(lctx)
+					c.collectOrphanSecrets(rctx, fenced)
+					stopLife := c.runLifecycle(rctx, fenced, rec, ca, enr, addr)
+					c.reconcile(rctx, fenced, rec)
+					stopLife()
+					stop()
+					c.log.Info("reconcilers stopped")
+				}
 			})
 		}()
 	}

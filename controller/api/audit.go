@@ -112,6 +112,11 @@ func (a *Auditor) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo
 	case info.FullMethod == heartbeat:
 		// Heartbeats are never recorded, refused ones neither: a
 		// superseded agent is refused every interval, forever.
+	case maintenanceWrites[info.FullMethod] && !refusal(err):
+		// The pause of a move stops the whole controller: recorded
+		// always, on the controller (AppendAudit is not paused).
+		call.Note(call.Entry("Controller", ""))
+		a.finish(ctx, call, req, resp, err)
 	case isWrite && !refusal(err) && !dryRun(req):
 		a.finish(ctx, call, req, resp, err)
 	case refusal(err) && a.recordRefusal(ctx, caller, v):
@@ -151,14 +156,26 @@ func (a *Auditor) recordRefusal(ctx context.Context, caller authz.Caller, verb s
 
 // backupMethod is the Maintenance service's backup RPC: a stream, and a read,
 // but of everything including the sealing key, so every call is audited.
-const backupMethod = "/kiln.controller.v1.Maintenance/Backup"
+// adoptMethod (a move's target) replaces the whole store: audited always.
+const (
+	backupMethod = "/kiln.controller.v1.Maintenance/Backup"
+	adoptMethod  = "/kiln.controller.v1.Maintenance/Adopt"
+)
+
+// maintenanceWrites are the unary Maintenance calls that change the whole
+// controller (kilnctl move): audited always.
+var maintenanceWrites = map[string]bool{
+	"/kiln.controller.v1.Maintenance/Pause":  true,
+	"/kiln.controller.v1.Maintenance/Resume": true,
+}
 
 // Stream is the stream server interceptor: streams (watches) are reads,
 // audited only when refused; backups are audited always.
 func (a *Auditor) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
 	err := handler(srv, ss)
-	if info.FullMethod == backupMethod && !refusal(err) {
-		call := audit.NewCall(a.identify(ss.Context()), "backup", a.clock)
+	if (info.FullMethod == backupMethod || info.FullMethod == adoptMethod) && !refusal(err) {
+		v, _ := verb(info.FullMethod)
+		call := audit.NewCall(a.identify(ss.Context()), v, a.clock)
 		e := call.Entry("Controller", "")
 		call.Note(e)
 		a.finish(ss.Context(), call, nil, nil, err)

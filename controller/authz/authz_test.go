@@ -103,3 +103,20 @@ func TestGrantAuditRead(t *testing.T) {
 		}
 	}
 }
+
+// TestMoveIsAdminOnly: the calls of kilnctl move stop, replace or read the
+// whole controller: an admin only, never an operator, reader, agent,
+// controller or anonymous caller.
+func TestMoveIsAdminOnly(t *testing.T) {
+	for _, m := range []string{"Pause", "Resume", "GetPause", "Adopt", "Inventory", "Backup"} {
+		method := "/kiln.controller.v1.Maintenance/" + m
+		for role, want := range map[string]bool{
+			RoleAdmin: true, RoleOperator: false, RoleReader: false,
+			RoleAgent: false, RoleController: false, RoleAnonymous: false,
+		} {
+			if got := Allowed(role, method); got != want {
+				t.Errorf("Allowed(%q, %q) = %v, want %v", role, method, got, want)
+			}
+		}
+	}
+}

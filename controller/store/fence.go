@@ -38,46 +38,61 @@ func (s *Store) Fenced(f Fence) *Store {
 }
 
 // CheckFence returns nil while the fence of s holds (always, for an
-// unfenced Store) and an ErrFenced error once it does not. It is a
-// linearizable read through etcd, for a step whose start writes nothing.
+// unfenced Store) and the controller is not paused for a move, an
+// ErrFenced error once the fence does not hold, and an ErrPaused error
+// while paused. It is a linearizable read through etcd, for a step whose
+// start writes nothing.
 func (s *Store) CheckFence(ctx context.Context) error {
 	if s.fence == nil {
 		return nil
 	}
-	resp, err := s.client.Txn(ctx).If(s.fenceCmp()).Commit()
+	resp, err := s.client.Txn(ctx).If(s.guard()...).Else(s.orElse()...).Commit()
 	if err != nil {
 		return etcdErr(ctx, "check leader fence "+s.fence.Key, err)
 	}
 	if !resp.Succeeded {
+		if err := s.broken(resp, "start a step"); err != nil {
+			return err
+		}
 		return s.fencedErr("start a step")
 	}
 	return nil
 }
 
-// guard adds the fence's compare to cmps.
+// guard adds, to cmps, the pause's compare (the controller is not paused
+// for a move) and the fence's compare.
 func (s *Store) guard(cmps ...clientv3.Cmp) []clientv3.Cmp {
+	cmps = append(cmps, pauseCmp())
 	if s.fence == nil {
 		return cmps
 	}
 	return append(cmps, s.fenceCmp())
 }
 
-// orElse adds, to the else branch, a read of the fence key that
-// broken then looks at.
+// orElse adds, to the else branch, a read of the fence key and then of
+// the pause record, which broken then looks at.
 func (s *Store) orElse(ops ...clientv3.Op) []clientv3.Op {
-	if s.fence == nil {
-		return ops
+	if s.fence != nil {
+		ops = append(ops, clientv3.OpGet(s.fence.Key, clientv3.WithKeysOnly()))
 	}
-	return append(ops, clientv3.OpGet(s.fence.Key, clientv3.WithKeysOnly()))
+	return append(ops, clientv3.OpGet(pauseKey))
 }
 
 // broken reports whether a failed transaction built with guard and
-// orElse failed because of the fence, and returns the fence's error.
+// orElse failed because of the pause or the fence, and returns their
+// error.
 func (s *Store) broken(resp *clientv3.TxnResponse, op string) error {
-	if s.fence == nil || len(resp.Responses) == 0 {
+	n := len(resp.Responses)
+	if n == 0 {
 		return nil
 	}
-	kvs := resp.Responses[len(resp.Responses)-1].GetResponseRange().Kvs
+	if kvs := resp.Responses[n-1].GetResponseRange().Kvs; len(kvs) > 0 {
+		return pausedErr(kvs[0].Value, op)
+	}
+	if s.fence == nil || n < 2 {
+		return nil
+	}
+	kvs := resp.Responses[n-2].GetResponseRange().Kvs
 	if len(kvs) == 1 && kvs[0].CreateRevision == s.fence.Rev {
 		return nil
 	}

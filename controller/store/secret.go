@@ -25,11 +25,14 @@ func (s *Store) PutSecret(ctx context.Context, path string, plaintext []byte) er
 	if err != nil {
 		return err
 	}
-	resp, err := s.client.Txn(ctx).If(s.guard()...).Then(clientv3.OpPut(key, string(sealed))).Commit()
+	resp, err := s.client.Txn(ctx).If(s.guard()...).Then(clientv3.OpPut(key, string(sealed))).Else(s.orElse()...).Commit()
 	if err != nil {
 		return etcdErr(ctx, "put secret "+path, err)
 	}
 	if !resp.Succeeded {
+		if err := s.broken(resp, "put secret "+path); err != nil {
+			return err
+		}
 		return s.fencedErr("put secret " + path)
 	}
 	return nil
@@ -65,11 +68,14 @@ func (s *Store) DeleteSecret(ctx context.Context, path string) error {
 	if err != nil {
 		return err
 	}
-	resp, err := s.client.Txn(ctx).If(s.guard()...).Then(clientv3.OpDelete(key)).Commit()
+	resp, err := s.client.Txn(ctx).If(s.guard()...).Then(clientv3.OpDelete(key)).Else(s.orElse()...).Commit()
 	if err != nil {
 		return etcdErr(ctx, "delete secret "+path, err)
 	}
 	if !resp.Succeeded {
+		if err := s.broken(resp, "delete secret "+path); err != nil {
+			return err
+		}
 		return s.fencedErr("delete secret " + path)
 	}
 	if resp.Responses[0].GetResponseDeleteRange().Deleted == 0 {

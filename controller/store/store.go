@@ -351,7 +351,7 @@ func checkKind(kind string) error {
 	if kind == "" {
 		return errdefs.InvalidArgument("empty kind")
 	}
-	if kind == secretsKind || kind == electionKind || kind == auditKind {
+	if kind == secretsKind || kind == electionKind || kind == auditKind || kind == maintenanceKind {
 		return errdefs.InvalidArgument("kind %q is reserved", kind)
 	}
 	for _, r := range kind {

@@ -72,6 +72,8 @@ type Lab struct {
 	gateway netip.Addr
 	conn    *grpc.ClientConn
 	res     controllerv1.ResourcesClient
+	// dataDir, when set, replaces Dir/controller (UseDataDir).
+	dataDir string
 }
 
 func (c *Config) defaults() error {
@@ -158,8 +160,23 @@ func (l *Lab) BootURL() string {
 // StateDir is the rack's state directory (kilnctl lab --state-dir).
 func (l *Lab) StateDir() string { return filepath.Join(l.cfg.Dir, "rack") }
 
-// DataDir is the controller's data directory.
-func (l *Lab) DataDir() string { return filepath.Join(l.cfg.Dir, "controller") }
+// DataDir is the controller's data directory: Dir/controller, or the one
+// UseDataDir named.
+func (l *Lab) DataDir() string {
+	if l.dataDir != "" {
+		return l.dataDir
+	}
+	return filepath.Join(l.cfg.Dir, "controller")
+}
+
+// UseDataDir makes dir the controller's data directory from now on (a
+// controller restored into a new directory): StartController runs the
+// controller on it, with the same flags otherwise, and Kilnctl uses the
+// admin kilnconfig written there.
+func (l *Lab) UseDataDir(dir string) {
+	l.closeClient()
+	l.dataDir = dir
+}
 
 // Kilnconfig is the admin kilnconfig the controller writes.
 func (l *Lab) Kilnconfig() string { return filepath.Join(l.DataDir(), "kilnconfig-admin.yaml") }
@@ -172,6 +189,9 @@ func (l *Lab) ControllerLog() string { return filepath.Join(l.cfg.Dir, "controll
 func (l *Lab) say(format string, args ...any) {
 	fmt.Fprintf(l.cfg.Out, "lab: "+format+"\n", args...)
 }
+
+// KilnctlPath is the lab's kilnctl binary.
+func (l *Lab) KilnctlPath() string { return filepath.Join(l.cfg.Bin, "kilnctl") }
 
 // Kilnctl runs kilnctl against the lab's controller (and rack) and returns
 // its standard output; stdin, when not nil, is its input.

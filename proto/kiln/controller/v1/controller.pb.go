@@ -1717,6 +1717,496 @@ func (x *ListAuditResponse) GetEntries() []*AuditEntry {
 	return nil
 }
 
+type AdoptChunk struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Data  []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	// identity (first chunk) is the age identity (AGE-SECRET-KEY-1...) that
+	// opens the backup: a one-time key kilnctl move makes.
+	Identity string `protobuf:"bytes,2,opt,name=identity,proto3" json:"identity,omitempty"`
+	// from (first chunk) is the API address of the controller moving here.
+	From          string `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdoptChunk) Reset() {
+	*x = AdoptChunk{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdoptChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdoptChunk) ProtoMessage() {}
+
+func (x *AdoptChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdoptChunk.ProtoReflect.Descriptor instead.
+func (*AdoptChunk) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *AdoptChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *AdoptChunk) GetIdentity() string {
+	if x != nil {
+		return x.Identity
+	}
+	return ""
+}
+
+func (x *AdoptChunk) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+type AdoptResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Revision int64                  `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	Keys     int32                  `protobuf:"varint,2,opt,name=keys,proto3" json:"keys,omitempty"`
+	// secrets is the number of sealed secrets re-sealed under this
+	// controller's key.
+	Secrets       int32 `protobuf:"varint,3,opt,name=secrets,proto3" json:"secrets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdoptResponse) Reset() {
+	*x = AdoptResponse{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdoptResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdoptResponse) ProtoMessage() {}
+
+func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdoptResponse.ProtoReflect.Descriptor instead.
+func (*AdoptResponse) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *AdoptResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *AdoptResponse) GetKeys() int32 {
+	if x != nil {
+		return x.Keys
+	}
+	return 0
+}
+
+func (x *AdoptResponse) GetSecrets() int32 {
+	if x != nil {
+		return x.Secrets
+	}
+	return 0
+}
+
+type InventoryRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InventoryRequest) Reset() {
+	*x = InventoryRequest{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InventoryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InventoryRequest) ProtoMessage() {}
+
+func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
+func (*InventoryRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{28}
+}
+
+type InventoryResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Kinds         []*KindInventory       `protobuf:"bytes,1,rep,name=kinds,proto3" json:"kinds,omitempty"`
+	Revision      int64                  `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InventoryResponse) Reset() {
+	*x = InventoryResponse{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InventoryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InventoryResponse) ProtoMessage() {}
+
+func (x *InventoryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InventoryResponse.ProtoReflect.Descriptor instead.
+func (*InventoryResponse) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *InventoryResponse) GetKinds() []*KindInventory {
+	if x != nil {
+		return x.Kinds
+	}
+	return nil
+}
+
+func (x *InventoryResponse) GetRevision() int64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+type KindInventory struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// kind is the key segment ("hosts", "clusters"); "secrets" for the
+	// sealed secrets.
+	Kind  string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Count int32  `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// sha256 (hex) of every key and value of the kind, in key order; of the
+	// paths only, for secrets.
+	Sha256        string `protobuf:"bytes,3,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KindInventory) Reset() {
+	*x = KindInventory{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KindInventory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KindInventory) ProtoMessage() {}
+
+func (x *KindInventory) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KindInventory.ProtoReflect.Descriptor instead.
+func (*KindInventory) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *KindInventory) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *KindInventory) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *KindInventory) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+type PauseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// moved_to is the API address of the controller the fleet moves to.
+	MovedTo string `protobuf:"bytes,1,opt,name=moved_to,json=movedTo,proto3" json:"moved_to,omitempty"`
+	// moved marks the move done (the copy was verified on moved_to).
+	Moved         bool `protobuf:"varint,2,opt,name=moved,proto3" json:"moved,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseRequest) Reset() {
+	*x = PauseRequest{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseRequest) ProtoMessage() {}
+
+func (x *PauseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
+func (*PauseRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *PauseRequest) GetMovedTo() string {
+	if x != nil {
+		return x.MovedTo
+	}
+	return ""
+}
+
+func (x *PauseRequest) GetMoved() bool {
+	if x != nil {
+		return x.Moved
+	}
+	return false
+}
+
+type ResumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeRequest) Reset() {
+	*x = ResumeRequest{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeRequest) ProtoMessage() {}
+
+func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
+func (*ResumeRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{32}
+}
+
+type GetPauseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPauseRequest) Reset() {
+	*x = GetPauseRequest{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPauseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPauseRequest) ProtoMessage() {}
+
+func (x *GetPauseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPauseRequest.ProtoReflect.Descriptor instead.
+func (*GetPauseRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{33}
+}
+
+type PauseStatus struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Paused  bool                   `protobuf:"varint,1,opt,name=paused,proto3" json:"paused,omitempty"`
+	MovedTo string                 `protobuf:"bytes,2,opt,name=moved_to,json=movedTo,proto3" json:"moved_to,omitempty"`
+	// by is the name of the admin certificate that paused it.
+	By    string                 `protobuf:"bytes,3,opt,name=by,proto3" json:"by,omitempty"`
+	Since *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	Moved bool                   `protobuf:"varint,5,opt,name=moved,proto3" json:"moved,omitempty"`
+	// from is set on a controller adopting another's fleet (Adopt): the
+	// address it moves in from.
+	From          string `protobuf:"bytes,6,opt,name=from,proto3" json:"from,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseStatus) Reset() {
+	*x = PauseStatus{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseStatus) ProtoMessage() {}
+
+func (x *PauseStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseStatus.ProtoReflect.Descriptor instead.
+func (*PauseStatus) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *PauseStatus) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+func (x *PauseStatus) GetMovedTo() string {
+	if x != nil {
+		return x.MovedTo
+	}
+	return ""
+}
+
+func (x *PauseStatus) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+func (x *PauseStatus) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *PauseStatus) GetMoved() bool {
+	if x != nil {
+		return x.Moved
+	}
+	return false
+}
+
+func (x *PauseStatus) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
 type BackupRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// recipients are age X25519 public keys ("age1..."); the backup opens
@@ -1728,7 +2218,7 @@ type BackupRequest struct {
 
 func (x *BackupRequest) Reset() {
 	*x = BackupRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1740,7 +2230,7 @@ func (x *BackupRequest) String() string {
 func (*BackupRequest) ProtoMessage() {}
 
 func (x *BackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1753,7 +2243,7 @@ func (x *BackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
 func (*BackupRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{26}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *BackupRequest) GetRecipients() []string {
@@ -1775,7 +2265,7 @@ type BackupChunk struct {
 
 func (x *BackupChunk) Reset() {
 	*x = BackupChunk{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1787,7 +2277,7 @@ func (x *BackupChunk) String() string {
 func (*BackupChunk) ProtoMessage() {}
 
 func (x *BackupChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1800,7 +2290,7 @@ func (x *BackupChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupChunk.ProtoReflect.Descriptor instead.
 func (*BackupChunk) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{27}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *BackupChunk) GetData() []byte {
@@ -1945,7 +2435,36 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\x05since\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x14\n" +
 	"\x05limit\x18\x04 \x01(\x03R\x05limit\"M\n" +
 	"\x11ListAuditResponse\x128\n" +
-	"\aentries\x18\x01 \x03(\v2\x1e.kiln.controller.v1.AuditEntryR\aentries\"/\n" +
+	"\aentries\x18\x01 \x03(\v2\x1e.kiln.controller.v1.AuditEntryR\aentries\"P\n" +
+	"\n" +
+	"AdoptChunk\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x1a\n" +
+	"\bidentity\x18\x02 \x01(\tR\bidentity\x12\x12\n" +
+	"\x04from\x18\x03 \x01(\tR\x04from\"Y\n" +
+	"\rAdoptResponse\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x03R\brevision\x12\x12\n" +
+	"\x04keys\x18\x02 \x01(\x05R\x04keys\x12\x18\n" +
+	"\asecrets\x18\x03 \x01(\x05R\asecrets\"\x12\n" +
+	"\x10InventoryRequest\"h\n" +
+	"\x11InventoryResponse\x127\n" +
+	"\x05kinds\x18\x01 \x03(\v2!.kiln.controller.v1.KindInventoryR\x05kinds\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x03R\brevision\"Q\n" +
+	"\rKindInventory\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x05R\x05count\x12\x16\n" +
+	"\x06sha256\x18\x03 \x01(\tR\x06sha256\"?\n" +
+	"\fPauseRequest\x12\x19\n" +
+	"\bmoved_to\x18\x01 \x01(\tR\amovedTo\x12\x14\n" +
+	"\x05moved\x18\x02 \x01(\bR\x05moved\"\x0f\n" +
+	"\rResumeRequest\"\x11\n" +
+	"\x0fGetPauseRequest\"\xac\x01\n" +
+	"\vPauseStatus\x12\x16\n" +
+	"\x06paused\x18\x01 \x01(\bR\x06paused\x12\x19\n" +
+	"\bmoved_to\x18\x02 \x01(\tR\amovedTo\x12\x0e\n" +
+	"\x02by\x18\x03 \x01(\tR\x02by\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x14\n" +
+	"\x05moved\x18\x05 \x01(\bR\x05moved\x12\x12\n" +
+	"\x04from\x18\x06 \x01(\tR\x04from\"/\n" +
 	"\rBackupRequest\x12\x1e\n" +
 	"\n" +
 	"recipients\x18\x01 \x03(\tR\n" +
@@ -1970,9 +2489,14 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\x06Enroll\x12!.kiln.controller.v1.EnrollRequest\x1a\".kiln.controller.v1.EnrollResponse2\xb0\x01\n" +
 	"\x06Agents\x12X\n" +
 	"\tHeartbeat\x12$.kiln.controller.v1.HeartbeatRequest\x1a%.kiln.controller.v1.HeartbeatResponse\x12L\n" +
-	"\x05Renew\x12 .kiln.controller.v1.RenewRequest\x1a!.kiln.controller.v1.RenewResponse2]\n" +
+	"\x05Renew\x12 .kiln.controller.v1.RenewRequest\x1a!.kiln.controller.v1.RenewResponse2\xf1\x03\n" +
 	"\vMaintenance\x12N\n" +
-	"\x06Backup\x12!.kiln.controller.v1.BackupRequest\x1a\x1f.kiln.controller.v1.BackupChunk0\x01B>Z<github.com/kilnhq/kiln/proto/kiln/controller/v1;controllerv1b\x06proto3"
+	"\x06Backup\x12!.kiln.controller.v1.BackupRequest\x1a\x1f.kiln.controller.v1.BackupChunk0\x01\x12J\n" +
+	"\x05Pause\x12 .kiln.controller.v1.PauseRequest\x1a\x1f.kiln.controller.v1.PauseStatus\x12L\n" +
+	"\x06Resume\x12!.kiln.controller.v1.ResumeRequest\x1a\x1f.kiln.controller.v1.PauseStatus\x12P\n" +
+	"\bGetPause\x12#.kiln.controller.v1.GetPauseRequest\x1a\x1f.kiln.controller.v1.PauseStatus\x12L\n" +
+	"\x05Adopt\x12\x1e.kiln.controller.v1.AdoptChunk\x1a!.kiln.controller.v1.AdoptResponse(\x01\x12X\n" +
+	"\tInventory\x12$.kiln.controller.v1.InventoryRequest\x1a%.kiln.controller.v1.InventoryResponseB>Z<github.com/kilnhq/kiln/proto/kiln/controller/v1;controllerv1b\x06proto3"
 
 var (
 	file_kiln_controller_v1_controller_proto_rawDescOnce sync.Once
@@ -1986,7 +2510,7 @@ func file_kiln_controller_v1_controller_proto_rawDescGZIP() []byte {
 	return file_kiln_controller_v1_controller_proto_rawDescData
 }
 
-var file_kiln_controller_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_kiln_controller_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_kiln_controller_v1_controller_proto_goTypes = []any{
 	(*Resource)(nil),              // 0: kiln.controller.v1.Resource
 	(*ApplyRequest)(nil),          // 1: kiln.controller.v1.ApplyRequest
@@ -2014,77 +2538,98 @@ var file_kiln_controller_v1_controller_proto_goTypes = []any{
 	(*AuditEntry)(nil),            // 23: kiln.controller.v1.AuditEntry
 	(*ListAuditRequest)(nil),      // 24: kiln.controller.v1.ListAuditRequest
 	(*ListAuditResponse)(nil),     // 25: kiln.controller.v1.ListAuditResponse
-	(*BackupRequest)(nil),         // 26: kiln.controller.v1.BackupRequest
-	(*BackupChunk)(nil),           // 27: kiln.controller.v1.BackupChunk
-	nil,                           // 28: kiln.controller.v1.ListRequest.LabelSelectorEntry
-	(*v1.Host)(nil),               // 29: kiln.types.v1.Host
-	(*v1.Image)(nil),              // 30: kiln.types.v1.Image
-	(*v1.Cluster)(nil),            // 31: kiln.types.v1.Cluster
-	(*v1.ControlPlane)(nil),       // 32: kiln.types.v1.ControlPlane
-	(*v1.MachineDeployment)(nil),  // 33: kiln.types.v1.MachineDeployment
-	(*v1.Machine)(nil),            // 34: kiln.types.v1.Machine
-	(*v1.HealthCheck)(nil),        // 35: kiln.types.v1.HealthCheck
-	(*v1.ClusterClass)(nil),       // 36: kiln.types.v1.ClusterClass
-	(*v1.Rollout)(nil),            // 37: kiln.types.v1.Rollout
-	(*v1.GitSource)(nil),          // 38: kiln.types.v1.GitSource
-	(*v1.Event)(nil),              // 39: kiln.types.v1.Event
-	(*timestamppb.Timestamp)(nil), // 40: google.protobuf.Timestamp
-	(*v1.Facts)(nil),              // 41: kiln.types.v1.Facts
+	(*AdoptChunk)(nil),            // 26: kiln.controller.v1.AdoptChunk
+	(*AdoptResponse)(nil),         // 27: kiln.controller.v1.AdoptResponse
+	(*InventoryRequest)(nil),      // 28: kiln.controller.v1.InventoryRequest
+	(*InventoryResponse)(nil),     // 29: kiln.controller.v1.InventoryResponse
+	(*KindInventory)(nil),         // 30: kiln.controller.v1.KindInventory
+	(*PauseRequest)(nil),          // 31: kiln.controller.v1.PauseRequest
+	(*ResumeRequest)(nil),         // 32: kiln.controller.v1.ResumeRequest
+	(*GetPauseRequest)(nil),       // 33: kiln.controller.v1.GetPauseRequest
+	(*PauseStatus)(nil),           // 34: kiln.controller.v1.PauseStatus
+	(*BackupRequest)(nil),         // 35: kiln.controller.v1.BackupRequest
+	(*BackupChunk)(nil),           // 36: kiln.controller.v1.BackupChunk
+	nil,                           // 37: kiln.controller.v1.ListRequest.LabelSelectorEntry
+	(*v1.Host)(nil),               // 38: kiln.types.v1.Host
+	(*v1.Image)(nil),              // 39: kiln.types.v1.Image
+	(*v1.Cluster)(nil),            // 40: kiln.types.v1.Cluster
+	(*v1.ControlPlane)(nil),       // 41: kiln.types.v1.ControlPlane
+	(*v1.MachineDeployment)(nil),  // 42: kiln.types.v1.MachineDeployment
+	(*v1.Machine)(nil),            // 43: kiln.types.v1.Machine
+	(*v1.HealthCheck)(nil),        // 44: kiln.types.v1.HealthCheck
+	(*v1.ClusterClass)(nil),       // 45: kiln.types.v1.ClusterClass
+	(*v1.Rollout)(nil),            // 46: kiln.types.v1.Rollout
+	(*v1.GitSource)(nil),          // 47: kiln.types.v1.GitSource
+	(*v1.Event)(nil),              // 48: kiln.types.v1.Event
+	(*timestamppb.Timestamp)(nil), // 49: google.protobuf.Timestamp
+	(*v1.Facts)(nil),              // 50: kiln.types.v1.Facts
 }
 var file_kiln_controller_v1_controller_proto_depIdxs = []int32{
-	29, // 0: kiln.controller.v1.Resource.host:type_name -> kiln.types.v1.Host
-	30, // 1: kiln.controller.v1.Resource.image:type_name -> kiln.types.v1.Image
-	31, // 2: kiln.controller.v1.Resource.cluster:type_name -> kiln.types.v1.Cluster
-	32, // 3: kiln.controller.v1.Resource.control_plane:type_name -> kiln.types.v1.ControlPlane
-	33, // 4: kiln.controller.v1.Resource.machine_deployment:type_name -> kiln.types.v1.MachineDeployment
-	34, // 5: kiln.controller.v1.Resource.machine:type_name -> kiln.types.v1.Machine
-	35, // 6: kiln.controller.v1.Resource.health_check:type_name -> kiln.types.v1.HealthCheck
-	36, // 7: kiln.controller.v1.Resource.cluster_class:type_name -> kiln.types.v1.ClusterClass
-	37, // 8: kiln.controller.v1.Resource.rollout:type_name -> kiln.types.v1.Rollout
-	38, // 9: kiln.controller.v1.Resource.git_source:type_name -> kiln.types.v1.GitSource
+	38, // 0: kiln.controller.v1.Resource.host:type_name -> kiln.types.v1.Host
+	39, // 1: kiln.controller.v1.Resource.image:type_name -> kiln.types.v1.Image
+	40, // 2: kiln.controller.v1.Resource.cluster:type_name -> kiln.types.v1.Cluster
+	41, // 3: kiln.controller.v1.Resource.control_plane:type_name -> kiln.types.v1.ControlPlane
+	42, // 4: kiln.controller.v1.Resource.machine_deployment:type_name -> kiln.types.v1.MachineDeployment
+	43, // 5: kiln.controller.v1.Resource.machine:type_name -> kiln.types.v1.Machine
+	44, // 6: kiln.controller.v1.Resource.health_check:type_name -> kiln.types.v1.HealthCheck
+	45, // 7: kiln.controller.v1.Resource.cluster_class:type_name -> kiln.types.v1.ClusterClass
+	46, // 8: kiln.controller.v1.Resource.rollout:type_name -> kiln.types.v1.Rollout
+	47, // 9: kiln.controller.v1.Resource.git_source:type_name -> kiln.types.v1.GitSource
 	0,  // 10: kiln.controller.v1.ApplyRequest.resources:type_name -> kiln.controller.v1.Resource
 	2,  // 11: kiln.controller.v1.ApplyResponse.results:type_name -> kiln.controller.v1.ApplyResult
-	28, // 12: kiln.controller.v1.ListRequest.label_selector:type_name -> kiln.controller.v1.ListRequest.LabelSelectorEntry
+	37, // 12: kiln.controller.v1.ListRequest.label_selector:type_name -> kiln.controller.v1.ListRequest.LabelSelectorEntry
 	0,  // 13: kiln.controller.v1.ListResponse.items:type_name -> kiln.controller.v1.Resource
 	0,  // 14: kiln.controller.v1.WatchEvent.resource:type_name -> kiln.controller.v1.Resource
-	39, // 15: kiln.controller.v1.ListEventsResponse.events:type_name -> kiln.types.v1.Event
-	40, // 16: kiln.controller.v1.CreateTokenResponse.expires:type_name -> google.protobuf.Timestamp
-	41, // 17: kiln.controller.v1.EnrollRequest.facts:type_name -> kiln.types.v1.Facts
-	41, // 18: kiln.controller.v1.HeartbeatRequest.facts:type_name -> kiln.types.v1.Facts
-	40, // 19: kiln.controller.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	40, // 20: kiln.controller.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	48, // 15: kiln.controller.v1.ListEventsResponse.events:type_name -> kiln.types.v1.Event
+	49, // 16: kiln.controller.v1.CreateTokenResponse.expires:type_name -> google.protobuf.Timestamp
+	50, // 17: kiln.controller.v1.EnrollRequest.facts:type_name -> kiln.types.v1.Facts
+	50, // 18: kiln.controller.v1.HeartbeatRequest.facts:type_name -> kiln.types.v1.Facts
+	49, // 19: kiln.controller.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	49, // 20: kiln.controller.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
 	23, // 21: kiln.controller.v1.ListAuditResponse.entries:type_name -> kiln.controller.v1.AuditEntry
-	1,  // 22: kiln.controller.v1.Resources.Apply:input_type -> kiln.controller.v1.ApplyRequest
-	4,  // 23: kiln.controller.v1.Resources.Get:input_type -> kiln.controller.v1.GetRequest
-	5,  // 24: kiln.controller.v1.Resources.List:input_type -> kiln.controller.v1.ListRequest
-	7,  // 25: kiln.controller.v1.Resources.Delete:input_type -> kiln.controller.v1.DeleteRequest
-	9,  // 26: kiln.controller.v1.Resources.Watch:input_type -> kiln.controller.v1.WatchRequest
-	11, // 27: kiln.controller.v1.Resources.ListEvents:input_type -> kiln.controller.v1.ListEventsRequest
-	13, // 28: kiln.controller.v1.Resources.CreateToken:input_type -> kiln.controller.v1.CreateTokenRequest
-	15, // 29: kiln.controller.v1.Resources.GetKubeconfig:input_type -> kiln.controller.v1.GetKubeconfigRequest
-	24, // 30: kiln.controller.v1.Resources.ListAudit:input_type -> kiln.controller.v1.ListAuditRequest
-	17, // 31: kiln.controller.v1.Enrollment.Enroll:input_type -> kiln.controller.v1.EnrollRequest
-	19, // 32: kiln.controller.v1.Agents.Heartbeat:input_type -> kiln.controller.v1.HeartbeatRequest
-	21, // 33: kiln.controller.v1.Agents.Renew:input_type -> kiln.controller.v1.RenewRequest
-	26, // 34: kiln.controller.v1.Maintenance.Backup:input_type -> kiln.controller.v1.BackupRequest
-	3,  // 35: kiln.controller.v1.Resources.Apply:output_type -> kiln.controller.v1.ApplyResponse
-	0,  // 36: kiln.controller.v1.Resources.Get:output_type -> kiln.controller.v1.Resource
-	6,  // 37: kiln.controller.v1.Resources.List:output_type -> kiln.controller.v1.ListResponse
-	8,  // 38: kiln.controller.v1.Resources.Delete:output_type -> kiln.controller.v1.DeleteResponse
-	10, // 39: kiln.controller.v1.Resources.Watch:output_type -> kiln.controller.v1.WatchEvent
-	12, // 40: kiln.controller.v1.Resources.ListEvents:output_type -> kiln.controller.v1.ListEventsResponse
-	14, // 41: kiln.controller.v1.Resources.CreateToken:output_type -> kiln.controller.v1.CreateTokenResponse
-	16, // 42: kiln.controller.v1.Resources.GetKubeconfig:output_type -> kiln.controller.v1.GetKubeconfigResponse
-	25, // 43: kiln.controller.v1.Resources.ListAudit:output_type -> kiln.controller.v1.ListAuditResponse
-	18, // 44: kiln.controller.v1.Enrollment.Enroll:output_type -> kiln.controller.v1.EnrollResponse
-	20, // 45: kiln.controller.v1.Agents.Heartbeat:output_type -> kiln.controller.v1.HeartbeatResponse
-	22, // 46: kiln.controller.v1.Agents.Renew:output_type -> kiln.controller.v1.RenewResponse
-	27, // 47: kiln.controller.v1.Maintenance.Backup:output_type -> kiln.controller.v1.BackupChunk
-	35, // [35:48] is the sub-list for method output_type
-	22, // [22:35] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	30, // 22: kiln.controller.v1.InventoryResponse.kinds:type_name -> kiln.controller.v1.KindInventory
+	49, // 23: kiln.controller.v1.PauseStatus.since:type_name -> google.protobuf.Timestamp
+	1,  // 24: kiln.controller.v1.Resources.Apply:input_type -> kiln.controller.v1.ApplyRequest
+	4,  // 25: kiln.controller.v1.Resources.Get:input_type -> kiln.controller.v1.GetRequest
+	5,  // 26: kiln.controller.v1.Resources.List:input_type -> kiln.controller.v1.ListRequest
+	7,  // 27: kiln.controller.v1.Resources.Delete:input_type -> kiln.controller.v1.DeleteRequest
+	9,  // 28: kiln.controller.v1.Resources.Watch:input_type -> kiln.controller.v1.WatchRequest
+	11, // 29: kiln.controller.v1.Resources.ListEvents:input_type -> kiln.controller.v1.ListEventsRequest
+	13, // 30: kiln.controller.v1.Resources.CreateToken:input_type -> kiln.controller.v1.CreateTokenRequest
+	15, // 31: kiln.controller.v1.Resources.GetKubeconfig:input_type -> kiln.controller.v1.GetKubeconfigRequest
+	24, // 32: kiln.controller.v1.Resources.ListAudit:input_type -> kiln.controller.v1.ListAuditRequest
+	17, // 33: kiln.controller.v1.Enrollment.Enroll:input_type -> kiln.controller.v1.EnrollRequest
+	19, // 34: kiln.controller.v1.Agents.Heartbeat:input_type -> kiln.controller.v1.HeartbeatRequest
+	21, // 35: kiln.controller.v1.Agents.Renew:input_type -> kiln.controller.v1.RenewRequest
+	35, // 36: kiln.controller.v1.Maintenance.Backup:input_type -> kiln.controller.v1.BackupRequest
+	31, // 37: kiln.controller.v1.Maintenance.Pause:input_type -> kiln.controller.v1.PauseRequest
+	32, // 38: kiln.controller.v1.Maintenance.Resume:input_type -> kiln.controller.v1.ResumeRequest
+	33, // 39: kiln.controller.v1.Maintenance.GetPause:input_type -> kiln.controller.v1.GetPauseRequest
+	26, // 40: kiln.controller.v1.Maintenance.Adopt:input_type -> kiln.controller.v1.AdoptChunk
+	28, // 41: kiln.controller.v1.Maintenance.Inventory:input_type -> kiln.controller.v1.InventoryRequest
+	3,  // 42: kiln.controller.v1.Resources.Apply:output_type -> kiln.controller.v1.ApplyResponse
+	0,  // 43: kiln.controller.v1.Resources.Get:output_type -> kiln.controller.v1.Resource
+	6,  // 44: kiln.controller.v1.Resources.List:output_type -> kiln.controller.v1.ListResponse
+	8,  // 45: kiln.controller.v1.Resources.Delete:output_type -> kiln.controller.v1.DeleteResponse
+	10, // 46: kiln.controller.v1.Resources.Watch:output_type -> kiln.controller.v1.WatchEvent
+	12, // 47: kiln.controller.v1.Resources.ListEvents:output_type -> kiln.controller.v1.ListEventsResponse
+	14, // 48: kiln.controller.v1.Resources.CreateToken:output_type -> kiln.controller.v1.CreateTokenResponse
+	16, // 49: kiln.controller.v1.Resources.GetKubeconfig:output_type -> kiln.controller.v1.GetKubeconfigResponse
+	25, // 50: kiln.controller.v1.Resources.ListAudit:output_type -> kiln.controller.v1.ListAuditResponse
+	18, // 51: kiln.controller.v1.Enrollment.Enroll:output_type -> kiln.controller.v1.EnrollResponse
+	20, // 52: kiln.controller.v1.Agents.Heartbeat:output_type -> kiln.controller.v1.HeartbeatResponse
+	22, // 53: kiln.controller.v1.Agents.Renew:output_type -> kiln.controller.v1.RenewResponse
+	36, // 54: kiln.controller.v1.Maintenance.Backup:output_type -> kiln.controller.v1.BackupChunk
+	34, // 55: kiln.controller.v1.Maintenance.Pause:output_type -> kiln.controller.v1.PauseStatus
+	34, // 56: kiln.controller.v1.Maintenance.Resume:output_type -> kiln.controller.v1.PauseStatus
+	34, // 57: kiln.controller.v1.Maintenance.GetPause:output_type -> kiln.controller.v1.PauseStatus
+	27, // 58: kiln.controller.v1.Maintenance.Adopt:output_type -> kiln.controller.v1.AdoptResponse
+	29, // 59: kiln.controller.v1.Maintenance.Inventory:output_type -> kiln.controller.v1.InventoryResponse
+	42, // [42:60] is the sub-list for method output_type
+	24, // [24:42] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_kiln_controller_v1_controller_proto_init() }
@@ -2110,7 +2655,7 @@ func file_kiln_controller_v1_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kiln_controller_v1_controller_proto_rawDesc), len(file_kiln_controller_v1_controller_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -720,7 +720,12 @@ var Agents_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Maintenance_Backup_FullMethodName = "/kiln.controller.v1.Maintenance/Backup"
+	Maintenance_Backup_FullMethodName    = "/kiln.controller.v1.Maintenance/Backup"
+	Maintenance_Pause_FullMethodName     = "/kiln.controller.v1.Maintenance/Pause"
+	Maintenance_Resume_FullMethodName    = "/kiln.controller.v1.Maintenance/Resume"
+	Maintenance_GetPause_FullMethodName  = "/kiln.controller.v1.Maintenance/GetPause"
+	Maintenance_Adopt_FullMethodName     = "/kiln.controller.v1.Maintenance/Adopt"
+	Maintenance_Inventory_FullMethodName = "/kiln.controller.v1.Maintenance/Inventory"
 )
 
 // MaintenanceClient is the client API for Maintenance service.
@@ -735,6 +740,31 @@ type MaintenanceClient interface {
 	// them, encrypted (age) to the request's recipients before it leaves the
 	// controller. The last chunk carries the revision and the key count.
 	Backup(ctx context.Context, in *BackupRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[BackupChunk], error)
+	// Pause pauses the whole controller for a move (kilnctl move): from the
+	// pause on, every write (the API's and every reconciler's) is refused
+	// with FailedPrecondition saying where the controller moved, and the
+	// reconcilers stop, until Resume. The pause is a record in the store,
+	// so it survives restarts and holds for every replica. Pausing a paused
+	// controller returns the pause in force.
+	Pause(ctx context.Context, in *PauseRequest, opts ...grpc.CallOption) (*PauseStatus, error)
+	// Resume removes the pause (a move that was abandoned).
+	Resume(ctx context.Context, in *ResumeRequest, opts ...grpc.CallOption) (*PauseStatus, error)
+	// GetPause says whether the controller is paused, and for which move.
+	GetPause(ctx context.Context, in *GetPauseRequest, opts ...grpc.CallOption) (*PauseStatus, error)
+	// Adopt makes this controller, a fresh one, the home of another's
+	// fleet (the target side of kilnctl move): the stream is a backup of
+	// the other controller (Backup), the first chunk also carries the age
+	// identity that opens it and the address it comes from. The controller
+	// pauses itself (moving in from that address), refuses with
+	// FailedPrecondition when it holds any resource (unless it is adopting
+	// from the same address already: a move run again), replaces its CA and
+	// other secrets with the backup's, re-sealed under its own key, and
+	// writes every resource. It stays paused: Resume once Inventory matches.
+	Adopt(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[AdoptChunk, AdoptResponse], error)
+	// Inventory counts the resources of each kind and hashes them (key and
+	// stored value, in key order), and counts the sealed secrets and hashes
+	// their paths (never their values), at one revision.
+	Inventory(ctx context.Context, in *InventoryRequest, opts ...grpc.CallOption) (*InventoryResponse, error)
 }
 
 type maintenanceClient struct {
@@ -764,6 +794,59 @@ func (c *maintenanceClient) Backup(ctx context.Context, in *BackupRequest, opts 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Maintenance_BackupClient = grpc.ServerStreamingClient[BackupChunk]
 
+func (c *maintenanceClient) Pause(ctx context.Context, in *PauseRequest, opts ...grpc.CallOption) (*PauseStatus, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PauseStatus)
+	err := c.cc.Invoke(ctx, Maintenance_Pause_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *maintenanceClient) Resume(ctx context.Context, in *ResumeRequest, opts ...grpc.CallOption) (*PauseStatus, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PauseStatus)
+	err := c.cc.Invoke(ctx, Maintenance_Resume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *maintenanceClient) GetPause(ctx context.Context, in *GetPauseRequest, opts ...grpc.CallOption) (*PauseStatus, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PauseStatus)
+	err := c.cc.Invoke(ctx, Maintenance_GetPause_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *maintenanceClient) Adopt(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[AdoptChunk, AdoptResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Maintenance_ServiceDesc.Streams[1], Maintenance_Adopt_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[AdoptChunk, AdoptResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Maintenance_AdoptClient = grpc.ClientStreamingClient[AdoptChunk, AdoptResponse]
+
+func (c *maintenanceClient) Inventory(ctx context.Context, in *InventoryRequest, opts ...grpc.CallOption) (*InventoryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(InventoryResponse)
+	err := c.cc.Invoke(ctx, Maintenance_Inventory_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MaintenanceServer is the server API for Maintenance service.
 // All implementations must embed UnimplementedMaintenanceServer
 // for forward compatibility.
@@ -776,6 +859,31 @@ type MaintenanceServer interface {
 	// them, encrypted (age) to the request's recipients before it leaves the
 	// controller. The last chunk carries the revision and the key count.
 	Backup(*BackupRequest, grpc.ServerStreamingServer[BackupChunk]) error
+	// Pause pauses the whole controller for a move (kilnctl move): from the
+	// pause on, every write (the API's and every reconciler's) is refused
+	// with FailedPrecondition saying where the controller moved, and the
+	// reconcilers stop, until Resume. The pause is a record in the store,
+	// so it survives restarts and holds for every replica. Pausing a paused
+	// controller returns the pause in force.
+	Pause(context.Context, *PauseRequest) (*PauseStatus, error)
+	// Resume removes the pause (a move that was abandoned).
+	Resume(context.Context, *ResumeRequest) (*PauseStatus, error)
+	// GetPause says whether the controller is paused, and for which move.
+	GetPause(context.Context, *GetPauseRequest) (*PauseStatus, error)
+	// Adopt makes this controller, a fresh one, the home of another's
+	// fleet (the target side of kilnctl move): the stream is a backup of
+	// the other controller (Backup), the first chunk also carries the age
+	// identity that opens it and the address it comes from. The controller
+	// pauses itself (moving in from that address), refuses with
+	// FailedPrecondition when it holds any resource (unless it is adopting
+	// from the same address already: a move run again), replaces its CA and
+	// other secrets with the backup's, re-sealed under its own key, and
+	// writes every resource. It stays paused: Resume once Inventory matches.
+	Adopt(grpc.ClientStreamingServer[AdoptChunk, AdoptResponse]) error
+	// Inventory counts the resources of each kind and hashes them (key and
+	// stored value, in key order), and counts the sealed secrets and hashes
+	// their paths (never their values), at one revision.
+	Inventory(context.Context, *InventoryRequest) (*InventoryResponse, error)
 	mustEmbedUnimplementedMaintenanceServer()
 }
 
@@ -788,6 +896,21 @@ type UnimplementedMaintenanceServer struct{}
 
 func (UnimplementedMaintenanceServer) Backup(*BackupRequest, grpc.ServerStreamingServer[BackupChunk]) error {
 	return status.Errorf(codes.Unimplemented, "method Backup not implemented")
+}
+func (UnimplementedMaintenanceServer) Pause(context.Context, *PauseRequest) (*PauseStatus, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Pause not implemented")
+}
+func (UnimplementedMaintenanceServer) Resume(context.Context, *ResumeRequest) (*PauseStatus, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Resume not implemented")
+}
+func (UnimplementedMaintenanceServer) GetPause(context.Context, *GetPauseRequest) (*PauseStatus, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GetPause not implemented")
+}
+func (UnimplementedMaintenanceServer) Adopt(grpc.ClientStreamingServer[AdoptChunk, AdoptResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method Adopt not implemented")
+}
+func (UnimplementedMaintenanceServer) Inventory(context.Context, *InventoryRequest) (*InventoryResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Inventory not implemented")
 }
 func (UnimplementedMaintenanceServer) mustEmbedUnimplementedMaintenanceServer() {}
 func (UnimplementedMaintenanceServer) testEmbeddedByValue()                     {}
@@ -821,18 +944,119 @@ func _Maintenance_Backup_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Maintenance_BackupServer = grpc.ServerStreamingServer[BackupChunk]
 
+func _Maintenance_Pause_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PauseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MaintenanceServer).Pause(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Maintenance_Pause_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MaintenanceServer).Pause(ctx, req.(*PauseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Maintenance_Resume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MaintenanceServer).Resume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Maintenance_Resume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MaintenanceServer).Resume(ctx, req.(*ResumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Maintenance_GetPause_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetPauseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MaintenanceServer).GetPause(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Maintenance_GetPause_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MaintenanceServer).GetPause(ctx, req.(*GetPauseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Maintenance_Adopt_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(MaintenanceServer).Adopt(&grpc.GenericServerStream[AdoptChunk, AdoptResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Maintenance_AdoptServer = grpc.ClientStreamingServer[AdoptChunk, AdoptResponse]
+
+func _Maintenance_Inventory_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InventoryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MaintenanceServer).Inventory(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Maintenance_Inventory_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MaintenanceServer).Inventory(ctx, req.(*InventoryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Maintenance_ServiceDesc is the grpc.ServiceDesc for Maintenance service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
 var Maintenance_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "kiln.controller.v1.Maintenance",
 	HandlerType: (*MaintenanceServer)(nil),
-	Methods:     []grpc.MethodDesc{},
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Pause",
+			Handler:    _Maintenance_Pause_Handler,
+		},
+		{
+			MethodName: "Resume",
+			Handler:    _Maintenance_Resume_Handler,
+		},
+		{
+			MethodName: "GetPause",
+			Handler:    _Maintenance_GetPause_Handler,
+		},
+		{
+			MethodName: "Inventory",
+			Handler:    _Maintenance_Inventory_Handler,
+		},
+	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "Backup",
 			Handler:       _Maintenance_Backup_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Adopt",
+			Handler:       _Maintenance_Adopt_Handler,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "kiln/controller/v1/controller.proto",
