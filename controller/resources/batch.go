@@ -165,3 +165,70 @@ func pluralOf(kind string) string {
 	}
 	return k.Plural
 }
+
+// GitSourceLabel marks the objects a GitSource applied, with its name as
+// the value: a later revision prunes those it no longer holds.
+const GitSourceLabel = "kiln.dev/gitsource"
+
+// PruneCandidates lists the objects of the prunable kinds whose labels
+// match every key=value of selector and that objs do not name, sorted by
+// kind then name: what apply --prune deletes. Objects a GitSource applied
+// (label kiln.dev/gitsource) are left to their source. It returns
+// InvalidArgument for an empty selector.
+func (s *Service) PruneCandidates(ctx context.Context, selector map[string]string, objs []*controllerv1.Resource) ([]Ref, error) {
+	if len(selector) == 0 {
+		return nil, errdefs.InvalidArgument("prune needs a label selector: without one every object of the prunable kinds that the files do not name would be deleted")
+	}
+	named := map[Ref]bool{}
+	for _, r := range objs {
+		k, obj, err := Unwrap(r)
+		if err != nil {
+			return nil, err
+		}
+		named[Ref{k.Plural, Meta(obj).GetName()}] = true
+	}
+	var out []Ref
+	for _, kind := range PrunableKinds {
+		items, err := s.listAll(ctx, kind, selector)
+		if err != nil {
+			return nil, err
+		}
+		for _, it := range items {
+			md := Meta(it)
+			ref := Ref{kind, md.GetName()}
+			if named[ref] {
+				continue
+			}
+			if _, owned := md.GetLabels()[GitSourceLabel]; owned && selector[GitSourceLabel] == "" {
+				continue
+			}
+			out = append(out, ref)
+		}
+	}
+	return out, nil
+}
+
+// listAll lists every object of kind whose labels match selector.
+func (s *Service) listAll(ctx context.Context, kind string, selector map[string]string) ([]proto.Message, error) {
+	k, err := LookupKind(kind)
+	if err != nil {
+		return nil, err
+	}
+	var out []proto.Message
+	cont := ""
+	for {
+		items, next, err := s.store.List(ctx, k.Plural, k.New, store.ListOptions{Limit: maxPage, Continue: cont})
+		if err != nil {
+			return nil, err
+		}
+		for _, it := range items {
+			if matches(Meta(it.Msg).GetLabels(), selector) {
+				out = append(out, it.Msg)
+			}
+		}
+		if next == "" {
+			return out, nil
+		}
+		cont = next
+	}
+}

@@ -62,8 +62,22 @@ func Load(stdin io.Reader, paths ...string) ([]*Document, error) {
 	if err != nil {
 		return nil, err
 	}
-	var all []*Document
-	var errs Error
+	return read(stdin, files)
+}
+
+// LoadRecursive is Load with directories read recursively
+// (FilesRecursive).
+func LoadRecursive(stdin io.Reader, paths ...string) ([]*Document, error) {
+	files, err := FilesRecursive(paths...)
+	if err != nil {
+		return nil, err
+	}
+	return read(stdin, files)
+}
+
+func read(stdin io.Reader, files []string) ([]*Document, error) {
+	var err error
+	var in []File
 	for _, f := range files {
 		var data []byte
 		if f == "-" {
@@ -74,7 +88,26 @@ func Load(stdin io.Reader, paths ...string) ([]*Document, error) {
 		if err != nil {
 			return nil, fmt.Errorf("manifest: %w", err)
 		}
-		docs, err := Decode(f, data)
+		in = append(in, File{Name: f, Data: data})
+	}
+	return Parse(in)
+}
+
+// File is one file's name and content, for Parse.
+type File struct {
+	Name string
+	Data []byte
+}
+
+// Parse decodes every document of files, in order, and validates every
+// resource, as Load does: it returns the documents only when all of them
+// are good, otherwise an *Error listing every problem with its file and
+// line (InvalidArgument). A GitSource reads a commit's files with it.
+func Parse(files []File) ([]*Document, error) {
+	var all []*Document
+	var errs Error
+	for _, f := range files {
+		docs, err := Decode(f.Name, f.Data)
 		var derr *Error
 		switch {
 		case errors.As(err, &derr):
@@ -100,6 +133,49 @@ func Load(stdin io.Reader, paths ...string) ([]*Document, error) {
 		return nil, err
 	}
 	return all, nil
+}
+
+// Manifest reports whether a file name is one Files and a GitSource read:
+// *.yaml or *.yml.
+func Manifest(name string) bool {
+	ext := filepath.Ext(name)
+	return ext == ".yaml" || ext == ".yml"
+}
+
+// FilesRecursive is Files that also reads the subdirectories of a
+// directory, depth first in sorted order (kilnctl apply -R).
+func FilesRecursive(paths ...string) ([]string, error) {
+	var out []string
+	for _, p := range paths {
+		st, err := os.Stat(p)
+		if p == "-" || (err == nil && !st.IsDir()) {
+			out = append(out, p)
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("manifest: %w", err)
+		}
+		n := len(out)
+		err = filepath.WalkDir(p, func(path string, d os.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.IsDir() && path != p && strings.HasPrefix(d.Name(), ".") {
+				return filepath.SkipDir // .git and friends
+			}
+			if !d.IsDir() && Manifest(d.Name()) {
+				out = append(out, path)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("manifest: %w", err)
+		}
+		if len(out) == n {
+			return nil, fmt.Errorf("manifest: directory %s holds no *.yaml or *.yml files", p)
+		}
+	}
+	return out, nil
 }
 
 // CheckDocument runs validation.Validate on d's resource and adds its
