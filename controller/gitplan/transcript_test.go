@@ -203,4 +203,6 @@ func formatStatus(st *typesv1.GitSourceStatus, changed bool) string {
 	return b.String()
 }
 
-func valueOf(md *typesv1.ObjectMeta) protoreflect.Value { return protoreflect.ValueOfMessage(md.ProtoReflect()) }
+func valueOf(md *typesv1.ObjectMeta) protoreflect.Value {
+	return protoreflect.ValueOfMessage(md.ProtoReflect())
+}
