@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/url"
 	"path"
+	"slices"
 	"strings"
 	"time"
 
@@ -32,8 +33,8 @@ func checkGitSource(p *problems, s *typesv1.GitSourceSpec) {
 	case s.GetUrl() == "":
 		p.add("spec.url", "is required (https://host/repo.git, or file:///path for a repository on the controller)")
 	case err != nil:
-		p.add("spec.url", "%q is not a URL", s.GetUrl())
-	case u.User != nil:
+		p.add("spec.url", "is not a URL") // not quoted: it may hold a password
+	case u.User != nil && slices.Contains([]string{"https", "http", "git", "file"}, u.Scheme):
 		p.add("spec.url", "carries credentials: they would be stored and shown in plain text; credentials are not supported yet")
 	case u.Scheme == "https":
 		if u.Host == "" {
@@ -48,7 +49,7 @@ func checkGitSource(p *problems, s *typesv1.GitSourceSpec) {
 			p.add("spec.url", "%q: %s:// is neither authenticated nor encrypted, and a GitSource is applied with the controller's authority: use https (git:// and http:// only to a loopback host, for tests)", s.GetUrl(), u.Scheme)
 		}
 	default:
-		p.add("spec.url", "scheme %q is not supported: use https, file, or git/http on loopback", u.Scheme)
+		p.add("spec.url", "scheme %q is not supported (ssh is not, yet): use https, file, or git/http on loopback", u.Scheme)
 	}
 	if b := s.GetBranch(); b != "" && (strings.ContainsAny(b, " ~^:?*[\\") || strings.HasPrefix(b, "-") || strings.Contains(b, "..")) {
 		p.add("spec.branch", "%q is not a branch name", b)
