@@ -221,7 +221,12 @@ func (e *Executor) sync(ctx context.Context, src *typesv1.GitSource) gitplan.Out
 	results, err := e.deps.Resources.ApplyBatch(audit.WithCall(ctx, call), plan.Apply, plan.Prune, false)
 	if errdefs.IsInvalidArgument(err) || errdefs.IsFailedPrecondition(err) {
 		e.log.Info("revision refused", "gitsource", name, "commit", commit, "err", err)
-		return gitplan.Outcome{Commit: commit, Refused: err.Error()}
+		why := err.Error()
+		var oerr *resources.ObjectError
+		if errors.As(err, &oerr) && oerr.Index < len(plan.Files) {
+			why = plan.Files[oerr.Index] + ": " + why
+		}
+		return gitplan.Outcome{Commit: commit, Refused: why}
 	}
 	if err != nil {
 		return gitplan.Outcome{Commit: commit, ApplyError: err.Error()}

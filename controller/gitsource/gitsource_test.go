@@ -202,7 +202,7 @@ func TestGitSourceCommits(t *testing.T) {
 		{"edge-2 podCidr change (refused by the controller) + add edge-4", map[string]string{
 			"clusters/edge/edge-2.yaml": strings.Replace(clusterYAML("edge-2", "3", "debian13"), "10.244.0.0/16", "10.250.0.0/16", 1),
 			"clusters/edge/edge-4.yaml": clusterYAML("edge-4", "1", "debian12")}, false,
-			"cluster/edge-2 controlplane/edge-2-cp machinedeployment/edge-2-workers(x3,debian13)", "spec.podCidr: cannot change"},
+			"cluster/edge-2 controlplane/edge-2-cp machinedeployment/edge-2-workers(x3,debian13)", `clusters/edge/edge-2.yaml: apply Cluster "edge-2": Cluster "edge-2" is invalid: spec.podCidr: cannot change`},
 		{"bad file edge-3 (replicas: -1) + edge-2 workers 3 -> 4", map[string]string{
 			"clusters/edge/edge-3.yaml": clusterYAML("edge-3", "-1", "debian12"),
 			"clusters/edge/edge-2.yaml": clusterYAML("edge-2", "4", "debian13")}, false,

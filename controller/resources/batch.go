@@ -32,6 +32,16 @@ func (r Ref) String() string {
 	return strings.ToLower(k.Name) + "/" + r.Name
 }
 
+// ObjectError is an error of ApplyBatch about one object: Index is its
+// place in the objects given. Its class is Err's.
+type ObjectError struct {
+	Index int
+	Err   error
+}
+
+func (e *ObjectError) Error() string { return e.Err.Error() }
+func (e *ObjectError) Unwrap() error { return e.Err }
+
 // PrunableKinds are the kinds apply --prune and a GitSource delete when
 // their files no longer name an object. Hosts are inventory (deleting one
 // forgets a machine and its BMC password) and Machines belong to their
@@ -123,7 +133,7 @@ func (s *Service) prepareBatch(ctx context.Context, call *audit.Call, kinds []Ki
 		n := len(ops)
 		action, warnings, err := s.applyOne(ctx, k, proto.Clone(parsed[i]), dryRun, entry, &ops)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("apply %s %q: %w", k.Name, name, err)
+			return nil, nil, nil, &ObjectError{Index: i, Err: fmt.Errorf("apply %s %q: %w", k.Name, name, err)}
 		}
 		if entry != nil && len(ops) > n {
 			entries = append(entries, entry)

@@ -201,6 +201,7 @@ func TestGitSourceAdminOnly(t *testing.T) {
 		out, err := kilnctl(t, admin, "get", "gitsource", "fleet", "-o", "yaml")
 		return err == nil && strings.Contains(out, commit.String())
 	}, 30*time.Second, 200*time.Millisecond, "the controller did not apply commit %s", commit)
+	t.Logf("kilnctl get gitsources:\n%s", mustKilnctl(t, operator, "get", "gitsources"))
 	out := mustKilnctl(t, operator, "get", "cluster", "edge-9", "-o", "yaml")
 	require.Contains(t, out, "kiln.dev/gitsource: fleet")
 
