@@ -5,7 +5,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -26,6 +28,7 @@ import (
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/manifest"
 	"github.com/kilnhq/kiln/internal/seal"
+	"github.com/kilnhq/kiln/internal/testenv"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
@@ -334,4 +337,69 @@ func manifestParse(y string) ([]*controllerv1.Resource, error) {
 		out = append(out, d.Resource)
 	}
 	return out, err
+}
+
+// TestGitDaemonClone fetches over git:// from a `git daemon` on loopback
+// (the network path: a one-commit-deep clone into memory) and applies
+// the revision. It skips when git is not installed.
+func TestGitDaemonClone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts an embedded etcd and git daemon")
+	}
+	gitBin := testenv.RequireTool(t, "git", "git")
+	e := newEnv(t)
+	commit := e.commit(t, "edge-1", map[string]string{"clusters/edge-1.yaml": clusterYAML("edge-1", "2", "debian12")})
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := lis.Addr().(*net.TCPAddr).Port
+	require.NoError(t, lis.Close())
+	base := filepath.Dir(e.dir)
+	// Run git-daemon itself, not through the git wrapper, so that killing
+	// cmd.Process stops the daemon.
+	execPath, err := exec.Command(gitBin, "--exec-path").Output()
+	require.NoError(t, err)
+	daemon := filepath.Join(strings.TrimSpace(string(execPath)), "git-daemon")
+	testenv.RequireFile(t, daemon, "apt-get install git")
+	cmd := exec.Command(daemon, "--reuseaddr", "--export-all", "--listen=127.0.0.1", fmt.Sprintf("--port=%d", port), "--base-path="+base, base)
+	// A file, not a pipe: the daemon's children may outlive it.
+	logf, err := os.Create(filepath.Join(t.TempDir(), "git-daemon.log"))
+	require.NoError(t, err)
+	t.Cleanup(func() { logf.Close() })
+	cmd.Stdout, cmd.Stderr = logf, logf
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	require.Eventually(t, func() bool {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}, 10*time.Second, 50*time.Millisecond, "git daemon did not listen")
+
+	url := fmt.Sprintf("git://127.0.0.1:%d/%s", port, filepath.Base(e.dir))
+	_, err = e.res.Apply(e.ctx, []*controllerv1.Resource{{Kind: &controllerv1.Resource_GitSource{GitSource: &typesv1.GitSource{
+		Metadata: &typesv1.ObjectMeta{Name: "remote"},
+		Spec:     &typesv1.GitSourceSpec{Url: url, Branch: "main", Path: "clusters"},
+	}}}}, false)
+	require.NoError(t, err)
+	out, err := e.ex.Sync(e.ctx, "remote")
+	require.NoError(t, err)
+	if out.Commit != commit || out.FetchError != "" || out.Refused != "" {
+		t.Fatalf("Sync over %s = %+v, want commit %s applied", url, out, commit)
+	}
+	require.Equal(t, "cluster/edge-1 controlplane/edge-1-cp machinedeployment/edge-1-workers(x2,debian12)", e.objects(t))
+
+	// A branch that does not exist is a fetch failure; the commit stays.
+	_, err = e.res.Apply(e.ctx, []*controllerv1.Resource{{Kind: &controllerv1.Resource_GitSource{GitSource: &typesv1.GitSource{
+		Metadata: &typesv1.ObjectMeta{Name: "remote"},
+		Spec:     &typesv1.GitSourceSpec{Url: url, Branch: "nope", Path: "clusters"},
+	}}}}, false)
+	require.NoError(t, err)
+	out, err = e.ex.Sync(e.ctx, "remote")
+	require.NoError(t, err)
+	require.NotEmpty(t, out.FetchError)
+	st := e.status(t, "remote")
+	require.Equal(t, commit, st.GetAppliedCommit())
+	require.Contains(t, conditions.Get(st.GetConditions(), gitplan.Ready).GetMessage(), "stays applied")
 }
