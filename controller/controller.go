@@ -36,6 +36,7 @@ import (
 	"github.com/kilnhq/kiln/controller/election"
 	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/events"
+	"github.com/kilnhq/kiln/controller/gitsource"
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/controller/limits"
 	"github.com/kilnhq/kiln/controller/metrics"
@@ -577,7 +578,9 @@ func (c *Controller) Run(ctx context.Context) error {
 					rctx, stop := st.UntilPaused(lctx)
 					c.collectOrphanSecrets(rctx, fenced)
 					stopLife := c.runLifecycle(rctx, fenced, rec, ca, enr, addr)
+					stopGit := c.runGitSources(rctx, fenced, rec, addr)
 					c.reconcile(rctx, fenced, rec)
+					stopGit()
 					stopLife()
 					stop()
 					c.log.Info("reconcilers stopped")
@@ -604,6 +607,19 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	c.log.Info("controller stopped")
 	return err
+}
+
+// runGitSources starts the GitSource executor (controller/gitsource) and
+// returns a function that waits for it to end (after lctx ends). Its
+// writes go through a resources service on the term's fenced store, so a
+// deposed leader applies no revision.
+func (c *Controller) runGitSources(lctx context.Context, st *store.Store, rec *events.Recorder, addr string) func() {
+	res := resources.New(st, rec, c.cfg.Clock, c.log)
+	res.SetOwnNetworks(append(ownNetworks(addr, c.cfg.BootListenAddr), c.cfg.ReservedNetworks...))
+	ex := gitsource.New(gitsource.Deps{Store: st, Resources: res, Recorder: rec}, gitsource.Config{Clock: c.cfg.Clock}, c.log)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = ex.Run(lctx) }()
+	return func() { <-done }
 }
 
 // runLifecycle starts the host lifecycle executor when configured and

@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -18,7 +19,9 @@ func main() {
 	err := cli.Run(ctx, cli.Options{Lab: cli.LabCommand()}, os.Args[1:])
 	stop()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "error:", err)
-		os.Exit(cli.ExitCode(err)) // 3: a wait stalled; 1: any other error
+		if !errors.Is(err, cli.ErrDiffers) { // kilnctl diff printed the diff
+			fmt.Fprintln(os.Stderr, "error:", err)
+		}
+		os.Exit(cli.ExitCode(err)) // 3: a wait stalled; 1: differs or any other error; 2: diff failed
 	}
 }

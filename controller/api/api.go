@@ -50,11 +50,55 @@ func (s *resourcesServer) Apply(ctx context.Context, req *controllerv1.ApplyRequ
 	if len(req.GetResources()) == 0 {
 		return nil, errgrpc.ToGRPC(errdefs.InvalidArgument("apply: no resources"))
 	}
+	if err := adminOnlyKinds(ctx, "apply", req.GetResources()...); err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	if p := req.GetPrune(); p != nil {
+		results, err := s.applyPrune(ctx, req.GetResources(), p.GetSelector(), req.GetDryRun())
+		if err != nil {
+			return nil, errgrpc.ToGRPC(err)
+		}
+		return &controllerv1.ApplyResponse{Results: results}, nil
+	}
 	results, err := s.res.Apply(ctx, req.GetResources(), req.GetDryRun())
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}
 	return &controllerv1.ApplyResponse{Results: results}, nil
+}
+
+// applyPrune applies resources and deletes what the selector matches and
+// they do not name, in one transaction. Deleting is its own right: a
+// caller who may apply but not delete is refused before anything is
+// written.
+func (s *resourcesServer) applyPrune(ctx context.Context, objs []*controllerv1.Resource, selector map[string]string, dryRun bool) ([]*controllerv1.ApplyResult, error) {
+	caller := authz.CallerFrom(ctx)
+	if !authz.Allowed(caller.Role, controllerv1.Resources_Delete_FullMethodName) {
+		return nil, errdefs.PermissionDenied("apply --prune deletes objects: it needs %s, which may delete; nothing was applied", authz.Needed(controllerv1.Resources_Delete_FullMethodName))
+	}
+	prunes, err := s.res.PruneCandidates(ctx, selector, objs)
+	if err != nil {
+		return nil, err
+	}
+	return s.res.ApplyBatch(ctx, objs, prunes, dryRun)
+}
+
+// adminOnlyKinds refuses a non-admin caller's write of a GitSource: the
+// controller applies a GitSource's repository with its own authority, so
+// creating, changing or deleting one is an admin's decision (an operator
+// could otherwise make the controller apply a repository of their choice,
+// or stop one an admin set up). It returns PermissionDenied.
+func adminOnlyKinds(ctx context.Context, verb string, objs ...*controllerv1.Resource) error {
+	caller := authz.CallerFrom(ctx)
+	if caller.Role == authz.RoleAdmin {
+		return nil
+	}
+	for _, r := range objs {
+		if g := r.GetGitSource(); g != nil {
+			return errdefs.PermissionDenied("%s GitSource %q: only the admin role may (a GitSource applies its repository with the controller's authority); nothing was applied", verb, g.GetMetadata().GetName())
+		}
+	}
+	return nil
 }
 
 func (s *resourcesServer) Get(ctx context.Context, req *controllerv1.GetRequest) (*controllerv1.Resource, error) {
@@ -71,6 +115,9 @@ func (s *resourcesServer) List(ctx context.Context, req *controllerv1.ListReques
 }
 
 func (s *resourcesServer) Delete(ctx context.Context, req *controllerv1.DeleteRequest) (*controllerv1.DeleteResponse, error) {
+	if k, err := resources.LookupKind(req.GetKind()); err == nil && k.Plural == "gitsources" && authz.CallerFrom(ctx).Role != authz.RoleAdmin {
+		return nil, errgrpc.ToGRPC(errdefs.PermissionDenied("delete GitSource %q: only the admin role may (a GitSource applies its repository with the controller's authority)", req.GetName()))
+	}
 	if err := s.res.Delete(ctx, req.GetKind(), req.GetName()); err != nil {
 		return nil, errgrpc.ToGRPC(err)
 	}

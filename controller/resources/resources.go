@@ -49,6 +49,7 @@ type Store interface {
 	CreateAudited(ctx context.Context, kind, name string, m proto.Message, rec store.AuditRecord, secrets ...store.SecretOp) (int64, error)
 	UpdateAudited(ctx context.Context, kind, name string, m proto.Message, expectRev int64, rec store.AuditRecord, secrets ...store.SecretOp) (int64, error)
 	DeleteAudited(ctx context.Context, kind, name string, expectRev int64, rec store.AuditRecord, secrets ...store.SecretOp) error
+	Batch(ctx context.Context, ops []store.BatchOp) (int64, error)
 }
 
 var _ Store = (*store.Store)(nil)
@@ -224,7 +225,7 @@ func (s *Service) applyWithRetry(ctx context.Context, k Kind, obj proto.Message,
 		if call != nil && !dryRun {
 			entry = call.Entry(k.Name, name)
 		}
-		action, warnings, err = s.applyOne(ctx, k, proto.Clone(obj), dryRun, entry)
+		action, warnings, err = s.applyOne(ctx, k, proto.Clone(obj), dryRun, entry, nil)
 		if !errdefs.IsConflict(err) || Meta(obj).GetResourceVersion() != "" || attempt >= maxConflictRetries {
 			break
 		}
@@ -260,7 +261,11 @@ func (s *Service) applyWithRetry(ctx context.Context, k Kind, obj proto.Message,
 // generations and changed fields and stores the entry in the write's
 // transaction (Result OK), so the write and its audit record are stored
 // together or not at all.
-func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRun bool, entry *controllerv1.AuditEntry) (action string, warnings []string, err error) {
+//
+// With a non-nil batch it writes nothing: it appends the write to batch
+// (for ApplyBatch's one transaction) and refuses a Host that carries a
+// BMC password, whose sealed secret a batch does not store.
+func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRun bool, entry *controllerv1.AuditEntry, batch *[]store.BatchOp) (action string, warnings []string, err error) {
 	if entry == nil {
 		entry = &controllerv1.AuditEntry{} // filled and dropped
 	}
@@ -278,6 +283,9 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 	password, err := s.takeBMCPassword(obj)
 	if err != nil {
 		return "", nil, err
+	}
+	if batch != nil && password != "" {
+		return "", nil, errdefs.InvalidArgument("host %q: spec.bmc.password is refused in a batch apply (a Git revision or apply --prune): apply the host's password alone with kilnctl apply", name)
 	}
 
 	cur := k.New()
@@ -323,6 +331,10 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 			entry.Changed = addField(entry.Changed, "spec.bmc.password")
 		}
 		if dryRun {
+			return Created, warnings, nil
+		}
+		if batch != nil {
+			*batch = append(*batch, store.BatchOp{Kind: k.Plural, Name: name, Msg: obj, Audit: record()})
 			return Created, warnings, nil
 		}
 		// The password is sealed in the Host's own transaction: a crash
@@ -375,6 +387,10 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 		entry.Changed = addField(entry.Changed, "spec.bmc.password")
 	}
 	if dryRun {
+		return Configured, warnings, nil
+	}
+	if batch != nil {
+		*batch = append(*batch, store.BatchOp{Kind: k.Plural, Name: name, Rev: rev, Msg: next, Audit: record()})
 		return Configured, warnings, nil
 	}
 	var secrets []store.SecretOp

@@ -215,6 +215,9 @@ func startEmbedded(ctx context.Context, cfg EmbeddedConfig, log *slog.Logger) (*
 	ec.InitialCluster = cfg.InitialCluster
 	ec.InitialClusterToken = cfg.ClusterToken
 	ec.ClusterState = embed.ClusterStateFlagNew
+	// A GitSource revision or an apply --prune is one transaction
+	// (Store.Batch): allow as many operations as a batch may hold.
+	ec.MaxTxnOps = MaxBatchOps
 	if cfg.HeartbeatInterval > 0 {
 		ec.TickMs = uint(cfg.HeartbeatInterval.Milliseconds())
 	}

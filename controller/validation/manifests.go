@@ -18,6 +18,27 @@ func LoadManifests(stdin io.Reader, paths ...string) ([]*manifest.Document, erro
 	if err != nil {
 		return nil, err
 	}
+	return checkAll(docs, problems)
+}
+
+// LoadManifestsRecursive is LoadManifests with directories read
+// recursively (manifest.FilesRecursive; kilnctl apply -R).
+func LoadManifestsRecursive(stdin io.Reader, paths ...string) ([]*manifest.Document, error) {
+	docs, problems, err := manifest.ReadRecursive(stdin, paths...)
+	if err != nil {
+		return nil, err
+	}
+	return checkAll(docs, problems)
+}
+
+// ParseManifests is LoadManifests of files already read (a GitSource's
+// commit).
+func ParseManifests(files []manifest.File) ([]*manifest.Document, error) {
+	docs, problems := manifest.Parse(files)
+	return checkAll(docs, problems)
+}
+
+func checkAll(docs []*manifest.Document, problems *manifest.Error) ([]*manifest.Document, error) {
 	if problems == nil {
 		problems = &manifest.Error{}
 	}

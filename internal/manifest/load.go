@@ -60,8 +60,22 @@ func Read(stdin io.Reader, paths ...string) (docs []*Document, problems *Error, 
 	if err != nil {
 		return nil, nil, err
 	}
-	var all []*Document
-	var errs Error
+	return read(stdin, files)
+}
+
+// ReadRecursive is Read with directories read recursively
+// (FilesRecursive).
+func ReadRecursive(stdin io.Reader, paths ...string) (docs []*Document, problems *Error, err error) {
+	files, err := FilesRecursive(paths...)
+	if err != nil {
+		return nil, nil, err
+	}
+	return read(stdin, files)
+}
+
+func read(stdin io.Reader, files []string) ([]*Document, *Error, error) {
+	var err error
+	var in []File
 	for _, f := range files {
 		var data []byte
 		if f == "-" {
@@ -72,14 +86,35 @@ func Read(stdin io.Reader, paths ...string) (docs []*Document, problems *Error, 
 		if err != nil {
 			return nil, nil, fmt.Errorf("manifest: %w", err)
 		}
-		docs, err := Decode(f, data)
+		in = append(in, File{Name: f, Data: data})
+	}
+	docs, problems := Parse(in)
+	return docs, problems, nil
+}
+
+// File is one file's name and content, for Parse.
+type File struct {
+	Name string
+	Data []byte
+}
+
+// Parse decodes every document of files, in order, as Read does: it
+// returns the documents that decoded and the problems (nil when none),
+// each with its file and line. A GitSource reads a commit's files with
+// it (through controller/validation.ParseManifests, which validates).
+func Parse(files []File) ([]*Document, *Error) {
+	var all []*Document
+	var errs Error
+	for _, f := range files {
+		docs, err := Decode(f.Name, f.Data)
 		var derr *Error
 		switch {
 		case errors.As(err, &derr):
 			errs.Problems = append(errs.Problems, derr.Problems...)
 			continue
 		case err != nil:
-			return nil, nil, err
+			errs.Add(f.Name, 0, "", "%v", err)
+			continue
 		}
 		all = append(all, docs...)
 	}
@@ -94,9 +129,9 @@ func Read(stdin io.Reader, paths ...string) (docs []*Document, problems *Error, 
 		seen[key] = d
 	}
 	if len(errs.Problems) > 0 {
-		return all, &errs, nil
+		return all, &errs
 	}
-	return all, nil, nil
+	return all, nil
 }
 
 // KindName returns the kind ("Host") and the metadata name of the
@@ -119,6 +154,49 @@ func (d *Document) KindName() (kind, name string) {
 	}
 	meta := obj.Get(md).Message()
 	return kind, meta.Get(meta.Descriptor().Fields().ByName("name")).String()
+}
+
+// Manifest reports whether a file name is one Files and a GitSource read:
+// *.yaml or *.yml.
+func Manifest(name string) bool {
+	ext := filepath.Ext(name)
+	return ext == ".yaml" || ext == ".yml"
+}
+
+// FilesRecursive is Files that also reads the subdirectories of a
+// directory, depth first in sorted order (kilnctl apply -R).
+func FilesRecursive(paths ...string) ([]string, error) {
+	var out []string
+	for _, p := range paths {
+		st, err := os.Stat(p)
+		if p == "-" || (err == nil && !st.IsDir()) {
+			out = append(out, p)
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("manifest: %w", err)
+		}
+		n := len(out)
+		err = filepath.WalkDir(p, func(path string, d os.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.IsDir() && path != p && strings.HasPrefix(d.Name(), ".") {
+				return filepath.SkipDir // .git and friends
+			}
+			if !d.IsDir() && Manifest(d.Name()) {
+				out = append(out, path)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("manifest: %w", err)
+		}
+		if len(out) == n {
+			return nil, fmt.Errorf("manifest: directory %s holds no *.yaml or *.yml files", p)
+		}
+	}
+	return out, nil
 }
 
 // Summary returns "Kind/name" for a document, for messages.

@@ -109,6 +109,7 @@ one for its admin to DATA_DIR/kilnconfig-admin.yaml.`,
 
 	root.AddCommand(
 		a.applyCommand(),
+		a.diffCommand(),
 		a.getCommand(),
 		a.describeCommand(),
 		a.deleteCommand(),

@@ -228,7 +228,16 @@ var columns = map[string][]column{
 	"GitSource": {
 		nameCol(),
 		col("URL", func(r *controllerv1.Resource) string { return r.GetGitSource().GetSpec().GetUrl() }),
-		col("COMMIT", func(r *controllerv1.Resource) string { return dash(r.GetGitSource().GetStatus().GetAppliedCommit()) }),
+		col("BRANCH", func(r *controllerv1.Resource) string { return dash(r.GetGitSource().GetSpec().GetBranch()) }),
+		col("APPLIED", func(r *controllerv1.Resource) string {
+			return dash(shortCommit(r.GetGitSource().GetStatus().GetAppliedCommit()))
+		}),
+		col("OBJECTS", func(r *controllerv1.Resource) string {
+			return strconv.Itoa(int(r.GetGitSource().GetStatus().GetAppliedObjects()))
+		}),
+		col("REFUSED", func(r *controllerv1.Resource) string {
+			return dash(shortCommit(r.GetGitSource().GetStatus().GetRefusedCommit()))
+		}),
 		reasonCol(),
 		ageCol,
 	},
@@ -397,4 +406,13 @@ func imageRef(name string, selector map[string]string, resolved string) string {
 		return dash(name)
 	}
 	return dash(resolved) + " (" + selectorString(selector) + ")"
+}
+
+// shortCommit is a commit hash cut to 12 characters, as git log --oneline
+// shows them.
+func shortCommit(c string) string {
+	if len(c) > 12 {
+		return c[:12]
+	}
+	return c
 }

@@ -32,14 +32,18 @@ const forForm = "use --for condition=TYPE or --for condition=TYPE=STATUS (STATUS
 var ErrStalled = errors.New("stalled")
 
 // ExitCode is kilnctl's exit status for the error Run returned: 0 for
-// nil, 3 for a stalled wait (ErrStalled), 1 for anything else (a timed
-// out wait among them).
+// nil, 3 for a stalled wait (ErrStalled), 1 for files that differ
+// (ErrDiffers), 2 for an error of kilnctl diff, 1 for anything else (a
+// timed out wait among them).
 func ExitCode(err error) int {
+	var ee *exitError
 	switch {
 	case err == nil:
 		return 0
 	case errors.Is(err, ErrStalled):
 		return 3
+	case errors.As(err, &ee):
+		return ee.code
 	}
 	return 1
 }

@@ -241,7 +241,15 @@ type ApplyRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Resources []*Resource            `protobuf:"bytes,1,rep,name=resources,proto3" json:"resources,omitempty"`
 	// dry_run validates without storing.
-	DryRun        bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	DryRun bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// prune, when set, also deletes the objects of the prunable kinds
+	// (Image, Cluster, ControlPlane, MachineDeployment, HealthCheck,
+	// ClusterClass, Rollout) whose labels match prune.selector and that
+	// resources do not name, and does all of it in one transaction: every
+	// write or none. The caller needs the right to delete as well as to
+	// apply, checked before anything is written. Results of deleted objects
+	// have action "pruned".
+	Prune         *ApplyPrune `protobuf:"bytes,3,opt,name=prune,proto3" json:"prune,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -290,11 +298,64 @@ func (x *ApplyRequest) GetDryRun() bool {
 	return false
 }
 
+func (x *ApplyRequest) GetPrune() *ApplyPrune {
+	if x != nil {
+		return x.Prune
+	}
+	return nil
+}
+
+type ApplyPrune struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// selector is key=value labels, all of which an object must carry to be
+	// pruned. It may not be empty.
+	Selector      map[string]string `protobuf:"bytes,1,rep,name=selector,proto3" json:"selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyPrune) Reset() {
+	*x = ApplyPrune{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyPrune) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyPrune) ProtoMessage() {}
+
+func (x *ApplyPrune) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyPrune.ProtoReflect.Descriptor instead.
+func (*ApplyPrune) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ApplyPrune) GetSelector() map[string]string {
+	if x != nil {
+		return x.Selector
+	}
+	return nil
+}
+
 type ApplyResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Kind  string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
 	Name  string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	// action is "created", "configured" or "unchanged".
+	// action is "created", "configured", "unchanged" or "pruned".
 	Action string `protobuf:"bytes,3,opt,name=action,proto3" json:"action,omitempty"`
 	// warnings are what the controller noticed but did not refuse: a
 	// Cluster CIDR that overlaps a network an agent reports (agents' facts
@@ -307,7 +368,7 @@ type ApplyResult struct {
 
 func (x *ApplyResult) Reset() {
 	*x = ApplyResult{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[2]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -319,7 +380,7 @@ func (x *ApplyResult) String() string {
 func (*ApplyResult) ProtoMessage() {}
 
 func (x *ApplyResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[2]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -332,7 +393,7 @@ func (x *ApplyResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResult.ProtoReflect.Descriptor instead.
 func (*ApplyResult) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{2}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ApplyResult) GetKind() string {
@@ -372,7 +433,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[3]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -384,7 +445,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[3]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -397,7 +458,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{3}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ApplyResponse) GetResults() []*ApplyResult {
@@ -417,7 +478,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[4]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -429,7 +490,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[4]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -442,7 +503,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{4}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GetRequest) GetKind() string {
@@ -472,7 +533,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[5]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -484,7 +545,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[5]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -497,7 +558,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{5}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListRequest) GetKind() string {
@@ -538,7 +599,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[6]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -550,7 +611,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[6]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -563,7 +624,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{6}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListResponse) GetItems() []*Resource {
@@ -590,7 +651,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[7]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -602,7 +663,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[7]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -615,7 +676,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{7}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DeleteRequest) GetKind() string {
@@ -640,7 +701,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[8]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -652,7 +713,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[8]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -665,7 +726,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{8}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{9}
 }
 
 type WatchRequest struct {
@@ -678,7 +739,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[9]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -690,7 +751,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[9]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -703,7 +764,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{9}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WatchRequest) GetKind() string {
@@ -731,7 +792,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[10]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +804,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[10]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +817,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{10}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *WatchEvent) GetType() string {
@@ -784,7 +845,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[11]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -796,7 +857,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[11]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -809,7 +870,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{11}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListEventsRequest) GetObjectKind() string {
@@ -842,7 +903,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[12]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -854,7 +915,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[12]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -867,7 +928,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{12}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListEventsResponse) GetEvents() []*v1.Event {
@@ -890,7 +951,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[13]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -902,7 +963,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[13]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -915,7 +976,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{13}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CreateTokenRequest) GetTtl() string {
@@ -951,7 +1012,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[14]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -963,7 +1024,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[14]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -976,7 +1037,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{14}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -1009,7 +1070,7 @@ type GetKubeconfigRequest struct {
 
 func (x *GetKubeconfigRequest) Reset() {
 	*x = GetKubeconfigRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[15]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1021,7 +1082,7 @@ func (x *GetKubeconfigRequest) String() string {
 func (*GetKubeconfigRequest) ProtoMessage() {}
 
 func (x *GetKubeconfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[15]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1034,7 +1095,7 @@ func (x *GetKubeconfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKubeconfigRequest.ProtoReflect.Descriptor instead.
 func (*GetKubeconfigRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{15}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetKubeconfigRequest) GetCluster() string {
@@ -1054,7 +1115,7 @@ type GetKubeconfigResponse struct {
 
 func (x *GetKubeconfigResponse) Reset() {
 	*x = GetKubeconfigResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[16]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1066,7 +1127,7 @@ func (x *GetKubeconfigResponse) String() string {
 func (*GetKubeconfigResponse) ProtoMessage() {}
 
 func (x *GetKubeconfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[16]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1079,7 +1140,7 @@ func (x *GetKubeconfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKubeconfigResponse.ProtoReflect.Descriptor instead.
 func (*GetKubeconfigResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{16}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetKubeconfigResponse) GetKubeconfig() []byte {
@@ -1103,7 +1164,7 @@ type EnrollRequest struct {
 
 func (x *EnrollRequest) Reset() {
 	*x = EnrollRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[17]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1115,7 +1176,7 @@ func (x *EnrollRequest) String() string {
 func (*EnrollRequest) ProtoMessage() {}
 
 func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[17]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1128,7 +1189,7 @@ func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollRequest.ProtoReflect.Descriptor instead.
 func (*EnrollRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{17}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *EnrollRequest) GetToken() string {
@@ -1170,7 +1231,7 @@ type EnrollResponse struct {
 
 func (x *EnrollResponse) Reset() {
 	*x = EnrollResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[18]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1182,7 +1243,7 @@ func (x *EnrollResponse) String() string {
 func (*EnrollResponse) ProtoMessage() {}
 
 func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[18]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1195,7 +1256,7 @@ func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollResponse.ProtoReflect.Descriptor instead.
 func (*EnrollResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{18}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EnrollResponse) GetCertificatePem() []byte {
@@ -1230,7 +1291,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[19]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1242,7 +1303,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[19]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1255,7 +1316,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{19}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *HeartbeatRequest) GetAgentAddress() string {
@@ -1299,7 +1360,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[20]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1311,7 +1372,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[20]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1324,7 +1385,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{20}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *HeartbeatResponse) GetHost() string {
@@ -1364,7 +1425,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[21]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1376,7 +1437,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[21]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1389,7 +1450,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{21}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RenewRequest) GetCsrDer() []byte {
@@ -1410,7 +1471,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[22]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1422,7 +1483,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[22]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1435,7 +1496,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{22}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RenewResponse) GetCertificatePem() []byte {
@@ -1490,7 +1551,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[23]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1502,7 +1563,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[23]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1515,7 +1576,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{23}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *AuditEntry) GetTime() *timestamppb.Timestamp {
@@ -1617,7 +1678,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[24]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1629,7 +1690,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[24]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1642,7 +1703,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{24}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListAuditRequest) GetUser() string {
@@ -1682,7 +1743,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[25]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1694,7 +1755,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[25]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1707,7 +1768,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{25}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListAuditResponse) GetEntries() []*AuditEntry {
@@ -1731,7 +1792,7 @@ type AdoptChunk struct {
 
 func (x *AdoptChunk) Reset() {
 	*x = AdoptChunk{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1743,7 +1804,7 @@ func (x *AdoptChunk) String() string {
 func (*AdoptChunk) ProtoMessage() {}
 
 func (x *AdoptChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1756,7 +1817,7 @@ func (x *AdoptChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptChunk.ProtoReflect.Descriptor instead.
 func (*AdoptChunk) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{26}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *AdoptChunk) GetData() []byte {
@@ -1793,7 +1854,7 @@ type AdoptResponse struct {
 
 func (x *AdoptResponse) Reset() {
 	*x = AdoptResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1805,7 +1866,7 @@ func (x *AdoptResponse) String() string {
 func (*AdoptResponse) ProtoMessage() {}
 
 func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1818,7 +1879,7 @@ func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptResponse.ProtoReflect.Descriptor instead.
 func (*AdoptResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{27}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *AdoptResponse) GetRevision() int64 {
@@ -1850,7 +1911,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[28]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1862,7 +1923,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[28]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1875,7 +1936,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{28}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{29}
 }
 
 type InventoryResponse struct {
@@ -1888,7 +1949,7 @@ type InventoryResponse struct {
 
 func (x *InventoryResponse) Reset() {
 	*x = InventoryResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[29]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1900,7 +1961,7 @@ func (x *InventoryResponse) String() string {
 func (*InventoryResponse) ProtoMessage() {}
 
 func (x *InventoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[29]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1913,7 +1974,7 @@ func (x *InventoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryResponse.ProtoReflect.Descriptor instead.
 func (*InventoryResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{29}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *InventoryResponse) GetKinds() []*KindInventory {
@@ -1945,7 +2006,7 @@ type KindInventory struct {
 
 func (x *KindInventory) Reset() {
 	*x = KindInventory{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[30]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1957,7 +2018,7 @@ func (x *KindInventory) String() string {
 func (*KindInventory) ProtoMessage() {}
 
 func (x *KindInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[30]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1970,7 +2031,7 @@ func (x *KindInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KindInventory.ProtoReflect.Descriptor instead.
 func (*KindInventory) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{30}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *KindInventory) GetKind() string {
@@ -2006,7 +2067,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[31]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2018,7 +2079,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[31]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2031,7 +2092,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{31}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *PauseRequest) GetMovedTo() string {
@@ -2056,7 +2117,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[32]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2068,7 +2129,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[32]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2081,7 +2142,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{32}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{33}
 }
 
 type GetPauseRequest struct {
@@ -2092,7 +2153,7 @@ type GetPauseRequest struct {
 
 func (x *GetPauseRequest) Reset() {
 	*x = GetPauseRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[33]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2104,7 +2165,7 @@ func (x *GetPauseRequest) String() string {
 func (*GetPauseRequest) ProtoMessage() {}
 
 func (x *GetPauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[33]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2117,7 +2178,7 @@ func (x *GetPauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPauseRequest.ProtoReflect.Descriptor instead.
 func (*GetPauseRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{33}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{34}
 }
 
 type PauseStatus struct {
@@ -2137,7 +2198,7 @@ type PauseStatus struct {
 
 func (x *PauseStatus) Reset() {
 	*x = PauseStatus{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[34]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2149,7 +2210,7 @@ func (x *PauseStatus) String() string {
 func (*PauseStatus) ProtoMessage() {}
 
 func (x *PauseStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[34]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2162,7 +2223,7 @@ func (x *PauseStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseStatus.ProtoReflect.Descriptor instead.
 func (*PauseStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{34}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PauseStatus) GetPaused() bool {
@@ -2218,7 +2279,7 @@ type BackupRequest struct {
 
 func (x *BackupRequest) Reset() {
 	*x = BackupRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[35]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2230,7 +2291,7 @@ func (x *BackupRequest) String() string {
 func (*BackupRequest) ProtoMessage() {}
 
 func (x *BackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[35]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2243,7 +2304,7 @@ func (x *BackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
 func (*BackupRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{35}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *BackupRequest) GetRecipients() []string {
@@ -2265,7 +2326,7 @@ type BackupChunk struct {
 
 func (x *BackupChunk) Reset() {
 	*x = BackupChunk{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[36]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2277,7 +2338,7 @@ func (x *BackupChunk) String() string {
 func (*BackupChunk) ProtoMessage() {}
 
 func (x *BackupChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[36]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2290,7 +2351,7 @@ func (x *BackupChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupChunk.ProtoReflect.Descriptor instead.
 func (*BackupChunk) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{36}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *BackupChunk) GetData() []byte {
@@ -2332,10 +2393,17 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\n" +
 	"git_source\x18\n" +
 	" \x01(\v2\x18.kiln.types.v1.GitSourceH\x00R\tgitSourceB\x06\n" +
-	"\x04kind\"c\n" +
+	"\x04kind\"\x99\x01\n" +
 	"\fApplyRequest\x12:\n" +
 	"\tresources\x18\x01 \x03(\v2\x1c.kiln.controller.v1.ResourceR\tresources\x12\x17\n" +
-	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"i\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\x124\n" +
+	"\x05prune\x18\x03 \x01(\v2\x1e.kiln.controller.v1.ApplyPruneR\x05prune\"\x93\x01\n" +
+	"\n" +
+	"ApplyPrune\x12H\n" +
+	"\bselector\x18\x01 \x03(\v2,.kiln.controller.v1.ApplyPrune.SelectorEntryR\bselector\x1a;\n" +
+	"\rSelectorEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"i\n" +
 	"\vApplyResult\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x16\n" +
@@ -2510,126 +2578,130 @@ func file_kiln_controller_v1_controller_proto_rawDescGZIP() []byte {
 	return file_kiln_controller_v1_controller_proto_rawDescData
 }
 
-var file_kiln_controller_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_kiln_controller_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_kiln_controller_v1_controller_proto_goTypes = []any{
 	(*Resource)(nil),              // 0: kiln.controller.v1.Resource
 	(*ApplyRequest)(nil),          // 1: kiln.controller.v1.ApplyRequest
-	(*ApplyResult)(nil),           // 2: kiln.controller.v1.ApplyResult
-	(*ApplyResponse)(nil),         // 3: kiln.controller.v1.ApplyResponse
-	(*GetRequest)(nil),            // 4: kiln.controller.v1.GetRequest
-	(*ListRequest)(nil),           // 5: kiln.controller.v1.ListRequest
-	(*ListResponse)(nil),          // 6: kiln.controller.v1.ListResponse
-	(*DeleteRequest)(nil),         // 7: kiln.controller.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 8: kiln.controller.v1.DeleteResponse
-	(*WatchRequest)(nil),          // 9: kiln.controller.v1.WatchRequest
-	(*WatchEvent)(nil),            // 10: kiln.controller.v1.WatchEvent
-	(*ListEventsRequest)(nil),     // 11: kiln.controller.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),    // 12: kiln.controller.v1.ListEventsResponse
-	(*CreateTokenRequest)(nil),    // 13: kiln.controller.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),   // 14: kiln.controller.v1.CreateTokenResponse
-	(*GetKubeconfigRequest)(nil),  // 15: kiln.controller.v1.GetKubeconfigRequest
-	(*GetKubeconfigResponse)(nil), // 16: kiln.controller.v1.GetKubeconfigResponse
-	(*EnrollRequest)(nil),         // 17: kiln.controller.v1.EnrollRequest
-	(*EnrollResponse)(nil),        // 18: kiln.controller.v1.EnrollResponse
-	(*HeartbeatRequest)(nil),      // 19: kiln.controller.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),     // 20: kiln.controller.v1.HeartbeatResponse
-	(*RenewRequest)(nil),          // 21: kiln.controller.v1.RenewRequest
-	(*RenewResponse)(nil),         // 22: kiln.controller.v1.RenewResponse
-	(*AuditEntry)(nil),            // 23: kiln.controller.v1.AuditEntry
-	(*ListAuditRequest)(nil),      // 24: kiln.controller.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),     // 25: kiln.controller.v1.ListAuditResponse
-	(*AdoptChunk)(nil),            // 26: kiln.controller.v1.AdoptChunk
-	(*AdoptResponse)(nil),         // 27: kiln.controller.v1.AdoptResponse
-	(*InventoryRequest)(nil),      // 28: kiln.controller.v1.InventoryRequest
-	(*InventoryResponse)(nil),     // 29: kiln.controller.v1.InventoryResponse
-	(*KindInventory)(nil),         // 30: kiln.controller.v1.KindInventory
-	(*PauseRequest)(nil),          // 31: kiln.controller.v1.PauseRequest
-	(*ResumeRequest)(nil),         // 32: kiln.controller.v1.ResumeRequest
-	(*GetPauseRequest)(nil),       // 33: kiln.controller.v1.GetPauseRequest
-	(*PauseStatus)(nil),           // 34: kiln.controller.v1.PauseStatus
-	(*BackupRequest)(nil),         // 35: kiln.controller.v1.BackupRequest
-	(*BackupChunk)(nil),           // 36: kiln.controller.v1.BackupChunk
-	nil,                           // 37: kiln.controller.v1.ListRequest.LabelSelectorEntry
-	(*v1.Host)(nil),               // 38: kiln.types.v1.Host
-	(*v1.Image)(nil),              // 39: kiln.types.v1.Image
-	(*v1.Cluster)(nil),            // 40: kiln.types.v1.Cluster
-	(*v1.ControlPlane)(nil),       // 41: kiln.types.v1.ControlPlane
-	(*v1.MachineDeployment)(nil),  // 42: kiln.types.v1.MachineDeployment
-	(*v1.Machine)(nil),            // 43: kiln.types.v1.Machine
-	(*v1.HealthCheck)(nil),        // 44: kiln.types.v1.HealthCheck
-	(*v1.ClusterClass)(nil),       // 45: kiln.types.v1.ClusterClass
-	(*v1.Rollout)(nil),            // 46: kiln.types.v1.Rollout
-	(*v1.GitSource)(nil),          // 47: kiln.types.v1.GitSource
-	(*v1.Event)(nil),              // 48: kiln.types.v1.Event
-	(*timestamppb.Timestamp)(nil), // 49: google.protobuf.Timestamp
-	(*v1.Facts)(nil),              // 50: kiln.types.v1.Facts
+	(*ApplyPrune)(nil),            // 2: kiln.controller.v1.ApplyPrune
+	(*ApplyResult)(nil),           // 3: kiln.controller.v1.ApplyResult
+	(*ApplyResponse)(nil),         // 4: kiln.controller.v1.ApplyResponse
+	(*GetRequest)(nil),            // 5: kiln.controller.v1.GetRequest
+	(*ListRequest)(nil),           // 6: kiln.controller.v1.ListRequest
+	(*ListResponse)(nil),          // 7: kiln.controller.v1.ListResponse
+	(*DeleteRequest)(nil),         // 8: kiln.controller.v1.DeleteRequest
+	(*DeleteResponse)(nil),        // 9: kiln.controller.v1.DeleteResponse
+	(*WatchRequest)(nil),          // 10: kiln.controller.v1.WatchRequest
+	(*WatchEvent)(nil),            // 11: kiln.controller.v1.WatchEvent
+	(*ListEventsRequest)(nil),     // 12: kiln.controller.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),    // 13: kiln.controller.v1.ListEventsResponse
+	(*CreateTokenRequest)(nil),    // 14: kiln.controller.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),   // 15: kiln.controller.v1.CreateTokenResponse
+	(*GetKubeconfigRequest)(nil),  // 16: kiln.controller.v1.GetKubeconfigRequest
+	(*GetKubeconfigResponse)(nil), // 17: kiln.controller.v1.GetKubeconfigResponse
+	(*EnrollRequest)(nil),         // 18: kiln.controller.v1.EnrollRequest
+	(*EnrollResponse)(nil),        // 19: kiln.controller.v1.EnrollResponse
+	(*HeartbeatRequest)(nil),      // 20: kiln.controller.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),     // 21: kiln.controller.v1.HeartbeatResponse
+	(*RenewRequest)(nil),          // 22: kiln.controller.v1.RenewRequest
+	(*RenewResponse)(nil),         // 23: kiln.controller.v1.RenewResponse
+	(*AuditEntry)(nil),            // 24: kiln.controller.v1.AuditEntry
+	(*ListAuditRequest)(nil),      // 25: kiln.controller.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),     // 26: kiln.controller.v1.ListAuditResponse
+	(*AdoptChunk)(nil),            // 27: kiln.controller.v1.AdoptChunk
+	(*AdoptResponse)(nil),         // 28: kiln.controller.v1.AdoptResponse
+	(*InventoryRequest)(nil),      // 29: kiln.controller.v1.InventoryRequest
+	(*InventoryResponse)(nil),     // 30: kiln.controller.v1.InventoryResponse
+	(*KindInventory)(nil),         // 31: kiln.controller.v1.KindInventory
+	(*PauseRequest)(nil),          // 32: kiln.controller.v1.PauseRequest
+	(*ResumeRequest)(nil),         // 33: kiln.controller.v1.ResumeRequest
+	(*GetPauseRequest)(nil),       // 34: kiln.controller.v1.GetPauseRequest
+	(*PauseStatus)(nil),           // 35: kiln.controller.v1.PauseStatus
+	(*BackupRequest)(nil),         // 36: kiln.controller.v1.BackupRequest
+	(*BackupChunk)(nil),           // 37: kiln.controller.v1.BackupChunk
+	nil,                           // 38: kiln.controller.v1.ApplyPrune.SelectorEntry
+	nil,                           // 39: kiln.controller.v1.ListRequest.LabelSelectorEntry
+	(*v1.Host)(nil),               // 40: kiln.types.v1.Host
+	(*v1.Image)(nil),              // 41: kiln.types.v1.Image
+	(*v1.Cluster)(nil),            // 42: kiln.types.v1.Cluster
+	(*v1.ControlPlane)(nil),       // 43: kiln.types.v1.ControlPlane
+	(*v1.MachineDeployment)(nil),  // 44: kiln.types.v1.MachineDeployment
+	(*v1.Machine)(nil),            // 45: kiln.types.v1.Machine
+	(*v1.HealthCheck)(nil),        // 46: kiln.types.v1.HealthCheck
+	(*v1.ClusterClass)(nil),       // 47: kiln.types.v1.ClusterClass
+	(*v1.Rollout)(nil),            // 48: kiln.types.v1.Rollout
+	(*v1.GitSource)(nil),          // 49: kiln.types.v1.GitSource
+	(*v1.Event)(nil),              // 50: kiln.types.v1.Event
+	(*timestamppb.Timestamp)(nil), // 51: google.protobuf.Timestamp
+	(*v1.Facts)(nil),              // 52: kiln.types.v1.Facts
 }
 var file_kiln_controller_v1_controller_proto_depIdxs = []int32{
-	38, // 0: kiln.controller.v1.Resource.host:type_name -> kiln.types.v1.Host
-	39, // 1: kiln.controller.v1.Resource.image:type_name -> kiln.types.v1.Image
-	40, // 2: kiln.controller.v1.Resource.cluster:type_name -> kiln.types.v1.Cluster
-	41, // 3: kiln.controller.v1.Resource.control_plane:type_name -> kiln.types.v1.ControlPlane
-	42, // 4: kiln.controller.v1.Resource.machine_deployment:type_name -> kiln.types.v1.MachineDeployment
-	43, // 5: kiln.controller.v1.Resource.machine:type_name -> kiln.types.v1.Machine
-	44, // 6: kiln.controller.v1.Resource.health_check:type_name -> kiln.types.v1.HealthCheck
-	45, // 7: kiln.controller.v1.Resource.cluster_class:type_name -> kiln.types.v1.ClusterClass
-	46, // 8: kiln.controller.v1.Resource.rollout:type_name -> kiln.types.v1.Rollout
-	47, // 9: kiln.controller.v1.Resource.git_source:type_name -> kiln.types.v1.GitSource
+	40, // 0: kiln.controller.v1.Resource.host:type_name -> kiln.types.v1.Host
+	41, // 1: kiln.controller.v1.Resource.image:type_name -> kiln.types.v1.Image
+	42, // 2: kiln.controller.v1.Resource.cluster:type_name -> kiln.types.v1.Cluster
+	43, // 3: kiln.controller.v1.Resource.control_plane:type_name -> kiln.types.v1.ControlPlane
+	44, // 4: kiln.controller.v1.Resource.machine_deployment:type_name -> kiln.types.v1.MachineDeployment
+	45, // 5: kiln.controller.v1.Resource.machine:type_name -> kiln.types.v1.Machine
+	46, // 6: kiln.controller.v1.Resource.health_check:type_name -> kiln.types.v1.HealthCheck
+	47, // 7: kiln.controller.v1.Resource.cluster_class:type_name -> kiln.types.v1.ClusterClass
+	48, // 8: kiln.controller.v1.Resource.rollout:type_name -> kiln.types.v1.Rollout
+	49, // 9: kiln.controller.v1.Resource.git_source:type_name -> kiln.types.v1.GitSource
 	0,  // 10: kiln.controller.v1.ApplyRequest.resources:type_name -> kiln.controller.v1.Resource
-	2,  // 11: kiln.controller.v1.ApplyResponse.results:type_name -> kiln.controller.v1.ApplyResult
-	37, // 12: kiln.controller.v1.ListRequest.label_selector:type_name -> kiln.controller.v1.ListRequest.LabelSelectorEntry
-	0,  // 13: kiln.controller.v1.ListResponse.items:type_name -> kiln.controller.v1.Resource
-	0,  // 14: kiln.controller.v1.WatchEvent.resource:type_name -> kiln.controller.v1.Resource
-	48, // 15: kiln.controller.v1.ListEventsResponse.events:type_name -> kiln.types.v1.Event
-	49, // 16: kiln.controller.v1.CreateTokenResponse.expires:type_name -> google.protobuf.Timestamp
-	50, // 17: kiln.controller.v1.EnrollRequest.facts:type_name -> kiln.types.v1.Facts
-	50, // 18: kiln.controller.v1.HeartbeatRequest.facts:type_name -> kiln.types.v1.Facts
-	49, // 19: kiln.controller.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	49, // 20: kiln.controller.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	23, // 21: kiln.controller.v1.ListAuditResponse.entries:type_name -> kiln.controller.v1.AuditEntry
-	30, // 22: kiln.controller.v1.InventoryResponse.kinds:type_name -> kiln.controller.v1.KindInventory
-	49, // 23: kiln.controller.v1.PauseStatus.since:type_name -> google.protobuf.Timestamp
-	1,  // 24: kiln.controller.v1.Resources.Apply:input_type -> kiln.controller.v1.ApplyRequest
-	4,  // 25: kiln.controller.v1.Resources.Get:input_type -> kiln.controller.v1.GetRequest
-	5,  // 26: kiln.controller.v1.Resources.List:input_type -> kiln.controller.v1.ListRequest
-	7,  // 27: kiln.controller.v1.Resources.Delete:input_type -> kiln.controller.v1.DeleteRequest
-	9,  // 28: kiln.controller.v1.Resources.Watch:input_type -> kiln.controller.v1.WatchRequest
-	11, // 29: kiln.controller.v1.Resources.ListEvents:input_type -> kiln.controller.v1.ListEventsRequest
-	13, // 30: kiln.controller.v1.Resources.CreateToken:input_type -> kiln.controller.v1.CreateTokenRequest
-	15, // 31: kiln.controller.v1.Resources.GetKubeconfig:input_type -> kiln.controller.v1.GetKubeconfigRequest
-	24, // 32: kiln.controller.v1.Resources.ListAudit:input_type -> kiln.controller.v1.ListAuditRequest
-	17, // 33: kiln.controller.v1.Enrollment.Enroll:input_type -> kiln.controller.v1.EnrollRequest
-	19, // 34: kiln.controller.v1.Agents.Heartbeat:input_type -> kiln.controller.v1.HeartbeatRequest
-	21, // 35: kiln.controller.v1.Agents.Renew:input_type -> kiln.controller.v1.RenewRequest
-	35, // 36: kiln.controller.v1.Maintenance.Backup:input_type -> kiln.controller.v1.BackupRequest
-	31, // 37: kiln.controller.v1.Maintenance.Pause:input_type -> kiln.controller.v1.PauseRequest
-	32, // 38: kiln.controller.v1.Maintenance.Resume:input_type -> kiln.controller.v1.ResumeRequest
-	33, // 39: kiln.controller.v1.Maintenance.GetPause:input_type -> kiln.controller.v1.GetPauseRequest
-	26, // 40: kiln.controller.v1.Maintenance.Adopt:input_type -> kiln.controller.v1.AdoptChunk
-	28, // 41: kiln.controller.v1.Maintenance.Inventory:input_type -> kiln.controller.v1.InventoryRequest
-	3,  // 42: kiln.controller.v1.Resources.Apply:output_type -> kiln.controller.v1.ApplyResponse
-	0,  // 43: kiln.controller.v1.Resources.Get:output_type -> kiln.controller.v1.Resource
-	6,  // 44: kiln.controller.v1.Resources.List:output_type -> kiln.controller.v1.ListResponse
-	8,  // 45: kiln.controller.v1.Resources.Delete:output_type -> kiln.controller.v1.DeleteResponse
-	10, // 46: kiln.controller.v1.Resources.Watch:output_type -> kiln.controller.v1.WatchEvent
-	12, // 47: kiln.controller.v1.Resources.ListEvents:output_type -> kiln.controller.v1.ListEventsResponse
-	14, // 48: kiln.controller.v1.Resources.CreateToken:output_type -> kiln.controller.v1.CreateTokenResponse
-	16, // 49: kiln.controller.v1.Resources.GetKubeconfig:output_type -> kiln.controller.v1.GetKubeconfigResponse
-	25, // 50: kiln.controller.v1.Resources.ListAudit:output_type -> kiln.controller.v1.ListAuditResponse
-	18, // 51: kiln.controller.v1.Enrollment.Enroll:output_type -> kiln.controller.v1.EnrollResponse
-	20, // 52: kiln.controller.v1.Agents.Heartbeat:output_type -> kiln.controller.v1.HeartbeatResponse
-	22, // 53: kiln.controller.v1.Agents.Renew:output_type -> kiln.controller.v1.RenewResponse
-	36, // 54: kiln.controller.v1.Maintenance.Backup:output_type -> kiln.controller.v1.BackupChunk
-	34, // 55: kiln.controller.v1.Maintenance.Pause:output_type -> kiln.controller.v1.PauseStatus
-	34, // 56: kiln.controller.v1.Maintenance.Resume:output_type -> kiln.controller.v1.PauseStatus
-	34, // 57: kiln.controller.v1.Maintenance.GetPause:output_type -> kiln.controller.v1.PauseStatus
-	27, // 58: kiln.controller.v1.Maintenance.Adopt:output_type -> kiln.controller.v1.AdoptResponse
-	29, // 59: kiln.controller.v1.Maintenance.Inventory:output_type -> kiln.controller.v1.InventoryResponse
-	42, // [42:60] is the sub-list for method output_type
-	24, // [24:42] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	2,  // 11: kiln.controller.v1.ApplyRequest.prune:type_name -> kiln.controller.v1.ApplyPrune
+	38, // 12: kiln.controller.v1.ApplyPrune.selector:type_name -> kiln.controller.v1.ApplyPrune.SelectorEntry
+	3,  // 13: kiln.controller.v1.ApplyResponse.results:type_name -> kiln.controller.v1.ApplyResult
+	39, // 14: kiln.controller.v1.ListRequest.label_selector:type_name -> kiln.controller.v1.ListRequest.LabelSelectorEntry
+	0,  // 15: kiln.controller.v1.ListResponse.items:type_name -> kiln.controller.v1.Resource
+	0,  // 16: kiln.controller.v1.WatchEvent.resource:type_name -> kiln.controller.v1.Resource
+	50, // 17: kiln.controller.v1.ListEventsResponse.events:type_name -> kiln.types.v1.Event
+	51, // 18: kiln.controller.v1.CreateTokenResponse.expires:type_name -> google.protobuf.Timestamp
+	52, // 19: kiln.controller.v1.EnrollRequest.facts:type_name -> kiln.types.v1.Facts
+	52, // 20: kiln.controller.v1.HeartbeatRequest.facts:type_name -> kiln.types.v1.Facts
+	51, // 21: kiln.controller.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	51, // 22: kiln.controller.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	24, // 23: kiln.controller.v1.ListAuditResponse.entries:type_name -> kiln.controller.v1.AuditEntry
+	31, // 24: kiln.controller.v1.InventoryResponse.kinds:type_name -> kiln.controller.v1.KindInventory
+	51, // 25: kiln.controller.v1.PauseStatus.since:type_name -> google.protobuf.Timestamp
+	1,  // 26: kiln.controller.v1.Resources.Apply:input_type -> kiln.controller.v1.ApplyRequest
+	5,  // 27: kiln.controller.v1.Resources.Get:input_type -> kiln.controller.v1.GetRequest
+	6,  // 28: kiln.controller.v1.Resources.List:input_type -> kiln.controller.v1.ListRequest
+	8,  // 29: kiln.controller.v1.Resources.Delete:input_type -> kiln.controller.v1.DeleteRequest
+	10, // 30: kiln.controller.v1.Resources.Watch:input_type -> kiln.controller.v1.WatchRequest
+	12, // 31: kiln.controller.v1.Resources.ListEvents:input_type -> kiln.controller.v1.ListEventsRequest
+	14, // 32: kiln.controller.v1.Resources.CreateToken:input_type -> kiln.controller.v1.CreateTokenRequest
+	16, // 33: kiln.controller.v1.Resources.GetKubeconfig:input_type -> kiln.controller.v1.GetKubeconfigRequest
+	25, // 34: kiln.controller.v1.Resources.ListAudit:input_type -> kiln.controller.v1.ListAuditRequest
+	18, // 35: kiln.controller.v1.Enrollment.Enroll:input_type -> kiln.controller.v1.EnrollRequest
+	20, // 36: kiln.controller.v1.Agents.Heartbeat:input_type -> kiln.controller.v1.HeartbeatRequest
+	22, // 37: kiln.controller.v1.Agents.Renew:input_type -> kiln.controller.v1.RenewRequest
+	36, // 38: kiln.controller.v1.Maintenance.Backup:input_type -> kiln.controller.v1.BackupRequest
+	32, // 39: kiln.controller.v1.Maintenance.Pause:input_type -> kiln.controller.v1.PauseRequest
+	33, // 40: kiln.controller.v1.Maintenance.Resume:input_type -> kiln.controller.v1.ResumeRequest
+	34, // 41: kiln.controller.v1.Maintenance.GetPause:input_type -> kiln.controller.v1.GetPauseRequest
+	27, // 42: kiln.controller.v1.Maintenance.Adopt:input_type -> kiln.controller.v1.AdoptChunk
+	29, // 43: kiln.controller.v1.Maintenance.Inventory:input_type -> kiln.controller.v1.InventoryRequest
+	4,  // 44: kiln.controller.v1.Resources.Apply:output_type -> kiln.controller.v1.ApplyResponse
+	0,  // 45: kiln.controller.v1.Resources.Get:output_type -> kiln.controller.v1.Resource
+	7,  // 46: kiln.controller.v1.Resources.List:output_type -> kiln.controller.v1.ListResponse
+	9,  // 47: kiln.controller.v1.Resources.Delete:output_type -> kiln.controller.v1.DeleteResponse
+	11, // 48: kiln.controller.v1.Resources.Watch:output_type -> kiln.controller.v1.WatchEvent
+	13, // 49: kiln.controller.v1.Resources.ListEvents:output_type -> kiln.controller.v1.ListEventsResponse
+	15, // 50: kiln.controller.v1.Resources.CreateToken:output_type -> kiln.controller.v1.CreateTokenResponse
+	17, // 51: kiln.controller.v1.Resources.GetKubeconfig:output_type -> kiln.controller.v1.GetKubeconfigResponse
+	26, // 52: kiln.controller.v1.Resources.ListAudit:output_type -> kiln.controller.v1.ListAuditResponse
+	19, // 53: kiln.controller.v1.Enrollment.Enroll:output_type -> kiln.controller.v1.EnrollResponse
+	21, // 54: kiln.controller.v1.Agents.Heartbeat:output_type -> kiln.controller.v1.HeartbeatResponse
+	23, // 55: kiln.controller.v1.Agents.Renew:output_type -> kiln.controller.v1.RenewResponse
+	37, // 56: kiln.controller.v1.Maintenance.Backup:output_type -> kiln.controller.v1.BackupChunk
+	35, // 57: kiln.controller.v1.Maintenance.Pause:output_type -> kiln.controller.v1.PauseStatus
+	35, // 58: kiln.controller.v1.Maintenance.Resume:output_type -> kiln.controller.v1.PauseStatus
+	35, // 59: kiln.controller.v1.Maintenance.GetPause:output_type -> kiln.controller.v1.PauseStatus
+	28, // 60: kiln.controller.v1.Maintenance.Adopt:output_type -> kiln.controller.v1.AdoptResponse
+	30, // 61: kiln.controller.v1.Maintenance.Inventory:output_type -> kiln.controller.v1.InventoryResponse
+	44, // [44:62] is the sub-list for method output_type
+	26, // [26:44] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_kiln_controller_v1_controller_proto_init() }
@@ -2655,7 +2727,7 @@ func file_kiln_controller_v1_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kiln_controller_v1_controller_proto_rawDesc), len(file_kiln_controller_v1_controller_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   38,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -4831,8 +4831,22 @@ type GitSourceStatus struct {
 	AppliedCommit string                 `protobuf:"bytes,1,opt,name=applied_commit,json=appliedCommit,proto3" json:"applied_commit,omitempty"`
 	AppliedTime   *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=applied_time,json=appliedTime,proto3" json:"applied_time,omitempty"`
 	Conditions    []*Condition           `protobuf:"bytes,3,rep,name=conditions,proto3" json:"conditions,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// refused_commit is the last commit fetched and refused (its files do
+	// not parse or validate, or name what this source may not apply), empty
+	// once a later commit is applied; refused_message says why.
+	RefusedCommit  string `protobuf:"bytes,4,opt,name=refused_commit,json=refusedCommit,proto3" json:"refused_commit,omitempty"`
+	RefusedMessage string `protobuf:"bytes,5,opt,name=refused_message,json=refusedMessage,proto3" json:"refused_message,omitempty"`
+	// last_fetch_time is when the branch was last fetched, successfully or
+	// not; the next fetch is due an interval later.
+	LastFetchTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=last_fetch_time,json=lastFetchTime,proto3" json:"last_fetch_time,omitempty"`
+	// applied_objects is how many objects the applied commit holds; each
+	// carries the label kiln.dev/gitsource: <name>, which is how a later
+	// commit that drops one finds it to prune.
+	AppliedObjects int32 `protobuf:"varint,7,opt,name=applied_objects,json=appliedObjects,proto3" json:"applied_objects,omitempty"`
+	// observed_generation is the generation of the spec last acted on.
+	ObservedGeneration int64 `protobuf:"varint,8,opt,name=observed_generation,json=observedGeneration,proto3" json:"observed_generation,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *GitSourceStatus) Reset() {
@@ -4884,6 +4898,41 @@ func (x *GitSourceStatus) GetConditions() []*Condition {
 		return x.Conditions
 	}
 	return nil
+}
+
+func (x *GitSourceStatus) GetRefusedCommit() string {
+	if x != nil {
+		return x.RefusedCommit
+	}
+	return ""
+}
+
+func (x *GitSourceStatus) GetRefusedMessage() string {
+	if x != nil {
+		return x.RefusedMessage
+	}
+	return ""
+}
+
+func (x *GitSourceStatus) GetLastFetchTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastFetchTime
+	}
+	return nil
+}
+
+func (x *GitSourceStatus) GetAppliedObjects() int32 {
+	if x != nil {
+		return x.AppliedObjects
+	}
+	return 0
+}
+
+func (x *GitSourceStatus) GetObservedGeneration() int64 {
+	if x != nil {
+		return x.ObservedGeneration
+	}
+	return 0
 }
 
 // Event records something that happened to an object.
@@ -5582,13 +5631,18 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\x03url\x18\x01 \x01(\tR\x03url\x12\x16\n" +
 	"\x06branch\x18\x02 \x01(\tR\x06branch\x12\x12\n" +
 	"\x04path\x18\x03 \x01(\tR\x04path\x12\x1a\n" +
-	"\binterval\x18\x04 \x01(\tR\binterval\"\xb1\x01\n" +
+	"\binterval\x18\x04 \x01(\tR\binterval\"\x9f\x03\n" +
 	"\x0fGitSourceStatus\x12%\n" +
 	"\x0eapplied_commit\x18\x01 \x01(\tR\rappliedCommit\x12=\n" +
 	"\fapplied_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\vappliedTime\x128\n" +
 	"\n" +
 	"conditions\x18\x03 \x03(\v2\x18.kiln.types.v1.ConditionR\n" +
-	"conditions\"\xd3\x01\n" +
+	"conditions\x12%\n" +
+	"\x0erefused_commit\x18\x04 \x01(\tR\rrefusedCommit\x12'\n" +
+	"\x0frefused_message\x18\x05 \x01(\tR\x0erefusedMessage\x12B\n" +
+	"\x0flast_fetch_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rlastFetchTime\x12'\n" +
+	"\x0fapplied_objects\x18\a \x01(\x05R\x0eappliedObjects\x12/\n" +
+	"\x13observed_generation\x18\b \x01(\x03R\x12observedGeneration\"\xd3\x01\n" +
 	"\x05Event\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1f\n" +
@@ -5808,14 +5862,15 @@ var file_kiln_types_v1_types_proto_depIdxs = []int32{
 	55,  // 95: kiln.types.v1.GitSource.status:type_name -> kiln.types.v1.GitSourceStatus
 	71,  // 96: kiln.types.v1.GitSourceStatus.applied_time:type_name -> google.protobuf.Timestamp
 	2,   // 97: kiln.types.v1.GitSourceStatus.conditions:type_name -> kiln.types.v1.Condition
-	71,  // 98: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
-	71,  // 99: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
-	71,  // 100: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
-	101, // [101:101] is the sub-list for method output_type
-	101, // [101:101] is the sub-list for method input_type
-	101, // [101:101] is the sub-list for extension type_name
-	101, // [101:101] is the sub-list for extension extendee
-	0,   // [0:101] is the sub-list for field type_name
+	71,  // 98: kiln.types.v1.GitSourceStatus.last_fetch_time:type_name -> google.protobuf.Timestamp
+	71,  // 99: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
+	71,  // 100: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
+	71,  // 101: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
+	102, // [102:102] is the sub-list for method output_type
+	102, // [102:102] is the sub-list for method input_type
+	102, // [102:102] is the sub-list for extension type_name
+	102, // [102:102] is the sub-list for extension extendee
+	0,   // [0:102] is the sub-list for field type_name
 }
 
 func init() { file_kiln_types_v1_types_proto_init() }
