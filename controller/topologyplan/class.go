@@ -43,11 +43,11 @@ func PlanClass(class *typesv1.ClusterClass, clusters []*typesv1.Cluster) ClassRe
 	switch {
 	case cur == 0:
 		st.Revision = 1
-		st.Revisions = append(st.Revisions, &typesv1.ClusterClassRevision{Revision: 1, Spec: class.GetSpec()})
+		st.Revisions = append(st.Revisions, &typesv1.ClusterClassRevision{Revision: 1, Spec: cloneSpec(class.GetSpec())})
 		res.Event = fmt.Sprintf("revision 1 of ClusterClass %s recorded", name)
 	case latest == nil || !proto.Equal(latest, class.GetSpec()):
 		st.Revision = cur + 1
-		st.Revisions = append(st.Revisions, &typesv1.ClusterClassRevision{Revision: st.Revision, Spec: class.GetSpec()})
+		st.Revisions = append(st.Revisions, &typesv1.ClusterClassRevision{Revision: st.Revision, Spec: cloneSpec(class.GetSpec())})
 		res.Event = fmt.Sprintf("revision %d of ClusterClass %s recorded", st.Revision, name)
 		if len(clusters) > 0 {
 			spec := proto.Clone(class.GetSpec().GetRollout()).(*typesv1.RolloutSpec)
@@ -107,4 +107,11 @@ func UpToDate(class *typesv1.ClusterClass, c *typesv1.Cluster) bool {
 		}
 	}
 	return false
+}
+
+func cloneSpec(s *typesv1.ClusterClassSpec) *typesv1.ClusterClassSpec {
+	if s == nil {
+		return &typesv1.ClusterClassSpec{}
+	}
+	return proto.Clone(s).(*typesv1.ClusterClassSpec)
 }

@@ -97,9 +97,10 @@ type Create struct {
 }
 
 // Update replaces the spec, the LabelOwned label and the annotations of
-// the stored object Name with Object's, bumping its generation. Fields
-// are the spec fields that change; Reverted is true when the stored spec
-// is not the one the controller last wrote (a user edited it).
+// the stored object Name with Object's. Fields are the spec fields that
+// change (the generation is bumped when there are any; none: only the
+// annotations change); Reverted is true when the stored spec is not the
+// one the controller last wrote (a user edited it).
 type Update struct {
 	Kind     string
 	Name     string
@@ -126,6 +127,9 @@ func (a Update) String() string {
 	r := ""
 	if a.Reverted {
 		r = " (revert)"
+	}
+	if len(a.Fields) == 0 {
+		return fmt.Sprintf("update %s %s annotations %s=%s", a.Kind, a.Name, AnnotationRevision, metaOf(a.Object).GetAnnotations()[AnnotationRevision])
 	}
 	return fmt.Sprintf("update %s %s%s %s: %s", a.Kind, a.Name, r, strings.Join(a.Fields, ","), specText(a.Object))
 }
