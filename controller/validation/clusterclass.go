@@ -250,3 +250,124 @@ func checkTopology(p *problems, s *typesv1.ClusterSpec) {
 		}
 	}
 }
+
+// checkTopologyAgainst checks a topology cluster against its class: the
+// class exists, its pools name worker classes of the revision the cluster
+// follows (o.ClassSpec), its variables resolve, its version skips no minor,
+// its class does not change, and a pod CIDR is set once the class's
+// defaults are applied.
+func checkTopologyAgainst(p *problems, c *typesv1.Cluster, o Observed) {
+	t := c.GetSpec().GetTopology()
+	cur := o.Current.GetCluster().GetSpec().GetTopology()
+	if o.Current.GetCluster() != nil && cur == nil {
+		p.add("spec.topology", "cannot be added to an existing cluster: its ControlPlane and MachineDeployments are its own; create a new Cluster from the class")
+		return
+	}
+	if cur != nil && cur.GetClass() != t.GetClass() {
+		p.add("spec.topology.class", "cannot change from %q to %q: a cluster moves between revisions of its class (a Rollout), not between classes; create a new Cluster instead", cur.GetClass(), t.GetClass())
+		return
+	}
+	if cur != nil {
+		checkVersionChange(p, "spec.topology.version", cur.GetVersion(), t.GetVersion())
+	}
+	if o.Class == nil {
+		p.add("spec.topology.class", "ClusterClass %q does not exist: apply it first (kilnctl get clusterclasses)", t.GetClass())
+		return
+	}
+	if c.GetSpec().GetPodCidr() == "" {
+		p.add("spec.podCidr", "required: neither the cluster nor ClusterClass %q (spec.cluster.podCidr) sets it", t.GetClass())
+	}
+	for _, msg := range topologyBreaks(c, o.ClassSpec, o.ImageVersions) {
+		p.add(msg.field, "%s", msg.msg)
+	}
+}
+
+type breakage struct{ field, msg string }
+
+// topologyBreaks lists what keeps cluster c from being derived from class
+// spec s: values that fail the variables, pools naming absent worker
+// classes, images named by the templates that hold another Kubernetes
+// version than the cluster's (images maps names to their versions).
+func topologyBreaks(c *typesv1.Cluster, s *typesv1.ClusterClassSpec, images map[string]string) []breakage {
+	t := c.GetSpec().GetTopology()
+	var out []breakage
+	vals, probs := classvar.Resolve(s.GetVariables(), t.GetVariables())
+	for _, pr := range probs {
+		out = append(out, breakage{"spec.topology.variables." + pr.Name, pr.Message})
+	}
+	workers := map[string]*typesv1.ClusterClassMachines{}
+	var names []string
+	for _, w := range s.GetWorkers() {
+		workers[w.GetName()] = w.GetTemplate()
+		names = append(names, w.GetName())
+	}
+	templates := []struct {
+		what string
+		m    *typesv1.ClusterClassMachines
+	}{{"the control plane", s.GetControlPlane()}}
+	for i, w := range t.GetWorkers() {
+		m, ok := workers[w.GetClass()]
+		if !ok {
+			out = append(out, breakage{fmt.Sprintf("spec.topology.workers[%d].class", i),
+				fmt.Sprintf("pool %s names worker class %q, which the class does not have (it has %s)", w.GetName(), w.GetClass(), strings.Join(names, ", "))})
+			continue
+		}
+		templates = append(templates, struct {
+			what string
+			m    *typesv1.ClusterClassMachines
+		}{"pool " + w.GetName(), m})
+	}
+	if len(probs) > 0 || len(images) == 0 {
+		return out
+	}
+	want, err := ParseVersion(t.GetVersion())
+	if err != nil {
+		return out
+	}
+	for _, tm := range templates {
+		if tm.m == nil {
+			continue
+		}
+		m, err := classvar.Substitute(tm.m, vals)
+		if err != nil {
+			continue
+		}
+		iv, ok := images[m.GetImage()]
+		if !ok || iv == "" {
+			continue
+		}
+		got, err := ParseVersion(iv)
+		if err != nil || got == want {
+			continue
+		}
+		msg := fmt.Sprintf("image %s of %s holds Kubernetes %s but the cluster runs %s", m.GetImage(), tm.what, got, want)
+		if got.Major == want.Major && got.Minor > want.Minor+1 {
+			msg += fmt.Sprintf(": that skips %s; a cluster upgrades one minor at a time", Version{Major: want.Major, Minor: want.Minor + 1}.MinorString())
+		}
+		out = append(out, breakage{"spec.topology.version", msg})
+	}
+	return out
+}
+
+// checkClassAgainst refuses a ClusterClass change that would break one of
+// its clusters (o.ClassClusters): a variable value no longer valid, a
+// worker class removed that a pool uses, an image of another Kubernetes
+// version. The message lists every cluster it would break.
+func checkClassAgainst(p *problems, cc *typesv1.ClusterClass, o Observed) {
+	var broken []string
+	for _, c := range o.ClassClusters {
+		bs := topologyBreaks(c, cc.GetSpec(), o.ImageVersions)
+		if len(bs) == 0 {
+			continue
+		}
+		msgs := make([]string, len(bs))
+		for i, b := range bs {
+			msgs[i] = strings.TrimPrefix(b.field, "spec.topology.") + ": " + b.msg
+		}
+		broken = append(broken, fmt.Sprintf("%s (%s)", c.GetMetadata().GetName(), strings.Join(msgs, "; ")))
+	}
+	if len(broken) > 0 {
+		p.add("spec", "the change would break %d cluster(s) of the class: %s; change those clusters' spec.topology first, or keep the class compatible",
+			len(broken), strings.Join(broken, ", "))
+	}
+}
