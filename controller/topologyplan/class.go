@@ -96,9 +96,16 @@ func orEmptyClassStatus(s *typesv1.ClusterClassStatus) *typesv1.ClusterClassStat
 }
 
 // UpToDate reports whether cluster c follows the class's current revision
-// and its TopologyReconciled condition is True for its generation.
+// and its derived objects match it (Reconciled).
 func UpToDate(class *typesv1.ClusterClass, c *typesv1.Cluster) bool {
-	if c.GetStatus().GetTopology().GetClassRevision() != class.GetStatus().GetRevision() {
+	return Reconciled(c) && c.GetStatus().GetTopology().GetClassRevision() == class.GetStatus().GetRevision()
+}
+
+// Reconciled reports whether the derived objects of cluster c match its
+// pinned revision and its spec: status.topology.reconciledRevision is the
+// pin and TopologyReconciled is True for the cluster's generation.
+func Reconciled(c *typesv1.Cluster) bool {
+	if t := c.GetStatus().GetTopology(); t.GetReconciledRevision() != t.GetClassRevision() || t.GetClassRevision() == 0 {
 		return false
 	}
 	for _, cd := range c.GetStatus().GetConditions() {

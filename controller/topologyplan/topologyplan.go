@@ -249,6 +249,7 @@ func Plan(in Input) Result {
 		res.Actions = append(res.Actions, Delete{Kind: o.kind, Name: metaOf(o.obj).GetName()})
 	}
 	res.Topology.Version = t.GetVersion()
+	res.Topology.ReconciledRevision = pin
 	res.Condition = cond("True", ReasonAsExpected, fmt.Sprintf("follows revision %d of ClusterClass %s at %s: control plane %s, %d worker pools",
 		pin, t.GetClass(), t.GetVersion(), ControlPlaneName(name), len(t.GetWorkers())), gen)
 	return res

@@ -152,7 +152,7 @@ func (w *world) exec(t *testing.T, cmd string) string {
 			fmt.Fprintf(&b, "event %s %s/%s %s %q\n", typ, e.Kind, e.Name, e.Reason, e.Message)
 		}
 		cd := res.Condition
-		fmt.Fprintf(&b, "status pin=%d version=%s\n", res.Topology.GetClassRevision(), res.Topology.GetVersion())
+		fmt.Fprintf(&b, "status pin=%d reconciled=%d version=%s\n", res.Topology.GetClassRevision(), res.Topology.GetReconciledRevision(), res.Topology.GetVersion())
 		fmt.Fprintf(&b, "condition %s=%s reason=%s gen=%d %q\n", cd.GetType(), cd.GetStatus(), cd.GetReason(), cd.GetObservedGeneration(), cd.GetMessage())
 		if fields[0] == "apply" {
 			for _, act := range res.Actions {

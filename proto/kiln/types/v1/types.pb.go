@@ -2270,9 +2270,14 @@ type ClusterTopologyStatus struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ClassRevision int64                  `protobuf:"varint,1,opt,name=class_revision,json=classRevision,proto3" json:"class_revision,omitempty"`
 	// version is the topology version the derived objects carry.
-	Version       string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	// reconciled_revision is the class revision the derived objects were
+	// last made to match (set with TopologyReconciled=True); it trails
+	// class_revision right after a Rollout moves the pin, until the
+	// controller has applied the pinned revision.
+	ReconciledRevision int64 `protobuf:"varint,3,opt,name=reconciled_revision,json=reconciledRevision,proto3" json:"reconciled_revision,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ClusterTopologyStatus) Reset() {
@@ -2317,6 +2322,13 @@ func (x *ClusterTopologyStatus) GetVersion() string {
 		return x.Version
 	}
 	return ""
+}
+
+func (x *ClusterTopologyStatus) GetReconciledRevision() int64 {
+	if x != nil {
+		return x.ReconciledRevision
+	}
+	return 0
 }
 
 type ClusterStatus struct {
@@ -5330,10 +5342,11 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\x12TopologyWorkerPool\x12\x14\n" +
 	"\x05class\x18\x01 \x01(\tR\x05class\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1a\n" +
-	"\breplicas\x18\x03 \x01(\x05R\breplicas\"X\n" +
+	"\breplicas\x18\x03 \x01(\x05R\breplicas\"\x89\x01\n" +
 	"\x15ClusterTopologyStatus\x12%\n" +
 	"\x0eclass_revision\x18\x01 \x01(\x03R\rclassRevision\x12\x18\n" +
-	"\aversion\x18\x02 \x01(\tR\aversion\"\x9e\x02\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\x12/\n" +
+	"\x13reconciled_revision\x18\x03 \x01(\x03R\x12reconciledRevision\"\x9e\x02\n" +
 	"\rClusterStatus\x12\x14\n" +
 	"\x05phase\x18\x01 \x01(\tR\x05phase\x128\n" +
 	"\n" +
