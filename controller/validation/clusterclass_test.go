@@ -242,7 +242,10 @@ func TestValidateClassChangeAgainstClusters(t *testing.T) {
 		{"new required variable", func(c *typesv1.ClusterClass) {
 			c.Spec.Variables = append(c.Spec.Variables, &typesv1.ClusterClassVariable{Name: "zone", Type: "string", Required: true})
 		}, []string{"would break 3 cluster(s)", "a (variables.zone: required", "b (variables.zone", "c (variables.zone"}, nil},
-		{"image of a skipped minor", func(c *typesv1.ClusterClass) { c.Spec.ControlPlane.ImageSelector = nil; c.Spec.ControlPlane.Image = "k8s-136" },
+		{"image of a skipped minor", func(c *typesv1.ClusterClass) {
+			c.Spec.ControlPlane.ImageSelector = nil
+			c.Spec.ControlPlane.Image = "k8s-136"
+		},
 			[]string{"image k8s-136 of the control plane holds Kubernetes v1.36.0 but the cluster runs v1.34.4: that skips v1.35"}, nil},
 	}
 	for _, tt := range tests {
