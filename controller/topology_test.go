@@ -18,7 +18,7 @@ import (
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
-// TestTopology applies examples/clusterclass.yaml (a class and two
+// TestTopology applies examples/clusterclass/edge-store.yaml (a class and two
 // clusters) to a real controller and checks what a user would: the
 // derived objects, the pin and TopologyReconciled; that an edit of a
 // derived object is reverted with an event saying so; that a class change
@@ -29,7 +29,7 @@ func TestTopology(t *testing.T) {
 	ctx := context.Background()
 	env := controllertest.Start(t)
 	rc := resourcesClient(t, env, "admin")
-	docs, err := manifest.Load(nil, "../examples/clusterclass.yaml")
+	docs, err := manifest.Load(nil, "../examples/clusterclass/edge-store.yaml")
 	require.NoError(t, err)
 	var objs []*controllerv1.Resource
 	for _, d := range docs {
@@ -90,13 +90,18 @@ func TestTopology(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return get("MachineDeployment", "store-0042-app").GetMachineDeployment().GetSpec().GetReplicas() == 2
 	}, 20*time.Second, 50*time.Millisecond, "the edit of the derived MachineDeployment was not reverted")
-	evs, err := rc.ListEvents(ctx, &controllerv1.ListEventsRequest{ObjectKind: "MachineDeployment", ObjectName: "store-0042-app"})
-	require.NoError(t, err)
-	var msgs []string
-	for _, ev := range evs.GetEvents() {
-		msgs = append(msgs, ev.GetMessage())
-	}
-	require.Contains(t, msgs, "MachineDeployment store-0042-app is owned by the topology of cluster store-0042; the edit of spec.replicas was reverted; change cluster store-0042's spec.topology instead")
+	// The event follows the revert's write.
+	const reverted = "MachineDeployment store-0042-app is owned by the topology of cluster store-0042; the edit of spec.replicas was reverted; change cluster store-0042's spec.topology instead"
+	require.Eventually(t, func() bool {
+		evs, err := rc.ListEvents(ctx, &controllerv1.ListEventsRequest{ObjectKind: "MachineDeployment", ObjectName: "store-0042-app"})
+		require.NoError(t, err)
+		for _, ev := range evs.GetEvents() {
+			if ev.GetMessage() == reverted && ev.GetType() == "Warning" {
+				return true
+			}
+		}
+		return false
+	}, 10*time.Second, 50*time.Millisecond, "no event says the edit was reverted")
 
 	// A class change that would break a cluster is refused, naming it.
 	narrow := proto.Clone(objs[0]).(*controllerv1.Resource)

@@ -25,7 +25,8 @@ type ClassResult struct {
 	Event string
 }
 
-// PlanClass decides a class's revisions: revision 1 at creation, one more
+// PlanClass decides a class's revisions and counts its clusters (all, and
+// those up to date: UpToDate): revision 1 at creation, one more
 // at every change of spec (a new entry in status.revisions and a Rollout
 // "<class>-r<rev>" built from spec.rollout when the class has clusters),
 // and the pruning of the revisions no cluster of clusters (the clusters
@@ -81,6 +82,12 @@ func PlanClass(class *typesv1.ClusterClass, clusters []*typesv1.Cluster) ClassRe
 			res.Event += "; "
 		}
 		res.Event += fmt.Sprintf("revisions %v pruned: no cluster follows them", pruned)
+	}
+	st.Clusters, st.UpToDateClusters = int32(len(clusters)), 0
+	for _, c := range clusters {
+		if Reconciled(c) && c.GetStatus().GetTopology().GetClassRevision() == st.Revision {
+			st.UpToDateClusters++
+		}
 	}
 	if !proto.Equal(st, orEmptyClassStatus(class.GetStatus())) {
 		res.Status = st

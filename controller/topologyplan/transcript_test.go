@@ -103,7 +103,8 @@ func (w *world) exec(t *testing.T, cmd string) string {
 		for _, r := range w.class.GetStatus().GetRevisions() {
 			revs = append(revs, strconv.FormatInt(r.GetRevision(), 10))
 		}
-		fmt.Fprintf(&b, "class revision=%d kept=[%s]\n", w.class.GetStatus().GetRevision(), strings.Join(revs, " "))
+		fmt.Fprintf(&b, "class revision=%d kept=[%s] clusters=%d upToDate=%d\n", w.class.GetStatus().GetRevision(), strings.Join(revs, " "),
+			w.class.GetStatus().GetClusters(), w.class.GetStatus().GetUpToDateClusters())
 		return b.String()
 	case "cluster":
 		c := w.clusters[a["name"]]

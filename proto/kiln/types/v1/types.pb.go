@@ -4097,9 +4097,14 @@ type ClusterClassStatus struct {
 	Revision   int64        `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
 	Conditions []*Condition `protobuf:"bytes,2,rep,name=conditions,proto3" json:"conditions,omitempty"`
 	// revisions keeps the specs of the revisions clusters still follow.
-	Revisions     []*ClusterClassRevision `protobuf:"bytes,3,rep,name=revisions,proto3" json:"revisions,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Revisions []*ClusterClassRevision `protobuf:"bytes,3,rep,name=revisions,proto3" json:"revisions,omitempty"`
+	// clusters counts the clusters of the class, and up_to_date_clusters
+	// those that follow its current revision with their derived objects
+	// reconciled to it (kilnctl get clusterclasses).
+	Clusters         int32 `protobuf:"varint,4,opt,name=clusters,proto3" json:"clusters,omitempty"`
+	UpToDateClusters int32 `protobuf:"varint,5,opt,name=up_to_date_clusters,json=upToDateClusters,proto3" json:"up_to_date_clusters,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ClusterClassStatus) Reset() {
@@ -4151,6 +4156,20 @@ func (x *ClusterClassStatus) GetRevisions() []*ClusterClassRevision {
 		return x.Revisions
 	}
 	return nil
+}
+
+func (x *ClusterClassStatus) GetClusters() int32 {
+	if x != nil {
+		return x.Clusters
+	}
+	return 0
+}
+
+func (x *ClusterClassStatus) GetUpToDateClusters() int32 {
+	if x != nil {
+		return x.UpToDateClusters
+	}
+	return 0
 }
 
 type ClusterClassRevision struct {
@@ -5524,13 +5543,15 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"\b_minimumB\n" +
 	"\n" +
-	"\b_maximum\"\xad\x01\n" +
+	"\b_maximum\"\xf8\x01\n" +
 	"\x12ClusterClassStatus\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x128\n" +
 	"\n" +
 	"conditions\x18\x02 \x03(\v2\x18.kiln.types.v1.ConditionR\n" +
 	"conditions\x12A\n" +
-	"\trevisions\x18\x03 \x03(\v2#.kiln.types.v1.ClusterClassRevisionR\trevisions\"g\n" +
+	"\trevisions\x18\x03 \x03(\v2#.kiln.types.v1.ClusterClassRevisionR\trevisions\x12\x1a\n" +
+	"\bclusters\x18\x04 \x01(\x05R\bclusters\x12-\n" +
+	"\x13up_to_date_clusters\x18\x05 \x01(\x05R\x10upToDateClusters\"g\n" +
 	"\x14ClusterClassRevision\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x123\n" +
 	"\x04spec\x18\x02 \x01(\v2\x1f.kiln.types.v1.ClusterClassSpecR\x04spec\"\xdb\x01\n" +
