@@ -3,9 +3,11 @@ package resources
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kilnhq/kiln/controller/classvar"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/controller/topologyplan"
 	"github.com/kilnhq/kiln/controller/validation"
@@ -47,6 +49,12 @@ func (s *Service) observeTopology(ctx context.Context, obj proto.Message, observ
 		if observed.ImageVersions, err = s.imageVersions(ctx); err != nil {
 			return err
 		}
+		if _, probs := classvar.Resolve(observed.ClassSpec.GetVariables(), t.GetVariables()); len(probs) == 0 {
+			// The objects the cluster would derive must be valid too.
+			if _, _, err := topologyplan.Derive(o, observed.ClassSpec, 0); err != nil {
+				return errdefs.InvalidArgument("cluster %q: its objects derived from class %q would be invalid: %v", o.GetMetadata().GetName(), t.GetClass(), err)
+			}
+		}
 	case *typesv1.ClusterClass:
 		items, err := s.listAll(ctx, "clusters", func() proto.Message { return &typesv1.Cluster{} })
 		if err != nil {
@@ -56,6 +64,19 @@ func (s *Service) observeTopology(ctx context.Context, obj proto.Message, observ
 			if c := it.Msg.(*typesv1.Cluster); c.GetSpec().GetTopology().GetClass() == o.GetMetadata().GetName() {
 				observed.ClassClusters = append(observed.ClassClusters, c)
 			}
+		}
+		var broken []string
+		for _, c := range observed.ClassClusters {
+			vals, probs := classvar.Resolve(o.GetSpec().GetVariables(), c.GetSpec().GetTopology().GetVariables())
+			if len(probs) > 0 || vals == nil {
+				continue // ValidateAgainst names these
+			}
+			if _, reason, err := topologyplan.Derive(c, o.GetSpec(), 0); err != nil && reason == topologyplan.ReasonTemplateInvalid {
+				broken = append(broken, fmt.Sprintf("%s (%v)", c.GetMetadata().GetName(), err))
+			}
+		}
+		if len(broken) > 0 {
+			return errdefs.InvalidArgument("ClusterClass %q: the change would make invalid objects for %d cluster(s): %s", o.GetMetadata().GetName(), len(broken), strings.Join(broken, ", "))
 		}
 		if len(observed.ClassClusters) > 0 {
 			if observed.ImageVersions, err = s.imageVersions(ctx); err != nil {

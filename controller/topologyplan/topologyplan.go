@@ -22,6 +22,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/kilnhq/kiln/controller/classvar"
+	"github.com/kilnhq/kiln/controller/validation"
+	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -60,7 +62,9 @@ const (
 	ReasonRevisionMissing   = "RevisionMissing"
 	ReasonVariablesInvalid  = "VariablesInvalid"
 	ReasonWorkerClassAbsent = "WorkerClassNotFound"
-	ReasonTemplateInvalid   = "TemplateInvalid"
+	// ReasonTemplateInvalid: a derived object would be invalid (a
+	// substituted value that is no duration, ...).
+	ReasonTemplateInvalid = "TemplateInvalid"
 )
 
 // ControlPlaneName is the name of a topology cluster's ControlPlane (and
@@ -332,7 +336,25 @@ func Derive(c *typesv1.Cluster, spec *typesv1.ClusterClassSpec, rev int64) ([]De
 	for _, h := range hcs {
 		add(h.Kind, h.Object)
 	}
+	// The substituted values are checked as if the objects were applied.
+	for _, d := range out {
+		if err := validation.Validate(wrap(d.Object)); err != nil {
+			return nil, ReasonTemplateInvalid, err
+		}
+	}
 	return out, "", nil
+}
+
+func wrap(obj proto.Message) *controllerv1.Resource {
+	switch o := obj.(type) {
+	case *typesv1.ControlPlane:
+		return &controllerv1.Resource{Kind: &controllerv1.Resource_ControlPlane{ControlPlane: o}}
+	case *typesv1.MachineDeployment:
+		return &controllerv1.Resource{Kind: &controllerv1.Resource_MachineDeployment{MachineDeployment: o}}
+	case *typesv1.HealthCheck:
+		return &controllerv1.Resource{Kind: &controllerv1.Resource_HealthCheck{HealthCheck: o}}
+	}
+	return &controllerv1.Resource{}
 }
 
 // ClusterDefaults returns spec with the fields it leaves empty taken from
