@@ -23,8 +23,9 @@ import (
 // derived objects, the pin and TopologyReconciled; that an edit of a
 // derived object is reverted with an event saying so; that a class change
 // makes revision 2 and its Rollout but moves no cluster until its pin
-// moves (here by hand, as the Rollout controller would), and that a class
-// change that would break a cluster is refused naming it.
+// moves (here by hand, as the Rollout controller would), that a class
+// change that would break a cluster is refused naming it, and that a
+// deleted cluster's objects go with it.
 func TestTopology(t *testing.T) {
 	ctx := context.Background()
 	env := controllertest.Start(t)
@@ -150,6 +151,15 @@ func TestTopology(t *testing.T) {
 		return len(revisions(get("ClusterClass", "edge-store").GetClusterClass())) == 1
 	}, 20*time.Second, 50*time.Millisecond)
 	require.Equal(t, "20m", get("HealthCheck", "store-0043-control-plane").GetHealthCheck().GetSpec().GetNodeStartupTimeout())
+
+	// Deleting a topology cluster deletes what it derived.
+	_, err = rc.Delete(ctx, &controllerv1.DeleteRequest{Kind: "Cluster", Name: "store-0043"})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		return get("ControlPlane", "store-0043-control-plane") == nil && get("MachineDeployment", "store-0043-app") == nil &&
+			get("MachineDeployment", "store-0043-vision") == nil && get("HealthCheck", "store-0043-app") == nil
+	}, 20*time.Second, 50*time.Millisecond, "the derived objects of a deleted cluster stayed")
+	require.NotNil(t, get("ControlPlane", "store-0042-control-plane"))
 }
 
 func revisions(c *typesv1.ClusterClass) []int64 {

@@ -4,8 +4,10 @@
 // planner, creates, updates (compare-and-swap) and deletes the derived
 // objects, records the planner's events (a reverted user edit is a
 // Warning), and sets Cluster.status.topology (the pin) and the
-// TopologyReconciled condition. For each ClusterClass it records the
-// revisions PlanClass decides and creates the Rollout of a new revision.
+// TopologyReconciled condition. The objects of a deleted topology cluster
+// are deleted with it; a paused cluster (spec.paused) is left as it is.
+// For each ClusterClass it records the revisions PlanClass decides and
+// creates the Rollout of a new revision.
 //
 // It is woken by watches on clusters, classes and derived objects, and
 // looks at everything every Interval. Only the leader runs an Executor.
@@ -189,9 +191,20 @@ func (e *Executor) enqueueAll(ctx context.Context, q workqueue.TypedRateLimiting
 		}
 		return
 	}
+	exists := map[string]bool{}
 	for _, it := range clusters {
+		exists[it.Name] = true
 		if it.Msg.(*typesv1.Cluster).GetSpec().GetTopology() != nil {
 			q.Add(clusterKey + it.Name)
+		}
+	}
+	// The control planes of deleted topology clusters, whose delete event
+	// was missed.
+	if cps, err := listAll(ctx, e.st, ControlPlanesKind, func() proto.Message { return &typesv1.ControlPlane{} }); err == nil {
+		for _, it := range cps {
+			if owner := metaOf(it.Msg).GetLabels()[topologyplan.LabelOwned]; owner != "" && !exists[owner] {
+				q.Add(clusterKey + owner)
+			}
 		}
 	}
 	classes, err := listAll(ctx, e.st, ClusterClassesKind, func() proto.Message { return &typesv1.ClusterClass{} })
@@ -240,13 +253,13 @@ func (e *Executor) ReconcileCluster(ctx context.Context, name string) error {
 	c := &typesv1.Cluster{}
 	rev, err := e.st.Get(ctx, ClustersKind, name, c)
 	if errdefs.IsNotFound(err) {
-		return nil
+		return e.deleteDerived(ctx, name)
 	}
 	if err != nil {
 		return err
 	}
 	t := c.GetSpec().GetTopology()
-	if t == nil {
+	if t == nil || c.GetSpec().GetPaused() {
 		return nil
 	}
 	in := topologyplan.Input{Cluster: c}
@@ -293,6 +306,32 @@ func (e *Executor) ReconcileCluster(ctx context.Context, name string) error {
 			typ = events.Warning
 		}
 		e.rec.Record(ctx, ClustersKind, name, typ, "Topology"+res.Condition.GetReason(), res.Condition.GetMessage())
+	}
+	return nil
+}
+
+// deleteDerived deletes the objects derived from the topology of cluster,
+// which was deleted: they are the controller's, not the user's, and would
+// act again on a new cluster of that name.
+func (e *Executor) deleteDerived(ctx context.Context, cluster string) error {
+	var in topologyplan.Input
+	if err := e.observe(ctx, cluster, &in); err != nil {
+		return err
+	}
+	var gone []topologyplan.Action
+	for _, o := range in.HealthChecks {
+		gone = append(gone, topologyplan.Delete{Kind: topologyplan.KindHealthCheck, Name: o.GetMetadata().GetName()})
+	}
+	for _, o := range in.MachineDeployments {
+		gone = append(gone, topologyplan.Delete{Kind: topologyplan.KindMachineDeployment, Name: o.GetMetadata().GetName()})
+	}
+	for _, o := range in.ControlPlanes {
+		gone = append(gone, topologyplan.Delete{Kind: topologyplan.KindControlPlane, Name: o.GetMetadata().GetName()})
+	}
+	for _, a := range gone {
+		if err := e.do(ctx, cluster, a); err != nil {
+			return fmt.Errorf("cluster %q deleted: %s: %w", cluster, a, err)
+		}
 	}
 	return nil
 }
