@@ -180,12 +180,15 @@ func WriteISO(ctx context.Context, run Runner, iso ISO, out string) error {
 		env(fatEpoch, "mcopy", "-s", "-i", efiImg, filepath.Join(efiTree, "efi"), "::/"),
 		// With SOURCE_DATE_EPOCH xorriso derives the GPT GUIDs from the
 		// volume UUID and dates the boot catalog and "now"; all_file_dates
-		// dates every file, whatever its mtime on disk.
+		// dates every file, whatever its mtime on disk. The tree and the
+		// output are named relative to dir: with -graft-points a "=" in a
+		// pathspec means TARGET=SOURCE, and dir sits next to out, whose
+		// path may hold one (a boot server's ISO cache).
 		env(iso.SourceDateEpoch, "xorriso", "-as", "mkisofs", "-graft-points", "--modification-date="+uuid,
 			"-b", "boot/grub/i386-pc/eltorito.img", "-no-emul-boot", "-boot-load-size", "4", "-boot-info-table",
 			"--grub2-boot-info", "--grub2-mbr", filepath.Join(pcDir, "boot_hybrid.img"),
 			"--efi-boot", "efi.img", "-efi-boot-part", "--efi-boot-image", "--protective-msdos-label",
-			"-V", ISOVolumeID, "-o", filepath.Join(dir, "out.iso"), "-r", root,
+			"-V", ISOVolumeID, "-o", "out.iso", "-r", "root",
 			"--sort-weight", "0", "/", "--sort-weight", "1", "/boot",
 			"--", "-volume_date", "all_file_dates", "="+strconv.FormatInt(iso.SourceDateEpoch, 10)),
 	} {

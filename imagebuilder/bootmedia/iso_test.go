@@ -180,3 +180,23 @@ func firstDiffs(a, b []byte) string {
 	}
 	return strings.Join(s, "; ")
 }
+
+// TestWriteISOPathWithEquals builds an ISO into a directory whose path
+// holds "=" (a boot server's ISO cache under such a path): xorriso's
+// -graft-points syntax reads "=" in a pathspec as TARGET=SOURCE, so the
+// tree must not be named by a path that holds one.
+func TestWriteISOPathWithEquals(t *testing.T) {
+	needISOTools(t)
+	k, i := isoInputs(t, time.Now())
+	dir := filepath.Join(t.TempDir(), "cache=a=b")
+	require.NoError(t, os.Mkdir(dir, 0o755))
+	out := filepath.Join(dir, "h1.iso")
+	err := bootmedia.WriteISO(context.Background(), bootmedia.ExecRunner{}, bootmedia.ISO{Kernel: k, Initrd: i, Cmdline: "console=ttyS0"}, out)
+	if errdefs.IsNotFound(err) {
+		testenv.Skipf(t, "cannot build an ISO here: %v", err)
+	}
+	require.NoError(t, err, "WriteISO into %s", dir)
+	if report := xorrisoReport(t, out, "-find", "/boot", "-name", "vmlinuz"); !strings.Contains(report, "/boot/vmlinuz") {
+		t.Errorf("the ISO built under %s lacks /boot/vmlinuz:\n%s", dir, report)
+	}
+}
