@@ -49,6 +49,10 @@ func TestLabBMCDrivesHostLifecycle(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("go not installed: the test builds kilnctl")
 	}
+	// The agent reports its slirp address (10.0.2.15), which exists only
+	// inside the VM: the controller's dial of it at LayImage would leave
+	// through the default route. Reject it locally, before any traffic.
+	outputGuard(t, "10.0.2.0/24")
 	t0 := time.Now()
 	var timeline []string
 	mark := func(format string, args ...any) {
@@ -340,4 +344,26 @@ spec:
 	}
 	require.NotContains(t, desc, password)
 	t.Logf("kilnctl describe host %s:\n%s", dom, desc)
+}
+
+// outputGuard rejects, for the test's duration, every packet this host
+// sends to cidr (a VM's user-mode network, which has no route here), so a
+// dial of it fails at once without leaving the machine (../shared/LAB.md,
+// the network rule). The table is removed on cleanup.
+func outputGuard(t *testing.T, cidr string) {
+	t.Helper()
+	if _, err := exec.LookPath("nft"); err != nil {
+		t.Skip("nft not installed (Debian package nftables): needed to keep the controller's dial of the VM's address on this machine")
+	}
+	table := fmt.Sprintf("kiln-dbmc-guard-%d", os.Getpid())
+	rules := fmt.Sprintf("table inet %s {\n chain out {\n  type filter hook output priority -200; policy accept;\n  ip daddr %s counter reject\n }\n}\n", table, cidr)
+	cmd := exec.Command("nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "nft guard: %s", out)
+	t.Cleanup(func() {
+		if out, err := exec.Command("nft", "delete", "table", "inet", table).CombinedOutput(); err != nil {
+			t.Errorf("nft delete table inet %s: %v: %s", table, err, out)
+		}
+	})
 }
