@@ -11,9 +11,9 @@
 // check-in (the planner waits for a newer one), or a stored heartbeat
 // older than the refresh period. The holder marks AgentReachable=False on
 // the hosts it holds once their agent has been silent for longer than
-// the allowed silence (Monitor); the leader marks hosts whose holder
-// itself went away from the stored heartbeat, after the refresh period
-// plus the silence (Decide with OrphanSilence).
+// the allowed silence (Monitor); a replica adopts the hosts of replicas
+// that are no longer registered (Register, LiveReplicas) and of its own
+// previous run, so their silent agents are marked too.
 //
 // Deciding is pure (Plan, Decide, DecideSeen); Monitor applies the
 // result to the store.
@@ -41,16 +41,9 @@ const ReasonHeartbeatReceived = "HeartbeatReceived"
 
 // DefaultRefresh is how old a Host's stored heartbeat may grow while its
 // agent keeps checking in before a heartbeat rewrites it: it bounds how
-// stale status.agent.last_heartbeat looks in `kilnctl describe`, and how
-// long a host whose holder and agent both died stays AgentReachable=True
-// (OrphanSilence). 100,000 idle agents cost 100,000/3,600 ≈ 28 writes/s.
+// stale status.agent.last_heartbeat looks in `kilnctl describe`. 100,000
+// idle agents cost 100,000/3,600 ≈ 28 writes/s.
 const DefaultRefresh = time.Hour
-
-// OrphanSilence is the silence after which the leader marks a host from
-// its stored heartbeat alone: its holder refreshes the stored heartbeat
-// every refresh while the agent checks in, so a stored heartbeat older
-// than refresh+silence means that both the holder and the agent stopped.
-func OrphanSilence(silence, refresh time.Duration) time.Duration { return refresh + silence }
 
 // Decide returns the AgentReachable=False condition to set on h when its
 // stored heartbeat is older than silence at now, or nil when nothing is

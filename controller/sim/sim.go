@@ -170,6 +170,24 @@ func (h *Host) DiskImage() string { h.mu.Lock(); defer h.mu.Unlock(); return h.d
 // (it boots its persistent device), as some do.
 func (h *Host) IgnoreBootOverride(v bool) { h.mu.Lock(); defer h.mu.Unlock(); h.ignoreOnce = v }
 
+// RunInstalled makes the host one that was provisioned before: powered
+// on, the image laid with its identity, booting (after the boot delay)
+// into its installed agent, which then heartbeats. Benchmarks of an idle
+// fleet start here.
+func (h *Host) RunInstalled() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.power {
+		return
+	}
+	h.power, h.diskImage, h.identity, h.persistent = true, ImageName, true, "disk"
+	h.lastDevice = "disk"
+	h.startBootLocked("disk")
+}
+
+// CheckIns counts the host's successful check-ins.
+func (h *Host) CheckIns() int64 { return h.checkIns.Load() }
+
 // PowerCut turns the host off behind the controller's back (a tripped
 // PDU): the running agent and its operations end.
 func (h *Host) PowerCut() { h.powerOff() }
