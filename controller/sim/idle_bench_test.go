@@ -6,12 +6,14 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kilnhq/kiln/controller/enrollment"
@@ -96,11 +98,34 @@ func benchIdle(b *testing.B, n int) {
 	time.Sleep(interval + interval/5) // the facts round trips and first writes settle
 
 	rev0, beats0, cpu0, t0 := w.revision(), first(checkIns()), cpuTime(b), time.Now()
+	// Which keys the writes of the window went to: a watch from the
+	// window's start, counted by kind (hosts, events, ...).
+	wctx, wcancel := context.WithCancel(ctx)
+	byKind := map[string]int{}
+	var wmu sync.Mutex
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for resp := range w.client.Watch(wctx, "/kiln/", clientv3.WithPrefix(), clientv3.WithRev(rev0+1)) {
+			wmu.Lock()
+			for _, ev := range resp.Events {
+				parts := strings.SplitN(strings.TrimPrefix(string(ev.Kv.Key), "/kiln/v1/"), "/", 2)
+				byKind[parts[0]+"/"+ev.Type.String()]++
+			}
+			wmu.Unlock()
+		}
+	}()
 	b.StartTimer()
 	time.Sleep(window)
 	b.StopTimer()
 	elapsed := time.Since(t0).Seconds()
 	writes, beats, cpu := w.revision()-rev0, first(checkIns())-beats0, cpuTime(b)-cpu0
+	time.Sleep(time.Second)
+	wcancel()
+	<-watched
+	wmu.Lock()
+	b.Logf("writes of the %s window by key kind: %v; silent hosts marked: see events/PUT", window, byKind)
+	wmu.Unlock()
 	b.ReportMetric(float64(writes)/elapsed, "etcd-writes/s")
 	b.ReportMetric(float64(beats)/elapsed, "heartbeats/s")
 	b.ReportMetric(cpu.Seconds()/elapsed, "CPU-cores")
