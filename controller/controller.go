@@ -39,6 +39,7 @@ import (
 	"github.com/kilnhq/kiln/controller/gitsource"
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/controller/limits"
+	"github.com/kilnhq/kiln/controller/liveness"
 	"github.com/kilnhq/kiln/controller/metrics"
 	"github.com/kilnhq/kiln/controller/provision"
 	"github.com/kilnhq/kiln/controller/resources"
@@ -481,11 +482,21 @@ func (c *Controller) Run(ctx context.Context) error {
 	rec := events.New(client, events.DefaultTTL, c.cfg.Clock, c.log)
 	res := resources.New(st, rec, c.cfg.Clock, c.log)
 	res.SetOwnNetworks(append(ownNetworks(addr, c.cfg.BootListenAddr), c.cfg.ReservedNetworks...))
+	// Every replica judges the agents whose heartbeats it receives: their
+	// last-seen times live in its memory, not in etcd (controller/liveness).
+	seen := liveness.NewTracker()
 	enr := enrollment.New(st, ca, rec, enrollment.Config{
 		HeartbeatInterval: c.cfg.HeartbeatInterval,
 		Clock:             c.cfg.Clock,
 		Observer:          c.enrollObserver(),
+		Replica:           c.cfg.ID,
+		Tracker:           seen,
 	}, c.log)
+	unregister, err := liveness.Register(ctx, client, c.cfg.ID, c.cfg.AgentSilence)
+	if err != nil {
+		return fmt.Errorf("controller: %w", err)
+	}
+	defer unregister()
 	az := authz.New(func(cert *x509.Certificate) (string, string, error) {
 		role, name, err := pki.Identity(cert)
 		return string(role), name, err
@@ -533,6 +544,16 @@ func (c *Controller) Run(ctx context.Context) error {
 	go func() {
 		defer wg.Done()
 		c.pruneAudit(ctx, st)
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		liveness.NewMonitor(st, rec, seen, liveness.MonitorConfig{
+			Replica: c.cfg.ID,
+			Silence: c.cfg.AgentSilence,
+			Clock:   c.cfg.Clock,
+			Live:    func(ctx context.Context) (map[string]bool, error) { return liveness.LiveReplicas(ctx, client) },
+		}, c.log).Run(ctx)
 	}()
 	wg.Add(1)
 	go func() {

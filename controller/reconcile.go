@@ -8,15 +8,12 @@ import (
 
 	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/events"
-	"github.com/kilnhq/kiln/controller/liveness"
 	"github.com/kilnhq/kiln/controller/store"
-	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
-// reconcile runs the leader's loops until ctx ends. For now: hosts whose
-// agent stopped sending heartbeats get AgentReachable=False, a leader
+// reconcile runs the leader's loops until ctx ends. For now: a leader
 // that runs the lifecycle removes LifecycleRunning=False (lifecycle.go),
 // and enrollment tokens are deleted a while after they expire.
 func (c *Controller) reconcile(ctx context.Context, st *store.Store, rec *events.Recorder) {
@@ -37,25 +34,16 @@ func (c *Controller) reconcile(ctx context.Context, st *store.Store, rec *events
 // when it leads.
 func (c *Controller) runsLifecycle() bool { return c.cfg.Lifecycle || c.cfg.Simulate > 0 }
 
-// reconcileHosts marks the hosts whose agent went silent and, when this
-// replica runs the lifecycle, clears LifecycleRunning=False.
+// reconcileHosts clears LifecycleRunning=False when this replica runs the
+// lifecycle. (Silent agents are marked by the liveness monitor of the
+// replica that receives their heartbeats, controller/liveness.)
 func (c *Controller) reconcileHosts(ctx context.Context, st *store.Store, rec *events.Recorder) {
-	silent := map[string]*typesv1.Condition{}
-	c.updateHosts(ctx, st, func(h *typesv1.Host, now time.Time) bool {
-		changed := c.runsLifecycle() && clearLifecycleDisabled(h)
-		if cond := liveness.Decide(h, now, c.cfg.AgentSilence); cond != nil {
-			h.Status.Conditions, _ = conditions.Set(h.Status.Conditions, cond, now)
-			silent[h.GetMetadata().GetName()] = cond
-			changed = true
-		}
-		return changed
-	}, func(h *typesv1.Host) {
-		name := h.GetMetadata().GetName()
-		if cond := silent[name]; cond != nil {
-			c.log.Info("agent unreachable", "host", name, "reason", cond.GetReason())
-			rec.Record(ctx, "hosts", name, events.Warning, liveness.ReasonHeartbeatMissed, cond.GetMessage())
-		}
-	})
+	if !c.runsLifecycle() {
+		return
+	}
+	c.updateHosts(ctx, st, func(h *typesv1.Host, _ time.Time) bool {
+		return clearLifecycleDisabled(h)
+	}, func(*typesv1.Host) {})
 }
 
 // tokenRetention keeps expired tokens around for a while, so an agent

@@ -1,7 +1,10 @@
 // Package heartbeat keeps an enrolled agent known to its controller: it
-// calls Agents.Heartbeat with the agent's address, version and (from time
-// to time) facts, at the interval the controller asks for, and backs off
-// exponentially while the controller cannot be reached or refuses.
+// calls Agents.Heartbeat with the agent's address, version and the hash
+// of its facts, at the interval the controller asks for, and backs off
+// exponentially while the controller cannot be reached or refuses. The
+// facts go in full only when their hash changed since the controller last
+// took them, or when the controller asks (facts_wanted): an idle agent's
+// heartbeat is a few hundred bytes and writes nothing on the controller.
 package heartbeat
 
 import (
@@ -16,6 +19,7 @@ import (
 
 	"github.com/kilnhq/kiln/internal/backoff"
 	"github.com/kilnhq/kiln/internal/errgrpc"
+	"github.com/kilnhq/kiln/internal/factshash"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
@@ -44,9 +48,10 @@ type Options struct {
 	Client Client
 	// Address returns the agent API address to advertise (host:port).
 	Address func() string
-	// Facts, when set, are sent on the first heartbeat and then at most
-	// every FactsInterval; heartbeats in between carry none (the
-	// controller keeps the last).
+	// Facts, when set, are gathered on the first heartbeat and then at
+	// most every FactsInterval; every heartbeat carries their hash, and
+	// the facts themselves go only when the hash changed since the
+	// controller last took them or when it asks for them.
 	Facts         Facter
 	FactsInterval time.Duration
 	Version       string
@@ -96,17 +101,27 @@ func New(o Options) *Loop {
 // Run sends heartbeats until ctx is done, then returns nil. It blocks.
 func (l *Loop) Run(ctx context.Context) error {
 	interval := l.o.Interval
-	var lastFacts time.Time
+	var (
+		facts     *typesv1.Facts
+		sum       string    // factshash.Sum(facts)
+		delivered string    // the sum of the facts the controller last took
+		gathered  time.Time // when facts were gathered
+		wanted    bool      // the controller asked for the facts
+	)
 	failures := 0
 	for {
 		req := &controllerv1.HeartbeatRequest{AgentAddress: l.o.Address(), Version: l.o.Version}
-		if l.o.Facts != nil && (lastFacts.IsZero() || time.Since(lastFacts) >= l.o.FactsInterval) {
+		if l.o.Facts != nil && (gathered.IsZero() || time.Since(gathered) >= l.o.FactsInterval) {
 			f, err := l.o.Facts.Facts(ctx)
 			if err != nil {
-				l.log.Warn("gathering facts failed; heartbeat without facts", "error", err)
+				l.log.Warn("gathering facts failed; heartbeat with the last facts' hash", "error", err)
 			} else {
-				req.Facts = f
+				facts, sum, gathered = f, factshash.Sum(f), time.Now()
 			}
+		}
+		req.FactsSha256 = sum
+		if facts != nil && (sum != delivered || wanted) {
+			req.Facts = facts
 		}
 		cctx, cancel := context.WithTimeout(ctx, l.o.Timeout)
 		resp, err := l.o.Client.Heartbeat(cctx, req)
@@ -129,12 +144,19 @@ func (l *Loop) Run(ctx context.Context) error {
 			}
 			failures = 0
 			if req.Facts != nil {
-				lastFacts = time.Now()
+				delivered = req.FactsSha256
 			}
 			if s := resp.GetIntervalSeconds(); s > 0 {
 				interval = time.Duration(s) * time.Second
 			}
 			wait = interval
+			// A controller that does not hold the facts of our hash asks
+			// for them: send them now (once; if it asks again after
+			// getting them, at the next interval).
+			wanted = resp.GetFactsWanted()
+			if wanted && req.Facts == nil && facts != nil {
+				wait = 0
+			}
 			if req.AgentAddress == "" && l.o.Address() != "" {
 				wait = 0 // the address became known with this connection: tell it now
 			}

@@ -127,3 +127,83 @@ func TestAdvertise(t *testing.T) {
 		}
 	}
 }
+
+// hashAgents is an Agents service that holds the facts of one hash and
+// asks for the facts whenever a heartbeat names another.
+type hashAgents struct {
+	controllerv1.UnimplementedAgentsServer
+	mu   sync.Mutex
+	held string
+	reqs []*controllerv1.HeartbeatRequest
+}
+
+func (a *hashAgents) Heartbeat(_ context.Context, req *controllerv1.HeartbeatRequest) (*controllerv1.HeartbeatResponse, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.reqs = append(a.reqs, req)
+	if req.GetFacts() != nil {
+		a.held = req.GetFactsSha256()
+	}
+	return &controllerv1.HeartbeatResponse{Host: "h1", FactsWanted: req.GetFactsSha256() != a.held}, nil
+}
+
+// TestFactsSentAsHash: every heartbeat carries the facts' hash; the facts
+// go on the first heartbeat and, when the controller asks (it lost them:
+// a restart, another replica), at once on the next one, not again after.
+func TestFactsSentAsHash(t *testing.T) {
+	srv := &hashAgents{}
+	s := grpc.NewServer()
+	controllerv1.RegisterAgentsServer(s, srv)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	go s.Serve(lis)
+	t.Cleanup(s.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	beats := make(chan struct{}, 100)
+	loop := heartbeat.New(heartbeat.Options{
+		Client:   controllerv1.NewAgentsClient(conn),
+		Facts:    facts{},
+		Version:  "v0.1.0",
+		Interval: 20 * time.Millisecond,
+		Observe: func(_ *controllerv1.HeartbeatResponse, err error) {
+			if err == nil {
+				beats <- struct{}{}
+			}
+		},
+	})
+	done := make(chan error)
+	go func() { done <- loop.Run(ctx) }()
+	for range 3 {
+		<-beats
+	}
+	srv.mu.Lock()
+	srv.held = "" // the controller forgets the facts
+	srv.mu.Unlock()
+	for range 4 {
+		<-beats
+	}
+	cancel()
+	require.NoError(t, <-done)
+
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	var withFacts []int
+	for i, r := range srv.reqs {
+		if len(r.GetFactsSha256()) != 64 {
+			t.Errorf("heartbeat %d facts_sha256 = %q, want a sha256", i, r.GetFactsSha256())
+		}
+		if r.GetFacts() != nil {
+			withFacts = append(withFacts, i)
+		}
+	}
+	// The first heartbeat, then the one right after the controller asked.
+	require.Len(t, withFacts, 2, "heartbeats with facts: %v", withFacts)
+	require.Equal(t, 0, withFacts[0])
+	asked := withFacts[1] - 1
+	require.Nil(t, srv.reqs[asked].GetFacts(), "the heartbeat that was answered facts_wanted")
+}

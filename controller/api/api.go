@@ -268,6 +268,7 @@ func (s *agentsServer) Heartbeat(ctx context.Context, req *controllerv1.Heartbea
 		AgentAddress: req.GetAgentAddress(),
 		Facts:        req.GetFacts(),
 		Version:      req.GetVersion(),
+		FactsSHA256:  req.GetFactsSha256(),
 	})
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
@@ -277,6 +278,7 @@ func (s *agentsServer) Heartbeat(ctx context.Context, req *controllerv1.Heartbea
 		IntervalSeconds:  int32(res.Interval / time.Second),
 		CaBundlePem:      s.enr.TrustPEM(),
 		RenewCertificate: res.RenewCertificate,
+		FactsWanted:      res.FactsWanted,
 	}, nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -27,7 +28,6 @@ import (
 	"github.com/kilnhq/kiln/controller/events"
 	"github.com/kilnhq/kiln/controller/liveness"
 	"github.com/kilnhq/kiln/controller/store"
-	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/pki"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
@@ -95,6 +95,15 @@ type Config struct {
 	// Observer, when set, is told the outcome of every enrollment attempt
 	// (metrics).
 	Observer Observer
+	// Replica is this controller replica's ID, recorded on the Hosts whose
+	// heartbeats it receives (status.agent.controller).
+	Replica string
+	// Tracker is where heartbeats record when each agent was last seen
+	// (a new one when nil); the replica's liveness.Monitor reads it.
+	Tracker *liveness.Tracker
+	// Refresh is how old a stored heartbeat may grow before a heartbeat
+	// rewrites it (liveness.DefaultRefresh; negative: never).
+	Refresh time.Duration
 }
 
 // Observer is told of enrollment attempts (*metrics.Metrics).
@@ -106,11 +115,12 @@ type Observer interface {
 
 // Service implements token creation, enrollment and heartbeats.
 type Service struct {
-	store  Store
-	ca     Signer
-	events Recorder
-	cfg    Config
-	log    *slog.Logger
+	store   Store
+	ca      Signer
+	events  Recorder
+	cfg     Config
+	tracker *liveness.Tracker
+	log     *slog.Logger
 }
 
 // New returns a Service.
@@ -124,7 +134,16 @@ func New(st Store, ca Signer, rec Recorder, cfg Config, log *slog.Logger) *Servi
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
-	return &Service{store: st, ca: ca, events: rec, cfg: cfg, log: log.With("component", "enrollment")}
+	if cfg.Tracker == nil {
+		cfg.Tracker = liveness.NewTracker()
+	}
+	switch {
+	case cfg.Refresh == 0:
+		cfg.Refresh = liveness.DefaultRefresh
+	case cfg.Refresh < 0:
+		cfg.Refresh = 0
+	}
+	return &Service{store: st, ca: ca, events: rec, cfg: cfg, tracker: cfg.Tracker, log: log.With("component", "enrollment")}
 }
 
 // CreateToken makes a one-time token valid for ttl (DefaultTokenTTL when
@@ -334,6 +353,9 @@ func (s *Service) register(ctx context.Context, host string, facts *typesv1.Fact
 	}, now)
 }
 
+// errUnchanged, from an updateHost fn, ends the update without a write.
+var errUnchanged = errors.New("unchanged")
+
 // maxRetries bounds compare-and-swap retries of status updates.
 const maxRetries = 10
 
@@ -369,6 +391,9 @@ func (s *Service) updateHost(ctx context.Context, host string, create bool, fn f
 			return err
 		}
 		if err := fn(h); err != nil {
+			if errors.Is(err, errUnchanged) {
+				return nil
+			}
 			return err
 		}
 		_, err = s.store.Update(ctx, HostsKind, host, h, rev)
@@ -387,17 +412,27 @@ type HeartbeatResult struct {
 	// RenewCertificate asks the agent to renew now: its certificate's CA
 	// is being retired (Rotation).
 	RenewCertificate bool
+	// FactsWanted asks the agent to send its facts in full now: it sent
+	// the hash of facts the controller does not hold. Nothing was written.
+	FactsWanted bool
 }
 
 // HeartbeatRequest is what an enrolled agent reports.
 type HeartbeatRequest struct {
 	AgentAddress string
-	Facts        *typesv1.Facts
-	Version      string
+	// Facts are sent in full on an agent's first heartbeat and when asked
+	// (HeartbeatResult.FactsWanted); nil otherwise.
+	Facts   *typesv1.Facts
+	Version string
+	// FactsSHA256 is the hash of the agent's facts (factshash.Sum); ""
+	// from agents that predate it, which send facts every minute instead.
+	FactsSHA256 string
 }
 
 // Heartbeat records that the agent of host is alive, at its address, with
-// these facts, and returns the interval until the next heartbeat. host and
+// these facts, and returns the interval until the next heartbeat. It
+// writes the Host only when the heartbeat changes it (liveness.Plan);
+// otherwise the agent is only marked seen in this replica's tracker. host and
 // serial (hex) must come from the caller's certificate: only the host's
 // latest certificate, or the one it replaced until the latest is first
 // used, is accepted (CheckSerial). It returns PermissionDenied for any
@@ -410,48 +445,50 @@ func (s *Service) Heartbeat(ctx context.Context, host, serial string, req Heartb
 // SimulatedHeartbeat is Heartbeat for the simulated agents of simulation
 // mode (controller/sim), which run in the controller's process and hold
 // no certificate.
-func (s *Service) SimulatedHeartbeat(ctx context.Context, host string, req HeartbeatRequest) (time.Duration, error) {
-	r, err := s.heartbeat(ctx, host, nil, req)
-	return r.Interval, err
+func (s *Service) SimulatedHeartbeat(ctx context.Context, host string, req HeartbeatRequest) (HeartbeatResult, error) {
+	return s.heartbeat(ctx, host, nil, req)
 }
 
-// heartbeat checks *serial unless serial is nil.
+// heartbeat checks *serial unless serial is nil. It writes the Host only
+// when the heartbeat changes something (liveness.Plan); otherwise it only
+// reads it (to check the serial) and records the agent as seen in the
+// replica's tracker.
 func (s *Service) heartbeat(ctx context.Context, host string, serial *string, req HeartbeatRequest) (HeartbeatResult, error) {
 	now := s.cfg.Clock()
-	var becameReachable, renew bool
+	beat := liveness.Beat{
+		Address:     req.AgentAddress,
+		Version:     req.Version,
+		Facts:       req.Facts,
+		FactsSHA256: req.FactsSHA256,
+		Replica:     s.cfg.Replica,
+		Now:         now,
+	}
+	var becameReachable, renew, wantFacts bool
 	err := s.updateHost(ctx, host, false, func(h *typesv1.Host) error {
 		if serial != nil {
 			if err := CheckSerial(h, *serial); err != nil {
 				return err
 			}
 		}
-		if h.Status == nil {
-			h.Status = &typesv1.HostStatus{}
-		}
-		if h.Status.Agent == nil {
-			h.Status.Agent = &typesv1.AgentStatus{}
-		}
-		a := h.Status.Agent
-		if serial != nil && *serial == a.CertificateSerial {
+		change := liveness.Plan(h, beat, s.cfg.Refresh)
+		wantFacts = change.WantFacts
+		a := h.GetStatus().GetAgent()
+		clearPrevious := false
+		if serial != nil && *serial == a.GetCertificateSerial() {
 			// The latest certificate is in use: the one it replaced is
 			// revoked.
-			a.PreviousCertificateSerial = ""
+			clearPrevious = a.GetPreviousCertificateSerial() != ""
 			if r, ok := s.ca.(Rotation); ok {
-				renew = r.WantsRenewal(a.CertificateIssuer)
+				renew = r.WantsRenewal(a.GetCertificateIssuer())
 			}
 		}
-		a.Address = req.AgentAddress
-		a.LastHeartbeat = timestamppb.New(now)
-		a.Version = req.Version
-		if req.Facts != nil {
-			h.Status.Facts = req.Facts
-			a.Mode = req.Facts.GetAgentMode()
-			a.BootSource = req.Facts.GetBootSource()
+		if wantFacts || (!change.Write && !clearPrevious) {
+			return errUnchanged
 		}
-		var changed bool
-		h.Status.Conditions, changed = conditions.Set(h.Status.Conditions,
-			conditions.New(ConditionAgentReachable, conditions.True, "HeartbeatReceived", "agent at "+req.AgentAddress+" sends heartbeats"), now)
-		becameReachable = changed
+		if clearPrevious {
+			h.Status.Agent.PreviousCertificateSerial = ""
+		}
+		becameReachable = liveness.Apply(h, beat)
 		return nil
 	}, now)
 	if errdefs.IsNotFound(err) {
@@ -460,11 +497,16 @@ func (s *Service) heartbeat(ctx context.Context, host string, serial *string, re
 	if err != nil {
 		return HeartbeatResult{}, fmt.Errorf("heartbeat of host %q: %w", host, err)
 	}
+	s.tracker.Seen(host, now)
 	if becameReachable {
 		s.events.Record(ctx, HostsKind, host, events.Normal, "AgentReachable", "agent heartbeats arrive from "+req.AgentAddress)
 	}
-	return HeartbeatResult{Interval: s.cfg.HeartbeatInterval, RenewCertificate: renew}, nil
+	return HeartbeatResult{Interval: s.cfg.HeartbeatInterval, RenewCertificate: renew, FactsWanted: wantFacts}, nil
 }
+
+// Tracker is the replica's in-memory record of when each agent was last
+// heard from (Config.Tracker, or one of its own).
+func (s *Service) Tracker() *liveness.Tracker { return s.tracker }
 
 // TrustPEM is the CA certificates agents are to trust (PEM): the CA
 // during a rotation, the old and the new one during it.

@@ -57,6 +57,7 @@ func benchWave(b *testing.B, n int) {
 	w.cfg.Plan = hostlife.Config{PollInterval: time.Second}
 	_, err := sim.Populate(w.ctx, w.st, n, "rack")
 	require.NoError(b, err)
+	rev0 := w.revision()
 	b.StartTimer()
 	start := time.Now()
 	stop := w.start()
@@ -71,6 +72,7 @@ func benchWave(b *testing.B, n int) {
 	}
 	elapsed := time.Since(start)
 	b.StopTimer()
+	writes := w.revision() - rev0
 	lays := 0
 	for _, h := range w.fleet.Hosts() {
 		lays += h.Lays()
@@ -82,6 +84,17 @@ func benchWave(b *testing.B, n int) {
 	require.NoError(b, err)
 	b.ReportMetric(float64(st.Size())/(1<<20), "MiB-etcd-db")
 	b.ReportMetric(float64(n)/elapsed.Seconds(), "hosts/s")
+	b.ReportMetric(float64(writes)/elapsed.Seconds(), "etcd-writes/s")
+	b.ReportMetric(float64(writes)/float64(n), "etcd-writes/host")
+}
+
+// revision is etcd's current revision: it grows by one per committed
+// write (a put, a delete or a transaction that changed something), so its
+// growth over a run counts the run's writes, events and leases included.
+func (w *world) revision() int64 {
+	resp, err := w.client.Get(w.ctx, "/kiln/revision-probe")
+	require.NoError(w.t, err)
+	return resp.Header.Revision
 }
 
 // count lists the hosts page by page: provisioned ones and ones in Error.

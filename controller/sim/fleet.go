@@ -17,9 +17,9 @@ import (
 // EnrollmentCheckIn makes simulated agents check in through the
 // controller's enrollment service, as real agents' heartbeats do.
 func EnrollmentCheckIn(s *enrollment.Service) CheckIn {
-	return func(ctx context.Context, host, address string, facts *typesv1.Facts) error {
-		_, err := s.SimulatedHeartbeat(ctx, host, enrollment.HeartbeatRequest{AgentAddress: address, Facts: facts, Version: "sim"})
-		return err
+	return func(ctx context.Context, host, address string, facts *typesv1.Facts, factsSHA256 string) (bool, error) {
+		r, err := s.SimulatedHeartbeat(ctx, host, enrollment.HeartbeatRequest{AgentAddress: address, Facts: facts, FactsSHA256: factsSHA256, Version: "sim"})
+		return r.FactsWanted, err
 	}
 }
 

@@ -23,12 +23,14 @@ import (
 	"github.com/kilnhq/kiln/controller/provision"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/errdefs"
+	"github.com/kilnhq/kiln/internal/factshash"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
 // CheckIn records an agent's heartbeat as the controller's Agents service
-// does (enrollment.Service.Heartbeat).
-type CheckIn func(ctx context.Context, host, address string, facts *typesv1.Facts) error
+// does (enrollment.Service.Heartbeat): facts in full (nil when not sent)
+// and their hash. It reports whether the controller asks for the facts.
+type CheckIn func(ctx context.Context, host, address string, facts *typesv1.Facts, factsSHA256 string) (factsWanted bool, err error)
 
 // Config sets the simulated delays. Zero values mean no delay.
 type Config struct {
@@ -168,6 +170,24 @@ func (h *Host) DiskImage() string { h.mu.Lock(); defer h.mu.Unlock(); return h.d
 // (it boots its persistent device), as some do.
 func (h *Host) IgnoreBootOverride(v bool) { h.mu.Lock(); defer h.mu.Unlock(); h.ignoreOnce = v }
 
+// RunInstalled makes the host one that was provisioned before: powered
+// on, the image laid with its identity, booting (after the boot delay)
+// into its installed agent, which then heartbeats. Benchmarks of an idle
+// fleet start here.
+func (h *Host) RunInstalled() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.power {
+		return
+	}
+	h.power, h.diskImage, h.identity, h.persistent = true, ImageName, true, "disk"
+	h.lastDevice = "disk"
+	h.startBootLocked("disk")
+}
+
+// CheckIns counts the host's successful check-ins.
+func (h *Host) CheckIns() int64 { return h.checkIns.Load() }
+
 // PowerCut turns the host off behind the controller's back (a tripped
 // PDU): the running agent and its operations end.
 func (h *Host) PowerCut() { h.powerOff() }
@@ -299,9 +319,12 @@ func (h *Host) startBootLocked(dev string) {
 }
 
 // heartbeats checks the agent in now and every HeartbeatInterval while
-// generation gen runs.
+// generation gen runs. Like agent/heartbeat, it sends the hash of its
+// facts every time and the facts themselves on the first check-in of a
+// boot and when the controller asks for them.
 func (h *Host) heartbeats(gen int) {
 	f := h.fleet
+	delivered := ""
 	for {
 		h.mu.Lock()
 		if h.gen != gen {
@@ -310,8 +333,21 @@ func (h *Host) heartbeats(gen int) {
 		}
 		facts := &typesv1.Facts{Hostname: h.name, AgentMode: h.running, BootSource: h.bootSource, AgentVersion: "sim"}
 		h.mu.Unlock()
-		if err := f.checkIn(f.ctx, h.name, "sim://"+h.name, facts); err == nil {
+		sum := factshash.Sum(facts)
+		var send *typesv1.Facts
+		if sum != delivered {
+			send = facts
+		}
+		wanted, err := f.checkIn(f.ctx, h.name, "sim://"+h.name, send, sum)
+		if err == nil {
 			h.checkIns.Add(1)
+			if send != nil {
+				delivered = sum
+			}
+			if wanted && send == nil {
+				delivered = "" // send them now
+				continue
+			}
 		} else if f.ctx.Err() != nil {
 			return
 		} else {

@@ -1281,10 +1281,18 @@ func (x *EnrollResponse) GetHost() string {
 }
 
 type HeartbeatRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	AgentAddress  string                 `protobuf:"bytes,1,opt,name=agent_address,json=agentAddress,proto3" json:"agent_address,omitempty"`
-	Facts         *v1.Facts              `protobuf:"bytes,2,opt,name=facts,proto3" json:"facts,omitempty"`
-	Version       string                 `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	AgentAddress string                 `protobuf:"bytes,1,opt,name=agent_address,json=agentAddress,proto3" json:"agent_address,omitempty"`
+	// facts are the host's facts in full: sent on the agent's first
+	// heartbeat and when the controller asks for them (facts_wanted).
+	// Agents before facts_sha256 send them every minute instead.
+	Facts   *v1.Facts `protobuf:"bytes,2,opt,name=facts,proto3" json:"facts,omitempty"`
+	Version string    `protobuf:"bytes,3,opt,name=version,proto3" json:"version,omitempty"`
+	// facts_sha256 is the hex sha256 of the agent's current facts
+	// (deterministic protobuf encoding), sent with every heartbeat. A
+	// controller that holds other facts answers facts_wanted; one that holds
+	// these writes nothing for them. Empty from older agents.
+	FactsSha256   string `protobuf:"bytes,4,opt,name=facts_sha256,json=factsSha256,proto3" json:"facts_sha256,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1340,6 +1348,13 @@ func (x *HeartbeatRequest) GetVersion() string {
 	return ""
 }
 
+func (x *HeartbeatRequest) GetFactsSha256() string {
+	if x != nil {
+		return x.FactsSha256
+	}
+	return ""
+}
+
 type HeartbeatResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Host  string                 `protobuf:"bytes,1,opt,name=host,proto3" json:"host,omitempty"`
@@ -1354,8 +1369,11 @@ type HeartbeatResponse struct {
 	// renew_certificate asks the agent to renew its certificate now (its
 	// issuer is being retired), through Agents.Renew.
 	RenewCertificate bool `protobuf:"varint,4,opt,name=renew_certificate,json=renewCertificate,proto3" json:"renew_certificate,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// facts_wanted asks the agent to send its facts in full now: the
+	// controller does not hold the facts of the agent's facts_sha256.
+	FactsWanted   bool `protobuf:"varint,5,opt,name=facts_wanted,json=factsWanted,proto3" json:"facts_wanted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HeartbeatResponse) Reset() {
@@ -1412,6 +1430,13 @@ func (x *HeartbeatResponse) GetCaBundlePem() []byte {
 func (x *HeartbeatResponse) GetRenewCertificate() bool {
 	if x != nil {
 		return x.RenewCertificate
+	}
+	return false
+}
+
+func (x *HeartbeatResponse) GetFactsWanted() bool {
+	if x != nil {
+		return x.FactsWanted
 	}
 	return false
 }
@@ -2467,16 +2492,18 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\x0eEnrollResponse\x12'\n" +
 	"\x0fcertificate_pem\x18\x01 \x01(\fR\x0ecertificatePem\x12\x15\n" +
 	"\x06ca_pem\x18\x02 \x01(\fR\x05caPem\x12\x12\n" +
-	"\x04host\x18\x03 \x01(\tR\x04host\"}\n" +
+	"\x04host\x18\x03 \x01(\tR\x04host\"\xa0\x01\n" +
 	"\x10HeartbeatRequest\x12#\n" +
 	"\ragent_address\x18\x01 \x01(\tR\fagentAddress\x12*\n" +
 	"\x05facts\x18\x02 \x01(\v2\x14.kiln.types.v1.FactsR\x05facts\x12\x18\n" +
-	"\aversion\x18\x03 \x01(\tR\aversion\"\xa3\x01\n" +
+	"\aversion\x18\x03 \x01(\tR\aversion\x12!\n" +
+	"\ffacts_sha256\x18\x04 \x01(\tR\vfactsSha256\"\xc6\x01\n" +
 	"\x11HeartbeatResponse\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12)\n" +
 	"\x10interval_seconds\x18\x02 \x01(\x05R\x0fintervalSeconds\x12\"\n" +
 	"\rca_bundle_pem\x18\x03 \x01(\fR\vcaBundlePem\x12+\n" +
-	"\x11renew_certificate\x18\x04 \x01(\bR\x10renewCertificate\"'\n" +
+	"\x11renew_certificate\x18\x04 \x01(\bR\x10renewCertificate\x12!\n" +
+	"\ffacts_wanted\x18\x05 \x01(\bR\vfactsWanted\"'\n" +
 	"\fRenewRequest\x12\x17\n" +
 	"\acsr_der\x18\x01 \x01(\fR\x06csrDer\"\\\n" +
 	"\rRenewResponse\x12'\n" +

@@ -1072,8 +1072,16 @@ type AgentStatus struct {
 	// kiln-controller rotate-ca checks before it retires a CA. Empty for
 	// certificates recorded before it existed.
 	CertificateIssuer string `protobuf:"bytes,9,opt,name=certificate_issuer,json=certificateIssuer,proto3" json:"certificate_issuer,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// facts_sha256 is the hex sha256 of status.facts as the agent reported
+	// it (or as the controller computed it for agents that send none):
+	// heartbeats with the same hash write nothing.
+	FactsSha256 string `protobuf:"bytes,10,opt,name=facts_sha256,json=factsSha256,proto3" json:"facts_sha256,omitempty"`
+	// controller is the ID of the controller replica that receives the
+	// agent's heartbeats and holds its last-seen time in memory: that
+	// replica decides when the agent went silent (controller/liveness).
+	Controller    string `protobuf:"bytes,11,opt,name=controller,proto3" json:"controller,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AgentStatus) Reset() {
@@ -1165,6 +1173,20 @@ func (x *AgentStatus) GetPreviousCertificateSerial() string {
 func (x *AgentStatus) GetCertificateIssuer() string {
 	if x != nil {
 		return x.CertificateIssuer
+	}
+	return ""
+}
+
+func (x *AgentStatus) GetFactsSha256() string {
+	if x != nil {
+		return x.FactsSha256
+	}
+	return ""
+}
+
+func (x *AgentStatus) GetController() string {
+	if x != nil {
+		return x.Controller
 	}
 	return ""
 }
@@ -5284,7 +5306,7 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"agent_mode\x18\x11 \x01(\tR\tagentMode\x1a?\n" +
 	"\x11KubeVersionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa7\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xea\x03\n" +
 	"\vAgentStatus\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12-\n" +
 	"\x12certificate_serial\x18\x02 \x01(\tR\x11certificateSerial\x12N\n" +
@@ -5295,7 +5317,12 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\vboot_source\x18\a \x01(\tR\n" +
 	"bootSource\x12>\n" +
 	"\x1bprevious_certificate_serial\x18\b \x01(\tR\x19previousCertificateSerial\x12-\n" +
-	"\x12certificate_issuer\x18\t \x01(\tR\x11certificateIssuer\"\xb0\x03\n" +
+	"\x12certificate_issuer\x18\t \x01(\tR\x11certificateIssuer\x12!\n" +
+	"\ffacts_sha256\x18\n" +
+	" \x01(\tR\vfactsSha256\x12\x1e\n" +
+	"\n" +
+	"controller\x18\v \x01(\tR\n" +
+	"controller\"\xb0\x03\n" +
 	"\x0fOperationStatus\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x14\n" +
