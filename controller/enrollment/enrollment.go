@@ -59,6 +59,14 @@ type Store interface {
 	CreateAudited(ctx context.Context, kind, name string, m proto.Message, rec store.AuditRecord, secrets ...store.SecretOp) (int64, error)
 }
 
+// unpausedGetter is the store's Get that fails while the controller is
+// paused for a move (*store.Store).
+type unpausedGetter interface {
+	GetUnpaused(ctx context.Context, kind, name string, into proto.Message) (int64, error)
+}
+
+var _ unpausedGetter = (*store.Store)(nil)
+
 // Signer signs agent CSRs (*pki.CA).
 type Signer interface {
 	SignCSR(csrDER []byte, role pki.Role, name string, ttl time.Duration, now time.Time, opts ...pki.SignOption) ([]byte, error)
@@ -363,9 +371,17 @@ const maxRetries = 10
 // compare-and-swap, retrying on conflict. With create, a missing Host is
 // created. An error from fn stops it, writing nothing.
 func (s *Service) updateHost(ctx context.Context, host string, create bool, fn func(*typesv1.Host) error, now time.Time) error {
+	// An update of an existing Host (a heartbeat) reads it with the
+	// pause's check when the store has one: a heartbeat that writes
+	// nothing is refused, like a write, while the controller is paused for
+	// a move, and tells the agent where the fleet went.
+	get := s.store.Get
+	if g, ok := s.store.(unpausedGetter); ok && !create {
+		get = g.GetUnpaused
+	}
 	for range maxRetries {
 		h := &typesv1.Host{}
-		rev, err := s.store.Get(ctx, HostsKind, host, h)
+		rev, err := get(ctx, HostsKind, host, h)
 		if errdefs.IsNotFound(err) && create {
 			h = &typesv1.Host{
 				ApiVersion: "kiln.dev/v1",

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
@@ -229,4 +230,35 @@ func pausedErr(value []byte, op string) error {
 	return fmt.Errorf("%w (%w)", errdefs.FailedPrecondition(
 		"%s refused: this controller is paused for a move: %s; use the controller there (kilnctl --kilnconfig of that controller), or resume this one with kilnctl move --resume if the move was abandoned",
 		op, msg), ErrPaused)
+}
+
+// GetUnpaused is Get that fails, as a write would, with the pause's error
+// while this controller is paused for a move, in the same round trip (one
+// etcd transaction). Agents' heartbeats read their Host with it: a
+// heartbeat that writes nothing must still tell the agent where its fleet
+// went.
+func (s *Store) GetUnpaused(ctx context.Context, kind, name string, into proto.Message) (int64, error) {
+	key, err := resourceKey(kind, name)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := s.client.Txn(ctx).If(pauseCmp()).Then(clientv3.OpGet(key)).Else(clientv3.OpGet(pauseKey)).Commit()
+	if err != nil {
+		return 0, etcdErr(ctx, "get "+key, err)
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if !resp.Succeeded {
+		var value []byte
+		if len(kvs) > 0 {
+			value = kvs[0].Value
+		}
+		return 0, pausedErr(value, "heartbeat")
+	}
+	if len(kvs) == 0 {
+		return 0, errdefs.NotFound("%s %q not found", kind, name)
+	}
+	if err := proto.Unmarshal(kvs[0].Value, into); err != nil {
+		return 0, fmt.Errorf("get %s: decode: %w", key, err)
+	}
+	return kvs[0].ModRevision, nil
 }
