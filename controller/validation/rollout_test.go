@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/kilnhq/kiln/internal/errdefs"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
@@ -80,4 +82,14 @@ func TestValidateRollout(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestValidateAgainstRollout(t *testing.T) {
+	cur := rollout(func(*typesv1.RolloutSpec) {})
+	paused := rollout(func(s *typesv1.RolloutSpec) { s.Paused = true })
+	require.NoError(t, ValidateAgainst(paused, Observed{Current: cur}), "pausing a Rollout")
+	other := rollout(func(s *typesv1.RolloutSpec) { s.Change.KubernetesVersion = "v1.35.2" })
+	err := ValidateAgainst(other, Observed{Current: cur})
+	require.ErrorContains(t, err, "spec.change: a Rollout's change is fixed once it exists")
+	require.NoError(t, ValidateAgainst(other, Observed{}), "a new Rollout")
 }

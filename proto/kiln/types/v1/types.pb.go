@@ -4546,8 +4546,13 @@ type RolloutStatus struct {
 	// resumed is the last spec.resume the controller acted on.
 	Resumed            int64 `protobuf:"varint,5,opt,name=resumed,proto3" json:"resumed,omitempty"`
 	ObservedGeneration int64 `protobuf:"varint,6,opt,name=observed_generation,json=observedGeneration,proto3" json:"observed_generation,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// resume_time is when the controller last acted on a resume: halt
+	// rules look at what happened after it.
+	ResumeTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=resume_time,json=resumeTime,proto3" json:"resume_time,omitempty"`
+	// halted_wave is the wave whose cluster halted the rollout.
+	HaltedWave    string `protobuf:"bytes,8,opt,name=halted_wave,json=haltedWave,proto3" json:"halted_wave,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RolloutStatus) Reset() {
@@ -4620,6 +4625,20 @@ func (x *RolloutStatus) GetObservedGeneration() int64 {
 		return x.ObservedGeneration
 	}
 	return 0
+}
+
+func (x *RolloutStatus) GetResumeTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ResumeTime
+	}
+	return nil
+}
+
+func (x *RolloutStatus) GetHaltedWave() string {
+	if x != nil {
+		return x.HaltedWave
+	}
+	return ""
 }
 
 // RolloutCluster is one cluster a Rollout started.
@@ -5695,7 +5714,7 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\x0eon_remediation\x18\x02 \x01(\bR\ronRemediation\x12A\n" +
 	"\n" +
 	"conditions\x18\x03 \x03(\v2!.kiln.types.v1.UnhealthyConditionR\n" +
-	"conditions\"\x97\x02\n" +
+	"conditions\"\xf5\x02\n" +
 	"\rRolloutStatus\x12\x14\n" +
 	"\x05phase\x18\x01 \x01(\tR\x05phase\x128\n" +
 	"\n" +
@@ -5704,7 +5723,11 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\x05waves\x18\x03 \x03(\v2\x1a.kiln.types.v1.RolloutWaveR\x05waves\x129\n" +
 	"\bclusters\x18\x04 \x03(\v2\x1d.kiln.types.v1.RolloutClusterR\bclusters\x12\x18\n" +
 	"\aresumed\x18\x05 \x01(\x03R\aresumed\x12/\n" +
-	"\x13observed_generation\x18\x06 \x01(\x03R\x12observedGeneration\"\xf0\x01\n" +
+	"\x13observed_generation\x18\x06 \x01(\x03R\x12observedGeneration\x12;\n" +
+	"\vresume_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"resumeTime\x12\x1f\n" +
+	"\vhalted_wave\x18\b \x01(\tR\n" +
+	"haltedWave\"\xf0\x01\n" +
 	"\x0eRolloutCluster\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04wave\x18\x02 \x01(\tR\x04wave\x12\x14\n" +
@@ -5956,22 +5979,23 @@ var file_kiln_types_v1_types_proto_depIdxs = []int32{
 	2,   // 90: kiln.types.v1.RolloutStatus.conditions:type_name -> kiln.types.v1.Condition
 	53,  // 91: kiln.types.v1.RolloutStatus.waves:type_name -> kiln.types.v1.RolloutWave
 	52,  // 92: kiln.types.v1.RolloutStatus.clusters:type_name -> kiln.types.v1.RolloutCluster
-	72,  // 93: kiln.types.v1.RolloutCluster.start_time:type_name -> google.protobuf.Timestamp
-	72,  // 94: kiln.types.v1.RolloutCluster.done_time:type_name -> google.protobuf.Timestamp
-	72,  // 95: kiln.types.v1.RolloutWave.done_time:type_name -> google.protobuf.Timestamp
-	1,   // 96: kiln.types.v1.GitSource.metadata:type_name -> kiln.types.v1.ObjectMeta
-	55,  // 97: kiln.types.v1.GitSource.spec:type_name -> kiln.types.v1.GitSourceSpec
-	56,  // 98: kiln.types.v1.GitSource.status:type_name -> kiln.types.v1.GitSourceStatus
-	72,  // 99: kiln.types.v1.GitSourceStatus.applied_time:type_name -> google.protobuf.Timestamp
-	2,   // 100: kiln.types.v1.GitSourceStatus.conditions:type_name -> kiln.types.v1.Condition
-	72,  // 101: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
-	72,  // 102: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
-	72,  // 103: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
-	104, // [104:104] is the sub-list for method output_type
-	104, // [104:104] is the sub-list for method input_type
-	104, // [104:104] is the sub-list for extension type_name
-	104, // [104:104] is the sub-list for extension extendee
-	0,   // [0:104] is the sub-list for field type_name
+	72,  // 93: kiln.types.v1.RolloutStatus.resume_time:type_name -> google.protobuf.Timestamp
+	72,  // 94: kiln.types.v1.RolloutCluster.start_time:type_name -> google.protobuf.Timestamp
+	72,  // 95: kiln.types.v1.RolloutCluster.done_time:type_name -> google.protobuf.Timestamp
+	72,  // 96: kiln.types.v1.RolloutWave.done_time:type_name -> google.protobuf.Timestamp
+	1,   // 97: kiln.types.v1.GitSource.metadata:type_name -> kiln.types.v1.ObjectMeta
+	55,  // 98: kiln.types.v1.GitSource.spec:type_name -> kiln.types.v1.GitSourceSpec
+	56,  // 99: kiln.types.v1.GitSource.status:type_name -> kiln.types.v1.GitSourceStatus
+	72,  // 100: kiln.types.v1.GitSourceStatus.applied_time:type_name -> google.protobuf.Timestamp
+	2,   // 101: kiln.types.v1.GitSourceStatus.conditions:type_name -> kiln.types.v1.Condition
+	72,  // 102: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
+	72,  // 103: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
+	72,  // 104: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
+	105, // [105:105] is the sub-list for method output_type
+	105, // [105:105] is the sub-list for method input_type
+	105, // [105:105] is the sub-list for extension type_name
+	105, // [105:105] is the sub-list for extension extendee
+	0,   // [0:105] is the sub-list for field type_name
 }
 
 func init() { file_kiln_types_v1_types_proto_init() }
