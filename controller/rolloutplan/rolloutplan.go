@@ -356,6 +356,10 @@ func Decide(in Input, now time.Time) Plan {
 			halted = true
 			st.HaltedWave = haltWave
 		}
+	} else {
+		// Still halted: the stored reason and the halted wave's message,
+		// with what still moves counted again below.
+		haltReason, haltMsg = progressing.GetReason(), oldWaveMessage(r.GetStatus(), st.GetHaltedWave())
 	}
 
 	// Start clusters of the current wave.
@@ -419,9 +423,6 @@ func Decide(in Input, now time.Time) Plan {
 		case halted && w.value == st.GetHaltedWave():
 			ws.State = WaveHalted
 			ws.Message = haltMsg
-			if ws.Message == "" {
-				ws.Message = oldWaveMessage(r.GetStatus(), w.value)
-			}
 		case i == prev && bakeLeft > 0:
 			ws.State = WaveBaking
 			ws.Message = fmt.Sprintf("baking: %s left of %s", bakeLeft.Round(time.Second), bake)
@@ -459,9 +460,7 @@ func Decide(in Input, now time.Time) Plan {
 		set(ConditionProgressing, conditions.False, ReasonAborted, "aborted (kilnctl rollout abort): no cluster starts any more"+finishing, "")
 	case halted:
 		st.Phase = PhaseHalted
-		if haltReason != "" {
-			set(ConditionProgressing, conditions.False, haltReason, haltMsg+"; no cluster starts until kilnctl rollout resume"+finishing, "Warning")
-		}
+		set(ConditionProgressing, conditions.False, haltReason, haltMsg+"; no cluster starts until kilnctl rollout resume"+finishing, "Warning")
 	case len(refused) > 0:
 		st.Phase = PhaseHalted
 		set(ConditionProgressing, conditions.False, ReasonRefused, "the change would break "+strings.Join(refused, "; ")+": no cluster starts; change the Rollout"+finishing, "Warning")
