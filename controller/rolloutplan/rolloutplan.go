@@ -58,8 +58,9 @@ const (
 )
 
 // Conditions and their reasons. Progressing is False (blocking, shown by
-// kilnctl get) while the rollout is halted, paused or aborted; Complete
-// is True once every wave is done.
+// kilnctl get) while the rollout is halted, refused, paused or aborted,
+// and its message counts the clusters done; Complete is True once every
+// wave is done (absent before).
 const (
 	ConditionProgressing = "Progressing"
 	ConditionComplete    = "Complete"
@@ -496,7 +497,12 @@ func Decide(in Input, now time.Time) Plan {
 	if allDone {
 		set(ConditionComplete, conditions.True, ReasonComplete, fmt.Sprintf("%d clusters in %d waves at %s", total, len(waves), ch), "")
 	} else {
-		set(ConditionComplete, conditions.False, ReasonIncomplete, fmt.Sprintf("%d of %d clusters at %s", done, total, ch), "")
+		// Not a problem, so no False condition (kilnctl shows those as
+		// what blocks): the count goes into Progressing's message.
+		conds, _ = conditions.Remove(conds, ConditionComplete)
+		if c := conditions.Get(conds, ConditionProgressing); c != nil {
+			c.Message = strings.TrimPrefix(c.GetMessage()+fmt.Sprintf("; %d of %d clusters at %s", done, total, ch), "; ")
+		}
 	}
 	st.Conditions = conds
 	return p

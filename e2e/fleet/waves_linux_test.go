@@ -334,7 +334,11 @@ func (r *waveRun) waitRollout(what string, done func(*typesv1.Rollout) bool) *ty
 			// The row under the header. The bake's time left changes every
 			// poll: log a new state only.
 			_, row, _ := strings.Cut(strings.TrimSpace(out), "\n")
-			line := strings.Join(strings.Fields(row), " ")
+			fields := strings.Fields(row)
+			if len(fields) > 0 {
+				fields = fields[:len(fields)-1] // AGE
+			}
+			line := strings.Join(fields, " ")
 			key := bakeLeftPattern(line)
 			if key != r.lastGet {
 				r.lastGet = key
