@@ -253,6 +253,9 @@ func (ch change) progressTopology(c ClusterInput) (bool, string, []Action) {
 		return false, "topology moving to " + ch.String(), []Action{SetTopologyVersion{Cluster: name, Version: ch.GetKubernetesVersion()}}
 	case ch.isVersion() && ts.GetVersion() != ch.GetKubernetesVersion():
 		return false, fmt.Sprintf("topology at %s, waiting for %s", ts.GetVersion(), ch.GetKubernetesVersion()), nil
+	case ch.isClass() && ts.GetClassRevision() > ch.GetClassRevision():
+		// A later Rollout of the class moved it on: nothing left to do.
+		return true, "", nil
 	case ch.isClass() && ts.GetClassRevision() < ch.GetClassRevision():
 		return false, "moving to " + ch.String(), []Action{SetClassRevision{Cluster: name, Revision: ch.GetClassRevision()}}
 	case ch.isImage():

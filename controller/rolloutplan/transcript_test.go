@@ -47,6 +47,7 @@ var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 //	break N reason="..."                  cluster N's control plane and
 //	                                      Ready go False with reason
 //	cond N type=T status=S                set a condition of cluster N
+//	pin N rev=R                           another Rollout pins N at R
 //	remediate N                           a HealthCheck of N remediates
 //	                                      a machine now
 //	status                                print the stored status
@@ -183,6 +184,10 @@ func (w *world) exec(t *testing.T, cmd string) string {
 	case "cond":
 		c := w.cluster(t, fields[1])
 		c.Cluster.Status.Conditions = setCond(c.Cluster.Status.Conditions, cond(a["type"], a["status"], a["reason"], a["msg"], c.Cluster.Metadata.Generation, w.now), w.now)
+	case "pin":
+		rev, err := strconv.ParseInt(a["rev"], 10, 64)
+		require.NoError(t, err)
+		w.cluster(t, fields[1]).Cluster.Status.Topology.ClassRevision = rev
 	case "remediate":
 		c := w.cluster(t, fields[1])
 		c.Remediations = append(c.Remediations, w.now)
