@@ -44,6 +44,7 @@ import (
 	"github.com/kilnhq/kiln/controller/rolloutexec"
 	"github.com/kilnhq/kiln/controller/sim"
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/controller/topologyexec"
 	"github.com/kilnhq/kiln/internal/backoff"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/kilnconfig"
@@ -566,7 +567,9 @@ func (c *Controller) Run(ctx context.Context) error {
 				fenced := st.Fenced(store.Fence{Key: term.Key, Rev: term.Rev})
 				c.collectOrphanSecrets(lctx, fenced)
 				stopLife := c.runLifecycle(lctx, fenced, rec, ca, enr, addr)
+				stopTopology := c.runTopology(lctx, fenced, rec)
 				c.reconcile(lctx, fenced, rec)
+				stopTopology()
 				stopLife()
 				c.log.Info("reconcilers stopped")
 			})
@@ -664,6 +667,18 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 			pool.Close()
 		}
 	}
+}
+
+// runTopology starts the topology executor (controller/topologyexec),
+// which derives the ControlPlane, MachineDeployments and HealthChecks of
+// clusters with spec.topology and records cluster class revisions; it
+// needs no hosts, so it runs on every leader. It returns a function that
+// waits for it to end (after lctx ends).
+func (c *Controller) runTopology(lctx context.Context, st *store.Store, rec *events.Recorder) func() {
+	tx := topologyexec.New(st, rec, topologyexec.Config{Interval: c.cfg.ReconcileInterval, Clock: c.cfg.Clock}, c.log)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = tx.Run(lctx) }()
+	return func() { <-done }
 }
 
 // waitForCA loads or creates the CA, waiting (with backoff) while etcd is

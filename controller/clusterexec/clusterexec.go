@@ -30,6 +30,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -639,6 +640,11 @@ func (e *Executor) createMachine(ctx context.Context, c *typesv1.Cluster, a clus
 		},
 		Spec:   &typesv1.MachineSpec{Cluster: c.GetMetadata().GetName(), Role: a.Role, Host: a.Host, Version: a.Version, Image: a.Image, Owner: a.Owner},
 		Status: &typesv1.MachineStatus{Phase: PhasePending},
+	}
+	if md, ok := strings.CutPrefix(a.Owner, "MachineDeployment/"); ok {
+		// A worker pool's HealthCheck selects its machines by it
+		// (controller/topologyplan).
+		m.Metadata.Labels["deployment"] = md
 	}
 	if uid := c.GetMetadata().GetUid(); uid != "" {
 		m.Metadata.Annotations[AnnotationClusterUID] = uid

@@ -226,6 +226,11 @@ func TestClusterConverges(t *testing.T) {
 		require.Equal(t, typesv1.HostState_HOST_STATE_PROVISIONED, h.GetStatus().GetState(), "host %s", h.GetMetadata().GetName())
 		require.Equal(t, m.GetMetadata().GetName(), h.GetStatus().GetMachine(), "host %s bound machine", h.GetMetadata().GetName())
 		require.Equal(t, m.GetSpec().GetRole(), w.kubeadm.Node(m.GetSpec().GetHost()), "node role on host %s", m.GetSpec().GetHost())
+		// A worker names its MachineDeployment in a label, which a
+		// pool's HealthCheck selects (controller/topologyplan).
+		if md, ok := strings.CutPrefix(m.GetSpec().GetOwner(), "MachineDeployment/"); ok {
+			require.Equal(t, md, m.GetMetadata().GetLabels()["deployment"], "machine %s labels", m.GetMetadata().GetName())
+		}
 	}
 	require.Equal(t, map[string]int{"control-plane": 1, "worker": 2}, roles)
 

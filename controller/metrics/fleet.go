@@ -162,7 +162,11 @@ func (f *Fleet) Collect(ch chan<- prometheus.Metric) {
 	type clusterKey struct{ phase, version string }
 	byCluster := map[clusterKey]float64{}
 	for _, c := range snap.clusters {
-		byCluster[clusterKey{orUnknown(c.GetStatus().GetPhase()), c.GetSpec().GetKubernetesVersion()}]++
+		v := c.GetSpec().GetKubernetesVersion()
+		if t := c.GetSpec().GetTopology(); t != nil {
+			v = t.GetVersion() // a topology cluster's version (docs/clusters.md)
+		}
+		byCluster[clusterKey{orUnknown(c.GetStatus().GetPhase()), v}]++
 	}
 	for k, v := range byCluster {
 		gauge(f.clusters, v, k.phase, k.version)

@@ -304,6 +304,15 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 			return "", nil, err
 		}
 	}
+	if err := s.observeTopology(ctx, obj, &observed); err != nil {
+		return "", nil, err
+	}
+	if c, ok := obj.(*typesv1.Cluster); ok && c.GetSpec().GetTopology() != nil {
+		// Check the fields the class filled in as if the user had.
+		if err := validation.Validate(k.Wrap(obj)); err != nil {
+			return "", nil, err
+		}
+	}
 	if err := validation.ValidateAgainst(k.Wrap(obj), observed); err != nil {
 		return "", nil, err
 	}

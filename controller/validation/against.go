@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
 // Observed is what the store holds that a resource is checked against.
@@ -31,6 +32,18 @@ type Observed struct {
 	// with one is a warning (WarnAgainst), never a refusal: facts from
 	// agents must not deny service to operators (issue 12, hole 6).
 	AgentNetworks []HostNetwork
+	// Class is the ClusterClass a topology Cluster names (nil when it
+	// does not exist), and ClassSpec the spec of the revision the cluster
+	// follows (its pinned revision when the class keeps it, else the
+	// class's current spec).
+	Class     *typesv1.ClusterClass
+	ClassSpec *typesv1.ClusterClassSpec
+	// ClassClusters are the Clusters whose spec.topology names the
+	// ClusterClass being applied.
+	ClassClusters []*typesv1.Cluster
+	// ImageVersions maps Image names to their Kubernetes versions, for
+	// the topology checks.
+	ImageVersions map[string]string
 }
 
 // HostNetwork is a network one host's agent reports.
@@ -75,6 +88,11 @@ func ValidateAgainst(r *controllerv1.Resource, o Observed) error {
 			checkNetworks(&p, "spec.podCidr", s.GetPodCidr(), o.Networks)
 			checkNetworks(&p, "spec.serviceCidr", s.GetServiceCidr(), o.Networks)
 		}
+		if s.GetTopology() != nil {
+			checkTopologyAgainst(&p, x.Cluster, o)
+		}
+	case *controllerv1.Resource_ClusterClass:
+		checkClassAgainst(&p, x.ClusterClass, o)
 	case *controllerv1.Resource_ControlPlane:
 		if cur := o.Current.GetControlPlane(); cur != nil {
 			checkVersionChange(&p, "spec.version", cur.GetSpec().GetVersion(), x.ControlPlane.GetSpec().GetVersion())

@@ -280,12 +280,17 @@ func checkImage(p *problems, s *typesv1.ImageSpec) {
 }
 
 func checkCluster(p *problems, s *typesv1.ClusterSpec) {
-	if s.GetKubernetesVersion() == "" {
+	// A topology cluster takes its version from spec.topology.version and
+	// may take its CIDRs from its class (filled in at apply).
+	topology := s.GetTopology() != nil
+	if topology {
+		checkTopology(p, s)
+	} else if s.GetKubernetesVersion() == "" {
 		p.add("spec.kubernetesVersion", "required: a pinned version such as v1.34.4")
 	} else if _, err := ParseVersion(s.GetKubernetesVersion()); err != nil {
 		p.add("spec.kubernetesVersion", "%v", err)
 	}
-	pod, podOK := checkCIDR(p, "spec.podCidr", s.GetPodCidr(), true)
+	pod, podOK := checkCIDR(p, "spec.podCidr", s.GetPodCidr(), !topology)
 	svc, svcOK := checkCIDR(p, "spec.serviceCidr", s.GetServiceCidr(), false)
 	if !svcOK || s.GetServiceCidr() == "" {
 		svcOK = false

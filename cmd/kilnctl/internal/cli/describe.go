@@ -29,8 +29,11 @@ A host stuck in a phase says why here: every phase has a condition and its
 last error. A host laying an image (or wiping) shows its progress: bytes
 done of the total, rate and time left, as its agent last reported them. A cluster is shown as a tree: its control planes and machine
 deployments, their machines, the hosts under them (BMC, power, last agent
-operation) and its health checks, each with every condition and reason.`,
-		Example:           "  kilnctl describe host rack1-01\n  kilnctl describe cluster prod-eu1",
+operation) and its health checks, each with every condition and reason.
+A cluster class shows its revision, the revisions it keeps, its variables
+and worker classes, and its clusters: the revision each follows and
+whether it is up to date.`,
+		Example:           "  kilnctl describe host rack1-01\n  kilnctl describe cluster prod-eu1\n  kilnctl describe clusterclass edge-store",
 		Args:              cobra.ExactArgs(2),
 		ValidArgsFunction: a.completeKindName,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -44,6 +47,9 @@ operation) and its health checks, each with every condition and reason.`,
 			}
 			if k.Name == "Cluster" {
 				return a.describeCluster(cmd.Context(), cmd.OutOrStdout(), c, args[1], events)
+			}
+			if k.Name == "ClusterClass" {
+				return a.describeClusterClass(cmd.Context(), cmd.OutOrStdout(), c, args[1], events)
 			}
 			what := fmt.Sprintf("describe %s/%s", k.lower(), args[1])
 			ctx, cancel := a.call(cmd.Context())

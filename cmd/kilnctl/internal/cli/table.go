@@ -125,7 +125,12 @@ var columns = map[string][]column{
 	},
 	"Cluster": {
 		nameCol(),
-		col("VERSION", func(r *controllerv1.Resource) string { return dash(r.GetCluster().GetSpec().GetKubernetesVersion()) }),
+		col("VERSION", func(r *controllerv1.Resource) string {
+			if t := r.GetCluster().GetSpec().GetTopology(); t != nil {
+				return dash(t.GetVersion())
+			}
+			return dash(r.GetCluster().GetSpec().GetKubernetesVersion())
+		}),
 		col("PHASE", func(r *controllerv1.Resource) string { return dash(r.GetCluster().GetStatus().GetPhase()) }),
 		readyCol(func(r *controllerv1.Resource) []*typesv1.Condition { return r.GetCluster().GetStatus().GetConditions() }),
 		col("POD-CIDR", func(r *controllerv1.Resource) string { return dash(r.GetCluster().GetSpec().GetPodCidr()) }),
@@ -215,6 +220,12 @@ var columns = map[string][]column{
 		nameCol(),
 		col("REVISION", func(r *controllerv1.Resource) string {
 			return strconv.FormatInt(r.GetClusterClass().GetStatus().GetRevision(), 10)
+		}),
+		col("CLUSTERS", func(r *controllerv1.Resource) string {
+			return strconv.Itoa(int(r.GetClusterClass().GetStatus().GetClusters()))
+		}),
+		col("UP-TO-DATE", func(r *controllerv1.Resource) string {
+			return strconv.Itoa(int(r.GetClusterClass().GetStatus().GetUpToDateClusters()))
 		}),
 		reasonCol(),
 		ageCol,

@@ -2270,9 +2270,14 @@ type ClusterTopologyStatus struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ClassRevision int64                  `protobuf:"varint,1,opt,name=class_revision,json=classRevision,proto3" json:"class_revision,omitempty"`
 	// version is the topology version the derived objects carry.
-	Version       string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	// reconciled_revision is the class revision the derived objects were
+	// last made to match (set with TopologyReconciled=True); it trails
+	// class_revision right after a Rollout moves the pin, until the
+	// controller has applied the pinned revision.
+	ReconciledRevision int64 `protobuf:"varint,3,opt,name=reconciled_revision,json=reconciledRevision,proto3" json:"reconciled_revision,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ClusterTopologyStatus) Reset() {
@@ -2317,6 +2322,13 @@ func (x *ClusterTopologyStatus) GetVersion() string {
 		return x.Version
 	}
 	return ""
+}
+
+func (x *ClusterTopologyStatus) GetReconciledRevision() int64 {
+	if x != nil {
+		return x.ReconciledRevision
+	}
+	return 0
 }
 
 type ClusterStatus struct {
@@ -4085,9 +4097,14 @@ type ClusterClassStatus struct {
 	Revision   int64        `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
 	Conditions []*Condition `protobuf:"bytes,2,rep,name=conditions,proto3" json:"conditions,omitempty"`
 	// revisions keeps the specs of the revisions clusters still follow.
-	Revisions     []*ClusterClassRevision `protobuf:"bytes,3,rep,name=revisions,proto3" json:"revisions,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Revisions []*ClusterClassRevision `protobuf:"bytes,3,rep,name=revisions,proto3" json:"revisions,omitempty"`
+	// clusters counts the clusters of the class, and up_to_date_clusters
+	// those that follow its current revision with their derived objects
+	// reconciled to it (kilnctl get clusterclasses).
+	Clusters         int32 `protobuf:"varint,4,opt,name=clusters,proto3" json:"clusters,omitempty"`
+	UpToDateClusters int32 `protobuf:"varint,5,opt,name=up_to_date_clusters,json=upToDateClusters,proto3" json:"up_to_date_clusters,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ClusterClassStatus) Reset() {
@@ -4139,6 +4156,20 @@ func (x *ClusterClassStatus) GetRevisions() []*ClusterClassRevision {
 		return x.Revisions
 	}
 	return nil
+}
+
+func (x *ClusterClassStatus) GetClusters() int32 {
+	if x != nil {
+		return x.Clusters
+	}
+	return 0
+}
+
+func (x *ClusterClassStatus) GetUpToDateClusters() int32 {
+	if x != nil {
+		return x.UpToDateClusters
+	}
+	return 0
 }
 
 type ClusterClassRevision struct {
@@ -5488,10 +5519,11 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\x12TopologyWorkerPool\x12\x14\n" +
 	"\x05class\x18\x01 \x01(\tR\x05class\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1a\n" +
-	"\breplicas\x18\x03 \x01(\x05R\breplicas\"X\n" +
+	"\breplicas\x18\x03 \x01(\x05R\breplicas\"\x89\x01\n" +
 	"\x15ClusterTopologyStatus\x12%\n" +
 	"\x0eclass_revision\x18\x01 \x01(\x03R\rclassRevision\x12\x18\n" +
-	"\aversion\x18\x02 \x01(\tR\aversion\"\x9e\x02\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\x12/\n" +
+	"\x13reconciled_revision\x18\x03 \x01(\x03R\x12reconciledRevision\"\x9e\x02\n" +
 	"\rClusterStatus\x12\x14\n" +
 	"\x05phase\x18\x01 \x01(\tR\x05phase\x128\n" +
 	"\n" +
@@ -5669,13 +5701,15 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\n" +
 	"\b_minimumB\n" +
 	"\n" +
-	"\b_maximum\"\xad\x01\n" +
+	"\b_maximum\"\xf8\x01\n" +
 	"\x12ClusterClassStatus\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x128\n" +
 	"\n" +
 	"conditions\x18\x02 \x03(\v2\x18.kiln.types.v1.ConditionR\n" +
 	"conditions\x12A\n" +
-	"\trevisions\x18\x03 \x03(\v2#.kiln.types.v1.ClusterClassRevisionR\trevisions\"g\n" +
+	"\trevisions\x18\x03 \x03(\v2#.kiln.types.v1.ClusterClassRevisionR\trevisions\x12\x1a\n" +
+	"\bclusters\x18\x04 \x01(\x05R\bclusters\x12-\n" +
+	"\x13up_to_date_clusters\x18\x05 \x01(\x05R\x10upToDateClusters\"g\n" +
 	"\x14ClusterClassRevision\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x03R\brevision\x123\n" +
 	"\x04spec\x18\x02 \x01(\v2\x1f.kiln.types.v1.ClusterClassSpecR\x04spec\"\xdb\x01\n" +
