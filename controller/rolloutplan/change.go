@@ -261,6 +261,9 @@ func (ch change) progressTopology(c ClusterInput) (bool, string, []Action) {
 	case ch.isImage():
 		return true, "", nil // refused before it started; nothing to move
 	}
+	if ch.isClass() && ts.GetReconciledRevision() != ch.GetClassRevision() {
+		return false, fmt.Sprintf("topology derived from revision %d, waiting for revision %d", ts.GetReconciledRevision(), ch.GetClassRevision()), nil
+	}
 	for _, o := range derived(c) {
 		switch {
 		case ch.isClass() && o.meta.GetAnnotations()[AnnotationClassRevision] != strconv.FormatInt(ch.GetClassRevision(), 10):

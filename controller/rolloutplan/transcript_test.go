@@ -266,6 +266,7 @@ func (w *world) settle(t *testing.T, name string) {
 			cp.Metadata.Annotations = map[string]string{AnnotationClassRevision: rev}
 		}
 		cl.Status.Topology.Version = topo.Version
+		cl.Status.Topology.ReconciledRevision = cl.Status.Topology.ClassRevision
 		cl.Status.Conditions = setCond(cl.Status.Conditions, cond(ConditionTopologyReconciled, "True", "AsExpected",
 			fmt.Sprintf("revision %d at %s", cl.Status.Topology.ClassRevision, topo.Version), cl.Metadata.Generation, w.now), w.now)
 	}
