@@ -12,8 +12,8 @@ import (
 )
 
 // TestFleetExample: every file of examples/fleet decodes against the
-// proto (no unknown or misspelled field), in the layout the README
-// describes, and examples/gitops/gitsource.yaml is a valid GitSource.
+// proto (no unknown or misspelled field) and validates, in the layout the
+// README describes, and examples/gitops/gitsource.yaml is a valid GitSource.
 func TestFleetExample(t *testing.T) {
 	files, err := manifest.FilesRecursive("../../examples/fleet")
 	require.NoError(t, err)
@@ -29,6 +29,10 @@ func TestFleetExample(t *testing.T) {
 		}
 	}
 	require.Equal(t, map[string]int{"clusterclasses/ClusterClass": 2, "prod/Cluster": 2, "edge/Cluster": 3, "rollouts/Rollout": 1}, kinds)
+	// And every file passes the controller's own validation: what the
+	// example shows applies.
+	_, err = validation.LoadManifestsRecursive(nil, "../../examples/fleet")
+	require.NoError(t, err)
 	docs, err := validation.LoadManifests(nil, "../../examples/gitops/gitsource.yaml")
 	require.NoError(t, err)
 	require.Len(t, docs, 1)
