@@ -42,6 +42,7 @@ import (
 	"github.com/kilnhq/kiln/controller/metrics"
 	"github.com/kilnhq/kiln/controller/provision"
 	"github.com/kilnhq/kiln/controller/resources"
+	"github.com/kilnhq/kiln/controller/rolloutexec"
 	"github.com/kilnhq/kiln/controller/sim"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/controller/topologyexec"
@@ -679,12 +680,19 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 		clusterexec.Config{Interval: c.cfg.ReconcileInterval, Clock: c.cfg.Clock,
 			ClusterWorkers: c.cfg.ClusterWorkers, LongActions: c.cfg.LongActions, DrainTimeout: c.cfg.DrainTimeout}, c.log)
 	done := make(chan struct{})
+	// The rollout executor carries Rollouts to the clusters wave by wave
+	// (controller/rolloutexec); the cluster executor then rolls them.
+	rx := rolloutexec.New(rolloutexec.Deps{Store: st, Events: rec},
+		rolloutexec.Config{Interval: c.cfg.ReconcileInterval, Clock: c.cfg.Clock}, c.log)
 	cxDone := make(chan struct{})
+	rxDone := make(chan struct{})
 	go func() { defer close(done); _ = ex.Run(lctx) }()
 	go func() { defer close(cxDone); _ = cx.Run(lctx) }()
+	go func() { defer close(rxDone); _ = rx.Run(lctx) }()
 	return func() {
 		<-done
 		<-cxDone
+		<-rxDone
 		if pool != nil {
 			pool.Close()
 		}

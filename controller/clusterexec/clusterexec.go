@@ -79,6 +79,10 @@ const (
 	ConditionHostProvisioned = machineplan.ConditionHostProvisioned
 )
 
+// ReasonRemediated is the reason of the Cluster event recorded when a
+// HealthCheck remediates one of its machines.
+const ReasonRemediated = "Remediated"
+
 // Store is what the executor needs of the store (*store.Store).
 type Store interface {
 	Get(ctx context.Context, kind, name string, into proto.Message) (int64, error)
@@ -605,6 +609,11 @@ func (e *Executor) do(ctx context.Context, c *typesv1.Cluster, a clusterplan.Act
 	case clusterplan.DeleteMachine:
 		e.startLong(ctx, cluster, a.String(), func(ctx context.Context) error {
 			start := e.cfg.Clock()
+			if a.Remediation && e.deps.Recorder != nil {
+				// On the Cluster too: a Rollout halts on a remediation in
+				// its wave (controller/rolloutexec reads these events).
+				e.deps.Recorder.Record(ctx, ClustersKind, cluster, "Warning", ReasonRemediated, "machine "+a.Machine+": "+a.Reason)
+			}
 			err := e.deleteMachine(ctx, c, a.Machine, a.Reason)
 			if a.Remediation && ctx.Err() == nil {
 				e.observe("Remediation", start, err)

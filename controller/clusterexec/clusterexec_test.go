@@ -519,7 +519,7 @@ func TestClusterDeleted(t *testing.T) {
 // TestHealthCheckReplaces makes a worker's node NotReady: after the
 // HealthCheck's timeout the machine is deleted (node reset, host wiped)
 // and the deployment replaces it (on the spare host, or on the same host
-// once it is reimaged).
+// once it is reimaged); the Cluster gets a Remediated event.
 func TestHealthCheckReplaces(t *testing.T) {
 	w := newWorld(t, 0)
 	w.apply(4, 1, 2)
@@ -570,4 +570,12 @@ func TestHealthCheckReplaces(t *testing.T) {
 	_, err := w.st.Get(w.ctx, "healthchecks", "hc", hc)
 	require.NoError(t, err)
 	require.Equal(t, int32(2), hc.GetStatus().GetExpectedMachines(), "HealthCheck expected machines")
+	// The Cluster says so too: a Rollout halts on it (controller/rolloutexec).
+	evs, err := w.rec.List(w.ctx, clusterexec.ClustersKind, "c1", 0)
+	require.NoError(t, err)
+	remediated := false
+	for _, ev := range evs {
+		remediated = remediated || (ev.GetReason() == clusterexec.ReasonRemediated && strings.Contains(ev.GetMessage(), victim.GetMetadata().GetName()))
+	}
+	require.True(t, remediated, "no %s event on cluster c1 naming machine %s: %v", clusterexec.ReasonRemediated, victim.GetMetadata().GetName(), evs)
 }

@@ -99,6 +99,10 @@ func ValidateAgainst(r *controllerv1.Resource, o Observed) error {
 		}
 	case *controllerv1.Resource_MachineDeployment:
 		checkWorkerSkew(&p, x.MachineDeployment.GetSpec().GetVersion(), o.ControlPlaneVersion)
+	case *controllerv1.Resource_Rollout:
+		if cur := o.Current.GetRollout(); cur != nil && !proto.Equal(cur.GetSpec().GetChange(), x.Rollout.GetSpec().GetChange()) {
+			p.add("spec.change", "a Rollout's change is fixed once it exists (its status records which clusters it moved): make a new Rollout for another change")
+		}
 	case *controllerv1.Resource_Machine:
 		if cur := o.Current.GetMachine(); cur != nil && !proto.Equal(cur.GetSpec(), x.Machine.GetSpec()) {
 			p.add("spec", "a Machine is immutable: a new image or version makes a new Machine on a reimaged host; change the owning ControlPlane or MachineDeployment instead")

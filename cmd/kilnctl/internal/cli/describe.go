@@ -101,13 +101,23 @@ func describeObject(out io.Writer, k kind, r *controllerv1.Resource, events []*t
 	if err := section(out, "Spec", pm, fields.ByName("spec"), nil); err != nil {
 		return err
 	}
-	if err := section(out, "Status", pm, fields.ByName("status"), []protoreflect.Name{"conditions"}); err != nil {
+	omit := []protoreflect.Name{"conditions"}
+	if r.GetRollout() != nil {
+		omit = append(omit, "waves", "clusters") // the Waves and Clusters tables below
+	}
+	if err := section(out, "Status", pm, fields.ByName("status"), omit); err != nil {
 		return err
 	}
 	if op := r.GetHost().GetStatus().GetLastOperation(); opprogress.Known(op.GetProgress()) {
 		// The lay's progress bar in words, read from the stored report.
 		fmt.Fprintln(out, "Progress:")
 		fmt.Fprintf(out, "  %s %s (%s): %s\n", op.GetKind(), op.GetId(), dash(op.GetState()), opprogress.Line(op.GetProgress(), now))
+	}
+
+	if ro := r.GetRollout(); ro != nil {
+		if err := describeWaves(out, ro, now); err != nil {
+			return err
+		}
 	}
 
 	fmt.Fprintln(out, "Conditions:")

@@ -233,6 +233,8 @@ var columns = map[string][]column{
 	"Rollout": {
 		nameCol(),
 		col("PHASE", func(r *controllerv1.Resource) string { return dash(r.GetRollout().GetStatus().GetPhase()) }),
+		col("CHANGE", func(r *controllerv1.Resource) string { return rolloutChange(r.GetRollout().GetSpec().GetChange()) }),
+		{header: "WAVES", value: func(r *controllerv1.Resource, now time.Time) string { return waveSummary(r.GetRollout(), now) }},
 		reasonCol(),
 		ageCol,
 	},

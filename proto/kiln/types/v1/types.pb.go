@@ -4318,7 +4318,11 @@ type RolloutSpec struct {
 	// paused stops starting clusters (kilnctl rollout pause|resume).
 	Paused bool `protobuf:"varint,7,opt,name=paused,proto3" json:"paused,omitempty"`
 	// aborted stops the rollout for good (kilnctl rollout abort).
-	Aborted       bool `protobuf:"varint,8,opt,name=aborted,proto3" json:"aborted,omitempty"`
+	Aborted bool `protobuf:"varint,8,opt,name=aborted,proto3" json:"aborted,omitempty"`
+	// resume counts `kilnctl rollout resume`: a Halted rollout goes on when
+	// it is above status.resumed (the halt's cause fixed), and the clusters
+	// it was moving get a fresh ready_timeout.
+	Resume        int64 `protobuf:"varint,9,opt,name=resume,proto3" json:"resume,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4407,6 +4411,13 @@ func (x *RolloutSpec) GetAborted() bool {
 		return x.Aborted
 	}
 	return false
+}
+
+func (x *RolloutSpec) GetResume() int64 {
+	if x != nil {
+		return x.Resume
+	}
+	return 0
 }
 
 type RolloutChange struct {
@@ -4556,9 +4567,21 @@ type RolloutStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// phase is Pending, Progressing, Baking, Paused, Halted, Aborted or
 	// Complete.
-	Phase         string         `protobuf:"bytes,1,opt,name=phase,proto3" json:"phase,omitempty"`
-	Conditions    []*Condition   `protobuf:"bytes,2,rep,name=conditions,proto3" json:"conditions,omitempty"`
-	Waves         []*RolloutWave `protobuf:"bytes,3,rep,name=waves,proto3" json:"waves,omitempty"`
+	Phase      string         `protobuf:"bytes,1,opt,name=phase,proto3" json:"phase,omitempty"`
+	Conditions []*Condition   `protobuf:"bytes,2,rep,name=conditions,proto3" json:"conditions,omitempty"`
+	Waves      []*RolloutWave `protobuf:"bytes,3,rep,name=waves,proto3" json:"waves,omitempty"`
+	// clusters records every cluster the rollout started, written before
+	// the controller moves it, so that a restart neither repeats nor skips
+	// one.
+	Clusters []*RolloutCluster `protobuf:"bytes,4,rep,name=clusters,proto3" json:"clusters,omitempty"`
+	// resumed is the last spec.resume the controller acted on.
+	Resumed            int64 `protobuf:"varint,5,opt,name=resumed,proto3" json:"resumed,omitempty"`
+	ObservedGeneration int64 `protobuf:"varint,6,opt,name=observed_generation,json=observedGeneration,proto3" json:"observed_generation,omitempty"`
+	// resume_time is when the controller last acted on a resume: halt
+	// rules look at what happened after it.
+	ResumeTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=resume_time,json=resumeTime,proto3" json:"resume_time,omitempty"`
+	// halted_wave is the wave whose cluster halted the rollout.
+	HaltedWave    string `protobuf:"bytes,8,opt,name=halted_wave,json=haltedWave,proto3" json:"halted_wave,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4614,6 +4637,141 @@ func (x *RolloutStatus) GetWaves() []*RolloutWave {
 	return nil
 }
 
+func (x *RolloutStatus) GetClusters() []*RolloutCluster {
+	if x != nil {
+		return x.Clusters
+	}
+	return nil
+}
+
+func (x *RolloutStatus) GetResumed() int64 {
+	if x != nil {
+		return x.Resumed
+	}
+	return 0
+}
+
+func (x *RolloutStatus) GetObservedGeneration() int64 {
+	if x != nil {
+		return x.ObservedGeneration
+	}
+	return 0
+}
+
+func (x *RolloutStatus) GetResumeTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ResumeTime
+	}
+	return nil
+}
+
+func (x *RolloutStatus) GetHaltedWave() string {
+	if x != nil {
+		return x.HaltedWave
+	}
+	return ""
+}
+
+// RolloutCluster is one cluster a Rollout started.
+type RolloutCluster struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// wave is the wave label's value when the cluster started.
+	Wave string `protobuf:"bytes,2,opt,name=wave,proto3" json:"wave,omitempty"`
+	// state is InProgress or Done.
+	State string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	// start_time is when the rollout started the cluster (or, after a
+	// resume, when it resumed): ready_timeout counts from it.
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	DoneTime  *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=done_time,json=doneTime,proto3" json:"done_time,omitempty"`
+	// from is what the cluster ran before: its version, image or class
+	// revision.
+	From string `protobuf:"bytes,6,opt,name=from,proto3" json:"from,omitempty"`
+	// message says what the cluster waits for.
+	Message       string `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RolloutCluster) Reset() {
+	*x = RolloutCluster{}
+	mi := &file_kiln_types_v1_types_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RolloutCluster) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RolloutCluster) ProtoMessage() {}
+
+func (x *RolloutCluster) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_types_v1_types_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RolloutCluster.ProtoReflect.Descriptor instead.
+func (*RolloutCluster) Descriptor() ([]byte, []int) {
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *RolloutCluster) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RolloutCluster) GetWave() string {
+	if x != nil {
+		return x.Wave
+	}
+	return ""
+}
+
+func (x *RolloutCluster) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *RolloutCluster) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *RolloutCluster) GetDoneTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DoneTime
+	}
+	return nil
+}
+
+func (x *RolloutCluster) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *RolloutCluster) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 type RolloutWave struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// value is the wave label's value.
@@ -4632,7 +4790,7 @@ type RolloutWave struct {
 
 func (x *RolloutWave) Reset() {
 	*x = RolloutWave{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[51]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4644,7 +4802,7 @@ func (x *RolloutWave) String() string {
 func (*RolloutWave) ProtoMessage() {}
 
 func (x *RolloutWave) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[51]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4657,7 +4815,7 @@ func (x *RolloutWave) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RolloutWave.ProtoReflect.Descriptor instead.
 func (*RolloutWave) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{51}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *RolloutWave) GetValue() string {
@@ -4724,7 +4882,7 @@ type GitSource struct {
 
 func (x *GitSource) Reset() {
 	*x = GitSource{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[52]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4736,7 +4894,7 @@ func (x *GitSource) String() string {
 func (*GitSource) ProtoMessage() {}
 
 func (x *GitSource) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[52]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4749,7 +4907,7 @@ func (x *GitSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GitSource.ProtoReflect.Descriptor instead.
 func (*GitSource) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{52}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *GitSource) GetApiVersion() string {
@@ -4800,7 +4958,7 @@ type GitSourceSpec struct {
 
 func (x *GitSourceSpec) Reset() {
 	*x = GitSourceSpec{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[53]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4812,7 +4970,7 @@ func (x *GitSourceSpec) String() string {
 func (*GitSourceSpec) ProtoMessage() {}
 
 func (x *GitSourceSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[53]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4825,7 +4983,7 @@ func (x *GitSourceSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GitSourceSpec.ProtoReflect.Descriptor instead.
 func (*GitSourceSpec) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{53}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *GitSourceSpec) GetUrl() string {
@@ -4882,7 +5040,7 @@ type GitSourceStatus struct {
 
 func (x *GitSourceStatus) Reset() {
 	*x = GitSourceStatus{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[54]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4894,7 +5052,7 @@ func (x *GitSourceStatus) String() string {
 func (*GitSourceStatus) ProtoMessage() {}
 
 func (x *GitSourceStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[54]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4907,7 +5065,7 @@ func (x *GitSourceStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GitSourceStatus.ProtoReflect.Descriptor instead.
 func (*GitSourceStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{54}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *GitSourceStatus) GetAppliedCommit() string {
@@ -4983,7 +5141,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[55]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4995,7 +5153,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[55]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5008,7 +5166,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{55}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *Event) GetName() string {
@@ -5083,7 +5241,7 @@ type EnrollmentToken struct {
 
 func (x *EnrollmentToken) Reset() {
 	*x = EnrollmentToken{}
-	mi := &file_kiln_types_v1_types_proto_msgTypes[56]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5095,7 +5253,7 @@ func (x *EnrollmentToken) String() string {
 func (*EnrollmentToken) ProtoMessage() {}
 
 func (x *EnrollmentToken) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_types_v1_types_proto_msgTypes[56]
+	mi := &file_kiln_types_v1_types_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5108,7 +5266,7 @@ func (x *EnrollmentToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollmentToken.ProtoReflect.Descriptor instead.
 func (*EnrollmentToken) Descriptor() ([]byte, []int) {
-	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{56}
+	return file_kiln_types_v1_types_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *EnrollmentToken) GetId() string {
@@ -5610,7 +5768,7 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x125\n" +
 	"\bmetadata\x18\x03 \x01(\v2\x19.kiln.types.v1.ObjectMetaR\bmetadata\x12.\n" +
 	"\x04spec\x18\x04 \x01(\v2\x1a.kiln.types.v1.RolloutSpecR\x04spec\x124\n" +
-	"\x06status\x18\x05 \x01(\v2\x1c.kiln.types.v1.RolloutStatusR\x06status\"\x9f\x03\n" +
+	"\x06status\x18\x05 \x01(\v2\x1c.kiln.types.v1.RolloutStatusR\x06status\"\xb7\x03\n" +
 	"\vRolloutSpec\x124\n" +
 	"\x06change\x18\x01 \x01(\v2\x1c.kiln.types.v1.RolloutChangeR\x06change\x12Z\n" +
 	"\x10cluster_selector\x18\x02 \x03(\v2/.kiln.types.v1.RolloutSpec.ClusterSelectorEntryR\x0fclusterSelector\x12\x1d\n" +
@@ -5620,7 +5778,8 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\x0emax_concurrent\x18\x05 \x01(\x05R\rmaxConcurrent\x12.\n" +
 	"\x04halt\x18\x06 \x01(\v2\x1a.kiln.types.v1.RolloutHaltR\x04halt\x12\x16\n" +
 	"\x06paused\x18\a \x01(\bR\x06paused\x12\x18\n" +
-	"\aaborted\x18\b \x01(\bR\aaborted\x1aB\n" +
+	"\aaborted\x18\b \x01(\bR\aaborted\x12\x16\n" +
+	"\x06resume\x18\t \x01(\x03R\x06resume\x1aB\n" +
 	"\x14ClusterSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xba\x02\n" +
@@ -5638,13 +5797,29 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\x0eon_remediation\x18\x02 \x01(\bR\ronRemediation\x12A\n" +
 	"\n" +
 	"conditions\x18\x03 \x03(\v2!.kiln.types.v1.UnhealthyConditionR\n" +
-	"conditions\"\x91\x01\n" +
+	"conditions\"\xf5\x02\n" +
 	"\rRolloutStatus\x12\x14\n" +
 	"\x05phase\x18\x01 \x01(\tR\x05phase\x128\n" +
 	"\n" +
 	"conditions\x18\x02 \x03(\v2\x18.kiln.types.v1.ConditionR\n" +
 	"conditions\x120\n" +
-	"\x05waves\x18\x03 \x03(\v2\x1a.kiln.types.v1.RolloutWaveR\x05waves\"\xdd\x01\n" +
+	"\x05waves\x18\x03 \x03(\v2\x1a.kiln.types.v1.RolloutWaveR\x05waves\x129\n" +
+	"\bclusters\x18\x04 \x03(\v2\x1d.kiln.types.v1.RolloutClusterR\bclusters\x12\x18\n" +
+	"\aresumed\x18\x05 \x01(\x03R\aresumed\x12/\n" +
+	"\x13observed_generation\x18\x06 \x01(\x03R\x12observedGeneration\x12;\n" +
+	"\vresume_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"resumeTime\x12\x1f\n" +
+	"\vhalted_wave\x18\b \x01(\tR\n" +
+	"haltedWave\"\xf0\x01\n" +
+	"\x0eRolloutCluster\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04wave\x18\x02 \x01(\tR\x04wave\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x129\n" +
+	"\n" +
+	"start_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x127\n" +
+	"\tdone_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bdoneTime\x12\x12\n" +
+	"\x04from\x18\x06 \x01(\tR\x04from\x12\x18\n" +
+	"\amessage\x18\a \x01(\tR\amessage\"\xdd\x01\n" +
 	"\vRolloutWave\x12\x14\n" +
 	"\x05value\x18\x01 \x01(\tR\x05value\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1a\n" +
@@ -5722,7 +5897,7 @@ func file_kiln_types_v1_types_proto_rawDescGZIP() []byte {
 }
 
 var file_kiln_types_v1_types_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kiln_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 70)
+var file_kiln_types_v1_types_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
 var file_kiln_types_v1_types_proto_goTypes = []any{
 	(HostState)(0),                  // 0: kiln.types.v1.HostState
 	(*ObjectMeta)(nil),              // 1: kiln.types.v1.ObjectMeta
@@ -5776,46 +5951,47 @@ var file_kiln_types_v1_types_proto_goTypes = []any{
 	(*RolloutChange)(nil),           // 49: kiln.types.v1.RolloutChange
 	(*RolloutHalt)(nil),             // 50: kiln.types.v1.RolloutHalt
 	(*RolloutStatus)(nil),           // 51: kiln.types.v1.RolloutStatus
-	(*RolloutWave)(nil),             // 52: kiln.types.v1.RolloutWave
-	(*GitSource)(nil),               // 53: kiln.types.v1.GitSource
-	(*GitSourceSpec)(nil),           // 54: kiln.types.v1.GitSourceSpec
-	(*GitSourceStatus)(nil),         // 55: kiln.types.v1.GitSourceStatus
-	(*Event)(nil),                   // 56: kiln.types.v1.Event
-	(*EnrollmentToken)(nil),         // 57: kiln.types.v1.EnrollmentToken
-	nil,                             // 58: kiln.types.v1.ObjectMeta.LabelsEntry
-	nil,                             // 59: kiln.types.v1.ObjectMeta.AnnotationsEntry
-	nil,                             // 60: kiln.types.v1.Facts.KubeVersionsEntry
-	nil,                             // 61: kiln.types.v1.ClusterTopology.VariablesEntry
-	nil,                             // 62: kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
-	nil,                             // 63: kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
-	nil,                             // 64: kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
-	nil,                             // 65: kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
-	nil,                             // 66: kiln.types.v1.HealthCheckSpec.SelectorEntry
-	nil,                             // 67: kiln.types.v1.ClusterClassMachines.HostSelectorEntry
-	nil,                             // 68: kiln.types.v1.ClusterClassMachines.ImageSelectorEntry
-	nil,                             // 69: kiln.types.v1.RolloutSpec.ClusterSelectorEntry
-	nil,                             // 70: kiln.types.v1.RolloutChange.ImageSelectorEntry
-	(*timestamppb.Timestamp)(nil),   // 71: google.protobuf.Timestamp
+	(*RolloutCluster)(nil),          // 52: kiln.types.v1.RolloutCluster
+	(*RolloutWave)(nil),             // 53: kiln.types.v1.RolloutWave
+	(*GitSource)(nil),               // 54: kiln.types.v1.GitSource
+	(*GitSourceSpec)(nil),           // 55: kiln.types.v1.GitSourceSpec
+	(*GitSourceStatus)(nil),         // 56: kiln.types.v1.GitSourceStatus
+	(*Event)(nil),                   // 57: kiln.types.v1.Event
+	(*EnrollmentToken)(nil),         // 58: kiln.types.v1.EnrollmentToken
+	nil,                             // 59: kiln.types.v1.ObjectMeta.LabelsEntry
+	nil,                             // 60: kiln.types.v1.ObjectMeta.AnnotationsEntry
+	nil,                             // 61: kiln.types.v1.Facts.KubeVersionsEntry
+	nil,                             // 62: kiln.types.v1.ClusterTopology.VariablesEntry
+	nil,                             // 63: kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
+	nil,                             // 64: kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
+	nil,                             // 65: kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
+	nil,                             // 66: kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
+	nil,                             // 67: kiln.types.v1.HealthCheckSpec.SelectorEntry
+	nil,                             // 68: kiln.types.v1.ClusterClassMachines.HostSelectorEntry
+	nil,                             // 69: kiln.types.v1.ClusterClassMachines.ImageSelectorEntry
+	nil,                             // 70: kiln.types.v1.RolloutSpec.ClusterSelectorEntry
+	nil,                             // 71: kiln.types.v1.RolloutChange.ImageSelectorEntry
+	(*timestamppb.Timestamp)(nil),   // 72: google.protobuf.Timestamp
 }
 var file_kiln_types_v1_types_proto_depIdxs = []int32{
-	58,  // 0: kiln.types.v1.ObjectMeta.labels:type_name -> kiln.types.v1.ObjectMeta.LabelsEntry
-	59,  // 1: kiln.types.v1.ObjectMeta.annotations:type_name -> kiln.types.v1.ObjectMeta.AnnotationsEntry
-	71,  // 2: kiln.types.v1.ObjectMeta.creation_timestamp:type_name -> google.protobuf.Timestamp
-	71,  // 3: kiln.types.v1.ObjectMeta.deletion_timestamp:type_name -> google.protobuf.Timestamp
-	71,  // 4: kiln.types.v1.Condition.last_transition_time:type_name -> google.protobuf.Timestamp
+	59,  // 0: kiln.types.v1.ObjectMeta.labels:type_name -> kiln.types.v1.ObjectMeta.LabelsEntry
+	60,  // 1: kiln.types.v1.ObjectMeta.annotations:type_name -> kiln.types.v1.ObjectMeta.AnnotationsEntry
+	72,  // 2: kiln.types.v1.ObjectMeta.creation_timestamp:type_name -> google.protobuf.Timestamp
+	72,  // 3: kiln.types.v1.ObjectMeta.deletion_timestamp:type_name -> google.protobuf.Timestamp
+	72,  // 4: kiln.types.v1.Condition.last_transition_time:type_name -> google.protobuf.Timestamp
 	3,   // 5: kiln.types.v1.HostSpec.bmc:type_name -> kiln.types.v1.BMCSpec
 	5,   // 6: kiln.types.v1.HostSpec.root_device_hints:type_name -> kiln.types.v1.RootDeviceHints
 	6,   // 7: kiln.types.v1.Facts.disks:type_name -> kiln.types.v1.Disk
 	7,   // 8: kiln.types.v1.Facts.nics:type_name -> kiln.types.v1.NIC
 	8,   // 9: kiln.types.v1.Facts.routes:type_name -> kiln.types.v1.Route
-	60,  // 10: kiln.types.v1.Facts.kube_versions:type_name -> kiln.types.v1.Facts.KubeVersionsEntry
-	71,  // 11: kiln.types.v1.AgentStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
-	71,  // 12: kiln.types.v1.AgentStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
-	71,  // 13: kiln.types.v1.OperationStatus.started:type_name -> google.protobuf.Timestamp
-	71,  // 14: kiln.types.v1.OperationStatus.finished:type_name -> google.protobuf.Timestamp
-	71,  // 15: kiln.types.v1.OperationStatus.retry_after:type_name -> google.protobuf.Timestamp
+	61,  // 10: kiln.types.v1.Facts.kube_versions:type_name -> kiln.types.v1.Facts.KubeVersionsEntry
+	72,  // 11: kiln.types.v1.AgentStatus.certificate_not_after:type_name -> google.protobuf.Timestamp
+	72,  // 12: kiln.types.v1.AgentStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
+	72,  // 13: kiln.types.v1.OperationStatus.started:type_name -> google.protobuf.Timestamp
+	72,  // 14: kiln.types.v1.OperationStatus.finished:type_name -> google.protobuf.Timestamp
+	72,  // 15: kiln.types.v1.OperationStatus.retry_after:type_name -> google.protobuf.Timestamp
 	12,  // 16: kiln.types.v1.OperationStatus.progress:type_name -> kiln.types.v1.OperationProgress
-	71,  // 17: kiln.types.v1.OperationProgress.updated:type_name -> google.protobuf.Timestamp
+	72,  // 17: kiln.types.v1.OperationProgress.updated:type_name -> google.protobuf.Timestamp
 	0,   // 18: kiln.types.v1.HostStatus.state:type_name -> kiln.types.v1.HostState
 	9,   // 19: kiln.types.v1.HostStatus.facts:type_name -> kiln.types.v1.Facts
 	10,  // 20: kiln.types.v1.HostStatus.agent:type_name -> kiln.types.v1.AgentStatus
@@ -5831,34 +6007,34 @@ var file_kiln_types_v1_types_proto_depIdxs = []int32{
 	17,  // 30: kiln.types.v1.Image.status:type_name -> kiln.types.v1.ImageStatus
 	20,  // 31: kiln.types.v1.ClusterSpec.topology:type_name -> kiln.types.v1.ClusterTopology
 	21,  // 32: kiln.types.v1.ClusterTopology.workers:type_name -> kiln.types.v1.TopologyWorkerPool
-	61,  // 33: kiln.types.v1.ClusterTopology.variables:type_name -> kiln.types.v1.ClusterTopology.VariablesEntry
+	62,  // 33: kiln.types.v1.ClusterTopology.variables:type_name -> kiln.types.v1.ClusterTopology.VariablesEntry
 	2,   // 34: kiln.types.v1.ClusterStatus.conditions:type_name -> kiln.types.v1.Condition
 	24,  // 35: kiln.types.v1.ClusterStatus.addons:type_name -> kiln.types.v1.ClusterAddons
 	22,  // 36: kiln.types.v1.ClusterStatus.topology:type_name -> kiln.types.v1.ClusterTopologyStatus
 	1,   // 37: kiln.types.v1.Cluster.metadata:type_name -> kiln.types.v1.ObjectMeta
 	19,  // 38: kiln.types.v1.Cluster.spec:type_name -> kiln.types.v1.ClusterSpec
 	23,  // 39: kiln.types.v1.Cluster.status:type_name -> kiln.types.v1.ClusterStatus
-	62,  // 40: kiln.types.v1.ControlPlaneSpec.host_selector:type_name -> kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
-	63,  // 41: kiln.types.v1.ControlPlaneSpec.image_selector:type_name -> kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
+	63,  // 40: kiln.types.v1.ControlPlaneSpec.host_selector:type_name -> kiln.types.v1.ControlPlaneSpec.HostSelectorEntry
+	64,  // 41: kiln.types.v1.ControlPlaneSpec.image_selector:type_name -> kiln.types.v1.ControlPlaneSpec.ImageSelectorEntry
 	2,   // 42: kiln.types.v1.ControlPlaneStatus.conditions:type_name -> kiln.types.v1.Condition
 	1,   // 43: kiln.types.v1.ControlPlane.metadata:type_name -> kiln.types.v1.ObjectMeta
 	26,  // 44: kiln.types.v1.ControlPlane.spec:type_name -> kiln.types.v1.ControlPlaneSpec
 	27,  // 45: kiln.types.v1.ControlPlane.status:type_name -> kiln.types.v1.ControlPlaneStatus
-	64,  // 46: kiln.types.v1.MachineDeploymentSpec.host_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
+	65,  // 46: kiln.types.v1.MachineDeploymentSpec.host_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.HostSelectorEntry
 	29,  // 47: kiln.types.v1.MachineDeploymentSpec.strategy:type_name -> kiln.types.v1.RolloutStrategy
-	65,  // 48: kiln.types.v1.MachineDeploymentSpec.image_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
+	66,  // 48: kiln.types.v1.MachineDeploymentSpec.image_selector:type_name -> kiln.types.v1.MachineDeploymentSpec.ImageSelectorEntry
 	2,   // 49: kiln.types.v1.MachineDeploymentStatus.conditions:type_name -> kiln.types.v1.Condition
 	1,   // 50: kiln.types.v1.MachineDeployment.metadata:type_name -> kiln.types.v1.ObjectMeta
 	30,  // 51: kiln.types.v1.MachineDeployment.spec:type_name -> kiln.types.v1.MachineDeploymentSpec
 	31,  // 52: kiln.types.v1.MachineDeployment.status:type_name -> kiln.types.v1.MachineDeploymentStatus
 	2,   // 53: kiln.types.v1.MachineStatus.conditions:type_name -> kiln.types.v1.Condition
-	71,  // 54: kiln.types.v1.MachineStatus.bootstrap_time:type_name -> google.protobuf.Timestamp
-	71,  // 55: kiln.types.v1.MachineStatus.node_ready_time:type_name -> google.protobuf.Timestamp
-	71,  // 56: kiln.types.v1.MachineStatus.certificates_not_after:type_name -> google.protobuf.Timestamp
+	72,  // 54: kiln.types.v1.MachineStatus.bootstrap_time:type_name -> google.protobuf.Timestamp
+	72,  // 55: kiln.types.v1.MachineStatus.node_ready_time:type_name -> google.protobuf.Timestamp
+	72,  // 56: kiln.types.v1.MachineStatus.certificates_not_after:type_name -> google.protobuf.Timestamp
 	1,   // 57: kiln.types.v1.Machine.metadata:type_name -> kiln.types.v1.ObjectMeta
 	33,  // 58: kiln.types.v1.Machine.spec:type_name -> kiln.types.v1.MachineSpec
 	34,  // 59: kiln.types.v1.Machine.status:type_name -> kiln.types.v1.MachineStatus
-	66,  // 60: kiln.types.v1.HealthCheckSpec.selector:type_name -> kiln.types.v1.HealthCheckSpec.SelectorEntry
+	67,  // 60: kiln.types.v1.HealthCheckSpec.selector:type_name -> kiln.types.v1.HealthCheckSpec.SelectorEntry
 	36,  // 61: kiln.types.v1.HealthCheckSpec.unhealthy_conditions:type_name -> kiln.types.v1.UnhealthyCondition
 	2,   // 62: kiln.types.v1.HealthCheckStatus.conditions:type_name -> kiln.types.v1.Condition
 	1,   // 63: kiln.types.v1.HealthCheck.metadata:type_name -> kiln.types.v1.ObjectMeta
@@ -5872,8 +6048,8 @@ var file_kiln_types_v1_types_proto_depIdxs = []int32{
 	44,  // 71: kiln.types.v1.ClusterClassSpec.variables:type_name -> kiln.types.v1.ClusterClassVariable
 	19,  // 72: kiln.types.v1.ClusterClassSpec.cluster:type_name -> kiln.types.v1.ClusterSpec
 	48,  // 73: kiln.types.v1.ClusterClassSpec.rollout:type_name -> kiln.types.v1.RolloutSpec
-	67,  // 74: kiln.types.v1.ClusterClassMachines.host_selector:type_name -> kiln.types.v1.ClusterClassMachines.HostSelectorEntry
-	68,  // 75: kiln.types.v1.ClusterClassMachines.image_selector:type_name -> kiln.types.v1.ClusterClassMachines.ImageSelectorEntry
+	68,  // 74: kiln.types.v1.ClusterClassMachines.host_selector:type_name -> kiln.types.v1.ClusterClassMachines.HostSelectorEntry
+	69,  // 75: kiln.types.v1.ClusterClassMachines.image_selector:type_name -> kiln.types.v1.ClusterClassMachines.ImageSelectorEntry
 	29,  // 76: kiln.types.v1.ClusterClassMachines.strategy:type_name -> kiln.types.v1.RolloutStrategy
 	37,  // 77: kiln.types.v1.ClusterClassMachines.health_check:type_name -> kiln.types.v1.HealthCheckSpec
 	42,  // 78: kiln.types.v1.ClusterClassWorker.template:type_name -> kiln.types.v1.ClusterClassMachines
@@ -5884,27 +6060,31 @@ var file_kiln_types_v1_types_proto_depIdxs = []int32{
 	48,  // 83: kiln.types.v1.Rollout.spec:type_name -> kiln.types.v1.RolloutSpec
 	51,  // 84: kiln.types.v1.Rollout.status:type_name -> kiln.types.v1.RolloutStatus
 	49,  // 85: kiln.types.v1.RolloutSpec.change:type_name -> kiln.types.v1.RolloutChange
-	69,  // 86: kiln.types.v1.RolloutSpec.cluster_selector:type_name -> kiln.types.v1.RolloutSpec.ClusterSelectorEntry
+	70,  // 86: kiln.types.v1.RolloutSpec.cluster_selector:type_name -> kiln.types.v1.RolloutSpec.ClusterSelectorEntry
 	50,  // 87: kiln.types.v1.RolloutSpec.halt:type_name -> kiln.types.v1.RolloutHalt
-	70,  // 88: kiln.types.v1.RolloutChange.image_selector:type_name -> kiln.types.v1.RolloutChange.ImageSelectorEntry
+	71,  // 88: kiln.types.v1.RolloutChange.image_selector:type_name -> kiln.types.v1.RolloutChange.ImageSelectorEntry
 	36,  // 89: kiln.types.v1.RolloutHalt.conditions:type_name -> kiln.types.v1.UnhealthyCondition
 	2,   // 90: kiln.types.v1.RolloutStatus.conditions:type_name -> kiln.types.v1.Condition
-	52,  // 91: kiln.types.v1.RolloutStatus.waves:type_name -> kiln.types.v1.RolloutWave
-	71,  // 92: kiln.types.v1.RolloutWave.done_time:type_name -> google.protobuf.Timestamp
-	1,   // 93: kiln.types.v1.GitSource.metadata:type_name -> kiln.types.v1.ObjectMeta
-	54,  // 94: kiln.types.v1.GitSource.spec:type_name -> kiln.types.v1.GitSourceSpec
-	55,  // 95: kiln.types.v1.GitSource.status:type_name -> kiln.types.v1.GitSourceStatus
-	71,  // 96: kiln.types.v1.GitSourceStatus.applied_time:type_name -> google.protobuf.Timestamp
-	2,   // 97: kiln.types.v1.GitSourceStatus.conditions:type_name -> kiln.types.v1.Condition
-	71,  // 98: kiln.types.v1.GitSourceStatus.last_fetch_time:type_name -> google.protobuf.Timestamp
-	71,  // 99: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
-	71,  // 100: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
-	71,  // 101: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
-	102, // [102:102] is the sub-list for method output_type
-	102, // [102:102] is the sub-list for method input_type
-	102, // [102:102] is the sub-list for extension type_name
-	102, // [102:102] is the sub-list for extension extendee
-	0,   // [0:102] is the sub-list for field type_name
+	53,  // 91: kiln.types.v1.RolloutStatus.waves:type_name -> kiln.types.v1.RolloutWave
+	52,  // 92: kiln.types.v1.RolloutStatus.clusters:type_name -> kiln.types.v1.RolloutCluster
+	72,  // 93: kiln.types.v1.RolloutStatus.resume_time:type_name -> google.protobuf.Timestamp
+	72,  // 94: kiln.types.v1.RolloutCluster.start_time:type_name -> google.protobuf.Timestamp
+	72,  // 95: kiln.types.v1.RolloutCluster.done_time:type_name -> google.protobuf.Timestamp
+	72,  // 96: kiln.types.v1.RolloutWave.done_time:type_name -> google.protobuf.Timestamp
+	1,   // 97: kiln.types.v1.GitSource.metadata:type_name -> kiln.types.v1.ObjectMeta
+	55,  // 98: kiln.types.v1.GitSource.spec:type_name -> kiln.types.v1.GitSourceSpec
+	56,  // 99: kiln.types.v1.GitSource.status:type_name -> kiln.types.v1.GitSourceStatus
+	72,  // 100: kiln.types.v1.GitSourceStatus.applied_time:type_name -> google.protobuf.Timestamp
+	2,   // 101: kiln.types.v1.GitSourceStatus.conditions:type_name -> kiln.types.v1.Condition
+	72,  // 102: kiln.types.v1.GitSourceStatus.last_fetch_time:type_name -> google.protobuf.Timestamp
+	72,  // 103: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
+	72,  // 104: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
+	72,  // 105: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
+	106, // [106:106] is the sub-list for method output_type
+	106, // [106:106] is the sub-list for method input_type
+	106, // [106:106] is the sub-list for extension type_name
+	106, // [106:106] is the sub-list for extension extendee
+	0,   // [0:106] is the sub-list for field type_name
 }
 
 func init() { file_kiln_types_v1_types_proto_init() }
@@ -5920,7 +6100,7 @@ func file_kiln_types_v1_types_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kiln_types_v1_types_proto_rawDesc), len(file_kiln_types_v1_types_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   70,
+			NumMessages:   71,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
