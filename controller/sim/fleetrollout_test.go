@@ -59,6 +59,8 @@ type fleetSize struct {
 	provisionWorkers, clusterWorkers, longActions int
 	interval                                      time.Duration
 	timeout                                       time.Duration
+	// progress, when set, is told what is awaited every 30 s.
+	progress func(format string, args ...any)
 }
 
 // fleetResult is what a run measured.
@@ -206,11 +208,16 @@ func (w *fleetWorld) readyClusters(rev int64) (ready int, example string) {
 // eventually polls cond every 200 ms until it holds or sz.timeout passes.
 func (w *fleetWorld) eventually(sz fleetSize, what string, cond func() (bool, string)) {
 	w.t.Helper()
-	deadline := time.Now().Add(sz.timeout)
+	start := time.Now()
+	deadline, report := start.Add(sz.timeout), start.Add(30*time.Second)
 	for {
 		ok, why := cond()
 		if ok {
 			return
+		}
+		if sz.progress != nil && time.Now().After(report) {
+			sz.progress("%s after %s: %s\n", what, time.Since(start).Round(time.Second), why)
+			report = report.Add(30 * time.Second)
 		}
 		if time.Now().After(deadline) {
 			w.t.Fatalf("%s: not after %s: %s", what, sz.timeout, why)
@@ -311,8 +318,8 @@ func runFleet(t testing.TB, sz fleetSize) fleetResult {
 	return res
 }
 
-// machinesNotOn names a machine not Running with image, or "" when
-// every machine runs it.
+// machinesNotOn names a machine not Running with image on a host laid
+// with it, or "" when every machine runs it.
 func (w *fleetWorld) machinesNotOn(image string) string {
 	items, _, err := w.st.List(w.ctx, "machines", func() proto.Message { return &typesv1.Machine{} }, store.ListOptions{})
 	require.NoError(w.t, err)
@@ -320,6 +327,13 @@ func (w *fleetWorld) machinesNotOn(image string) string {
 		m := it.Msg.(*typesv1.Machine)
 		if m.GetSpec().GetImage() != image || m.GetStatus().GetPhase() != clusterexec.PhaseRunning {
 			return fmt.Sprintf("machine %s: image %q phase %s", it.Name, m.GetSpec().GetImage(), m.GetStatus().GetPhase())
+		}
+		// The host under it was laid with the image, not just relabelled.
+		h := &typesv1.Host{}
+		_, err := w.st.Get(w.ctx, "hosts", m.GetSpec().GetHost(), h)
+		require.NoError(w.t, err)
+		if h.GetStatus().GetImage() != image {
+			return fmt.Sprintf("machine %s: host %s runs image %q", it.Name, m.GetSpec().GetHost(), h.GetStatus().GetImage())
 		}
 	}
 	return ""
@@ -397,7 +411,8 @@ func roundAll(ds []time.Duration) []time.Duration {
 func BenchmarkFleetClassRollout(b *testing.B) {
 	sz := fleetSize{clusters: envInt(b, "KILN_FLEET_CLUSTERS", 200), hosts: envInt(b, "KILN_FLEET_HOSTS", 5000), classes: 3, waves: 4,
 		maxConcurrent: 25, bake: "5s", sim: benchSim, kubeadm: 500 * time.Millisecond,
-		provisionWorkers: 1000, clusterWorkers: 32, longActions: 64, interval: 5 * time.Second, timeout: 50 * time.Minute}
+		provisionWorkers: 1000, clusterWorkers: 32, longActions: 64, interval: 5 * time.Second, timeout: 50 * time.Minute,
+		progress: func(format string, args ...any) { fmt.Fprintf(os.Stderr, format, args...) }}
 	for range b.N {
 		res := runFleet(b, sz)
 		for _, r := range res.rollouts {
