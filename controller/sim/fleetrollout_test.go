@@ -69,7 +69,10 @@ type fleetResult struct {
 	waves     []time.Duration // class change -> the last Rollout's wave k done
 	rollout   time.Duration   // class change -> every Rollout Complete and every machine on image2
 	rollouts  []*typesv1.Rollout
-	etcdDB    int64
+	// pins are the class revisions each cluster's pin took after the
+	// clusters were Ready, each with when a watcher saw it.
+	pins   map[string][]pinMove
+	etcdDB int64
 }
 
 // fleetWorld is the controller's executors over a real store (embedded
@@ -265,6 +268,10 @@ func runFleet(t testing.TB, sz fleetSize) fleetResult {
 	})
 	res.provision = time.Since(start)
 
+	// Every move of a cluster's pin from here on, as a watcher of the
+	// clusters sees it.
+	pins := w.watchPins()
+
 	// The change: every class's machines move to image2 (revision 2).
 	changed := time.Now()
 	for i := range sz.classes {
@@ -312,10 +319,75 @@ func runFleet(t testing.TB, sz fleetSize) fleetResult {
 		return left == "", left
 	})
 	res.rollout = time.Since(changed)
+	res.pins = pins()
 	st, err := os.Stat(filepath.Join(w.dir, "member", "snap", "db"))
 	require.NoError(t, err)
 	res.etcdDB = st.Size()
 	return res
+}
+
+// pinMove is a cluster's status.topology.classRevision changing.
+type pinMove struct {
+	rev int64
+	at  time.Time
+}
+
+// watchPins watches the clusters from now on; the returned function
+// stops the watch and returns each cluster's pin moves.
+func (w *fleetWorld) watchPins() func() map[string][]pinMove {
+	ctx, cancel := context.WithCancel(w.ctx)
+	moves := map[string][]pinMove{}
+	done := make(chan struct{})
+	ch := w.st.Watch(ctx, "clusters", 0)
+	go func() {
+		defer close(done)
+		for ev := range ch {
+			if ev.Err != nil || ev.Type != store.EventPut {
+				continue
+			}
+			c := &typesv1.Cluster{}
+			if proto.Unmarshal(ev.Value, c) != nil {
+				continue
+			}
+			pin := c.GetStatus().GetTopology().GetClassRevision()
+			if ms := moves[ev.Name]; len(ms) == 0 || ms[len(ms)-1].rev != pin {
+				moves[ev.Name] = append(ms, pinMove{rev: pin, at: time.Now()})
+			}
+		}
+	}()
+	return func() map[string][]pinMove {
+		cancel()
+		<-done
+		return moves
+	}
+}
+
+// requirePinsFollowWaves asserts what a watcher of the clusters sees: each
+// cluster's pin moved once, from revision 1 to 2, and not before every
+// cluster of the wave before its own was done (by r's status).
+func requirePinsFollowWaves(t testing.TB, r *typesv1.Rollout, pins map[string][]pinMove) {
+	t.Helper()
+	done := map[string]time.Time{}
+	for _, c := range r.GetStatus().GetClusters() {
+		done[c.GetName()] = c.GetDoneTime().AsTime()
+	}
+	var prevDone time.Time
+	for _, wv := range r.GetStatus().GetWaves() {
+		var waveDone time.Time
+		for _, cn := range wv.GetClusters() {
+			var revs []int64
+			for _, m := range pins[cn] {
+				revs = append(revs, m.rev)
+			}
+			require.Equal(t, []int64{2}, revs, "cluster %s: pin moves after the clusters were Ready", cn)
+			require.False(t, pins[cn][0].at.Before(prevDone), "cluster %s of wave %s moved to revision 2 at %s, before the wave before was done (%s)",
+				cn, wv.GetValue(), pins[cn][0].at.Format(time.RFC3339Nano), prevDone.Format(time.RFC3339Nano))
+			if done[cn].After(waveDone) {
+				waveDone = done[cn]
+			}
+		}
+		prevDone = waveDone
+	}
 }
 
 // machinesNotOn names a machine not Running with image on a host laid
@@ -385,6 +457,7 @@ func TestFleetClassRollout(t *testing.T) {
 	require.Len(t, res.rollouts, 3)
 	for _, r := range res.rollouts {
 		requireWavesInOrder(t, r, sz.waves)
+		requirePinsFollowWaves(t, r, res.pins)
 		require.Len(t, r.GetStatus().GetClusters(), sz.clusters/sz.classes, "rollout %s clusters", r.GetMetadata().GetName())
 	}
 	t.Logf("provision %s, waves %v, rollout %s, etcd db %d KiB", res.provision.Round(time.Millisecond), roundAll(res.waves), res.rollout.Round(time.Millisecond), res.etcdDB>>10)
@@ -417,6 +490,7 @@ func BenchmarkFleetClassRollout(b *testing.B) {
 		res := runFleet(b, sz)
 		for _, r := range res.rollouts {
 			requireWavesInOrder(b, r, sz.waves)
+			requirePinsFollowWaves(b, r, res.pins)
 		}
 		b.ReportMetric(res.provision.Seconds(), "s-to-ready")
 		for k, d := range res.waves {
