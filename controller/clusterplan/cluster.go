@@ -50,13 +50,17 @@ type ClusterInput struct {
 // every machine's node is Ready and answers a real cluster DNS query
 // (ClusterDNSResolves): a node that is Ready but cannot resolve
 // kubernetes.default is not a working cluster. It keeps the status fields
-// the executor owns (caHash, apiServerVersion, addons) and the other
-// conditions. Pure.
+// the executor owns (caHash, apiServerVersion, addons), status.topology
+// and the other conditions. Pure.
 func PlanClusterStatus(in ClusterInput, now time.Time) *typesv1.ClusterStatus {
 	c := in.Cluster
 	st := &typesv1.ClusterStatus{}
 	if old := c.GetStatus(); old != nil {
 		st.CaHash, st.ApiServerVersion, st.Addons = old.GetCaHash(), old.GetApiServerVersion(), old.GetAddons()
+		// status.topology is the topology executor's and the Rollout's
+		// (the class revision pin): dropping it here would re-pin a
+		// cluster to its class's latest revision behind its Rollout.
+		st.Topology = old.GetTopology()
 		st.Conditions = slices.Clone(old.GetConditions())
 	}
 	gen := c.GetMetadata().GetGeneration()

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kilnhq/kiln/internal/conditions"
@@ -32,7 +33,7 @@ func TestPlanClusterStatus(t *testing.T) {
 	deleting.Status.Conditions = nil
 	other := machine("other-cluster")
 	other.Spec.Cluster = "prod"
-	initialised := &typesv1.ClusterStatus{CaHash: "sha256:abc"}
+	initialised := &typesv1.ClusterStatus{CaHash: "sha256:abc", Topology: &typesv1.ClusterTopologyStatus{ClassRevision: 1, ReconciledRevision: 1, Version: "v1.34.4"}}
 
 	for _, tc := range []struct {
 		name       string
@@ -72,6 +73,9 @@ func TestPlanClusterStatus(t *testing.T) {
 			}
 			if got.GetCaHash() != tc.status.GetCaHash() {
 				t.Errorf("PlanClusterStatus(%s).CaHash = %q, want it kept (%q)", tc.name, got.GetCaHash(), tc.status.GetCaHash())
+			}
+			if !proto.Equal(got.GetTopology(), tc.status.GetTopology()) {
+				t.Errorf("PlanClusterStatus(%s).Topology = %v, want it kept (%v)", tc.name, got.GetTopology(), tc.status.GetTopology())
 			}
 		})
 	}
