@@ -230,6 +230,8 @@ type Controller struct {
 	// metrics is nil unless Config.MetricsListenAddr is set.
 	metrics     *metrics.Metrics
 	metricsAddr string
+	// seen is this replica's liveness tracker, once Run has made it.
+	seen *liveness.Tracker
 }
 
 // New checks cfg and returns a controller ready to Run. It returns
@@ -357,6 +359,19 @@ func (c *Controller) BootAddr() string { c.mu.Lock(); defer c.mu.Unlock(); retur
 
 // MetricsAddr is the metrics listen address, "" when metrics are off;
 // valid after Ready.
+// AgentLastSeen is when this replica last received a heartbeat from the
+// agent of host (heartbeats that change nothing are not stored: they
+// only move this time); false before Run, or when none arrived here.
+func (c *Controller) AgentLastSeen(host string) (time.Time, bool) {
+	c.mu.Lock()
+	seen := c.seen
+	c.mu.Unlock()
+	if seen == nil {
+		return time.Time{}, false
+	}
+	return seen.LastSeen(host)
+}
+
 func (c *Controller) MetricsAddr() string { c.mu.Lock(); defer c.mu.Unlock(); return c.metricsAddr }
 
 // CA is the controller's certificate authority, the one that signs agent
@@ -486,6 +501,9 @@ func (c *Controller) Run(ctx context.Context) error {
 	// Every replica judges the agents whose heartbeats it receives: their
 	// last-seen times live in its memory, not in etcd (controller/liveness).
 	seen := liveness.NewTracker()
+	c.mu.Lock()
+	c.seen = seen
+	c.mu.Unlock()
 	enr := enrollment.New(st, ca, rec, enrollment.Config{
 		HeartbeatInterval: c.cfg.HeartbeatInterval,
 		Clock:             c.cfg.Clock,

@@ -7,13 +7,15 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kilnhq/kiln/controller/store"
 )
 
 // ReplicasPrefix is where live controller replicas are registered: one
 // key per replica, bound to an etcd lease the replica keeps alive. Lease
 // keep-alives are not raft writes, so a registered replica costs one
 // write when it starts and none while it runs.
-const ReplicasPrefix = "/kiln/v1/replicas/"
+const ReplicasPrefix = store.ReplicasPrefix
 
 // Register records replica id as live until ctx ends or the process dies
 // (then after ttl). The returned stop revokes the registration at once.

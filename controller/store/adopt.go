@@ -87,7 +87,8 @@ func (s *Store) Adopt(ctx context.Context, r io.Reader, from *seal.Sealer, fromA
 	for _, e := range existing.Kvs {
 		k := string(e.Key)
 		switch {
-		case k == pauseKey || strings.HasPrefix(k, Prefix+electionKind+"/"):
+		case k == pauseKey || strings.HasPrefix(k, Prefix+electionKind+"/") || strings.HasPrefix(k, ReplicasPrefix):
+			// This controller's own live state: kept.
 		case strings.HasPrefix(k, secretsPrefix) || strings.HasPrefix(k, AuditPrefix) || strings.HasPrefix(k, Prefix+PKIKind+"/") || e.Lease != 0:
 			// The controller's own: its CA (the backup's replaces it),
 			// its audit log, events.

@@ -83,9 +83,10 @@ func (s *Store) Backup(ctx context.Context, w io.Writer) (BackupInfo, error) {
 		}
 		for _, kv := range resp.Kvs {
 			// Election keys belong to live leases; so do events, which
-			// expire: restored without their lease they never would. The
-			// pause of a move stays with the controller it paused.
-			if strings.HasPrefix(string(kv.Key), Prefix+electionKind+"/") || kv.Lease != 0 || string(kv.Key) == pauseKey {
+			// expire: restored without their lease they never would; so do
+			// the registrations of live replicas. The pause of a move stays
+			// with the controller it paused.
+			if strings.HasPrefix(string(kv.Key), Prefix+electionKind+"/") || strings.HasPrefix(string(kv.Key), ReplicasPrefix) || kv.Lease != 0 || string(kv.Key) == pauseKey {
 				continue
 			}
 			putUvarint(uint64(len(kv.Key)))

@@ -13,6 +13,11 @@ import (
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
+// ReplicasPrefix is where live controller replicas register, each key
+// bound to its replica's lease (controller/liveness.Register). A backup
+// leaves them out and a move's target keeps its own.
+const ReplicasPrefix = Prefix + "replicas/"
+
 // ErrPaused is the class of a write a Store refused because the
 // controller is paused for a move (Pause). Test with errors.Is; it is also
 // FailedPrecondition, and its message says where the controller moved.
