@@ -269,21 +269,21 @@ func New(deps Deps, cfg Config, log *slog.Logger) *Executor {
 func (e *Executor) Collect(ctx context.Context) error {
 	// Hosts, then machines, then clusters (see machineplan.CleanupInput).
 	var in machineplan.CleanupInput
-	hosts, err := listAll(ctx, e.deps.Store, HostsKind, func() proto.Message { return &typesv1.Host{} })
+	hosts, err := store.ListAll(ctx, e.deps.Store, HostsKind, func() proto.Message { return &typesv1.Host{} })
 	if err != nil {
 		return err
 	}
 	for _, it := range hosts {
 		in.Hosts = append(in.Hosts, it.Msg.(*typesv1.Host))
 	}
-	ms, err := listAll(ctx, e.deps.Store, MachinesKind, func() proto.Message { return &typesv1.Machine{} })
+	ms, err := store.ListAll(ctx, e.deps.Store, MachinesKind, func() proto.Message { return &typesv1.Machine{} })
 	if err != nil {
 		return err
 	}
 	for _, it := range ms {
 		in.Machines = append(in.Machines, it.Msg.(*typesv1.Machine))
 	}
-	cs, err := listAll(ctx, e.deps.Store, ClustersKind, func() proto.Message { return &typesv1.Cluster{} })
+	cs, err := store.ListAll(ctx, e.deps.Store, ClustersKind, func() proto.Message { return &typesv1.Cluster{} })
 	if err != nil {
 		return err
 	}
@@ -448,7 +448,7 @@ type world struct {
 func (e *Executor) gather(ctx context.Context, cluster string) (*world, error) {
 	w := &world{}
 	st := e.deps.Store
-	cps, err := listAll(ctx, st, ControlPlanesKind, func() proto.Message { return &typesv1.ControlPlane{} })
+	cps, err := store.ListAll(ctx, st, ControlPlanesKind, func() proto.Message { return &typesv1.ControlPlane{} })
 	if err != nil {
 		return nil, err
 	}
@@ -457,7 +457,7 @@ func (e *Executor) gather(ctx context.Context, cluster string) (*world, error) {
 			w.cps = append(w.cps, it)
 		}
 	}
-	mds, err := listAll(ctx, st, MachineDeploymentsKind, func() proto.Message { return &typesv1.MachineDeployment{} })
+	mds, err := store.ListAll(ctx, st, MachineDeploymentsKind, func() proto.Message { return &typesv1.MachineDeployment{} })
 	if err != nil {
 		return nil, err
 	}
@@ -466,7 +466,7 @@ func (e *Executor) gather(ctx context.Context, cluster string) (*world, error) {
 			w.mds = append(w.mds, it)
 		}
 	}
-	hcs, err := listAll(ctx, st, HealthChecksKind, func() proto.Message { return &typesv1.HealthCheck{} })
+	hcs, err := store.ListAll(ctx, st, HealthChecksKind, func() proto.Message { return &typesv1.HealthCheck{} })
 	if err != nil {
 		return nil, err
 	}
@@ -477,21 +477,21 @@ func (e *Executor) gather(ctx context.Context, cluster string) (*world, error) {
 	}
 	// All machines: a host bound to another cluster's machine is not
 	// spare for this one.
-	ms, err := listAll(ctx, st, MachinesKind, func() proto.Message { return &typesv1.Machine{} })
+	ms, err := store.ListAll(ctx, st, MachinesKind, func() proto.Message { return &typesv1.Machine{} })
 	if err != nil {
 		return nil, err
 	}
 	for _, it := range ms {
 		w.machines = append(w.machines, it.Msg.(*typesv1.Machine))
 	}
-	hs, err := listAll(ctx, st, HostsKind, func() proto.Message { return &typesv1.Host{} })
+	hs, err := store.ListAll(ctx, st, HostsKind, func() proto.Message { return &typesv1.Host{} })
 	if err != nil {
 		return nil, err
 	}
 	for _, it := range hs {
 		w.hosts = append(w.hosts, it.Msg.(*typesv1.Host))
 	}
-	imgs, err := listAll(ctx, st, ImagesKind, func() proto.Message { return &typesv1.Image{} })
+	imgs, err := store.ListAll(ctx, st, ImagesKind, func() proto.Message { return &typesv1.Image{} })
 	if err != nil {
 		return nil, err
 	}
@@ -541,7 +541,7 @@ func (e *Executor) storeStatus(ctx context.Context, kind, name string, old proto
 // time; it returns the earliest of their requeues (0: none).
 func (e *Executor) advanceAll(ctx context.Context, c *typesv1.Cluster, creds bool) (time.Duration, error) {
 	cluster := c.GetMetadata().GetName()
-	items, err := listAll(ctx, e.deps.Store, MachinesKind, func() proto.Message { return &typesv1.Machine{} })
+	items, err := store.ListAll(ctx, e.deps.Store, MachinesKind, func() proto.Message { return &typesv1.Machine{} })
 	if err != nil {
 		return 0, err
 	}
@@ -779,22 +779,6 @@ func LoadBootstrap(ctx context.Context, st Store, cluster string) (*Bootstrap, e
 		return nil, fmt.Errorf("cluster %s: bootstrap secret: %w", cluster, err)
 	}
 	return out, nil
-}
-
-func listAll(ctx context.Context, st Store, kind string, newMsg func() proto.Message) ([]store.Item, error) {
-	var out []store.Item
-	cont := ""
-	for {
-		items, next, err := st.List(ctx, kind, newMsg, store.ListOptions{Limit: 1000, Continue: cont})
-		if err != nil {
-			return nil, fmt.Errorf("list %s: %w", kind, err)
-		}
-		out = append(out, items...)
-		if next == "" {
-			return out, nil
-		}
-		cont = next
-	}
 }
 
 func newUID() string {

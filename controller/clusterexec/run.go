@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/kilnhq/kiln/controller/store"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -73,7 +74,7 @@ func (e *Executor) Wait() {
 
 // enqueueAll queues every cluster and the clean-up.
 func (e *Executor) enqueueAll(ctx context.Context, q clusterQueue) {
-	items, err := listAll(ctx, e.deps.Store, ClustersKind, func() proto.Message { return &typesv1.Cluster{} })
+	items, err := store.ListAll(ctx, e.deps.Store, ClustersKind, func() proto.Message { return &typesv1.Cluster{} })
 	if err != nil {
 		if ctx.Err() == nil {
 			e.log.Warn("list clusters", "err", err)

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnhq/kiln/controller/clusterplan"
+	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/imagebuilder/kubetools"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -312,7 +313,7 @@ func (e *Executor) prepareJoin(ctx context.Context, c *typesv1.Cluster, m *types
 	if boot == nil || boot.Kubeconfig == "" {
 		return nil
 	}
-	items, err := listAll(ctx, e.deps.Store, MachinesKind, func() proto.Message { return &typesv1.Machine{} })
+	items, err := store.ListAll(ctx, e.deps.Store, MachinesKind, func() proto.Message { return &typesv1.Machine{} })
 	if err != nil {
 		return err
 	}

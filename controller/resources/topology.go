@@ -56,7 +56,7 @@ func (s *Service) observeTopology(ctx context.Context, obj proto.Message, observ
 			}
 		}
 	case *typesv1.ClusterClass:
-		items, err := s.listItems(ctx, "clusters", func() proto.Message { return &typesv1.Cluster{} })
+		items, err := store.ListAll(ctx, s.store, "clusters", func() proto.Message { return &typesv1.Cluster{} })
 		if err != nil {
 			return err
 		}
@@ -89,7 +89,7 @@ func (s *Service) observeTopology(ctx context.Context, obj proto.Message, observ
 
 // imageVersions maps every Image to its Kubernetes version.
 func (s *Service) imageVersions(ctx context.Context) (map[string]string, error) {
-	items, err := s.listItems(ctx, "images", func() proto.Message { return &typesv1.Image{} })
+	items, err := store.ListAll(ctx, s.store, "images", func() proto.Message { return &typesv1.Image{} })
 	if err != nil {
 		return nil, err
 	}
@@ -98,21 +98,4 @@ func (s *Service) imageVersions(ctx context.Context) (map[string]string, error) 
 		out[it.Name] = it.Msg.(*typesv1.Image).GetSpec().GetKubernetesVersion()
 	}
 	return out, nil
-}
-
-// listItems lists every object of kind, page by page.
-func (s *Service) listItems(ctx context.Context, kind string, newMsg func() proto.Message) ([]store.Item, error) {
-	var out []store.Item
-	cont := ""
-	for {
-		items, next, err := s.store.List(ctx, kind, newMsg, store.ListOptions{Limit: maxPage, Continue: cont})
-		if err != nil {
-			return nil, fmt.Errorf("list %s: %w", kind, err)
-		}
-		out = append(out, items...)
-		if next == "" {
-			return out, nil
-		}
-		cont = next
-	}
 }

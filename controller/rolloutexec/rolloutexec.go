@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"slices"
 	"sync"
 	"time"
 
@@ -199,19 +198,19 @@ func (e *Executor) Reconcile(ctx context.Context, name string) (Result, error) {
 // gather reads what the planner decides from.
 func (e *Executor) gather(ctx context.Context, r *typesv1.Rollout) (rolloutplan.Input, error) {
 	in := rolloutplan.Input{Rollout: r}
-	clusters, err := listAll(ctx, e.deps.Store, ClustersKind, func() proto.Message { return &typesv1.Cluster{} })
+	clusters, err := store.ListAll(ctx, e.deps.Store, ClustersKind, func() proto.Message { return &typesv1.Cluster{} })
 	if err != nil {
 		return in, err
 	}
-	cps, err := listAll(ctx, e.deps.Store, ControlPlanesKind, func() proto.Message { return &typesv1.ControlPlane{} })
+	cps, err := store.ListAll(ctx, e.deps.Store, ControlPlanesKind, func() proto.Message { return &typesv1.ControlPlane{} })
 	if err != nil {
 		return in, err
 	}
-	mds, err := listAll(ctx, e.deps.Store, MachineDeploymentsKind, func() proto.Message { return &typesv1.MachineDeployment{} })
+	mds, err := store.ListAll(ctx, e.deps.Store, MachineDeploymentsKind, func() proto.Message { return &typesv1.MachineDeployment{} })
 	if err != nil {
 		return in, err
 	}
-	hcs, err := listAll(ctx, e.deps.Store, HealthChecksKind, func() proto.Message { return &typesv1.HealthCheck{} })
+	hcs, err := store.ListAll(ctx, e.deps.Store, HealthChecksKind, func() proto.Message { return &typesv1.HealthCheck{} })
 	if err != nil {
 		return in, err
 	}
@@ -398,30 +397,5 @@ func (e *Executor) update(ctx context.Context, kind, name string, m proto.Messag
 			continue
 		}
 		return err
-	}
-}
-
-func listAll(ctx context.Context, st Store, kind string, newMsg func() proto.Message) ([]store.Item, error) {
-	var out []store.Item
-	cont := ""
-	for {
-		items, next, err := st.List(ctx, kind, newMsg, store.ListOptions{Limit: 1000, Continue: cont})
-		if err != nil {
-			return nil, fmt.Errorf("list %s: %w", kind, err)
-		}
-		out = append(out, items...)
-		if next == "" {
-			slices.SortFunc(out, func(a, b store.Item) int {
-				if a.Name < b.Name {
-					return -1
-				}
-				if a.Name > b.Name {
-					return 1
-				}
-				return 0
-			})
-			return out, nil
-		}
-		cont = next
 	}
 }

@@ -387,3 +387,26 @@ func etcdErr(ctx context.Context, op string, err error) error {
 	}
 	return errdefs.Unavailable("%s: etcd: %w", op, err)
 }
+
+// Lister is the List of a Store (or of what stands in for one in tests).
+type Lister interface {
+	List(ctx context.Context, kind string, newMsg func() proto.Message, opts ListOptions) ([]Item, string, error)
+}
+
+// ListAll lists every resource of kind, in name order, a page of 1,000 at
+// a time from one consistent snapshot (List).
+func ListAll(ctx context.Context, l Lister, kind string, newMsg func() proto.Message) ([]Item, error) {
+	var out []Item
+	cont := ""
+	for {
+		items, next, err := l.List(ctx, kind, newMsg, ListOptions{Limit: 1000, Continue: cont})
+		if err != nil {
+			return nil, fmt.Errorf("list %s: %w", kind, err)
+		}
+		out = append(out, items...)
+		if next == "" {
+			return out, nil
+		}
+		cont = next
+	}
+}

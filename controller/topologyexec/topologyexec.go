@@ -184,7 +184,7 @@ func (e *Executor) route(ctx context.Context, q workqueue.TypedRateLimitingInter
 }
 
 func (e *Executor) enqueueAll(ctx context.Context, q workqueue.TypedRateLimitingInterface[string]) {
-	clusters, err := listAll(ctx, e.st, ClustersKind, func() proto.Message { return &typesv1.Cluster{} })
+	clusters, err := store.ListAll(ctx, e.st, ClustersKind, func() proto.Message { return &typesv1.Cluster{} })
 	if err != nil {
 		if ctx.Err() == nil {
 			e.log.Warn("list clusters", "err", err)
@@ -200,14 +200,14 @@ func (e *Executor) enqueueAll(ctx context.Context, q workqueue.TypedRateLimiting
 	}
 	// The control planes of deleted topology clusters, whose delete event
 	// was missed.
-	if cps, err := listAll(ctx, e.st, ControlPlanesKind, func() proto.Message { return &typesv1.ControlPlane{} }); err == nil {
+	if cps, err := store.ListAll(ctx, e.st, ControlPlanesKind, func() proto.Message { return &typesv1.ControlPlane{} }); err == nil {
 		for _, it := range cps {
 			if owner := metaOf(it.Msg).GetLabels()[topologyplan.LabelOwned]; owner != "" && !exists[owner] {
 				q.Add(clusterKey + owner)
 			}
 		}
 	}
-	classes, err := listAll(ctx, e.st, ClusterClassesKind, func() proto.Message { return &typesv1.ClusterClass{} })
+	classes, err := store.ListAll(ctx, e.st, ClusterClassesKind, func() proto.Message { return &typesv1.ClusterClass{} })
 	if err != nil {
 		if ctx.Err() == nil {
 			e.log.Warn("list cluster classes", "err", err)
@@ -339,7 +339,7 @@ func (e *Executor) deleteDerived(ctx context.Context, cluster string) error {
 // observe fills in the objects labelled as derived from cluster.
 func (e *Executor) observe(ctx context.Context, cluster string, in *topologyplan.Input) error {
 	owned := func(m proto.Message) bool { return metaOf(m).GetLabels()[topologyplan.LabelOwned] == cluster }
-	cps, err := listAll(ctx, e.st, ControlPlanesKind, func() proto.Message { return &typesv1.ControlPlane{} })
+	cps, err := store.ListAll(ctx, e.st, ControlPlanesKind, func() proto.Message { return &typesv1.ControlPlane{} })
 	if err != nil {
 		return err
 	}
@@ -348,7 +348,7 @@ func (e *Executor) observe(ctx context.Context, cluster string, in *topologyplan
 			in.ControlPlanes = append(in.ControlPlanes, it.Msg.(*typesv1.ControlPlane))
 		}
 	}
-	mds, err := listAll(ctx, e.st, MachineDeploymentsKind, func() proto.Message { return &typesv1.MachineDeployment{} })
+	mds, err := store.ListAll(ctx, e.st, MachineDeploymentsKind, func() proto.Message { return &typesv1.MachineDeployment{} })
 	if err != nil {
 		return err
 	}
@@ -357,7 +357,7 @@ func (e *Executor) observe(ctx context.Context, cluster string, in *topologyplan
 			in.MachineDeployments = append(in.MachineDeployments, it.Msg.(*typesv1.MachineDeployment))
 		}
 	}
-	hcs, err := listAll(ctx, e.st, HealthChecksKind, func() proto.Message { return &typesv1.HealthCheck{} })
+	hcs, err := store.ListAll(ctx, e.st, HealthChecksKind, func() proto.Message { return &typesv1.HealthCheck{} })
 	if err != nil {
 		return err
 	}
@@ -443,7 +443,7 @@ func (e *Executor) ReconcileClass(ctx context.Context, name string, wake func(cl
 	if err != nil {
 		return err
 	}
-	items, err := listAll(ctx, e.st, ClustersKind, func() proto.Message { return &typesv1.Cluster{} })
+	items, err := store.ListAll(ctx, e.st, ClustersKind, func() proto.Message { return &typesv1.Cluster{} })
 	if err != nil {
 		return err
 	}
@@ -518,22 +518,6 @@ func setSpec(dst, src proto.Message) {
 	d, s := dst.ProtoReflect(), src.ProtoReflect()
 	fd := field(d, "spec")
 	d.Set(fd, protoreflect.ValueOfMessage(proto.Clone(s.Get(field(s, "spec")).Message().Interface()).ProtoReflect()))
-}
-
-func listAll(ctx context.Context, st Store, kind string, newMsg func() proto.Message) ([]store.Item, error) {
-	var out []store.Item
-	cont := ""
-	for {
-		items, next, err := st.List(ctx, kind, newMsg, store.ListOptions{Limit: 1000, Continue: cont})
-		if err != nil {
-			return nil, fmt.Errorf("list %s: %w", kind, err)
-		}
-		out = append(out, items...)
-		if next == "" {
-			return out, nil
-		}
-		cont = next
-	}
 }
 
 func newUID() string {
