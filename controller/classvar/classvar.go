@@ -172,23 +172,37 @@ func Substitute[M proto.Message](m M, values map[string]string) (M, error) {
 }
 
 // walk calls fn on every set string field and string map value under m,
-// replacing the value with fn's result when it differs.
+// replacing the value with fn's result when it differs. It visits fields
+// in their declared order and map entries in key order (protoreflect's
+// Range order is deliberately unstable), so references and errors come
+// out the same every time.
 func walk(m protoreflect.Message, prefix string, fn func(field, s string) string) {
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+	fields := m.Descriptor().Fields()
+	for i := 0; i < fields.Len(); i++ {
+		fd := fields.Get(i)
+		if !m.Has(fd) {
+			continue
+		}
+		v := m.Get(fd)
 		name := prefix + fd.JSONName()
 		switch {
 		case fd.IsMap():
 			if fd.MapValue().Kind() != protoreflect.StringKind {
-				return true
+				continue
 			}
 			mp := v.Map()
-			mp.Range(func(k protoreflect.MapKey, mv protoreflect.Value) bool {
-				s := mv.String()
+			var keys []protoreflect.MapKey
+			mp.Range(func(k protoreflect.MapKey, _ protoreflect.Value) bool {
+				keys = append(keys, k)
+				return true
+			})
+			sort.Slice(keys, func(a, b int) bool { return keys[a].String() < keys[b].String() })
+			for _, k := range keys {
+				s := mp.Get(k).String()
 				if r := fn(name+"["+k.String()+"]", s); r != s {
 					mp.Set(k, protoreflect.ValueOfString(r))
 				}
-				return true
-			})
+			}
 		case fd.IsList():
 			l := v.List()
 			for i := 0; i < l.Len(); i++ {
@@ -211,8 +225,7 @@ func walk(m protoreflect.Message, prefix string, fn func(field, s string) string
 		case fd.Kind() == protoreflect.MessageKind:
 			walk(v.Message(), name+".", fn)
 		}
-		return true
-	})
+	}
 }
 
 // parse finds the references in s.
