@@ -138,6 +138,11 @@ func TestEnrollAndRun(t *testing.T) {
 		at, _ := env.Controller.AgentLastSeen("node-1")
 		return at.After(firstSeen)
 	})
+	// and the API shows it: a Host read from this replica carries the
+	// last heartbeat it received, not only the last one stored.
+	if got := getHost(t, rc, "node-1").GetStatus().GetAgent().GetLastHeartbeat().AsTime(); !got.After(first.GetLastHeartbeat().AsTime()) {
+		t.Errorf("Get host: lastHeartbeat %s, want after the first heartbeat %s", got, first.GetLastHeartbeat().AsTime())
+	}
 
 	// The controller calls the agent at the advertised address.
 	certPEM, keyPEM, err := env.Controller.CA().Issue(pki.RoleController, pki.ControllerName, nil, time.Hour, time.Now())

@@ -103,13 +103,37 @@ func adminOnlyKinds(ctx context.Context, verb string, objs ...*controllerv1.Reso
 
 func (s *resourcesServer) Get(ctx context.Context, req *controllerv1.GetRequest) (*controllerv1.Resource, error) {
 	r, err := s.res.Get(ctx, req.GetKind(), req.GetName())
+	if err == nil {
+		s.lastSeen(r)
+	}
 	return r, errgrpc.ToGRPC(err)
+}
+
+// lastSeen puts into a Host this replica serves the time it last received
+// a heartbeat from the host's agent, when that is newer than the stored
+// one: a heartbeat that changes nothing is not written (controller/liveness),
+// so the stored status.agent.lastHeartbeat can lag by up to the liveness
+// refresh. Hosts whose agents report to another replica keep the stored
+// time.
+func (s *resourcesServer) lastSeen(r *controllerv1.Resource) {
+	h := r.GetHost()
+	a := h.GetStatus().GetAgent()
+	if a == nil || s.enr == nil {
+		return
+	}
+	seen, ok := s.enr.Tracker().LastSeen(h.GetMetadata().GetName())
+	if ok && (a.GetLastHeartbeat() == nil || seen.After(a.GetLastHeartbeat().AsTime())) {
+		a.LastHeartbeat = timestamppb.New(seen)
+	}
 }
 
 func (s *resourcesServer) List(ctx context.Context, req *controllerv1.ListRequest) (*controllerv1.ListResponse, error) {
 	items, next, err := s.res.List(ctx, req.GetKind(), req.GetLabelSelector(), req.GetLimit(), req.GetContinue())
 	if err != nil {
 		return nil, errgrpc.ToGRPC(err)
+	}
+	for _, r := range items {
+		s.lastSeen(r)
 	}
 	return &controllerv1.ListResponse{Items: items, Continue: next}, nil
 }
