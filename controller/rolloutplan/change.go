@@ -318,35 +318,29 @@ func derived(c ClusterInput) []derivedObject {
 // cpRolled says what a ControlPlane waits for ("" when every member is
 // updated and Ready at its current generation).
 func cpRolled(cp *typesv1.ControlPlane) string {
-	want := cp.GetSpec().GetReplicas()
 	s := cp.GetStatus()
-	ready := conditions.Get(s.GetConditions(), "Ready")
-	switch {
-	case ready == nil || ready.GetObservedGeneration() != cp.GetMetadata().GetGeneration():
-		return fmt.Sprintf("control plane %s: change not planned yet", cp.GetMetadata().GetName())
-	case s.GetUpdatedReplicas() != want || s.GetReadyReplicas() != want || s.GetReplicas() != want || ready.GetStatus() != conditions.True:
-		msg := fmt.Sprintf("control plane %s: %d of %d updated, %d Ready", cp.GetMetadata().GetName(), s.GetUpdatedReplicas(), want, s.GetReadyReplicas())
-		if ready.GetStatus() != conditions.True && ready.GetMessage() != "" {
-			msg += " (" + ready.GetMessage() + ")"
-		}
-		return msg
-	}
-	return ""
+	return rolled("control plane", cp.GetMetadata(), conditions.Get(s.GetConditions(), "Ready"),
+		cp.GetSpec().GetReplicas(), s.GetReplicas(), s.GetUpdatedReplicas(), s.GetReadyReplicas())
 }
 
 // mdRolled says what a MachineDeployment waits for ("" when every
 // machine is updated and Ready at its current generation).
 func mdRolled(md *typesv1.MachineDeployment) string {
-	want := md.GetSpec().GetReplicas()
 	s := md.GetStatus()
-	up := conditions.Get(s.GetConditions(), "UpToDate")
+	return rolled("machine deployment", md.GetMetadata(), conditions.Get(s.GetConditions(), "UpToDate"),
+		md.GetSpec().GetReplicas(), s.GetReplicas(), s.GetUpdatedReplicas(), s.GetReadyReplicas())
+}
+
+// rolled is cpRolled and mdRolled: cond is the object's own verdict (its
+// Ready or UpToDate condition), which must have seen its generation.
+func rolled(what string, meta *typesv1.ObjectMeta, cond *typesv1.Condition, want, replicas, updated, ready int32) string {
 	switch {
-	case up == nil || up.GetObservedGeneration() != md.GetMetadata().GetGeneration():
-		return fmt.Sprintf("machine deployment %s: change not planned yet", md.GetMetadata().GetName())
-	case s.GetUpdatedReplicas() != want || s.GetReadyReplicas() != want || s.GetReplicas() != want || up.GetStatus() != conditions.True:
-		msg := fmt.Sprintf("machine deployment %s: %d of %d updated, %d Ready", md.GetMetadata().GetName(), s.GetUpdatedReplicas(), want, s.GetReadyReplicas())
-		if up.GetStatus() != conditions.True && up.GetMessage() != "" {
-			msg += " (" + up.GetMessage() + ")"
+	case cond == nil || cond.GetObservedGeneration() != meta.GetGeneration():
+		return fmt.Sprintf("%s %s: change not planned yet", what, meta.GetName())
+	case updated != want || ready != want || replicas != want || cond.GetStatus() != conditions.True:
+		msg := fmt.Sprintf("%s %s: %d of %d updated, %d Ready", what, meta.GetName(), updated, want, ready)
+		if cond.GetStatus() != conditions.True && cond.GetMessage() != "" {
+			msg += " (" + cond.GetMessage() + ")"
 		}
 		return msg
 	}
