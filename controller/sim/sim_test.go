@@ -381,3 +381,29 @@ func TestPowerCutMidLay(t *testing.T) {
 		t.Errorf("host %s: last operation attempt = 0, want the retry after the power cut counted", names[0])
 	}
 }
+
+// TestLayEndingAfterItsTimeoutIsNotLaidAgain: an agent slowed down (a
+// loaded host, a slow image server) finishes a lay after the controller's
+// LayImage timeout but before the retry powers the host off. The retry
+// must find the finished lay by its operation id and go on with it, not
+// power the host off and lay the image a second time under a new id
+// (10,049 lays for 10,000 hosts under load, docs/scale.md).
+func TestLayEndingAfterItsTimeoutIsNotLaidAgain(t *testing.T) {
+	simCfg := fastSim
+	simCfg.Jitter = 0
+	w := newWorld(t, simCfg)
+	w.cfg.Plan.Timeouts = map[hostlife.Step]time.Duration{hostlife.StepLayImage: time.Second}
+	// The retry powers off 500 ms after the timeout: the slow lay ends
+	// about 200 ms after the timeout, in between.
+	w.cfg.Plan.Backoff = backoff.Policy{Base: 500 * time.Millisecond, Max: time.Second, Factor: 2}
+	names, err := sim.Populate(w.ctx, w.st, 1, "rack9")
+	require.NoError(t, err)
+	w.fleet.Host(names[0]).SlowLays(1, 1200*time.Millisecond)
+	stop := w.start()
+	defer stop()
+	w.waitFor(names, "Provisioned", provisioned)
+	w.checkProvisionedOnce(names)
+	if got := w.fleet.Host(names[0]).Boots(); got != 2 {
+		t.Errorf("host %s: %d boots, want 2 (the boot agent, then the installed agent; no power cycle for a second lay)", names[0], got)
+	}
+}
