@@ -305,9 +305,10 @@ type Config struct {
 	ExpectedBoot time.Duration
 }
 
-// ReattachTimeout bounds ActReattach (and the step's timeout bounds it
-// too): how long a timed-out lay that still runs is followed before the
-// retry powers the host off.
+// ReattachTimeout bounds ActReattach, and the one more run of a step's
+// actions found past its timeout with no result seen (the step's timeout
+// bounds both too): how long a timed-out lay that still runs is followed
+// before the retry powers the host off.
 const ReattachTimeout = time.Minute
 
 // Default values of Config.
@@ -926,6 +927,15 @@ func (p *planner) sequence(steps []stepDef, done typesv1.HostState, doneMsg stri
 			}
 		}
 		if elapsed >= timeout {
+			if r := p.in.Observed.Result; r == nil || r.OperationID != op.GetId() {
+				// Past its timeout with no result seen (a restart, a result
+				// lost to a failed status write, a host that waited long in
+				// the queue): the actions are idempotent and an agent
+				// operation re-attaches by its id, so ask once before giving
+				// up. A step after the lay that timed out unasked would be
+				// retried from PowerOff and lay the image again.
+				return actionRun{actions: step.actions(), deadline: min(timeout, ReattachTimeout)}
+			}
 			return p.timedOut(op, step, timeout)
 		}
 		if ra := op.GetRetryAfter(); ra != nil && p.in.Now.Before(ra.AsTime()) {
