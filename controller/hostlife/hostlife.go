@@ -104,6 +104,12 @@ const (
 	ActReboot ActionKind = "Reboot"
 	// ActWipe asks the agent to wipe Target under OperationID.
 	ActWipe ActionKind = "Wipe"
+	// ActReattach asks the agent how operation OperationID ended, and
+	// follows it while it runs; it never starts an operation (an agent
+	// that does not know the id fails it). Before a timed-out lay is
+	// retried from PowerOff: a lay that ended after the controller gave up
+	// on it counts, instead of being laid again.
+	ActReattach ActionKind = "Reattach"
 )
 
 // Boot devices of ActSetBoot (those of package bmc).
@@ -127,11 +133,14 @@ const (
 	// not.
 	ConditionProvisioned = "Provisioned"
 
-	ReasonInProgress   = "InProgress"
-	ReasonStepFailed   = "StepFailed"
-	ReasonTransient    = "TransientFailure"
-	ReasonUnreachable  = "AgentUnreachable"
-	ReasonTimedOut     = "StepTimedOut"
+	ReasonInProgress  = "InProgress"
+	ReasonStepFailed  = "StepFailed"
+	ReasonTransient   = "TransientFailure"
+	ReasonUnreachable = "AgentUnreachable"
+	ReasonTimedOut    = "StepTimedOut"
+	// ReasonLateSuccess is the event of a timed-out agent operation that
+	// the agent, asked before the retry, reports as succeeded.
+	ReasonLateSuccess  = "SucceededAfterTimeout"
 	ReasonBootSource   = "BootSourceMismatch"
 	ReasonTooManyTries = "TooManyAttempts"
 	ReasonDone         = "Provisioned"
@@ -193,6 +202,8 @@ func (a Action) String() string {
 		fmt.Fprintf(&b, " target=%s", a.disk())
 	case ActWipe:
 		fmt.Fprintf(&b, " op=%s target=%s", a.OperationID, a.disk())
+	case ActReattach:
+		fmt.Fprintf(&b, " op=%s", a.OperationID)
 	case ActReboot:
 		if a.UnlessAgent != "" {
 			fmt.Fprintf(&b, " unless=%s", a.UnlessAgent)
@@ -293,6 +304,12 @@ type Config struct {
 	// BootAgentCheckedIn=False, reason BootAgentMissing.
 	ExpectedBoot time.Duration
 }
+
+// ReattachTimeout bounds ActReattach, and the one more run of a step's
+// actions found past its timeout with no result seen (the step's timeout
+// bounds both too): how long a timed-out lay that still runs is followed
+// before the retry powers the host off.
+const ReattachTimeout = time.Minute
 
 // Default values of Config.
 const (
@@ -863,6 +880,22 @@ func (p *planner) sequence(steps []stepDef, done typesv1.HostState, doneMsg stri
 		}
 		from := idx
 		if isTimedOut(op) && step.retryFrom != "" {
+			if step.name == StepLayImage {
+				// The retry's power off ends the agent's journal: ask it
+				// first whether the lay ended after all (a slow agent, a
+				// result the controller did not see in time).
+				r := p.in.Observed.Result
+				if r == nil || r.OperationID != op.GetId() {
+					return actionRun{
+						actions:  []Action{{Kind: ActReattach, OperationID: op.GetId()}},
+						deadline: min(p.in.Config.timeout(step.name), ReattachTimeout),
+					}
+				}
+				if r.Err == "" {
+					p.lateSuccess(op)
+					return p.advance(steps, idx, done, doneMsg)
+				}
+			}
 			from = indexOf(steps, step.retryFrom)
 		}
 		return p.start(steps, from, op.GetAttempt(), time.Time{})
@@ -894,6 +927,15 @@ func (p *planner) sequence(steps []stepDef, done typesv1.HostState, doneMsg stri
 			}
 		}
 		if elapsed >= timeout {
+			if r := p.in.Observed.Result; r == nil || r.OperationID != op.GetId() {
+				// Past its timeout with no result seen (a restart, a result
+				// lost to a failed status write, a host that waited long in
+				// the queue): the actions are idempotent and an agent
+				// operation re-attaches by its id, so ask once before giving
+				// up. A step after the lay that timed out unasked would be
+				// retried from PowerOff and lay the image again.
+				return actionRun{actions: step.actions(), deadline: min(timeout, ReattachTimeout)}
+			}
 			return p.timedOut(op, step, timeout)
 		}
 		if ra := op.GetRetryAfter(); ra != nil && p.in.Now.Before(ra.AsTime()) {
@@ -1014,6 +1056,19 @@ func (p *planner) succeed(op *typesv1.OperationStatus) {
 	op.RetryAfter = nil
 	op.Finished = timestamppb.New(p.in.Now)
 	p.finished(op, OutcomeSuccess)
+}
+
+// lateSuccess turns op, failed by timing out, into a success: the agent
+// said it succeeded after all. Its timeout stays counted (attempt) and
+// reported (Finished).
+func (p *planner) lateSuccess(op *typesv1.OperationStatus) {
+	op.State = OpSucceeded
+	op.Error = ""
+	op.Reason = ""
+	op.RetryAfter = nil
+	op.Finished = timestamppb.New(p.in.Now)
+	p.st.LastError = ""
+	p.event("Normal", ReasonLateSuccess, fmt.Sprintf("%s: operation %s succeeded after the step timed out", op.GetKind(), op.GetId()))
 }
 
 // failOp ends op as Failed with reason (stored in op.reason: what the

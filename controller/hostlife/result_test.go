@@ -14,7 +14,9 @@ import (
 
 // TestRetryAfterTimeoutReadsReason: a failed LayImage whose backoff is
 // over starts again from PowerOff when its operation's reason is
-// StepTimedOut, and from LayImage itself when it failed otherwise. The
+// StepTimedOut (once the agent, asked, did not report it succeeded:
+// lay_late_success.txt), and from LayImage itself when it failed
+// otherwise. The
 // message plays no part, except for a host stored by a controller from
 // before operation.reason (message "timed out", no reason).
 func TestRetryAfterTimeoutReadsReason(t *testing.T) {
@@ -47,7 +49,10 @@ func TestRetryAfterTimeoutReadsReason(t *testing.T) {
 			out := Plan(Input{
 				Host:    h,
 				Desired: Desired{Machine: "m1", ImageName: "img1", Image: &typesv1.ImageSpec{Url: "http://images/img1"}},
-				Now:     t0.Add(2 * time.Minute),
+				// The re-attach before a retry after a timeout: the agent
+				// does not know the operation.
+				Observed: Observed{Result: &Result{OperationID: "h1.provisioning.0.layimage.0.img1", Err: "Reattach: operation not found", Failure: FailAgent}},
+				Now:      t0.Add(2 * time.Minute),
 			})
 			require.Equal(t, string(tt.wantStep), out.Status.GetProvisioningStep())
 			require.Equal(t, int32(1), out.Status.GetLastOperation().GetAttempt())

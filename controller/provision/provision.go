@@ -575,6 +575,12 @@ func (e *Executor) do(ctx context.Context, h *typesv1.Host, a hostlife.Action) e
 			return errgrpc.FromGRPC(err)
 		}
 		return follow(stream, e.progressSink(ctx, h.GetMetadata().GetName(), a.OperationID))
+	case hostlife.ActReattach:
+		stream, err := c.Operation(ctx, &agentv1.OperationRequest{OperationId: a.OperationID})
+		if err != nil {
+			return errgrpc.FromGRPC(err)
+		}
+		return follow(stream, nil)
 	case hostlife.ActWriteIdentity:
 		req := &agentv1.WriteIdentityRequest{}
 		if e.deps.Identity != nil {

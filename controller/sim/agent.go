@@ -137,7 +137,7 @@ func (a *Agent) start(id, kind string, run func(op *operation, gen int)) (*opera
 	return op, nil
 }
 
-// LayImage lays the image over LayDuration, reporting its progress in
+// LayImage lays the image over LayDuration (SlowLays: longer), reporting its progress in
 // tenths (bytes of the request's raw size, rate, ETA) as a real agent
 // does; a fault set with FailLays fails it with a checksum mismatch.
 func (a *Agent) LayImage(ctx context.Context, in *agentv1.LayImageRequest, _ ...grpc.CallOption) (grpc.ServerStreamingClient[agentv1.OperationEvent], error) {
@@ -148,9 +148,16 @@ func (a *Agent) LayImage(ctx context.Context, in *agentv1.LayImageRequest, _ ...
 	}
 	op, err := a.start(in.GetOperationId(), "lay-image", func(op *operation, gen int) {
 		start := time.Now()
+		h.mu.Lock()
+		d := h.fleet.cfg.LayDuration
+		if h.slowLays > 0 {
+			h.slowLays--
+			d = h.slowLay
+		}
+		h.mu.Unlock()
 		op.report(layProgress(0, total, 0))
 		for i := 1; i <= layProgressSteps; i++ {
-			if h.fleet.sleep(h.fleet.ctx, h.fleet.cfg.LayDuration/layProgressSteps) != nil {
+			if h.fleet.sleep(h.fleet.ctx, d/layProgressSteps) != nil {
 				op.interrupt()
 				return
 			}

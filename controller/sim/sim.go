@@ -145,6 +145,8 @@ type Host struct {
 	lays       int
 	boots      int
 	layFaults  int
+	slowLays   int           // lays left that take slowLay
+	slowLay    time.Duration // instead of LayDuration
 	ignoreOnce bool
 	lastDevice string
 
@@ -159,6 +161,9 @@ func (h *Host) BMC() *BMC { return h.bmc }
 
 // Lays counts the image lays that completed on this host.
 func (h *Host) Lays() int { h.mu.Lock(); defer h.mu.Unlock(); return h.lays }
+
+// Boots counts the boots that ran an agent on this host.
+func (h *Host) Boots() int { h.mu.Lock(); defer h.mu.Unlock(); return h.boots }
 
 // Running is the agent running on the host: "", "boot" or "installed".
 func (h *Host) Running() string { h.mu.Lock(); defer h.mu.Unlock(); return h.running }
@@ -194,6 +199,15 @@ func (h *Host) PowerCut() { h.powerOff() }
 
 // FailLays makes the next n lays fail with a checksum mismatch.
 func (h *Host) FailLays(n int) { h.mu.Lock(); defer h.mu.Unlock(); h.layFaults = n }
+
+// SlowLays makes the next n lays take d instead of LayDuration (plus the
+// fleet's jitter): an agent slowed down by a loaded host or a slow image
+// server.
+func (h *Host) SlowLays(n int, d time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.slowLays, h.slowLay = n, d
+}
 
 // powerOn starts a boot unless the host is on.
 func (h *Host) powerOn() {

@@ -5,11 +5,13 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/events"
@@ -19,6 +21,7 @@ import (
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/backoff"
 	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/errdefs"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -380,4 +383,76 @@ func TestPowerCutMidLay(t *testing.T) {
 	if got := w.host(names[0]).GetStatus().GetLastOperation().GetAttempt(); got == 0 {
 		t.Errorf("host %s: last operation attempt = 0, want the retry after the power cut counted", names[0])
 	}
+}
+
+// TestLayEndingAfterItsTimeoutIsNotLaidAgain: an agent slowed down (a
+// loaded host, a slow image server) finishes a lay after the controller's
+// LayImage timeout but before the retry powers the host off. The retry
+// must find the finished lay by its operation id and go on with it, not
+// power the host off and lay the image a second time under a new id
+// (10,049 lays for 10,000 hosts under load, docs/scale.md).
+func TestLayEndingAfterItsTimeoutIsNotLaidAgain(t *testing.T) {
+	simCfg := fastSim
+	simCfg.Jitter = 0
+	w := newWorld(t, simCfg)
+	w.cfg.Plan.Timeouts = map[hostlife.Step]time.Duration{hostlife.StepLayImage: time.Second}
+	// The retry powers off 500 ms after the timeout: the slow lay ends
+	// about 200 ms after the timeout, in between.
+	w.cfg.Plan.Backoff = backoff.Policy{Base: 500 * time.Millisecond, Max: time.Second, Factor: 2}
+	names, err := sim.Populate(w.ctx, w.st, 1, "rack9")
+	require.NoError(t, err)
+	w.fleet.Host(names[0]).SlowLays(1, 1200*time.Millisecond)
+	stop := w.start()
+	defer stop()
+	w.waitFor(names, "Provisioned", provisioned)
+	w.checkProvisionedOnce(names)
+	if got := w.fleet.Host(names[0]).Boots(); got != 2 {
+		t.Errorf("host %s: %d boots, want 2 (the boot agent, then the installed agent; no power cycle for a second lay)", names[0], got)
+	}
+}
+
+// loseOnce is a store whose first write of a host past step past fails
+// after delay (as an etcd write does under load: "request timed out"), so
+// the executor loses the result of the step before it.
+type loseOnce struct {
+	*store.Store
+	past  string
+	delay time.Duration
+	lost  atomic.Bool
+}
+
+func (s *loseOnce) Update(ctx context.Context, kind, name string, m proto.Message, expectRev int64) (int64, error) {
+	if h, ok := m.(*typesv1.Host); ok && kind == provision.HostsKind && h.GetStatus().GetProvisioningStep() == s.past && s.lost.CompareAndSwap(false, true) {
+		// A slow write that fails: the step before is past its timeout
+		// when the executor plans again.
+		time.Sleep(s.delay)
+		return 0, errdefs.Unavailable("update %s: injected: etcdserver: request timed out", name)
+	}
+	return s.Store.Update(ctx, kind, name, m, expectRev)
+}
+
+// TestStepAfterLayWithLostResultIsNotLaidAgain: the status write that
+// records WriteIdentity's success fails after 1.5 s, and the executor
+// comes back to the host past WriteIdentity's 1 s timeout. The step must be
+// asked again (it is idempotent), not timed out unasked: that retry starts
+// from PowerOff and the boot agent lays the image a second time.
+func TestStepAfterLayWithLostResultIsNotLaidAgain(t *testing.T) {
+	w := newWorld(t, fastSim)
+	w.cfg.Plan.Timeouts = map[hostlife.Step]time.Duration{hostlife.StepWriteIdentity: time.Second}
+	names, err := sim.Populate(w.ctx, w.st, 1, "rack10")
+	require.NoError(t, err)
+	st := &loseOnce{Store: w.st, past: string(hostlife.StepBootDisk), delay: 1500 * time.Millisecond}
+	ctx, cancel := context.WithCancel(w.ctx)
+	ex := provision.New(provision.Deps{
+		Store:    st,
+		Recorder: w.rec,
+		BMCs:     w.fleet.BMCDialer(),
+		Agents:   w.fleet.AgentDialer(),
+	}, w.cfg, slog.New(slog.DiscardHandler))
+	done := make(chan struct{})
+	go func() { defer close(done); _ = ex.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	w.waitFor(names, "Provisioned", provisioned)
+	require.True(t, st.lost.Load(), "the write after WriteIdentity was not failed: the test tested nothing")
+	w.checkProvisionedOnce(names)
 }
