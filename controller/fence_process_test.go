@@ -160,6 +160,16 @@ func TestPausedLeaderIsFenced(t *testing.T) {
 	waitHosts(ctx, t, st, "c2 writing hosts", func([]*typesv1.Host) bool { return hostsRevision(ctx, t, client) > rev })
 	mark("c2 writes hosts; steps: %s", stepCounts(ctx, t, st))
 
+	// Keep c1 frozen past a simulated boot (3 s), so that its simulated
+	// agents' check-ins are due the moment it thaws and its first writes
+	// race nothing: thawed sooner (c2 can take over in 0.1 s), c1 had
+	// nothing to write for seconds, and in CI its session ended first,
+	// which proves nothing about the fence. Its next keep-alive (a third
+	// of the TTL after the renewal the wave started on) is still seconds
+	// away then.
+	if d := 4*time.Second - time.Since(stopped); d > 0 {
+		time.Sleep(d)
+	}
 	// Thaw c1: whatever it does next is refused.
 	from := fileSize(t, old.stderr)
 	require.NoError(t, syscall.Kill(old.cmd.Process.Pid, syscall.SIGCONT))
