@@ -32,8 +32,11 @@ func TestPauseForMove(t *testing.T) {
 	require.NoError(t, err)
 	ag, err := enroll(ctx, t, env, env.Token(t, "agent-a", time.Hour), "agent-a")
 	require.NoError(t, err)
+	beat := func(env *controllertest.Env) (*controllerv1.HeartbeatResponse, error) {
+		return controllerv1.NewAgentsClient(env.DialCert(t, ag.certPEM, ag.keyPEM)).Heartbeat(ctx, &controllerv1.HeartbeatRequest{AgentAddress: "127.0.0.1:7444", Version: "test"})
+	}
 	heartbeat := func(env *controllertest.Env) error {
-		_, err := controllerv1.NewAgentsClient(env.DialCert(t, ag.certPEM, ag.keyPEM)).Heartbeat(ctx, &controllerv1.HeartbeatRequest{AgentAddress: "127.0.0.1:7444", Version: "test"})
+		_, err := beat(env)
 		return err
 	}
 	require.NoError(t, heartbeat(env))
@@ -73,7 +76,15 @@ func TestPauseForMove(t *testing.T) {
 		_, calls["operator Apply"] = operator.Apply(ctx, &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{host("rack1-03", "other-pw")}})
 		_, calls["operator Delete"] = operator.Delete(ctx, &controllerv1.DeleteRequest{Kind: "hosts", Name: "rack1-01"})
 		_, calls["admin CreateToken"] = admin.CreateToken(ctx, &controllerv1.CreateTokenRequest{Host: "rack1-09", Ttl: "1h"})
-		calls["agent Heartbeat"] = heartbeat(env)
+		if state == "moved to" {
+			// The move is done: an agent is told where its fleet went
+			// (and follows it: cmd/kiln-agent TestFollowMove).
+			resp, err := beat(env)
+			require.NoError(t, err, "agent Heartbeat once moved")
+			require.Equal(t, "ctl-b.example:7443", resp.GetMovedTo(), "agent Heartbeat once moved")
+		} else {
+			calls["agent Heartbeat"] = heartbeat(env)
+		}
 		for call, err := range calls {
 			require.Equal(t, codes.FailedPrecondition, code(err), "%s while paused: %v", call, err)
 			require.Contains(t, err.Error(), state+" ctl-b.example:7443", "%s while paused", call)

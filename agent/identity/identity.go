@@ -24,8 +24,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -59,7 +61,10 @@ type Files struct {
 // can be replaced while servers and clients use it (renewal, CA
 // rotation).
 type Identity struct {
+	// Controller is as stored; once the agent runs, read its address with
+	// Address (SetAddress changes it while heartbeats and renewals dial).
 	Controller Controller
+	addrMu     sync.RWMutex
 	cert       atomic.Pointer[tls.Certificate]
 	trust      atomic.Pointer[trust]
 }
@@ -266,6 +271,44 @@ func (id *Identity) SetTrust(dir string, bundle []byte) (bool, error) {
 	id.Controller.CAHash = pin
 	id.trust.Store(next)
 	return true, nil
+}
+
+// SetAddress makes addr (host:port) the controller's address, stored
+// under dir, when it differs from the current one, and reports whether
+// it did. The caller checks first that a controller there holds a
+// certificate of a CA this identity trusts (VerifyController): the
+// address comes from a heartbeat answer after a move (kilnctl move).
+func (id *Identity) SetAddress(dir, addr string) (bool, error) {
+	if addr == "" {
+		return false, errdefs.InvalidArgument("set address: empty")
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return false, errdefs.InvalidArgument("set address %q: want host:port: %v", addr, err)
+	}
+	id.addrMu.Lock()
+	defer id.addrMu.Unlock()
+	if addr == id.Controller.Address {
+		return false, nil
+	}
+	ctl := id.Controller
+	ctl.Address = addr
+	b, err := json.MarshalIndent(ctl, "", "  ")
+	if err != nil {
+		return false, fmt.Errorf("set address: %w", err)
+	}
+	if err := atomicfile.Write(filepath.Join(dir, ControllerFile), append(b, '\n'), 0o644); err != nil {
+		return false, fmt.Errorf("set address: %w", err)
+	}
+	id.Controller.Address = addr
+	return true, nil
+}
+
+// Address is the controller's address (host:port), as SetAddress last
+// set it.
+func (id *Identity) Address() string {
+	id.addrMu.RLock()
+	defer id.addrMu.RUnlock()
+	return id.Controller.Address
 }
 
 // Next-pair file names of a rotation in progress.

@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -339,7 +340,7 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 	// The connection carries small heartbeats: a 4 KiB read buffer instead
 	// of 32 KiB, and the write buffer goes back to a pool between writes.
 	dial := func() (*grpc.ClientConn, error) {
-		return grpc.NewClient(id.Controller.Address,
+		return grpc.NewClient(id.Address(),
 			grpc.WithTransportCredentials(credentials.NewTLS(id.ClientTLS())),
 			grpc.WithContextDialer(la.Dialer()),
 			grpc.WithReadBufferSize(controllerReadBuffer),
@@ -378,7 +379,7 @@ func run(ctx context.Context, g *globals, id *identity.Identity, ro runOptions, 
 		Version:  version.Version,
 		Interval: ro.heartbeatInterval,
 		Log:      log,
-		Observe:  followRotation(id, g.dataDir, rl, log),
+		Observe:  observeAll(followRotation(id, g.dataDir, rl, log), followMove(id, g.dataDir, ctl, probeController(id), log)),
 	})
 
 	log.Info("agent serving", "listen", lis.Addr().String(), "host", id.Host(), "controller", id.Controller.Address, "version", version.Version)
@@ -478,6 +479,59 @@ func (c *controllerConn) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.conn.Close()
+}
+
+// observeAll calls each of fs with every heartbeat answer.
+func observeAll(fs ...func(*controllerv1.HeartbeatResponse, error)) func(*controllerv1.HeartbeatResponse, error) {
+	return func(resp *controllerv1.HeartbeatResponse, err error) {
+		for _, f := range fs {
+			f(resp, err)
+		}
+	}
+}
+
+// probeController checks that a controller at addr holds a certificate of
+// a CA the identity trusts, with the controller role (a TLS handshake, as
+// every call to it makes).
+func probeController(id *identity.Identity) func(ctx context.Context, addr string) error {
+	return func(ctx context.Context, addr string) error {
+		conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		return tls.Client(conn, id.ClientTLS()).HandshakeContext(ctx)
+	}
+}
+
+// followMove follows a move of the fleet (kilnctl move): when the
+// controller answers with the address it moved to, and a controller
+// there holds a certificate of a CA this agent trusts, the agent stores
+// the new address and heartbeats there from then on. A controller there
+// that cannot be reached or is not trusted leaves everything as it was
+// (tried again on the next answer).
+func followMove(id *identity.Identity, dir string, ctl *controllerConn, probe func(context.Context, string) error, log *slog.Logger) func(*controllerv1.HeartbeatResponse, error) {
+	return func(resp *controllerv1.HeartbeatResponse, err error) {
+		to := resp.GetMovedTo()
+		if err != nil || to == "" || to == id.Address() {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := probe(ctx, to); err != nil {
+			log.Warn("controller says the fleet moved; not following", "from", id.Address(), "to", to, "error", err)
+			return
+		}
+		from := id.Address()
+		if _, err := id.SetAddress(dir, to); err != nil {
+			log.Warn("controller says the fleet moved; not following", "from", from, "to", to, "error", err)
+			return
+		}
+		if err := ctl.Redial(); err != nil {
+			log.Warn("redial after the move", "to", to, "error", err)
+		}
+		log.Info("controller moved: heartbeats go to the new controller", "from", from, "to", to)
+	}
 }
 
 // followRotation follows a CA rotation (kiln-controller rotate-ca)

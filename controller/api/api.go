@@ -303,6 +303,7 @@ func (s *agentsServer) Heartbeat(ctx context.Context, req *controllerv1.Heartbea
 		CaBundlePem:      s.enr.TrustPEM(),
 		RenewCertificate: res.RenewCertificate,
 		FactsWanted:      res.FactsWanted,
+		MovedTo:          res.MovedTo,
 	}, nil
 }
 

@@ -431,6 +431,10 @@ type HeartbeatResult struct {
 	// FactsWanted asks the agent to send its facts in full now: it sent
 	// the hash of facts the controller does not hold. Nothing was written.
 	FactsWanted bool
+	// MovedTo is set when this controller's fleet moved (kilnctl move):
+	// the API address of the controller the agent is to heartbeat from now
+	// on. Nothing was written.
+	MovedTo string
 }
 
 // HeartbeatRequest is what an enrolled agent reports.
@@ -510,6 +514,9 @@ func (s *Service) heartbeat(ctx context.Context, host string, serial *string, re
 	if errdefs.IsNotFound(err) {
 		return HeartbeatResult{}, errdefs.NotFound("host %q is not registered (deleted?): enroll the agent again", host)
 	}
+	if p, ok := store.PauseOf(err); ok && p.Moved && p.MovedTo != "" {
+		return s.moved(ctx, host, serial, p.MovedTo)
+	}
 	if err != nil {
 		return HeartbeatResult{}, fmt.Errorf("heartbeat of host %q: %w", host, err)
 	}
@@ -518,6 +525,27 @@ func (s *Service) heartbeat(ctx context.Context, host string, serial *string, re
 		s.events.Record(ctx, HostsKind, host, events.Normal, "AgentReachable", "agent heartbeats arrive from "+req.AgentAddress)
 	}
 	return HeartbeatResult{Interval: s.cfg.HeartbeatInterval, RenewCertificate: renew, FactsWanted: wantFacts}, nil
+}
+
+// moved answers the heartbeat of an agent whose fleet moved to another
+// controller (kilnctl move): with where it went, once the caller's
+// certificate is one the Host accepts (the read is allowed while paused;
+// nothing is written). The agent checks that the controller there holds
+// a certificate of the CA it trusts before it follows.
+func (s *Service) moved(ctx context.Context, host string, serial *string, to string) (HeartbeatResult, error) {
+	h := &typesv1.Host{}
+	if _, err := s.store.Get(ctx, HostsKind, host, h); err != nil {
+		if errdefs.IsNotFound(err) {
+			return HeartbeatResult{}, errdefs.NotFound("host %q is not registered (deleted?): enroll the agent again", host)
+		}
+		return HeartbeatResult{}, fmt.Errorf("heartbeat of host %q: %w", host, err)
+	}
+	if serial != nil {
+		if err := CheckSerial(h, *serial); err != nil {
+			return HeartbeatResult{}, err
+		}
+	}
+	return HeartbeatResult{Interval: s.cfg.HeartbeatInterval, MovedTo: to}, nil
 }
 
 // Tracker is the replica's in-memory record of when each agent was last

@@ -234,7 +234,27 @@ func pausedErr(value []byte, op string) error {
 	}
 	return fmt.Errorf("%w (%w)", errdefs.FailedPrecondition(
 		"%s refused: this controller is paused for a move: %s; use the controller there (kilnctl --kilnconfig of that controller), or resume this one with kilnctl move --resume if the move was abandoned",
-		op, msg), ErrPaused)
+		op, msg), &PausedError{Pause: p})
+}
+
+// PausedError is the cause of a write (or GetUnpaused) refused by the
+// pause: errors.Is(err, ErrPaused) holds for it, and errors.As gives the
+// pause record (an empty one when the record did not decode).
+type PausedError struct{ Pause Pause }
+
+func (e *PausedError) Error() string { return ErrPaused.Error() }
+
+// Is makes errors.Is(err, ErrPaused) hold.
+func (e *PausedError) Is(target error) bool { return target == ErrPaused }
+
+// PauseOf returns the pause record that refused err, if it was refused
+// by one.
+func PauseOf(err error) (Pause, bool) {
+	var pe *PausedError
+	if errors.As(err, &pe) {
+		return pe.Pause, true
+	}
+	return Pause{}, false
 }
 
 // GetUnpaused is Get that fails, as a write would, with the pause's error

@@ -118,8 +118,15 @@ func TestMoveToFreshController(t *testing.T) {
 	require.ErrorContains(t, err, "moved to "+dst.Addr)
 	require.NotContains(t, err.Error(), moveBMCPassword)
 	t.Logf("apply on the source after the move: %v", err)
-	_, err = controllerv1.NewAgentsClient(src.DialCert(t, agentCert, agentKey)).Heartbeat(ctx, &controllerv1.HeartbeatRequest{AgentAddress: "127.0.0.1:7444", Version: "test"})
-	require.ErrorContains(t, err, "moved to "+dst.Addr, "an agent's heartbeat to the moved source")
+	// An agent's heartbeat to the moved source is answered with where the
+	// fleet went (the agent follows: cmd/kiln-agent TestFollowMove), and
+	// writes nothing.
+	hb, err := controllerv1.NewAgentsClient(src.DialCert(t, agentCert, agentKey)).Heartbeat(ctx, &controllerv1.HeartbeatRequest{AgentAddress: "127.0.0.1:7444", Version: "test"})
+	require.NoError(t, err, "an agent's heartbeat to the moved source")
+	require.Equal(t, dst.Addr, hb.GetMovedTo(), "the moved source's heartbeat answer")
+	// Only to the host's own certificate: an operator's is refused.
+	_, err = controllerv1.NewAgentsClient(src.Dial(t, src.ConfigFor(t, "operator", "late-op"))).Heartbeat(ctx, &controllerv1.HeartbeatRequest{AgentAddress: "127.0.0.1:7444", Version: "test"})
+	require.Error(t, err, "an operator certificate's heartbeat to the moved source")
 	// A second move to the (no longer fresh) target is refused.
 	_, err = kilnctl(t, src.AdminConfigPath, "move", "--to-kilnconfig", onTarget)
 	require.Error(t, err, "move again to a target that runs the fleet")

@@ -1371,7 +1371,12 @@ type HeartbeatResponse struct {
 	RenewCertificate bool `protobuf:"varint,4,opt,name=renew_certificate,json=renewCertificate,proto3" json:"renew_certificate,omitempty"`
 	// facts_wanted asks the agent to send its facts in full now: the
 	// controller does not hold the facts of the agent's facts_sha256.
-	FactsWanted   bool `protobuf:"varint,5,opt,name=facts_wanted,json=factsWanted,proto3" json:"facts_wanted,omitempty"`
+	FactsWanted bool `protobuf:"varint,5,opt,name=facts_wanted,json=factsWanted,proto3" json:"facts_wanted,omitempty"`
+	// moved_to is set by a controller whose fleet moved (kilnctl move): the
+	// API address (host:port) of the controller the agent is to heartbeat
+	// from now on. The agent follows only when the controller there presents
+	// a certificate of a CA it trusts; older controllers leave it empty.
+	MovedTo       string `protobuf:"bytes,6,opt,name=moved_to,json=movedTo,proto3" json:"moved_to,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1439,6 +1444,13 @@ func (x *HeartbeatResponse) GetFactsWanted() bool {
 		return x.FactsWanted
 	}
 	return false
+}
+
+func (x *HeartbeatResponse) GetMovedTo() string {
+	if x != nil {
+		return x.MovedTo
+	}
+	return ""
 }
 
 type RenewRequest struct {
@@ -2497,13 +2509,14 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\ragent_address\x18\x01 \x01(\tR\fagentAddress\x12*\n" +
 	"\x05facts\x18\x02 \x01(\v2\x14.kiln.types.v1.FactsR\x05facts\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\tR\aversion\x12!\n" +
-	"\ffacts_sha256\x18\x04 \x01(\tR\vfactsSha256\"\xc6\x01\n" +
+	"\ffacts_sha256\x18\x04 \x01(\tR\vfactsSha256\"\xe1\x01\n" +
 	"\x11HeartbeatResponse\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12)\n" +
 	"\x10interval_seconds\x18\x02 \x01(\x05R\x0fintervalSeconds\x12\"\n" +
 	"\rca_bundle_pem\x18\x03 \x01(\fR\vcaBundlePem\x12+\n" +
 	"\x11renew_certificate\x18\x04 \x01(\bR\x10renewCertificate\x12!\n" +
-	"\ffacts_wanted\x18\x05 \x01(\bR\vfactsWanted\"'\n" +
+	"\ffacts_wanted\x18\x05 \x01(\bR\vfactsWanted\x12\x19\n" +
+	"\bmoved_to\x18\x06 \x01(\tR\amovedTo\"'\n" +
 	"\fRenewRequest\x12\x17\n" +
 	"\acsr_der\x18\x01 \x01(\fR\x06csrDer\"\\\n" +
 	"\rRenewResponse\x12'\n" +
