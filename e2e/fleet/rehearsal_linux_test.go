@@ -14,6 +14,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kilnhq/kiln/controller/clusterexec"
+	"github.com/kilnhq/kiln/controller/clusterplan"
 	"github.com/kilnhq/kiln/controller/rolloutplan"
 	"github.com/kilnhq/kiln/e2e/fleet"
 	"github.com/kilnhq/kiln/imagebuilder/kubetools"
@@ -191,7 +193,23 @@ spec:
 `, rehearsed, tag2)))
 	r.mark("on the new controller: %s put in pool %s-cp (the spare), Image %s and Rollout %s-image applied", spare, rehearsed, tag2, rehearsed)
 	var lastGet string
+	// Milestones of the rollout, marked once each as they are seen.
+	seen := map[string]bool{}
+	milestone := func(what string, ok bool) {
+		if ok && !seen[what] {
+			seen[what] = true
+			r.mark("%s (%s after the rollout was applied)", what, time.Since(t0).Round(time.Second))
+		}
+	}
 	done := waitRollout(t, ctx, lab, rehearsed+"-image", "complete", &lastGet, r.mark, func(ro *typesv1.Rollout) bool {
+		if s, err := lab.Snapshot(ctx, rehearsed); err == nil {
+			for _, m := range s.Machines {
+				up := m.GetSpec().GetImage() == tag2 && m.GetStatus().GetPhase() == clusterexec.PhaseRunning &&
+					conditions.IsTrue(m.GetStatus().GetConditions(), clusterplan.MachineNodeReady)
+				milestone(fmt.Sprintf("new %s machine %s Running, node Ready", m.GetSpec().GetRole(), m.GetMetadata().GetName()), up)
+			}
+			milestone(fmt.Sprintf("old control-plane machine gone, %s wiped and Available", cp), s.Hosts[cp].GetStatus().GetState() == typesv1.HostState_HOST_STATE_AVAILABLE)
+		}
 		return ro.GetStatus().GetPhase() == rolloutplan.PhaseComplete
 	})
 	rolloutTook := time.Since(t0)
