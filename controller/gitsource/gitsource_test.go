@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +25,8 @@ import (
 	"github.com/kilnhq/kiln/controller/gitsource"
 	"github.com/kilnhq/kiln/controller/resources"
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/controller/topologyexec"
+	"github.com/kilnhq/kiln/controller/topologyplan"
 	"github.com/kilnhq/kiln/controller/validation"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -39,6 +42,7 @@ type env struct {
 	st   *store.Store
 	res  *resources.Service
 	ex   *gitsource.Executor
+	topo *topologyexec.Executor
 	repo *git.Repository
 	dir  string
 	now  time.Time
@@ -63,6 +67,7 @@ func newEnv(t *testing.T) *env {
 	clock := func() time.Time { return ev.now }
 	ev.res = resources.New(st, rec, clock, log)
 	ev.ex = gitsource.New(gitsource.Deps{Store: st, Resources: ev.res, Recorder: rec}, gitsource.Config{Clock: clock}, log)
+	ev.topo = topologyexec.New(st, rec, topologyexec.Config{Clock: clock}, log)
 	ev.dir = t.TempDir()
 	ev.repo, err = git.PlainInitWithOptions(ev.dir, &git.PlainInitOptions{
 		InitOptions: git.InitOptions{DefaultBranch: plumbing.NewBranchReferenceName("main")},
@@ -135,6 +140,96 @@ spec:
 `, name, workers, imageOS)
 }
 
+// classYAML is a ClusterClass "edge-small" whose control plane and
+// worker class "general" are laid with an image of imageOS; its new
+// revisions roll wave by wave (upgrade-wave), one cluster at a time.
+func classYAML(imageOS string) string {
+	return fmt.Sprintf(`apiVersion: kiln.dev/v1
+kind: ClusterClass
+metadata:
+  name: edge-small
+spec:
+  variables:
+    - name: site
+      type: string
+      required: true
+  cluster:
+    podCidr: 10.244.0.0/16
+    serviceCidr: 10.96.0.0/12
+  controlPlane:
+    hostSelector:
+      site: ${site}
+    imageSelector:
+      os: %[1]s
+  workers:
+    - name: general
+      template:
+        hostSelector:
+          site: ${site}
+        imageSelector:
+          os: %[1]s
+  rollout:
+    waveLabel: upgrade-wave
+    bake: 10m
+    maxConcurrent: 1
+`, imageOS)
+}
+
+// topologyYAML is a Cluster made from class edge-small, in wave.
+func topologyYAML(name, wave string) string {
+	return fmt.Sprintf(`apiVersion: kiln.dev/v1
+kind: Cluster
+metadata:
+  name: %[1]s
+  labels:
+    upgrade-wave: "%[2]s"
+spec:
+  controlPlaneEndpoint: 127.0.0.1:6443
+  topology:
+    class: edge-small
+    version: v1.34.4
+    workers:
+      - {name: general, class: general, replicas: 2}
+    variables:
+      site: %[1]s
+`, name, wave)
+}
+
+// reconcileTopology runs the controller's topology executor once over
+// every class and topology cluster, as its watches would after a sync:
+// classes first (a new class records its revision 1, a changed one its
+// next revision and the Rollout "<class>-r<rev>"), then the clusters (a
+// new one is pinned to its class's revision and its objects derived),
+// then the classes again (their up-to-date counts).
+func (e *env) reconcileTopology(t *testing.T) {
+	t.Helper()
+	classes := func() {
+		items, _, err := e.st.List(e.ctx, topologyexec.ClusterClassesKind, func() proto.Message { return &typesv1.ClusterClass{} }, store.ListOptions{})
+		require.NoError(t, err)
+		for _, it := range items {
+			require.NoError(t, e.topo.ReconcileClass(e.ctx, it.Name, nil))
+		}
+	}
+	classes()
+	clusters := map[string]bool{}
+	items, _, err := e.st.List(e.ctx, topologyexec.ClustersKind, func() proto.Message { return &typesv1.Cluster{} }, store.ListOptions{})
+	require.NoError(t, err)
+	for _, it := range items {
+		clusters[it.Name] = true
+	}
+	cps, _, err := e.st.List(e.ctx, topologyexec.ControlPlanesKind, func() proto.Message { return &typesv1.ControlPlane{} }, store.ListOptions{})
+	require.NoError(t, err)
+	for _, it := range cps {
+		if owner := it.Msg.(*typesv1.ControlPlane).GetMetadata().GetLabels()[topologyplan.LabelOwned]; owner != "" {
+			clusters[owner] = true // a deleted cluster's objects go with it
+		}
+	}
+	for name := range clusters {
+		require.NoError(t, e.topo.ReconcileCluster(e.ctx, name))
+	}
+	classes()
+}
+
 func (e *env) source(t *testing.T, name, path string) {
 	t.Helper()
 	_, err := e.res.Apply(e.ctx, []*controllerv1.Resource{{Kind: &controllerv1.Resource_GitSource{GitSource: &typesv1.GitSource{
@@ -152,19 +247,39 @@ func (e *env) status(t *testing.T, name string) *typesv1.GitSourceStatus {
 	return src.GetStatus()
 }
 
-// objects lists the store's clusters, control planes and deployments as
-// "kind/name" with a deployment's replicas and image OS.
+// objects lists the store's clusters, control planes, deployments,
+// cluster classes and rollouts as "kind/name", with a deployment's
+// replicas and image OS, a control plane's image OS when it is derived
+// from a class, a topology cluster's class and pinned revision, a class's
+// revision and kept revisions, and what a rollout changes.
 func (e *env) objects(t *testing.T) string {
 	t.Helper()
 	var out []string
-	for _, kind := range []string{"clusters", "controlplanes", "machinedeployments"} {
+	for _, kind := range []string{"cluster", "controlplane", "machinedeployment", "clusterclass", "rollout"} {
 		items, _, err := e.res.List(e.ctx, kind, nil, 0, "")
 		require.NoError(t, err)
 		for _, it := range items {
 			_, obj, _ := resources.Unwrap(it)
-			s := strings.TrimSuffix(kind, "s") + "/" + resources.Meta(obj).GetName()
-			if md, ok := obj.(*typesv1.MachineDeployment); ok {
-				s += fmt.Sprintf("(x%d,%s)", md.GetSpec().GetReplicas(), md.GetSpec().GetImageSelector()["os"])
+			s := kind + "/" + resources.Meta(obj).GetName()
+			switch o := obj.(type) {
+			case *typesv1.Cluster:
+				if tp := o.GetSpec().GetTopology(); tp != nil {
+					s += fmt.Sprintf("(%s pin %d)", tp.GetClass(), o.GetStatus().GetTopology().GetClassRevision())
+				}
+			case *typesv1.ControlPlane:
+				if o.GetMetadata().GetLabels()[topologyplan.LabelOwned] != "" {
+					s += fmt.Sprintf("(%s)", o.GetSpec().GetImageSelector()["os"])
+				}
+			case *typesv1.MachineDeployment:
+				s += fmt.Sprintf("(x%d,%s)", o.GetSpec().GetReplicas(), o.GetSpec().GetImageSelector()["os"])
+			case *typesv1.ClusterClass:
+				var revs []string
+				for _, r := range o.GetStatus().GetRevisions() {
+					revs = append(revs, fmt.Sprint(r.GetRevision()))
+				}
+				s += fmt.Sprintf("(r%d of [%s])", o.GetStatus().GetRevision(), strings.Join(revs, " "))
+			case *typesv1.Rollout:
+				s += fmt.Sprintf("(%s r%d)", o.GetSpec().GetChange().GetClusterClass(), o.GetSpec().GetChange().GetClassRevision())
 			}
 			out = append(out, s)
 		}
@@ -192,33 +307,60 @@ func TestGitSourceCommits(t *testing.T) {
 		want    string // the store's objects after the sync
 		refused string // part of the refusal message
 	}
+	// What the store holds, as sets of "kind/name(...)" (objects sorts
+	// them by kind, so a want is compared word by word, in any order).
+	edge := func(name string, workers int, os string) string {
+		return fmt.Sprintf("cluster/%[1]s controlplane/%[1]s-cp machinedeployment/%[1]s-workers(x%[2]d,%[3]s)", name, workers, os)
+	}
+	// store-1 and store-2, pinned to revision 1 of edge-small, laid with
+	// debian12 (a class bump moves no cluster: its Rollout does).
+	stores := "cluster/store-1(edge-small pin 1) cluster/store-2(edge-small pin 1) " +
+		"controlplane/store-1-control-plane(debian12) controlplane/store-2-control-plane(debian12) " +
+		"machinedeployment/store-1-general(x2,debian12) machinedeployment/store-2-general(x2,debian12)"
+	storesR1 := stores + " clusterclass/edge-small(r1 of [1])"
+	storesR2 := stores + " clusterclass/edge-small(r2 of [1 2]) rollout/edge-small-r2(edge-small r2)"
+	join := func(parts ...string) string { return strings.Join(parts, " ") }
 	steps := []step{
 		{"add cluster edge-1", map[string]string{"clusters/edge/edge-1.yaml": clusterYAML("edge-1", "2", "debian12")}, true,
-			"cluster/edge-1 controlplane/edge-1-cp machinedeployment/edge-1-workers(x2,debian12)", ""},
+			edge("edge-1", 2, "debian12"), ""},
 		{"add cluster edge-2", map[string]string{"clusters/edge/edge-2.yaml": clusterYAML("edge-2", "2", "debian12")}, true,
-			"cluster/edge-1 cluster/edge-2 controlplane/edge-1-cp controlplane/edge-2-cp machinedeployment/edge-1-workers(x2,debian12) machinedeployment/edge-2-workers(x2,debian12)", ""},
+			join(edge("edge-1", 2, "debian12"), edge("edge-2", 2, "debian12")), ""},
 		{"edge-2 workers 2 -> 3", map[string]string{"clusters/edge/edge-2.yaml": clusterYAML("edge-2", "3", "debian12")}, true,
-			"cluster/edge-1 cluster/edge-2 controlplane/edge-1-cp controlplane/edge-2-cp machinedeployment/edge-1-workers(x2,debian12) machinedeployment/edge-2-workers(x3,debian12)", ""},
+			join(edge("edge-1", 2, "debian12"), edge("edge-2", 3, "debian12")), ""},
 		{"edge-2 worker image os debian12 -> debian13", map[string]string{"clusters/edge/edge-2.yaml": clusterYAML("edge-2", "3", "debian13")}, true,
-			"cluster/edge-1 cluster/edge-2 controlplane/edge-1-cp controlplane/edge-2-cp machinedeployment/edge-1-workers(x2,debian12) machinedeployment/edge-2-workers(x3,debian13)", ""},
-		{"remove cluster edge-1", map[string]string{"clusters/edge/edge-1.yaml": ""}, true,
-			"cluster/edge-2 controlplane/edge-2-cp machinedeployment/edge-2-workers(x3,debian13)", ""},
+			join(edge("edge-1", 2, "debian12"), edge("edge-2", 3, "debian13")), ""},
+		// A class and its clusters in one commit: one transaction, so
+		// the clusters are checked against the class it applies (here
+		// in a file read after theirs).
+		{"add ClusterClass edge-small + clusters store-1 (wave 1), store-2 (wave 2) of it", map[string]string{
+			"clusters/shared/edge-small.yaml": classYAML("debian12"),
+			"clusters/edge/store-1.yaml":      topologyYAML("store-1", "1"),
+			"clusters/edge/store-2.yaml":      topologyYAML("store-2", "2")}, true,
+			join(edge("edge-1", 2, "debian12"), edge("edge-2", 3, "debian13"), storesR1), ""},
+		{"bump class edge-small: image os debian12 -> debian13", map[string]string{"clusters/shared/edge-small.yaml": classYAML("debian13")}, true,
+			join(edge("edge-1", 2, "debian12"), edge("edge-2", 3, "debian13"), storesR2), ""},
+		{"class edge-small drops worker class general (store-1 and store-2 use it)", map[string]string{
+			"clusters/shared/edge-small.yaml": strings.Replace(classYAML("debian13"), "    - name: general\n", "    - name: gpu\n", 1)}, false,
+			join(edge("edge-1", 2, "debian12"), edge("edge-2", 3, "debian13"), storesR2),
+			`clusters/shared/edge-small.yaml: apply ClusterClass "edge-small": ClusterClass "edge-small" is invalid: spec: the change would break 2 cluster(s) of the class: store-1 (workers[0].class: pool general names worker class "general", which the class does not have (it has gpu))`},
+		{"remove cluster edge-1; class edge-small as in step 6", map[string]string{"clusters/edge/edge-1.yaml": "", "clusters/shared/edge-small.yaml": classYAML("debian13")}, true,
+			join(edge("edge-2", 3, "debian13"), storesR2), ""},
 		{"edge-2 podCidr change (refused by the controller) + add edge-4", map[string]string{
 			"clusters/edge/edge-2.yaml": strings.Replace(clusterYAML("edge-2", "3", "debian13"), "10.244.0.0/16", "10.250.0.0/16", 1),
 			"clusters/edge/edge-4.yaml": clusterYAML("edge-4", "1", "debian12")}, false,
-			"cluster/edge-2 controlplane/edge-2-cp machinedeployment/edge-2-workers(x3,debian13)", `clusters/edge/edge-2.yaml: apply Cluster "edge-2": Cluster "edge-2" is invalid: spec.podCidr: cannot change`},
+			join(edge("edge-2", 3, "debian13"), storesR2), `clusters/edge/edge-2.yaml: apply Cluster "edge-2": Cluster "edge-2" is invalid: spec.podCidr: cannot change`},
 		{"bad file edge-3 (replicas: -1) + edge-2 workers 3 -> 4", map[string]string{
 			"clusters/edge/edge-3.yaml": clusterYAML("edge-3", "-1", "debian12"),
 			"clusters/edge/edge-2.yaml": clusterYAML("edge-2", "4", "debian13")}, false,
-			"cluster/edge-2 controlplane/edge-2-cp machinedeployment/edge-2-workers(x3,debian13)", "clusters/edge/edge-3.yaml:"},
+			join(edge("edge-2", 3, "debian13"), storesR2), "clusters/edge/edge-3.yaml:"},
 		{"a GitSource in the repository", map[string]string{
 			"clusters/edge/edge-2.yaml": clusterYAML("edge-2", "4", "debian13"),
 			"clusters/edge/edge-4.yaml": "",
 			"clusters/edge/edge-3.yaml": clusterYAML("edge-3", "1", "debian12"),
 			"clusters/evil.yaml":        "apiVersion: kiln.dev/v1\nkind: GitSource\nmetadata:\n  name: evil\nspec:\n  url: https://attacker.example/fleet.git\n"}, false,
-			"cluster/edge-2 controlplane/edge-2-cp machinedeployment/edge-2-workers(x3,debian13)", "a GitSource may not apply a GitSource"},
+			join(edge("edge-2", 3, "debian13"), storesR2), "a GitSource may not apply a GitSource"},
 		{"fix: drop the GitSource", map[string]string{"clusters/evil.yaml": ""}, true,
-			"cluster/edge-2 cluster/edge-3 controlplane/edge-2-cp controlplane/edge-3-cp machinedeployment/edge-2-workers(x4,debian13) machinedeployment/edge-3-workers(x1,debian12)", ""},
+			join(edge("edge-2", 4, "debian13"), edge("edge-3", 1, "debian12"), storesR2), ""},
 	}
 	var table strings.Builder
 	fmt.Fprintf(&table, "\n| # | commit | change | outcome | Ready | store after the sync |\n|---|---|---|---|---|---|\n")
@@ -228,6 +370,7 @@ func TestGitSourceCommits(t *testing.T) {
 		commit := e.commit(t, s.change, s.files)
 		out, err := e.ex.Sync(e.ctx, "fleet")
 		require.NoError(t, err)
+		e.reconcileTopology(t)
 		st := e.status(t, "fleet")
 		ready := conditions.Get(st.GetConditions(), gitplan.Ready)
 		got := e.objects(t)
@@ -246,17 +389,48 @@ func TestGitSourceCommits(t *testing.T) {
 				t.Fatalf("step %d %q: Ready message %q, want it to contain %q and say what stays applied", i+1, s.change, ready.GetMessage(), s.refused)
 			}
 		}
-		if got != s.want {
+		if !sameWords(got, s.want) {
 			t.Fatalf("step %d %q: store holds\n  %s\nwant\n  %s", i+1, s.change, got, s.want)
 		}
 		fmt.Fprintf(&table, "| %d | %s | %s | %s | %s %s | %s |\n", i+1, commit[:8], s.change, trim(outcome, 90), ready.GetStatus(), ready.GetReason(), got)
 	}
 	t.Log(table.String())
 
+	// The class bump (step 6), as a user checks it: revision 2 recorded
+	// with revision 1 kept (both clusters still pin it), and the Rollout
+	// edge-small-r2 made from the class's spec.rollout to carry it, wave
+	// by wave. The Rollout is the controller's, not the repository's: it
+	// carries no GitSource label, so later revisions never prune it.
+	class := &typesv1.ClusterClass{}
+	_, err := e.st.Get(e.ctx, topologyexec.ClusterClassesKind, "edge-small", class)
+	require.NoError(t, err)
+	if got := class.GetStatus(); got.GetRevision() != 2 || got.GetClusters() != 2 || got.GetUpToDateClusters() != 0 {
+		t.Fatalf("ClusterClass edge-small status: revision %d, %d clusters, %d up to date; want revision 2, 2 clusters, 0 up to date (the Rollout has moved none yet)",
+			got.GetRevision(), got.GetClusters(), got.GetUpToDateClusters())
+	}
+	require.Equal(t, "debian13", class.GetStatus().GetRevisions()[1].GetSpec().GetControlPlane().GetImageSelector()["os"], "revision 2 holds the bumped image")
+	ro := &typesv1.Rollout{}
+	_, err = e.st.Get(e.ctx, topologyexec.RolloutsKind, topologyplan.RolloutName("edge-small", 2), ro)
+	require.NoError(t, err, "the class bump made no Rollout edge-small-r2")
+	require.Equal(t, "edge-small", ro.GetSpec().GetChange().GetClusterClass())
+	require.EqualValues(t, 2, ro.GetSpec().GetChange().GetClassRevision())
+	require.Equal(t, "upgrade-wave", ro.GetSpec().GetWaveLabel())
+	require.Equal(t, "10m", ro.GetSpec().GetBake())
+	require.Equal(t, "edge-small", ro.GetMetadata().GetLabels()[topologyplan.LabelClass])
+	require.NotContains(t, ro.GetMetadata().GetLabels(), resources.GitSourceLabel)
+	for _, name := range []string{"store-1", "store-2"} {
+		c := &typesv1.Cluster{}
+		_, err := e.st.Get(e.ctx, topologyexec.ClustersKind, name, c)
+		require.NoError(t, err)
+		require.True(t, topologyplan.Reconciled(c), "cluster %s: its objects match its pin", name)
+		require.EqualValues(t, 1, c.GetStatus().GetTopology().GetClassRevision(), "cluster %s moved before its Rollout moved it", name)
+		require.Equal(t, "fleet", c.GetMetadata().GetLabels()[resources.GitSourceLabel])
+	}
+
 	// Every object applied carries the source's label; every write of a
 	// revision is audited as gitsource/fleet.
 	md := &typesv1.MachineDeployment{}
-	_, err := e.st.Get(e.ctx, "machinedeployments", "edge-2-workers", md)
+	_, err = e.st.Get(e.ctx, "machinedeployments", "edge-2-workers", md)
 	require.NoError(t, err)
 	require.Equal(t, "fleet", md.GetMetadata().GetLabels()[resources.GitSourceLabel])
 	var deletes, applies int
@@ -276,6 +450,15 @@ func TestGitSourceCommits(t *testing.T) {
 	if deletes != 3 || applies == 0 {
 		t.Fatalf("audit entries of gitsource/fleet: %d applies, %d deletes; want some applies and the 3 deletes of edge-1", applies, deletes)
 	}
+}
+
+// sameWords reports whether a and b hold the same space-separated words,
+// in any order.
+func sameWords(a, b string) bool {
+	x, y := strings.Fields(a), strings.Fields(b)
+	slices.Sort(x)
+	slices.Sort(y)
+	return slices.Equal(x, y)
 }
 
 func trim(s string, n int) string {

@@ -14,6 +14,7 @@ import (
 	"github.com/kilnhq/kiln/controller/validation"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
 // Pruned is the action of an object a batch deleted.
@@ -124,6 +125,15 @@ func (s *Service) prepareBatch(ctx context.Context, call *audit.Call, kinds []Ki
 	var results []*controllerv1.ApplyResult
 	var ops []store.BatchOp
 	var entries []*controllerv1.AuditEntry
+	// The batch is one transaction: its clusters are checked against its
+	// classes, wherever they stand in it (a Git revision that adds a class
+	// and its clusters is applied whole).
+	classes := map[string]*typesv1.ClusterClass{}
+	for _, obj := range parsed {
+		if c, ok := obj.(*typesv1.ClusterClass); ok {
+			classes[c.GetMetadata().GetName()] = c
+		}
+	}
 	for i, k := range kinds {
 		name := Meta(parsed[i]).GetName()
 		var entry *controllerv1.AuditEntry
@@ -131,7 +141,7 @@ func (s *Service) prepareBatch(ctx context.Context, call *audit.Call, kinds []Ki
 			entry = call.Entry(k.Name, name)
 		}
 		n := len(ops)
-		action, warnings, err := s.applyOne(ctx, k, proto.Clone(parsed[i]), dryRun, entry, &ops)
+		action, warnings, err := s.applyOne(ctx, k, proto.Clone(parsed[i]), dryRun, entry, &ops, classes)
 		if err != nil {
 			return nil, nil, nil, &ObjectError{Index: i, Err: fmt.Errorf("apply %s %q: %w", k.Name, name, err)}
 		}

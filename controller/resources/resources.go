@@ -225,7 +225,7 @@ func (s *Service) applyWithRetry(ctx context.Context, k Kind, obj proto.Message,
 		if call != nil && !dryRun {
 			entry = call.Entry(k.Name, name)
 		}
-		action, warnings, err = s.applyOne(ctx, k, proto.Clone(obj), dryRun, entry, nil)
+		action, warnings, err = s.applyOne(ctx, k, proto.Clone(obj), dryRun, entry, nil, nil)
 		if !errdefs.IsConflict(err) || Meta(obj).GetResourceVersion() != "" || attempt >= maxConflictRetries {
 			break
 		}
@@ -264,8 +264,10 @@ func (s *Service) applyWithRetry(ctx context.Context, k Kind, obj proto.Message,
 //
 // With a non-nil batch it writes nothing: it appends the write to batch
 // (for ApplyBatch's one transaction) and refuses a Host that carries a
-// BMC password, whose sealed secret a batch does not store.
-func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRun bool, entry *controllerv1.AuditEntry, batch *[]store.BatchOp) (action string, warnings []string, err error) {
+// BMC password, whose sealed secret a batch does not store. batchClasses
+// are the ClusterClasses the batch applies, by name: a topology Cluster
+// is checked against its class as the batch leaves it.
+func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRun bool, entry *controllerv1.AuditEntry, batch *[]store.BatchOp, batchClasses map[string]*typesv1.ClusterClass) (action string, warnings []string, err error) {
 	if entry == nil {
 		entry = &controllerv1.AuditEntry{} // filled and dropped
 	}
@@ -312,7 +314,7 @@ func (s *Service) applyOne(ctx context.Context, k Kind, obj proto.Message, dryRu
 			return "", nil, err
 		}
 	}
-	if err := s.observeTopology(ctx, obj, &observed); err != nil {
+	if err := s.observeTopology(ctx, obj, &observed, batchClasses); err != nil {
 		return "", nil, err
 	}
 	if c, ok := obj.(*typesv1.Cluster); ok && c.GetSpec().GetTopology() != nil {

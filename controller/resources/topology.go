@@ -20,7 +20,10 @@ import (
 // defaults (spec.cluster of the revision it follows, variables
 // substituted) for the fields the user left empty: a topology Cluster is
 // stored complete, so its CIDRs are checked and kept like any other's.
-func (s *Service) observeTopology(ctx context.Context, obj proto.Message, observed *validation.Observed) error {
+// batchClasses (nil outside a batch) are the classes a batch applies with
+// obj: a Cluster's class is the stored one with the batch's spec, or the
+// batch's when none is stored.
+func (s *Service) observeTopology(ctx context.Context, obj proto.Message, observed *validation.Observed, batchClasses map[string]*typesv1.ClusterClass) error {
 	switch o := obj.(type) {
 	case *typesv1.Cluster:
 		t := o.GetSpec().GetTopology()
@@ -28,11 +31,19 @@ func (s *Service) observeTopology(ctx context.Context, obj proto.Message, observ
 			return nil
 		}
 		class := &typesv1.ClusterClass{}
-		if _, err := s.store.Get(ctx, "clusterclasses", t.GetClass(), class); err != nil {
-			if errdefs.IsNotFound(err) {
-				return nil // ValidateAgainst refuses it
-			}
+		_, err := s.store.Get(ctx, "clusterclasses", t.GetClass(), class)
+		if err != nil && !errdefs.IsNotFound(err) {
 			return fmt.Errorf("cluster class %q: %w", t.GetClass(), err)
+		}
+		if pending, ok := batchClasses[t.GetClass()]; ok {
+			if err != nil {
+				class = proto.Clone(pending).(*typesv1.ClusterClass)
+				class.Status = nil
+			} else {
+				class.Spec = proto.Clone(pending.GetSpec()).(*typesv1.ClusterClassSpec)
+			}
+		} else if err != nil {
+			return nil // ValidateAgainst refuses it
 		}
 		observed.Class = class
 		observed.ClassSpec = class.GetSpec()

@@ -89,16 +89,7 @@ func TestLabRolloutWaves(t *testing.T) {
 
 	// The change: the same bits under a new tag (as TestLabLifecycle).
 	tag2 := tag + "-r2"
-	img := map[string]any{}
-	b, err := lab.Kilnctl(ctx, nil, "get", "image", tag, "-o", "yaml")
-	require.NoError(t, err)
-	require.NoError(t, yaml.Unmarshal([]byte(b), &img))
-	meta, _ := img["metadata"].(map[string]any)
-	img["metadata"] = map[string]any{"name": tag2, "labels": meta["labels"]}
-	delete(img, "status")
-	out, err := yaml.Marshal(img)
-	require.NoError(t, err)
-	r.apply(out)
+	r.apply(sameBitsImage(t, ctx, lab, tag, tag2))
 
 	// The injected failure: w2's spare host leaves its pool.
 	spare := ""
@@ -329,8 +320,16 @@ func (r *waveRun) waitAll(what string, done func(map[string]*fleet.Snapshot) boo
 // kilnctl get rollouts line as a timeline line.
 func (r *waveRun) waitRollout(what string, done func(*typesv1.Rollout) bool) *typesv1.Rollout {
 	r.t.Helper()
+	return waitRollout(r.t, r.ctx, r.lab, "waves", what, &r.lastGet, r.mark, done)
+}
+
+// waitRollout polls Rollout name every 2 s until done, marking each new
+// kilnctl get rollouts line (the lab's only rollout) with mark; lastGet
+// keeps the last line marked.
+func waitRollout(t *testing.T, ctx context.Context, lab *fleet.Lab, name, what string, lastGet *string, mark func(string, ...any), done func(*typesv1.Rollout) bool) *typesv1.Rollout {
+	t.Helper()
 	for {
-		if out, err := r.lab.Kilnctl(r.ctx, nil, "get", "rollouts"); err == nil {
+		if out, err := lab.Kilnctl(ctx, nil, "get", "rollouts"); err == nil {
 			// The row under the header. The bake's time left changes every
 			// poll: log a new state only.
 			_, row, _ := strings.Cut(strings.TrimSpace(out), "\n")
@@ -340,25 +339,41 @@ func (r *waveRun) waitRollout(what string, done func(*typesv1.Rollout) bool) *ty
 			}
 			line := strings.Join(fields, " ")
 			key := bakeLeftPattern(line)
-			if key != r.lastGet {
-				r.lastGet = key
-				r.mark("kilnctl get rollouts: %s", line)
+			if key != *lastGet {
+				*lastGet = key
+				mark("kilnctl get rollouts: %s", line)
 			}
 		}
-		c, err := r.lab.Client(r.ctx)
+		c, err := lab.Client(ctx)
 		if err == nil {
 			var res *controllerv1.Resource
-			res, err = c.Get(r.ctx, &controllerv1.GetRequest{Kind: "Rollout", Name: "waves"})
+			res, err = c.Get(ctx, &controllerv1.GetRequest{Kind: "Rollout", Name: name})
 			if err == nil && done(res.GetRollout()) {
 				return res.GetRollout()
 			}
 		}
 		select {
-		case <-r.ctx.Done():
-			r.t.Fatalf("waiting for the rollout %s: %v\ncontroller log (last lines):\n%s", what, r.ctx.Err(), tail(r.lab.ControllerLog(), 40))
+		case <-ctx.Done():
+			t.Fatalf("waiting for the rollout %s %s: %v\ncontroller log (last lines):\n%s", name, what, ctx.Err(), tail(lab.ControllerLog(), 40))
 		case <-time.After(2 * time.Second):
 		}
 	}
+}
+
+// sameBitsImage is the Image tag under the name tag2 with its labels: a
+// new image as far as the fleet is concerned, without a second build.
+func sameBitsImage(t *testing.T, ctx context.Context, lab *fleet.Lab, tag, tag2 string) []byte {
+	t.Helper()
+	img := map[string]any{}
+	b, err := lab.Kilnctl(ctx, nil, "get", "image", tag, "-o", "yaml")
+	require.NoError(t, err)
+	require.NoError(t, yaml.Unmarshal([]byte(b), &img))
+	meta, _ := img["metadata"].(map[string]any)
+	img["metadata"] = map[string]any{"name": tag2, "labels": meta["labels"]}
+	delete(img, "status")
+	out, err := yaml.Marshal(img)
+	require.NoError(t, err)
+	return out
 }
 
 // bakeLeftPattern drops the time left of a bake from a get line.
