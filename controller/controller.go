@@ -75,6 +75,9 @@ type Config struct {
 	// DataDir holds the embedded etcd, the sealing key and the admin
 	// kilnconfig. Required.
 	DataDir string
+	// GitFileRoots are the directories a GitSource's file:// repository
+	// may lie under (--gitsource-file-root); none refuses file://.
+	GitFileRoots []string
 	// ListenAddr is the gRPC API address (DefaultListenAddr). Port 0 picks
 	// a free port; Addr reports it.
 	ListenAddr string
@@ -659,7 +662,7 @@ func (c *Controller) Run(ctx context.Context) error {
 func (c *Controller) runGitSources(lctx context.Context, st *store.Store, rec *events.Recorder, addr string) func() {
 	res := resources.New(st, rec, c.cfg.Clock, c.log)
 	res.SetOwnNetworks(append(ownNetworks(addr, c.cfg.BootListenAddr), c.cfg.ReservedNetworks...))
-	ex := gitsource.New(gitsource.Deps{Store: st, Resources: res, Recorder: rec}, gitsource.Config{Clock: c.cfg.Clock}, c.log)
+	ex := gitsource.New(gitsource.Deps{Store: st, Resources: res, Recorder: rec}, gitsource.Config{Clock: c.cfg.Clock, FileRoots: c.cfg.GitFileRoots}, c.log)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = ex.Run(lctx) }()
 	return func() { <-done }

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -88,6 +89,7 @@ func runCmd() *cobra.Command {
 		id          string
 		serverNames []string
 		reserved    []string
+		gitRoots    []string
 		electionTTL time.Duration
 		heartbeat   time.Duration
 		silence     time.Duration
@@ -117,6 +119,15 @@ func runCmd() *cobra.Command {
 			cfg.ServerNames = serverNames
 			if cfg.ReservedNetworks, err = parseNetworks(reserved); err != nil {
 				return err
+			}
+			for _, r := range gitRoots {
+				if !filepath.IsAbs(r) {
+					return errdefs.InvalidArgument("--gitsource-file-root %q: want an absolute directory such as /srv/git", r)
+				}
+				if fi, err := os.Stat(r); err != nil || !fi.IsDir() {
+					return errdefs.InvalidArgument("--gitsource-file-root %q: not a directory on this machine", r)
+				}
+				cfg.GitFileRoots = append(cfg.GitFileRoots, r)
 			}
 			cfg.ElectionTTL = electionTTL
 			cfg.HeartbeatInterval = heartbeat
@@ -169,6 +180,7 @@ func runCmd() *cobra.Command {
 	cmd.Flags().StringVar(&id, "id", "", "replica name in the leader election (default <hostname>-<pid>)")
 	cmd.Flags().StringSliceVar(&serverNames, "server-name", nil, "extra DNS names or IPs for the API certificate (repeatable)")
 	cmd.Flags().StringSliceVar(&reserved, "reserved-network", nil, "a network (CIDR) no Cluster's pod or service CIDR may overlap, such as the rack's provisioning or BMC network; repeatable (the controller's own subnets always count; networks agents report only warn)")
+	cmd.Flags().StringArrayVar(&gitRoots, "gitsource-file-root", nil, "a directory under which GitSources may name file:// repositories (repeatable; none: file:// GitSources are refused, docs/gitops.md)")
 	cmd.Flags().DurationVar(&electionTTL, "election-ttl", controller.DefaultElectionTTL, "leader lease; a crashed leader is replaced after about this long")
 	cmd.Flags().DurationVar(&heartbeat, "heartbeat-interval", 10*time.Second, "interval agents are told to send heartbeats at")
 	cmd.Flags().DurationVar(&silence, "agent-silence", 0, "silence after which a host is marked AgentReachable=False (default 3 heartbeat intervals)")

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/url"
 	"path"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -40,12 +41,49 @@ type Fetcher interface {
 // GoGit fetches with go-git: a file:// repository is opened where it lies
 // (no clone, no git binary); git://, http:// and https:// repositories
 // are cloned into memory, one commit deep, on every fetch.
-type GoGit struct{}
+type GoGit struct {
+	// FileRoots are the directories under which a file:// repository may
+	// lie (kiln-controller --gitsource-file-root). With none, file:// is
+	// refused: a GitSource is read with the controller's own access to
+	// its machine's files.
+	FileRoots []string
+}
 
 var _ Fetcher = GoGit{}
 
+// allowFile returns the resolved path of a file:// repository at p when
+// it lies under one of the roots (after symbolic links), and
+// PermissionDenied otherwise, saying the same whether p exists or not.
+func (g GoGit) allowFile(p string) (string, error) {
+	refuse := errdefs.PermissionDenied("file://%s is not under a directory this controller allows for file:// GitSources (kiln-controller --gitsource-file-root DIR; allowed now: %s): use an https:// repository, or start the controller with that flag", p, rootsList(g.FileRoots))
+	if !filepath.IsAbs(p) {
+		return "", refuse
+	}
+	resolved, err := filepath.EvalSymlinks(filepath.Clean(p))
+	if err != nil {
+		return "", refuse
+	}
+	for _, root := range g.FileRoots {
+		r, err := filepath.EvalSymlinks(filepath.Clean(root))
+		if err != nil {
+			continue
+		}
+		if resolved == r || strings.HasPrefix(resolved, strings.TrimSuffix(r, "/")+"/") {
+			return resolved, nil
+		}
+	}
+	return "", refuse
+}
+
+func rootsList(roots []string) string {
+	if len(roots) == 0 {
+		return "none"
+	}
+	return strings.Join(roots, ", ")
+}
+
 // Fetch implements Fetcher. It blocks until the clone ends or ctx does.
-func (GoGit) Fetch(ctx context.Context, spec gitplan.Spec) (string, []manifest.File, error) {
+func (g GoGit) Fetch(ctx context.Context, spec gitplan.Spec) (string, []manifest.File, error) {
 	u, err := url.Parse(spec.URL)
 	if err != nil {
 		return "", nil, errdefs.InvalidArgument("url: %w", err)
@@ -53,7 +91,11 @@ func (GoGit) Fetch(ctx context.Context, spec gitplan.Spec) (string, []manifest.F
 	ref := plumbing.NewBranchReferenceName(spec.Branch)
 	var repo *git.Repository
 	if u.Scheme == "file" {
-		repo, err = git.PlainOpenWithOptions(u.Path, &git.PlainOpenOptions{DetectDotGit: false})
+		dir, err := g.allowFile(u.Path)
+		if err != nil {
+			return "", nil, err
+		}
+		repo, err = git.PlainOpenWithOptions(dir, &git.PlainOpenOptions{DetectDotGit: false})
 		if err != nil {
 			return "", nil, errdefs.NotFound("open repository %s: %w", u.Path, err)
 		}

@@ -76,6 +76,9 @@ type Config struct {
 	// FetchTimeout bounds one fetch; default 2m.
 	FetchTimeout time.Duration
 	Clock        func() time.Time
+	// FileRoots are the directories file:// repositories may lie under
+	// (GoGit.FileRoots); none refuses file://.
+	FileRoots []string
 }
 
 // Executor syncs GitSources.
@@ -97,7 +100,7 @@ func New(deps Deps, cfg Config, log *slog.Logger) *Executor {
 		cfg.Clock = time.Now
 	}
 	if deps.Fetcher == nil {
-		deps.Fetcher = GoGit{}
+		deps.Fetcher = GoGit{FileRoots: cfg.FileRoots}
 	}
 	return &Executor{deps: deps, cfg: cfg, log: log.With("component", "gitsource")}
 }

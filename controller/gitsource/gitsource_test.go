@@ -66,9 +66,9 @@ func newEnv(t *testing.T) *env {
 	ev := &env{ctx: ctx, st: st, now: time.Date(2026, 12, 6, 10, 0, 0, 0, time.UTC)}
 	clock := func() time.Time { return ev.now }
 	ev.res = resources.New(st, rec, clock, log)
-	ev.ex = gitsource.New(gitsource.Deps{Store: st, Resources: ev.res, Recorder: rec}, gitsource.Config{Clock: clock}, log)
-	ev.topo = topologyexec.New(st, rec, topologyexec.Config{Clock: clock}, log)
 	ev.dir = t.TempDir()
+	ev.ex = gitsource.New(gitsource.Deps{Store: st, Resources: ev.res, Recorder: rec}, gitsource.Config{Clock: clock, FileRoots: []string{ev.dir}}, log)
+	ev.topo = topologyexec.New(st, rec, topologyexec.Config{Clock: clock}, log)
 	ev.repo, err = git.PlainInitWithOptions(ev.dir, &git.PlainInitOptions{
 		InitOptions: git.InitOptions{DefaultBranch: plumbing.NewBranchReferenceName("main")},
 	})
@@ -586,4 +586,41 @@ func TestGitDaemonClone(t *testing.T) {
 	st := e.status(t, "remote")
 	require.Equal(t, commit, st.GetAppliedCommit())
 	require.Contains(t, conditions.Get(st.GetConditions(), gitplan.Ready).GetMessage(), "stays applied")
+}
+
+// TestFileRoots: a file:// repository is read only under the directories
+// the controller allows (--gitsource-file-root); an admin's GitSource
+// cannot make the controller read another repository on its machine,
+// through a symbolic link or "..", and the refusal says the same whether
+// the path exists or not.
+func TestFileRoots(t *testing.T) {
+	allowed := t.TempDir()
+	outside := t.TempDir()
+	for _, d := range []string{filepath.Join(allowed, "fleet"), outside} {
+		_, err := git.PlainInitWithOptions(d, &git.PlainInitOptions{
+			InitOptions: git.InitOptions{DefaultBranch: plumbing.NewBranchReferenceName("main")},
+		})
+		require.NoError(t, err)
+	}
+	require.NoError(t, os.Symlink(outside, filepath.Join(allowed, "link")))
+	g := gitsource.GoGit{FileRoots: []string{allowed}}
+	refused := map[string]string{
+		"outside":           outside,
+		"a symlink out":     filepath.Join(allowed, "link"),
+		"dot-dot":           filepath.Join(allowed, "fleet", "..", "..", filepath.Base(outside)),
+		"missing outside":   "/nonexistent/repo",
+		"the root's parent": filepath.Dir(allowed),
+	}
+	for name, p := range refused {
+		_, _, err := g.Fetch(context.Background(), gitplan.Spec{URL: "file://" + p, Branch: "main"})
+		require.True(t, errdefs.IsPermissionDenied(err), "%s (%s): %v", name, p, err)
+		require.ErrorContains(t, err, "--gitsource-file-root", name)
+	}
+	// With no roots, file:// is refused.
+	_, _, err := gitsource.GoGit{}.Fetch(context.Background(), gitplan.Spec{URL: "file://" + filepath.Join(allowed, "fleet"), Branch: "main"})
+	require.True(t, errdefs.IsPermissionDenied(err), "no roots: %v", err)
+	require.ErrorContains(t, err, "allowed now: none")
+	// Under the root it is opened (an empty repository has no branch).
+	_, _, err = g.Fetch(context.Background(), gitplan.Spec{URL: "file://" + filepath.Join(allowed, "fleet"), Branch: "main"})
+	require.True(t, errdefs.IsNotFound(err), "under the root: %v", err)
 }

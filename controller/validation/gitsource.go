@@ -31,7 +31,7 @@ const (
 func checkGitSource(p *problems, s *typesv1.GitSourceSpec) {
 	switch u, err := url.Parse(s.GetUrl()); {
 	case s.GetUrl() == "":
-		p.add("spec.url", "is required (https://host/repo.git, or file:///path for a repository on the controller)")
+		p.add("spec.url", "is required (https://host/repo.git, or file:///path for a repository on the controller, under its --gitsource-file-root)")
 	case err != nil:
 		p.add("spec.url", "is not a URL") // not quoted: it may hold a password
 	case u.User != nil && slices.Contains([]string{"https", "http", "git", "file"}, u.Scheme):

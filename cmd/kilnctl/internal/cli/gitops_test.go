@@ -14,6 +14,7 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/object"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
@@ -171,11 +172,11 @@ func TestGitSourceAdminOnly(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a controller with embedded etcd")
 	}
-	env := controllertest.Start(t)
+	repoDir := t.TempDir()
+	env := controllertest.Start(t, controllertest.WithConfig(func(c *controller.Config) { c.GitFileRoots = []string{repoDir} }))
 	admin := env.AdminConfigPath
 	operator := env.ConfigFor(t, "operator", "olga")
 
-	repoDir := t.TempDir()
 	repo, err := git.PlainInitWithOptions(repoDir, &git.PlainInitOptions{InitOptions: git.InitOptions{DefaultBranch: plumbing.NewBranchReferenceName("main")}})
 	require.NoError(t, err)
 	writeFile(t, filepath.Join(repoDir, "clusters", "edge-9.yaml"), edgeCluster("edge-9", "edge", 1))
@@ -212,4 +213,15 @@ func TestGitSourceAdminOnly(t *testing.T) {
 	// The audit log names the source as the writer of edge-9.
 	out = mustKilnctl(t, admin, "audit", "--kind", "Cluster")
 	require.Contains(t, out, "gitsource/fleet")
+
+	// A repository outside --gitsource-file-root is not read, even by an
+	// admin's GitSource, and its status says why.
+	escape := filepath.Join(t.TempDir(), "escape.yaml")
+	writeFile(t, escape, "apiVersion: kiln.dev/v1\nkind: GitSource\nmetadata:\n  name: escape\nspec:\n  url: file:///etc\n  branch: main\n  interval: 1s\n")
+	mustKilnctl(t, admin, "apply", "-f", escape)
+	require.Eventually(t, func() bool {
+		out, err := kilnctl(t, admin, "describe", "gitsource", "escape")
+		return err == nil && strings.Contains(out, "--gitsource-file-root")
+	}, 30*time.Second, 200*time.Millisecond, "the refusal of file:///etc in the GitSource's status")
+	t.Logf("kilnctl describe gitsource escape:\n%s", mustKilnctl(t, admin, "describe", "gitsource", "escape"))
 }
