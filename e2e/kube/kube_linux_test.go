@@ -832,38 +832,6 @@ func TestKubeadmControlPlaneJoin(t *testing.T) {
 			t.Errorf("after removing the second member, %s %s = %s/%s: %s", cp1.Name, typ, c.GetStatus(), c.GetReason(), c.GetMessage())
 		}
 	}
-
-	// Disk pressure, simulated without filling the disk: a nodefs
-	// threshold no disk can meet puts the kubelet into DiskPressure, and
-	// the probe says so and what to do.
-	start = time.Now()
-	simulateDiskPressure(t, ctx, cp1)
-	pctx, pcancel := context.WithTimeout(ctx, 3*time.Minute)
-	c := cp1.waitCondition(t, pctx, cp1.cluster("control-plane"), probe.NodeReady, conditions.False, "DiskPressure")
-	pcancel()
-	l.step("probe reports DiskPressure", start)
-	t.Logf("%s under simulated disk pressure: %s=%s/%s severity %s: %s", cp1.Name, probe.NodeReady, c.GetStatus(), c.GetReason(), c.GetSeverity(), c.GetMessage())
-	if c.GetSeverity() != "Warning" || !strings.Contains(c.GetMessage(), "/etc/kiln/kubeadm-patches") {
-		t.Errorf("%s under DiskPressure = severity %q %q, want Warning and the advice", probe.NodeReady, c.GetSeverity(), c.GetMessage())
-	}
-}
-
-// simulateDiskPressure sets the kubelet of n a nodefs.available threshold
-// larger than any disk and restarts it: the kubelet reports DiskPressure
-// at its next eviction check.
-//
-// Equivalent to: `sed -i 's/nodefs.available: .*/nodefs.available: 1000Ti/'
-// /var/lib/kubelet/config.yaml && systemctl restart kubelet` on the node.
-func simulateDiskPressure(t *testing.T, ctx context.Context, n *labNode) {
-	t.Helper()
-	p := filepath.Join(n.Root, "var/lib/kubelet/config.yaml")
-	b, err := os.ReadFile(p)
-	require.NoError(t, err)
-	re := regexp.MustCompile(`(?m)^(\s*nodefs\.available:).*$`)
-	require.True(t, re.Match(b), "%s has no nodefs.available threshold:\n%s", p, b)
-	require.NoError(t, os.WriteFile(p, re.ReplaceAll(b, []byte("${1} 1000Ti")), 0o644))
-	out, err := n.Exec(ctx, "systemctl", "restart", "kubelet")
-	require.NoError(t, err, "restart kubelet: %s", out)
 }
 
 // checkLabKubeletConfig checks that n's /var/lib/kubelet/config.yaml and
