@@ -42,6 +42,7 @@ require (
 	k8s.io/client-go v0.34.4
 	k8s.io/cri-api v0.34.4
 	k8s.io/kubectl v0.34.4
+	k8s.io/kubelet v0.34.4
 	k8s.io/utils v0.0.0-20260108192941-914a6e750570
 	libvirt.org/go/libvirtxml v1.12008.0
 	sigs.k8s.io/yaml v1.6.0
@@ -125,6 +126,7 @@ require (
 	github.com/peterbourgon/diskv v2.0.1+incompatible // indirect
 	github.com/pjbgf/sha1cd v0.6.0 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
+	github.com/pmezard/go-difflib v1.0.1-0.20181226105442-5d4384ee4fb2 // indirect
 	github.com/prometheus/procfs v0.16.1 // indirect
 	github.com/russross/blackfriday/v2 v2.1.0 // indirect
 	github.com/sergi/go-diff v1.4.0 // indirect

@@ -154,11 +154,18 @@ type apiEndpoint struct {
 	BindPort         int    `json:"bindPort"`
 }
 
+// patches is kubeadm's patches option: a directory of patch files named
+// target[suffix][+patchtype].extension (kubeletconfiguration+merge.yaml).
+type patches struct {
+	Directory string `json:"directory"`
+}
+
 type initConfiguration struct {
 	typeMeta         `json:",inline"`
 	LocalAPIEndpoint *apiEndpoint     `json:"localAPIEndpoint,omitempty"`
 	NodeRegistration nodeRegistration `json:"nodeRegistration"`
 	CertificateKey   string           `json:"certificateKey,omitempty"`
+	Patches          *patches         `json:"patches,omitempty"`
 }
 
 type networking struct {
@@ -217,6 +224,7 @@ type joinConfiguration struct {
 	} `json:"discovery"`
 	NodeRegistration nodeRegistration  `json:"nodeRegistration"`
 	ControlPlane     *joinControlPlane `json:"controlPlane,omitempty"`
+	Patches          *patches          `json:"patches,omitempty"`
 }
 
 const (
@@ -236,13 +244,24 @@ func nodeReg(c *agentv1.ClusterConfig) nodeRegistration {
 	return nr
 }
 
+// patchesOpt is kubeadm's patches option for dir, or nil when dir is
+// empty.
+func patchesOpt(dir string) *patches {
+	if dir == "" {
+		return nil
+	}
+	return &patches{Directory: dir}
+}
+
 // InitConfig returns the kubeadm configuration (InitConfiguration,
 // ClusterConfiguration, KubeletConfiguration, KubeProxyConfiguration) for
 // `kubeadm init` of cluster c. certKey, when not empty, is the key that
 // encrypts the control-plane certificates uploaded for joining control
-// planes (64 hex digits). It returns InvalidArgument for an unpinned
-// version or a malformed field.
-func InitConfig(c *agentv1.ClusterConfig, certKey string) ([]byte, error) {
+// planes (64 hex digits). patchDir, when not empty, is the directory of
+// kubeadm patch files (kubeadm applies them to the components and the
+// kubelet configuration it writes on this node). It returns
+// InvalidArgument for an unpinned version or a malformed field.
+func InitConfig(c *agentv1.ClusterConfig, certKey, patchDir string) ([]byte, error) {
 	if err := validateCluster(c); err != nil {
 		return nil, err
 	}
@@ -253,6 +272,7 @@ func InitConfig(c *agentv1.ClusterConfig, certKey string) ([]byte, error) {
 		typeMeta:         typeMeta{kubeadmAPI, "InitConfiguration"},
 		NodeRegistration: nodeReg(c),
 		CertificateKey:   certKey,
+		Patches:          patchesOpt(patchDir),
 	}
 	if a := c.GetAdvertiseAddress(); a != "" {
 		ic.LocalAPIEndpoint = &apiEndpoint{AdvertiseAddress: a, BindPort: APIServerPort}
@@ -294,6 +314,9 @@ type JoinRequest struct {
 	CAHash            string
 	ControlPlane      bool
 	CertificateKey    string
+	// PatchDir, when not empty, is the directory of kubeadm patch files
+	// (see InitConfig).
+	PatchDir string
 }
 
 // JoinConfig returns the JoinConfiguration for `kubeadm join` of a node of
@@ -316,6 +339,7 @@ func JoinConfig(c *agentv1.ClusterConfig, r JoinRequest) ([]byte, error) {
 	jc := joinConfiguration{
 		typeMeta:         typeMeta{kubeadmAPI, "JoinConfiguration"},
 		NodeRegistration: nodeReg(c),
+		Patches:          patchesOpt(r.PatchDir),
 	}
 	jc.Discovery.BootstrapToken = bootstrapTokenDiscovery{
 		APIServerEndpoint: r.APIServerEndpoint,

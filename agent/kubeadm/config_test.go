@@ -54,18 +54,20 @@ func TestInitConfigGolden(t *testing.T) {
 	external.CloudProvider = "external"
 	minimal := &agentv1.ClusterConfig{KubernetesVersion: "v1.34.4"}
 	tests := []struct {
-		name    string
-		c       *agentv1.ClusterConfig
-		certKey string
+		name     string
+		c        *agentv1.ClusterConfig
+		certKey  string
+		patchDir string
 	}{
-		{"init-lab.yaml", labCluster(), ""},
-		{"init-upload-certs.yaml", labCluster(), testCertKey},
-		{"init-cloud-external.yaml", external, ""},
-		{"init-minimal.yaml", minimal, ""},
+		{"init-lab.yaml", labCluster(), "", ""},
+		{"init-upload-certs.yaml", labCluster(), testCertKey, ""},
+		{"init-cloud-external.yaml", external, "", ""},
+		{"init-minimal.yaml", minimal, "", ""},
+		{"init-patches.yaml", labCluster(), "", "/etc/kiln/kubeadm-patches"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := InitConfig(tt.c, tt.certKey)
+			got, err := InitConfig(tt.c, tt.certKey, tt.patchDir)
 			require.NoError(t, err)
 			golden(t, tt.name, got)
 		})
@@ -84,6 +86,7 @@ func TestJoinConfigGolden(t *testing.T) {
 	}{
 		{"join-worker.yaml", worker, JoinRequest{APIServerEndpoint: "10.251.0.2:6443", Token: testToken, CAHash: testHash}},
 		{"join-control-plane.yaml", cp, JoinRequest{APIServerEndpoint: "10.251.0.2:6443", Token: testToken, CAHash: testHash, ControlPlane: true, CertificateKey: testCertKey}},
+		{"join-patches.yaml", worker, JoinRequest{APIServerEndpoint: "10.251.0.2:6443", Token: testToken, CAHash: testHash, PatchDir: "/etc/kiln/kubeadm-patches"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -114,7 +117,7 @@ func TestInitConfigPinsVersion(t *testing.T) {
 	for _, tt := range tests {
 		c := labCluster()
 		c.KubernetesVersion = tt.version
-		got, err := InitConfig(c, "")
+		got, err := InitConfig(c, "", "")
 		if tt.ok {
 			if err != nil {
 				t.Errorf("InitConfig(version %q) = %v, want no error", tt.version, err)
@@ -152,14 +155,14 @@ func TestInitConfigRefusesBadFields(t *testing.T) {
 	for _, tt := range tests {
 		c := labCluster()
 		tt.modify(c)
-		if _, err := InitConfig(c, ""); !errdefs.IsInvalidArgument(err) {
+		if _, err := InitConfig(c, "", ""); !errdefs.IsInvalidArgument(err) {
 			t.Errorf("InitConfig(%s) = %v, want InvalidArgument", tt.name, err)
 		}
 	}
-	if _, err := InitConfig(nil, ""); !errdefs.IsInvalidArgument(err) {
+	if _, err := InitConfig(nil, "", ""); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("InitConfig(nil) = %v, want InvalidArgument", err)
 	}
-	if _, err := InitConfig(labCluster(), "short"); !errdefs.IsInvalidArgument(err) {
+	if _, err := InitConfig(labCluster(), "short", ""); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("InitConfig(certKey %q) = %v, want InvalidArgument", "short", err)
 	}
 }

@@ -51,7 +51,7 @@ func FuzzConfig(f *testing.F) {
 			}
 		}
 
-		if b, err := InitConfig(c, certKey); err != nil {
+		if b, err := InitConfig(c, certKey, ""); err != nil {
 			if !errdefs.IsInvalidArgument(err) {
 				t.Fatalf("InitConfig() = %v, want InvalidArgument", err)
 			}

@@ -131,6 +131,15 @@ func New(o Options) *Kubeadm {
 
 func (k *Kubeadm) path(p string) string { return filepath.Join(k.root, p) }
 
+// PatchesDir is where a site puts kubeadm patch files for this host,
+// relative to the root: when it is a directory, init and join pass it to
+// kubeadm (`patches: {directory: ...}`), which applies its files named
+// target[suffix][+patchtype].extension (kubeletconfiguration+merge.yaml,
+// kube-apiserver+json.yaml, ...) to what it writes on this node. It is
+// not under configDir: Reset removes that, and the patches are the
+// site's, kept across a reset and rejoin.
+const PatchesDir = "/etc/kiln/kubeadm-patches"
+
 // Paths kubeadm writes, relative to the root.
 const (
 	configDir = "/etc/kiln/kubeadm"
@@ -190,7 +199,7 @@ func (k *Kubeadm) Init(ctx context.Context, req *agentv1.KubeadmInitRequest, emi
 		}
 		certKey = hex.EncodeToString(b[:])
 	}
-	cfg, err := InitConfig(c, certKey)
+	cfg, err := InitConfig(c, certKey, k.patchDir())
 	if err != nil {
 		return nil, fmt.Errorf("kubeadm init: %w", err)
 	}
@@ -278,6 +287,7 @@ func (k *Kubeadm) Join(ctx context.Context, req *agentv1.KubeadmJoinRequest, emi
 		CAHash:            req.GetCaHash(),
 		ControlPlane:      req.GetControlPlane(),
 		CertificateKey:    req.GetCertificateKey(),
+		PatchDir:          k.patchDir(),
 	})
 	if err != nil {
 		return fmt.Errorf("kubeadm join: %w", err)
@@ -370,6 +380,16 @@ func (k *Kubeadm) writeConfig(name string, data []byte) (string, error) {
 		return "", fmt.Errorf("config: %w", err)
 	}
 	return p, nil
+}
+
+// patchDir returns the path of PatchesDir under the root when it is a
+// directory, else "" (no patches).
+func (k *Kubeadm) patchDir() string {
+	p := k.path(PatchesDir)
+	if st, err := os.Stat(p); err == nil && st.IsDir() {
+		return p
+	}
+	return ""
 }
 
 // caHash reads the cluster CA and returns its pin.

@@ -355,3 +355,43 @@ func realKubeadm() string {
 }
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// A site's kubeadm patches (PatchesDir) reach kubeadm on init and join
+// only when the directory exists, and survive a reset (they are the
+// site's, not Kiln's generated configuration).
+func TestPatchesDirectory(t *testing.T) {
+	worker := labCluster()
+	worker.Role, worker.NodeName, worker.AdvertiseAddress = RoleWorker, "node-2", "10.251.0.3"
+	for _, withPatches := range []bool{false, true} {
+		t.Run(fmt.Sprintf("patches=%v", withPatches), func(t *testing.T) {
+			h := newFakeHost(t, "v1.34.4", "v1.34.4")
+			dir := filepath.Join(h.root, PatchesDir)
+			patch := filepath.Join(dir, "kubeletconfiguration+merge.yaml")
+			if withPatches {
+				require.NoError(t, os.MkdirAll(dir, 0o755))
+				require.NoError(t, os.WriteFile(patch, []byte("imageGCHighThresholdPercent: 100\n"), 0o644))
+			}
+			want := "patches:\n  directory: " + dir + "\n"
+			k := h.kubeadmFor()
+			_, err := k.Init(context.Background(), &agentv1.KubeadmInitRequest{Cluster: labCluster()}, func(*agentv1.OperationEvent) {})
+			require.NoError(t, err)
+			require.NoError(t, k.Join(context.Background(), &agentv1.KubeadmJoinRequest{
+				Cluster: worker, ApiServerEndpoint: "10.251.0.2:6443", Token: testToken, CaHash: h.ca.Hash(),
+			}, func(*agentv1.OperationEvent) {}))
+			for _, f := range []string{"init-config-seen.yaml", "join-config-seen.yaml"} {
+				seen, err := os.ReadFile(filepath.Join(h.root, f))
+				require.NoError(t, err)
+				if got := strings.Contains(string(seen), want); got != withPatches {
+					t.Errorf("%s holds %q = %v, want %v:\n%s", f, want, got, withPatches, seen)
+				}
+				if !withPatches && strings.Contains(string(seen), "patches:") {
+					t.Errorf("%s names patches with no %s:\n%s", f, PatchesDir, seen)
+				}
+			}
+			require.NoError(t, k.Reset(context.Background(), &agentv1.KubeadmResetRequest{}, func(*agentv1.OperationEvent) {}))
+			if _, err := os.Stat(patch); withPatches && err != nil {
+				t.Errorf("after Reset, %s: %v, want it kept", patch, err)
+			}
+		})
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
@@ -124,27 +125,73 @@ func (p *Prober) apiServerReady(ctx context.Context, e *env) *typesv1.Condition 
 	return trueCond(APIServerReady, "ReadyzOK", api.server+"/readyz answered ok")
 }
 
-// nodeReady: the node's own Ready condition.
+// pressureAdvice is what to do about each of the kubelet's pressure
+// conditions.
+var pressureAdvice = map[string]string{
+	"DiskPressure": "free space on the node's disk (journalctl -u kubelet | grep -i evict shows what the kubelet tries to reclaim), " +
+		"or set absolute evictionHard thresholds with a kubeletconfiguration patch in /etc/kiln/kubeadm-patches " +
+		"(the kubelet's defaults are percentages of the disk: a lab node shares the machine's, docs/lab.md)",
+	"MemoryPressure": "free memory on the node (kubectl top pods -A --field-selector spec.nodeName=<node>) or give it more",
+	"PIDPressure":    "find the pod that forks too many processes (kubectl get pods -A --field-selector spec.nodeName=<node>)",
+}
+
+// pressure returns the node's pressure conditions that are True
+// (DiskPressure, MemoryPressure, PIDPressure, in the node's order), each
+// as "Type (kubelet's message)", and the first one's type.
+func (n *node) pressure() (first string, all []string) {
+	for _, c := range n.Status.Conditions {
+		if _, ok := pressureAdvice[c.Type]; !ok || c.Status != "True" {
+			continue
+		}
+		if first == "" {
+			first = c.Type
+		}
+		all = append(all, fmt.Sprintf("%s (%s)", c.Type, c.Message))
+	}
+	return first, all
+}
+
+// nodeReady: the node's own Ready condition, and the kubelet's pressure
+// conditions. A node under pressure stays Ready but evicts pods (CoreDNS
+// among them) and admits no new ones: NodeReady is then False with the
+// pressure as its reason, severity Warning, and what to do.
 func (p *Prober) nodeReady(ctx context.Context, e *env) *typesv1.Condition {
 	n, err := e.getNode(ctx)
 	if err != nil {
 		return unknownCond(NodeReady, "NodeUnavailable", err.Error())
 	}
+	first, pressures := n.pressure()
+	var advice string
+	if first != "" {
+		advice = fmt.Sprintf("; the kubelet reports %s: it evicts pods (CoreDNS among them) and admits no new ones until it clears: %s",
+			strings.Join(pressures, ", "), pressureAdvice[first])
+	}
 	for _, c := range n.Status.Conditions {
 		if c.Type != "Ready" {
 			continue
 		}
-		msg := fmt.Sprintf("node Ready is %s: %s", c.Status, c.Message)
+		msg := fmt.Sprintf("node Ready is %s: %s", c.Status, c.Message) + advice
 		switch c.Status {
 		case "True":
+			if first != "" {
+				cond := falseCond(NodeReady, first, msg)
+				cond.Severity = "Warning"
+				return cond
+			}
 			return trueCond(NodeReady, c.Reason, msg)
 		case "False":
 			return falseCond(NodeReady, c.Reason, msg)
 		}
 		return unknownCond(NodeReady, c.Reason, msg)
 	}
-	return unknownCond(NodeReady, "NoReadyCondition", "the node has no Ready condition yet")
+	return unknownCond(NodeReady, "NoReadyCondition", "the node has no Ready condition yet"+advice)
 }
+
+// NoEndpointsAdvice is what ClusterDNSResolves says when the DNS service
+// refuses the query: kube-proxy rejects traffic to a service with no ready
+// endpoints (a write that fails with EPERM, or an ICMP port unreachable
+// read as connection refused).
+const NoEndpointsAdvice = "the DNS service has no ready endpoints (CoreDNS not running: kubectl -n kube-system get pods -l k8s-app=kube-dns); a node under DiskPressure evicts it"
 
 // clusterDNS asks the cluster DNS service (the 10th address of the service
 // CIDR) for kubernetes.default.svc.<domain> and wants the kubernetes
@@ -174,12 +221,28 @@ func (p *Prober) clusterDNS(ctx context.Context, e *env) *typesv1.Condition {
 	}
 	addrs, err := lookup(ctx, server, name, apiIP.Is6())
 	if err != nil {
+		if refused(err) {
+			msg := fmt.Sprintf("DNS %s for %s: %v: %s", server, name, err, NoEndpointsAdvice)
+			if n, nerr := e.getNode(ctx); nerr == nil {
+				if _, pressures := n.pressure(); len(pressures) > 0 {
+					msg += "; this node reports " + strings.Join(pressures, ", ")
+				}
+			}
+			return falseCond(ClusterDNSResolves, "NoEndpoints", msg)
+		}
 		return falseCond(ClusterDNSResolves, "NoAnswer", fmt.Sprintf("DNS %s for %s: %v", server, name, err))
 	}
 	if !slices.Contains(addrs, apiIP) {
 		return falseCond(ClusterDNSResolves, "WrongAnswer", fmt.Sprintf("DNS %s answered %s = %v, want %s (the kubernetes service)", server, name, addrs, apiIP))
 	}
 	return trueCond(ClusterDNSResolves, "Resolved", fmt.Sprintf("DNS %s answered %s = %s", server, name, apiIP))
+}
+
+// refused reports whether a DNS query failed because the service refused
+// it: kube-proxy's REJECT rule for a service with no ready endpoints makes
+// the write fail with EPERM (or the read with ECONNREFUSED).
+func refused(err error) bool {
+	return errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.ECONNREFUSED)
 }
 
 // nthAddr returns the n-th address of prefix (0 is the network address).

@@ -101,6 +101,7 @@ type fakeNode struct {
 	healthz       string // kubelet healthz body; "" = 500
 	readyz        int    // API /readyz status
 	nodeReady     string // Ready condition status
+	pressure      string // a pressure condition that is True ("DiskPressure"); "" = none
 	taints        []string
 	ccmPhase      string // "" = no CCM pod
 	etcdHealth    string
@@ -163,7 +164,12 @@ func newFakeNode(t testing.TB, clientNotAfter time.Time) *fakeNode {
 			for _, k := range n.taints {
 				taints = append(taints, fmt.Sprintf(`{"key":%q,"effect":"NoSchedule"}`, k))
 			}
-			fmt.Fprintf(w, `{"kind":"Node","spec":{"taints":[%s]},"status":{"conditions":[{"type":"MemoryPressure","status":"False"},{"type":"Ready","status":%q,"reason":"KubeletReady","message":"kubelet is posting ready status"}]}}`, strings.Join(taints, ","), n.nodeReady)
+			conds := []string{`{"type":"MemoryPressure","status":"False","reason":"KubeletHasSufficientMemory"}`}
+			if n.pressure != "" {
+				conds = []string{fmt.Sprintf(`{"type":%q,"status":"True","reason":"KubeletHas%s","message":"kubelet has %s"}`, n.pressure, n.pressure, strings.ToLower(n.pressure))}
+			}
+			conds = append(conds, fmt.Sprintf(`{"type":"Ready","status":%q,"reason":"KubeletReady","message":"kubelet is posting ready status"}`, n.nodeReady))
+			fmt.Fprintf(w, `{"kind":"Node","spec":{"taints":[%s]},"status":{"conditions":[%s]}}`, strings.Join(taints, ","), strings.Join(conds, ","))
 		case "/api/v1/pods":
 			// The node authorizer: a kubelet lists only its own node's pods.
 			cn := r.TLS.PeerCertificates[0].Subject.CommonName

@@ -2,11 +2,15 @@ package probe
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -102,6 +106,15 @@ func TestProbeFaults(t *testing.T) {
 		{"api not ready", func(n *fakeNode) { n.readyz = 500 }, nil, APIServerReady, "False", "NotReady", "etcd failed"},
 		{"no kubelet.conf", func(n *fakeNode) { os.Remove(filepath.Join(n.root, kubeletConf)) }, nil, APIServerReady, "False", "NoCredentials", "kubelet.conf"},
 		{"node not ready", func(n *fakeNode) { n.nodeReady = "False" }, nil, NodeReady, "False", "KubeletReady", "node Ready is False"},
+		{"disk pressure", func(n *fakeNode) { n.pressure = "DiskPressure" }, nil, NodeReady, "False", "DiskPressure",
+			"node Ready is True: kubelet is posting ready status; the kubelet reports DiskPressure (kubelet has diskpressure): it evicts pods (CoreDNS among them)"},
+		{"disk pressure advice", func(n *fakeNode) { n.pressure = "DiskPressure" }, nil, NodeReady, "False", "DiskPressure", "/etc/kiln/kubeadm-patches"},
+		{"memory pressure", func(n *fakeNode) { n.pressure = "MemoryPressure" }, nil, NodeReady, "False", "MemoryPressure", "free memory on the node"},
+		{"pid pressure", func(n *fakeNode) { n.pressure = "PIDPressure" }, nil, NodeReady, "False", "PIDPressure", "forks too many processes"},
+		{"not ready under pressure", func(n *fakeNode) { n.nodeReady = "False"; n.pressure = "DiskPressure" }, nil, NodeReady, "False", "KubeletReady", "node Ready is False: kubelet is posting ready status; the kubelet reports DiskPressure"},
+		{"dns refused", func(n *fakeNode) { n.opts.DNSServer = closedUDPPort(t) }, nil, ClusterDNSResolves, "False", "NoEndpoints", "connection refused: " + NoEndpointsAdvice},
+		{"dns refused under disk pressure", func(n *fakeNode) { n.opts.DNSServer = closedUDPPort(t); n.pressure = "DiskPressure" }, nil, ClusterDNSResolves, "False", "NoEndpoints",
+			"a node under DiskPressure evicts it; this node reports DiskPressure (kubelet has diskpressure)"},
 		{"dns nxdomain", func(n *fakeNode) { n.dnsAnswer = "" }, nil, ClusterDNSResolves, "False", "NoAnswer", "NXDOMAIN"},
 		{"dns wrong answer", func(n *fakeNode) { n.dnsAnswer = "10.96.0.99" }, nil, ClusterDNSResolves, "False", "WrongAnswer", "want 10.96.0.1"},
 		{"dns silent", func(n *fakeNode) { n.dnsAnswer = "drop"; n.opts.Timeout = 1500 * time.Millisecond }, nil, ClusterDNSResolves, "False", "NoAnswer", "no answer"},
@@ -228,5 +241,51 @@ func TestProbeReusedProberSeesChangedFiles(t *testing.T) {
 		if got := cond(t, resp, typ); got.GetReason() != "NoCredentials" {
 			t.Errorf("second Probe() %s = %s/%s, want NoCredentials after its files were removed", typ, got.GetStatus(), got.GetReason())
 		}
+	}
+}
+
+// closedUDPPort returns a loopback UDP address nothing listens on: a query
+// to it fails with connection refused (ICMP port unreachable), as one to
+// a service kube-proxy rejects does.
+func closedUDPPort(t *testing.T) string {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := pc.LocalAddr().String()
+	require.NoError(t, pc.Close())
+	return addr
+}
+
+func TestRefused(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		// What kube-proxy's REJECT rule gives a local client (the CI failure).
+		{"write EPERM", fmt.Errorf("wrapped: %w", &net.OpError{Op: "write", Net: "udp", Err: os.NewSyscallError("write", syscall.EPERM)}), true},
+		{"read ECONNREFUSED", &net.OpError{Op: "read", Net: "udp", Err: os.NewSyscallError("recvfrom", syscall.ECONNREFUSED)}, true},
+		{"timeout", errors.New("no answer before the deadline"), false},
+		{"network unreachable", &net.OpError{Op: "write", Net: "udp", Err: os.NewSyscallError("write", syscall.ENETUNREACH)}, false},
+	}
+	for _, tt := range tests {
+		if got := refused(tt.err); got != tt.want {
+			t.Errorf("refused(%s: %v) = %v, want %v", tt.name, tt.err, got, tt.want)
+		}
+	}
+}
+
+// A node under pressure is Ready for the kubelet, but the probe reports
+// it False with severity Warning (not Error: the node is up) and makes the
+// probe unhealthy.
+func TestNodePressureSeverity(t *testing.T) {
+	n := newFakeNode(t, time.Now().Add(365*24*time.Hour))
+	n.set(func(n *fakeNode) { n.pressure = "DiskPressure" })
+	resp := probeOnce(t, n, cluster())
+	c := cond(t, resp, NodeReady)
+	if c.GetStatus() != "False" || c.GetSeverity() != "Warning" {
+		t.Errorf("NodeReady under DiskPressure = %s severity %q, want False severity Warning", c.GetStatus(), c.GetSeverity())
+	}
+	if resp.GetHealthy() {
+		t.Errorf("Probe(DiskPressure).Healthy = true, want false")
 	}
 }

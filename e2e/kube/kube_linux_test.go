@@ -24,6 +24,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/kilnhq/kiln/agent/identity"
 	"github.com/kilnhq/kiln/agent/probe"
@@ -376,6 +378,8 @@ func startLab(t *testing.T, ctx context.Context, count int) *lab {
 	require.NoError(t, os.Symlink("/etc/systemd/system/"+golden.LabSysctlUnit, filepath.Join(layer, "etc/systemd/system/sysinit.target.wants", golden.LabSysctlUnit)))
 	require.NoError(t, os.MkdirAll(filepath.Join(layer, "etc/systemd/system/multi-user.target.wants"), 0o755))
 	require.NoError(t, os.Symlink("/etc/systemd/system/kiln-agent.service", filepath.Join(layer, "etc/systemd/system/multi-user.target.wants/kiln-agent.service")))
+	// The lab image's kubeadm patch: the nodes' disk is the machine's.
+	writeFile(t, layer, strings.TrimPrefix(golden.LabKubeletPatchFile, "/"), golden.LabKubeletPatch, 0o644)
 	writeFile(t, layer, "etc/containerd/config.toml", containerdConfig, 0o644)
 	hosts := "127.0.0.1 localhost\n" + netPrefix + ".2 kiln-kn1\n" + netPrefix + ".3 kiln-kn2\n"
 	writeFile(t, layer, "etc/hosts", hosts, 0o644)
@@ -792,6 +796,11 @@ func TestKubeadmControlPlaneJoin(t *testing.T) {
 	if c := conditions.Get(p2.GetConditions(), probe.EtcdMemberHealthy); c.GetStatus() != conditions.True {
 		t.Errorf("second control plane %s = %v, want True", probe.EtcdMemberHealthy, c)
 	}
+	// Both the node kubeadm init made and the one it joined run the
+	// kubelet with the lab's patch: in the file kubeadm wrote and live.
+	for _, n := range l.nodes {
+		checkLabKubeletConfig(t, ctx, l, admin, n)
+	}
 
 	start = time.Now()
 	s, err = cp2.agent.KubeadmReset(ctx, &agentv1.KubeadmResetRequest{RemoveEtcdMember: true})
@@ -823,6 +832,43 @@ func TestKubeadmControlPlaneJoin(t *testing.T) {
 			t.Errorf("after removing the second member, %s %s = %s/%s: %s", cp1.Name, typ, c.GetStatus(), c.GetReason(), c.GetMessage())
 		}
 	}
+}
+
+// checkLabKubeletConfig checks that n's /var/lib/kubelet/config.yaml and
+// the configuration its kubelet runs with (the API server's configz proxy)
+// carry golden.LabKubeletPatch: absolute eviction thresholds, image GC off.
+func checkLabKubeletConfig(t *testing.T, ctx context.Context, l *lab, admin string, n *labNode) {
+	t.Helper()
+	var want kubeletv1beta1.KubeletConfiguration
+	require.NoError(t, yaml.Unmarshal([]byte(golden.LabKubeletPatch), &want))
+	b, err := os.ReadFile(filepath.Join(n.Root, "var/lib/kubelet/config.yaml"))
+	require.NoError(t, err)
+	var file kubeletv1beta1.KubeletConfiguration
+	require.NoError(t, yaml.Unmarshal(b, &file))
+	out, err := kubectl(ctx, l.binDir, admin, "", "get", "--raw", "/api/v1/nodes/"+n.Name+"/proxy/configz")
+	require.NoError(t, err)
+	var live struct {
+		KubeletConfig kubeletv1beta1.KubeletConfiguration `json:"kubeletconfig"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &live), "configz of %s", n.Name)
+	for what, got := range map[string]kubeletv1beta1.KubeletConfiguration{"/var/lib/kubelet/config.yaml": file, "kubelet configz": live.KubeletConfig} {
+		for k, v := range want.EvictionHard {
+			if got.EvictionHard[k] != v {
+				t.Errorf("%s %s evictionHard[%s] = %q, want %q (the lab's kubeadm patch)", n.Name, what, k, got.EvictionHard[k], v)
+			}
+		}
+		if g := got.ImageGCHighThresholdPercent; g == nil || *g != *want.ImageGCHighThresholdPercent {
+			t.Errorf("%s %s imageGCHighThresholdPercent = %v, want %d (image GC off)", n.Name, what, g, *want.ImageGCHighThresholdPercent)
+		}
+		t.Logf("%s %s: evictionHard %v imageGCHighThresholdPercent %v", n.Name, what, got.EvictionHard, derefInt32(got.ImageGCHighThresholdPercent))
+	}
+}
+
+func derefInt32(p *int32) any {
+	if p == nil {
+		return nil
+	}
+	return *p
 }
 
 // etcdMembers lists the names of the etcd members n's member knows, asked

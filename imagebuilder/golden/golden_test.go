@@ -2,11 +2,15 @@ package golden
 
 import (
 	"os/exec"
+	"path"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"k8s.io/apimachinery/pkg/api/resource"
+	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/kilnhq/kiln/controller/validation"
 	"github.com/kilnhq/kiln/imagebuilder/kubetools"
@@ -264,5 +268,50 @@ func TestNextMinorAddons(t *testing.T) {
 	if !marker {
 		t.Errorf("an image of %s has no %s/NEXT-MINOR naming %s (it changes the image's digest, so cached images without the archives are rebuilt)",
 			kubetools.Previous().Kubernetes, ImagesDir, kubetools.Pinned().Kubernetes)
+	}
+}
+
+// The lab's kubelet patch is a KubeletConfiguration the kubelet accepts:
+// known fields only, every signal the kubelet defaults given (a partial
+// evictionHard sets the others to 0), absolute quantities, and image GC
+// off the way the kubelet recognises it (high 100, low below it).
+func TestLabKubeletPatch(t *testing.T) {
+	var kc kubeletv1beta1.KubeletConfiguration
+	require.NoError(t, yaml.UnmarshalStrict([]byte(LabKubeletPatch), &kc), "LabKubeletPatch is not a KubeletConfiguration")
+	for _, signal := range []string{"memory.available", "nodefs.available", "nodefs.inodesFree", "imagefs.available"} {
+		v, ok := kc.EvictionHard[signal]
+		if !ok {
+			t.Errorf("LabKubeletPatch evictionHard has no %s (it would become 0)", signal)
+			continue
+		}
+		if strings.HasSuffix(v, "%") {
+			t.Errorf("LabKubeletPatch evictionHard[%s] = %q, want an absolute quantity (a percentage is of the machine's disk)", signal, v)
+		}
+		if _, err := resource.ParseQuantity(v); err != nil {
+			t.Errorf("LabKubeletPatch evictionHard[%s] = %q: %v", signal, v, err)
+		}
+	}
+	if high, low := kc.ImageGCHighThresholdPercent, kc.ImageGCLowThresholdPercent; high == nil || *high != 100 || low == nil || *low >= *high || *low < 0 {
+		t.Errorf("LabKubeletPatch image GC thresholds high %v low %v, want high 100 (GC off) and 0 <= low < 100", high, low)
+	}
+	if got := path.Base(LabKubeletPatchFile); got != "kubeletconfiguration+merge.yaml" {
+		t.Errorf("LabKubeletPatchFile = %q, want kubeadm's kubeletconfiguration target as a merge patch", got)
+	}
+
+	s := mustSpec(t, "kubernetesVersion: v1.34.4\nagent: x\nlabKubeletPatch: true\n")
+	kube := &kubeFiles{pause: "registry.k8s.io/pause:3.10.1"}
+	found := false
+	for _, f := range files(s, "/bin/agent", kube, "") {
+		if f.Path == "/etc/kiln/kubeadm-patches/kubeletconfiguration+merge.yaml" && string(f.Data) == LabKubeletPatch {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("files(labKubeletPatch: true) has no %s", LabKubeletPatchFile)
+	}
+	for _, f := range files(mustSpec(t, "kubernetesVersion: v1.34.4\nagent: x\n"), "/bin/agent", kube, "") {
+		if f.Path == LabKubeletPatchFile {
+			t.Errorf("files(no lab options) has %s", LabKubeletPatchFile)
+		}
 	}
 }

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"path"
 
+	"github.com/kilnhq/kiln/agent/kubeadm"
 	"github.com/kilnhq/kiln/imagebuilder/rootfs"
 	"github.com/kilnhq/kiln/imagebuilder/spec"
 )
 
-// Units and files of the lab options (spec labSysctlBinds, labNetwork).
+// Units and files of the lab options (spec labSysctlBinds, labNetwork,
+// labKubeletPatch).
 const (
 	LabSysctlUnit = "kiln-lab-sysctl.service"
 	LabNetUnit    = "kiln-lab-net.service"
@@ -23,6 +25,33 @@ const (
 	// node has a pod CIDR.
 	LabCNIConfig = "/etc/cni/net.d/10-kiln-lab.conflist"
 )
+
+// LabKubeletPatchFile is the kubeadm patch (spec labKubeletPatch) the
+// agent hands kubeadm on init and join (kubeadm.PatchesDir): a JSON merge
+// patch of the node's KubeletConfiguration.
+var LabKubeletPatchFile = path.Join(kubeadm.PatchesDir, "kubeletconfiguration+merge.yaml")
+
+// LabKubeletPatch is LabKubeletPatchFile's content. A lab host's disk is
+// a file, an overlay or a loop-mounted image on the machine's own disk:
+// the kubelet's default thresholds (imagefs.available<15%,
+// nodefs.available<10%, image GC from 85% used) are percentages of
+// whatever that disk holds, so a lab on a machine whose disk is 85% full
+// enters DiskPressure, evicts CoreDNS and garbage-collects the images it
+// imported offline (pull policy Never: they cannot come back). Absolute
+// thresholds small enough for any lab disk (below the defaults on the lab
+// image's own root) keep the kubelet's guard against a truly full disk;
+// imageGCHighThresholdPercent 100 turns image GC off (the low threshold
+// must stay below it).
+const LabKubeletPatch = `# A lab host shares the machine's disk (written by kiln-imagebuilder, spec
+# labKubeletPatch; docs/lab.md): absolute eviction thresholds, no image GC.
+evictionHard:
+  memory.available: 100Mi
+  nodefs.available: 256Mi
+  nodefs.inodesFree: "1000"
+  imagefs.available: 256Mi
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+`
 
 // LabSysctls are the kernel settings the kubelet writes when they differ
 // (its "kernel defaults"). They are not namespaced: a lab host in a
@@ -212,6 +241,9 @@ func labFiles(s *spec.Spec) []rootfs.File {
 		for _, kv := range LabSysctls {
 			fs = append(fs, rootfs.File{Path: path.Join(LabSysctlDir, kv[0]), Data: []byte(kv[1] + "\n"), Mode: 0o444})
 		}
+	}
+	if s.LabKubeletPatch {
+		fs = append(fs, rootfs.File{Path: LabKubeletPatchFile, Data: []byte(LabKubeletPatch), Mode: 0o644})
 	}
 	if s.LabNetwork {
 		fs = append(fs, unit(LabNetUnit, LabNetUnitFile, "multi-user.target")...)

@@ -105,6 +105,13 @@ type Spec struct {
 	// on control planes, CoreDNS without upstream forwarding (the lab
 	// may not reach outside). Not for a minimal image. Default false.
 	LabNetwork bool `yaml:"labNetwork"`
+	// LabKubeletPatch adds a kubeadm patch of the kubelet configuration
+	// for lab hosts, whose disk is shared with the machine: absolute
+	// eviction thresholds instead of percentages of the machine's disk,
+	// and no image garbage collection (the images are imported offline).
+	// Unlike the units it applies outside a container too: for lab images
+	// only. Not for a minimal image. Default false.
+	LabKubeletPatch bool `yaml:"labKubeletPatch"`
 	// Slim leaves out documentation, man and info pages, translations and
 	// apt's package lists (the copyright files stay). Default false.
 	Slim bool `yaml:"slim"`
@@ -170,7 +177,7 @@ func Parse(data []byte) (*Spec, error) {
 func knownFields() []string {
 	return []string{"os", "suite", "mirror", "packages", "minimal", "kubernetesVersion", "agent", "kernel", "size",
 		"cgroupDriver", "sysctls", "modules", "sourceDateEpoch", "tagDate", "publishURL", "labCgroupRemount",
-		"labSysctlBinds", "labNetwork", "slim"}
+		"labSysctlBinds", "labNetwork", "labKubeletPatch", "slim"}
 }
 
 func (s *Spec) defaults() {
@@ -302,6 +309,9 @@ func (s *Spec) Validate(wantK8s string) error {
 	}
 	if s.Minimal && s.LabNetwork {
 		add("labNetwork", "a minimal image has no Kubernetes: remove it or set minimal: false")
+	}
+	if s.Minimal && s.LabKubeletPatch {
+		add("labKubeletPatch", "a minimal image has no kubelet: remove it or set minimal: false")
 	}
 	if !strings.HasPrefix(s.PublishURL, "http://") && !strings.HasPrefix(s.PublishURL, "https://") {
 		add("publishURL", "%q: want an http:// or https:// base URL", s.PublishURL)
