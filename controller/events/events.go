@@ -1,6 +1,17 @@
 // Package events records what happened to resources ("Host rack1-01:
 // Enrolled") in etcd with a time-to-live, and lists them by object. Events
 // are for people reading `kilnctl describe`; nothing decides on them.
+//
+// Like Kubernetes' EventCorrelator, a Recorder spends few writes on them:
+// an event like a recent one of the same object (same type, reason and
+// message within Config.Window) updates that one's count and last time
+// instead of adding a key; a token bucket per object (Config.Burst, then
+// one per Config.Refill) drops the excess and counts it in the next event
+// of the object that is recorded; every event lives Config.TTL after its
+// last occurrence (an etcd lease), and an object keeps at most about
+// Config.MaxPerObject of them. Events may also ride in another write's
+// transaction (Prepare): the host lifecycle stores a step's events with
+// the status that records it.
 package events
 
 import (
@@ -12,8 +23,10 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
+	"k8s.io/utils/lru"
 
 	"github.com/kilnhq/kiln/internal/errdefs"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
@@ -22,8 +35,17 @@ import (
 // Prefix is where events live: Prefix + "<kind>/<name>/<time>".
 const Prefix = "/kiln/v1/events/"
 
-// DefaultTTL is how long an event is kept.
-const DefaultTTL = time.Hour
+// Defaults of Config: those of Kubernetes' EventCorrelator (a 10-minute
+// aggregation window, a burst of 25 per object then one every 5 minutes,
+// 4096 cached entries), an hour to live as before, and a cap per object.
+const (
+	DefaultTTL          = time.Hour
+	DefaultWindow       = 10 * time.Minute
+	DefaultBurst        = 25
+	DefaultRefill       = 5 * time.Minute
+	DefaultMaxPerObject = 50
+	DefaultCacheSize    = 4096
+)
 
 // Event types.
 const (
@@ -31,30 +53,111 @@ const (
 	Warning = "Warning"
 )
 
+// Config tunes a Recorder. Zero fields take the defaults.
+type Config struct {
+	// TTL is how long an event is kept after its last occurrence.
+	TTL time.Duration
+	// Window is how recent an alike event must be for a new one to be
+	// aggregated into it.
+	Window time.Duration
+	// Burst and Refill are the token bucket of each object: Burst events
+	// at once, then one per Refill; the excess is dropped and counted.
+	Burst  int
+	Refill time.Duration
+	// MaxPerObject bounds the events kept of one object: every
+	// MaxPerObject/5 new events of an object, the oldest beyond
+	// MaxPerObject are deleted.
+	MaxPerObject int
+	// CacheSize bounds the objects and the distinct events the recorder
+	// remembers (least recently used go first; a forgotten event is
+	// written as new, a forgotten object gets a full bucket).
+	CacheSize int
+	// Clock is the time source (time.Now).
+	Clock func() time.Time
+}
+
+func (c Config) withDefaults() Config {
+	if c.TTL <= 0 {
+		c.TTL = DefaultTTL
+	}
+	if c.Window <= 0 {
+		c.Window = DefaultWindow
+	}
+	if c.Burst <= 0 {
+		c.Burst = DefaultBurst
+	}
+	if c.Refill <= 0 {
+		c.Refill = DefaultRefill
+	}
+	if c.MaxPerObject <= 0 {
+		c.MaxPerObject = DefaultMaxPerObject
+	}
+	if c.CacheSize <= 0 {
+		c.CacheSize = DefaultCacheSize
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+	return c
+}
+
 // Recorder writes and lists events. Events written within one minute share
 // an etcd lease, so a burst of events costs one lease.
 type Recorder struct {
 	client *clientv3.Client
-	ttl    time.Duration
-	clock  func() time.Time
+	cfg    Config
 	log    *slog.Logger
 
 	mu        sync.Mutex
 	lease     clientv3.LeaseID
 	leaseFrom time.Time
 	seq       uint64
+	similar   *lru.Cache // eventKey -> *seen
+	objects   *lru.Cache // kind/name -> *object
+	stats     Stats
 }
 
-// New returns a Recorder writing through client. Events live for ttl
-// (DefaultTTL when 0).
+// seen is the last stored occurrence of an event.
+type seen struct {
+	key string
+	ev  *typesv1.Event
+}
+
+// object is the rate limit and trim state of one object.
+type object struct {
+	limiter *rate.Limiter
+	dropped int32
+	added   int // new keys since the last trim check
+}
+
+// Stats counts what a Recorder did with the events it was given.
+type Stats struct {
+	// Written are new event keys, Aggregated events folded into an alike
+	// one, Dropped events refused by the rate limit, Trimmed events
+	// deleted by the per-object cap.
+	Written, Aggregated, Dropped, Trimmed int64
+}
+
+// New returns a Recorder writing through client with the default Config
+// but ttl and clock (DefaultTTL and time.Now when zero).
 func New(client *clientv3.Client, ttl time.Duration, clock func() time.Time, log *slog.Logger) *Recorder {
-	if ttl <= 0 {
-		ttl = DefaultTTL
+	return NewWithConfig(client, Config{TTL: ttl, Clock: clock}, log)
+}
+
+// NewWithConfig returns a Recorder writing through client.
+func NewWithConfig(client *clientv3.Client, cfg Config, log *slog.Logger) *Recorder {
+	cfg = cfg.withDefaults()
+	return &Recorder{
+		client: client, cfg: cfg, log: log.With("component", "events"),
+		similar: lru.New(cfg.CacheSize), objects: lru.New(cfg.CacheSize),
 	}
-	if clock == nil {
-		clock = time.Now
-	}
-	return &Recorder{client: client, ttl: ttl, clock: clock, log: log.With("component", "events")}
+}
+
+// Stats returns the counts so far.
+func (r *Recorder) Stats() Stats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stats
 }
 
 // leaseWindow is how long one lease is reused for new events.
@@ -68,7 +171,7 @@ func (r *Recorder) leaseFor(ctx context.Context, now time.Time) (clientv3.LeaseI
 	}
 	// The lease outlives the window so the last event of it still lives
 	// for ttl.
-	resp, err := r.client.Grant(ctx, int64((r.ttl+leaseWindow)/time.Second))
+	resp, err := r.client.Grant(ctx, int64((r.cfg.TTL+leaseWindow)/time.Second))
 	if err != nil {
 		return 0, errdefs.Unavailable("event lease: %w", err)
 	}
@@ -76,55 +179,232 @@ func (r *Recorder) leaseFor(ctx context.Context, now time.Time) (clientv3.LeaseI
 	return r.lease, nil
 }
 
+// Event is one event to record about an object.
+type Event struct {
+	// Type is Normal or Warning.
+	Type, Reason, Message string
+}
+
 // Record stores an event about the object kind/name ("hosts", "rack1-01").
 // Failure to record is logged, not returned: an event is never worth
 // failing the operation it describes.
 func (r *Recorder) Record(ctx context.Context, kind, name, typ, reason, message string) {
-	if err := r.record(ctx, kind, name, typ, reason, message); err != nil {
+	if err := r.record(ctx, kind, name, Event{Type: typ, Reason: reason, Message: message}); err != nil {
 		r.log.Warn("event not recorded", "kind", kind, "name", name, "reason", reason, "err", err)
 	}
 }
 
-func (r *Recorder) record(ctx context.Context, kind, name, typ, reason, message string) error {
-	now := r.clock()
-	lease, err := r.leaseFor(ctx, now)
+func (r *Recorder) record(ctx context.Context, kind, name string, ev Event) error {
+	b, err := r.Prepare(ctx, kind, name, []Event{ev})
 	if err != nil {
 		return err
 	}
-	r.mu.Lock()
-	r.seq++
-	seq := r.seq
-	r.mu.Unlock()
-	// Keys sort by time: a fixed-width nanosecond stamp and a sequence
-	// number to keep events of one nanosecond apart.
-	id := fmt.Sprintf("%020d-%06d", now.UnixNano(), seq%1000000)
-	ev := &typesv1.Event{
-		Name:       name + "." + id,
-		Time:       timestamppb.New(now),
-		ObjectKind: kind,
-		ObjectName: name,
-		Type:       typ,
-		Reason:     reason,
-		Message:    message,
+	if len(b.Ops()) == 0 {
+		b.Done(ctx, false)
+		return nil
 	}
-	b, err := proto.Marshal(ev)
+	_, err = r.client.Txn(ctx).Then(b.Ops()...).Commit()
+	b.Done(ctx, err == nil)
 	if err != nil {
-		return err
-	}
-	if _, err := r.client.Put(ctx, Prefix+kind+"/"+name+"/"+id, string(b), clientv3.WithLease(lease)); err != nil {
-		// The lease may have been revoked or expired behind our back: drop
-		// it so the next event takes a new one.
-		r.mu.Lock()
-		r.lease = 0
-		r.mu.Unlock()
 		return errdefs.Unavailable("put event: %w", err)
 	}
 	return nil
 }
 
-// List returns the events of kind/name, oldest first, at most limit of the
-// newest (all when limit <= 0). An empty name lists every object of kind;
-// an empty kind lists everything.
+// Batch is events prepared to be stored in one etcd transaction, alone
+// or with another write (Ops). Done must be called once, saying whether
+// the transaction was committed.
+type Batch struct {
+	r        *Recorder
+	now      time.Time
+	obj      *object
+	objKey   string
+	ops      []clientv3.Op
+	stored   []seen   // the events as stored, by their similarity key
+	keys     []string // similarity keys of stored
+	dropped  int32    // events the limit refused in this batch
+	resv     []*rate.Reservation
+	prefix   string
+	newKeys  int
+	aggr     int
+	carried  bool  // the first stored event carries the object's drops
+	consumed int32 // how many (obj.dropped when prepared)
+}
+
+// Ops are the etcd operations that store the batch (none when every event
+// was dropped).
+func (b *Batch) Ops() []clientv3.Op { return b.ops }
+
+// Prepare decides how the events of object kind/name are stored, and
+// returns the operations: a put of a new event, or the delete of an alike
+// recent one and the put of it with its count and last time updated
+// (under a new key of now, so keys keep sorting by last time). Events over
+// the object's rate limit are dropped. It returns Unavailable when no
+// lease can be had.
+func (r *Recorder) Prepare(ctx context.Context, kind, name string, evs []Event) (*Batch, error) {
+	now := r.cfg.Clock()
+	b := &Batch{r: r, now: now, objKey: kind + "/" + name, prefix: Prefix + kind + "/" + name + "/"}
+	if len(evs) == 0 {
+		return b, nil
+	}
+	lease, err := r.leaseFor(ctx, now)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if o, ok := r.objects.Get(b.objKey); ok {
+		b.obj = o.(*object)
+	} else {
+		b.obj = &object{limiter: rate.NewLimiter(rate.Every(r.cfg.Refill), r.cfg.Burst)}
+		r.objects.Add(b.objKey, b.obj)
+	}
+	batchSeen := map[string]int{} // alike events within this batch
+	for _, e := range evs {
+		res := b.obj.limiter.ReserveN(now, 1)
+		if !res.OK() || res.DelayFrom(now) > 0 {
+			res.CancelAt(now)
+			b.dropped++
+			continue
+		}
+		b.resv = append(b.resv, res)
+		sk := similarKey(kind, name, e)
+		var prev *seen
+		if i, ok := batchSeen[sk]; ok {
+			prev = &b.stored[i]
+		} else if v, ok := r.similar.Get(sk); ok {
+			if s := v.(*seen); now.Sub(s.ev.GetLastTime().AsTime()) < r.cfg.Window {
+				prev = s
+			}
+		}
+		r.seq++
+		// Keys sort by time: a fixed-width nanosecond stamp and a sequence
+		// number to keep events of one nanosecond apart.
+		id := fmt.Sprintf("%020d-%06d", now.UnixNano(), r.seq%1000000)
+		key := b.prefix + id
+		var ev *typesv1.Event
+		if prev != nil {
+			ev = proto.Clone(prev.ev).(*typesv1.Event)
+			ev.Name = name + "." + id
+			ev.Count = max(ev.GetCount(), 1) + 1
+			ev.LastTime = timestamppb.New(now)
+			b.ops = append(b.ops, clientv3.OpDelete(prev.key))
+			b.aggr++
+		} else {
+			ev = &typesv1.Event{
+				Name:       name + "." + id,
+				Time:       timestamppb.New(now),
+				LastTime:   timestamppb.New(now),
+				Count:      1,
+				ObjectKind: kind,
+				ObjectName: name,
+				Type:       e.Type,
+				Reason:     e.Reason,
+				Message:    e.Message,
+			}
+			b.newKeys++
+		}
+		// The first event stored carries the drops since the object's last
+		// recorded event.
+		ev.Dropped = 0
+		if !b.carried {
+			b.carried, b.consumed = true, b.obj.dropped
+			ev.Dropped = b.consumed
+		}
+		val, err := proto.Marshal(ev)
+		if err != nil {
+			return nil, err
+		}
+		b.ops = append(b.ops, clientv3.OpPut(key, string(val), clientv3.WithLease(lease)))
+		if i, ok := batchSeen[sk]; ok {
+			b.stored[i] = seen{key: key, ev: ev}
+		} else {
+			batchSeen[sk] = len(b.stored)
+			b.stored = append(b.stored, seen{key: key, ev: ev})
+			b.keys = append(b.keys, sk)
+		}
+	}
+	return b, nil
+}
+
+// similarKey identifies alike events: object, type, reason and message.
+func similarKey(kind, name string, e Event) string {
+	return kind + "\x00" + name + "\x00" + e.Type + "\x00" + e.Reason + "\x00" + e.Message
+}
+
+// Done tells the recorder whether the batch's operations were committed.
+// When they were, the events are remembered for aggregation, and every
+// MaxPerObject/5 new events of the object the oldest beyond MaxPerObject
+// are deleted (a read, and a write only when there are too many). When
+// not, the batch's rate-limit tokens are given back.
+func (b *Batch) Done(ctx context.Context, committed bool) {
+	r := b.r
+	if r == nil || b.obj == nil {
+		return
+	}
+	r.mu.Lock()
+	if !committed {
+		for _, res := range b.resv {
+			res.CancelAt(b.now)
+		}
+		// The refused ones were refused all the same.
+		b.obj.dropped += b.dropped
+		r.stats.Dropped += int64(b.dropped)
+		r.mu.Unlock()
+		return
+	}
+	for i, s := range b.stored {
+		r.similar.Add(b.keys[i], &seen{key: s.key, ev: s.ev})
+	}
+	if b.consumed > 0 {
+		b.obj.dropped -= b.consumed
+	}
+	b.obj.dropped += b.dropped
+	r.stats.Dropped += int64(b.dropped)
+	r.stats.Written += int64(b.newKeys)
+	r.stats.Aggregated += int64(b.aggr)
+	b.obj.added += b.newKeys
+	trim := b.obj.added >= max(r.cfg.MaxPerObject/5, 1)
+	if trim {
+		b.obj.added = 0
+	}
+	keep := r.cfg.MaxPerObject
+	r.mu.Unlock()
+	if trim {
+		n, err := r.trim(ctx, b.prefix, keep)
+		if err != nil {
+			r.log.Warn("events not trimmed", "object", b.objKey, "err", err)
+		}
+		r.mu.Lock()
+		r.stats.Trimmed += n
+		r.mu.Unlock()
+	}
+}
+
+// trim deletes the oldest events under prefix beyond the newest keep, in
+// one write; it returns how many it deleted.
+func (r *Recorder) trim(ctx context.Context, prefix string, keep int) (int64, error) {
+	resp, err := r.client.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(int64(keep)+1))
+	if err != nil {
+		return 0, errdefs.Unavailable("list events to trim: %w", err)
+	}
+	if len(resp.Kvs) <= keep {
+		return 0, nil
+	}
+	// Everything from the prefix up to and including the newest key too
+	// many.
+	end := string(resp.Kvs[keep].Key) + "\x00"
+	del, err := r.client.Delete(ctx, prefix, clientv3.WithRange(end))
+	if err != nil {
+		return 0, errdefs.Unavailable("trim events: %w", err)
+	}
+	return del.Deleted, nil
+}
+
+// List returns the events of kind/name, oldest first by last occurrence,
+// at most limit of the newest (all when limit <= 0). An empty name lists
+// every object of kind; an empty kind lists everything.
 func (r *Recorder) List(ctx context.Context, kind, name string, limit int64) ([]*typesv1.Event, error) {
 	prefix := Prefix
 	if kind != "" {
@@ -149,6 +429,15 @@ func (r *Recorder) List(ctx context.Context, kind, name string, limit int64) ([]
 		}
 		out[len(out)-1-i] = ev
 	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].GetTime().AsTime().Before(out[j].GetTime().AsTime()) })
+	sort.SliceStable(out, func(i, j int) bool { return LastTime(out[i]).Before(LastTime(out[j])) })
 	return out, nil
+}
+
+// LastTime is when ev last happened (its time for an event stored before
+// aggregation).
+func LastTime(ev *typesv1.Event) time.Time {
+	if ev.GetLastTime() != nil {
+		return ev.GetLastTime().AsTime()
+	}
+	return ev.GetTime().AsTime()
 }

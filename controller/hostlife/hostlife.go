@@ -445,6 +445,20 @@ type Output struct {
 	// Finished are the operations (steps) this plan ended, for metrics:
 	// report them once Status is stored.
 	Finished []Finished
+	// Deferrable is true when Status need not be stored before Actions
+	// run, nor before the next Plan (Next is NextNow): the write-ahead
+	// rule asks that a status recording "about to do X" be stored before
+	// X when a restart must know X may have happened (power, a lay, a
+	// wipe, a reboot). These actions start nothing of the kind: a read of
+	// the BMC's power state (CheckBMC), or the agent ISO and the one-time
+	// boot device (BootAgentMedia), which a restart that finds the step
+	// before them stored simply sets again after running that step again;
+	// or there are no actions and the status is a pure observation that
+	// the next Plan decides on at once (a wait step found done as it
+	// starts). The executor may then hold Status and store it, with its
+	// Events, in the next plan's write; that write comes before any action
+	// that is not deferrable and before the executor stops.
+	Deferrable bool
 }
 
 // Finished is an operation that ended: its kind (the step), how, and how
@@ -513,6 +527,28 @@ type actionFailed struct{ reason string }
 
 func (actionFailed) apply(out *Output) { out.Next = NextOnChange }
 
+// deferrable reports whether the status of r may be stored with the next
+// write (Output.Deferrable): a wait step found done as it starts, or
+// actions that are all reads of the BMC or boot settings for the next
+// boot only.
+func deferrable(r result) bool {
+	switch r := r.(type) {
+	case actionUpdate:
+		return true
+	case actionRun:
+		for _, a := range r.actions {
+			switch {
+			case a.Kind == ActCheckBMC, a.Kind == ActInsertMedia:
+			case a.Kind == ActSetBoot && !a.Persistent:
+			default:
+				return false
+			}
+		}
+		return len(r.actions) > 0
+	}
+	return false
+}
+
 // BYOH reports whether h has no BMC (protocol "none" or empty): such
 // hosts skip power and imaging.
 func BYOH(h *typesv1.Host) bool {
@@ -534,6 +570,7 @@ func Plan(in Input) Output {
 	r := p.run()
 	out := p.out // the events
 	r.apply(&out)
+	out.Deferrable = deferrable(r)
 	out.Status = p.st
 	out.Changed = !proto.Equal(p.st, in.Host.GetStatus())
 	return out

@@ -206,6 +206,9 @@ func describe(out Output) string {
 	case out.Next == NextNow:
 		b.WriteString("next=now\n")
 	}
+	if out.Deferrable {
+		b.WriteString("deferrable (stored with the next write)\n")
+	}
 	for _, e := range out.Events {
 		fmt.Fprintf(&b, "event %s %s: %s\n", e.Type, e.Reason, e.Message)
 	}

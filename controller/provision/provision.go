@@ -27,9 +27,11 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnhq/kiln/controller/enrollment"
+	"github.com/kilnhq/kiln/controller/events"
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -73,6 +75,9 @@ type DesiredFunc func(ctx context.Context, h *typesv1.Host) (hostlife.Desired, e
 type Store interface {
 	Get(ctx context.Context, kind, name string, into proto.Message) (int64, error)
 	Update(ctx context.Context, kind, name string, m proto.Message, expectRev int64) (int64, error)
+	// UpdateWith is Update with ops in the same transaction (the events
+	// of the status).
+	UpdateWith(ctx context.Context, kind, name string, m proto.Message, expectRev int64, ops []clientv3.Op) (int64, error)
 	List(ctx context.Context, kind string, newMsg func() proto.Message, opts store.ListOptions) ([]store.Item, string, error)
 	Watch(ctx context.Context, kind string, fromRev int64) <-chan store.WatchEvent
 }
@@ -88,10 +93,14 @@ type Fencer interface {
 
 var _ Fencer = (*store.Store)(nil)
 
-// Recorder records events (*events.Recorder).
+// Recorder records events (*events.Recorder): alone (Record), or
+// prepared to be stored in the transaction of a status write (Prepare).
 type Recorder interface {
 	Record(ctx context.Context, kind, name, typ, reason, message string)
+	Prepare(ctx context.Context, kind, name string, evs []events.Event) (*events.Batch, error)
 }
+
+var _ Recorder = (*events.Recorder)(nil)
 
 // Config configures an Executor.
 type Config struct {
@@ -301,19 +310,40 @@ func (e *Executor) work(ctx context.Context) {
 // maxRounds bounds the plan/act rounds of one Reconcile.
 const maxRounds = 64
 
+// held is a planned status not stored yet (hostlife.Output.Deferrable),
+// with the events and finished operations of the plans that made it:
+// they are stored, and reported, with the next write.
+type held struct {
+	events   []hostlife.Event
+	finished []hostlife.Finished
+}
+
 // Reconcile plans and acts on host name until Plan asks for nothing more
 // now; it returns when to look again (0: on the next change).
+//
+// A planned status is stored before its actions run (write-ahead), with
+// the plan's events in the same transaction, unless the plan says it is
+// deferrable: then it is held in memory, the actions run, and it is
+// stored with the next plan's status. A conflict drops what was held:
+// the host is read again and planned from what is stored, which a crash
+// would have found too.
 func (e *Executor) Reconcile(ctx context.Context, name string) (time.Duration, error) {
 	var result *hostlife.Result
+	var h *typesv1.Host
+	var rev int64
+	var hold *held
 	for range maxRounds {
-		h := &typesv1.Host{}
-		rev, err := e.deps.Store.Get(ctx, HostsKind, name, h)
-		if errdefs.IsNotFound(err) {
-			e.forgetHost(name)
-			return 0, nil
-		}
-		if err != nil {
-			return 0, fmt.Errorf("host %s: %w", name, err)
+		if hold == nil {
+			h = &typesv1.Host{}
+			var err error
+			rev, err = e.deps.Store.Get(ctx, HostsKind, name, h)
+			if errdefs.IsNotFound(err) {
+				e.forgetHost(name)
+				return 0, nil
+			}
+			if err != nil {
+				return 0, fmt.Errorf("host %s: %w", name, err)
+			}
 		}
 		desired, err := e.deps.Desired(ctx, h)
 		if err != nil {
@@ -328,14 +358,21 @@ func (e *Executor) Reconcile(ctx context.Context, name string) (time.Duration, e
 			Now:      now,
 			Config:   e.cfg.Plan,
 		})
-		if out.Changed {
+		evs, finished := out.Events, out.Finished
+		if hold != nil {
+			evs = append(hold.events, evs...)
+			finished = append(hold.finished, finished...)
+		}
+		defer_ := out.Deferrable && (len(out.Actions) > 0 || out.Next == hostlife.NextNow)
+		switch {
+		case (out.Changed || hold != nil) && defer_:
 			h.Status = out.Status
-			newRev, err := e.deps.Store.Update(ctx, HostsKind, name, h, rev)
-			if err == nil {
-				e.mu.Lock()
-				e.written[name] = newRev
-				e.mu.Unlock()
-			}
+			hold = &held{events: evs, finished: finished}
+			evs, finished = nil, nil
+		case out.Changed || hold != nil:
+			h.Status = out.Status
+			hold = nil
+			newRev, err := e.storeStatus(ctx, name, h, rev, evs)
 			if err != nil {
 				if errdefs.IsConflict(err) {
 					continue // a heartbeat or an apply won: read and plan again
@@ -345,23 +382,15 @@ func (e *Executor) Reconcile(ctx context.Context, name string) (time.Duration, e
 				}
 				return 0, fmt.Errorf("host %s: store status: %w", name, err)
 			}
+			rev = newRev
+			evs = nil // stored with the status
 		}
-		if o := e.deps.Observer; o != nil {
-			// Reported once the status that ends them is stored: a
-			// conflict plans again and finds them again.
-			for _, f := range out.Finished {
-				o.ObserveOperationOutcome(string(f.Kind), f.Outcome, f.Duration)
-			}
-		}
-		for _, ev := range out.Events {
-			e.deps.Recorder.Record(ctx, HostsKind, name, ev.Type, ev.Reason, ev.Message)
-			e.log.Info("host "+ev.Reason, "host", name, "message", ev.Message)
-		}
+		e.report(ctx, name, finished, evs)
 		result = nil
 		if len(out.Actions) == 0 {
 			switch out.Next {
 			case hostlife.NextNow:
-				continue // the stored status decides the next Plan
+				continue // the stored (or held) status decides the next Plan
 			case hostlife.NextAfter:
 				return out.RequeueAfter, nil
 			default:
@@ -380,7 +409,68 @@ func (e *Executor) Reconcile(ctx context.Context, name string) (time.Duration, e
 			return 0, ctx.Err()
 		}
 	}
+	if hold != nil {
+		// Out of rounds with a status held: store it (the next Reconcile
+		// reads the host again).
+		if _, err := e.storeStatus(ctx, name, h, rev, hold.events); err != nil && !errdefs.IsConflict(err) && !errdefs.IsNotFound(err) {
+			return 0, fmt.Errorf("host %s: store status: %w", name, err)
+		}
+	}
 	return time.Second, nil
+}
+
+// storeStatus writes h (read at rev) and the events of its plans in one
+// transaction, and returns the new revision. Events that cannot be
+// prepared (no lease) are logged and the status is stored without them.
+func (e *Executor) storeStatus(ctx context.Context, name string, h *typesv1.Host, rev int64, evs []hostlife.Event) (int64, error) {
+	var batch *events.Batch
+	if len(evs) > 0 && e.deps.Recorder != nil {
+		list := make([]events.Event, len(evs))
+		for i, ev := range evs {
+			list[i] = events.Event{Type: ev.Type, Reason: ev.Reason, Message: ev.Message}
+		}
+		b, err := e.deps.Recorder.Prepare(ctx, HostsKind, name, list)
+		if err != nil {
+			e.log.Warn("events not recorded", "host", name, "err", err)
+		} else {
+			batch = b
+		}
+	}
+	var ops []clientv3.Op
+	if batch != nil {
+		ops = batch.Ops()
+	}
+	newRev, err := e.deps.Store.UpdateWith(ctx, HostsKind, name, h, rev, ops)
+	if batch != nil {
+		batch.Done(ctx, err == nil)
+	}
+	if err != nil {
+		return 0, err
+	}
+	e.mu.Lock()
+	e.written[name] = newRev
+	e.mu.Unlock()
+	for _, ev := range evs {
+		e.log.Info("host "+ev.Reason, "host", name, "message", ev.Message)
+	}
+	return newRev, nil
+}
+
+// report tells the observer of the operations that ended once the status
+// that ends them is stored (a conflict plans again and finds them again),
+// and records events that came with no status to store.
+func (e *Executor) report(ctx context.Context, name string, finished []hostlife.Finished, evs []hostlife.Event) {
+	if o := e.deps.Observer; o != nil {
+		for _, f := range finished {
+			o.ObserveOperationOutcome(string(f.Kind), f.Outcome, f.Duration)
+		}
+	}
+	for _, ev := range evs {
+		if e.deps.Recorder != nil {
+			e.deps.Recorder.Record(ctx, HostsKind, name, ev.Type, ev.Reason, ev.Message)
+		}
+		e.log.Info("host "+ev.Reason, "host", name, "message", ev.Message)
+	}
 }
 
 // act runs actions in order under one deadline and says how they ended.

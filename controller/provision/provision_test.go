@@ -99,9 +99,9 @@ type refused struct{ err error }
 
 func (r *refused) Recv() (*agentv1.OperationEvent, error) { return nil, r.err }
 
-type events []*agentv1.OperationEvent
+type opEvents []*agentv1.OperationEvent
 
-func (e *events) Recv() (*agentv1.OperationEvent, error) {
+func (e *opEvents) Recv() (*agentv1.OperationEvent, error) {
 	if len(*e) == 0 {
 		return nil, io.EOF
 	}
@@ -114,15 +114,15 @@ func TestFollow(t *testing.T) {
 	running := &agentv1.OperationEvent{OperationId: "op", State: agentv1.OperationState_OPERATION_STATE_RUNNING}
 	tests := []struct {
 		name    string
-		evs     events
+		evs     opEvents
 		wantErr func(error) bool
 	}{
-		{"succeeded", events{running, {OperationId: "op", State: agentv1.OperationState_OPERATION_STATE_SUCCEEDED}}, func(err error) bool { return err == nil }},
-		{"failed", events{running, {OperationId: "op", State: agentv1.OperationState_OPERATION_STATE_FAILED, Error: "sha256 mismatch"}},
+		{"succeeded", opEvents{running, {OperationId: "op", State: agentv1.OperationState_OPERATION_STATE_SUCCEEDED}}, func(err error) bool { return err == nil }},
+		{"failed", opEvents{running, {OperationId: "op", State: agentv1.OperationState_OPERATION_STATE_FAILED, Error: "sha256 mismatch"}},
 			func(err error) bool { var o *operationError; return errors.As(err, &o) }},
-		{"interrupted", events{{OperationId: "op", State: agentv1.OperationState_OPERATION_STATE_INTERRUPTED}},
+		{"interrupted", opEvents{{OperationId: "op", State: agentv1.OperationState_OPERATION_STATE_INTERRUPTED}},
 			func(err error) bool { var o *operationError; return errors.As(err, &o) }},
-		{"stream ends early", events{running}, errdefs.IsUnavailable},
+		{"stream ends early", opEvents{running}, errdefs.IsUnavailable},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

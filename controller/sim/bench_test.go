@@ -58,6 +58,7 @@ func benchWave(b *testing.B, n int) {
 	_, err := sim.Populate(w.ctx, w.st, n, "rack")
 	require.NoError(b, err)
 	rev0 := w.revision()
+	wc := w.countWrites(rev0)
 	b.StartTimer()
 	start := time.Now()
 	stop := w.start()
@@ -72,7 +73,9 @@ func benchWave(b *testing.B, n int) {
 	}
 	elapsed := time.Since(start)
 	b.StopTimer()
-	writes := w.revision() - rev0
+	end := w.revision()
+	writes := end - rev0
+	wc.waitSeen(b, end)
 	lays := 0
 	for _, h := range w.fleet.Hosts() {
 		lays += h.Lays()
@@ -86,6 +89,13 @@ func benchWave(b *testing.B, n int) {
 	b.ReportMetric(float64(n)/elapsed.Seconds(), "hosts/s")
 	b.ReportMetric(float64(writes)/elapsed.Seconds(), "etcd-writes/s")
 	b.ReportMetric(float64(writes)/float64(n), "etcd-writes/host")
+	// What the writes were: with a Host (status, heartbeats, progress; the
+	// lifecycle's events ride in them), events alone (by reason in the
+	// log), and the event keys put.
+	b.ReportMetric(float64(wc.hostWrites)/float64(n), "host-writes/host")
+	b.ReportMetric(float64(wc.eventOnlyWrites)/float64(n), "event-only-writes/host")
+	b.ReportMetric(float64(wc.eventPuts)/float64(n), "events/host")
+	b.Logf("events written alone, by reason: %v; other writes: %d", wc.eventOnly, wc.otherWrites)
 }
 
 // revision is etcd's current revision: it grows by one per committed

@@ -188,13 +188,29 @@ func TestKill9(t *testing.T) {
 	}
 	// Each kill lands while some host is in the next of these steps (plus
 	// up to 30 ms), so every kind of step is interrupted at least once.
+	// BootAgentMedia is never stored (hostlife.Output.Deferrable): its
+	// actions run while PowerOff is the stored step and the host is off.
 	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 9))
-	targets := []hostlife.Step{hostlife.StepPowerOff, hostlife.StepBootAgentMedia, hostlife.StepPowerOn, hostlife.StepWaitBootAgent,
-		hostlife.StepLayImage, hostlife.StepWriteIdentity, hostlife.StepBootDisk, hostlife.StepWaitInstalled}
+	atStep := func(step hostlife.Step) func(*typesv1.Host) bool {
+		return func(h *typesv1.Host) bool { return h.GetStatus().GetProvisioningStep() == string(step) }
+	}
+	type killPoint struct {
+		target string
+		at     func(*typesv1.Host) bool
+	}
+	targets := []killPoint{{string(hostlife.StepPowerOff), atStep(hostlife.StepPowerOff)},
+		{string(hostlife.StepBootAgentMedia) + " (held)", func(h *typesv1.Host) bool {
+			return atStep(hostlife.StepPowerOff)(h) && !w.fleet.Host(h.GetMetadata().GetName()).Powered()
+		}}}
+	for _, s := range []hostlife.Step{hostlife.StepPowerOn, hostlife.StepWaitBootAgent,
+		hostlife.StepLayImage, hostlife.StepWriteIdentity, hostlife.StepBootDisk, hostlife.StepWaitInstalled} {
+		targets = append(targets, killPoint{string(s), atStep(s)})
+	}
 	kills := 0
-	for _, target := range targets {
+	for _, kp := range targets {
+		target := kp.target
 		cmd := start()
-		hit := w.waitForStep(names, target, 10*time.Second)
+		hit := w.waitForHost(names, kp.at, 10*time.Second)
 		time.Sleep(time.Duration(r.IntN(30)) * time.Millisecond)
 		kill(cmd)
 		done, errs := w.count()
@@ -218,12 +234,12 @@ func TestKill9(t *testing.T) {
 	}
 }
 
-// waitForStep reports whether some host reached step within d.
-func (w *world) waitForStep(names []string, step hostlife.Step, d time.Duration) bool {
+// waitForHost reports whether at held for some host within d.
+func (w *world) waitForHost(names []string, at func(*typesv1.Host) bool, d time.Duration) bool {
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
 		for _, n := range names {
-			if w.host(n).GetStatus().GetProvisioningStep() == string(step) {
+			if at(w.host(n)) {
 				return true
 			}
 		}

@@ -173,6 +173,17 @@ func (s *Store) UpdateAudited(ctx context.Context, kind, name string, m proto.Me
 	if err != nil {
 		return 0, err
 	}
+	return s.update(ctx, kind, name, m, expectRev, audit)
+}
+
+// UpdateWith is Update that runs ops (puts and deletes of keys that are
+// no resource, such as the events of the change: events.Batch.Ops) in
+// the same etcd transaction, one write: all happen or none.
+func (s *Store) UpdateWith(ctx context.Context, kind, name string, m proto.Message, expectRev int64, ops []clientv3.Op) (int64, error) {
+	return s.update(ctx, kind, name, m, expectRev, ops)
+}
+
+func (s *Store) update(ctx context.Context, kind, name string, m proto.Message, expectRev int64, audit []clientv3.Op) (int64, error) {
 	key, err := resourceKey(kind, name)
 	if err != nil {
 		return 0, err

@@ -411,3 +411,29 @@ func TestEmbeddedRestartKeepsData(t *testing.T) {
 		t.Errorf("after restart Get() boot MAC = %q, want %q", h.Spec.GetBootMac(), "52:54:00:00:00:01")
 	}
 }
+
+// TestUpdateWith: a resource and extra ops (a status and its events) are
+// one etcd write; when the compare fails neither is stored.
+func TestUpdateWith(t *testing.T) {
+	s, c := newStore(t)
+	ctx := context.Background()
+	rev, err := s.Create(ctx, "hosts", "h1", host("h1", "aa:bb:cc:dd:ee:01"))
+	require.NoError(t, err)
+	h := &typesv1.Host{}
+	_, err = s.Get(ctx, "hosts", "h1", h)
+	require.NoError(t, err)
+	h.Status = &typesv1.HostStatus{Power: "on"}
+	newRev, err := s.UpdateWith(ctx, "hosts", "h1", h, rev, []clientv3.Op{clientv3.OpPut("/kiln/v1/events/hosts/h1/1", "ev")})
+	require.NoError(t, err)
+	require.Equal(t, rev+1, newRev, "the host and the event: one revision")
+	got, err := c.Get(ctx, "/kiln/v1/events/hosts/h1/1")
+	require.NoError(t, err)
+	require.Len(t, got.Kvs, 1)
+	require.Equal(t, newRev, got.Kvs[0].ModRevision)
+
+	_, err = s.UpdateWith(ctx, "hosts", "h1", h, rev, []clientv3.Op{clientv3.OpPut("/kiln/v1/events/hosts/h1/2", "ev")})
+	require.True(t, errdefs.IsConflict(err), "UpdateWith at a stale revision = %v, want Conflict", err)
+	got, err = c.Get(ctx, "/kiln/v1/events/hosts/h1/2")
+	require.NoError(t, err)
+	require.Empty(t, got.Kvs, "the event of a write that lost its compare")
+}

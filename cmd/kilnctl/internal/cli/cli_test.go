@@ -221,7 +221,13 @@ func tableCell(table, header string) string {
 func TestDescribeOutput(t *testing.T) {
 	var buf bytes.Buffer
 	k, _ := lookupKind("host")
-	evs := []*typesv1.Event{{Time: timestamppb.New(testNow.Add(-20 * time.Second)), Type: "Warning", Reason: "BMCUnreachable", Message: "power on: connection refused"}}
+	evs := []*typesv1.Event{
+		{Time: timestamppb.New(testNow.Add(-20 * time.Second)), Type: "Warning", Reason: "BMCUnreachable", Message: "power on: connection refused"},
+		// Aggregated: 4 times, first 10 minutes ago, last 1 minute ago,
+		// after 2 were dropped by the rate limit.
+		{Time: timestamppb.New(testNow.Add(-10 * time.Minute)), LastTime: timestamppb.New(testNow.Add(-time.Minute)), Count: 4, Dropped: 2,
+			Type: "Warning", Reason: "StepTimedOut", Message: "PowerOn: no result within 3m"},
+	}
 	require.NoError(t, describeObject(&buf, k, sampleHost(), evs, testNow))
 	got := buf.String()
 	for _, want := range []string{
@@ -232,7 +238,10 @@ func TestDescribeOutput(t *testing.T) {
 		"Status:\n  state: Inspecting\n  power: \"on\"\n",
 		"Conditions:\n  TYPE          STATUS  REASON             MESSAGE                                    AGE\n",
 		"  BMCReachable  False   ConnectionRefused  dial tcp 10.0.0.5:443: connection refused  30s\n",
-		"Events:\n  AGE  TYPE     REASON          MESSAGE\n  20s  Warning  BMCUnreachable  power on: connection refused\n",
+		"Events:\n" +
+			"  LAST SEEN  TYPE     REASON          COUNT  FIRST SEEN  MESSAGE\n" +
+			"  20s        Warning  BMCUnreachable  1      -           power on: connection refused\n" +
+			"  60s        Warning  StepTimedOut    4      10m         PowerOn: no result within 3m (2 earlier events of this object dropped by the rate limit)\n",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("describe host =\n%s\nwant it to contain\n%s", got, want)

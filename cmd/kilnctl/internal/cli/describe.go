@@ -135,15 +135,37 @@ func describeObject(out io.Writer, k kind, r *controllerv1.Resource, events []*t
 		}
 	}
 
+	return writeEvents(out, events, now)
+}
+
+// writeEvents writes the Events table of describe, as kubectl does: when
+// each event last happened (LAST SEEN), its type and reason, how many
+// times it happened (COUNT: the controller aggregates an event like a
+// recent one into it) and since when (FIRST SEEN, when more than once),
+// and its message, which says how many events of the object the
+// controller's rate limit dropped before it.
+func writeEvents(out io.Writer, events []*typesv1.Event, now time.Time) error {
 	fmt.Fprintln(out, "Events:")
 	if len(events) == 0 {
 		fmt.Fprintln(out, "  <none>")
 		return nil
 	}
-	w = tabwriter.NewWriter(out, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(w, "  AGE\tTYPE\tREASON\tMESSAGE")
+	w := tabwriter.NewWriter(out, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(w, "  LAST SEEN\tTYPE\tREASON\tCOUNT\tFIRST SEEN\tMESSAGE")
 	for _, e := range events {
-		fmt.Fprintf(w, "  %s\t%s\t%s\t%s\n", age(e.GetTime(), now), dash(e.GetType()), dash(e.GetReason()), clean(e.GetMessage()))
+		count, first := max(e.GetCount(), 1), "-"
+		if count > 1 {
+			first = age(e.GetTime(), now)
+		}
+		last := e.GetLastTime()
+		if last == nil {
+			last = e.GetTime() // stored before aggregation
+		}
+		msg := clean(e.GetMessage())
+		if d := e.GetDropped(); d > 0 {
+			msg += fmt.Sprintf(" (%d earlier events of this object dropped by the rate limit)", d)
+		}
+		fmt.Fprintf(w, "  %s\t%s\t%s\t%d\t%s\t%s\n", age(last, now), dash(e.GetType()), dash(e.GetReason()), count, first, msg)
 	}
 	return w.Flush()
 }

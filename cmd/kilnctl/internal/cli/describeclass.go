@@ -146,17 +146,7 @@ func writeClusterClass(out io.Writer, cc *typesv1.ClusterClass, all []*controlle
 			return err
 		}
 	}
-	fmt.Fprintln(out, "Events:")
-	if len(events) == 0 {
-		fmt.Fprintln(out, "  <none>")
-		return nil
-	}
-	w = tabwriter.NewWriter(out, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(w, "  AGE\tTYPE\tREASON\tMESSAGE")
-	for _, e := range events {
-		fmt.Fprintf(w, "  %s\t%s\t%s\t%s\n", age(e.GetTime(), now), dash(e.GetType()), dash(e.GetReason()), clean(e.GetMessage()))
-	}
-	return w.Flush()
+	return writeEvents(out, events, now)
 }
 
 // allowed says which values a variable takes: its enum, or its bounds.

@@ -2,10 +2,8 @@ package cli
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/kilnhq/kiln/cmd/kilnctl/internal/describe"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
@@ -67,15 +65,5 @@ func (a *app) describeCluster(ctx context.Context, out io.Writer, c controllerv1
 	if err != nil {
 		return a.rpcError("describe cluster/"+name+": events", err)
 	}
-	fmt.Fprintln(out, "Events:")
-	if len(evs.GetEvents()) == 0 {
-		fmt.Fprintln(out, "  <none>")
-		return nil
-	}
-	w := tabwriter.NewWriter(out, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(w, "  AGE\tTYPE\tREASON\tMESSAGE")
-	for _, e := range evs.GetEvents() {
-		fmt.Fprintf(w, "  %s\t%s\t%s\t%s\n", age(e.GetTime(), now), dash(e.GetType()), dash(e.GetReason()), clean(e.GetMessage()))
-	}
-	return w.Flush()
+	return writeEvents(out, evs.GetEvents(), now)
 }

@@ -238,7 +238,7 @@ func TestEndToEnd(t *testing.T) {
 			"Status:\n  state: Registering\n",
 			"Conditions:\n  TYPE", "REASON", "MESSAGE",
 			"BMCReachable", "ConnectionRefused", "dial tcp 127.0.0.1:8001: connect: connection refused",
-			"Events:\n  AGE", "Applied", "Host created",
+			"Events:\n  LAST SEEN", "Applied", "Host created",
 		} {
 			if !strings.Contains(out, want) {
 				t.Errorf("kilnctl describe host rack1-01 =\n%s\nwant it to contain %q", out, want)

@@ -5154,9 +5154,19 @@ type Event struct {
 	ObjectKind string                 `protobuf:"bytes,3,opt,name=object_kind,json=objectKind,proto3" json:"object_kind,omitempty"`
 	ObjectName string                 `protobuf:"bytes,4,opt,name=object_name,json=objectName,proto3" json:"object_name,omitempty"`
 	// type is "Normal" or "Warning".
-	Type          string `protobuf:"bytes,5,opt,name=type,proto3" json:"type,omitempty"`
-	Reason        string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
-	Message       string `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
+	Type    string `protobuf:"bytes,5,opt,name=type,proto3" json:"type,omitempty"`
+	Reason  string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	Message string `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
+	// count is how many times the event happened: the recorder aggregates
+	// an event like a recent one of the same object (same type, reason
+	// and message, within its window) into that one. time is the first
+	// time, last_time the last. 0 (events stored before aggregation)
+	// means 1, at time.
+	Count    int32                  `protobuf:"varint,8,opt,name=count,proto3" json:"count,omitempty"`
+	LastTime *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=last_time,json=lastTime,proto3" json:"last_time,omitempty"`
+	// dropped is how many events of this object the recorder's rate limit
+	// dropped since the one before this was recorded.
+	Dropped       int32 `protobuf:"varint,10,opt,name=dropped,proto3" json:"dropped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5238,6 +5248,27 @@ func (x *Event) GetMessage() string {
 		return x.Message
 	}
 	return ""
+}
+
+func (x *Event) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *Event) GetLastTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastTime
+	}
+	return nil
+}
+
+func (x *Event) GetDropped() int32 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
 }
 
 // EnrollmentToken is a one-time token an agent presents to get its
@@ -5878,7 +5909,7 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"\x0frefused_message\x18\x05 \x01(\tR\x0erefusedMessage\x12B\n" +
 	"\x0flast_fetch_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rlastFetchTime\x12'\n" +
 	"\x0fapplied_objects\x18\a \x01(\x05R\x0eappliedObjects\x12/\n" +
-	"\x13observed_generation\x18\b \x01(\x03R\x12observedGeneration\"\xd3\x01\n" +
+	"\x13observed_generation\x18\b \x01(\x03R\x12observedGeneration\"\xbc\x02\n" +
 	"\x05Event\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1f\n" +
@@ -5888,7 +5919,11 @@ const file_kiln_types_v1_types_proto_rawDesc = "" +
 	"objectName\x12\x12\n" +
 	"\x04type\x18\x05 \x01(\tR\x04type\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x18\n" +
-	"\amessage\x18\a \x01(\tR\amessage\"\xcb\x02\n" +
+	"\amessage\x18\a \x01(\tR\amessage\x12\x14\n" +
+	"\x05count\x18\b \x01(\x05R\x05count\x127\n" +
+	"\tlast_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\blastTime\x12\x18\n" +
+	"\adropped\x18\n" +
+	" \x01(\x05R\adropped\"\xcb\x02\n" +
 	"\x0fEnrollmentToken\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12#\n" +
 	"\rsecret_sha256\x18\x02 \x01(\tR\fsecretSha256\x12\x12\n" +
@@ -6105,13 +6140,14 @@ var file_kiln_types_v1_types_proto_depIdxs = []int32{
 	2,   // 101: kiln.types.v1.GitSourceStatus.conditions:type_name -> kiln.types.v1.Condition
 	72,  // 102: kiln.types.v1.GitSourceStatus.last_fetch_time:type_name -> google.protobuf.Timestamp
 	72,  // 103: kiln.types.v1.Event.time:type_name -> google.protobuf.Timestamp
-	72,  // 104: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
-	72,  // 105: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
-	106, // [106:106] is the sub-list for method output_type
-	106, // [106:106] is the sub-list for method input_type
-	106, // [106:106] is the sub-list for extension type_name
-	106, // [106:106] is the sub-list for extension extendee
-	0,   // [0:106] is the sub-list for field type_name
+	72,  // 104: kiln.types.v1.Event.last_time:type_name -> google.protobuf.Timestamp
+	72,  // 105: kiln.types.v1.EnrollmentToken.expires:type_name -> google.protobuf.Timestamp
+	72,  // 106: kiln.types.v1.EnrollmentToken.created:type_name -> google.protobuf.Timestamp
+	107, // [107:107] is the sub-list for method output_type
+	107, // [107:107] is the sub-list for method input_type
+	107, // [107:107] is the sub-list for extension type_name
+	107, // [107:107] is the sub-list for extension extendee
+	0,   // [0:107] is the sub-list for field type_name
 }
 
 func init() { file_kiln_types_v1_types_proto_init() }
