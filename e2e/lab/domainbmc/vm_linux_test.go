@@ -59,7 +59,9 @@ func TestVMEndToEnd(t *testing.T) {
 	if os.Getenv("KILN_E2E_VM") == "" {
 		t.Skip("opt-in: KILN_E2E_VM=1 (make test-vm); boots a TCG VM for tens of minutes")
 	}
-	sock := libvirtSocket(t)
+	if os.Geteuid() != 0 {
+		testenv.Skip(t, "needs root: bridge, nft, libvirtd, image build")
+	}
 	for tool, pkg := range map[string]string{"dnsmasq": "dnsmasq-base", "nft": "nftables", "go": "golang"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			testenv.Skipf(t, "%s not installed (%s)", tool, pkg)
@@ -98,8 +100,17 @@ func TestVMEndToEnd(t *testing.T) {
 	require.NotEmpty(t, man.KernelVersion, "vm-lab.yaml's image has a kernel")
 	mark("golden image %s (kernel %s, %d MiB raw) in %s", man.Tag, man.KernelVersion, man.RawSize>>20, imgDir)
 
-	ctx, cancel := context.WithTimeout(context.Background(), vmTimeout)
+	// The run ends before go test's -timeout would (a panic there skips
+	// the cleanups, leaving the domain, bridge and guard behind).
+	deadline := time.Now().Add(vmTimeout)
+	if d, ok := t.Deadline(); ok && d.Add(-2*time.Minute).Before(deadline) {
+		deadline = d.Add(-2 * time.Minute)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
+	// libvirtd only now: a private one holds a machine-wide lock that
+	// other libvirt tests wait on, and the image build may take long.
+	sock := libvirtSocket(t)
 
 	// The lab network: a bridge with DHCP, guarded.
 	ln := newVMNet(t)
