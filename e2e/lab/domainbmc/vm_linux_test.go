@@ -498,3 +498,55 @@ func subnetInUse(t *testing.T, cidr string) bool {
 	}
 	return false
 }
+
+func TestStepAtLeast(t *testing.T) {
+	host := func(st typesv1.HostState, step hostlife.Step) *typesv1.Host {
+		return &typesv1.Host{Status: &typesv1.HostStatus{State: st, ProvisioningStep: string(step)}}
+	}
+	const prov = typesv1.HostState_HOST_STATE_PROVISIONING
+	for _, tc := range []struct {
+		h    *typesv1.Host
+		s    hostlife.Step
+		want bool
+	}{
+		{host(prov, hostlife.StepLayImage), hostlife.StepLayImage, true},
+		{host(prov, hostlife.StepWriteIdentity), hostlife.StepLayImage, true},
+		{host(prov, hostlife.StepWaitBootAgent), hostlife.StepLayImage, false},
+		{host(prov, ""), hostlife.StepPowerOff, false},
+		{host(typesv1.HostState_HOST_STATE_AVAILABLE, hostlife.StepWaitInstalled), hostlife.StepLayImage, false},
+		{host(typesv1.HostState_HOST_STATE_PROVISIONED, ""), hostlife.StepWaitInstalled, true},
+	} {
+		require.Equal(t, tc.want, stepAtLeast(tc.h, tc.s), "%v at least %s", tc.h.GetStatus(), tc.s)
+	}
+}
+
+// TestSubnetInUse checks the VM network's choice of subnet against this
+// machine's own addresses and routes (read-only: ip addr, ip route).
+func TestSubnetInUse(t *testing.T) {
+	if _, err := exec.LookPath("ip"); err != nil {
+		testenv.Skip(t, "ip not installed (iproute2)")
+	}
+	require.True(t, subnetInUse(t, "127.0.0.0/24"), "loopback's 127.0.0.1/8 overlaps 127.0.0.0/24")
+	out, err := exec.Command("ip", "-4", "-o", "addr", "show", "scope", "global").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, l := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(l); len(f) >= 4 {
+			ip, _, err := net.ParseCIDR(f[3])
+			require.NoError(t, err)
+			require.True(t, subnetInUse(t, ip.Mask(net.CIDRMask(24, 32)).String()+"/24"), "address %s", f[3])
+		}
+	}
+	// TEST-NET-3 is never assigned: not in use unless a route covers it.
+	require.False(t, subnetInUse(t, "203.0.113.0/24") && !routeCovers(t, "203.0.113.1"))
+}
+
+func routeCovers(t *testing.T, ip string) bool {
+	out, err := exec.Command("ip", "-4", "-o", "route", "show", "match", ip).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if l != "" && !strings.HasPrefix(l, "default") {
+			return true
+		}
+	}
+	return false
+}
