@@ -398,7 +398,7 @@ func newVMNet(t *testing.T) *vmNet {
 	n.cidr, n.gateway = prefix+".0/24", prefix+".1"
 
 	// The guard first, before the bridge exists.
-	rules := fmt.Sprintf("table inet %[1]s {\n chain fwd {\n  type filter hook forward priority -200; policy accept;\n  iifname %[2]q counter drop\n  oifname %[2]q counter drop\n }\n}\n", n.table, n.bridge)
+	rules := fmt.Sprintf("table inet %[1]s {\n chain guard {\n  type filter hook forward priority -200; policy accept;\n  iifname %[2]q counter drop\n  oifname %[2]q counter drop\n }\n}\n", n.table, n.bridge)
 	cmd := exec.Command("nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(rules)
 	out, err := cmd.CombinedOutput()
