@@ -10,7 +10,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/kilnhq/kiln/internal/version.Version=$(VERSION)
 BINARIES := kiln-agent kiln-controller kilnctl kiln-imagebuilder
 
-.PHONY: all build packages test test-short fuzz check fresh-check generate bench lab lab-down lab-upgrade lab-waves kube-tools image clean $(BINARIES)
+.PHONY: all build packages test test-short fuzz check fresh-check generate bench lab lab-down lab-upgrade lab-waves test-vm kube-tools image clean $(BINARIES)
 
 all: build
 
@@ -95,6 +95,14 @@ lab-upgrade: build
 # root; not part of make test: it takes longer than one test may there.
 lab-waves:
 	KILN_E2E_WAVES=1 $(GO) test -count=1 -timeout 60m -run TestLabRolloutWaves -v ./e2e/fleet/
+
+# A libvirt VM (TCG) booted by virtual media into the agent, laid with the
+# golden image of lab VMs (examples/images/vm-lab.yaml), rebooted from disk
+# and bootstrapped as a single-node control plane by the controller's own
+# lifecycle, with its timeline (docs/lab.md, "make test-vm"). As root; not
+# part of make test: under TCG it takes far longer than one test may there.
+test-vm:
+	KILN_E2E_VM=1 $(GO) test -count=1 -timeout 100m -run TestVMEndToEnd -v ./e2e/lab/domainbmc/
 
 # The pinned Kubernetes release and its offline image archives, cached in
 # $${KILN_CACHE:-/var/cache/kiln}/kube-tools (docs/kube-tools.md).

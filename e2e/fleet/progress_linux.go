@@ -15,6 +15,13 @@ func (l *Lab) Snapshot(ctx context.Context, cluster string) (*Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
+	return SnapshotOf(ctx, res, cluster)
+}
+
+// SnapshotOf lists, through any controller's API, every host, and the
+// machines, control planes, deployments and health checks of cluster,
+// and the cluster (Lab.Snapshot for a controller the lab did not start).
+func SnapshotOf(ctx context.Context, res controllerv1.ResourcesClient, cluster string) (*Snapshot, error) {
 	s := &Snapshot{Hosts: map[string]*typesv1.Host{}, Machines: map[string]*typesv1.Machine{}}
 	hs, err := listAll(ctx, res, "Host")
 	if err != nil {

@@ -275,6 +275,19 @@ const Fstab = "# Written by kiln-imagebuilder. The root partition is found by it
 	"# (discoverable partitions) or root=PARTUUID= on the kernel command line.\n" +
 	"# No swap: kubelet requires it off.\n"
 
+// DHCPNetworkFile configures, in an image with a kernel, every wired
+// NIC by DHCP (systemd-networkd, enabled in such images). Its name sorts
+// after personalize.NetworkFile (10-kiln.network), so a host's own
+// network configuration written at provisioning wins.
+const DHCPNetworkFile = "/etc/systemd/network/90-kiln-dhcp.network"
+
+// DHCPNetwork is DHCPNetworkFile: DHCPv4 on the NICs the kernel names
+// (predictable en* names, or eth* with net.ifnames=0); bridges and veths
+// that containerd's CNI makes (cni0, veth*) do not match.
+const DHCPNetwork = "# Written by kiln-imagebuilder: DHCP on every wired NIC of a booted machine.\n" +
+	"# A host's own configuration (10-kiln.network, written at provisioning) wins.\n" +
+	"[Match]\nName=en* eth*\n\n[Network]\nDHCP=ipv4\n"
+
 // files is what the build adds to the cached root: the agent, units,
 // baked preparation and, for a full image, the Kubernetes tools.
 func files(s *spec.Spec, agent string, kube *kubeFiles, release string) []rootfs.File {
@@ -290,6 +303,15 @@ func files(s *spec.Spec, agent string, kube *kubeFiles, release string) []rootfs
 		{Path: "/etc/fstab", Data: []byte(Fstab)},
 		{Path: "/etc/machine-id", Mode: 0o444},
 		{Path: ReleaseFile, Data: []byte(release)},
+	}
+	if s.Kernel != spec.KernelNone {
+		// An image with a kernel boots a machine (metal, a VM) whose NIC
+		// nothing else configures: DHCP on it with systemd-networkd.
+		// Without it the installed agent never reaches the controller.
+		fs = append(fs,
+			rootfs.File{Path: DHCPNetworkFile, Data: []byte(DHCPNetwork)},
+			wants("multi-user.target", "systemd-networkd.service", "/lib/systemd/system/systemd-networkd.service"),
+			wants("sockets.target", "systemd-networkd.socket", "/lib/systemd/system/systemd-networkd.socket"))
 	}
 	if *s.LabCgroupRemount {
 		fs = append(fs,

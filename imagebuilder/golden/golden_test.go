@@ -89,6 +89,10 @@ func TestFiles(t *testing.T) {
 		ImagesDir + "/pause.tar": "/c/pause.tar",
 		"/etc/machine-id":        "",
 		"/etc/systemd/system/kubelet.service.d/10-kubeadm.conf": "",
+		// A booted machine's NIC gets DHCP from systemd-networkd.
+		DHCPNetworkFile: "",
+		"/etc/systemd/system/multi-user.target.wants/systemd-networkd.service": "/lib/systemd/system/systemd-networkd.service",
+		"/etc/systemd/system/sockets.target.wants/systemd-networkd.socket":     "/lib/systemd/system/systemd-networkd.socket",
 	} {
 		if g, ok := got[path]; !ok || g != want {
 			t.Errorf("files()[%q] = %q (present %v), want %q", path, g, ok, want)
@@ -99,6 +103,18 @@ func TestFiles(t *testing.T) {
 		if strings.Contains(f.Path, "kube") || strings.Contains(f.Path, "cgroup-rw") {
 			t.Errorf("minimal image without labCgroupRemount has %s", f.Path)
 		}
+	}
+	// Without a kernel (nspawn lab hosts) the host's namespace configures
+	// the NIC: networkd stays off.
+	for _, sp := range []*spec.Spec{min, mustSpec(t, "kubernetesVersion: v1.34.4\nagent: x\nkernel: none\n")} {
+		for _, f := range files(sp, "/bin/agent", kube, "") {
+			if strings.Contains(f.Path, "networkd") || strings.HasPrefix(f.Path, "/etc/systemd/network/") {
+				t.Errorf("image without a kernel has %s", f.Path)
+			}
+		}
+	}
+	if !strings.Contains(DHCPNetwork, "[Match]\nName=en* eth*") || !strings.Contains(DHCPNetwork, "DHCP=ipv4") {
+		t.Errorf("DHCPNetwork = %q", DHCPNetwork)
 	}
 }
 
@@ -205,10 +221,13 @@ func TestLabFiles(t *testing.T) {
 	if f := got[LabNetScript]; f.Mode != 0o755 || string(f.Data) != LabNetScriptFile {
 		t.Errorf("%s: mode %v, want 0755 and the script", LabNetScript, f.Mode)
 	}
-	for _, u := range []string{LabSysctlUnitFile(), LabNetUnitFile} {
-		if !strings.Contains(u, "ConditionVirtualization=container") {
-			t.Errorf("lab unit runs outside containers too:\n%s", u)
-		}
+	// The kubelet's kernel settings are bound only in a container; the lab
+	// network runs in lab VMs too (their images have no other CNI).
+	if !strings.Contains(LabSysctlUnitFile(), "ConditionVirtualization=container") {
+		t.Errorf("lab sysctl unit runs outside containers too:\n%s", LabSysctlUnitFile())
+	}
+	if strings.Contains(LabNetUnitFile, "ConditionVirtualization") {
+		t.Errorf("lab network unit runs only in containers:\n%s", LabNetUnitFile)
 	}
 	// The script is valid sh (dash parses it without running it).
 	cmd := exec.Command("sh", "-n")

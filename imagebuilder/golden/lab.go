@@ -93,11 +93,12 @@ WantedBy=sysinit.target
 `
 }
 
-// LabNetUnitFile runs LabNetScript for as long as the host is up. It
-// runs only in a container (the lab's nspawn hosts).
+// LabNetUnitFile runs LabNetScript for as long as the host is up: in
+// the lab's nspawn hosts, and in lab VMs booted from an image with a
+// kernel and labNetwork (examples/images/vm-lab.yaml), which have no CNI
+// either.
 const LabNetUnitFile = `[Unit]
 Description=Lab host network: /etc/hosts, bridge CNI for the pod CIDR, pod routes, offline CoreDNS
-ConditionVirtualization=container
 After=network.target
 Before=kiln-agent.service kubelet.service
 
@@ -142,11 +143,18 @@ export PATH=/usr/sbin:/usr/bin:/sbin:/bin
 conf=` + LabCNIConfig + `
 proto=` + LabRouteProto + `
 name=$(hostname)
-addr=$(ip -4 -o addr show dev eth0 scope global | awk '{split($4, a, "/"); print a[1]; exit}')
+addr=
 [ -s /etc/hosts ] || printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' > /etc/hosts
-if [ -n "$addr" ] && ! awk -v n="$name" '{for (i = 2; i <= NF; i++) if ($i == n) f = 1} END {exit !f}' /etc/hosts; then
-	printf '%s\t%s\n' "$addr" "$name" >> /etc/hosts
-fi
+# The address of the NIC of the default route (eth0 in a lab namespace,
+# en* in a VM, once DHCP answered), with the host's name in /etc/hosts.
+hosts() {
+	[ -z "$addr" ] || return 0
+	dev=$(ip -4 route show default | awk '{for (i = 1; i < NF; i++) if ($i == "dev") {print $(i + 1); exit}}')
+	addr=$(ip -4 -o addr show dev "${dev:-eth0}" scope global 2>/dev/null | awk '{split($4, a, "/"); print a[1]; exit}')
+	if [ -n "$addr" ] && ! awk -v n="$name" '{for (i = 2; i <= NF; i++) if ($i == n) f = 1} END {exit !f}' /etc/hosts; then
+		printf '%s\t%s\n' "$addr" "$name" >> /etc/hosts
+	fi
+}
 
 kk() { kubectl --kubeconfig /etc/kubernetes/kubelet.conf "$@"; }
 ka() { kubectl --kubeconfig /etc/kubernetes/admin.conf "$@"; }
@@ -184,6 +192,7 @@ offline_dns() {
 
 node=
 reconcile() {
+	hosts
 	if [ ! -f /etc/kubernetes/kubelet.conf ]; then
 		node=
 		ip route flush proto "$proto" 2>/dev/null
