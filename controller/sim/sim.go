@@ -81,6 +81,20 @@ func (f *Fleet) Host(name string) *Host {
 	return h
 }
 
+// Remove cuts the power of the simulated host name (its agent and
+// operations end) and forgets it: a later Host(name) is a new, powered-off
+// machine. A sharded controller removes the hosts of a shard it no longer
+// holds: their simulation moves to the replica that takes the shard.
+func (f *Fleet) Remove(name string) {
+	f.mu.Lock()
+	h, ok := f.hosts[name]
+	delete(f.hosts, name)
+	f.mu.Unlock()
+	if ok {
+		h.powerOff()
+	}
+}
+
 // Hosts lists the simulated hosts.
 func (f *Fleet) Hosts() []*Host {
 	f.mu.Lock()
