@@ -554,7 +554,22 @@ func (c *Controller) Run(ctx context.Context) error {
 	)
 	life, endLife := context.WithCancel(ctx)
 	defer endLife()
-	api.Register(life, srv, res, enr, rec, st, st)
+	leaderOf := election.New(client, election.DefaultPrefix, c.cfg.ID, 1, nil)
+	api.Register(life, srv, res, enr, rec, st, st, func(ctx context.Context) (shard.Overview, error) {
+		live, err := liveness.LiveReplicas(ctx, client)
+		if err != nil {
+			return shard.Overview{}, errdefs.Unavailable("%w", err)
+		}
+		leader, err := leaderOf.Leader(ctx)
+		if err != nil && !errdefs.IsNotFound(err) {
+			return shard.Overview{}, err
+		}
+		ov, err := shard.Observe(ctx, client, live, leader)
+		if err != nil {
+			return shard.Overview{}, errdefs.Unavailable("%w", err)
+		}
+		return ov, nil
+	})
 	api.RegisterMaintenance(srv, st, c.cfg.SecretKeyFile, c.cfg.Clock)
 	boot, err := c.startBoot(life, st, enr, ca, addr)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/events"
+	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/controller/provision"
 	"github.com/kilnhq/kiln/controller/shard"
 	"github.com/kilnhq/kiln/controller/sim"
@@ -85,18 +86,37 @@ func (c *Controller) runShard(ctx context.Context, s int, fence store.Fence, st 
 	log.Info("shard: host lifecycle stopped")
 }
 
-// adopt makes the simulated machines of the owned hosts that are
-// Provisioned run their installed agent: the simulation of a host lives in
-// the process that holds its shard, and a provisioned host stays up when
-// its shard moves.
+// adopt rebuilds the simulated machines of the owned hosts from their
+// stored status. The simulation of a host lives in the process that holds
+// its shard, but the machine it stands for keeps running when its shard
+// moves: a Provisioned host (or one waiting for its installed agent) runs
+// its installed agent; one waiting for its boot agent, laying, or past the
+// lay runs its boot agent (with the image on its disk once laid). A host
+// at a BMC step (power, boot device) starts powered off: those steps are
+// idempotent. A lay cut short by the move is not finished: the new
+// holder's agent re-attaches by the operation id and, not knowing it, the
+// step lays again once (one lay completes, so one is counted).
 func (f *simFleet) adopt(ctx context.Context, st *store.Store, owns func(string) bool) {
 	items, err := store.ListAll(ctx, st, provision.HostsKind, func() proto.Message { return &typesv1.Host{} })
 	if err != nil {
 		return
 	}
 	for _, it := range items {
-		if owns(it.Name) && it.Msg.(*typesv1.Host).GetStatus().GetState() == typesv1.HostState_HOST_STATE_PROVISIONED {
+		if !owns(it.Name) {
+			continue
+		}
+		h := it.Msg.(*typesv1.Host)
+		dev := "cdrom"
+		if h.GetSpec().GetBmc().GetProtocol() == "ipmi" {
+			dev = "pxe"
+		}
+		switch step := hostlife.Step(h.GetStatus().GetProvisioningStep()); {
+		case h.GetStatus().GetState() == typesv1.HostState_HOST_STATE_PROVISIONED, step == hostlife.StepWaitInstalled:
 			f.fleet.Host(it.Name).RunInstalled()
+		case step == hostlife.StepWaitBootAgent, step == hostlife.StepLayImage:
+			f.fleet.Host(it.Name).RunBootAgent(dev, false)
+		case step == hostlife.StepWriteIdentity, step == hostlife.StepBootDisk:
+			f.fleet.Host(it.Name).RunBootAgent(dev, true)
 		}
 	}
 }

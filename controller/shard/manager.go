@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -328,13 +329,7 @@ func (m *Manager) releaseAll(ctx context.Context, audit clientv3.LeaseID) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	m.mu.Lock()
-	shards := slices.Sorted(func(yield func(int) bool) {
-		for s := range m.held {
-			if !yield(s) {
-				return
-			}
-		}
-	})
+	shards := slices.Sorted(maps.Keys(m.held))
 	m.mu.Unlock()
 	for _, s := range shards {
 		if err := m.release(ctx, s, audit); err != nil {

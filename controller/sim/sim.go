@@ -204,6 +204,29 @@ func (h *Host) RunInstalled() {
 	h.startBootLocked("disk")
 }
 
+// RunBootAgent makes a powered-off host one found powered on and running
+// its boot agent, booted from dev ("cdrom", from virtual media, or "pxe"),
+// with the image already laid on its disk when laid: the state a host is
+// in mid-provisioning when the controller process that simulated it hands
+// it over (a sharded controller taking a shard; the real machine would
+// have kept running). The agent checks in after the boot delay.
+func (h *Host) RunBootAgent(dev string, laid bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.power {
+		return
+	}
+	h.power = true
+	if laid {
+		h.diskImage = ImageName
+	}
+	if dev == "cdrom" && h.media == "" {
+		h.media = "adopted://" + h.name
+	}
+	h.lastDevice = dev
+	h.startBootLocked(dev)
+}
+
 // CheckIns counts the host's successful check-ins.
 func (h *Host) CheckIns() int64 { return h.checkIns.Load() }
 
