@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/kilnhq/kiln/controller/shard"
 	"github.com/kilnhq/kiln/controller/sim"
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/seal"
 	"github.com/kilnhq/kiln/internal/testenv"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
@@ -46,7 +48,7 @@ func envInt(t *testing.T, key string, def int) int {
 // TestShardedKillDuringWave runs three kiln-controller processes with
 // --shards 12 --simulate N on one etcd: they split the shards 4/4/4 and
 // each provisions the hosts of its own. During one provisioning wave of N
-// hosts, c2 is killed with SIGKILL twice (once early, once mid-wave) and
+// hosts, c2 is killed with SIGKILL twice (once when hosts are laying, again when half are Provisioned) and
 // restarted each time. Each time its shards are held by the others within
 // two lease TTLs of the kill, and it gets its share back after the
 // restart. At the end every host is Provisioned, each laid exactly once
@@ -100,9 +102,8 @@ func TestShardedKillDuringWave(t *testing.T) {
 	})
 	mark("%d hosts Available: binding them, the wave starts", hosts)
 	waveStart := time.Now()
-	for _, n := range names {
-		bindHost(ctx, t, st, n, "m-"+n)
-	}
+	bindAll(ctx, t, st, names)
+	mark("bound in %.1fs", time.Since(waveStart).Seconds())
 
 	kill := func(when string) {
 		p := procs["c2"]
@@ -122,10 +123,10 @@ func TestShardedKillDuringWave(t *testing.T) {
 	waitHosts(ctx, t, st, "hosts laying", func(hs []*typesv1.Host) bool { return countStep(hs, "LayImage") > 0 })
 	kill("hosts laying")
 	// Second kill: mid-wave.
-	waitHosts(ctx, t, st, "a third of the hosts Provisioned", func(hs []*typesv1.Host) bool {
-		return countState(hs, typesv1.HostState_HOST_STATE_PROVISIONED) >= hosts/3
+	waitHosts(ctx, t, st, "half the hosts Provisioned", func(hs []*typesv1.Host) bool {
+		return countState(hs, typesv1.HostState_HOST_STATE_PROVISIONED) >= hosts/2
 	})
-	kill("a third Provisioned")
+	kill("half Provisioned")
 
 	waitHosts(ctx, t, st, "every host Provisioned", func(hs []*typesv1.Host) bool {
 		return countState(hs, typesv1.HostState_HOST_STATE_PROVISIONED) == hosts
@@ -138,6 +139,7 @@ func TestShardedKillDuringWave(t *testing.T) {
 	twice := 0
 	for _, h := range listHosts(ctx, t, st) {
 		name := h.GetMetadata().GetName()
+		time.Sleep(25 * time.Millisecond) // under the API's 50 requests/s per caller
 		evs, err := res.ListEvents(ctx, &controllerv1.ListEventsRequest{ObjectKind: "Host", ObjectName: name})
 		require.NoError(t, err)
 		laid := 0
@@ -152,6 +154,27 @@ func TestShardedKillDuringWave(t *testing.T) {
 				name, shard.Of(name, killShards), h.GetStatus().GetImageLays(), laid)
 		}
 	}
+
+	// kilnctl get controllers: three replicas, 4 shards each, every host
+	// carried by one.
+	ctl, err := res.ListControllers(ctx, &controllerv1.ListControllersRequest{})
+	require.NoError(t, err)
+	require.EqualValues(t, killShards, ctl.GetShards())
+	require.Empty(t, ctl.GetUnownedShards())
+	require.EqualValues(t, hosts, ctl.GetHosts())
+	var carried int64
+	leaders := 0
+	for _, r := range ctl.GetControllers() {
+		require.True(t, r.GetRegistered() && r.GetShardMember(), "controller %s: registered %v, shard member %v", r.GetId(), r.GetRegistered(), r.GetShardMember())
+		require.Len(t, r.GetShards(), 4, "controller %s shards", r.GetId())
+		carried += r.GetHosts()
+		if r.GetLeader() {
+			leaders++
+		}
+	}
+	require.Len(t, ctl.GetControllers(), 3)
+	require.Equal(t, 1, leaders, "leaders among %v", ctl.GetControllers())
+	require.EqualValues(t, hosts, carried, "hosts carried by the controllers")
 
 	// The audit log: no two controllers ever held one shard at once.
 	recs, err := shard.ReadAudit(ctx, client)
@@ -168,6 +191,54 @@ func TestShardedKillDuringWave(t *testing.T) {
 	require.GreaterOrEqual(t, kinds[shard.KindLost], 8, "each kill loses c2's 4 shards to its lease's end")
 	mark("audit: %d transitions %v, no overlap; hosts laid more than once: %d", len(recs), kinds, twice)
 	t.Logf("result: hosts=%d etcd_members=%d shards=%d wave=%.1fs total=%.1fs", hosts, members, killShards, wave.Seconds(), time.Since(start).Seconds())
+}
+
+// bindAll binds each host to its machine m-<host>, 32 at a time: the
+// wave starts as it goes.
+func bindAll(ctx context.Context, t *testing.T, st *store.Store, names []string) {
+	t.Helper()
+	var wg sync.WaitGroup
+	next := make(chan string)
+	errs := make(chan error, len(names))
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := range next {
+				errs <- bind(ctx, st, n, "m-"+n)
+			}
+		}()
+	}
+	for _, n := range names {
+		next <- n
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+}
+
+// bind sets host's status.machine, again on a conflict.
+func bind(ctx context.Context, st *store.Store, host, machine string) error {
+	for {
+		h := &typesv1.Host{}
+		rev, err := st.Get(ctx, "hosts", host, h)
+		if err != nil {
+			return fmt.Errorf("bind %s: %w", host, err)
+		}
+		if h.Status == nil {
+			h.Status = &typesv1.HostStatus{}
+		}
+		h.Status.Machine = machine
+		if _, err = st.Update(ctx, "hosts", host, h, rev); !errdefs.IsConflict(err) {
+			if err != nil {
+				return fmt.Errorf("bind %s to %q: %w", host, machine, err)
+			}
+			return nil
+		}
+	}
 }
 
 // waitShards waits until every shard is held and the holders' loads are

@@ -91,7 +91,8 @@ func (c *Controller) runShard(ctx context.Context, s int, fence store.Fence, st 
 // its shard, but the machine it stands for keeps running when its shard
 // moves: a Provisioned host (or one waiting for its installed agent) runs
 // its installed agent; one waiting for its boot agent, laying, or past the
-// lay runs its boot agent (with the image on its disk once laid). A host
+// lay runs its boot agent (with the image on its disk once laid, and the
+// identity in it once written). A host
 // at a BMC step (power, boot device) starts powered off: those steps are
 // idempotent. A lay cut short by the move is not finished: the new
 // holder's agent re-attaches by the operation id and, not knowing it, the
@@ -114,9 +115,12 @@ func (f *simFleet) adopt(ctx context.Context, st *store.Store, owns func(string)
 		case h.GetStatus().GetState() == typesv1.HostState_HOST_STATE_PROVISIONED, step == hostlife.StepWaitInstalled:
 			f.fleet.Host(it.Name).RunInstalled()
 		case step == hostlife.StepWaitBootAgent, step == hostlife.StepLayImage:
-			f.fleet.Host(it.Name).RunBootAgent(dev, false)
-		case step == hostlife.StepWriteIdentity, step == hostlife.StepBootDisk:
-			f.fleet.Host(it.Name).RunBootAgent(dev, true)
+			f.fleet.Host(it.Name).RunBootAgent(dev, false, false)
+		case step == hostlife.StepWriteIdentity:
+			f.fleet.Host(it.Name).RunBootAgent(dev, true, false)
+		case step == hostlife.StepBootDisk:
+			// Past WriteIdentity: the disk boots into the installed agent.
+			f.fleet.Host(it.Name).RunBootAgent(dev, true, true)
 		}
 	}
 }

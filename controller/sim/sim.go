@@ -206,11 +206,12 @@ func (h *Host) RunInstalled() {
 
 // RunBootAgent makes a powered-off host one found powered on and running
 // its boot agent, booted from dev ("cdrom", from virtual media, or "pxe"),
-// with the image already laid on its disk when laid: the state a host is
-// in mid-provisioning when the controller process that simulated it hands
-// it over (a sharded controller taking a shard; the real machine would
-// have kept running). The agent checks in after the boot delay.
-func (h *Host) RunBootAgent(dev string, laid bool) {
+// with the image already laid on its disk when laid, and the host's
+// identity written into it when identity: the state a host is in
+// mid-provisioning when the controller process that simulated it hands it
+// over (a sharded controller taking a shard; the real machine would have
+// kept running). The agent checks in after the boot delay.
+func (h *Host) RunBootAgent(dev string, laid, identity bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.power {
@@ -219,6 +220,7 @@ func (h *Host) RunBootAgent(dev string, laid bool) {
 	h.power = true
 	if laid {
 		h.diskImage = ImageName
+		h.identity = identity
 	}
 	if dev == "cdrom" && h.media == "" {
 		h.media = "adopted://" + h.name
