@@ -52,7 +52,10 @@ func envInt(t *testing.T, key string, def int) int {
 // restarted each time. Each time its shards are held by the others within
 // two lease TTLs of the kill, and it gets its share back after the
 // restart. At the end every host is Provisioned, each laid exactly once
-// (status.imageLays and its ImageLaid events), and the shard audit log
+// (status.imageLays 1, and at most one ImageLaid event: an event is
+// written after the status it reports, so a kill between the two loses
+// it), ListControllers shows the three with 4 shards each carrying every
+// host, and the shard audit log
 // (claims, releases, losses with etcd revisions) shows no two controllers
 // ever held one shard at once.
 func TestShardedKillDuringWave(t *testing.T) {
@@ -136,7 +139,7 @@ func TestShardedKillDuringWave(t *testing.T) {
 
 	// Each laid exactly once: the store's count and the events.
 	res := procs["c1"].resources(t)
-	twice := 0
+	twice, lostEvents := 0, 0
 	for _, h := range listHosts(ctx, t, st) {
 		name := h.GetMetadata().GetName()
 		time.Sleep(25 * time.Millisecond) // under the API's 50 requests/s per caller
@@ -148,10 +151,17 @@ func TestShardedKillDuringWave(t *testing.T) {
 				laid++
 			}
 		}
-		if h.GetStatus().GetImageLays() != 1 || laid != 1 {
+		// A kill between the status write that records a lay and its
+		// event (written after it, not in its transaction) loses the
+		// event: at most one, and the store's count says one.
+		if h.GetStatus().GetImageLays() != 1 || laid > 1 {
 			twice++
-			t.Errorf("host %s (shard %d): status.imageLays = %d, ImageLaid events = %d, want 1 and 1",
+			t.Errorf("host %s (shard %d): status.imageLays = %d, ImageLaid events = %d, want 1 and at most 1",
 				name, shard.Of(name, killShards), h.GetStatus().GetImageLays(), laid)
+		}
+		if laid == 0 {
+			lostEvents++
+			t.Logf("host %s (shard %d): laid once (status.imageLays 1), its ImageLaid event lost to a kill between the status write and the event", name, shard.Of(name, killShards))
 		}
 	}
 
@@ -189,7 +199,7 @@ func TestShardedKillDuringWave(t *testing.T) {
 		kinds[r.Kind]++
 	}
 	require.GreaterOrEqual(t, kinds[shard.KindLost], 8, "each kill loses c2's 4 shards to its lease's end")
-	mark("audit: %d transitions %v, no overlap; hosts laid more than once: %d", len(recs), kinds, twice)
+	mark("audit: %d transitions %v, no overlap; hosts laid more than once: %d; ImageLaid events lost to a kill: %d", len(recs), kinds, twice, lostEvents)
 	t.Logf("result: hosts=%d etcd_members=%d shards=%d wave=%.1fs total=%.1fs", hosts, members, killShards, wave.Seconds(), time.Since(start).Seconds())
 }
 
