@@ -44,6 +44,7 @@ import (
 	"github.com/kilnhq/kiln/controller/provision"
 	"github.com/kilnhq/kiln/controller/resources"
 	"github.com/kilnhq/kiln/controller/rolloutexec"
+	"github.com/kilnhq/kiln/controller/shard"
 	"github.com/kilnhq/kiln/controller/sim"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/controller/topologyexec"
@@ -159,6 +160,14 @@ type Config struct {
 	// with simulated BMCs and agents (controller/sim) instead of real ones;
 	// implies Lifecycle.
 	Simulate int
+	// Shards, when > 0, partitions the hosts into that many shards owned
+	// by the live replicas through etcd leases (controller/shard,
+	// docs/scale.md "Several active controllers"): every replica that
+	// runs the lifecycle runs it for the hosts of the shards it holds,
+	// fenced on each shard's key; cluster-level reconcilers stay on the
+	// elected leader. Every replica must use the same value. 0 (the
+	// default): the leader runs the whole lifecycle.
+	Shards int
 	// BootListenAddr, when set, serves the boot server (controller/bootserver:
 	// boot media, golden images, per-host iPXE scripts and ISOs) over plain
 	// HTTP on this address; see bootserve.go. Port 0 picks a free port;
@@ -235,6 +244,11 @@ type Controller struct {
 	metricsAddr string
 	// seen is this replica's liveness tracker, once Run has made it.
 	seen *liveness.Tracker
+	// shards is the shard manager when Config.Shards > 0, once Run has
+	// made it; simFleet the process's simulated fleet in sharded
+	// --simulate mode (shared by the shards and the leader).
+	shards   *shard.Manager
+	simFleet *simFleet
 }
 
 // New checks cfg and returns a controller ready to Run. It returns
@@ -327,6 +341,9 @@ func New(cfg Config, log *slog.Logger) (*Controller, error) {
 			return nil, errdefs.InvalidArgument("controller: metrics listen address %q: %v", cfg.MetricsListenAddr, err)
 		}
 		met = metrics.New()
+	}
+	if cfg.Shards < 0 {
+		return nil, errdefs.InvalidArgument("controller: shards %d: want 0 (off) or more", cfg.Shards)
 	}
 	if cfg.APIOnly && (cfg.Lifecycle || cfg.Simulate > 0) {
 		return nil, errdefs.InvalidArgument("controller: an API-only replica runs no lifecycle: drop --api-only, or --lifecycle and --simulate")
@@ -540,7 +557,22 @@ func (c *Controller) Run(ctx context.Context) error {
 	)
 	life, endLife := context.WithCancel(ctx)
 	defer endLife()
-	api.Register(life, srv, res, enr, rec, st, st)
+	leaderOf := election.New(client, election.DefaultPrefix, c.cfg.ID, 1, nil)
+	api.Register(life, srv, res, enr, rec, st, st, func(ctx context.Context) (shard.Overview, error) {
+		live, err := liveness.LiveReplicas(ctx, client)
+		if err != nil {
+			return shard.Overview{}, errdefs.Unavailable("%w", err)
+		}
+		leader, err := leaderOf.Leader(ctx)
+		if err != nil && !errdefs.IsNotFound(err) {
+			return shard.Overview{}, err
+		}
+		ov, err := shard.Observe(ctx, client, live, leader)
+		if err != nil {
+			return shard.Overview{}, errdefs.Unavailable("%w", err)
+		}
+		return ov, nil
+	})
 	api.RegisterMaintenance(srv, st, c.cfg.SecretKeyFile, c.cfg.Clock)
 	boot, err := c.startBoot(life, st, enr, ca, addr)
 	if err != nil {
@@ -589,6 +621,9 @@ func (c *Controller) Run(ctx context.Context) error {
 			}
 		})
 	}()
+	if c.cfg.Shards > 0 && c.runsLifecycle() {
+		c.startShards(ctx, &wg, client, st, rec, ca, enr, addr)
+	}
 	wg.Add(1)
 	if c.cfg.APIOnly {
 		// An API-only replica stays out of the election, so the leader is
@@ -674,6 +709,49 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 	if !c.runsLifecycle() {
 		return func() {}
 	}
+	deps, cfg, closeDeps := c.hostDeps(lctx, st, rec, ca, enr, addr)
+	var ex *provision.Executor
+	if c.cfg.Shards == 0 {
+		ex = provision.New(deps, cfg, c.log)
+	}
+	// The cluster executor bootstraps the Machines of each Cluster on the
+	// hosts the lifecycle provisions (controller/clusterexec); sharded, it
+	// stays on the leader.
+	cxDeps := clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(deps.Agents), Drain: drain.Drain, DeleteNode: drain.DeleteNode}
+	if c.metrics != nil {
+		cxDeps.Observer = c.metrics
+	}
+	cx := clusterexec.New(cxDeps,
+		clusterexec.Config{Interval: c.cfg.ReconcileInterval, Clock: c.cfg.Clock,
+			ClusterWorkers: c.cfg.ClusterWorkers, LongActions: c.cfg.LongActions, DrainTimeout: c.cfg.DrainTimeout}, c.log)
+	done := make(chan struct{})
+	// The rollout executor carries Rollouts to the clusters wave by wave
+	// (controller/rolloutexec); the cluster executor then rolls them.
+	rx := rolloutexec.New(rolloutexec.Deps{Store: st, Events: rec},
+		rolloutexec.Config{Interval: c.cfg.ReconcileInterval, Clock: c.cfg.Clock}, c.log)
+	cxDone := make(chan struct{})
+	rxDone := make(chan struct{})
+	go func() {
+		defer close(done)
+		if ex != nil {
+			_ = ex.Run(lctx)
+		}
+	}()
+	go func() { defer close(cxDone); _ = cx.Run(lctx) }()
+	go func() { defer close(rxDone); _ = rx.Run(lctx) }()
+	return func() {
+		<-done
+		<-cxDone
+		<-rxDone
+		closeDeps()
+	}
+}
+
+// hostDeps builds the host lifecycle executor's collaborators and
+// configuration on st (fenced by the caller): simulated BMCs and agents
+// with --simulate, real ones otherwise. The returned function releases
+// them once the executors using them ended.
+func (c *Controller) hostDeps(lctx context.Context, st *store.Store, rec *events.Recorder, ca *rotatingCA, enr *enrollment.Service, addr string) (provision.Deps, provision.Config, func()) {
 	cfg := provision.Config{
 		Clock:  c.cfg.Clock,
 		ISOURL: func(h string) string { return bootserver.ISOURL(c.cfg.BootURL, h) },
@@ -684,7 +762,11 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 		deps.Observer = c.metrics
 	}
 	var pool *provision.AgentPool
-	if c.cfg.Simulate > 0 {
+	if c.simFleet != nil {
+		// Sharded: one simulated fleet for the process, made by Run.
+		deps.BMCs, deps.Agents = c.simFleet.fleet.BMCDialer(), c.simFleet.kubeadm.AgentDialer()
+		cfg.Workers = max(64, c.cfg.Simulate)
+	} else if c.cfg.Simulate > 0 {
 		// A rack's timings scaled down 20 times, for demos.
 		fleet := sim.NewFleet(lctx, sim.Config{
 			BMCLatency: 25 * time.Millisecond, BootDelay: 3 * time.Second, LayDuration: 6 * time.Second,
@@ -711,30 +793,7 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 		}
 		deps.Identity = provision.CAIdentity(ca, url, 30*24*time.Hour, c.cfg.Clock)
 	}
-	ex := provision.New(deps, cfg, c.log)
-	// The cluster executor bootstraps the Machines of each Cluster on the
-	// hosts the lifecycle provisions (controller/clusterexec).
-	cxDeps := clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(deps.Agents), Drain: drain.Drain, DeleteNode: drain.DeleteNode}
-	if c.metrics != nil {
-		cxDeps.Observer = c.metrics
-	}
-	cx := clusterexec.New(cxDeps,
-		clusterexec.Config{Interval: c.cfg.ReconcileInterval, Clock: c.cfg.Clock,
-			ClusterWorkers: c.cfg.ClusterWorkers, LongActions: c.cfg.LongActions, DrainTimeout: c.cfg.DrainTimeout}, c.log)
-	done := make(chan struct{})
-	// The rollout executor carries Rollouts to the clusters wave by wave
-	// (controller/rolloutexec); the cluster executor then rolls them.
-	rx := rolloutexec.New(rolloutexec.Deps{Store: st, Events: rec},
-		rolloutexec.Config{Interval: c.cfg.ReconcileInterval, Clock: c.cfg.Clock}, c.log)
-	cxDone := make(chan struct{})
-	rxDone := make(chan struct{})
-	go func() { defer close(done); _ = ex.Run(lctx) }()
-	go func() { defer close(cxDone); _ = cx.Run(lctx) }()
-	go func() { defer close(rxDone); _ = rx.Run(lctx) }()
-	return func() {
-		<-done
-		<-cxDone
-		<-rxDone
+	return deps, cfg, func() {
 		if pool != nil {
 			pool.Close()
 		}

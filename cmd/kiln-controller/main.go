@@ -98,6 +98,7 @@ func runCmd() *cobra.Command {
 		bootURL     string
 		ctlURL      string
 		simulate    int
+		shards      int
 		metricsAddr string
 		boot        bootFlags
 		security    securityFlags
@@ -139,6 +140,7 @@ func runCmd() *cobra.Command {
 			cfg.BootURL = bootURL
 			cfg.ControllerURL = ctlURL
 			cfg.Simulate = simulate
+			cfg.Shards = shards
 			cfg.MetricsListenAddr = metricsAddr
 			boot.apply(&cfg)
 			exec.apply(&cfg)
@@ -195,6 +197,7 @@ func runCmd() *cobra.Command {
 	exec.bind(cmd)
 	stepTimeouts.bind(cmd)
 	security.bind(cmd)
+	cmd.Flags().IntVar(&shards, "shards", 0, "run the host lifecycle on every replica, hosts partitioned into N shards owned through etcd leases (same N on every replica; 0: the elected leader runs it all; docs/scale.md)")
 	cmd.Flags().IntVar(&simulate, "simulate", 0, "create N simulated hosts with simulated BMCs and agents and provision them (demo)")
 	return cmd
 }

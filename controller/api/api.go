@@ -19,6 +19,7 @@ import (
 	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/events"
 	"github.com/kilnhq/kiln/controller/resources"
+	"github.com/kilnhq/kiln/controller/shard"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/errgrpc"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
@@ -30,8 +31,11 @@ import (
 // possibly to another replica. st is the store the sealed cluster
 // credentials are read from (GetKubeconfig); al is the audit log ListAudit
 // reads (nil: the controller keeps none).
-func Register(life context.Context, srv *grpc.Server, res *resources.Service, enr *enrollment.Service, ev *events.Recorder, st clusterexec.Store, al AuditLog) {
-	controllerv1.RegisterResourcesServer(srv, &resourcesServer{life: life, res: res, enr: enr, events: ev, store: st, audit: al})
+//
+// ctl returns the controller replicas and their shards (ListControllers;
+// nil: Unimplemented).
+func Register(life context.Context, srv *grpc.Server, res *resources.Service, enr *enrollment.Service, ev *events.Recorder, st clusterexec.Store, al AuditLog, ctl ControllersFunc) {
+	controllerv1.RegisterResourcesServer(srv, &resourcesServer{life: life, res: res, enr: enr, events: ev, store: st, audit: al, controllers: ctl})
 	controllerv1.RegisterEnrollmentServer(srv, &enrollmentServer{enr: enr})
 	controllerv1.RegisterAgentsServer(srv, &agentsServer{enr: enr})
 }
@@ -44,6 +48,37 @@ type resourcesServer struct {
 	events *events.Recorder
 	store  clusterexec.Store
 	audit  AuditLog
+	// controllers answers ListControllers.
+	controllers ControllersFunc
+}
+
+// ControllersFunc returns the controller replicas and their shards
+// (shard.Observe). It returns Unavailable-class errors when etcd does not
+// answer.
+type ControllersFunc func(ctx context.Context) (shard.Overview, error)
+
+// ListControllers returns the controller replicas, the leader, and the
+// shards each holds with its hosts.
+func (s *resourcesServer) ListControllers(ctx context.Context, _ *controllerv1.ListControllersRequest) (*controllerv1.ListControllersResponse, error) {
+	if s.controllers == nil {
+		return nil, errgrpc.ToGRPC(errdefs.NotSupported("list controllers: not served by this controller"))
+	}
+	ov, err := s.controllers(ctx)
+	if err != nil {
+		return nil, errgrpc.ToGRPC(err)
+	}
+	out := &controllerv1.ListControllersResponse{Shards: int32(ov.Shards), UnownedHosts: int64(ov.UnownedHosts), Hosts: int64(ov.Hosts)}
+	for _, u := range ov.Unowned {
+		out.UnownedShards = append(out.UnownedShards, int32(u))
+	}
+	for _, r := range ov.Replicas {
+		c := &controllerv1.ControllerReplica{Id: r.ID, Leader: r.Leader, Registered: r.Registered, ShardMember: r.Member, Hosts: int64(r.Hosts)}
+		for _, sh := range r.Shards {
+			c.Shards = append(c.Shards, int32(sh))
+		}
+		out.Controllers = append(out.Controllers, c)
+	}
+	return out, nil
 }
 
 func (s *resourcesServer) Apply(ctx context.Context, req *controllerv1.ApplyRequest) (*controllerv1.ApplyResponse, error) {

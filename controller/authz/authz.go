@@ -51,7 +51,7 @@ const (
 )
 
 // readOnly are the Resources methods a reader may call.
-var readOnly = map[string]bool{"Get": true, "List": true, "Watch": true, "ListEvents": true}
+var readOnly = map[string]bool{"Get": true, "List": true, "Watch": true, "ListEvents": true, "ListControllers": true}
 
 // adminOnly are the Resources methods only an admin may call: they hand
 // out credentials (a cluster's admin kubeconfig).

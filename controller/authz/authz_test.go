@@ -11,6 +11,8 @@ func TestAllowed(t *testing.T) {
 		{RoleReader, "/kiln.controller.v1.Resources/List", true},
 		{RoleReader, "/kiln.controller.v1.Resources/Watch", true},
 		{RoleReader, "/kiln.controller.v1.Resources/ListEvents", true},
+		{RoleReader, "/kiln.controller.v1.Resources/ListControllers", true},
+		{RoleAgent, "/kiln.controller.v1.Resources/ListControllers", false},
 		{RoleReader, "/kiln.controller.v1.Resources/Apply", false},
 		{RoleReader, "/kiln.controller.v1.Resources/Delete", false},
 		{RoleReader, "/kiln.controller.v1.Resources/CreateToken", false},

@@ -122,6 +122,11 @@ type Config struct {
 	// DefaultProgressPercent).
 	ProgressInterval time.Duration
 	ProgressPercent  float64
+	// Owns, when set, limits the executor to the hosts it returns true
+	// for: the others are neither listed nor queued from the watch (a
+	// sharded controller runs one executor per shard it holds,
+	// controller/shard). Nil: every host.
+	Owns func(host string) bool
 }
 
 // Deps are the executor's collaborators.
@@ -250,7 +255,7 @@ func (e *Executor) watch(ctx context.Context) {
 					e.forgetHost(ev.Name)
 					continue
 				}
-				if e.ownWrite(ev.Name, ev.Rev) {
+				if e.ownWrite(ev.Name, ev.Rev) || !e.owns(ev.Name) {
 					continue
 				}
 				e.q.Add(ev.Name)
@@ -260,6 +265,8 @@ func (e *Executor) watch(ctx context.Context) {
 		stop()
 	}
 }
+
+func (e *Executor) owns(host string) bool { return e.cfg.Owns == nil || e.cfg.Owns(host) }
 
 func (e *Executor) resync(ctx context.Context) {
 	cont := ""
@@ -272,7 +279,9 @@ func (e *Executor) resync(ctx context.Context) {
 			return
 		}
 		for _, it := range items {
-			e.q.Add(it.Name)
+			if e.owns(it.Name) {
+				e.q.Add(it.Name)
+			}
 		}
 		if next == "" {
 			return

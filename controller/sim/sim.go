@@ -81,6 +81,20 @@ func (f *Fleet) Host(name string) *Host {
 	return h
 }
 
+// Remove cuts the power of the simulated host name (its agent and
+// operations end) and forgets it: a later Host(name) is a new, powered-off
+// machine. A sharded controller removes the hosts of a shard it no longer
+// holds: their simulation moves to the replica that takes the shard.
+func (f *Fleet) Remove(name string) {
+	f.mu.Lock()
+	h, ok := f.hosts[name]
+	delete(f.hosts, name)
+	f.mu.Unlock()
+	if ok {
+		h.powerOff()
+	}
+}
+
 // Hosts lists the simulated hosts.
 func (f *Fleet) Hosts() []*Host {
 	f.mu.Lock()
@@ -188,6 +202,31 @@ func (h *Host) RunInstalled() {
 	h.power, h.diskImage, h.identity, h.persistent = true, ImageName, true, "disk"
 	h.lastDevice = "disk"
 	h.startBootLocked("disk")
+}
+
+// RunBootAgent makes a powered-off host one found powered on and running
+// its boot agent, booted from dev ("cdrom", from virtual media, or "pxe"),
+// with the image already laid on its disk when laid, and the host's
+// identity written into it when identity: the state a host is in
+// mid-provisioning when the controller process that simulated it hands it
+// over (a sharded controller taking a shard; the real machine would have
+// kept running). The agent checks in after the boot delay.
+func (h *Host) RunBootAgent(dev string, laid, identity bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.power {
+		return
+	}
+	h.power = true
+	if laid {
+		h.diskImage = ImageName
+		h.identity = identity
+	}
+	if dev == "cdrom" && h.media == "" {
+		h.media = "adopted://" + h.name
+	}
+	h.lastDevice = dev
+	h.startBootLocked(dev)
 }
 
 // CheckIns counts the host's successful check-ins.

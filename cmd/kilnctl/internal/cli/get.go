@@ -53,14 +53,22 @@ func (a *app) getCommand() *cobra.Command {
 
 KIND is host, image, cluster, controlplane (cp), machinedeployment (md),
 machine or healthcheck (hc), singular or plural. -o yaml prints what
-kilnctl apply takes (plus status); BMC passwords are never shown.`,
+kilnctl apply takes (plus status); BMC passwords are never shown.
+
+"kilnctl get controllers" lists the controller replicas instead: which
+leads and, with kiln-controller run --shards, the shards each holds and
+how many hosts map to them (-o json for all fields).`,
 		Example: `  kilnctl get hosts -o wide
   kilnctl get hosts -w
   kilnctl get hosts -l rack=rack1
-  kilnctl get cluster lab -o yaml`,
+  kilnctl get cluster lab -o yaml
+  kilnctl get controllers`,
 		Args:              cobra.RangeArgs(1, 2),
 		ValidArgsFunction: a.completeKindName,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if isControllersKind(args[0]) && len(args) == 1 && !watch {
+				return a.getControllers(cmd.Context(), cmd.OutOrStdout(), output)
+			}
 			k, err := lookupKind(args[0])
 			if err != nil {
 				return err

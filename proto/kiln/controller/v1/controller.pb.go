@@ -237,6 +237,212 @@ func (*Resource_Rollout) isResource_Kind() {}
 
 func (*Resource_GitSource) isResource_Kind() {}
 
+type ListControllersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListControllersRequest) Reset() {
+	*x = ListControllersRequest{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListControllersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListControllersRequest) ProtoMessage() {}
+
+func (x *ListControllersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListControllersRequest.ProtoReflect.Descriptor instead.
+func (*ListControllersRequest) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{1}
+}
+
+// ControllerReplica is one controller replica as ListControllers sees it.
+type ControllerReplica struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// leader: it holds the election (runs the cluster-level reconcilers).
+	Leader bool `protobuf:"varint,2,opt,name=leader,proto3" json:"leader,omitempty"`
+	// registered: it is in the replicas registry (serves the API).
+	Registered bool `protobuf:"varint,3,opt,name=registered,proto3" json:"registered,omitempty"`
+	// shard_member: it takes part in sharding (runs the host lifecycle of
+	// the shards it holds).
+	ShardMember bool `protobuf:"varint,4,opt,name=shard_member,json=shardMember,proto3" json:"shard_member,omitempty"`
+	// shards it holds, ascending.
+	Shards []int32 `protobuf:"varint,5,rep,packed,name=shards,proto3" json:"shards,omitempty"`
+	// hosts: how many hosts map to its shards (its load).
+	Hosts         int64 `protobuf:"varint,6,opt,name=hosts,proto3" json:"hosts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ControllerReplica) Reset() {
+	*x = ControllerReplica{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ControllerReplica) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ControllerReplica) ProtoMessage() {}
+
+func (x *ControllerReplica) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ControllerReplica.ProtoReflect.Descriptor instead.
+func (*ControllerReplica) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ControllerReplica) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ControllerReplica) GetLeader() bool {
+	if x != nil {
+		return x.Leader
+	}
+	return false
+}
+
+func (x *ControllerReplica) GetRegistered() bool {
+	if x != nil {
+		return x.Registered
+	}
+	return false
+}
+
+func (x *ControllerReplica) GetShardMember() bool {
+	if x != nil {
+		return x.ShardMember
+	}
+	return false
+}
+
+func (x *ControllerReplica) GetShards() []int32 {
+	if x != nil {
+		return x.Shards
+	}
+	return nil
+}
+
+func (x *ControllerReplica) GetHosts() int64 {
+	if x != nil {
+		return x.Hosts
+	}
+	return 0
+}
+
+type ListControllersResponse struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Controllers []*ControllerReplica   `protobuf:"bytes,1,rep,name=controllers,proto3" json:"controllers,omitempty"`
+	// shards is the shard count the members use (0: not sharded).
+	Shards int32 `protobuf:"varint,2,opt,name=shards,proto3" json:"shards,omitempty"`
+	// unowned_shards are held by no live member (a member just died or
+	// none runs), and unowned_hosts the hosts mapping to them.
+	UnownedShards []int32 `protobuf:"varint,3,rep,packed,name=unowned_shards,json=unownedShards,proto3" json:"unowned_shards,omitempty"`
+	UnownedHosts  int64   `protobuf:"varint,4,opt,name=unowned_hosts,json=unownedHosts,proto3" json:"unowned_hosts,omitempty"`
+	Hosts         int64   `protobuf:"varint,5,opt,name=hosts,proto3" json:"hosts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListControllersResponse) Reset() {
+	*x = ListControllersResponse{}
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListControllersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListControllersResponse) ProtoMessage() {}
+
+func (x *ListControllersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListControllersResponse.ProtoReflect.Descriptor instead.
+func (*ListControllersResponse) Descriptor() ([]byte, []int) {
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ListControllersResponse) GetControllers() []*ControllerReplica {
+	if x != nil {
+		return x.Controllers
+	}
+	return nil
+}
+
+func (x *ListControllersResponse) GetShards() int32 {
+	if x != nil {
+		return x.Shards
+	}
+	return 0
+}
+
+func (x *ListControllersResponse) GetUnownedShards() []int32 {
+	if x != nil {
+		return x.UnownedShards
+	}
+	return nil
+}
+
+func (x *ListControllersResponse) GetUnownedHosts() int64 {
+	if x != nil {
+		return x.UnownedHosts
+	}
+	return 0
+}
+
+func (x *ListControllersResponse) GetHosts() int64 {
+	if x != nil {
+		return x.Hosts
+	}
+	return 0
+}
+
 type ApplyRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	Resources []*Resource            `protobuf:"bytes,1,rep,name=resources,proto3" json:"resources,omitempty"`
@@ -256,7 +462,7 @@ type ApplyRequest struct {
 
 func (x *ApplyRequest) Reset() {
 	*x = ApplyRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[1]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -268,7 +474,7 @@ func (x *ApplyRequest) String() string {
 func (*ApplyRequest) ProtoMessage() {}
 
 func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[1]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -281,7 +487,7 @@ func (x *ApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyRequest.ProtoReflect.Descriptor instead.
 func (*ApplyRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{1}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ApplyRequest) GetResources() []*Resource {
@@ -316,7 +522,7 @@ type ApplyPrune struct {
 
 func (x *ApplyPrune) Reset() {
 	*x = ApplyPrune{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[2]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -328,7 +534,7 @@ func (x *ApplyPrune) String() string {
 func (*ApplyPrune) ProtoMessage() {}
 
 func (x *ApplyPrune) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[2]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -341,7 +547,7 @@ func (x *ApplyPrune) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyPrune.ProtoReflect.Descriptor instead.
 func (*ApplyPrune) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{2}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ApplyPrune) GetSelector() map[string]string {
@@ -368,7 +574,7 @@ type ApplyResult struct {
 
 func (x *ApplyResult) Reset() {
 	*x = ApplyResult{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[3]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -380,7 +586,7 @@ func (x *ApplyResult) String() string {
 func (*ApplyResult) ProtoMessage() {}
 
 func (x *ApplyResult) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[3]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -393,7 +599,7 @@ func (x *ApplyResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResult.ProtoReflect.Descriptor instead.
 func (*ApplyResult) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{3}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ApplyResult) GetKind() string {
@@ -433,7 +639,7 @@ type ApplyResponse struct {
 
 func (x *ApplyResponse) Reset() {
 	*x = ApplyResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[4]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -445,7 +651,7 @@ func (x *ApplyResponse) String() string {
 func (*ApplyResponse) ProtoMessage() {}
 
 func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[4]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -458,7 +664,7 @@ func (x *ApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyResponse.ProtoReflect.Descriptor instead.
 func (*ApplyResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{4}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ApplyResponse) GetResults() []*ApplyResult {
@@ -478,7 +684,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[5]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +696,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[5]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +709,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{5}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetRequest) GetKind() string {
@@ -533,7 +739,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[6]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -545,7 +751,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[6]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -558,7 +764,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{6}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListRequest) GetKind() string {
@@ -599,7 +805,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[7]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -611,7 +817,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[7]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -624,7 +830,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{7}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListResponse) GetItems() []*Resource {
@@ -651,7 +857,7 @@ type DeleteRequest struct {
 
 func (x *DeleteRequest) Reset() {
 	*x = DeleteRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[8]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -663,7 +869,7 @@ func (x *DeleteRequest) String() string {
 func (*DeleteRequest) ProtoMessage() {}
 
 func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[8]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -676,7 +882,7 @@ func (x *DeleteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{8}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteRequest) GetKind() string {
@@ -701,7 +907,7 @@ type DeleteResponse struct {
 
 func (x *DeleteResponse) Reset() {
 	*x = DeleteResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[9]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -713,7 +919,7 @@ func (x *DeleteResponse) String() string {
 func (*DeleteResponse) ProtoMessage() {}
 
 func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[9]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -726,7 +932,7 @@ func (x *DeleteResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteResponse.ProtoReflect.Descriptor instead.
 func (*DeleteResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{9}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{12}
 }
 
 type WatchRequest struct {
@@ -739,7 +945,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[10]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -751,7 +957,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[10]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -764,7 +970,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{10}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WatchRequest) GetKind() string {
@@ -792,7 +998,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[11]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -804,7 +1010,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[11]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -817,7 +1023,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{11}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WatchEvent) GetType() string {
@@ -845,7 +1051,7 @@ type ListEventsRequest struct {
 
 func (x *ListEventsRequest) Reset() {
 	*x = ListEventsRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[12]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -857,7 +1063,7 @@ func (x *ListEventsRequest) String() string {
 func (*ListEventsRequest) ProtoMessage() {}
 
 func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[12]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -870,7 +1076,7 @@ func (x *ListEventsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsRequest.ProtoReflect.Descriptor instead.
 func (*ListEventsRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{12}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListEventsRequest) GetObjectKind() string {
@@ -903,7 +1109,7 @@ type ListEventsResponse struct {
 
 func (x *ListEventsResponse) Reset() {
 	*x = ListEventsResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[13]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -915,7 +1121,7 @@ func (x *ListEventsResponse) String() string {
 func (*ListEventsResponse) ProtoMessage() {}
 
 func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[13]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -928,7 +1134,7 @@ func (x *ListEventsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEventsResponse.ProtoReflect.Descriptor instead.
 func (*ListEventsResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{13}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListEventsResponse) GetEvents() []*v1.Event {
@@ -951,7 +1157,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[14]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -963,7 +1169,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[14]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -976,7 +1182,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{14}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CreateTokenRequest) GetTtl() string {
@@ -1012,7 +1218,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[15]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1024,7 +1230,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[15]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1037,7 +1243,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{15}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -1070,7 +1276,7 @@ type GetKubeconfigRequest struct {
 
 func (x *GetKubeconfigRequest) Reset() {
 	*x = GetKubeconfigRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[16]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1082,7 +1288,7 @@ func (x *GetKubeconfigRequest) String() string {
 func (*GetKubeconfigRequest) ProtoMessage() {}
 
 func (x *GetKubeconfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[16]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1095,7 +1301,7 @@ func (x *GetKubeconfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKubeconfigRequest.ProtoReflect.Descriptor instead.
 func (*GetKubeconfigRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{16}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetKubeconfigRequest) GetCluster() string {
@@ -1115,7 +1321,7 @@ type GetKubeconfigResponse struct {
 
 func (x *GetKubeconfigResponse) Reset() {
 	*x = GetKubeconfigResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[17]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1127,7 +1333,7 @@ func (x *GetKubeconfigResponse) String() string {
 func (*GetKubeconfigResponse) ProtoMessage() {}
 
 func (x *GetKubeconfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[17]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1140,7 +1346,7 @@ func (x *GetKubeconfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKubeconfigResponse.ProtoReflect.Descriptor instead.
 func (*GetKubeconfigResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{17}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetKubeconfigResponse) GetKubeconfig() []byte {
@@ -1164,7 +1370,7 @@ type EnrollRequest struct {
 
 func (x *EnrollRequest) Reset() {
 	*x = EnrollRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[18]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1176,7 +1382,7 @@ func (x *EnrollRequest) String() string {
 func (*EnrollRequest) ProtoMessage() {}
 
 func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[18]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1189,7 +1395,7 @@ func (x *EnrollRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollRequest.ProtoReflect.Descriptor instead.
 func (*EnrollRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{18}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *EnrollRequest) GetToken() string {
@@ -1231,7 +1437,7 @@ type EnrollResponse struct {
 
 func (x *EnrollResponse) Reset() {
 	*x = EnrollResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[19]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1243,7 +1449,7 @@ func (x *EnrollResponse) String() string {
 func (*EnrollResponse) ProtoMessage() {}
 
 func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[19]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1256,7 +1462,7 @@ func (x *EnrollResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnrollResponse.ProtoReflect.Descriptor instead.
 func (*EnrollResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{19}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *EnrollResponse) GetCertificatePem() []byte {
@@ -1299,7 +1505,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[20]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1311,7 +1517,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[20]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1324,7 +1530,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{20}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *HeartbeatRequest) GetAgentAddress() string {
@@ -1383,7 +1589,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[21]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1395,7 +1601,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[21]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1408,7 +1614,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{21}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *HeartbeatResponse) GetHost() string {
@@ -1462,7 +1668,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[22]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1474,7 +1680,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[22]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1487,7 +1693,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{22}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RenewRequest) GetCsrDer() []byte {
@@ -1508,7 +1714,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[23]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1520,7 +1726,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[23]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1533,7 +1739,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{23}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RenewResponse) GetCertificatePem() []byte {
@@ -1588,7 +1794,7 @@ type AuditEntry struct {
 
 func (x *AuditEntry) Reset() {
 	*x = AuditEntry{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[24]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1600,7 +1806,7 @@ func (x *AuditEntry) String() string {
 func (*AuditEntry) ProtoMessage() {}
 
 func (x *AuditEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[24]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1613,7 +1819,7 @@ func (x *AuditEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuditEntry.ProtoReflect.Descriptor instead.
 func (*AuditEntry) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{24}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *AuditEntry) GetTime() *timestamppb.Timestamp {
@@ -1715,7 +1921,7 @@ type ListAuditRequest struct {
 
 func (x *ListAuditRequest) Reset() {
 	*x = ListAuditRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[25]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1727,7 +1933,7 @@ func (x *ListAuditRequest) String() string {
 func (*ListAuditRequest) ProtoMessage() {}
 
 func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[25]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1740,7 +1946,7 @@ func (x *ListAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditRequest.ProtoReflect.Descriptor instead.
 func (*ListAuditRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{25}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListAuditRequest) GetUser() string {
@@ -1780,7 +1986,7 @@ type ListAuditResponse struct {
 
 func (x *ListAuditResponse) Reset() {
 	*x = ListAuditResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1792,7 +1998,7 @@ func (x *ListAuditResponse) String() string {
 func (*ListAuditResponse) ProtoMessage() {}
 
 func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[26]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1805,7 +2011,7 @@ func (x *ListAuditResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAuditResponse.ProtoReflect.Descriptor instead.
 func (*ListAuditResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{26}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListAuditResponse) GetEntries() []*AuditEntry {
@@ -1829,7 +2035,7 @@ type AdoptChunk struct {
 
 func (x *AdoptChunk) Reset() {
 	*x = AdoptChunk{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1841,7 +2047,7 @@ func (x *AdoptChunk) String() string {
 func (*AdoptChunk) ProtoMessage() {}
 
 func (x *AdoptChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[27]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1854,7 +2060,7 @@ func (x *AdoptChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptChunk.ProtoReflect.Descriptor instead.
 func (*AdoptChunk) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{27}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *AdoptChunk) GetData() []byte {
@@ -1891,7 +2097,7 @@ type AdoptResponse struct {
 
 func (x *AdoptResponse) Reset() {
 	*x = AdoptResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[28]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1903,7 +2109,7 @@ func (x *AdoptResponse) String() string {
 func (*AdoptResponse) ProtoMessage() {}
 
 func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[28]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1916,7 +2122,7 @@ func (x *AdoptResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdoptResponse.ProtoReflect.Descriptor instead.
 func (*AdoptResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{28}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *AdoptResponse) GetRevision() int64 {
@@ -1948,7 +2154,7 @@ type InventoryRequest struct {
 
 func (x *InventoryRequest) Reset() {
 	*x = InventoryRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[29]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1960,7 +2166,7 @@ func (x *InventoryRequest) String() string {
 func (*InventoryRequest) ProtoMessage() {}
 
 func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[29]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1973,7 +2179,7 @@ func (x *InventoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryRequest.ProtoReflect.Descriptor instead.
 func (*InventoryRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{29}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{32}
 }
 
 type InventoryResponse struct {
@@ -1986,7 +2192,7 @@ type InventoryResponse struct {
 
 func (x *InventoryResponse) Reset() {
 	*x = InventoryResponse{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[30]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1998,7 +2204,7 @@ func (x *InventoryResponse) String() string {
 func (*InventoryResponse) ProtoMessage() {}
 
 func (x *InventoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[30]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2011,7 +2217,7 @@ func (x *InventoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InventoryResponse.ProtoReflect.Descriptor instead.
 func (*InventoryResponse) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{30}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *InventoryResponse) GetKinds() []*KindInventory {
@@ -2043,7 +2249,7 @@ type KindInventory struct {
 
 func (x *KindInventory) Reset() {
 	*x = KindInventory{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[31]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2055,7 +2261,7 @@ func (x *KindInventory) String() string {
 func (*KindInventory) ProtoMessage() {}
 
 func (x *KindInventory) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[31]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2068,7 +2274,7 @@ func (x *KindInventory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KindInventory.ProtoReflect.Descriptor instead.
 func (*KindInventory) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{31}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *KindInventory) GetKind() string {
@@ -2104,7 +2310,7 @@ type PauseRequest struct {
 
 func (x *PauseRequest) Reset() {
 	*x = PauseRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[32]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2116,7 +2322,7 @@ func (x *PauseRequest) String() string {
 func (*PauseRequest) ProtoMessage() {}
 
 func (x *PauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[32]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2129,7 +2335,7 @@ func (x *PauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseRequest.ProtoReflect.Descriptor instead.
 func (*PauseRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{32}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PauseRequest) GetMovedTo() string {
@@ -2154,7 +2360,7 @@ type ResumeRequest struct {
 
 func (x *ResumeRequest) Reset() {
 	*x = ResumeRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[33]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2166,7 +2372,7 @@ func (x *ResumeRequest) String() string {
 func (*ResumeRequest) ProtoMessage() {}
 
 func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[33]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2179,7 +2385,7 @@ func (x *ResumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeRequest.ProtoReflect.Descriptor instead.
 func (*ResumeRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{33}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{36}
 }
 
 type GetPauseRequest struct {
@@ -2190,7 +2396,7 @@ type GetPauseRequest struct {
 
 func (x *GetPauseRequest) Reset() {
 	*x = GetPauseRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[34]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2202,7 +2408,7 @@ func (x *GetPauseRequest) String() string {
 func (*GetPauseRequest) ProtoMessage() {}
 
 func (x *GetPauseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[34]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2215,7 +2421,7 @@ func (x *GetPauseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPauseRequest.ProtoReflect.Descriptor instead.
 func (*GetPauseRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{34}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{37}
 }
 
 type PauseStatus struct {
@@ -2235,7 +2441,7 @@ type PauseStatus struct {
 
 func (x *PauseStatus) Reset() {
 	*x = PauseStatus{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[35]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2247,7 +2453,7 @@ func (x *PauseStatus) String() string {
 func (*PauseStatus) ProtoMessage() {}
 
 func (x *PauseStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[35]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2260,7 +2466,7 @@ func (x *PauseStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseStatus.ProtoReflect.Descriptor instead.
 func (*PauseStatus) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{35}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PauseStatus) GetPaused() bool {
@@ -2316,7 +2522,7 @@ type BackupRequest struct {
 
 func (x *BackupRequest) Reset() {
 	*x = BackupRequest{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[36]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2328,7 +2534,7 @@ func (x *BackupRequest) String() string {
 func (*BackupRequest) ProtoMessage() {}
 
 func (x *BackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[36]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2341,7 +2547,7 @@ func (x *BackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupRequest.ProtoReflect.Descriptor instead.
 func (*BackupRequest) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{36}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *BackupRequest) GetRecipients() []string {
@@ -2363,7 +2569,7 @@ type BackupChunk struct {
 
 func (x *BackupChunk) Reset() {
 	*x = BackupChunk{}
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[37]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2375,7 +2581,7 @@ func (x *BackupChunk) String() string {
 func (*BackupChunk) ProtoMessage() {}
 
 func (x *BackupChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_kiln_controller_v1_controller_proto_msgTypes[37]
+	mi := &file_kiln_controller_v1_controller_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2388,7 +2594,7 @@ func (x *BackupChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupChunk.ProtoReflect.Descriptor instead.
 func (*BackupChunk) Descriptor() ([]byte, []int) {
-	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{37}
+	return file_kiln_controller_v1_controller_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *BackupChunk) GetData() []byte {
@@ -2430,7 +2636,23 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\n" +
 	"git_source\x18\n" +
 	" \x01(\v2\x18.kiln.types.v1.GitSourceH\x00R\tgitSourceB\x06\n" +
-	"\x04kind\"\x99\x01\n" +
+	"\x04kind\"\x18\n" +
+	"\x16ListControllersRequest\"\xac\x01\n" +
+	"\x11ControllerReplica\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06leader\x18\x02 \x01(\bR\x06leader\x12\x1e\n" +
+	"\n" +
+	"registered\x18\x03 \x01(\bR\n" +
+	"registered\x12!\n" +
+	"\fshard_member\x18\x04 \x01(\bR\vshardMember\x12\x16\n" +
+	"\x06shards\x18\x05 \x03(\x05R\x06shards\x12\x14\n" +
+	"\x05hosts\x18\x06 \x01(\x03R\x05hosts\"\xdc\x01\n" +
+	"\x17ListControllersResponse\x12G\n" +
+	"\vcontrollers\x18\x01 \x03(\v2%.kiln.controller.v1.ControllerReplicaR\vcontrollers\x12\x16\n" +
+	"\x06shards\x18\x02 \x01(\x05R\x06shards\x12%\n" +
+	"\x0eunowned_shards\x18\x03 \x03(\x05R\runownedShards\x12#\n" +
+	"\runowned_hosts\x18\x04 \x01(\x03R\funownedHosts\x12\x14\n" +
+	"\x05hosts\x18\x05 \x01(\x03R\x05hosts\"\x99\x01\n" +
 	"\fApplyRequest\x12:\n" +
 	"\tresources\x18\x01 \x03(\v2\x1c.kiln.controller.v1.ResourceR\tresources\x12\x17\n" +
 	"\adry_run\x18\x02 \x01(\bR\x06dryRun\x124\n" +
@@ -2580,7 +2802,7 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"\vBackupChunk\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x03R\brevision\x12\x12\n" +
-	"\x04keys\x18\x03 \x01(\x05R\x04keys2\x84\x06\n" +
+	"\x04keys\x18\x03 \x01(\x05R\x04keys2\xf0\x06\n" +
 	"\tResources\x12L\n" +
 	"\x05Apply\x12 .kiln.controller.v1.ApplyRequest\x1a!.kiln.controller.v1.ApplyResponse\x12C\n" +
 	"\x03Get\x12\x1e.kiln.controller.v1.GetRequest\x1a\x1c.kiln.controller.v1.Resource\x12I\n" +
@@ -2591,7 +2813,8 @@ const file_kiln_controller_v1_controller_proto_rawDesc = "" +
 	"ListEvents\x12%.kiln.controller.v1.ListEventsRequest\x1a&.kiln.controller.v1.ListEventsResponse\x12^\n" +
 	"\vCreateToken\x12&.kiln.controller.v1.CreateTokenRequest\x1a'.kiln.controller.v1.CreateTokenResponse\x12d\n" +
 	"\rGetKubeconfig\x12(.kiln.controller.v1.GetKubeconfigRequest\x1a).kiln.controller.v1.GetKubeconfigResponse\x12X\n" +
-	"\tListAudit\x12$.kiln.controller.v1.ListAuditRequest\x1a%.kiln.controller.v1.ListAuditResponse2]\n" +
+	"\tListAudit\x12$.kiln.controller.v1.ListAuditRequest\x1a%.kiln.controller.v1.ListAuditResponse\x12j\n" +
+	"\x0fListControllers\x12*.kiln.controller.v1.ListControllersRequest\x1a+.kiln.controller.v1.ListControllersResponse2]\n" +
 	"\n" +
 	"Enrollment\x12O\n" +
 	"\x06Enroll\x12!.kiln.controller.v1.EnrollRequest\x1a\".kiln.controller.v1.EnrollResponse2\xb0\x01\n" +
@@ -2618,130 +2841,136 @@ func file_kiln_controller_v1_controller_proto_rawDescGZIP() []byte {
 	return file_kiln_controller_v1_controller_proto_rawDescData
 }
 
-var file_kiln_controller_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_kiln_controller_v1_controller_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_kiln_controller_v1_controller_proto_goTypes = []any{
-	(*Resource)(nil),              // 0: kiln.controller.v1.Resource
-	(*ApplyRequest)(nil),          // 1: kiln.controller.v1.ApplyRequest
-	(*ApplyPrune)(nil),            // 2: kiln.controller.v1.ApplyPrune
-	(*ApplyResult)(nil),           // 3: kiln.controller.v1.ApplyResult
-	(*ApplyResponse)(nil),         // 4: kiln.controller.v1.ApplyResponse
-	(*GetRequest)(nil),            // 5: kiln.controller.v1.GetRequest
-	(*ListRequest)(nil),           // 6: kiln.controller.v1.ListRequest
-	(*ListResponse)(nil),          // 7: kiln.controller.v1.ListResponse
-	(*DeleteRequest)(nil),         // 8: kiln.controller.v1.DeleteRequest
-	(*DeleteResponse)(nil),        // 9: kiln.controller.v1.DeleteResponse
-	(*WatchRequest)(nil),          // 10: kiln.controller.v1.WatchRequest
-	(*WatchEvent)(nil),            // 11: kiln.controller.v1.WatchEvent
-	(*ListEventsRequest)(nil),     // 12: kiln.controller.v1.ListEventsRequest
-	(*ListEventsResponse)(nil),    // 13: kiln.controller.v1.ListEventsResponse
-	(*CreateTokenRequest)(nil),    // 14: kiln.controller.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),   // 15: kiln.controller.v1.CreateTokenResponse
-	(*GetKubeconfigRequest)(nil),  // 16: kiln.controller.v1.GetKubeconfigRequest
-	(*GetKubeconfigResponse)(nil), // 17: kiln.controller.v1.GetKubeconfigResponse
-	(*EnrollRequest)(nil),         // 18: kiln.controller.v1.EnrollRequest
-	(*EnrollResponse)(nil),        // 19: kiln.controller.v1.EnrollResponse
-	(*HeartbeatRequest)(nil),      // 20: kiln.controller.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),     // 21: kiln.controller.v1.HeartbeatResponse
-	(*RenewRequest)(nil),          // 22: kiln.controller.v1.RenewRequest
-	(*RenewResponse)(nil),         // 23: kiln.controller.v1.RenewResponse
-	(*AuditEntry)(nil),            // 24: kiln.controller.v1.AuditEntry
-	(*ListAuditRequest)(nil),      // 25: kiln.controller.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),     // 26: kiln.controller.v1.ListAuditResponse
-	(*AdoptChunk)(nil),            // 27: kiln.controller.v1.AdoptChunk
-	(*AdoptResponse)(nil),         // 28: kiln.controller.v1.AdoptResponse
-	(*InventoryRequest)(nil),      // 29: kiln.controller.v1.InventoryRequest
-	(*InventoryResponse)(nil),     // 30: kiln.controller.v1.InventoryResponse
-	(*KindInventory)(nil),         // 31: kiln.controller.v1.KindInventory
-	(*PauseRequest)(nil),          // 32: kiln.controller.v1.PauseRequest
-	(*ResumeRequest)(nil),         // 33: kiln.controller.v1.ResumeRequest
-	(*GetPauseRequest)(nil),       // 34: kiln.controller.v1.GetPauseRequest
-	(*PauseStatus)(nil),           // 35: kiln.controller.v1.PauseStatus
-	(*BackupRequest)(nil),         // 36: kiln.controller.v1.BackupRequest
-	(*BackupChunk)(nil),           // 37: kiln.controller.v1.BackupChunk
-	nil,                           // 38: kiln.controller.v1.ApplyPrune.SelectorEntry
-	nil,                           // 39: kiln.controller.v1.ListRequest.LabelSelectorEntry
-	(*v1.Host)(nil),               // 40: kiln.types.v1.Host
-	(*v1.Image)(nil),              // 41: kiln.types.v1.Image
-	(*v1.Cluster)(nil),            // 42: kiln.types.v1.Cluster
-	(*v1.ControlPlane)(nil),       // 43: kiln.types.v1.ControlPlane
-	(*v1.MachineDeployment)(nil),  // 44: kiln.types.v1.MachineDeployment
-	(*v1.Machine)(nil),            // 45: kiln.types.v1.Machine
-	(*v1.HealthCheck)(nil),        // 46: kiln.types.v1.HealthCheck
-	(*v1.ClusterClass)(nil),       // 47: kiln.types.v1.ClusterClass
-	(*v1.Rollout)(nil),            // 48: kiln.types.v1.Rollout
-	(*v1.GitSource)(nil),          // 49: kiln.types.v1.GitSource
-	(*v1.Event)(nil),              // 50: kiln.types.v1.Event
-	(*timestamppb.Timestamp)(nil), // 51: google.protobuf.Timestamp
-	(*v1.Facts)(nil),              // 52: kiln.types.v1.Facts
+	(*Resource)(nil),                // 0: kiln.controller.v1.Resource
+	(*ListControllersRequest)(nil),  // 1: kiln.controller.v1.ListControllersRequest
+	(*ControllerReplica)(nil),       // 2: kiln.controller.v1.ControllerReplica
+	(*ListControllersResponse)(nil), // 3: kiln.controller.v1.ListControllersResponse
+	(*ApplyRequest)(nil),            // 4: kiln.controller.v1.ApplyRequest
+	(*ApplyPrune)(nil),              // 5: kiln.controller.v1.ApplyPrune
+	(*ApplyResult)(nil),             // 6: kiln.controller.v1.ApplyResult
+	(*ApplyResponse)(nil),           // 7: kiln.controller.v1.ApplyResponse
+	(*GetRequest)(nil),              // 8: kiln.controller.v1.GetRequest
+	(*ListRequest)(nil),             // 9: kiln.controller.v1.ListRequest
+	(*ListResponse)(nil),            // 10: kiln.controller.v1.ListResponse
+	(*DeleteRequest)(nil),           // 11: kiln.controller.v1.DeleteRequest
+	(*DeleteResponse)(nil),          // 12: kiln.controller.v1.DeleteResponse
+	(*WatchRequest)(nil),            // 13: kiln.controller.v1.WatchRequest
+	(*WatchEvent)(nil),              // 14: kiln.controller.v1.WatchEvent
+	(*ListEventsRequest)(nil),       // 15: kiln.controller.v1.ListEventsRequest
+	(*ListEventsResponse)(nil),      // 16: kiln.controller.v1.ListEventsResponse
+	(*CreateTokenRequest)(nil),      // 17: kiln.controller.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),     // 18: kiln.controller.v1.CreateTokenResponse
+	(*GetKubeconfigRequest)(nil),    // 19: kiln.controller.v1.GetKubeconfigRequest
+	(*GetKubeconfigResponse)(nil),   // 20: kiln.controller.v1.GetKubeconfigResponse
+	(*EnrollRequest)(nil),           // 21: kiln.controller.v1.EnrollRequest
+	(*EnrollResponse)(nil),          // 22: kiln.controller.v1.EnrollResponse
+	(*HeartbeatRequest)(nil),        // 23: kiln.controller.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),       // 24: kiln.controller.v1.HeartbeatResponse
+	(*RenewRequest)(nil),            // 25: kiln.controller.v1.RenewRequest
+	(*RenewResponse)(nil),           // 26: kiln.controller.v1.RenewResponse
+	(*AuditEntry)(nil),              // 27: kiln.controller.v1.AuditEntry
+	(*ListAuditRequest)(nil),        // 28: kiln.controller.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),       // 29: kiln.controller.v1.ListAuditResponse
+	(*AdoptChunk)(nil),              // 30: kiln.controller.v1.AdoptChunk
+	(*AdoptResponse)(nil),           // 31: kiln.controller.v1.AdoptResponse
+	(*InventoryRequest)(nil),        // 32: kiln.controller.v1.InventoryRequest
+	(*InventoryResponse)(nil),       // 33: kiln.controller.v1.InventoryResponse
+	(*KindInventory)(nil),           // 34: kiln.controller.v1.KindInventory
+	(*PauseRequest)(nil),            // 35: kiln.controller.v1.PauseRequest
+	(*ResumeRequest)(nil),           // 36: kiln.controller.v1.ResumeRequest
+	(*GetPauseRequest)(nil),         // 37: kiln.controller.v1.GetPauseRequest
+	(*PauseStatus)(nil),             // 38: kiln.controller.v1.PauseStatus
+	(*BackupRequest)(nil),           // 39: kiln.controller.v1.BackupRequest
+	(*BackupChunk)(nil),             // 40: kiln.controller.v1.BackupChunk
+	nil,                             // 41: kiln.controller.v1.ApplyPrune.SelectorEntry
+	nil,                             // 42: kiln.controller.v1.ListRequest.LabelSelectorEntry
+	(*v1.Host)(nil),                 // 43: kiln.types.v1.Host
+	(*v1.Image)(nil),                // 44: kiln.types.v1.Image
+	(*v1.Cluster)(nil),              // 45: kiln.types.v1.Cluster
+	(*v1.ControlPlane)(nil),         // 46: kiln.types.v1.ControlPlane
+	(*v1.MachineDeployment)(nil),    // 47: kiln.types.v1.MachineDeployment
+	(*v1.Machine)(nil),              // 48: kiln.types.v1.Machine
+	(*v1.HealthCheck)(nil),          // 49: kiln.types.v1.HealthCheck
+	(*v1.ClusterClass)(nil),         // 50: kiln.types.v1.ClusterClass
+	(*v1.Rollout)(nil),              // 51: kiln.types.v1.Rollout
+	(*v1.GitSource)(nil),            // 52: kiln.types.v1.GitSource
+	(*v1.Event)(nil),                // 53: kiln.types.v1.Event
+	(*timestamppb.Timestamp)(nil),   // 54: google.protobuf.Timestamp
+	(*v1.Facts)(nil),                // 55: kiln.types.v1.Facts
 }
 var file_kiln_controller_v1_controller_proto_depIdxs = []int32{
-	40, // 0: kiln.controller.v1.Resource.host:type_name -> kiln.types.v1.Host
-	41, // 1: kiln.controller.v1.Resource.image:type_name -> kiln.types.v1.Image
-	42, // 2: kiln.controller.v1.Resource.cluster:type_name -> kiln.types.v1.Cluster
-	43, // 3: kiln.controller.v1.Resource.control_plane:type_name -> kiln.types.v1.ControlPlane
-	44, // 4: kiln.controller.v1.Resource.machine_deployment:type_name -> kiln.types.v1.MachineDeployment
-	45, // 5: kiln.controller.v1.Resource.machine:type_name -> kiln.types.v1.Machine
-	46, // 6: kiln.controller.v1.Resource.health_check:type_name -> kiln.types.v1.HealthCheck
-	47, // 7: kiln.controller.v1.Resource.cluster_class:type_name -> kiln.types.v1.ClusterClass
-	48, // 8: kiln.controller.v1.Resource.rollout:type_name -> kiln.types.v1.Rollout
-	49, // 9: kiln.controller.v1.Resource.git_source:type_name -> kiln.types.v1.GitSource
-	0,  // 10: kiln.controller.v1.ApplyRequest.resources:type_name -> kiln.controller.v1.Resource
-	2,  // 11: kiln.controller.v1.ApplyRequest.prune:type_name -> kiln.controller.v1.ApplyPrune
-	38, // 12: kiln.controller.v1.ApplyPrune.selector:type_name -> kiln.controller.v1.ApplyPrune.SelectorEntry
-	3,  // 13: kiln.controller.v1.ApplyResponse.results:type_name -> kiln.controller.v1.ApplyResult
-	39, // 14: kiln.controller.v1.ListRequest.label_selector:type_name -> kiln.controller.v1.ListRequest.LabelSelectorEntry
-	0,  // 15: kiln.controller.v1.ListResponse.items:type_name -> kiln.controller.v1.Resource
-	0,  // 16: kiln.controller.v1.WatchEvent.resource:type_name -> kiln.controller.v1.Resource
-	50, // 17: kiln.controller.v1.ListEventsResponse.events:type_name -> kiln.types.v1.Event
-	51, // 18: kiln.controller.v1.CreateTokenResponse.expires:type_name -> google.protobuf.Timestamp
-	52, // 19: kiln.controller.v1.EnrollRequest.facts:type_name -> kiln.types.v1.Facts
-	52, // 20: kiln.controller.v1.HeartbeatRequest.facts:type_name -> kiln.types.v1.Facts
-	51, // 21: kiln.controller.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
-	51, // 22: kiln.controller.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	24, // 23: kiln.controller.v1.ListAuditResponse.entries:type_name -> kiln.controller.v1.AuditEntry
-	31, // 24: kiln.controller.v1.InventoryResponse.kinds:type_name -> kiln.controller.v1.KindInventory
-	51, // 25: kiln.controller.v1.PauseStatus.since:type_name -> google.protobuf.Timestamp
-	1,  // 26: kiln.controller.v1.Resources.Apply:input_type -> kiln.controller.v1.ApplyRequest
-	5,  // 27: kiln.controller.v1.Resources.Get:input_type -> kiln.controller.v1.GetRequest
-	6,  // 28: kiln.controller.v1.Resources.List:input_type -> kiln.controller.v1.ListRequest
-	8,  // 29: kiln.controller.v1.Resources.Delete:input_type -> kiln.controller.v1.DeleteRequest
-	10, // 30: kiln.controller.v1.Resources.Watch:input_type -> kiln.controller.v1.WatchRequest
-	12, // 31: kiln.controller.v1.Resources.ListEvents:input_type -> kiln.controller.v1.ListEventsRequest
-	14, // 32: kiln.controller.v1.Resources.CreateToken:input_type -> kiln.controller.v1.CreateTokenRequest
-	16, // 33: kiln.controller.v1.Resources.GetKubeconfig:input_type -> kiln.controller.v1.GetKubeconfigRequest
-	25, // 34: kiln.controller.v1.Resources.ListAudit:input_type -> kiln.controller.v1.ListAuditRequest
-	18, // 35: kiln.controller.v1.Enrollment.Enroll:input_type -> kiln.controller.v1.EnrollRequest
-	20, // 36: kiln.controller.v1.Agents.Heartbeat:input_type -> kiln.controller.v1.HeartbeatRequest
-	22, // 37: kiln.controller.v1.Agents.Renew:input_type -> kiln.controller.v1.RenewRequest
-	36, // 38: kiln.controller.v1.Maintenance.Backup:input_type -> kiln.controller.v1.BackupRequest
-	32, // 39: kiln.controller.v1.Maintenance.Pause:input_type -> kiln.controller.v1.PauseRequest
-	33, // 40: kiln.controller.v1.Maintenance.Resume:input_type -> kiln.controller.v1.ResumeRequest
-	34, // 41: kiln.controller.v1.Maintenance.GetPause:input_type -> kiln.controller.v1.GetPauseRequest
-	27, // 42: kiln.controller.v1.Maintenance.Adopt:input_type -> kiln.controller.v1.AdoptChunk
-	29, // 43: kiln.controller.v1.Maintenance.Inventory:input_type -> kiln.controller.v1.InventoryRequest
-	4,  // 44: kiln.controller.v1.Resources.Apply:output_type -> kiln.controller.v1.ApplyResponse
-	0,  // 45: kiln.controller.v1.Resources.Get:output_type -> kiln.controller.v1.Resource
-	7,  // 46: kiln.controller.v1.Resources.List:output_type -> kiln.controller.v1.ListResponse
-	9,  // 47: kiln.controller.v1.Resources.Delete:output_type -> kiln.controller.v1.DeleteResponse
-	11, // 48: kiln.controller.v1.Resources.Watch:output_type -> kiln.controller.v1.WatchEvent
-	13, // 49: kiln.controller.v1.Resources.ListEvents:output_type -> kiln.controller.v1.ListEventsResponse
-	15, // 50: kiln.controller.v1.Resources.CreateToken:output_type -> kiln.controller.v1.CreateTokenResponse
-	17, // 51: kiln.controller.v1.Resources.GetKubeconfig:output_type -> kiln.controller.v1.GetKubeconfigResponse
-	26, // 52: kiln.controller.v1.Resources.ListAudit:output_type -> kiln.controller.v1.ListAuditResponse
-	19, // 53: kiln.controller.v1.Enrollment.Enroll:output_type -> kiln.controller.v1.EnrollResponse
-	21, // 54: kiln.controller.v1.Agents.Heartbeat:output_type -> kiln.controller.v1.HeartbeatResponse
-	23, // 55: kiln.controller.v1.Agents.Renew:output_type -> kiln.controller.v1.RenewResponse
-	37, // 56: kiln.controller.v1.Maintenance.Backup:output_type -> kiln.controller.v1.BackupChunk
-	35, // 57: kiln.controller.v1.Maintenance.Pause:output_type -> kiln.controller.v1.PauseStatus
-	35, // 58: kiln.controller.v1.Maintenance.Resume:output_type -> kiln.controller.v1.PauseStatus
-	35, // 59: kiln.controller.v1.Maintenance.GetPause:output_type -> kiln.controller.v1.PauseStatus
-	28, // 60: kiln.controller.v1.Maintenance.Adopt:output_type -> kiln.controller.v1.AdoptResponse
-	30, // 61: kiln.controller.v1.Maintenance.Inventory:output_type -> kiln.controller.v1.InventoryResponse
-	44, // [44:62] is the sub-list for method output_type
-	26, // [26:44] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	43, // 0: kiln.controller.v1.Resource.host:type_name -> kiln.types.v1.Host
+	44, // 1: kiln.controller.v1.Resource.image:type_name -> kiln.types.v1.Image
+	45, // 2: kiln.controller.v1.Resource.cluster:type_name -> kiln.types.v1.Cluster
+	46, // 3: kiln.controller.v1.Resource.control_plane:type_name -> kiln.types.v1.ControlPlane
+	47, // 4: kiln.controller.v1.Resource.machine_deployment:type_name -> kiln.types.v1.MachineDeployment
+	48, // 5: kiln.controller.v1.Resource.machine:type_name -> kiln.types.v1.Machine
+	49, // 6: kiln.controller.v1.Resource.health_check:type_name -> kiln.types.v1.HealthCheck
+	50, // 7: kiln.controller.v1.Resource.cluster_class:type_name -> kiln.types.v1.ClusterClass
+	51, // 8: kiln.controller.v1.Resource.rollout:type_name -> kiln.types.v1.Rollout
+	52, // 9: kiln.controller.v1.Resource.git_source:type_name -> kiln.types.v1.GitSource
+	2,  // 10: kiln.controller.v1.ListControllersResponse.controllers:type_name -> kiln.controller.v1.ControllerReplica
+	0,  // 11: kiln.controller.v1.ApplyRequest.resources:type_name -> kiln.controller.v1.Resource
+	5,  // 12: kiln.controller.v1.ApplyRequest.prune:type_name -> kiln.controller.v1.ApplyPrune
+	41, // 13: kiln.controller.v1.ApplyPrune.selector:type_name -> kiln.controller.v1.ApplyPrune.SelectorEntry
+	6,  // 14: kiln.controller.v1.ApplyResponse.results:type_name -> kiln.controller.v1.ApplyResult
+	42, // 15: kiln.controller.v1.ListRequest.label_selector:type_name -> kiln.controller.v1.ListRequest.LabelSelectorEntry
+	0,  // 16: kiln.controller.v1.ListResponse.items:type_name -> kiln.controller.v1.Resource
+	0,  // 17: kiln.controller.v1.WatchEvent.resource:type_name -> kiln.controller.v1.Resource
+	53, // 18: kiln.controller.v1.ListEventsResponse.events:type_name -> kiln.types.v1.Event
+	54, // 19: kiln.controller.v1.CreateTokenResponse.expires:type_name -> google.protobuf.Timestamp
+	55, // 20: kiln.controller.v1.EnrollRequest.facts:type_name -> kiln.types.v1.Facts
+	55, // 21: kiln.controller.v1.HeartbeatRequest.facts:type_name -> kiln.types.v1.Facts
+	54, // 22: kiln.controller.v1.AuditEntry.time:type_name -> google.protobuf.Timestamp
+	54, // 23: kiln.controller.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	27, // 24: kiln.controller.v1.ListAuditResponse.entries:type_name -> kiln.controller.v1.AuditEntry
+	34, // 25: kiln.controller.v1.InventoryResponse.kinds:type_name -> kiln.controller.v1.KindInventory
+	54, // 26: kiln.controller.v1.PauseStatus.since:type_name -> google.protobuf.Timestamp
+	4,  // 27: kiln.controller.v1.Resources.Apply:input_type -> kiln.controller.v1.ApplyRequest
+	8,  // 28: kiln.controller.v1.Resources.Get:input_type -> kiln.controller.v1.GetRequest
+	9,  // 29: kiln.controller.v1.Resources.List:input_type -> kiln.controller.v1.ListRequest
+	11, // 30: kiln.controller.v1.Resources.Delete:input_type -> kiln.controller.v1.DeleteRequest
+	13, // 31: kiln.controller.v1.Resources.Watch:input_type -> kiln.controller.v1.WatchRequest
+	15, // 32: kiln.controller.v1.Resources.ListEvents:input_type -> kiln.controller.v1.ListEventsRequest
+	17, // 33: kiln.controller.v1.Resources.CreateToken:input_type -> kiln.controller.v1.CreateTokenRequest
+	19, // 34: kiln.controller.v1.Resources.GetKubeconfig:input_type -> kiln.controller.v1.GetKubeconfigRequest
+	28, // 35: kiln.controller.v1.Resources.ListAudit:input_type -> kiln.controller.v1.ListAuditRequest
+	1,  // 36: kiln.controller.v1.Resources.ListControllers:input_type -> kiln.controller.v1.ListControllersRequest
+	21, // 37: kiln.controller.v1.Enrollment.Enroll:input_type -> kiln.controller.v1.EnrollRequest
+	23, // 38: kiln.controller.v1.Agents.Heartbeat:input_type -> kiln.controller.v1.HeartbeatRequest
+	25, // 39: kiln.controller.v1.Agents.Renew:input_type -> kiln.controller.v1.RenewRequest
+	39, // 40: kiln.controller.v1.Maintenance.Backup:input_type -> kiln.controller.v1.BackupRequest
+	35, // 41: kiln.controller.v1.Maintenance.Pause:input_type -> kiln.controller.v1.PauseRequest
+	36, // 42: kiln.controller.v1.Maintenance.Resume:input_type -> kiln.controller.v1.ResumeRequest
+	37, // 43: kiln.controller.v1.Maintenance.GetPause:input_type -> kiln.controller.v1.GetPauseRequest
+	30, // 44: kiln.controller.v1.Maintenance.Adopt:input_type -> kiln.controller.v1.AdoptChunk
+	32, // 45: kiln.controller.v1.Maintenance.Inventory:input_type -> kiln.controller.v1.InventoryRequest
+	7,  // 46: kiln.controller.v1.Resources.Apply:output_type -> kiln.controller.v1.ApplyResponse
+	0,  // 47: kiln.controller.v1.Resources.Get:output_type -> kiln.controller.v1.Resource
+	10, // 48: kiln.controller.v1.Resources.List:output_type -> kiln.controller.v1.ListResponse
+	12, // 49: kiln.controller.v1.Resources.Delete:output_type -> kiln.controller.v1.DeleteResponse
+	14, // 50: kiln.controller.v1.Resources.Watch:output_type -> kiln.controller.v1.WatchEvent
+	16, // 51: kiln.controller.v1.Resources.ListEvents:output_type -> kiln.controller.v1.ListEventsResponse
+	18, // 52: kiln.controller.v1.Resources.CreateToken:output_type -> kiln.controller.v1.CreateTokenResponse
+	20, // 53: kiln.controller.v1.Resources.GetKubeconfig:output_type -> kiln.controller.v1.GetKubeconfigResponse
+	29, // 54: kiln.controller.v1.Resources.ListAudit:output_type -> kiln.controller.v1.ListAuditResponse
+	3,  // 55: kiln.controller.v1.Resources.ListControllers:output_type -> kiln.controller.v1.ListControllersResponse
+	22, // 56: kiln.controller.v1.Enrollment.Enroll:output_type -> kiln.controller.v1.EnrollResponse
+	24, // 57: kiln.controller.v1.Agents.Heartbeat:output_type -> kiln.controller.v1.HeartbeatResponse
+	26, // 58: kiln.controller.v1.Agents.Renew:output_type -> kiln.controller.v1.RenewResponse
+	40, // 59: kiln.controller.v1.Maintenance.Backup:output_type -> kiln.controller.v1.BackupChunk
+	38, // 60: kiln.controller.v1.Maintenance.Pause:output_type -> kiln.controller.v1.PauseStatus
+	38, // 61: kiln.controller.v1.Maintenance.Resume:output_type -> kiln.controller.v1.PauseStatus
+	38, // 62: kiln.controller.v1.Maintenance.GetPause:output_type -> kiln.controller.v1.PauseStatus
+	31, // 63: kiln.controller.v1.Maintenance.Adopt:output_type -> kiln.controller.v1.AdoptResponse
+	33, // 64: kiln.controller.v1.Maintenance.Inventory:output_type -> kiln.controller.v1.InventoryResponse
+	46, // [46:65] is the sub-list for method output_type
+	27, // [27:46] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_kiln_controller_v1_controller_proto_init() }
@@ -2767,7 +2996,7 @@ func file_kiln_controller_v1_controller_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kiln_controller_v1_controller_proto_rawDesc), len(file_kiln_controller_v1_controller_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   40,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -22,15 +22,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Resources_Apply_FullMethodName         = "/kiln.controller.v1.Resources/Apply"
-	Resources_Get_FullMethodName           = "/kiln.controller.v1.Resources/Get"
-	Resources_List_FullMethodName          = "/kiln.controller.v1.Resources/List"
-	Resources_Delete_FullMethodName        = "/kiln.controller.v1.Resources/Delete"
-	Resources_Watch_FullMethodName         = "/kiln.controller.v1.Resources/Watch"
-	Resources_ListEvents_FullMethodName    = "/kiln.controller.v1.Resources/ListEvents"
-	Resources_CreateToken_FullMethodName   = "/kiln.controller.v1.Resources/CreateToken"
-	Resources_GetKubeconfig_FullMethodName = "/kiln.controller.v1.Resources/GetKubeconfig"
-	Resources_ListAudit_FullMethodName     = "/kiln.controller.v1.Resources/ListAudit"
+	Resources_Apply_FullMethodName           = "/kiln.controller.v1.Resources/Apply"
+	Resources_Get_FullMethodName             = "/kiln.controller.v1.Resources/Get"
+	Resources_List_FullMethodName            = "/kiln.controller.v1.Resources/List"
+	Resources_Delete_FullMethodName          = "/kiln.controller.v1.Resources/Delete"
+	Resources_Watch_FullMethodName           = "/kiln.controller.v1.Resources/Watch"
+	Resources_ListEvents_FullMethodName      = "/kiln.controller.v1.Resources/ListEvents"
+	Resources_CreateToken_FullMethodName     = "/kiln.controller.v1.Resources/CreateToken"
+	Resources_GetKubeconfig_FullMethodName   = "/kiln.controller.v1.Resources/GetKubeconfig"
+	Resources_ListAudit_FullMethodName       = "/kiln.controller.v1.Resources/ListAudit"
+	Resources_ListControllers_FullMethodName = "/kiln.controller.v1.Resources/ListControllers"
 )
 
 // ResourcesClient is the client API for Resources service.
@@ -61,6 +62,11 @@ type ResourcesClient interface {
 	// identities the controller grants it to (kiln-controller run
 	// --audit-readers).
 	ListAudit(ctx context.Context, in *ListAuditRequest, opts ...grpc.CallOption) (*ListAuditResponse, error)
+	// ListControllers returns the controller replicas (those registered
+	// under /kiln/v1/replicas/ and the shard members), which one leads, and
+	// with sharding (kiln-controller run --shards) the shards each holds
+	// and how many hosts they map to. Readers may call it.
+	ListControllers(ctx context.Context, in *ListControllersRequest, opts ...grpc.CallOption) (*ListControllersResponse, error)
 }
 
 type resourcesClient struct {
@@ -170,6 +176,16 @@ func (c *resourcesClient) ListAudit(ctx context.Context, in *ListAuditRequest, o
 	return out, nil
 }
 
+func (c *resourcesClient) ListControllers(ctx context.Context, in *ListControllersRequest, opts ...grpc.CallOption) (*ListControllersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListControllersResponse)
+	err := c.cc.Invoke(ctx, Resources_ListControllers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ResourcesServer is the server API for Resources service.
 // All implementations must embed UnimplementedResourcesServer
 // for forward compatibility.
@@ -198,6 +214,11 @@ type ResourcesServer interface {
 	// identities the controller grants it to (kiln-controller run
 	// --audit-readers).
 	ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error)
+	// ListControllers returns the controller replicas (those registered
+	// under /kiln/v1/replicas/ and the shard members), which one leads, and
+	// with sharding (kiln-controller run --shards) the shards each holds
+	// and how many hosts they map to. Readers may call it.
+	ListControllers(context.Context, *ListControllersRequest) (*ListControllersResponse, error)
 	mustEmbedUnimplementedResourcesServer()
 }
 
@@ -234,6 +255,9 @@ func (UnimplementedResourcesServer) GetKubeconfig(context.Context, *GetKubeconfi
 }
 func (UnimplementedResourcesServer) ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListAudit not implemented")
+}
+func (UnimplementedResourcesServer) ListControllers(context.Context, *ListControllersRequest) (*ListControllersResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListControllers not implemented")
 }
 func (UnimplementedResourcesServer) mustEmbedUnimplementedResourcesServer() {}
 func (UnimplementedResourcesServer) testEmbeddedByValue()                   {}
@@ -411,6 +435,24 @@ func _Resources_ListAudit_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Resources_ListControllers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListControllersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ResourcesServer).ListControllers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Resources_ListControllers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ResourcesServer).ListControllers(ctx, req.(*ListControllersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Resources_ServiceDesc is the grpc.ServiceDesc for Resources service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -449,6 +491,10 @@ var Resources_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListAudit",
 			Handler:    _Resources_ListAudit_Handler,
+		},
+		{
+			MethodName: "ListControllers",
+			Handler:    _Resources_ListControllers_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
