@@ -52,11 +52,11 @@ const (
 // labelled patch=2 is published and the class file's revision-2 line
 // uncommented and applied again; the controller records revision 2 and
 // creates Rollout lab-store-r2 from the class's spec.rollout (bake 20s,
-// halt when a control plane has EtcdQuorum=False for 20s). Wave 1 rolls
-// and bakes; wave 2's store finds no spare host (its spare was taken out
-// of its site before the change: the injected failure), so its control
-// plane cannot be rolled without breaking etcd quorum and the rollout
-// halts naming the cluster and the condition, wave 3 untouched (same
+// halt when a control plane has HostsAvailable=False for 20s). Wave 1
+// rolls and bakes; wave 2's store finds no spare host (its spare was
+// taken out of its site before the change: the injected failure), so its
+// control plane cannot roll (HostsAvailable=False, NoSpareHost) and the
+// rollout halts naming the cluster and the condition, wave 3 untouched (same
 // machine, image, revision, ControlPlane generation). The spare is put
 // back, kilnctl rollout resume, and the rollout completes: every store on
 // revision 2, its control plane on the new image on its other host.
@@ -165,7 +165,8 @@ func TestLabRolloutWaves(t *testing.T) {
 	ro := r.waitRollout("halted in wave 2", func(ro *typesv1.Rollout) bool { return ro.GetStatus().GetPhase() == rolloutplan.PhaseHalted })
 	prog := conditions.Get(ro.GetStatus().GetConditions(), rolloutplan.ConditionProgressing)
 	require.Equal(t, rolloutplan.ReasonHaltCondition, prog.GetReason())
-	require.Contains(t, prog.GetMessage(), "wave 2: control plane store-2-control-plane has EtcdQuorum=False")
+	require.Contains(t, prog.GetMessage(), "wave 2: control plane store-2-control-plane has HostsAvailable=False for 20s (timeout 20s): NoSpareHost: ")
+	require.Contains(t, prog.GetMessage(), "site=store-2")
 	r.mark("halt reason %s: %s", prog.GetReason(), prog.GetMessage())
 	require.Equal(t, []string{rolloutplan.WaveDone, rolloutplan.WaveHalted, rolloutplan.WaveWaiting}, waveStates(ro))
 	s = r.snapshots()
