@@ -95,8 +95,8 @@ lab-upgrade: build
 # then revision 2 of the class; its Rollout lab-store-r2 halts in wave 2 on
 # an injected failure and completes after resume (docs/lab.md, "make
 # lab-waves"). As root; not part of make test: three control planes roll one
-# after another, >= 11-12 min on a quiet 2-core machine (17.5 min at load 28-52, 26 min at load
-# 35-75), more than one test may take there.
+# after another, >= 11-12 min on a quiet 2-core machine (17.5 min at load
+# 28-52, 26 min at load 35-75), more than one test may take there.
 lab-waves:
 	KILN_E2E_WAVES=1 $(GO) test -count=1 -timeout 60m -run TestLabRolloutWaves -v ./e2e/fleet/
 
