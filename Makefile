@@ -90,9 +90,13 @@ lab-down:
 lab-upgrade: build
 	./hack/lab.sh upgrade
 
-# Three lab clusters upgraded in waves by a Rollout, halted in wave 2 by an
-# injected failure and resumed (docs/clusters.md, "Upgrade waves"). As
-# root; not part of make test: it takes longer than one test may there.
+# A ClusterClass change rolled in waves: examples/fleet-lab (class lab-store,
+# three topology clusters, upgrade-wave 1-3) applied with kilnctl apply -R,
+# then revision 2 of the class; its Rollout lab-store-r2 halts in wave 2 on
+# an injected failure and completes after resume (docs/lab.md, "make
+# lab-waves"). As root; not part of make test: three control planes roll one
+# after another, >= 11-12 min on a quiet 2-core machine (17.5 min at load
+# 28-52, 26 min at load 35-75), more than one test may take there.
 lab-waves:
 	KILN_E2E_WAVES=1 $(GO) test -count=1 -timeout 60m -run TestLabRolloutWaves -v ./e2e/fleet/
 

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,39 +17,59 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/kilnhq/kiln/controller/rolloutplan"
+	"github.com/kilnhq/kiln/controller/topologyplan"
 	"github.com/kilnhq/kiln/e2e/fleet"
 	"github.com/kilnhq/kiln/e2e/lab/rack"
 	"github.com/kilnhq/kiln/imagebuilder/kubetools"
 	"github.com/kilnhq/kiln/internal/conditions"
+	"github.com/kilnhq/kiln/internal/manifest"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
-// waveClusters are the clusters of TestLabRolloutWaves, one per wave.
-var waveClusters = []string{"w1", "w2", "w3"}
+// waveClusters are the clusters of examples/fleet-lab, one per wave.
+var waveClusters = []string{"store-1", "store-2", "store-3"}
 
-// TestLabRolloutWaves is an upgrade in waves on a lab rack of six hosts,
-// with the real controller, agents, kubeadm and API servers: three
-// clusters of one control plane each (two hosts per cluster: its node and
-// a spare for the 1→2→1 rollout, behind an API load balancer of its own),
-// labelled upgrade-wave 1, 2 and 3, and a Rollout of a new image to them
-// (bake 20s, halt when a control plane has EtcdQuorum=False for 20s).
-// Wave 1 rolls and bakes; wave 2's cluster finds no spare host (its spare
-// was taken out of its pool before the rollout: the injected failure), so
-// its control plane cannot be rolled without breaking etcd quorum and the
-// rollout halts naming the cluster and the condition, wave 3 untouched
-// (same machine, same spec). The spare is put back, kilnctl rollout
-// resume, and the rollout completes: every control plane on the new image
-// on its other host. kilnctl get rollouts is logged at each stage; the
-// timeline as "timeline:" lines.
+const (
+	// waveClass is examples/fleet-lab's ClusterClass.
+	waveClass = "lab-store"
+	// revision2 is the line of its file that makes revision 2 once
+	// uncommented: its control plane's imageSelector gains patch=2.
+	revision2 = `# patch: "2"`
+	// exampleGateway is the lab gateway the example's endpoints name
+	// (the default lab subnet's).
+	exampleGateway = "10.251.250.1:"
+)
+
+// TestLabRolloutWaves is a ClusterClass change rolled in waves on a lab
+// rack of six hosts, with the real controller, agents, kubeadm and API
+// servers. examples/fleet-lab is applied as a user applies a fleet
+// repository (kilnctl apply -R -f DIR): ClusterClass lab-store and three
+// clusters derived from it by spec.topology (store-1, store-2, store-3,
+// one control plane each, upgrade-wave 1, 2 and 3; two hosts per store,
+// labelled site=store-N: its node and a spare for the 1→2→1 rollout,
+// behind an API load balancer of its own). Then the change: an image
+// labelled patch=2 is published and the class file's revision-2 line
+// uncommented and applied again; the controller records revision 2 and
+// creates Rollout lab-store-r2 from the class's spec.rollout (bake 20s,
+// halt when a control plane has HostsAvailable=False for 20s). Wave 1
+// rolls and bakes; wave 2's store finds no spare host (its spare was
+// taken out of its site before the change: the injected failure), so its
+// control plane cannot roll (HostsAvailable=False, NoSpareHost) and the
+// rollout halts naming the cluster and the condition, wave 3 untouched (same
+// machine, image, revision, ControlPlane generation). The spare is put
+// back, kilnctl rollout resume, and the rollout completes: every store on
+// revision 2, its control plane on the new image on its other host.
+// kilnctl get rollouts is logged at each stage; the timeline as
+// "timeline:" lines.
 //
 // Opt-in (KILN_E2E_WAVES=1, make lab-waves): it takes longer than make
-// test's budget for one test allows (docs/clusters.md, "Upgrade waves").
+// test's budget for one test allows (docs/lab.md, "make lab-waves").
 func TestLabRolloutWaves(t *testing.T) {
 	needLab(t)
 	if os.Getenv("KILN_E2E_WAVES") == "" {
 		// Deliberate opt-in (not testenv): KILN_NO_SKIP does not turn it on.
-		t.Skip("the rollout-in-waves lab runs only with KILN_E2E_WAVES=1 (12-19 min measured: three clusters provisioned, three control planes rolled); make lab-waves runs it")
+		t.Skip("the rollout-in-waves lab runs only with KILN_E2E_WAVES=1 (12-27 min measured: three clusters provisioned, three control planes rolled one wave after another); make lab-waves runs it")
 	}
 	end := time.Now().Add(45 * time.Minute)
 	if d, ok := t.Deadline(); ok && d.Add(-3*time.Minute).Before(end) {
@@ -57,14 +78,14 @@ func TestLabRolloutWaves(t *testing.T) {
 	ctx, cancel := context.WithDeadline(context.Background(), end)
 	defer cancel()
 	lab, tag := startLab(t, ctx, func(c *fleet.Config) { c.Hosts, c.IPMI = 6, 0 })
-	r := &waveRun{t: t, ctx: ctx, lab: lab, start: time.Now(), pools: map[string]string{}}
+	r := &waveRun{t: t, ctx: ctx, lab: lab, start: time.Now(), sites: map[string]string{}}
 
-	// Two hosts per cluster, and an API load balancer per cluster on the
-	// lab gateway (the lab's own fronts every host: three clusters cannot
+	// Two hosts per store, and an API load balancer per store on the lab
+	// gateway (the lab's own fronts every host: three clusters cannot
 	// share it).
 	for i, c := range waveClusters {
 		a, b := lab.HostResource(2*i+1), lab.HostResource(2*i+2)
-		r.pools[a], r.pools[b] = c, c
+		r.sites[a], r.sites[b] = c, c
 		lb, err := rack.ListenLoadBalancer(r.endpoint(i),
 			[]string{net.JoinHostPort(lab.HostAddress(2*i+1), "6443"), net.JoinHostPort(lab.HostAddress(2*i+2), "6443")},
 			slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -72,85 +93,101 @@ func TestLabRolloutWaves(t *testing.T) {
 		t.Cleanup(func() { lb.Close() })
 	}
 	r.registerHosts()
-	for i, c := range waveClusters {
-		r.apply([]byte(r.clusterYAML(c, i, tag)))
-	}
-	r.mark("applied clusters %s (1 control plane each, waves 1, 2, 3) on hosts %s", strings.Join(waveClusters, ", "), r.poolsText())
+
+	// The fleet repository, as a user keeps it: a copy of
+	// examples/fleet-lab with the lab's gateway in the endpoints.
+	repo := r.checkout()
+	r.applyRepo(repo)
+	r.mark("applied %s: ClusterClass %s, clusters %s (waves 1, 2, 3) on hosts %s", "examples/fleet-lab", waveClass, strings.Join(waveClusters, ", "), r.sitesText())
 	r.waitAll("every cluster Ready", func(s map[string]*fleet.Snapshot) bool {
 		for _, c := range waveClusters {
-			if !s[c].Ready() || !running(s[c], 1) {
+			if !s[c].Ready() || !running(s[c], 1) || !topologyplan.Reconciled(s[c].Cluster) {
 				return false
 			}
 		}
 		return true
 	})
 	before := r.snapshots()
-	r.mark("clusters Ready: %s", r.cpHosts(before))
+	for _, c := range waveClusters {
+		require.EqualValues(t, 1, before[c].Cluster.GetStatus().GetTopology().GetClassRevision(), "cluster %s follows revision 1", c)
+	}
+	r.mark("clusters Ready at revision 1: %s", r.cpHosts(before))
+	r.logGet("clusterclasses")
 
-	// The change: the same bits under a new tag (as TestLabLifecycle).
-	tag2 := tag + "-r2"
-	r.apply(sameBitsImage(t, ctx, lab, tag, tag2))
+	// The new image: the same bits under a new tag (as TestLabLifecycle),
+	// labelled patch=2.
+	tag2 := tag + "-p2"
+	img := map[string]any{}
+	b, err := lab.Kilnctl(ctx, nil, "get", "image", tag, "-o", "yaml")
+	require.NoError(t, err)
+	require.NoError(t, yaml.Unmarshal([]byte(b), &img))
+	meta, _ := img["metadata"].(map[string]any)
+	labels, _ := meta["labels"].(map[string]any)
+	require.NotNil(t, labels, "image %s has labels", tag)
+	labels["patch"] = "2"
+	img["metadata"] = map[string]any{"name": tag2, "labels": labels}
+	delete(img, "status")
+	out, err := yaml.Marshal(img)
+	require.NoError(t, err)
+	r.apply(out)
+	r.mark("published image %s (labels %v)", tag2, labels)
 
-	// The injected failure: w2's spare host leaves its pool.
+	// The injected failure: store-2's spare host leaves its site.
 	spare := ""
-	for h, pool := range r.pools {
-		if pool == "w2" && machineOnHost(before["w2"], h) == nil {
+	for h, site := range r.sites {
+		if site == "store-2" && machineOnHost(before["store-2"], h) == nil {
 			spare = h
 		}
 	}
-	require.NotEmpty(t, spare, "w2 has a spare host")
-	r.pools[spare] = "repair"
+	require.NotEmpty(t, spare, "store-2 has a spare host")
+	r.sites[spare] = "repair"
 	r.registerHosts()
-	r.mark("failure injected: w2's spare host %s taken out of its pool (pool=repair)", spare)
+	r.mark("failure injected: store-2's spare host %s taken out of its site (site=repair)", spare)
 
-	r.apply([]byte(fmt.Sprintf(`apiVersion: kiln.dev/v1
-kind: Rollout
-metadata:
-  name: waves
-spec:
-  change:
-    image: %s
-  clusterSelector:
-    fleet: waves
-  bake: 20s
-  maxConcurrent: 1
-  halt:
-    readyTimeout: 15m
-    conditions:
-    - type: EtcdQuorum
-      status: "False"
-      timeout: 20s
-`, tag2)))
-	r.mark("applied Rollout waves: image %s to clusters with fleet=waves, by upgrade-wave", tag2)
+	// The class change: revision 2, as a commit to the repository.
+	cf := filepath.Join(repo, "clusterclasses", waveClass+".yaml")
+	cb, err := os.ReadFile(cf)
+	require.NoError(t, err)
+	require.Equal(t, 1, strings.Count(string(cb), revision2), "%s: the revision-2 line", cf)
+	require.NoError(t, os.WriteFile(cf, []byte(strings.Replace(string(cb), revision2, strings.TrimPrefix(revision2, "# "), 1)), 0o644))
+	r.applyRepo(repo)
+	r.ro = topologyplan.RolloutName(waveClass, 2)
+	r.mark("class change applied: %s's control-plane imageSelector gains patch=2", waveClass)
 
 	r.waitRollout("wave 1 baking", func(ro *typesv1.Rollout) bool { return ro.GetStatus().GetPhase() == rolloutplan.PhaseBaking })
+	r.logGet("clusterclasses")
 	s := r.snapshots()
-	require.Equal(t, tag2, cpMachine(t, s["w1"]).GetSpec().GetImage(), "w1 after wave 1")
-	require.NotEqual(t, cpMachine(t, before["w1"]).GetSpec().GetHost(), cpMachine(t, s["w1"]).GetSpec().GetHost(), "w1 moved to its spare host")
-	require.Equal(t, tag, cpMachine(t, s["w2"]).GetSpec().GetImage(), "w2 during wave 1's bake")
+	require.Equal(t, tag2, cpMachine(t, s["store-1"]).GetSpec().GetImage(), "store-1 after wave 1")
+	require.NotEqual(t, cpMachine(t, before["store-1"]).GetSpec().GetHost(), cpMachine(t, s["store-1"]).GetSpec().GetHost(), "store-1 moved to its spare host")
+	require.EqualValues(t, 2, s["store-1"].Cluster.GetStatus().GetTopology().GetClassRevision(), "store-1 follows revision 2")
+	require.Equal(t, tag, cpMachine(t, s["store-2"]).GetSpec().GetImage(), "store-2 during wave 1's bake")
 
 	ro := r.waitRollout("halted in wave 2", func(ro *typesv1.Rollout) bool { return ro.GetStatus().GetPhase() == rolloutplan.PhaseHalted })
 	prog := conditions.Get(ro.GetStatus().GetConditions(), rolloutplan.ConditionProgressing)
 	require.Equal(t, rolloutplan.ReasonHaltCondition, prog.GetReason())
-	require.Contains(t, prog.GetMessage(), "wave 2: control plane w2-cp has EtcdQuorum=False")
+	require.Contains(t, prog.GetMessage(), "wave 2: control plane store-2-control-plane has HostsAvailable=False for 20s (timeout 20s): NoSpareHost: ")
+	require.Contains(t, prog.GetMessage(), "site=store-2")
 	r.mark("halt reason %s: %s", prog.GetReason(), prog.GetMessage())
 	require.Equal(t, []string{rolloutplan.WaveDone, rolloutplan.WaveHalted, rolloutplan.WaveWaiting}, waveStates(ro))
 	s = r.snapshots()
-	w3, w3Before := cpMachine(t, s["w3"]), cpMachine(t, before["w3"])
+	w3, w3Before := cpMachine(t, s["store-3"]), cpMachine(t, before["store-3"])
 	require.Equal(t, w3Before.GetMetadata().GetUid(), w3.GetMetadata().GetUid(), "wave 3 untouched: its machine")
 	require.Equal(t, tag, w3.GetSpec().GetImage(), "wave 3 untouched: its image")
-	require.EqualValues(t, 1, s["w3"].ControlPlanes["w3-cp"].GetMetadata().GetGeneration(), "wave 3 untouched: its ControlPlane spec")
-	desc, err := lab.Kilnctl(ctx, nil, "describe", "rollout", "waves")
+	require.EqualValues(t, 1, s["store-3"].Cluster.GetStatus().GetTopology().GetClassRevision(), "wave 3 untouched: its revision")
+	cp3 := "store-3-control-plane"
+	require.Equal(t, before["store-3"].ControlPlanes[cp3].GetMetadata().GetGeneration(), s["store-3"].ControlPlanes[cp3].GetMetadata().GetGeneration(), "wave 3 untouched: its ControlPlane spec")
+	require.Equal(t, "1", s["store-3"].ControlPlanes[cp3].GetMetadata().GetAnnotations()[topologyplan.AnnotationRevision], "wave 3 untouched: its ControlPlane's revision")
+	desc, err := lab.Kilnctl(ctx, nil, "describe", "rollout", r.ro)
 	require.NoError(t, err)
-	t.Logf("kilnctl describe rollout waves (halted):\n%s", desc)
+	t.Logf("kilnctl describe rollout %s (halted):\n%s", r.ro, desc)
 
 	// The fix, then resume.
-	r.pools[spare] = "w2"
+	r.sites[spare] = "store-2"
 	r.registerHosts()
-	r.mark("fixed: %s back in w2's pool", spare)
-	got, err := lab.Kilnctl(ctx, nil, "rollout", "resume", "waves")
+	r.mark("fixed: %s back in store-2's site", spare)
+	got, err := lab.Kilnctl(ctx, nil, "rollout", "resume", r.ro)
 	require.NoError(t, err)
-	r.mark("kilnctl rollout resume waves: %s", strings.TrimSpace(got))
+	r.mark("kilnctl rollout resume %s: %s", r.ro, strings.TrimSpace(got))
 
 	ro = r.waitRollout("complete", func(ro *typesv1.Rollout) bool { return ro.GetStatus().GetPhase() == rolloutplan.PhaseComplete })
 	s = r.snapshots()
@@ -159,12 +196,15 @@ spec:
 		require.Equal(t, tag2, m.GetSpec().GetImage(), "cluster %s", c)
 		require.NotEqual(t, cpMachine(t, before[c]).GetSpec().GetHost(), m.GetSpec().GetHost(), "cluster %s: control plane on its other host", c)
 		require.True(t, s[c].Ready(), "cluster %s Ready", c)
+		require.EqualValues(t, 2, s[c].Cluster.GetStatus().GetTopology().GetClassRevision(), "cluster %s follows revision 2", c)
+		require.True(t, topologyplan.Reconciled(s[c].Cluster), "cluster %s reconciled to revision 2", c)
 	}
 	r.mark("complete: %s", r.cpHosts(s))
 	for _, rc := range ro.GetStatus().GetClusters() {
 		r.mark("cluster %s wave %s: started %s, done %s (from %s)", rc.GetName(), rc.GetWave(),
 			rc.GetStartTime().AsTime().UTC().Format(time.TimeOnly), rc.GetDoneTime().AsTime().UTC().Format(time.TimeOnly), rc.GetFrom())
 	}
+	r.logGet("clusterclasses")
 	r.timeline()
 }
 
@@ -175,8 +215,11 @@ type waveRun struct {
 	lab   *fleet.Lab
 	start time.Time
 	lines []string
-	// pools maps each lab host to the pool label its cluster selects.
-	pools   map[string]string
+	// sites maps each lab host to its site label (the class's
+	// hostSelector is site: ${site}).
+	sites map[string]string
+	// ro is the Rollout of the class change.
+	ro      string
 	lastGet string
 }
 
@@ -202,7 +245,47 @@ func (r *waveRun) apply(b []byte) {
 	require.NoError(r.t, err, "kilnctl apply:\n%s", b)
 }
 
-// registerHosts applies the rack's hosts labelled with their pools.
+// checkout copies examples/fleet-lab to a directory of its own, with the
+// lab's gateway in place of the default lab subnet's in every endpoint.
+func (r *waveRun) checkout() string {
+	r.t.Helper()
+	src := filepath.Join(repoRoot(), "examples", "fleet-lab")
+	dst := r.t.TempDir()
+	files, err := manifest.FilesRecursive(src)
+	require.NoError(r.t, err)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		require.NoError(r.t, err)
+		rel, err := filepath.Rel(src, f)
+		require.NoError(r.t, err)
+		if strings.HasPrefix(rel, "clusters"+string(filepath.Separator)) {
+			require.Equal(r.t, 1, strings.Count(string(b), exampleGateway), "%s: one endpoint on %s", f, exampleGateway)
+			require.Contains(r.t, string(b), "version: "+kubetools.Pinned().Kubernetes, "%s: the lab's Kubernetes version", f)
+			b = []byte(strings.ReplaceAll(string(b), exampleGateway, r.lab.Gateway()+":"))
+		}
+		require.NoError(r.t, os.MkdirAll(filepath.Join(dst, filepath.Dir(rel)), 0o755))
+		require.NoError(r.t, os.WriteFile(filepath.Join(dst, rel), b, 0o644))
+	}
+	return dst
+}
+
+// applyRepo runs kilnctl apply -R -f dir and logs what it said.
+func (r *waveRun) applyRepo(dir string) {
+	r.t.Helper()
+	out, err := r.lab.Kilnctl(r.ctx, nil, "apply", "-R", "-f", dir)
+	require.NoError(r.t, err, "kilnctl apply -R -f %s: %s", dir, out)
+	r.t.Logf("kilnctl apply -R -f %s:\n%s", dir, out)
+}
+
+// logGet logs kilnctl get kind.
+func (r *waveRun) logGet(kind string) {
+	r.t.Helper()
+	out, err := r.lab.Kilnctl(r.ctx, nil, "get", kind)
+	require.NoError(r.t, err)
+	r.mark("kilnctl get %s:\n%s", kind, strings.TrimRight(out, "\n"))
+}
+
+// registerHosts applies the rack's hosts labelled with their sites.
 func (r *waveRun) registerHosts() {
 	out, err := r.lab.HostsYAML(r.ctx)
 	require.NoError(r.t, err)
@@ -216,50 +299,18 @@ func (r *waveRun) registerHosts() {
 		if labels == nil {
 			labels = map[string]any{}
 		}
-		labels["pool"] = r.pools[meta["name"].(string)]
+		labels["site"] = r.sites[meta["name"].(string)]
 		meta["labels"] = labels
 	}
 	r.apply(joinDocs(r.t, docs))
 }
 
-func (r *waveRun) poolsText() string {
+func (r *waveRun) sitesText() string {
 	var parts []string
-	for _, h := range sortedNames(r.pools) {
-		parts = append(parts, h+"="+r.pools[h])
+	for _, h := range sortedNames(r.sites) {
+		parts = append(parts, h+"="+r.sites[h])
 	}
 	return strings.Join(parts, " ")
-}
-
-// clusterYAML is cluster name (wave i+1): one control plane, rolled
-// 1→2→1 onto its spare host, behind its own API load balancer.
-func (r *waveRun) clusterYAML(name string, i int, image string) string {
-	return fmt.Sprintf(`apiVersion: kiln.dev/v1
-kind: Cluster
-metadata:
-  name: %[1]s
-  labels:
-    fleet: waves
-    upgrade-wave: "%[2]d"
-spec:
-  kubernetesVersion: %[3]s
-  podCidr: 10.244.0.0/16
-  serviceCidr: 10.96.0.0/12
-  dnsDomain: cluster.local
-  controlPlaneEndpoint: %[4]s
----
-apiVersion: kiln.dev/v1
-kind: ControlPlane
-metadata:
-  name: %[1]s-cp
-spec:
-  cluster: %[1]s
-  replicas: 1
-  version: %[3]s
-  image: %[5]s
-  hostSelector:
-    pool: %[1]s
-  rolloutMaxSurge: 1
-`, name, i+1, kubetools.Pinned().Kubernetes, r.endpoint(i), image)
 }
 
 func (r *waveRun) snapshots() map[string]*fleet.Snapshot {
@@ -316,11 +367,11 @@ func (r *waveRun) waitAll(what string, done func(map[string]*fleet.Snapshot) boo
 	}
 }
 
-// waitRollout polls Rollout waves every 2 s until done, logging each new
-// kilnctl get rollouts line as a timeline line.
+// waitRollout polls Rollout r.ro every 2 s until done, logging each new
+// kilnctl get rollouts line of it as a timeline line.
 func (r *waveRun) waitRollout(what string, done func(*typesv1.Rollout) bool) *typesv1.Rollout {
 	r.t.Helper()
-	return waitRollout(r.t, r.ctx, r.lab, "waves", what, &r.lastGet, r.mark, done)
+	return waitRollout(r.t, r.ctx, r.lab, r.ro, what, &r.lastGet, r.mark, done)
 }
 
 // waitRollout polls Rollout name every 2 s until done, marking each new
@@ -330,16 +381,17 @@ func waitRollout(t *testing.T, ctx context.Context, lab *fleet.Lab, name, what s
 	t.Helper()
 	for {
 		if out, err := lab.Kilnctl(ctx, nil, "get", "rollouts"); err == nil {
-			// The row under the header. The bake's time left changes every
-			// poll: log a new state only.
-			_, row, _ := strings.Cut(strings.TrimSpace(out), "\n")
-			fields := strings.Fields(row)
-			if len(fields) > 0 {
-				fields = fields[:len(fields)-1] // AGE
+			// The rollout's row. The bake's time left changes every poll:
+			// log a new state only.
+			var fields []string
+			for _, row := range strings.Split(out, "\n") {
+				if f := strings.Fields(row); len(f) > 1 && f[0] == name {
+					fields = f[:len(f)-1] // AGE
+				}
 			}
 			line := strings.Join(fields, " ")
 			key := bakeLeftPattern(line)
-			if key != *lastGet {
+			if line != "" && key != *lastGet {
 				*lastGet = key
 				mark("kilnctl get rollouts: %s", line)
 			}
