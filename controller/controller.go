@@ -711,7 +711,10 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 	ex := provision.New(deps, cfg, c.log)
 	// The cluster executor bootstraps the Machines of each Cluster on the
 	// hosts the lifecycle provisions (controller/clusterexec).
-	cxDeps := clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(deps.Agents), Drain: drain.Drain, DeleteNode: drain.DeleteNode}
+	// Each cluster reconcile reads every Host; the cache decodes each
+	// change of a host once instead (store.Cache).
+	hosts := clusterexec.NewHostCache(st)
+	cxDeps := clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(deps.Agents), Drain: drain.Drain, DeleteNode: drain.DeleteNode, Hosts: hosts}
 	if c.metrics != nil {
 		cxDeps.Observer = c.metrics
 	}
@@ -725,6 +728,8 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 		rolloutexec.Config{Interval: c.cfg.ReconcileInterval, Clock: c.cfg.Clock}, c.log)
 	cxDone := make(chan struct{})
 	rxDone := make(chan struct{})
+	cacheDone := make(chan struct{})
+	go func() { defer close(cacheDone); hosts.Run(lctx) }()
 	go func() { defer close(done); _ = ex.Run(lctx) }()
 	go func() { defer close(cxDone); _ = cx.Run(lctx) }()
 	go func() { defer close(rxDone); _ = rx.Run(lctx) }()
@@ -732,6 +737,7 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 		<-done
 		<-cxDone
 		<-rxDone
+		<-cacheDone
 		if pool != nil {
 			pool.Close()
 		}
