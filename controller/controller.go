@@ -717,7 +717,10 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 	// The cluster executor bootstraps the Machines of each Cluster on the
 	// hosts the lifecycle provisions (controller/clusterexec); sharded, it
 	// stays on the leader.
-	cxDeps := clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(deps.Agents), Drain: drain.Drain, DeleteNode: drain.DeleteNode}
+	// Each cluster reconcile reads every Host; the cache decodes each
+	// change of a host once instead (store.Cache).
+	hosts := clusterexec.NewHostCache(st)
+	cxDeps := clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(deps.Agents), Drain: drain.Drain, DeleteNode: drain.DeleteNode, Hosts: hosts}
 	if c.metrics != nil {
 		cxDeps.Observer = c.metrics
 	}
@@ -731,6 +734,8 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 		rolloutexec.Config{Interval: c.cfg.ReconcileInterval, Clock: c.cfg.Clock}, c.log)
 	cxDone := make(chan struct{})
 	rxDone := make(chan struct{})
+	cacheDone := make(chan struct{})
+	go func() { defer close(cacheDone); hosts.Run(lctx) }()
 	go func() {
 		defer close(done)
 		if ex != nil {
@@ -743,6 +748,7 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 		<-done
 		<-cxDone
 		<-rxDone
+		<-cacheDone
 		closeDeps()
 	}
 }

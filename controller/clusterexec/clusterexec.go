@@ -172,6 +172,24 @@ type Deps struct {
 	// Observer, when set, is told of finished operations and of each
 	// cluster reconcile (metrics).
 	Observer Observer
+	// Hosts, when set, is where a reconcile reads every Host for the
+	// planners' choice of spare hosts: a store.Cache of HostsKind, run by
+	// the caller. Hosts are the fleet's largest kind and each cluster
+	// reconcile read them all, so without it a pass over the clusters
+	// costs clusters × hosts. A stale host there is harmless: binding it
+	// is a compare-and-swap on the stored host. Nil lists them from Store.
+	Hosts HostCache
+}
+
+// HostCache is the List of a store.Cache of hosts (NewHostCache).
+type HostCache interface {
+	List(ctx context.Context) ([]store.Item, error)
+}
+
+// NewHostCache returns a cache of the Hosts of st for Deps.Hosts; the
+// caller runs it (Run) while the Executor runs.
+func NewHostCache(st *store.Store) *store.Cache {
+	return store.NewCache(st, HostsKind, func() proto.Message { return &typesv1.Host{} })
 }
 
 // Observer is told what the executor did (*metrics.Metrics). Its methods
@@ -484,10 +502,16 @@ func (e *Executor) gather(ctx context.Context, cluster string) (*world, error) {
 	for _, it := range ms {
 		w.machines = append(w.machines, it.Msg.(*typesv1.Machine))
 	}
-	hs, err := store.ListAll(ctx, st, HostsKind, func() proto.Message { return &typesv1.Host{} })
+	var hs []store.Item
+	if e.deps.Hosts != nil {
+		hs, err = e.deps.Hosts.List(ctx)
+	} else {
+		hs, err = store.ListAll(ctx, st, HostsKind, func() proto.Message { return &typesv1.Host{} })
+	}
 	if err != nil {
 		return nil, err
 	}
+	// (From the cache the hosts are shared: the planners only read them.)
 	for _, it := range hs {
 		w.hosts = append(w.hosts, it.Msg.(*typesv1.Host))
 	}

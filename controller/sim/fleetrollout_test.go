@@ -117,12 +117,14 @@ func newFleetWorld(t testing.TB, sz fleetSize) *fleetWorld {
 			ISOURL:         func(h string) string { return "http://boot.sim/boot/iso/" + h + ".iso" },
 			ResyncInterval: 10 * time.Second,
 		}, log)
-	cx := clusterexec.New(clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(kubeadm.AgentDialer())},
+	hosts := clusterexec.NewHostCache(st)
+	cx := clusterexec.New(clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(kubeadm.AgentDialer()), Hosts: hosts},
 		clusterexec.Config{Interval: sz.interval, ClusterWorkers: sz.clusterWorkers, LongActions: sz.longActions}, log)
 	tx := topologyexec.New(st, rec, topologyexec.Config{Interval: sz.interval}, log)
 	rx := rolloutexec.New(rolloutexec.Deps{Store: st, Events: rec}, rolloutexec.Config{Interval: sz.interval}, log)
 	var wg sync.WaitGroup
-	for _, run := range []func(context.Context) error{life.Run, cx.Run, tx.Run, rx.Run} {
+	runHosts := func(ctx context.Context) error { hosts.Run(ctx); return nil }
+	for _, run := range []func(context.Context) error{runHosts, life.Run, cx.Run, tx.Run, rx.Run} {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = run(ctx) }()
 	}

@@ -95,6 +95,9 @@ type ListOptions struct {
 	// stored size of the page's items to MaxBytes or more (a page holds at
 	// least one item), with a continue token when more remain.
 	MaxBytes int64
+	// NamePrefix, when set, lists only the resources whose name starts
+	// with it (one etcd range read of those keys, not of the whole kind).
+	NamePrefix string
 }
 
 var marshal = proto.MarshalOptions{Deterministic: true}
@@ -272,22 +275,51 @@ func mismatch(resp *clientv3.TxnResponse, kind, name string, expectRev int64) er
 // consistent snapshot; a token older than the compaction window fails with
 // FailedPrecondition (start the listing again).
 func (s *Store) List(ctx context.Context, kind string, newMsg func() proto.Message, opts ListOptions) ([]Item, string, error) {
+	items, next, _, err := s.list(ctx, kind, newMsg, opts)
+	return items, next, err
+}
+
+// ListAllAt is ListAll that also returns the store revision the listing
+// read: a Watch from that revision + 1 sees every change after it.
+func (s *Store) ListAllAt(ctx context.Context, kind string, newMsg func() proto.Message) ([]Item, int64, error) {
+	var out []Item
+	opts := ListOptions{Limit: 1000}
+	for {
+		items, next, rev, err := s.list(ctx, kind, newMsg, opts)
+		if err != nil {
+			return nil, 0, fmt.Errorf("list %s: %w", kind, err)
+		}
+		out = append(out, items...)
+		if next == "" {
+			return out, rev, nil
+		}
+		opts.Continue = next
+	}
+}
+
+func (s *Store) list(ctx context.Context, kind string, newMsg func() proto.Message, opts ListOptions) ([]Item, string, int64, error) {
 	if err := checkKind(kind); err != nil {
-		return nil, "", err
+		return nil, "", 0, err
+	}
+	if strings.Contains(opts.NamePrefix, "/") {
+		return nil, "", 0, errdefs.InvalidArgument("name prefix %q: character '/' not allowed", opts.NamePrefix)
 	}
 	prefix := Prefix + kind + "/"
-	start := prefix
+	start := prefix + opts.NamePrefix
+	end := clientv3.GetPrefixRangeEnd(start)
 	var rev int64
 	if opts.Continue != "" {
 		r, after, err := decodeContinue(opts.Continue)
 		if err != nil {
-			return nil, "", err
+			return nil, "", 0, err
 		}
 		rev = r
-		start = prefix + after + "\x00"
+		if after >= opts.NamePrefix {
+			start = prefix + after + "\x00"
+		}
 	}
 	getOpts := []clientv3.OpOption{
-		clientv3.WithRange(clientv3.GetPrefixRangeEnd(prefix)),
+		clientv3.WithRange(end),
 		clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend),
 	}
 	if opts.Limit > 0 {
@@ -299,9 +331,9 @@ func (s *Store) List(ctx context.Context, kind string, newMsg func() proto.Messa
 	resp, err := s.client.Get(ctx, start, getOpts...)
 	if err != nil {
 		if errors.Is(err, rpctypes.ErrCompacted) {
-			return nil, "", errdefs.FailedPrecondition("list %s: continue token expired (revision %d compacted); list again from the start", kind, rev)
+			return nil, "", 0, errdefs.FailedPrecondition("list %s: continue token expired (revision %d compacted); list again from the start", kind, rev)
 		}
-		return nil, "", etcdErr(ctx, "list "+prefix, err)
+		return nil, "", 0, etcdErr(ctx, "list "+prefix, err)
 	}
 	if rev == 0 {
 		rev = resp.Header.Revision
@@ -313,7 +345,7 @@ func (s *Store) List(ctx context.Context, kind string, newMsg func() proto.Messa
 		name := strings.TrimPrefix(string(kv.Key), prefix)
 		m := newMsg()
 		if err := proto.Unmarshal(kv.Value, m); err != nil {
-			return nil, "", fmt.Errorf("list %s: decode %q: %w", kind, name, err)
+			return nil, "", 0, fmt.Errorf("list %s: decode %q: %w", kind, name, err)
 		}
 		items = append(items, Item{Name: name, Rev: kv.ModRevision, Msg: m})
 		if size += int64(len(kv.Value)); opts.MaxBytes > 0 && size >= opts.MaxBytes && i < len(resp.Kvs)-1 {
@@ -325,7 +357,7 @@ func (s *Store) List(ctx context.Context, kind string, newMsg func() proto.Messa
 	if more && len(items) > 0 {
 		next = encodeContinue(rev, items[len(items)-1].Name)
 	}
-	return items, next, nil
+	return items, next, rev, nil
 }
 
 // A continue token is base64url("<rev>/<last name>").
@@ -407,10 +439,17 @@ type Lister interface {
 // ListAll lists every resource of kind, in name order, a page of 1,000 at
 // a time from one consistent snapshot (List).
 func ListAll(ctx context.Context, l Lister, kind string, newMsg func() proto.Message) ([]Item, error) {
+	return ListPrefix(ctx, l, kind, "", newMsg)
+}
+
+// ListPrefix is ListAll of the resources whose name starts with prefix
+// (ListOptions.NamePrefix): its cost is that of the names it matches, not
+// of the whole kind.
+func ListPrefix(ctx context.Context, l Lister, kind, prefix string, newMsg func() proto.Message) ([]Item, error) {
 	var out []Item
 	cont := ""
 	for {
-		items, next, err := l.List(ctx, kind, newMsg, ListOptions{Limit: 1000, Continue: cont})
+		items, next, err := l.List(ctx, kind, newMsg, ListOptions{Limit: 1000, Continue: cont, NamePrefix: prefix})
 		if err != nil {
 			return nil, fmt.Errorf("list %s: %w", kind, err)
 		}

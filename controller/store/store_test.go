@@ -269,6 +269,57 @@ func TestListPages(t *testing.T) {
 	}
 }
 
+func TestListNamePrefix(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := testCtx(t)
+	for _, name := range []string{"a-control-plane", "a-app", "a-b-control-plane", "a-b-app", "ab-app", "b-app", "a"} {
+		_, err := s.Create(ctx, "machinedeployments", name, host(name, ""))
+		require.NoError(t, err)
+	}
+	_, err := s.Create(ctx, "machinedeploymentsx", "a-x", host("a-x", ""))
+	require.NoError(t, err)
+	newHost := func() proto.Message { return &typesv1.Host{} }
+	names := func(items []Item) []string {
+		var out []string
+		for _, it := range items {
+			out = append(out, it.Name)
+		}
+		return out
+	}
+
+	items, err := ListPrefix(ctx, s, "machinedeployments", "a-", newHost)
+	require.NoError(t, err)
+	require.Equal(t, []string{"a-app", "a-b-app", "a-b-control-plane", "a-control-plane"}, names(items))
+
+	// Paged: the pages stay within the prefix.
+	var got []string
+	opts := ListOptions{Limit: 3, NamePrefix: "a-"}
+	for {
+		items, next, err := s.List(ctx, "machinedeployments", newHost, opts)
+		require.NoError(t, err)
+		got = append(got, names(items)...)
+		if next == "" {
+			break
+		}
+		opts.Continue = next
+	}
+	require.Equal(t, []string{"a-app", "a-b-app", "a-b-control-plane", "a-control-plane"}, got)
+
+	// A continue token of a listing of the whole kind does not lead
+	// outside the prefix.
+	_, next, err := s.List(ctx, "machinedeployments", newHost, ListOptions{Limit: 1})
+	require.NoError(t, err) // after "a"
+	items, _, err = s.List(ctx, "machinedeployments", newHost, ListOptions{Continue: next, NamePrefix: "b-"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"b-app"}, names(items))
+
+	items, err = ListPrefix(ctx, s, "machinedeployments", "zz", newHost)
+	require.NoError(t, err)
+	require.Empty(t, items)
+	_, _, err = s.List(ctx, "machinedeployments", newHost, ListOptions{NamePrefix: "a/"})
+	require.True(t, errdefs.IsInvalidArgument(err), "List(prefix with /) = %v, want InvalidArgument", err)
+}
+
 func recv(t *testing.T, ch <-chan WatchEvent) WatchEvent {
 	t.Helper()
 	select {

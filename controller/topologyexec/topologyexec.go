@@ -80,6 +80,12 @@ type Executor struct {
 	rec Recorder
 	cfg Config
 	log *slog.Logger
+
+	mu sync.Mutex
+	// seen is what PlanClass reads of each cluster the watch saw, as
+	// classView: its class is queued when that changes, not on every
+	// status write of the cluster (each would list every cluster).
+	seen map[string]string
 }
 
 // New returns an Executor.
@@ -93,7 +99,7 @@ func New(st Store, rec Recorder, cfg Config, log *slog.Logger) *Executor {
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
-	return &Executor{st: st, rec: rec, cfg: cfg, log: log.With("component", "topology")}
+	return &Executor{st: st, rec: rec, cfg: cfg, log: log.With("component", "topology"), seen: map[string]string{}}
 }
 
 // Queue keys: "cluster/NAME" and "class/NAME".
@@ -151,9 +157,26 @@ func (e *Executor) route(ctx context.Context, q workqueue.TypedRateLimitingInter
 	switch kind {
 	case ClustersKind:
 		q.Add(clusterKey + ev.Name)
+		var view string
 		c := &typesv1.Cluster{}
 		if ev.Type == store.EventPut && proto.Unmarshal(ev.Value, c) == nil {
-			if cl := c.GetSpec().GetTopology().GetClass(); cl != "" {
+			view = classView(c)
+		}
+		e.mu.Lock()
+		old := e.seen[ev.Name]
+		if view == "" {
+			delete(e.seen, ev.Name)
+		} else {
+			e.seen[ev.Name] = view
+		}
+		e.mu.Unlock()
+		if view == old {
+			return
+		}
+		// The class the cluster left (or that lost it), and the one it
+		// is in now.
+		for _, v := range []string{old, view} {
+			if cl, _, _ := strings.Cut(v, "\x00"); cl != "" {
 				q.Add(classKey + cl)
 			}
 		}
@@ -181,6 +204,16 @@ func (e *Executor) route(ctx context.Context, q workqueue.TypedRateLimitingInter
 			}
 		}
 	}
+}
+
+// classView is what PlanClass reads of cluster c: its class, its pin and
+// whether it is reconciled ("" for a cluster without a topology).
+func classView(c *typesv1.Cluster) string {
+	cl := c.GetSpec().GetTopology().GetClass()
+	if cl == "" {
+		return ""
+	}
+	return fmt.Sprintf("%s\x00%d\x00%t", cl, c.GetStatus().GetTopology().GetClassRevision(), topologyplan.Reconciled(c))
 }
 
 func (e *Executor) enqueueAll(ctx context.Context, q workqueue.TypedRateLimitingInterface[string]) {
@@ -336,10 +369,16 @@ func (e *Executor) deleteDerived(ctx context.Context, cluster string) error {
 	return nil
 }
 
-// observe fills in the objects labelled as derived from cluster.
+// observe fills in the objects labelled as derived from cluster. Derived
+// objects are named after their cluster (topologyplan.ControlPlaneName,
+// PoolName: "<cluster>-..."), so only the names with that prefix are
+// read, not every object of the kind: a reconcile costs what the cluster
+// has, not what the fleet has. The label decides (cluster "a-b"'s objects
+// also start with "a-").
 func (e *Executor) observe(ctx context.Context, cluster string, in *topologyplan.Input) error {
 	owned := func(m proto.Message) bool { return metaOf(m).GetLabels()[topologyplan.LabelOwned] == cluster }
-	cps, err := store.ListAll(ctx, e.st, ControlPlanesKind, func() proto.Message { return &typesv1.ControlPlane{} })
+	prefix := cluster + "-"
+	cps, err := store.ListPrefix(ctx, e.st, ControlPlanesKind, prefix, func() proto.Message { return &typesv1.ControlPlane{} })
 	if err != nil {
 		return err
 	}
@@ -348,7 +387,7 @@ func (e *Executor) observe(ctx context.Context, cluster string, in *topologyplan
 			in.ControlPlanes = append(in.ControlPlanes, it.Msg.(*typesv1.ControlPlane))
 		}
 	}
-	mds, err := store.ListAll(ctx, e.st, MachineDeploymentsKind, func() proto.Message { return &typesv1.MachineDeployment{} })
+	mds, err := store.ListPrefix(ctx, e.st, MachineDeploymentsKind, prefix, func() proto.Message { return &typesv1.MachineDeployment{} })
 	if err != nil {
 		return err
 	}
@@ -357,7 +396,7 @@ func (e *Executor) observe(ctx context.Context, cluster string, in *topologyplan
 			in.MachineDeployments = append(in.MachineDeployments, it.Msg.(*typesv1.MachineDeployment))
 		}
 	}
-	hcs, err := store.ListAll(ctx, e.st, HealthChecksKind, func() proto.Message { return &typesv1.HealthCheck{} })
+	hcs, err := store.ListPrefix(ctx, e.st, HealthChecksKind, prefix, func() proto.Message { return &typesv1.HealthCheck{} })
 	if err != nil {
 		return err
 	}
