@@ -268,7 +268,11 @@ func Build(ctx context.Context, spec Spec, progress func(string)) (*Manifest, er
 
 	m := &Manifest{Kernel: *k, Modules: mods, MissingModules: missing,
 		BuildDate: time.Unix(spec.SourceDateEpoch, 0).UTC(), SourceDateEpoch: spec.SourceDateEpoch}
-	for _, in := range []struct{ name, path string }{{"kiln-agent", spec.AgentBinary}, {"busybox", spec.Busybox}, {"debugfs", spec.Debugfs}} {
+	inputs := []struct{ name, path string }{{"kiln-agent", spec.AgentBinary}, {"busybox", spec.Busybox}, {"debugfs", spec.Debugfs}}
+	for _, d := range debugfsDeps { // named by their path in the initramfs
+		inputs = append(inputs, struct{ name, path string }{d.Path, d.Source})
+	}
+	for _, in := range inputs {
 		f, err := hashFile(in.path)
 		if err != nil {
 			return nil, err

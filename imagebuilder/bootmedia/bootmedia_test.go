@@ -235,8 +235,8 @@ func TestBuild(t *testing.T) {
 	if !read.BuildDate.Equal(time.Unix(1764633600, 0)) || read.SourceDateEpoch != 1764633600 {
 		t.Errorf("manifest build date %s, epoch %d: want the spec's epoch 1764633600", read.BuildDate, read.SourceDateEpoch)
 	}
-	if len(read.Inputs) != 3 || read.Inputs[0].Name != "kiln-agent" || read.Inputs[0].SHA256 == "" || read.Inputs[1].Name != "busybox" || read.Inputs[2].Name != "debugfs" {
-		t.Errorf("manifest inputs = %+v, want kiln-agent, busybox and debugfs with their sha256", read.Inputs)
+	if len(read.Inputs) < 4 || read.Inputs[0].Name != "kiln-agent" || read.Inputs[0].SHA256 == "" || read.Inputs[1].Name != "busybox" || read.Inputs[2].Name != "debugfs" || read.Inputs[3].Name != "lib/x86_64-linux-gnu/libblkid.so.1" {
+		t.Errorf("manifest inputs = %+v, want kiln-agent, busybox, debugfs and its libraries with their sha256", read.Inputs)
 	}
 	if !strings.HasPrefix(read.Tools["xorriso"], "xorriso ") || !strings.Contains(read.Tools["grub-mkimage"], "GRUB") || !strings.Contains(read.Tools["mformat"], "mtools") {
 		t.Errorf("manifest tools = %q, want the versions of grub-mkimage, xorriso and mformat", read.Tools)
