@@ -56,6 +56,7 @@ grub-pc-bin, grub-efi-amd64-bin), xorriso, mtools.`,
 	cmd.Flags().StringSliceVar(&spec.Modules, "modules", nil, "kernel modules to load at boot (default: virtio, NVMe, SATA, common NICs, ext4, vfat, iso9660)")
 	cmd.Flags().StringVar(&spec.Cmdline, "cmdline", "", "extra kernel parameters of the ISO, e.g. kiln.controller=10.0.0.1:7443")
 	cmd.Flags().StringVar(&spec.Busybox, "busybox", bootmedia.DefaultBusybox, "static busybox binary")
+	cmd.Flags().StringVar(&spec.Debugfs, "debugfs", bootmedia.DefaultDebugfs, "e2fsprogs debugfs; goes into the initramfs with its shared libraries")
 	cmd.Flags().BoolVar(&spec.NoISO, "no-iso", false, "build kernel and initramfs only (iPXE)")
 	cmd.Flags().Int64Var(&spec.SourceDateEpoch, "source-date-epoch", 0, "date of every file in the initramfs and on the ISO, in seconds since 1970 (default $SOURCE_DATE_EPOCH, else 0)")
 	cmd.Flags().StringVar(&cache, "cache", envOr("KILN_CACHE", "/var/cache/kiln"), "cache root; kernels go to <cache>/bootmedia (env KILN_CACHE)")

@@ -38,6 +38,9 @@ const (
 	ISOFile        = "kiln-agent.iso"
 	ManifestFile   = "bootmedia.json"
 	DefaultBusybox = "/bin/busybox"
+	// DefaultDebugfs is e2fsprogs' debugfs on the build machine: the
+	// boot agent writes the host's identity into the laid image with it.
+	DefaultDebugfs = "/usr/sbin/debugfs"
 )
 
 // DefaultModules are the modules the initramfs loads (with their
@@ -78,6 +81,10 @@ type Spec struct {
 	// Busybox is a static busybox (default /bin/busybox from
 	// busybox-static).
 	Busybox string
+	// Debugfs is e2fsprogs' dynamic debugfs (default DefaultDebugfs); it
+	// goes into the initramfs as /sbin/debugfs with its ELF interpreter
+	// and shared libraries, taken from the build machine.
+	Debugfs string
 	// Cmdline is added to the ISO's kernel command line after
 	// DefaultCmdline and kiln.boot=virtualmedia, e.g. kiln.controller=...
 	Cmdline string
@@ -248,7 +255,11 @@ func Build(ctx context.Context, spec Spec, progress func(string)) (*Manifest, er
 	}
 	say("kernel %s (%s)", k.Release, k.Version)
 
-	ar := initramfs(k, mods, spec)
+	debugfsDeps, err := ELFDeps("/", spec.Debugfs)
+	if err != nil {
+		return nil, fmt.Errorf("boot media: debugfs: %w", err)
+	}
+	ar := initramfs(k, mods, spec, debugfsDeps)
 	n, err := writeInitramfs(filepath.Join(tmp, InitrdFile), ar, spec.SourceDateEpoch)
 	if err != nil {
 		return nil, err
@@ -257,7 +268,11 @@ func Build(ctx context.Context, spec Spec, progress func(string)) (*Manifest, er
 
 	m := &Manifest{Kernel: *k, Modules: mods, MissingModules: missing,
 		BuildDate: time.Unix(spec.SourceDateEpoch, 0).UTC(), SourceDateEpoch: spec.SourceDateEpoch}
-	for _, in := range []struct{ name, path string }{{"kiln-agent", spec.AgentBinary}, {"busybox", spec.Busybox}} {
+	inputs := []struct{ name, path string }{{"kiln-agent", spec.AgentBinary}, {"busybox", spec.Busybox}, {"debugfs", spec.Debugfs}}
+	for _, d := range debugfsDeps { // named by their path in the initramfs
+		inputs = append(inputs, struct{ name, path string }{d.Path, d.Source})
+	}
+	for _, in := range inputs {
 		f, err := hashFile(in.path)
 		if err != nil {
 			return nil, err
@@ -321,6 +336,12 @@ func (s *Spec) defaults() error {
 	if _, err := os.Stat(s.Busybox); err != nil {
 		return errdefs.NotFound("boot media: no static busybox at %s (apt-get install busybox-static)", s.Busybox)
 	}
+	if s.Debugfs == "" {
+		s.Debugfs = DefaultDebugfs
+	}
+	if _, err := os.Stat(s.Debugfs); err != nil {
+		return errdefs.NotFound("boot media: no debugfs at %s (apt-get install e2fsprogs)", s.Debugfs)
+	}
 	if len(s.Modules) == 0 {
 		s.Modules = DefaultModules
 	}
@@ -345,8 +366,9 @@ func ISOCmdline(extra string) string {
 	return strings.TrimSpace(DefaultCmdline + " kiln.boot=virtualmedia " + extra)
 }
 
-// initramfs lays out the initramfs of kernel k.
-func initramfs(k *Kernel, mods []string, spec Spec) *Archive {
+// initramfs lays out the initramfs of kernel k; debugfsDeps are the
+// interpreter and libraries of spec.Debugfs.
+func initramfs(k *Kernel, mods []string, spec Spec, debugfsDeps []ELFDep) *Archive {
 	ar := &Archive{}
 	for _, d := range []string{"proc", "sys", "dev", "run", "tmp", "etc", "root", "var/lib", "sbin", "usr/bin", "usr/sbin"} {
 		ar.Add(Entry{Path: d, Mode: fs.ModeDir | 0o755})
@@ -358,6 +380,12 @@ func initramfs(k *Kernel, mods []string, spec Spec) *Archive {
 	ar.Add(Entry{Path: "bin/sh", Mode: fs.ModeSymlink, Data: []byte("busybox")})
 	ar.Add(Entry{Path: "init", Mode: 0o755, Data: initScript})
 	ar.Add(Entry{Path: "sbin/kiln-agent", Mode: 0o755, Source: spec.AgentBinary})
+	// The agent runs debugfs from PATH (/bin:/sbin, set by init) to write
+	// the host's identity (agent/personalize).
+	ar.Add(Entry{Path: "sbin/debugfs", Mode: 0o755, Source: spec.Debugfs})
+	for _, d := range debugfsDeps {
+		ar.Add(Entry{Path: d.Path, Mode: 0o755, Source: d.Source})
+	}
 	ar.Add(Entry{Path: "etc/kiln/udhcpc.script", Mode: 0o755, Data: udhcpcScript})
 	ar.Add(Entry{Path: "etc/acpi/PWRF/00000080", Mode: 0o755, Data: powerButtonScript})
 	ar.Add(Entry{Path: "etc/kiln/modules", Mode: 0o644, Data: []byte(strings.Join(mods, "\n") + "\n")})

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -196,11 +197,28 @@ func TestBuild(t *testing.T) {
 	cmd := exec.Command("sh", "-c", "gzip -dc "+filepath.Join(out, bootmedia.InitrdFile)+" | cpio -it --quiet")
 	list, err := cmd.Output()
 	require.NoError(t, err)
-	for _, want := range []string{"init", "sbin/kiln-agent", "bin/busybox", "etc/kiln/modules", "usr/lib/os-release"} {
+	for _, want := range []string{"init", "sbin/kiln-agent", "bin/busybox", "etc/kiln/modules", "usr/lib/os-release", "sbin/debugfs", "lib64/ld-linux-x86-64.so.2", "lib/x86_64-linux-gnu/libext2fs.so.2"} {
 		if !strings.Contains("\n"+string(list), "\n"+want+"\n") {
 			t.Errorf("initramfs lacks %s", want)
 		}
 	}
+	// The agent writes the host identity with debugfs: in the extracted
+	// initramfs it runs, its libraries resolved.
+	t.Run("debugfs", func(t *testing.T) {
+		testenv.RequireRoot(t, "to chroot into the extracted initramfs")
+		dir := t.TempDir()
+		x := exec.Command("sh", "-c", "gzip -dc "+filepath.Join(out, bootmedia.InitrdFile)+" | cpio -idm --quiet --no-absolute-filenames")
+		x.Dir = dir
+		b, err := x.CombinedOutput()
+		require.NoError(t, err, "extract initramfs: %s", b)
+		b, err = exec.Command("chroot", dir, "/sbin/debugfs", "-V").CombinedOutput()
+		require.NoError(t, err, "chroot %s /sbin/debugfs -V: %s", dir, b)
+		if !regexp.MustCompile(`debugfs [0-9]+\.[0-9]+.*\n\s*Using EXT2FS Library version [0-9]`).Match(b) {
+			t.Errorf("debugfs -V in the initramfs printed %q, want the e2fsprogs version", b)
+		}
+		t.Logf("debugfs -V: %s", strings.TrimSpace(string(b)))
+	})
+
 	var ext4, jbd2 = -1, -1
 	for i, mod := range read.Modules {
 		switch filepath.Base(mod) {
@@ -217,8 +235,8 @@ func TestBuild(t *testing.T) {
 	if !read.BuildDate.Equal(time.Unix(1764633600, 0)) || read.SourceDateEpoch != 1764633600 {
 		t.Errorf("manifest build date %s, epoch %d: want the spec's epoch 1764633600", read.BuildDate, read.SourceDateEpoch)
 	}
-	if len(read.Inputs) != 2 || read.Inputs[0].Name != "kiln-agent" || read.Inputs[0].SHA256 == "" || read.Inputs[1].Name != "busybox" {
-		t.Errorf("manifest inputs = %+v, want kiln-agent and busybox with their sha256", read.Inputs)
+	if len(read.Inputs) < 4 || read.Inputs[0].Name != "kiln-agent" || read.Inputs[0].SHA256 == "" || read.Inputs[1].Name != "busybox" || read.Inputs[2].Name != "debugfs" || read.Inputs[3].Name != "lib/x86_64-linux-gnu/libblkid.so.1" {
+		t.Errorf("manifest inputs = %+v, want kiln-agent, busybox, debugfs and its libraries with their sha256", read.Inputs)
 	}
 	if !strings.HasPrefix(read.Tools["xorriso"], "xorriso ") || !strings.Contains(read.Tools["grub-mkimage"], "GRUB") || !strings.Contains(read.Tools["mformat"], "mtools") {
 		t.Errorf("manifest tools = %q, want the versions of grub-mkimage, xorriso and mformat", read.Tools)
