@@ -256,13 +256,11 @@ func (id *Identity) SetTrust(dir string, bundle []byte) (bool, error) {
 	if pin == "" {
 		return false, errdefs.InvalidArgument("set trust: the new CAs share none with the ones trusted now")
 	}
+	id.addrMu.Lock() // the controller file holds the address too
+	defer id.addrMu.Unlock()
 	ctl := id.Controller
 	ctl.CAHash = pin
-	b, err := json.MarshalIndent(ctl, "", "  ")
-	if err != nil {
-		return false, fmt.Errorf("set trust: %w", err)
-	}
-	if err := atomicfile.Write(filepath.Join(dir, ControllerFile), append(b, '\n'), 0o644); err != nil {
+	if err := writeController(dir, ctl); err != nil {
 		return false, fmt.Errorf("set trust: %w", err)
 	}
 	if err := atomicfile.Write(filepath.Join(dir, CAFile), next.pem, 0o644); err != nil {
@@ -292,15 +290,21 @@ func (id *Identity) SetAddress(dir, addr string) (bool, error) {
 	}
 	ctl := id.Controller
 	ctl.Address = addr
-	b, err := json.MarshalIndent(ctl, "", "  ")
-	if err != nil {
-		return false, fmt.Errorf("set address: %w", err)
-	}
-	if err := atomicfile.Write(filepath.Join(dir, ControllerFile), append(b, '\n'), 0o644); err != nil {
+	if err := writeController(dir, ctl); err != nil {
 		return false, fmt.Errorf("set address: %w", err)
 	}
 	id.Controller.Address = addr
 	return true, nil
+}
+
+// writeController stores ctl as the controller file under dir, replacing
+// it atomically.
+func writeController(dir string, ctl Controller) error {
+	b, err := json.MarshalIndent(ctl, "", "  ")
+	if err != nil {
+		return err
+	}
+	return atomicfile.Write(filepath.Join(dir, ControllerFile), append(b, '\n'), 0o644)
 }
 
 // Address is the controller's address (host:port), as SetAddress last
