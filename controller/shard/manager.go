@@ -293,7 +293,7 @@ func (m *Manager) claim(ctx context.Context, s int, lease, audit clientv3.LeaseI
 	m.log.Info("shard claimed", "shard", s, "rev", rev)
 	go func() {
 		defer close(h.done)
-		m.work(wctx, s, store.Fence{Key: key, Rev: rev})
+		m.work(wctx, s, store.Fence{Key: key, Rev: rev, Held: fmt.Sprintf("shard %d", s)})
 	}()
 	return nil
 }

@@ -137,7 +137,7 @@ func TestManagers(t *testing.T) {
 	// b dies: no release; its lease expires on the etcd side.
 	var fence store.Fence
 	for s, rev := range b.m.Held() {
-		fence = store.Fence{Key: shard.Key(s), Rev: rev}
+		fence = store.Fence{Key: shard.Key(s), Rev: rev, Held: fmt.Sprintf("shard %d", s)}
 		break
 	}
 	require.NotEmpty(t, fence.Key)
@@ -148,6 +148,7 @@ func TestManagers(t *testing.T) {
 	require.Less(t, time.Since(died), 2*testTTL+time.Second, "shards of a dead member moved after %v, want within two TTLs (+1s of etcd's lease checks)", time.Since(died))
 	_, err = store.New(obs).Fenced(fence).Create(ctx, "hosts", "fenced-probe", &typesv1.Host{Metadata: &typesv1.ObjectMeta{Name: "fenced-probe"}})
 	require.True(t, errors.Is(err, store.ErrFenced), "write fenced on %s@%d after the shard moved: err = %v, want ErrFenced", fence.Key, fence.Rev, err)
+	require.ErrorContains(t, err, "no longer holds "+fence.Held, "the refusal names the shard, not the leader")
 
 	// b comes back (a new process, same ID).
 	b.cancel()

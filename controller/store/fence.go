@@ -21,6 +21,9 @@ var ErrFenced = errors.New("fenced")
 type Fence struct {
 	Key string
 	Rev int64
+	// Held names what the key stands for in a refusal ("shard 3"); empty
+	// for the leader election's key.
+	Held string
 }
 
 // Fenced returns a view of s whose every write (Create, Update, Delete,
@@ -104,6 +107,11 @@ func (s *Store) fenceCmp() clientv3.Cmp {
 }
 
 func (s *Store) fencedErr(op string) error {
+	if s.fence.Held != "" {
+		return fmt.Errorf("%w (%w)", errdefs.FailedPrecondition(
+			"%s refused: this controller no longer holds %s (key %s of revision %d is gone: lease expired, released or revoked); it writes nothing more for it and the next holder carries on",
+			op, s.fence.Held, s.fence.Key, s.fence.Rev), ErrFenced)
+	}
 	return fmt.Errorf("%w (%w)", errdefs.FailedPrecondition(
 		"%s refused: this controller is no longer the leader (election key %s of revision %d is gone: lease expired, revoked or resigned); it writes nothing more and the new leader carries on",
 		op, s.fence.Key, s.fence.Rev), ErrFenced)
