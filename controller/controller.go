@@ -717,10 +717,11 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 	// The cluster executor bootstraps the Machines of each Cluster on the
 	// hosts the lifecycle provisions (controller/clusterexec); sharded, it
 	// stays on the leader.
-	// Each cluster reconcile reads every Host; the cache decodes each
-	// change of a host once instead (store.Cache).
-	hosts := clusterexec.NewHostCache(st)
-	cxDeps := clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(deps.Agents), Drain: drain.Drain, DeleteNode: drain.DeleteNode, Hosts: hosts}
+	// No host cache (clusterexec.Deps.Hosts) here: a reconcile that reads
+	// a host older than its own last bind can drop the machine it just
+	// bound (TestStuckCausesAreVisible caught it); the cache needs to
+	// wait for the executor's own writes first.
+	cxDeps := clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(deps.Agents), Drain: drain.Drain, DeleteNode: drain.DeleteNode}
 	if c.metrics != nil {
 		cxDeps.Observer = c.metrics
 	}
@@ -734,8 +735,6 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 		rolloutexec.Config{Interval: c.cfg.ReconcileInterval, Clock: c.cfg.Clock}, c.log)
 	cxDone := make(chan struct{})
 	rxDone := make(chan struct{})
-	cacheDone := make(chan struct{})
-	go func() { defer close(cacheDone); hosts.Run(lctx) }()
 	go func() {
 		defer close(done)
 		if ex != nil {
@@ -748,7 +747,6 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 		<-done
 		<-cxDone
 		<-rxDone
-		<-cacheDone
 		closeDeps()
 	}
 }
