@@ -115,50 +115,11 @@ func TestLabBMCDrivesHostLifecycle(t *testing.T) {
 
 	// 2. kilnctl lab bmc in front of it, on loopback, password from a file.
 	const password = "life-bmc-pw-4711"
-	pwFile := filepath.Join(tmp, "bmc.pw")
-	require.NoError(t, os.WriteFile(pwFile, []byte(password+"\n"), 0o600))
 	ctx, cancel := context.WithTimeout(context.Background(), lifecycleTimeout)
 	defer cancel()
-	bmcCmd := exec.Command(kilnctl, "lab", "bmc", "--listen", "127.0.0.1:0", "--password-file", pwFile,
-		"--libvirt-socket", sock, "--dir", filepath.Join(tmp, "bmc"), dom)
-	stdout, err := bmcCmd.StdoutPipe()
-	require.NoError(t, err)
-	bmcLog := filepath.Join(tmp, "bmc.log")
-	logF, err := os.Create(bmcLog)
-	require.NoError(t, err)
-	bmcCmd.Stderr = logF
-	require.NoError(t, bmcCmd.Start())
-	t.Cleanup(func() {
-		_ = bmcCmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { _ = bmcCmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			_ = bmcCmd.Process.Kill()
-			<-done
-		}
-		logF.Close()
-		if b, _ := os.ReadFile(bmcLog); strings.Contains(string(b), password) {
-			t.Errorf("kilnctl lab bmc logged the BMC password")
-		}
-	})
-	var redfishURL string
-	sc := bufio.NewScanner(stdout)
-	for redfishURL == "" && sc.Scan() {
-		if f := strings.Fields(sc.Text()); len(f) >= 4 && f[0] == dom {
-			require.Equal(t, "52:54:00:4b:70:01", f[2], "lab bmc's MAC of %s", dom)
-			redfishURL = f[3]
-		}
-	}
-	go func() { // keep draining
-		for sc.Scan() {
-		}
-	}()
-	if redfishURL == "" {
-		b, _ := os.ReadFile(bmcLog)
-		t.Fatalf("kilnctl lab bmc printed no BMC for %s; log:\n%s", dom, b)
-	}
+	f := startLabBMC(t, kilnctl, sock, tmp, dom, password)
+	require.Equal(t, "52:54:00:4b:70:01", f[2], "lab bmc's MAC of %s", dom)
+	redfishURL := f[3]
 	require.True(t, strings.HasPrefix(redfishURL, "https://127.0.0.1:"), "redfish URL %q", redfishURL)
 	mark("kilnctl lab bmc serving %s at %s", dom, redfishURL)
 
@@ -366,4 +327,54 @@ func outputGuard(t *testing.T, cidr string) {
 			t.Errorf("nft delete table inet %s: %v: %s", table, err, out)
 		}
 	})
+}
+
+// startLabBMC runs `kilnctl lab bmc` in front of domain dom on loopback,
+// with password from a file under tmp, until the test ends (then checks
+// its log never held the password), and returns the fields of the line
+// it prints for dom (name, UUID, MAC, Redfish URL, ...).
+func startLabBMC(t *testing.T, kilnctl, sock, tmp, dom, password string) []string {
+	t.Helper()
+	pwFile := filepath.Join(tmp, "bmc.pw")
+	require.NoError(t, os.WriteFile(pwFile, []byte(password+"\n"), 0o600))
+	bmcCmd := exec.Command(kilnctl, "lab", "bmc", "--listen", "127.0.0.1:0", "--password-file", pwFile,
+		"--libvirt-socket", sock, "--dir", filepath.Join(tmp, "bmc"), dom)
+	stdout, err := bmcCmd.StdoutPipe()
+	require.NoError(t, err)
+	bmcLog := filepath.Join(tmp, "bmc.log")
+	logF, err := os.Create(bmcLog)
+	require.NoError(t, err)
+	bmcCmd.Stderr = logF
+	require.NoError(t, bmcCmd.Start())
+	t.Cleanup(func() {
+		_ = bmcCmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { _ = bmcCmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			_ = bmcCmd.Process.Kill()
+			<-done
+		}
+		logF.Close()
+		if b, _ := os.ReadFile(bmcLog); strings.Contains(string(b), password) {
+			t.Errorf("kilnctl lab bmc logged the BMC password")
+		}
+	})
+	var fields []string
+	sc := bufio.NewScanner(stdout)
+	for fields == nil && sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) >= 4 && f[0] == dom {
+			fields = f
+		}
+	}
+	go func() { // keep draining
+		for sc.Scan() {
+		}
+	}()
+	if fields == nil {
+		b, _ := os.ReadFile(bmcLog)
+		t.Fatalf("kilnctl lab bmc printed no BMC for %s; log:\n%s", dom, b)
+	}
+	return fields
 }

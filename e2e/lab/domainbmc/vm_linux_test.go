@@ -1,7 +1,6 @@
 package domainbmc_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
@@ -145,47 +144,7 @@ func TestVMEndToEnd(t *testing.T) {
 
 	// kilnctl lab bmc in front of it, on loopback.
 	const password = "vm-e2e-bmc-pw-0815"
-	pwFile := filepath.Join(tmp, "bmc.pw")
-	require.NoError(t, os.WriteFile(pwFile, []byte(password+"\n"), 0o600))
-	bmcCmd := exec.Command(kilnctl, "lab", "bmc", "--listen", "127.0.0.1:0", "--password-file", pwFile,
-		"--libvirt-socket", sock, "--dir", filepath.Join(tmp, "bmc"), dom)
-	stdout, err := bmcCmd.StdoutPipe()
-	require.NoError(t, err)
-	bmcLog := filepath.Join(tmp, "bmc.log")
-	logF, err := os.Create(bmcLog)
-	require.NoError(t, err)
-	bmcCmd.Stderr = logF
-	require.NoError(t, bmcCmd.Start())
-	t.Cleanup(func() {
-		_ = bmcCmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { _ = bmcCmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			_ = bmcCmd.Process.Kill()
-			<-done
-		}
-		logF.Close()
-		if b, _ := os.ReadFile(bmcLog); strings.Contains(string(b), password) {
-			t.Errorf("kilnctl lab bmc logged the BMC password")
-		}
-	})
-	var redfishURL string
-	sc := bufio.NewScanner(stdout)
-	for redfishURL == "" && sc.Scan() {
-		if f := strings.Fields(sc.Text()); len(f) >= 4 && f[0] == dom {
-			redfishURL = f[3]
-		}
-	}
-	go func() {
-		for sc.Scan() {
-		}
-	}()
-	if redfishURL == "" {
-		b, _ := os.ReadFile(bmcLog)
-		t.Fatalf("kilnctl lab bmc printed no BMC for %s; log:\n%s", dom, b)
-	}
+	redfishURL := startLabBMC(t, kilnctl, sock, tmp, dom, password)[3]
 
 	// The controller listens on the bridge's address: the VM reaches its
 	// API and boot server there, and it dials the agents on the bridge.
