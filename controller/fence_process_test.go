@@ -41,20 +41,26 @@ const (
 // TestPausedLeaderIsFenced runs two kiln-controller processes on one etcd
 // (a member in a process of its own), each with --simulate: the leader
 // provisions a wave of simulated hosts and is frozen with SIGSTOP while
-// hosts are mid-step (booting the agent they lay the image with). While it is frozen its lease
-// ends on the etcd side (the test revokes it, as etcd does when a TTL runs
-// out) and the stand-by takes the lease and carries the wave on. Then the
-// old leader is thawed with SIGCONT before its own etcd client has seen
-// the lease end (its next keep-alive is not due yet): it still believes
-// it leads and goes on with the wave, and its next step-starting write
-// (the host status it stores before acting) is refused by the fence on
-// its election key, which its log says, before it learns it lost the
-// lease; it records nothing. The new leader provisions every host, each
-// laid exactly once by the store's count and events.
+// hosts are mid-step (booting the agent they lay the image with). While it
+// is frozen its election key is deleted on the etcd side, as etcd deletes
+// it when the key's lease runs out, and the stand-by takes over and
+// carries the wave on. The old leader is thawed with SIGCONT still holding
+// a live lease: it cannot learn from a keep-alive that it lost, so it
+// believes it leads and goes on with the wave, and its step-starting
+// writes (the host status it stores before acting) are refused by the
+// fence on its election key, which its log says; it records nothing. Only
+// then does the test revoke its lease, and the old leader stops its
+// reconcilers. The new leader provisions every host, each laid exactly
+// once by the store's count and events.
 //
-// (Paused for longer than the TTL instead, the old leader's etcd client
-// finds its lease deadline passed the moment it is thawed and stops before
-// anything writes: the fence is for the window this test opens.)
+// Deleting the key instead of revoking the lease holds open, for as long
+// as the test needs, the window a real deposed leader has between the end
+// of its lease and its next keep-alive (a third of the TTL at most):
+// revoked while the old leader was frozen, the lease's end could reach it
+// first (a keep-alive due at the thaw) and the fence would not be
+// exercised; CI saw that twice. (Paused for longer than the TTL, a real
+// leader's etcd client finds its lease deadline passed the moment it is
+// thawed and stops before anything writes: the fence is for the window.)
 //
 // The simulated hosts live inside each controller process, so the new
 // leader cannot re-attach to a lay the old one started: those steps time
@@ -117,19 +123,7 @@ func TestPausedLeaderIsFenced(t *testing.T) {
 		}
 		return len(hs) == fenceHosts
 	})
-	// Start the wave just after c1's client renewed the lease, and pause
-	// c1 as soon as hosts are mid-step: its next renewal (the first time
-	// it can learn the lease is gone) is then about a third of the TTL
-	// away, longer than a simulated boot.
 	lease := leaderLease(ctx, t, client, "c1")
-	for {
-		ttl, err := client.TimeToLive(ctx, lease)
-		require.NoError(t, err)
-		if ttl.TTL >= int64(fenceTTL/time.Second)-1 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 	for _, n := range names {
 		bindHost(ctx, t, st, n, "m-"+n)
 	}
@@ -146,11 +140,12 @@ func TestPausedLeaderIsFenced(t *testing.T) {
 	require.NoError(t, syscall.Kill(old.cmd.Process.Pid, syscall.SIGSTOP))
 	stopped := time.Now()
 	mark("SIGSTOP c1 mid-wave; steps: %s", before)
-	_, err = client.Revoke(ctx, lease)
+	key := leaderKey(ctx, t, client, "c1")
+	_, err = client.Delete(ctx, key)
 	require.NoError(t, err)
-	mark("c1's lease %x ends on the etcd side (revoked) while c1 is stopped", lease)
+	mark("c1's election key %s deleted on the etcd side while c1 is stopped (its lease %x lives on)", key, lease)
 
-	// c2 takes the lease and carries the wave on.
+	// c2 takes over and carries the wave on.
 	waitLog(ctx, t, standby, 0, "leading: reconcilers started")
 	mark("c2 leads, %.1fs after the SIGSTOP", time.Since(stopped).Seconds())
 	leader, err = observer.Leader(ctx)
@@ -161,19 +156,20 @@ func TestPausedLeaderIsFenced(t *testing.T) {
 	mark("c2 writes hosts; steps: %s", stepCounts(ctx, t, st))
 
 	// Keep c1 frozen past a simulated boot (3 s), so that its simulated
-	// agents' check-ins are due the moment it thaws and its first writes
-	// race nothing: thawed sooner (c2 can take over in 0.1 s), c1 had
-	// nothing to write for seconds, and in CI its session ended first,
-	// which proves nothing about the fence. Its next keep-alive (a third
-	// of the TTL after the renewal the wave started on) is still seconds
-	// away then.
+	// agents' check-ins are due the moment it thaws.
 	if d := 4*time.Second - time.Since(stopped); d > 0 {
 		time.Sleep(d)
 	}
-	// Thaw c1: whatever it does next is refused.
+	// Thaw c1: whatever it stores next is refused. Once its log shows a
+	// refusal, its lease ends too, and it stops.
 	from := fileSize(t, old.stderr)
 	require.NoError(t, syscall.Kill(old.cmd.Process.Pid, syscall.SIGCONT))
 	mark("SIGCONT c1 after %.1fs stopped", time.Since(stopped).Seconds())
+	waitLog(ctx, t, old, from, "no longer the leader")
+	mark("c1's first write after the thaw is refused by the fence")
+	_, err = client.Revoke(ctx, lease)
+	require.NoError(t, err)
+	mark("c1's lease %x revoked", lease)
 	waitLog(ctx, t, old, from, "reconcilers stopped")
 	thawed := readFile(t, old.stderr)[from:]
 	var refused []string
@@ -235,6 +231,20 @@ func TestPausedLeaderIsFenced(t *testing.T) {
 	leader, err = observer.Leader(ctx)
 	require.NoError(t, err)
 	require.Equal(t, "c2", leader, "leader at the end")
+}
+
+// leaderKey is the election key of replica id.
+func leaderKey(ctx context.Context, t *testing.T, client *clientv3.Client, id string) string {
+	t.Helper()
+	resp, err := client.Get(ctx, election.DefaultPrefix+"/", clientv3.WithPrefix())
+	require.NoError(t, err)
+	for _, kv := range resp.Kvs {
+		if string(kv.Value) == id {
+			return string(kv.Key)
+		}
+	}
+	t.Fatalf("no election key of %s", id)
+	return ""
 }
 
 // leaderLease is the lease of the election key of replica id.
