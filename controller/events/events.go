@@ -404,7 +404,9 @@ func (r *Recorder) trim(ctx context.Context, prefix string, keep int) (int64, er
 
 // List returns the events of kind/name, oldest first by last occurrence,
 // at most limit of the newest (all when limit <= 0). An empty name lists
-// every object of kind; an empty kind lists everything.
+// every object of kind; an empty kind lists everything. Across objects
+// the newest are the last written (etcd sorts by mod revision and sends
+// only limit of them), since keys sort by object first.
 func (r *Recorder) List(ctx context.Context, kind, name string, limit int64) ([]*typesv1.Event, error) {
 	prefix := Prefix
 	if kind != "" {
@@ -414,6 +416,9 @@ func (r *Recorder) List(ctx context.Context, kind, name string, limit int64) ([]
 		}
 	}
 	opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend)}
+	if name == "" {
+		opts[1] = clientv3.WithSort(clientv3.SortByModRevision, clientv3.SortDescend)
+	}
 	if limit > 0 {
 		opts = append(opts, clientv3.WithLimit(limit))
 	}

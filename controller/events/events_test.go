@@ -14,6 +14,7 @@ import (
 
 	"github.com/kilnhq/kiln/controller/events"
 	"github.com/kilnhq/kiln/controller/store"
+	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
 type clock struct {
@@ -208,4 +209,33 @@ func TestBatchRidesWithAnotherWrite(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, before.Header.Revision+1, after.Header.Revision, "a status and two events: one write")
 	require.Equal(t, int64(2), keys(t, c, "hosts", "h1"))
+}
+
+// TestListAcrossObjectsIsNewestFirst: the newest events of a whole kind
+// (or of everything) are those last recorded, whatever their objects'
+// names: kilnctl get events lists them.
+func TestListAcrossObjectsIsNewestFirst(t *testing.T) {
+	rec, _, clk := newRecorder(t, events.Config{})
+	ctx := context.Background()
+	for _, n := range []string{"h9", "h1", "h5", "h2"} {
+		rec.Record(ctx, "hosts", n, events.Normal, "Seen", "host "+n)
+		clk.Step(time.Second)
+	}
+	rec.Record(ctx, "clusters", "a", events.Warning, "Stuck", "cluster a")
+	clk.Step(time.Second)
+	rec.Record(ctx, "hosts", "h9", events.Normal, "Seen", "host h9") // aggregated: newest again
+
+	names := func(evs []*typesv1.Event) []string {
+		var out []string
+		for _, e := range evs {
+			out = append(out, e.GetObjectKind()+"/"+e.GetObjectName())
+		}
+		return out
+	}
+	evs, err := rec.List(ctx, "hosts", "", 2)
+	require.NoError(t, err)
+	require.Equal(t, []string{"hosts/h2", "hosts/h9"}, names(evs), "the 2 newest host events, oldest first")
+	evs, err = rec.List(ctx, "", "", 3)
+	require.NoError(t, err)
+	require.Equal(t, []string{"hosts/h2", "clusters/a", "hosts/h9"}, names(evs), "the 3 newest events of all kinds")
 }

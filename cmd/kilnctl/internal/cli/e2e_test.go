@@ -266,6 +266,33 @@ func TestEndToEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("get events", func(t *testing.T) {
+		// Every applied object has its "Applied" event; the fleet's
+		// newest come last, and one object's are its own.
+		out := mustKilnctl(t, admin, "get", "events")
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		if len(lines) < 3 || !strings.HasPrefix(lines[0], "LAST SEEN") || !strings.Contains(lines[0], "OBJECT") ||
+			!strings.Contains(out, "host/rack1-01") || !strings.Contains(out, "Applied") {
+			t.Errorf("kilnctl get events =\n%s\nwant a table with host/rack1-01's Applied event", out)
+		}
+		out = mustKilnctl(t, admin, "get", "events", "host/rack1-01", "--limit", "1")
+		if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 2 || !strings.Contains(lines[1], "host/rack1-01") {
+			t.Errorf("kilnctl get events host/rack1-01 --limit 1 =\n%s\nwant one event of host/rack1-01", out)
+		}
+		if got := mustKilnctl(t, admin, "get", "events", "host/rack1-01"); !strings.Contains(got, "host/rack1-01") || strings.Contains(got, "host/rack1-02") {
+			t.Errorf("kilnctl get events host/rack1-01 =\n%s\nwant only rack1-01's events", got)
+		}
+		if got := mustKilnctl(t, admin, "get", "events", "hosts"); !strings.Contains(got, "host/rack1-02") || strings.Contains(got, "image/") {
+			t.Errorf("kilnctl get events hosts =\n%s\nwant the hosts' events and no image's", got)
+		}
+		if _, err := kilnctl(t, admin, "get", "events", "nosuchkind"); err == nil || !strings.Contains(err.Error(), "unknown kind") {
+			t.Errorf("kilnctl get events nosuchkind: err = %v, want unknown kind", err)
+		}
+		if _, err := kilnctl(t, admin, "get", "events", "--limit", "0"); err == nil || !strings.Contains(err.Error(), "--limit 0") {
+			t.Errorf("kilnctl get events --limit 0: err = %v, want it refused", err)
+		}
+	})
+
 	t.Run("delete", func(t *testing.T) {
 		if got := mustKilnctl(t, admin, "delete", "host", "edge-01"); got != "host/edge-01 deleted\n" {
 			t.Errorf("kilnctl delete host edge-01 = %q", got)

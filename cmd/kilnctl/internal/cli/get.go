@@ -46,6 +46,7 @@ func (a *app) getCommand() *cobra.Command {
 	var output string
 	var selector []string
 	var watch bool
+	var limit int64
 	cmd := &cobra.Command{
 		Use:   "get KIND [NAME]",
 		Short: "List resources, or show one",
@@ -57,17 +58,27 @@ kilnctl apply takes (plus status); BMC passwords are never shown.
 
 "kilnctl get controllers" lists the controller replicas instead: which
 leads and, with kiln-controller run --shards, the shards each holds and
-how many hosts map to them (-o json for all fields).`,
+how many hosts map to them (-o json for all fields).
+
+"kilnctl get events" lists the newest events of the whole fleet (--limit,
+default 50), oldest first; "kilnctl get events host/NAME" (or "host" for
+every host) those of one object or kind. Each shows when it last
+happened, how many times (COUNT) and the object it is about.`,
 		Example: `  kilnctl get hosts -o wide
   kilnctl get hosts -w
   kilnctl get hosts -l rack=rack1
   kilnctl get cluster lab -o yaml
-  kilnctl get controllers`,
+  kilnctl get controllers
+  kilnctl get events
+  kilnctl get events host/rack1-h3 --limit 20`,
 		Args:              cobra.RangeArgs(1, 2),
 		ValidArgsFunction: a.completeKindName,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if isControllersKind(args[0]) && len(args) == 1 && !watch {
 				return a.getControllers(cmd.Context(), cmd.OutOrStdout(), output)
+			}
+			if isEventsKind(args[0]) && !watch {
+				return a.getEvents(cmd.Context(), cmd.OutOrStdout(), args[1:], output, limit)
 			}
 			k, err := lookupKind(args[0])
 			if err != nil {
@@ -149,6 +160,7 @@ how many hosts map to them (-o json for all fields).`,
 	cmd.Flags().StringVarP(&output, "output", "o", "", "output format: wide, yaml, json or name")
 	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "after listing, print each change as it happens until interrupted (a host's PROGRESS column follows its lay)")
 	cmd.Flags().StringArrayVarP(&selector, "selector", "l", nil, "label selector key=value[,key=value]; repeatable")
+	cmd.Flags().Int64Var(&limit, "limit", defaultEventLimit, "get events: how many of the newest events to show")
 	return cmd
 }
 
