@@ -210,7 +210,10 @@ func (h *Host) RunInstalled() {
 // identity written into it when identity: the state a host is in
 // mid-provisioning when the controller process that simulated it hands it
 // over (a sharded controller taking a shard; the real machine would have
-// kept running). The agent checks in after the boot delay.
+// kept running). The agent answers and checks in at once, with no boot
+// delay: the machine was running all along (booting it again made the
+// new holder's first calls meet a refusing agent, and under load a step
+// past the lay timed out and laid the image again).
 func (h *Host) RunBootAgent(dev string, laid, identity bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -226,7 +229,7 @@ func (h *Host) RunBootAgent(dev string, laid, identity bool) {
 		h.media = "adopted://" + h.name
 	}
 	h.lastDevice = dev
-	h.startBootLocked(dev)
+	h.startBootAfterLocked(dev, 0)
 }
 
 // CheckIns counts the host's successful check-ins.
@@ -341,12 +344,16 @@ func (h *Host) stopLocked() {
 
 // startBootLocked boots dev: after the boot delay it runs the agent dev
 // holds (none from a blank disk) and checks it in.
-func (h *Host) startBootLocked(dev string) {
+func (h *Host) startBootLocked(dev string) { h.startBootAfterLocked(dev, h.fleet.cfg.BootDelay) }
+
+// startBootAfterLocked is startBootLocked with the boot taking delay: 0
+// for a machine found already running (RunBootAgent, RunInstalled).
+func (h *Host) startBootAfterLocked(dev string, delay time.Duration) {
 	h.gen++
 	gen := h.gen
 	f := h.fleet
 	go func() {
-		if f.sleep(f.ctx, f.cfg.BootDelay) != nil {
+		if f.sleep(f.ctx, delay) != nil {
 			return
 		}
 		h.mu.Lock()
