@@ -809,10 +809,10 @@ func (p *planner) provisionSteps() []stepDef {
 			return []Action{{Kind: ActLayImage, OperationID: p.st.GetLastOperation().GetId(),
 				ImageName: p.in.Desired.ImageName, Image: p.in.Desired.Image, Target: p.target(), RootDevice: p.rootDevice()}}
 		}},
-		stepDef{name: StepWriteIdentity, retryFrom: StepPowerOff, actions: func() []Action {
+		stepDef{name: StepWriteIdentity, retryFrom: StepPowerOff, pastLay: true, actions: func() []Action {
 			return []Action{{Kind: ActWriteIdentity, Target: p.target(), RootDevice: p.rootDevice()}}
 		}},
-		stepDef{name: StepBootDisk, retryFrom: StepPowerOff, actions: func() []Action {
+		stepDef{name: StepBootDisk, retryFrom: StepPowerOff, pastLay: true, actions: func() []Action {
 			return []Action{{Kind: ActSetBoot, Device: BootDisk, Persistent: true}, {Kind: ActReboot, UnlessAgent: "installed"}}
 		}},
 		stepDef{name: StepWaitInstalled, retryFrom: StepBootDisk, wait: func() (bool, string) {
@@ -886,6 +886,10 @@ type stepDef struct {
 	// (default: itself). Steps that need the boot agent start again from
 	// PowerOff: a boot agent that is gone cannot be waited back.
 	retryFrom Step
+	// pastLay marks a step after the lay whose retry from retryFrom lays
+	// the image again: an unreachable agent is asked until
+	// ReattachTimeout past the step's timeout before it times out.
+	pastLay bool
 }
 
 // sequence drives the state's steps; when the last one succeeds the host
@@ -964,6 +968,19 @@ func (p *planner) sequence(steps []stepDef, done typesv1.HostState, doneMsg stri
 			}
 		}
 		if elapsed >= timeout {
+			// A step past the lay whose agent could not be reached keeps
+			// asking it (its retry backoff) until ReattachTimeout past its
+			// timeout: timed out, it starts again from PowerOff and the
+			// image is laid again, for what may be a moment's refusal (an
+			// agent restarting, a link flapping, a controller that just
+			// took the host over).
+			grace := timeout + ReattachTimeout - elapsed
+			if step.pastLay && op.GetReason() == ReasonUnreachable && grace > 0 {
+				if ra := op.GetRetryAfter(); ra != nil && p.in.Now.Before(ra.AsTime()) {
+					return p.wait(min(ra.AsTime().Sub(p.in.Now), grace))
+				}
+				return actionRun{actions: step.actions(), deadline: min(grace, ReattachTimeout)}
+			}
 			if r := p.in.Observed.Result; r == nil || r.OperationID != op.GetId() {
 				// Past its timeout with no result seen (a restart, a result
 				// lost to a failed status write, a host that waited long in
