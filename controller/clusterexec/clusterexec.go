@@ -198,6 +198,15 @@ type HostCache interface {
 // instead.
 const HostCacheWait = 5 * time.Second
 
+// HostCacheWaitMsg is the Debug message of a reconcile that waited 10 ms
+// or more for the host cache to hold its own last host write (attribute
+// "waited").
+const HostCacheWaitMsg = "waited for the host cache to hold the executor's own host write"
+
+// HostCacheFallbackMsg is the Debug message of a reconcile that waited
+// HostCacheWait for the host cache in vain and lists the hosts from etcd.
+const HostCacheFallbackMsg = "host cache behind the executor's own host write; listing hosts from etcd"
+
 // NewHostCache returns a cache of the Hosts of st for Deps.Hosts; the
 // caller runs it (Run) while the Executor runs.
 func NewHostCache(st *store.Store) *store.Cache {
@@ -542,16 +551,20 @@ func (e *Executor) gather(ctx context.Context, cluster string) (*world, error) {
 func (e *Executor) listHosts(ctx context.Context) ([]store.Item, error) {
 	if e.deps.Hosts != nil {
 		rev := e.hostRev.Load()
+		start := time.Now()
 		wctx, cancel := context.WithTimeout(ctx, HostCacheWait)
 		err := e.deps.Hosts.WaitRevision(wctx, rev)
 		cancel()
+		if waited := time.Since(start); waited >= 10*time.Millisecond {
+			e.log.Debug(HostCacheWaitMsg, "revision", rev, "waited", waited)
+		}
 		if err == nil {
 			return e.deps.Hosts.List(ctx)
 		}
 		if ctx.Err() != nil {
 			return nil, err
 		}
-		e.log.Debug("host cache behind the executor's own host write; listing hosts from etcd", "revision", rev, "err", err)
+		e.log.Debug(HostCacheFallbackMsg, "revision", rev, "err", err)
 	}
 	return store.ListAll(ctx, e.deps.Store, HostsKind, func() proto.Message { return &typesv1.Host{} })
 }
