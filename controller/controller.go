@@ -717,11 +717,12 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 	// The cluster executor bootstraps the Machines of each Cluster on the
 	// hosts the lifecycle provisions (controller/clusterexec); sharded, it
 	// stays on the leader.
-	// No host cache (clusterexec.Deps.Hosts) here: a reconcile that reads
-	// a host older than its own last bind can drop the machine it just
-	// bound (TestStuckCausesAreVisible caught it); the cache needs to
-	// wait for the executor's own writes first.
-	cxDeps := clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(deps.Agents), Drain: drain.Drain, DeleteNode: drain.DeleteNode}
+	// Each cluster reconcile reads every Host: from a cache, which it
+	// waits on to hold the executor's own host writes (read-your-writes).
+	hosts := clusterexec.NewHostCache(st)
+	cacheDone := make(chan struct{})
+	go func() { defer close(cacheDone); hosts.Run(lctx) }()
+	cxDeps := clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(deps.Agents), Drain: drain.Drain, DeleteNode: drain.DeleteNode, Hosts: hosts}
 	if c.metrics != nil {
 		cxDeps.Observer = c.metrics
 	}
@@ -747,6 +748,7 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 		<-done
 		<-cxDone
 		<-rxDone
+		<-cacheDone
 		closeDeps()
 	}
 }

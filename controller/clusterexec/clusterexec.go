@@ -32,6 +32,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -176,15 +177,35 @@ type Deps struct {
 	// planners' choice of spare hosts: a store.Cache of HostsKind, run by
 	// the caller. Hosts are the fleet's largest kind and each cluster
 	// reconcile read them all, so without it a pass over the clusters
-	// costs clusters × hosts. A stale host there is harmless: binding it
-	// is a compare-and-swap on the stored host. Nil lists them from Store.
+	// costs clusters × hosts. A host changed by someone else may be stale
+	// there (binding it is a compare-and-swap on the stored host), but
+	// never older than the executor's own last bind or unbind: a reconcile
+	// waits for the cache to hold it first (read-your-writes), and reads
+	// etcd when that takes longer than HostCacheWait. Nil lists them from
+	// Store.
 	Hosts HostCache
 }
 
-// HostCache is the List of a store.Cache of hosts (NewHostCache).
+// HostCache is a store.Cache of hosts (NewHostCache).
 type HostCache interface {
 	List(ctx context.Context) ([]store.Item, error)
+	// WaitRevision returns once the cache holds revision rev.
+	WaitRevision(ctx context.Context, rev int64) error
 }
+
+// HostCacheWait bounds how long a reconcile waits for Deps.Hosts to hold
+// the executor's own last host write before it lists the hosts from etcd
+// instead.
+const HostCacheWait = 5 * time.Second
+
+// HostCacheWaitMsg is the Debug message of a reconcile that waited 10 ms
+// or more for the host cache to hold its own last host write (attribute
+// "waited").
+const HostCacheWaitMsg = "waited for the host cache to hold the executor's own host write"
+
+// HostCacheFallbackMsg is the Debug message of a reconcile that waited
+// HostCacheWait for the host cache in vain and lists the hosts from etcd.
+const HostCacheFallbackMsg = "host cache behind the executor's own host write; listing hosts from etcd"
 
 // NewHostCache returns a cache of the Hosts of st for Deps.Hosts; the
 // caller runs it (Run) while the Executor runs.
@@ -238,7 +259,11 @@ type Executor struct {
 	mu      sync.Mutex
 	booting map[string]bool
 	running map[string]string // cluster -> its long action in flight
-	queue   clusterQueue      // set while Run runs
+	// hostRev is the newest revision of a host the executor wrote or read
+	// to write (updateHost): what a reconcile's read of Deps.Hosts must
+	// hold.
+	hostRev atomic.Int64
+	queue   clusterQueue // set while Run runs
 }
 
 // New returns an Executor; Run starts it.
@@ -502,12 +527,7 @@ func (e *Executor) gather(ctx context.Context, cluster string) (*world, error) {
 	for _, it := range ms {
 		w.machines = append(w.machines, it.Msg.(*typesv1.Machine))
 	}
-	var hs []store.Item
-	if e.deps.Hosts != nil {
-		hs, err = e.deps.Hosts.List(ctx)
-	} else {
-		hs, err = store.ListAll(ctx, st, HostsKind, func() proto.Message { return &typesv1.Host{} })
-	}
+	hs, err := e.listHosts(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -523,6 +543,41 @@ func (e *Executor) gather(ctx context.Context, cluster string) (*world, error) {
 		w.images = append(w.images, it.Msg.(*typesv1.Image))
 	}
 	return w, nil
+}
+
+// listHosts lists every Host: from Deps.Hosts once it holds the
+// executor's own last host write (read-your-writes: a reconcile must not
+// plan with a host older than its own bind), else from etcd.
+func (e *Executor) listHosts(ctx context.Context) ([]store.Item, error) {
+	if e.deps.Hosts != nil {
+		rev := e.hostRev.Load()
+		start := time.Now()
+		wctx, cancel := context.WithTimeout(ctx, HostCacheWait)
+		err := e.deps.Hosts.WaitRevision(wctx, rev)
+		cancel()
+		if waited := time.Since(start); waited >= 10*time.Millisecond {
+			e.log.Debug(HostCacheWaitMsg, "revision", rev, "waited", waited)
+		}
+		if err == nil {
+			return e.deps.Hosts.List(ctx)
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		e.log.Debug(HostCacheFallbackMsg, "revision", rev, "err", err)
+	}
+	return store.ListAll(ctx, e.deps.Store, HostsKind, func() proto.Message { return &typesv1.Host{} })
+}
+
+// sawHost notes revision rev of a host the executor read to change or
+// wrote (hostRev).
+func (e *Executor) sawHost(rev int64) {
+	for {
+		cur := e.hostRev.Load()
+		if rev <= cur || e.hostRev.CompareAndSwap(cur, rev) {
+			return
+		}
+	}
 }
 
 // warnStuck records a Warning event for each condition that newly holds
@@ -737,13 +792,19 @@ func (e *Executor) updateHost(ctx context.Context, name string, change func(*typ
 		if err != nil {
 			return err
 		}
+		// What the change decided on (e.g. "already bound to this
+		// machine") a later reconcile must see too.
+		e.sawHost(rev)
 		ok, err := change(h)
 		if err != nil || !ok {
 			return err
 		}
-		_, err = e.deps.Store.Update(ctx, HostsKind, name, h, rev)
+		rev, err = e.deps.Store.Update(ctx, HostsKind, name, h, rev)
 		if errdefs.IsConflict(err) && ctx.Err() == nil {
 			continue
+		}
+		if err == nil {
+			e.sawHost(rev)
 		}
 		return err
 	}

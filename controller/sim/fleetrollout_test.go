@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,6 +74,14 @@ type fleetResult struct {
 	// clusters were Ready, each with when a watcher saw it.
 	pins   map[string][]pinMove
 	etcdDB int64
+	// cacheFallbacks: reconciles that listed the hosts from etcd after
+	// waiting HostCacheWait for the host cache.
+	cacheFallbacks int64
+	// cacheWaits, cacheWaited: reconciles that waited 10 ms or more for
+	// the host cache to hold the executor's own host write, and how long
+	// they waited in all.
+	cacheWaits  int64
+	cacheWaited time.Duration
 }
 
 // fleetWorld is the controller's executors over a real store (embedded
@@ -85,7 +94,38 @@ type fleetWorld struct {
 	ctx context.Context
 	dir string
 	st  *store.Store
+	// cache counts the cluster executor's waits for its host cache and
+	// its fallbacks to etcd.
+	cache *countingHandler
 }
+
+// countingHandler discards log records: it counts the cluster
+// executor's fallbacks from the host cache to etcd and sums its waits for
+// the host cache (the Debug records clusterexec.HostCacheFallbackMsg and
+// HostCacheWaitMsg).
+type countingHandler struct {
+	fallbacks, waits atomic.Int64
+	waited           atomic.Int64 // nanoseconds
+}
+
+func (h *countingHandler) Enabled(_ context.Context, l slog.Level) bool { return l == slog.LevelDebug }
+func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
+	switch r.Message {
+	case clusterexec.HostCacheFallbackMsg:
+		h.fallbacks.Add(1)
+	case clusterexec.HostCacheWaitMsg:
+		h.waits.Add(1)
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "waited" {
+				h.waited.Add(int64(a.Value.Duration()))
+			}
+			return true
+		})
+	}
+	return nil
+}
+func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *countingHandler) WithGroup(string) slog.Handler      { return h }
 
 func newFleetWorld(t testing.TB, sz fleetSize) *fleetWorld {
 	t.Helper()
@@ -118,8 +158,9 @@ func newFleetWorld(t testing.TB, sz fleetSize) *fleetWorld {
 			ResyncInterval: 10 * time.Second,
 		}, log)
 	hosts := clusterexec.NewHostCache(st)
+	cacheLog := &countingHandler{}
 	cx := clusterexec.New(clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(kubeadm.AgentDialer()), Hosts: hosts},
-		clusterexec.Config{Interval: sz.interval, ClusterWorkers: sz.clusterWorkers, LongActions: sz.longActions}, log)
+		clusterexec.Config{Interval: sz.interval, ClusterWorkers: sz.clusterWorkers, LongActions: sz.longActions}, slog.New(cacheLog))
 	tx := topologyexec.New(st, rec, topologyexec.Config{Interval: sz.interval}, log)
 	rx := rolloutexec.New(rolloutexec.Deps{Store: st, Events: rec}, rolloutexec.Config{Interval: sz.interval}, log)
 	var wg sync.WaitGroup
@@ -129,7 +170,7 @@ func newFleetWorld(t testing.TB, sz fleetSize) *fleetWorld {
 		go func() { defer wg.Done(); _ = run(ctx) }()
 	}
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	return &fleetWorld{t: t, ctx: ctx, dir: dir, st: st}
+	return &fleetWorld{t: t, ctx: ctx, dir: dir, st: st, cache: cacheLog}
 }
 
 func fleetMeta(name string, labels map[string]string) *typesv1.ObjectMeta {
@@ -325,6 +366,9 @@ func runFleet(t testing.TB, sz fleetSize) fleetResult {
 	st, err := os.Stat(filepath.Join(w.dir, "member", "snap", "db"))
 	require.NoError(t, err)
 	res.etcdDB = st.Size()
+	res.cacheFallbacks = w.cache.fallbacks.Load()
+	res.cacheWaits = w.cache.waits.Load()
+	res.cacheWaited = time.Duration(w.cache.waited.Load())
 	return res
 }
 
@@ -462,7 +506,7 @@ func TestFleetClassRollout(t *testing.T) {
 		requirePinsFollowWaves(t, r, res.pins)
 		require.Len(t, r.GetStatus().GetClusters(), sz.clusters/sz.classes, "rollout %s clusters", r.GetMetadata().GetName())
 	}
-	t.Logf("provision %s, waves %v, rollout %s, etcd db %d KiB", res.provision.Round(time.Millisecond), roundAll(res.waves), res.rollout.Round(time.Millisecond), res.etcdDB>>10)
+	t.Logf("provision %s, waves %v, rollout %s, etcd db %d KiB, host cache: %d waits ≥ 10 ms (%s in all), %d fallbacks to etcd", res.provision.Round(time.Millisecond), roundAll(res.waves), res.rollout.Round(time.Millisecond), res.etcdDB>>10, res.cacheWaits, res.cacheWaited.Round(time.Millisecond), res.cacheFallbacks)
 }
 
 func roundAll(ds []time.Duration) []time.Duration {
@@ -501,6 +545,9 @@ func BenchmarkFleetClassRollout(b *testing.B) {
 		b.ReportMetric(res.rollout.Seconds(), "s-rollout")
 		b.ReportMetric(float64(peakRSS(b))/(1<<20), "MiB-peak-RSS")
 		b.ReportMetric(float64(res.etcdDB)/(1<<20), "MiB-etcd-db")
+		b.ReportMetric(float64(res.cacheFallbacks), "host-cache-fallbacks")
+		b.ReportMetric(float64(res.cacheWaits), "host-cache-waits")
+		b.ReportMetric(res.cacheWaited.Seconds(), "s-host-cache-waited")
 	}
 }
 
