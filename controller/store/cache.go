@@ -32,11 +32,12 @@ type Cache struct {
 	rev    int64  // the last revision applied
 	synced chan struct{}
 	once   sync.Once
+	view   view // name-ordered snapshots and indexes (cacheview.go)
 }
 
 // NewCache returns a Cache of kind; it fills once Run runs.
 func NewCache(st *Store, kind string, newMsg func() proto.Message) *Cache {
-	return &Cache{st: st, kind: kind, newMsg: newMsg, items: map[string]Item{}, synced: make(chan struct{})}
+	return &Cache{st: st, kind: kind, newMsg: newMsg, items: map[string]Item{}, synced: make(chan struct{}), view: newView()}
 }
 
 // cacheRetry is the pause before a failed listing is tried again.
@@ -78,6 +79,7 @@ func (c *Cache) reset(items []Item, rev int64) {
 	for _, it := range items {
 		c.items[it.Name] = it
 	}
+	c.view.reset(items)
 	c.sorted, c.rev = nil, rev
 	c.once.Do(func() { close(c.synced) })
 }
@@ -92,10 +94,14 @@ func (c *Cache) apply(ev WatchEvent) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	prev, had := c.items[ev.Name]
 	if ev.Type == EventPut {
-		c.items[ev.Name] = Item{Name: ev.Name, Rev: ev.Rev, Msg: m}
+		it := Item{Name: ev.Name, Rev: ev.Rev, Msg: m}
+		c.items[ev.Name] = it
+		c.view.put(prev, had, it)
 	} else {
 		delete(c.items, ev.Name)
+		c.view.del(prev, had)
 	}
 	c.sorted, c.rev = nil, max(c.rev, ev.Rev)
 	return nil
