@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -18,9 +20,11 @@ import (
 // Host on each reconcile of a cluster, so its cost grew with clusters ×
 // hosts; with a Cache each change is decoded once.
 //
-// What List returns may lag the store by the watch's delay: read from a
-// Cache only where a stale read is caught later by a compare-and-swap
-// (a host taken meanwhile fails the bind), never to decide a create.
+// What List returns may lag the store by the watch's delay, even behind
+// the reader's own writes: read from a Cache only where a stale read is
+// caught later by a compare-and-swap (a host taken meanwhile fails the
+// bind), never to decide a create. A reader that must see its own write
+// waits for the write's revision first (WaitRevision).
 type Cache struct {
 	st     *Store
 	kind   string
@@ -32,12 +36,19 @@ type Cache struct {
 	rev    int64  // the last revision applied
 	synced chan struct{}
 	once   sync.Once
-	view   view // name-ordered snapshots and indexes (cacheview.go)
+	// moved is closed (and replaced) whenever rev moves: WaitRevision's
+	// broadcast.
+	moved chan struct{}
+	// watchCtx is the context Run watches with: a progress request must
+	// go to the same etcd watch stream (clientv3 picks the stream by the
+	// context's metadata).
+	watchCtx context.Context
+	view     view // name-ordered snapshots and indexes (cacheview.go)
 }
 
 // NewCache returns a Cache of kind; it fills once Run runs.
 func NewCache(st *Store, kind string, newMsg func() proto.Message) *Cache {
-	return &Cache{st: st, kind: kind, newMsg: newMsg, items: map[string]Item{}, synced: make(chan struct{}), view: newView()}
+	return &Cache{st: st, kind: kind, newMsg: newMsg, items: map[string]Item{}, synced: make(chan struct{}), moved: make(chan struct{}), view: newView()}
 }
 
 // cacheRetry is the pause before a failed listing is tried again.
@@ -57,8 +68,11 @@ func (c *Cache) Run(ctx context.Context) {
 			}
 			continue
 		}
+		c.mu.Lock()
+		c.watchCtx = ctx
+		c.mu.Unlock()
 		c.reset(items, rev)
-		for ev := range c.st.Watch(ctx, c.kind, rev+1) {
+		for ev := range c.st.watchProgress(ctx, c.kind, rev+1) {
 			if ev.Err != nil {
 				if ctx.Err() == nil {
 					c.st.log.Info("cache: watch ended, listing again", "kind", c.kind, "err", ev.Err)
@@ -80,11 +94,28 @@ func (c *Cache) reset(items []Item, rev int64) {
 		c.items[it.Name] = it
 	}
 	c.view.reset(items)
-	c.sorted, c.rev = nil, rev
+	c.sorted = nil
+	c.moveTo(rev)
 	c.once.Do(func() { close(c.synced) })
 }
 
+// moveTo sets the revision applied and wakes WaitRevision; c.mu held.
+func (c *Cache) moveTo(rev int64) {
+	if rev == c.rev {
+		return
+	}
+	c.rev = rev
+	close(c.moved)
+	c.moved = make(chan struct{})
+}
+
 func (c *Cache) apply(ev WatchEvent) error {
+	if ev.Type == eventProgress {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.moveTo(max(c.rev, ev.Rev))
+		return nil
+	}
 	var m proto.Message
 	if ev.Type == EventPut {
 		m = c.newMsg()
@@ -103,7 +134,8 @@ func (c *Cache) apply(ev WatchEvent) error {
 		delete(c.items, ev.Name)
 		c.view.del(prev, had)
 	}
-	c.sorted, c.rev = nil, max(c.rev, ev.Rev)
+	c.sorted = nil
+	c.moveTo(max(c.rev, ev.Rev))
 	return nil
 }
 
@@ -134,4 +166,67 @@ func (c *Cache) Revision() int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.rev
+}
+
+// progressRetry is the first pause before WaitRevision asks etcd again for
+// a progress notification (doubling each time): etcd answers one only
+// when every watch of the stream is current, else drops it.
+const progressRetry = 100 * time.Millisecond
+
+// WaitRevision returns once the Cache has applied revision rev or a later
+// one (and its first listing is in), or with ctx's error when ctx ends
+// first. Read-your-writes: after a write that returned revision rev, a
+// List following WaitRevision(ctx, rev) shows that write, or a later
+// change of the same resource. rev may be of any kind's write: when no
+// change of the Cache's kind follows it, etcd's progress notification
+// (asked for here) tells the Cache it is current. A new listing (after
+// the watch history was compacted) reaches its listing's revision.
+func (c *Cache) WaitRevision(ctx context.Context, rev int64) error {
+	select {
+	case <-c.synced:
+	case <-ctx.Done():
+		return c.waitErr(ctx, rev)
+	}
+	var retry *time.Timer
+	pause := progressRetry
+	for {
+		c.mu.Lock()
+		cur, moved, wctx := c.rev, c.moved, c.watchCtx
+		c.mu.Unlock()
+		if cur >= rev {
+			return nil
+		}
+		if retry == nil {
+			c.requestProgress(ctx, wctx)
+			retry = time.NewTimer(pause)
+			defer retry.Stop()
+		}
+		select {
+		case <-moved:
+			// Something was applied: look again.
+		case <-retry.C:
+			c.requestProgress(ctx, wctx)
+			pause = min(2*pause, 5*time.Second)
+			retry.Reset(pause)
+		case <-ctx.Done():
+			return c.waitErr(ctx, rev)
+		}
+	}
+}
+
+func (c *Cache) waitErr(ctx context.Context, rev int64) error {
+	return fmt.Errorf("cache of %s at revision %d, waiting for revision %d: %w", c.kind, c.Revision(), rev, ctx.Err())
+}
+
+// requestProgress asks etcd for a progress notification on the watch
+// stream of the Cache's watch (watched with wctx); a failure only means
+// WaitRevision waits for the next change or retry.
+func (c *Cache) requestProgress(ctx, wctx context.Context) {
+	if wctx == nil {
+		return
+	}
+	md, _ := metadata.FromOutgoingContext(clientv3.WithRequireLeader(wctx))
+	if err := c.st.client.RequestProgress(metadata.NewOutgoingContext(ctx, md)); err != nil && ctx.Err() == nil {
+		c.st.log.Debug("cache: progress request", "kind", c.kind, "err", err)
+	}
 }

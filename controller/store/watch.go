@@ -20,6 +20,9 @@ type EventType int
 const (
 	EventPut EventType = iota + 1
 	EventDelete
+	// eventProgress is only in a Cache's own watch (watchProgress): every
+	// change up to Rev was delivered.
+	eventProgress
 )
 
 func (t EventType) String() string {
@@ -69,12 +72,24 @@ func (s *Store) Watch(ctx context.Context, kind string, fromRev int64) <-chan Wa
 			send(ctx, ch, WatchEvent{Err: err})
 			return
 		}
-		s.watch(ctx, kind, fromRev, ch)
+		s.watch(ctx, kind, fromRev, ch, false)
 	}()
 	return ch
 }
 
-func (s *Store) watch(ctx context.Context, kind string, next int64, ch chan<- WatchEvent) {
+// watchProgress is Watch with etcd's progress notifications passed on,
+// in order with the changes, as eventProgress events: a Cache learns from
+// them that it is current up to a revision no change of its kind has.
+func (s *Store) watchProgress(ctx context.Context, kind string, fromRev int64) <-chan WatchEvent {
+	ch := make(chan WatchEvent, 64)
+	go func() {
+		defer close(ch)
+		s.watch(ctx, kind, fromRev, ch, true)
+	}()
+	return ch
+}
+
+func (s *Store) watch(ctx context.Context, kind string, next int64, ch chan<- WatchEvent, progress bool) {
 	prefix := Prefix + kind + "/"
 	for {
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
@@ -110,6 +125,10 @@ func (s *Store) watch(ctx context.Context, kind string, next int64, ch chan<- Wa
 			if resp.IsProgressNotify() {
 				// Every change up to the header revision was delivered.
 				next = max(next, resp.Header.Revision+1)
+				if progress && !send(ctx, ch, WatchEvent{Type: eventProgress, Rev: resp.Header.Revision}) {
+					cancel()
+					return
+				}
 				continue
 			}
 			for _, ev := range resp.Events {
