@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kilnhq/kiln/internal/errdefs"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -167,4 +168,69 @@ func TestCacheSnapshotExpiry(t *testing.T) {
 	require.False(t, ok, "the least recently used went first")
 	_, ok = c.snapshotAt(1000 + maxSnapshots + 2)
 	require.True(t, ok)
+}
+
+// A listing from the cache holds every write that completed before it
+// began (no waiting for the watch), its later pages read the snapshot of
+// its first (as etcd would at the token's revision), and its tokens are
+// Store.List's: a page the cache cannot serve is listed from etcd with
+// the same token.
+func TestCacheListPage(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := testCtx(t)
+	newHost := func() proto.Message { return &typesv1.Host{} }
+	for i := range 30 {
+		n := fmt.Sprintf("h-%02d", i)
+		_, err := s.Create(ctx, "hosts", n, host(n, ""))
+		require.NoError(t, err)
+	}
+	c := NewCache(s, "hosts", newHost)
+	_, _, served, err := c.ListPage(ctx, ListOptions{Limit: 10}, nil)
+	require.NoError(t, err)
+	require.False(t, served, "before the first listing")
+	runCache(t, ctx, c)
+
+	items, next, served, err := c.ListPage(ctx, ListOptions{Limit: 10}, nil)
+	require.NoError(t, err)
+	require.True(t, served)
+	require.Len(t, items, 10)
+	require.NotEmpty(t, next)
+	got := names(items)
+
+	// Changes after the first page do not show in the next ones...
+	_, err = s.Create(ctx, "hosts", "h-15a", host("h-15a", ""))
+	require.NoError(t, err)
+	require.NoError(t, s.Delete(ctx, "hosts", "h-20", 0))
+	for next != "" {
+		cont := next
+		items, next, served, err = c.ListPage(ctx, ListOptions{Limit: 10, Continue: cont}, nil)
+		require.NoError(t, err)
+		require.True(t, served)
+		fromEtcd, etcdNext, err := s.List(ctx, "hosts", newHost, ListOptions{Limit: 10, Continue: cont})
+		require.NoError(t, err)
+		require.Equal(t, names(fromEtcd), names(items), "the page etcd lists at the token's revision")
+		require.Equal(t, etcdNext, next)
+		for i := range items {
+			require.Equal(t, fromEtcd[i].Rev, items[i].Rev)
+		}
+		got = append(got, names(items)...)
+	}
+	require.Len(t, got, 30)
+	require.Contains(t, got, "h-20")
+	require.NotContains(t, got, "h-15a")
+
+	// ...and a listing that starts after them holds both, at once.
+	items, _, served, err = c.ListPage(ctx, ListOptions{}, nil)
+	require.NoError(t, err)
+	require.True(t, served)
+	require.Contains(t, names(items), "h-15a")
+	require.NotContains(t, names(items), "h-20")
+
+	// A token whose snapshot the cache does not keep (another replica's,
+	// or an expired one) is left to etcd.
+	_, _, served, err = c.ListPage(ctx, ListOptions{Limit: 10, Continue: encodeContinue(3, "h-09")}, nil)
+	require.NoError(t, err)
+	require.False(t, served)
+	_, _, _, err = c.ListPage(ctx, ListOptions{Continue: "not a token"}, nil)
+	require.True(t, errdefs.IsInvalidArgument(err), "malformed token: %v", err)
 }
