@@ -2,7 +2,9 @@ package store
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/google/btree"
@@ -88,3 +90,29 @@ func (c *Cache) ListPage(ctx context.Context, opts ListOptions, match func(Item)
 	}
 	return items, next, true, nil
 }
+
+// PausedAt is Paused that also returns the etcd revision it read at (one
+// linearizable read): a cache that reached the revision holds every write
+// that completed before the call.
+func (s *Store) PausedAt(ctx context.Context) (*Pause, int64, error) {
+	resp, err := s.client.Get(ctx, pauseKey)
+	if err != nil {
+		return nil, 0, etcdErr(ctx, "read pause", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, resp.Header.Revision, nil
+	}
+	var p Pause
+	if err := json.Unmarshal(resp.Kvs[0].Value, &p); err != nil {
+		return nil, 0, fmt.Errorf("read pause: decode the record: %w", err)
+	}
+	return &p, resp.Header.Revision, nil
+}
+
+// PauseChanges counts the changes of the pause (Pause, MarkMoved, Resume,
+// Adopt) made through this Store (or a Fenced copy) in this process, each
+// counted once its write returned. A reader that decided from a cached
+// view of the pause reads it before and after: a change between them
+// made here is seen at once (one made by another replica only through
+// etcd).
+func (s *Store) PauseChanges() uint64 { return s.pauseChanges.Load() }
