@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kilnhq/kiln/controller/store"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
@@ -113,13 +114,24 @@ func TestListFromCaches(t *testing.T) {
 	require.Equal(t, []string{"h-00", "h-03", "h-03a", "h-06", "h-09"}, list(map[string]string{"rack": "r1"}, 0))
 	require.Zero(t, cs.lists.Load(), "List calls that reached etcd with synced caches")
 
-	// Items are copies.
+	// Items are copies where the API changes them.
+	stored := &typesv1.Host{}
+	rev, err := st.Get(ctx, "hosts", "h-00", stored)
+	require.NoError(t, err)
+	stored.Status = &typesv1.HostStatus{Agent: &typesv1.AgentStatus{Address: "127.0.0.1:7444"}} // as the heartbeat handler writes
+	_, err = st.Update(ctx, "hosts", "h-00", stored, rev)
+	require.NoError(t, err)
 	items, _, err = svc.List(ctx, "hosts", nil, 1, "")
 	require.NoError(t, err)
-	items[0].GetHost().Metadata.Labels["rack"] = "changed"
+	h := items[0].GetHost()
+	h.Metadata.Labels["rack"] = "changed"
+	h.Status.Agent.LastHeartbeat = timestamppb.Now()
 	it, ok := caches.Kind("hosts").Get("h-00")
 	require.True(t, ok)
-	require.Equal(t, "r1", it.Msg.(*typesv1.Host).GetMetadata().GetLabels()["rack"])
+	cached := it.Msg.(*typesv1.Host)
+	require.Equal(t, "r1", cached.GetMetadata().GetLabels()["rack"])
+	require.Empty(t, cached.GetMetadata().GetResourceVersion(), "the cache's metadata")
+	require.Nil(t, cached.GetStatus().GetAgent().GetLastHeartbeat(), "the cache's agent status")
 }
 
 // The caches index what planners look objects up by.
