@@ -121,3 +121,12 @@ func (s *Service) listCached(ctx context.Context, k Kind, selector map[string]st
 	}
 	return out, next, true, nil
 }
+
+// watch streams the changes of kind k from now on: from its cache when
+// it is synced (store.Cache.Watch), else from an etcd watch of its own.
+func (s *Service) watch(ctx context.Context, k Kind) <-chan store.WatchEvent {
+	if kc := s.caches.Kind(k.Plural); kc != nil && kc.Synced() {
+		return kc.Watch(ctx)
+	}
+	return s.store.Watch(ctx, k.Plural, 0)
+}

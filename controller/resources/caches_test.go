@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,12 +24,18 @@ import (
 // etcd.
 type countingStore struct {
 	*store.Store
-	lists atomic.Int64
+	lists   atomic.Int64
+	watches atomic.Int64
 }
 
 func (c *countingStore) List(ctx context.Context, kind string, newMsg func() proto.Message, opts store.ListOptions) ([]store.Item, string, error) {
 	c.lists.Add(1)
 	return c.Store.List(ctx, kind, newMsg, opts)
+}
+
+func (c *countingStore) Watch(ctx context.Context, kind string, fromRev int64) <-chan store.WatchEvent {
+	c.watches.Add(1)
+	return c.Store.Watch(ctx, kind, fromRev)
 }
 
 type nopRecorder struct{}
@@ -182,4 +189,74 @@ func TestCachesIndexes(t *testing.T) {
 	}
 	require.Nil(t, h.ByIndex(IndexCluster, "c1"), "hosts have no spec.cluster index")
 	require.Nil(t, caches.Kind("gadgets"))
+}
+
+// With synced caches, API watches are fed from the kind's cache: no etcd
+// watch per watcher, and the same events (ADDED, MODIFIED, DELETED).
+func TestWatchFromCaches(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	st := newTestStore(t)
+	cs := &countingStore{Store: st}
+	svc := New(cs, nopRecorder{}, nil, slog.New(slog.DiscardHandler))
+	caches := NewCaches(st)
+	svc.UseCaches(caches)
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); caches.Run(rctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	require.Eventually(t, func() bool { return caches.Kind("hosts").Synced() }, 10*time.Second, 10*time.Millisecond)
+
+	type seen struct{ typ, name string }
+	const watchers = 3
+	var got [watchers]chan seen
+	wctx, wcancel := context.WithCancel(ctx)
+	var running sync.WaitGroup
+	for i := range watchers {
+		got[i] = make(chan seen, 1000)
+		running.Go(func() {
+			_ = svc.Watch(wctx, "hosts", "", func(ev *controllerv1.WatchEvent) error {
+				got[i] <- seen{ev.GetType(), ev.GetResource().GetHost().GetMetadata().GetName()}
+				return nil
+			})
+		})
+	}
+	// Every watcher is subscribed once a change reached it.
+	warm := 0
+	require.Eventually(t, func() bool {
+		if _, err := svc.Apply(ctx, []*controllerv1.Resource{testHost(fmt.Sprintf("warm-%d", warm), "r1")}, false); err != nil {
+			t.Errorf("Apply(warm-%d) = %v", warm, err)
+			return false
+		}
+		warm++
+		for i := range got {
+			if len(got[i]) == 0 {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 50*time.Millisecond)
+
+	_, err := svc.Apply(ctx, []*controllerv1.Resource{testHost("w-0", "r1")}, false)
+	require.NoError(t, err)
+	_, err = svc.Apply(ctx, []*controllerv1.Resource{testHost("w-0", "r2")}, false)
+	require.NoError(t, err)
+	require.NoError(t, svc.Delete(ctx, "hosts", "w-0"))
+	for i := range got {
+		var w0 []seen
+		for len(w0) < 3 {
+			select {
+			case ev := <-got[i]:
+				if ev.name == "w-0" {
+					w0 = append(w0, ev)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("watcher %d: changes of w-0 %v, want 3", i, w0)
+			}
+		}
+		require.Equal(t, []seen{{"ADDED", "w-0"}, {"MODIFIED", "w-0"}, {"DELETED", "w-0"}}, w0, "watcher %d", i)
+	}
+	wcancel()
+	running.Wait()
+	require.Zero(t, cs.watches.Load(), "etcd watches opened for %d API watchers", watchers)
 }

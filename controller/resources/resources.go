@@ -780,7 +780,8 @@ func (s *Service) deleteAudited(ctx context.Context, call *audit.Call, k Kind, n
 // Watch calls fn for every change of resources of kind (only name, when
 // set) from now on, until ctx ends or fn returns an error. Type is
 // "ADDED", "MODIFIED" or "DELETED"; a deleted resource carries only its
-// kind and name.
+// kind and name. With caches (UseCaches) the changes come from the kind's
+// watch cache: one etcd watch per kind, however many watch the API.
 func (s *Service) Watch(ctx context.Context, kind, name string, fn func(*controllerv1.WatchEvent) error) error {
 	k, err := LookupKind(kind)
 	if err != nil {
@@ -793,7 +794,7 @@ func (s *Service) Watch(ctx context.Context, kind, name string, fn func(*control
 	// began and is seen here for the first time.
 	start := s.clock()
 	seen := map[string]bool{}
-	for ev := range s.store.Watch(ctx, k.Plural, 0) {
+	for ev := range s.watch(ctx, k) {
 		if ev.Err != nil {
 			return ev.Err
 		}

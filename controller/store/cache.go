@@ -134,6 +134,7 @@ func (c *Cache) apply(ev WatchEvent) error {
 		delete(c.items, ev.Name)
 		c.view.del(prev, had)
 	}
+	c.view.notify(ev)
 	c.sorted = nil
 	c.moveTo(max(c.rev, ev.Rev))
 	return nil

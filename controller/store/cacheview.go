@@ -26,6 +26,8 @@ type view struct {
 	index map[string]map[string]map[string]struct{}
 	snaps map[int64]*snapshot
 	now   func() time.Time
+	// watchers are the Cache's Watch streams (cachewatch.go).
+	watchers map[*cacheWatcher]struct{}
 }
 
 // snapshot is the tree as of one revision, kept while a paged listing
@@ -53,6 +55,7 @@ func newView() view {
 		index:    map[string]map[string]map[string]struct{}{},
 		snaps:    map[int64]*snapshot{},
 		now:      time.Now,
+		watchers: map[*cacheWatcher]struct{}{},
 	}
 }
 
@@ -65,7 +68,9 @@ func (v *view) reset(items []Item) {
 		v.put(Item{}, false, it)
 	}
 	// Snapshots are of revisions before the new listing; they stay valid
-	// (each is an immutable tree of its revision).
+	// (each is an immutable tree of its revision). Watchers may have
+	// missed changes.
+	v.loseAll()
 }
 
 // put records it, which replaces prev when had.

@@ -234,3 +234,73 @@ func TestCacheListPage(t *testing.T) {
 	_, _, _, err = c.ListPage(ctx, ListOptions{Continue: "not a token"}, nil)
 	require.True(t, errdefs.IsInvalidArgument(err), "malformed token: %v", err)
 }
+
+// Watchers of a Cache get its changes in order from memory; one that
+// falls too far behind ends with Unavailable after the changes it had.
+func TestCacheWatch(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := testCtx(t)
+	c := NewCache(s, "hosts", func() proto.Message { return &typesv1.Host{} })
+	runCache(t, ctx, c)
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ch := c.Watch(wctx)
+	slow := c.Watch(wctx) // read only at the end
+
+	rev1, err := s.Create(ctx, "hosts", "h-1", host("h-1", ""))
+	require.NoError(t, err)
+	h := host("h-1", "52:54:00:00:00:01")
+	rev2, err := s.Update(ctx, "hosts", "h-1", h, rev1)
+	require.NoError(t, err)
+	require.NoError(t, s.Delete(ctx, "hosts", "h-1", 0))
+	type change struct {
+		typ  EventType
+		rev  int64
+		boot string
+	}
+	var got []change
+	for range 3 {
+		select {
+		case ev := <-ch:
+			require.NoError(t, ev.Err)
+			require.Equal(t, "h-1", ev.Name)
+			c := change{typ: ev.Type, rev: ev.Rev}
+			if ev.Type == EventPut {
+				m := &typesv1.Host{}
+				require.NoError(t, proto.Unmarshal(ev.Value, m))
+				c.boot = m.GetSpec().GetBootMac()
+			}
+			got = append(got, c)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("watch: %d changes, want 3", len(got))
+		}
+	}
+	require.Equal(t, []change{{EventPut, rev1, ""}, {EventPut, rev2, "52:54:00:00:00:01"}, {EventDelete, got[2].rev, ""}}, got)
+	require.Greater(t, got[2].rev, rev2)
+
+	// One transaction of more changes than a watcher may lag.
+	var ops []BatchOp
+	for i := range cacheWatchBuffer + 10 {
+		n := fmt.Sprintf("b-%04d", i)
+		ops = append(ops, BatchOp{Kind: "hosts", Name: n, Msg: host(n, "")})
+	}
+	_, err = s.Batch(ctx, ops)
+	require.NoError(t, err)
+	n := 0
+	for ev := range slow {
+		if ev.Err != nil {
+			require.True(t, errdefs.IsUnavailable(ev.Err), "the dropped watcher's last event: %v", ev.Err)
+			break
+		}
+		n++
+	}
+	require.GreaterOrEqual(t, n, cacheWatchBuffer, "changes a dropped watcher still got")
+	require.Less(t, n, 3+len(ops), "a dropped watcher got every change")
+	_, open := <-slow
+	require.False(t, open, "the dropped watcher's channel is closed")
+
+	// Ending the context ends a watch.
+	cancel()
+	for range ch {
+	}
+}
