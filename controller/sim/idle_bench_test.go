@@ -102,12 +102,28 @@ func benchIdle(b *testing.B, n int) {
 	defer wg.Wait()
 	defer cancel()
 
-	warm := time.Now()
+	warmup := 10 * time.Minute
+	if v := os.Getenv("KILN_IDLE_WARMUP"); v != "" {
+		d, err := time.ParseDuration(v)
+		require.NoError(b, err)
+		warmup = d
+	}
+	warm, logged := time.Now(), time.Now()
 	for {
 		if _, all := checkIns(); all {
 			break
 		}
-		require.Less(b, time.Since(warm), 10*time.Minute, "agents still checking in for the first time")
+		if time.Since(logged) >= 30*time.Second {
+			in := 0
+			for _, h := range hosts {
+				if h.CheckIns() > 0 {
+					in++
+				}
+			}
+			b.Logf("%d of %d agents checked in after %s", in, n, time.Since(warm).Round(time.Second))
+			logged = time.Now()
+		}
+		require.Less(b, time.Since(warm), warmup, "agents still checking in for the first time (KILN_IDLE_WARMUP)")
 		time.Sleep(time.Second)
 	}
 	b.Logf("all %d agents checked in after %s", n, time.Since(warm).Round(time.Second))
