@@ -518,6 +518,10 @@ func (c *Controller) Run(ctx context.Context) error {
 	rec := events.New(client, events.DefaultTTL, c.cfg.Clock, c.log)
 	res := resources.New(st, rec, c.cfg.Clock, c.log)
 	res.SetOwnNetworks(append(ownNetworks(addr, c.cfg.BootListenAddr), c.cfg.ReservedNetworks...))
+	// issue 17 (watch caches): one watch cache per kind on every replica;
+	// the API's List serves from them. Run below, stopped before etcd.
+	caches := resources.NewCaches(st)
+	res.UseCaches(caches)
 	// Every replica judges the agents whose heartbeats it receives: their
 	// last-seen times live in its memory, not in etcd (controller/liveness).
 	seen := liveness.NewTracker()
@@ -531,6 +535,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		Replica:           c.cfg.ID,
 		Tracker:           seen,
 	}, c.log)
+	enr.UseHostCache(caches.Kind("hosts"), st) // issue 17 (watch caches): idle heartbeats read it
 	unregister, err := liveness.Register(ctx, client, c.cfg.ID, c.cfg.AgentSilence)
 	if err != nil {
 		return fmt.Errorf("controller: %w", err)
@@ -557,6 +562,15 @@ func (c *Controller) Run(ctx context.Context) error {
 	)
 	life, endLife := context.WithCancel(ctx)
 	defer endLife()
+	cachesDone := make(chan struct{}) // issue 17 (watch caches)
+	go func() {                       // issue 17 (watch caches)
+		defer close(cachesDone)
+		var wg sync.WaitGroup
+		wg.Go(func() { enr.RunHostCache(life) })
+		caches.Run(life)
+		wg.Wait()
+	}()
+	defer func() { endLife(); <-cachesDone }() // issue 17 (watch caches)
 	leaderOf := election.New(client, election.DefaultPrefix, c.cfg.ID, 1, nil)
 	api.Register(life, srv, res, enr, rec, st, st, func(ctx context.Context) (shard.Overview, error) {
 		live, err := liveness.LiveReplicas(ctx, client)

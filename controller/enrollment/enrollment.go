@@ -129,6 +129,8 @@ type Service struct {
 	cfg     Config
 	tracker *liveness.Tracker
 	log     *slog.Logger
+	// hostCache, when set, answers idle heartbeats (UseHostCache).
+	hostCache *hostCache
 }
 
 // New returns a Service.
@@ -483,29 +485,20 @@ func (s *Service) heartbeat(ctx context.Context, host string, serial *string, re
 		Replica:     s.cfg.Replica,
 		Now:         now,
 	}
+	if res, ok := s.heartbeatFromCache(host, serial, beat); ok {
+		return res, nil
+	}
 	var becameReachable, renew, wantFacts bool
 	err := s.updateHost(ctx, host, false, func(h *typesv1.Host) error {
-		if serial != nil {
-			if err := CheckSerial(h, *serial); err != nil {
-				return err
-			}
+		d, err := s.decide(h, serial, beat)
+		if err != nil {
+			return err
 		}
-		change := liveness.Plan(h, beat, s.cfg.Refresh)
-		wantFacts = change.WantFacts
-		a := h.GetStatus().GetAgent()
-		clearPrevious := false
-		if serial != nil && *serial == a.GetCertificateSerial() {
-			// The latest certificate is in use: the one it replaced is
-			// revoked.
-			clearPrevious = a.GetPreviousCertificateSerial() != ""
-			if r, ok := s.ca.(Rotation); ok {
-				renew = r.WantsRenewal(a.GetCertificateIssuer())
-			}
-		}
-		if wantFacts || (!change.Write && !clearPrevious) {
+		renew, wantFacts = d.renew, d.wantFacts
+		if !d.write {
 			return errUnchanged
 		}
-		if clearPrevious {
+		if d.clearPrevious {
 			h.Status.Agent.PreviousCertificateSerial = ""
 		}
 		becameReachable = liveness.Apply(h, beat)
@@ -525,6 +518,41 @@ func (s *Service) heartbeat(ctx context.Context, host string, serial *string, re
 		s.events.Record(ctx, HostsKind, host, events.Normal, "AgentReachable", "agent heartbeats arrive from "+req.AgentAddress)
 	}
 	return HeartbeatResult{Interval: s.cfg.HeartbeatInterval, RenewCertificate: renew, FactsWanted: wantFacts}, nil
+}
+
+// beatDecision is what a heartbeat does to its stored Host (decide).
+type beatDecision struct {
+	// write: the Host changes (liveness.Apply, and clearPrevious).
+	write bool
+	// clearPrevious: the latest certificate is in use, so the one it
+	// replaced is revoked.
+	clearPrevious bool
+	// wantFacts: ask the agent for its facts; nothing is written.
+	wantFacts bool
+	// renew: ask the agent to renew (its CA is being retired).
+	renew bool
+}
+
+// decide checks *serial (unless serial is nil) against the stored Host h
+// and decides what heartbeat beat changes. It does not change h. It
+// returns CheckSerial's PermissionDenied.
+func (s *Service) decide(h *typesv1.Host, serial *string, beat liveness.Beat) (beatDecision, error) {
+	if serial != nil {
+		if err := CheckSerial(h, *serial); err != nil {
+			return beatDecision{}, err
+		}
+	}
+	change := liveness.Plan(h, beat, s.cfg.Refresh)
+	d := beatDecision{wantFacts: change.WantFacts}
+	a := h.GetStatus().GetAgent()
+	if serial != nil && *serial == a.GetCertificateSerial() {
+		d.clearPrevious = a.GetPreviousCertificateSerial() != ""
+		if r, ok := s.ca.(Rotation); ok {
+			d.renew = r.WantsRenewal(a.GetCertificateIssuer())
+		}
+	}
+	d.write = !d.wantFacts && (change.Write || d.clearPrevious)
+	return d, nil
 }
 
 // moved answers the heartbeat of an agent whose fleet moved to another

@@ -80,6 +80,8 @@ type Service struct {
 	// own are the networks the controller itself is attached to (see
 	// SetOwnNetworks).
 	own []netip.Prefix
+	// caches, when set, serve List (UseCaches).
+	caches *Caches
 }
 
 // SetOwnNetworks adds networks a Cluster's pod and service CIDRs must not
@@ -669,7 +671,10 @@ const maxListBytes = 2 << 20
 // selector, in name order. With limit > 0 it returns at most limit and a
 // continue token while more may remain. A response also ends, with a
 // continue token, once its items' size reaches maxListBytes: callers page
-// whatever limit they ask for.
+// whatever limit they ask for. With caches (UseCaches) the pages come
+// from the kind's watch cache, as consistent as etcd's (a listing holds
+// every write that completed before it began, and its pages are one
+// snapshot), and from etcd where the cache cannot serve them.
 func (s *Service) List(ctx context.Context, kind string, selector map[string]string, limit int64, cont string) ([]*controllerv1.Resource, string, error) {
 	k, err := LookupKind(kind)
 	if err != nil {
@@ -677,6 +682,9 @@ func (s *Service) List(ctx context.Context, kind string, selector map[string]str
 	}
 	if limit < 0 {
 		return nil, "", errdefs.InvalidArgument("list %s: negative limit %d", k.Plural, limit)
+	}
+	if out, next, served, err := s.listCached(ctx, k, selector, limit, cont); err != nil || served {
+		return out, next, err
 	}
 	var out []*controllerv1.Resource
 	var size int64
@@ -772,7 +780,8 @@ func (s *Service) deleteAudited(ctx context.Context, call *audit.Call, k Kind, n
 // Watch calls fn for every change of resources of kind (only name, when
 // set) from now on, until ctx ends or fn returns an error. Type is
 // "ADDED", "MODIFIED" or "DELETED"; a deleted resource carries only its
-// kind and name.
+// kind and name. With caches (UseCaches) the changes come from the kind's
+// watch cache: one etcd watch per kind, however many watch the API.
 func (s *Service) Watch(ctx context.Context, kind, name string, fn func(*controllerv1.WatchEvent) error) error {
 	k, err := LookupKind(kind)
 	if err != nil {
@@ -785,7 +794,7 @@ func (s *Service) Watch(ctx context.Context, kind, name string, fn func(*control
 	// began and is seen here for the first time.
 	start := s.clock()
 	seen := map[string]bool{}
-	for ev := range s.store.Watch(ctx, k.Plural, 0) {
+	for ev := range s.watch(ctx, k) {
 		if ev.Err != nil {
 			return ev.Err
 		}

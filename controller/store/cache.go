@@ -43,11 +43,12 @@ type Cache struct {
 	// go to the same etcd watch stream (clientv3 picks the stream by the
 	// context's metadata).
 	watchCtx context.Context
+	view     view // name-ordered snapshots and indexes (cacheview.go)
 }
 
 // NewCache returns a Cache of kind; it fills once Run runs.
 func NewCache(st *Store, kind string, newMsg func() proto.Message) *Cache {
-	return &Cache{st: st, kind: kind, newMsg: newMsg, items: map[string]Item{}, synced: make(chan struct{}), moved: make(chan struct{})}
+	return &Cache{st: st, kind: kind, newMsg: newMsg, items: map[string]Item{}, synced: make(chan struct{}), moved: make(chan struct{}), view: newView()}
 }
 
 // cacheRetry is the pause before a failed listing is tried again.
@@ -92,6 +93,7 @@ func (c *Cache) reset(items []Item, rev int64) {
 	for _, it := range items {
 		c.items[it.Name] = it
 	}
+	c.view.reset(items)
 	c.sorted = nil
 	c.moveTo(rev)
 	c.once.Do(func() { close(c.synced) })
@@ -123,11 +125,16 @@ func (c *Cache) apply(ev WatchEvent) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	prev, had := c.items[ev.Name]
 	if ev.Type == EventPut {
-		c.items[ev.Name] = Item{Name: ev.Name, Rev: ev.Rev, Msg: m}
+		it := Item{Name: ev.Name, Rev: ev.Rev, Msg: m}
+		c.items[ev.Name] = it
+		c.view.put(prev, had, it)
 	} else {
 		delete(c.items, ev.Name)
+		c.view.del(prev, had)
 	}
+	c.view.notify(ev)
 	c.sorted = nil
 	c.moveTo(max(c.rev, ev.Rev))
 	return nil

@@ -73,6 +73,7 @@ func (s *Store) Pause(ctx context.Context, p Pause) (Pause, error) {
 
 // pause is Pause that also reports whether it recorded p.
 func (s *Store) pause(ctx context.Context, p Pause) (Pause, bool, error) {
+	defer s.pauseChanges.Add(1)
 	val, err := json.Marshal(p)
 	if err != nil {
 		return Pause{}, false, err
@@ -102,6 +103,7 @@ func (s *Store) pause(ctx context.Context, p Pause) (Pause, bool, error) {
 // MarkMoved sets Moved on the pause in force. It returns FailedPrecondition
 // when the controller is not paused.
 func (s *Store) MarkMoved(ctx context.Context) (Pause, error) {
+	defer s.pauseChanges.Add(1)
 	resp, err := s.client.Get(ctx, pauseKey)
 	if err != nil {
 		return Pause{}, etcdErr(ctx, "mark moved", err)
@@ -151,6 +153,7 @@ func (s *Store) Paused(ctx context.Context) (*Pause, error) {
 // Resume removes the pause: writes are accepted again. Resuming a
 // controller that is not paused does nothing.
 func (s *Store) Resume(ctx context.Context) error {
+	defer s.pauseChanges.Add(1)
 	if _, err := s.client.Delete(ctx, pauseKey); err != nil {
 		return etcdErr(ctx, "resume", err)
 	}

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -44,6 +45,9 @@ type Store struct {
 	log    *slog.Logger
 	// fence, when set, is compared in every write (Fenced).
 	fence *Fence
+	// pauseChanges counts this process's changes of the pause
+	// (PauseChanges); shared with Fenced copies.
+	pauseChanges *atomic.Uint64
 }
 
 // Option configures a Store.
@@ -59,7 +63,7 @@ func WithLogger(l *slog.Logger) Option { return func(st *Store) { st.log = l } }
 // New returns a Store over client. The Store does not own client: close it
 // yourself after the Store's last use.
 func New(client *clientv3.Client, opts ...Option) *Store {
-	s := &Store{client: client}
+	s := &Store{client: client, pauseChanges: new(atomic.Uint64)}
 	for _, o := range opts {
 		o(s)
 	}
