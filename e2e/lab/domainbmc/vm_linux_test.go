@@ -2,7 +2,9 @@ package domainbmc_test
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -18,12 +20,14 @@ import (
 	"github.com/kilnhq/kiln/controller/clusterplan"
 	"github.com/kilnhq/kiln/controller/controllertest"
 	"github.com/kilnhq/kiln/controller/hostlife"
+	"github.com/kilnhq/kiln/controller/provision"
 	"github.com/kilnhq/kiln/e2e/fleet"
 	"github.com/kilnhq/kiln/imagebuilder/bootmedia"
 	"github.com/kilnhq/kiln/imagebuilder/bootmedia/bootmediatest"
 	"github.com/kilnhq/kiln/imagebuilder/golden"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/testenv"
+	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
@@ -289,7 +293,7 @@ spec:
 	})
 	if err != nil || next < len(points) {
 		desc, _ := kctl("", "describe", "host", dom)
-		t.Fatalf("stopped before %q: %v\nkilnctl describe host:\n%s\nserial console (tail):\n%s", points[min(next, len(points)-1)].what, err, desc, serial())
+		t.Fatalf("stopped before %q: %v\nkilnctl describe host:\n%s\nserial console (tail):\n%s\nagent log (tail):\n%s", points[min(next, len(points)-1)].what, err, desc, serial(), agentLog(env, res, dom))
 	}
 	h, err := res.Get(ctx, &controllerv1.GetRequest{Kind: "Host", Name: dom})
 	require.NoError(t, err)
@@ -298,6 +302,43 @@ spec:
 	desc := mustKctl("", "describe", "host", dom)
 	require.NotContains(t, desc, password)
 	t.Logf("kilnctl describe host %s:\n%s", dom, desc)
+}
+
+// agentLog is the tail of the log of the agent the host runs now (its
+// Logs RPC, dialled as the controller dials it), or why there is none:
+// the installed agent's journal is not on the serial console.
+func agentLog(env *controllertest.Env, res controllerv1.ResourcesClient, host string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := res.Get(ctx, &controllerv1.GetRequest{Kind: "Host", Name: host})
+	if err != nil {
+		return fmt.Sprintf("(host: %v)", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(env.Controller.TrustedCAs()) {
+		return "(no CA)"
+	}
+	agents := provision.NewAgentPool(func() *x509.CertPool { return pool }, env.Controller.Certificate)
+	defer agents.Close()
+	a, err := agents.Dial(ctx, r.GetHost())
+	if err != nil {
+		return fmt.Sprintf("(dial the agent: %v)", err)
+	}
+	st, err := a.Logs(ctx, &agentv1.LogsRequest{Tail: 300})
+	if err != nil {
+		return fmt.Sprintf("(logs: %v)", err)
+	}
+	var b strings.Builder
+	for {
+		l, err := st.Recv()
+		if err != nil {
+			if err != io.EOF {
+				fmt.Fprintf(&b, "(%v)\n", err)
+			}
+			return b.String()
+		}
+		fmt.Fprintf(&b, "%s %s\n", l.GetTime().AsTime().Format(time.TimeOnly), l.GetLine())
+	}
 }
 
 // stepAtLeast says whether h is provisioning at step s or a later one,
