@@ -78,10 +78,16 @@ type Checker struct {
 	networks func() (addrs, routes []netcheck.Network, err error)
 	busy     func([]int) ([]int, error)
 	query    func(ctx context.Context, socket string) (containerd.Running, error)
-	// timeout bounds each probe that may hang (a binary's version, the
-	// runtime socket).
-	timeout time.Duration
+	// timeout bounds each probe that may hang (the runtime socket);
+	// versionTimeout each `kubeadm version` and `kubelet --version`: a
+	// first exec of an 80 MB Go binary while a first boot imports its
+	// images took over 5 s in a TCG VM, every time for minutes.
+	timeout, versionTimeout time.Duration
 }
+
+// VersionTimeout bounds each binary version query of Run. Both queries
+// and the runtime's fit in the controller's Preflight call (one minute).
+const VersionTimeout = 20 * time.Second
 
 // New returns a Checker for the host whose filesystem is at root ("/" in
 // production). Network checks (addresses, routes, ports, sysctls under
@@ -95,6 +101,8 @@ func New(root string, run Runner, log *slog.Logger) *Checker {
 		busy:     ports.Busy,
 		query:    containerd.Query,
 		timeout:  5 * time.Second,
+
+		versionTimeout: VersionTimeout,
 	}
 }
 
@@ -413,13 +421,13 @@ func (c *Checker) binaryVersion(ctx context.Context, name, path string) (string,
 	if name == "kubeadm" {
 		args = []string{"version", "-o", "short"}
 	}
-	qctx, cancel := context.WithTimeout(ctx, c.timeout)
+	qctx, cancel := context.WithTimeout(ctx, c.versionTimeout)
 	defer cancel()
 	out, err := c.run.Run(qctx, path, args...)
 	if err != nil {
 		c.log.WarnContext(ctx, "version query failed", "binary", name, "error", err)
 		if qctx.Err() != nil && ctx.Err() == nil {
-			return "", fmt.Errorf("%s %s did not answer within %s (a slow or loaded host; the controller retries)", name, strings.Join(args, " "), c.timeout)
+			return "", fmt.Errorf("%s %s did not answer within %s (a slow or loaded host; the controller retries)", name, strings.Join(args, " "), c.versionTimeout)
 		}
 		return "", fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
 	}

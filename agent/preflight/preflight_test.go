@@ -430,7 +430,7 @@ func TestOfflineImagesImported(t *testing.T) {
 func TestSlowVersionQuery(t *testing.T) {
 	c, root := fileHost(t, pinned, pinned)
 	write(t, filepath.Join(root, "usr/bin/kubeadm"), "#!/bin/sh\nsleep 5\necho "+pinned+"\n", 0o755)
-	c.timeout = 200 * time.Millisecond
+	c.versionTimeout = 200 * time.Millisecond
 	r, err := c.Run(context.Background(), cluster())
 	require.NoError(t, err)
 	got := byName(r)[CheckKubeadmVersion]
