@@ -54,7 +54,8 @@ const (
 // image-spec.yaml's kernel, ESP, containerd and kubeadm, plus the lab's
 // offline CNI; built once and cached by fleet.LabImage), rebooted from disk into the installed agent, and
 // bootstrapped as a single-node control plane. It prints a timeline
-// (power on, agent enrolled, laid, rebooted, node Ready).
+// (power on, agent enrolled, laid, rebooted, installed agent, kubeadm
+// init, node Ready), each point with the load average.
 //
 // Opt-in (KILN_E2E_VM=1, `make test-vm`): under TCG it takes far longer
 // than one test may in `make test` (docs/lab.md, "make test-vm").
@@ -73,7 +74,7 @@ func TestVMEndToEnd(t *testing.T) {
 	t0 := time.Now()
 	var timeline []string
 	mark := func(format string, args ...any) {
-		line := fmt.Sprintf("%7.1fs  %s", time.Since(t0).Seconds(), fmt.Sprintf(format, args...))
+		line := fmt.Sprintf("%7.1fs  load %-5s %s", time.Since(t0).Seconds(), loadAvg(), fmt.Sprintf(format, args...))
 		timeline = append(timeline, line)
 		t.Log(line)
 	}
@@ -257,6 +258,14 @@ spec:
 		{"installed agent checked in from disk (host Provisioned)", func(_ *fleet.Snapshot, h *typesv1.Host) bool {
 			return h.GetStatus().GetState() == typesv1.HostState_HOST_STATE_PROVISIONED
 		}},
+		{"kubeadm init done (Machine Bootstrapped)", func(s *fleet.Snapshot, _ *typesv1.Host) bool {
+			for _, m := range s.Machines {
+				if conditions.IsTrue(m.GetStatus().GetConditions(), clusterplan.MachineBootstrapped) {
+					return true
+				}
+			}
+			return false
+		}},
 		{"node Ready", func(s *fleet.Snapshot, _ *typesv1.Host) bool {
 			for _, m := range s.Machines {
 				if conditions.IsTrue(m.GetStatus().GetConditions(), clusterplan.MachineNodeReady) {
@@ -302,6 +311,16 @@ spec:
 	desc := mustKctl("", "describe", "host", dom)
 	require.NotContains(t, desc, password)
 	t.Logf("kilnctl describe host %s:\n%s", dom, desc)
+}
+
+// loadAvg is this machine's one-minute load average ("?" when unknown):
+// TCG timings scale with it.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return "?"
 }
 
 // agentLog is the tail of the log of the agent the host runs now (its
