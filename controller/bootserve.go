@@ -282,6 +282,20 @@ func mintsToken(r *http.Request) bool {
 	return strings.HasPrefix(r.URL.Path, "/boot/ipxe/") || strings.HasPrefix(r.URL.Path, "/boot/iso/")
 }
 
+// installedControllerURL is the controller URL written into each laid
+// image's identity (WriteIdentity): the same address boot agents get,
+// as https://HOST:PORT. A --controller-url without a port names the
+// API's port here too: the installed agent dialled HOST alone, which
+// gRPC takes as port 443, and never checked in (found by TestVMEndToEnd,
+// whose controller listens on a free port).
+func installedControllerURL(controllerURL, apiAddr string) (string, error) {
+	a, err := agentControllerAddr(controllerURL, apiAddr)
+	if err != nil {
+		return "", err
+	}
+	return "https://" + a, nil
+}
+
 // agentControllerAddr is the API address boot agents enroll with,
 // host:port: the host of controllerURL when set, else the API's listen
 // address (loopback when it listens on all addresses).

@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
@@ -31,6 +33,28 @@ func TestAgentControllerAddr(t *testing.T) {
 			t.Errorf("agentControllerAddr(%q, %q) = %q, %v, want %q", tt.url, tt.api, got, err, tt.want)
 		}
 	}
+}
+
+// TestInstalledControllerURL: the URL in a laid image's identity names
+// the same host and port boot agents enroll with; without a port in
+// --controller-url, the API's (it used to be the URL as given, which an
+// installed agent dialled at port 443).
+func TestInstalledControllerURL(t *testing.T) {
+	for _, tt := range []struct{ url, api, want string }{
+		{"", "[::]:7443", "https://127.0.0.1:7443"},
+		{"https://10.253.25.1", "10.253.25.1:34017", "https://10.253.25.1:34017"},
+		{"https://ctl.rack1.example", "[::]:7443", "https://ctl.rack1.example:7443"},
+		{"https://ctl.rack1.example:9443/", "[::]:7443", "https://ctl.rack1.example:9443"},
+	} {
+		got, err := installedControllerURL(tt.url, tt.api)
+		require.NoError(t, err, "%q, %q", tt.url, tt.api)
+		require.Equal(t, tt.want, got, "installedControllerURL(%q, %q)", tt.url, tt.api)
+		boot, err := agentControllerAddr(tt.url, tt.api)
+		require.NoError(t, err)
+		require.Equal(t, "https://"+boot, got, "installed and boot agents reach different addresses")
+	}
+	_, err := installedControllerURL("10.77.0.1:7443", "[::]:7443")
+	require.True(t, errdefs.IsInvalidArgument(err), "no scheme: %v", err)
 }
 
 // TestBootTokensRefill checks the per-host bucket against a fake clock:

@@ -154,7 +154,8 @@ type Config struct {
 	// BootURL/boot/iso/H.iso (bootserver.ISOURL).
 	BootURL string
 	// ControllerURL is the URL installed agents report to, written into
-	// each laid image (default https://<listen address>).
+	// each laid image, and boot agents enroll with (default
+	// https://<listen address>); without a port, the API's.
 	ControllerURL string
 	// Simulate, when > 0, creates that many simulated hosts and drives them
 	// with simulated BMCs and agents (controller/sim) instead of real ones;
@@ -260,6 +261,11 @@ func New(cfg Config, log *slog.Logger) (*Controller, error) {
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.ControllerURL != "" {
+		if _, err := agentControllerAddr(cfg.ControllerURL, "127.0.0.1:7443"); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.ListenAddr == "" {
 		cfg.ListenAddr = DefaultListenAddr
@@ -807,9 +813,11 @@ func (c *Controller) hostDeps(lctx context.Context, st *store.Store, rec *events
 		}
 		deps.BMCs = provision.ManagerDialer(bmc.NewManager(bmc.ManagerOptions{Defaults: bmcOpts}), st)
 		deps.Agents = pool.Dial
-		url := c.cfg.ControllerURL
-		if url == "" {
-			url = "https://" + clientAddr(addr)
+		url, err := installedControllerURL(c.cfg.ControllerURL, addr)
+		if err != nil {
+			// New refused such a URL already.
+			c.log.Error("controller URL for installed agents", "error", err)
+			url = c.cfg.ControllerURL
 		}
 		deps.Identity = provision.CAIdentity(ca, url, 30*24*time.Hour, c.cfg.Clock)
 	}

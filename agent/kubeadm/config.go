@@ -160,12 +160,33 @@ type patches struct {
 	Directory string `json:"directory"`
 }
 
+// timeouts is kubeadm's timeouts option (v1beta4).
+type timeouts struct {
+	ControlPlaneComponentHealthCheck string `json:"controlPlaneComponentHealthCheck"`
+	KubeletHealthCheck               string `json:"kubeletHealthCheck"`
+}
+
+// HealthCheckTimeout is how long kubeadm init and join wait for the
+// kubelet and for the control-plane components to answer (kubeadm's
+// default: 4 minutes each). A TCG VM's API server took longer than 4
+// minutes (TestVMEndToEnd: "kube-apiserver check failed at
+// https://...:6443/livez: context deadline exceeded"), and a failed init
+// leaves the static pods running, so that every retry's preflight finds
+// their ports in use. On a healthy machine the wait ends in seconds;
+// only a broken one waits the longer time out.
+const HealthCheckTimeout = "10m0s"
+
+func healthTimeouts() *timeouts {
+	return &timeouts{ControlPlaneComponentHealthCheck: HealthCheckTimeout, KubeletHealthCheck: HealthCheckTimeout}
+}
+
 type initConfiguration struct {
 	typeMeta         `json:",inline"`
 	LocalAPIEndpoint *apiEndpoint     `json:"localAPIEndpoint,omitempty"`
 	NodeRegistration nodeRegistration `json:"nodeRegistration"`
 	CertificateKey   string           `json:"certificateKey,omitempty"`
 	Patches          *patches         `json:"patches,omitempty"`
+	Timeouts         *timeouts        `json:"timeouts,omitempty"`
 }
 
 type networking struct {
@@ -225,6 +246,7 @@ type joinConfiguration struct {
 	NodeRegistration nodeRegistration  `json:"nodeRegistration"`
 	ControlPlane     *joinControlPlane `json:"controlPlane,omitempty"`
 	Patches          *patches          `json:"patches,omitempty"`
+	Timeouts         *timeouts         `json:"timeouts,omitempty"`
 }
 
 const (
@@ -273,6 +295,7 @@ func InitConfig(c *agentv1.ClusterConfig, certKey, patchDir string) ([]byte, err
 		NodeRegistration: nodeReg(c),
 		CertificateKey:   certKey,
 		Patches:          patchesOpt(patchDir),
+		Timeouts:         healthTimeouts(),
 	}
 	if a := c.GetAdvertiseAddress(); a != "" {
 		ic.LocalAPIEndpoint = &apiEndpoint{AdvertiseAddress: a, BindPort: APIServerPort}
@@ -340,6 +363,7 @@ func JoinConfig(c *agentv1.ClusterConfig, r JoinRequest) ([]byte, error) {
 		typeMeta:         typeMeta{kubeadmAPI, "JoinConfiguration"},
 		NodeRegistration: nodeReg(c),
 		Patches:          patchesOpt(r.PatchDir),
+		Timeouts:         healthTimeouts(),
 	}
 	jc.Discovery.BootstrapToken = bootstrapTokenDiscovery{
 		APIServerEndpoint: r.APIServerEndpoint,

@@ -437,10 +437,12 @@ func (k *Kubeadm) stream(ctx context.Context, red *redactor, emit Emit, args ...
 }
 
 // errorLines picks kubeadm's error from its output: the lines from the
-// first "error" line on, or the last few lines when there is none.
+// first "error" line on (kubeadm's indented "[ERROR Check]" lines of a
+// failed preflight too), or the last few lines when there is none.
 func errorLines(tail []string) string {
 	for i, l := range tail {
-		ll := strings.ToLower(l)
+		// kubeadm indents its preflight errors ("\t[ERROR ImagePull]: ...").
+		ll := strings.ToLower(strings.TrimSpace(l))
 		if strings.HasPrefix(ll, "error") || strings.Contains(ll, "] error") || strings.HasPrefix(ll, "[error") {
 			end := min(len(tail), i+6)
 			return strings.Join(trimmed(tail[i:end]), "; ")

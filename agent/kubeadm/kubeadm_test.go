@@ -37,6 +37,15 @@ init)
   cp "$3" "$ROOT/init-config-seen.yaml"; stat -c %%a "$3" > "$ROOT/init-config-mode"
   echo "[init] Using Kubernetes version: $VERSION"
   echo "[preflight] Running pre-flight checks" >&2
+  if [ -f "$ROOT/fail-preflight" ]; then
+    printf '%%s\n' "[preflight] Some fatal errors occurred:" \
+      "	[ERROR ImagePull]: failed to pull image registry.k8s.io/kube-apiserver:$VERSION: image not present locally and pull policy is Never" \
+      "	[ERROR ImagePull]: failed to pull image registry.k8s.io/etcd:3.6.4-0: image not present locally and pull policy is Never" \
+      "[preflight] If you know what you are doing, you can make a check non-fatal with --ignore-preflight-errors=..." \
+      "error: error execution phase preflight: preflight checks failed" \
+      "To see the stack trace of this error execute with --v=5 or higher" >&2
+    exit 1
+  fi
   mkdir -p "$ROOT/etc/kubernetes/pki"
   cp "$CA" "$ROOT/etc/kubernetes/pki/ca.crt"
   printf 'apiVersion: v1\nkind: Config\n' > "$ROOT/etc/kubernetes/admin.conf"
@@ -180,6 +189,22 @@ func TestInitFailureCarriesKubeadmError(t *testing.T) {
 	if certKeyRE.FindString(err.Error()) != "" {
 		t.Errorf("Init() error %q contains a certificate key", err)
 	}
+}
+
+// TestInitPreflightFailureNamesChecks: kubeadm's own preflight lists its
+// fatal checks indented ("\t[ERROR ImagePull]: ...") before its
+// "error: error execution phase preflight" line (kubeadm 1.34's output,
+// with the strings of its binary); Init's error
+// carries them, not only "preflight checks failed" (which is all a
+// TestVMEndToEnd run showed).
+func TestInitPreflightFailureNamesChecks(t *testing.T) {
+	h := newFakeHost(t, "v1.34.4", "v1.34.4")
+	require.NoError(t, os.WriteFile(filepath.Join(h.root, "fail-preflight"), nil, 0o644))
+	var evs events
+	_, err := h.kubeadmFor().Init(context.Background(), &agentv1.KubeadmInitRequest{Cluster: labCluster(), UploadCerts: true}, evs.emit)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "[ERROR ImagePull]: failed to pull image registry.k8s.io/kube-apiserver:v1.34.4: image not present locally and pull policy is Never")
+	require.Contains(t, err.Error(), "registry.k8s.io/etcd:3.6.4-0")
 }
 
 func TestVersionMismatchRefusedUpFront(t *testing.T) {

@@ -53,6 +53,16 @@ const (
 	CheckSwap           = "swap"
 	CheckKubeadmVersion = "kubeadm-version"
 	CheckKubeletVersion = "kubelet-version"
+	CheckOfflineImages  = "offline-images"
+)
+
+// OfflineImagesDir holds a golden image's Kubernetes image archives
+// (imagebuilder/golden.ImagesDir); its unit kiln-import-images.service
+// imports them into containerd once at first boot and then writes
+// OfflineImagesMarker there.
+const (
+	OfflineImagesDir    = "var/lib/kiln/images"
+	OfflineImagesMarker = ".imported"
 )
 
 // Runner runs a host command (command.Exec in production).
@@ -68,10 +78,16 @@ type Checker struct {
 	networks func() (addrs, routes []netcheck.Network, err error)
 	busy     func([]int) ([]int, error)
 	query    func(ctx context.Context, socket string) (containerd.Running, error)
-	// timeout bounds each probe that may hang (a binary's version, the
-	// runtime socket).
-	timeout time.Duration
+	// timeout bounds each probe that may hang (the runtime socket);
+	// versionTimeout each `kubeadm version` and `kubelet --version`: a
+	// first exec of an 80 MB Go binary while a first boot imports its
+	// images took over 5 s in a TCG VM, every time for minutes.
+	timeout, versionTimeout time.Duration
 }
+
+// VersionTimeout bounds each binary version query of Run. Both queries
+// and the runtime's fit in the controller's Preflight call (one minute).
+const VersionTimeout = 20 * time.Second
 
 // New returns a Checker for the host whose filesystem is at root ("/" in
 // production). Network checks (addresses, routes, ports, sysctls under
@@ -85,6 +101,8 @@ func New(root string, run Runner, log *slog.Logger) *Checker {
 		busy:     ports.Busy,
 		query:    containerd.Query,
 		timeout:  5 * time.Second,
+
+		versionTimeout: VersionTimeout,
 	}
 }
 
@@ -114,6 +132,7 @@ func (c *Checker) Run(ctx context.Context, cluster *agentv1.ClusterConfig) (*age
 		c.swap(kubelet),
 	)
 	checks = append(checks, c.versions(ctx, cluster)...)
+	checks = append(checks, c.offlineImages())
 
 	r := &agentv1.PreflightReport{Checks: checks, Passed: true}
 	for _, ch := range checks {
@@ -345,14 +364,18 @@ func (c *Checker) versions(ctx context.Context, cluster *agentv1.ClusterConfig) 
 			out = append(out, fail(check, errorSev, name+" is not installed", fix))
 			continue
 		}
-		got := c.binaryVersion(ctx, name, path)
+		got, qerr := c.binaryVersion(ctx, name, path)
 		if got == pinned {
 			out = append(out, pass(check, fmt.Sprintf("%s %s as pinned", name, got)))
 			continue
 		}
 		gv, err := parseVersion(got)
 		if err != nil {
-			out = append(out, fail(check, errorSev, fmt.Sprintf("%s at %s reports no usable version (%q)", name, strings.TrimPrefix(path, c.root), got), fix))
+			msg := fmt.Sprintf("%s at %s reports no usable version (%q)", name, strings.TrimPrefix(path, c.root), got)
+			if qerr != nil {
+				msg = fmt.Sprintf("%s at %s did not tell its version: %v", name, strings.TrimPrefix(path, c.root), qerr)
+			}
+			out = append(out, fail(check, errorSev, msg, fix))
 			continue
 		}
 		if name == "kubeadm" {
@@ -373,19 +396,42 @@ func (c *Checker) versions(ctx context.Context, cluster *agentv1.ClusterConfig) 
 	return out
 }
 
-func (c *Checker) binaryVersion(ctx context.Context, name, path string) string {
+// offlineImages fails while the image's offline Kubernetes images are
+// not in containerd yet: kubeadm (pull policy Never) would refuse with
+// "[ERROR ImagePull] ... image not present locally". On a first boot the
+// installed agent checks in while kiln-import-images.service still runs
+// (minutes on a slow machine), so the controller's first bootstrap
+// attempts come too early; it retries a refused preflight.
+func (c *Checker) offlineImages() *agentv1.Check {
+	dir := filepath.Join(c.root, OfflineImagesDir)
+	archives, _ := filepath.Glob(filepath.Join(dir, "*.tar"))
+	if len(archives) == 0 {
+		return pass(CheckOfflineImages, "no offline image archives in /"+OfflineImagesDir)
+	}
+	if _, err := os.Stat(filepath.Join(dir, OfflineImagesMarker)); err == nil {
+		return pass(CheckOfflineImages, fmt.Sprintf("%d offline image archives imported into containerd", len(archives)))
+	}
+	return fail(CheckOfflineImages, errorSev,
+		fmt.Sprintf("the %d offline image archives in /%s are not imported into containerd yet (no %s): kubeadm would find no images (pull policy Never)", len(archives), OfflineImagesDir, OfflineImagesMarker),
+		"wait for kiln-import-images.service (first boot; systemctl status kiln-import-images), or see its journal if it failed")
+}
+
+func (c *Checker) binaryVersion(ctx context.Context, name, path string) (string, error) {
 	args := []string{"--version"}
 	if name == "kubeadm" {
 		args = []string{"version", "-o", "short"}
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	qctx, cancel := context.WithTimeout(ctx, c.versionTimeout)
 	defer cancel()
-	out, err := c.run.Run(ctx, path, args...)
+	out, err := c.run.Run(qctx, path, args...)
 	if err != nil {
 		c.log.WarnContext(ctx, "version query failed", "binary", name, "error", err)
-		return ""
+		if qctx.Err() != nil && ctx.Err() == nil {
+			return "", fmt.Errorf("%s %s did not answer within %s (a slow or loaded host; the controller retries)", name, strings.Join(args, " "), c.versionTimeout)
+		}
+		return "", fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
 	}
-	return host.KubeVersion(string(out))
+	return host.KubeVersion(string(out)), nil
 }
 
 type semver struct{ major, minor, patch int }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
@@ -135,8 +136,8 @@ func TestPreflightPreparedHostPasses(t *testing.T) {
 	if !r.Passed {
 		t.Errorf("Run() passed = false on a prepared host, want true")
 	}
-	if len(r.Checks) != 11 {
-		t.Errorf("Run() ran %d checks, want 11", len(r.Checks))
+	if len(r.Checks) != 12 {
+		t.Errorf("Run() ran %d checks, want 12", len(r.Checks))
 	}
 }
 
@@ -389,6 +390,53 @@ func TestSwapAndConfigErrors(t *testing.T) {
 	if _, err := c.Run(context.Background(), nil); err == nil {
 		t.Errorf("Run(nil) error = nil, want InvalidArgument")
 	}
+}
+
+// TestOfflineImagesImported: on a golden image's first boot the
+// installed agent answers while kiln-import-images.service still imports
+// the Kubernetes images (minutes under TCG); preflight refuses until the
+// import's marker exists, instead of kubeadm failing on ImagePull.
+func TestOfflineImagesImported(t *testing.T) {
+	c, root := fileHost(t, pinned, pinned)
+	check := func() *agentv1.Check {
+		t.Helper()
+		r, err := c.Run(context.Background(), cluster())
+		require.NoError(t, err)
+		got := byName(r)[CheckOfflineImages]
+		require.NotNil(t, got)
+		require.Equal(t, got.Passed, r.Passed, "report passed with check %v", got)
+		return got
+	}
+	require.True(t, check().Passed, "no archives (an image without offline images)")
+
+	dir := filepath.Join(root, OfflineImagesDir)
+	write(t, filepath.Join(dir, "kube-apiserver.tar"), "x", 0o644)
+	write(t, filepath.Join(dir, "etcd.tar"), "x", 0o644)
+	got := check()
+	require.False(t, got.Passed)
+	require.Equal(t, agentv1.Severity_SEVERITY_ERROR, got.Severity)
+	require.Contains(t, got.Message, "the 2 offline image archives in /var/lib/kiln/images are not imported into containerd yet")
+	require.Contains(t, got.Fix, "kiln-import-images")
+
+	write(t, filepath.Join(dir, OfflineImagesMarker), "", 0o644)
+	got = check()
+	require.True(t, got.Passed, "%v", got)
+	require.Contains(t, got.Message, "2 offline image archives imported")
+}
+
+// TestSlowVersionQuery: a kubeadm that does not answer in time is named
+// as such, not as a binary with "no usable version" (what a loaded TCG
+// VM showed).
+func TestSlowVersionQuery(t *testing.T) {
+	c, root := fileHost(t, pinned, pinned)
+	write(t, filepath.Join(root, "usr/bin/kubeadm"), "#!/bin/sh\nsleep 5\necho "+pinned+"\n", 0o755)
+	c.versionTimeout = 200 * time.Millisecond
+	r, err := c.Run(context.Background(), cluster())
+	require.NoError(t, err)
+	got := byName(r)[CheckKubeadmVersion]
+	require.False(t, got.Passed)
+	require.Contains(t, got.Message, "kubeadm at /usr/bin/kubeadm did not tell its version: kubeadm version -o short did not answer within 200ms")
+	require.True(t, byName(r)[CheckKubeletVersion].Passed)
 }
 
 func TestRuntimeFaults(t *testing.T) {

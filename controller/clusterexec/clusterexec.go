@@ -125,8 +125,12 @@ type Config struct {
 	Interval time.Duration
 	// OperationTimeout bounds one kubeadm operation (default 15m).
 	OperationTimeout time.Duration
-	// CallTimeout bounds a short agent call: Preflight, Probe (default 30s).
+	// CallTimeout bounds a short agent call: Probe (default 30s).
 	CallTimeout time.Duration
+	// PreflightTimeout bounds the agent's Preflight (default 1m): its
+	// version queries may take up to preflight.VersionTimeout each on a
+	// slow host.
+	PreflightTimeout time.Duration
 	// Workers is how many machines of a cluster are worked on at once,
 	// and how many bootstraps run at once in all (default 16).
 	Workers int
@@ -276,6 +280,9 @@ func New(deps Deps, cfg Config, log *slog.Logger) *Executor {
 	}
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = 30 * time.Second
+	}
+	if cfg.PreflightTimeout <= 0 {
+		cfg.PreflightTimeout = time.Minute
 	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = 16

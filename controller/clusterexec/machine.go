@@ -305,7 +305,7 @@ func (e *Executor) bootstrap(ctx context.Context, c *typesv1.Cluster, a machinep
 		}
 
 		start = e.cfg.Clock()
-		callCtx, cancelCall := context.WithTimeout(ctx, e.cfg.CallTimeout)
+		callCtx, cancelCall := context.WithTimeout(ctx, e.cfg.PreflightTimeout)
 		report, err := agent.Preflight(callCtx, &agentv1.PreflightRequest{Cluster: cfg})
 		cancelCall()
 		if err != nil {

@@ -18,7 +18,12 @@ import (
 // AgentPool is the production AgentDialer: it dials each host's agent at
 // the address of its last heartbeat with the controller's client
 // certificate, checks that the agent's certificate names the host, and
-// keeps one connection per host until the address changes.
+// keeps one connection per host until the agent changes: its address, its
+// mode or its certificate. A host that rebooted from its boot agent into
+// the installed agent keeps its address (DHCP), and the connection to the
+// boot agent, dead with the reboot, failed the first call to the
+// installed one ("connection reset by peer": TestVMEndToEnd's first
+// Prepare).
 type AgentPool struct {
 	roots func() *x509.CertPool
 	cert  func() tls.Certificate
@@ -28,7 +33,8 @@ type AgentPool struct {
 }
 
 type pooled struct {
-	addr   string
+	// agent is the address, mode and certificate serial dialled.
+	agent  string
 	client agentv1.AgentClient
 	conn   *grpc.ClientConn
 }
@@ -43,11 +49,13 @@ func NewAgentPool(roots func() *x509.CertPool, cert func() tls.Certificate) *Age
 // Dial is an AgentDialer.
 func (p *AgentPool) Dial(_ context.Context, h *typesv1.Host) (agentv1.AgentClient, error) {
 	name := h.GetMetadata().GetName()
-	addr := h.GetStatus().GetAgent().GetAddress()
+	a := h.GetStatus().GetAgent()
+	addr := a.GetAddress()
+	agent := addr + " " + a.GetMode() + " " + a.GetCertificateSerial()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if c, ok := p.conns[name]; ok {
-		if c.addr == addr {
+		if c.agent == agent {
 			return c.client, nil
 		}
 		c.conn.Close()
@@ -57,7 +65,7 @@ func (p *AgentPool) Dial(_ context.Context, h *typesv1.Host) (agentv1.AgentClien
 	if err != nil {
 		return nil, err
 	}
-	p.conns[name] = pooled{addr: addr, client: cl, conn: conn}
+	p.conns[name] = pooled{agent: agent, client: cl, conn: conn}
 	return cl, nil
 }
 

@@ -219,6 +219,27 @@ func TestBuild(t *testing.T) {
 		t.Logf("debugfs -V: %s", strings.TrimSpace(string(b)))
 	})
 
+	// The boot agent can reboot the machine into its laid disk and power
+	// it off (the controller's Reboot RPC): init gives it commands that
+	// the initramfs's busybox has.
+	t.Run("reboot", func(t *testing.T) {
+		dir := t.TempDir()
+		x := exec.Command("sh", "-c", "gzip -dc "+filepath.Join(out, bootmedia.InitrdFile)+" | cpio -idm --quiet --no-absolute-filenames init bin/busybox")
+		x.Dir = dir
+		b, err := x.CombinedOutput()
+		require.NoError(t, err, "extract init and busybox: %s", b)
+		init, err := os.ReadFile(filepath.Join(dir, "init"))
+		require.NoError(t, err)
+		applets, err := exec.Command(filepath.Join(dir, "bin/busybox"), "--list").Output()
+		require.NoError(t, err)
+		for _, flag := range []string{"--reboot-command", "--poweroff-command"} {
+			m := regexp.MustCompile(`(?m)^\s*/sbin/kiln-agent run .*` + flag + ` "([^"]+)"`).FindSubmatch(init)
+			require.NotNil(t, m, "init runs the agent without %s:\n%s", flag, init)
+			prog := strings.Fields(string(m[1]))[0]
+			require.Contains(t, "\n"+string(applets), "\n"+prog+"\n", "%s %q: busybox in the initramfs has no %s", flag, m[1], prog)
+		}
+	})
+
 	var ext4, jbd2 = -1, -1
 	for i, mod := range read.Modules {
 		switch filepath.Base(mod) {

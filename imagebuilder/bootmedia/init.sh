@@ -75,9 +75,12 @@ fi
 
 mkdir -p /run/kiln-agent
 n=0
+# The controller's Reboot RPC (after the image is laid: boot from disk)
+# and power off: busybox's, straight to the kernel (sync first; there is
+# no init to go through, and nothing else to stop).
 while :; do
   log "agent up"
-  /sbin/kiln-agent run --data-dir /run/kiln-agent
+  /sbin/kiln-agent run --data-dir /run/kiln-agent --reboot-command "reboot -f" --poweroff-command "poweroff -f"
   rc=$?
   n=$((n+1))
   log "agent exited rc=$rc; restart $n in 5s"

@@ -103,7 +103,9 @@ ProtectSystem=yes
 ProtectHome=read-only
 PrivateTmp=yes
 ProtectKernelLogs=yes
-ProtectControlGroups=yes
+# No ProtectControlGroups: kubeadm's preflight (SystemVerification)
+# creates a cgroup under /sys/fs/cgroup to find the cgroup v2 freezer,
+# and refuses "missing required cgroups: freezer" when it cannot.
 NoNewPrivileges=yes
 RestrictSUIDSGID=yes
 RestrictRealtime=yes

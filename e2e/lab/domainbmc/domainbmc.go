@@ -4,7 +4,8 @@
 // optionally one ipmi_sim (e2e/lab/ipmisim), each driving the domain
 // through e2e/lab/libvirt.Attach. Power, one-time boot override and
 // virtual media sent to the BMC change the domain; nothing else of it
-// does. It is what `kilnctl lab bmc` serves, in the way virtualbmc and
+// does, and a reset of the domain (its OS rebooting) boots the device the
+// BMC sets, as a server's firmware does. It is what `kilnctl lab bmc` serves, in the way virtualbmc and
 // sushy-tools serve Metal3's and OpenStack's CI domains.
 //
 // The BMC password is the caller's (read from a file or the
@@ -25,6 +26,7 @@ import (
 
 	"github.com/kilnhq/kiln/e2e/lab/ipmisim"
 	"github.com/kilnhq/kiln/e2e/lab/libvirt"
+	"github.com/kilnhq/kiln/e2e/lab/machine"
 	"github.com/kilnhq/kiln/e2e/lab/redfish"
 	"github.com/kilnhq/kiln/internal/errdefs"
 )
@@ -161,6 +163,7 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		}
 		s.redfish = append(s.redfish, rf)
 		b.Redfish = rf.URL()
+		next := func() string { return rf.NextBootDevice(vm.UUID()) }
 		if o.IPMI {
 			chassis, err := chassisWrapper(o.Dir, o.ChassisCommand)
 			if err != nil {
@@ -183,6 +186,21 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 			}
 			s.sims = append(s.sims, sim)
 			b.IPMI = sim.Addr()
+			next = func() string {
+				// Both BMCs' one-time overrides are consumed; IPMI's wins
+				// when it names something else than the disk.
+				dev := rf.NextBootDevice(vm.UUID())
+				if d := sim.NextBoot(); d != machine.BootDisk {
+					dev = d
+				}
+				return dev
+			}
+		}
+		// A reset of the domain (its OS rebooting) boots what the BMC
+		// says, as a real server's firmware does at every POST.
+		if err := vm.SetNextBoot(next); err != nil {
+			s.Close()
+			return nil, err
 		}
 		s.bmcs = append(s.bmcs, b)
 		log.Info("BMC serving", "domain", b.Domain, "uuid", b.UUID, "redfish", b.Redfish, "ipmi", b.IPMI)

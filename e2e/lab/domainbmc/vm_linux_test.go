@@ -2,7 +2,9 @@ package domainbmc_test
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -18,12 +20,14 @@ import (
 	"github.com/kilnhq/kiln/controller/clusterplan"
 	"github.com/kilnhq/kiln/controller/controllertest"
 	"github.com/kilnhq/kiln/controller/hostlife"
+	"github.com/kilnhq/kiln/controller/provision"
 	"github.com/kilnhq/kiln/e2e/fleet"
 	"github.com/kilnhq/kiln/imagebuilder/bootmedia"
 	"github.com/kilnhq/kiln/imagebuilder/bootmedia/bootmediatest"
 	"github.com/kilnhq/kiln/imagebuilder/golden"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/testenv"
+	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
@@ -50,7 +54,8 @@ const (
 // image-spec.yaml's kernel, ESP, containerd and kubeadm, plus the lab's
 // offline CNI; built once and cached by fleet.LabImage), rebooted from disk into the installed agent, and
 // bootstrapped as a single-node control plane. It prints a timeline
-// (power on, agent enrolled, laid, rebooted, node Ready).
+// (power on, agent enrolled, laid, rebooted, installed agent, kubeadm
+// init, node Ready), each point with the load average.
 //
 // Opt-in (KILN_E2E_VM=1, `make test-vm`): under TCG it takes far longer
 // than one test may in `make test` (docs/lab.md, "make test-vm").
@@ -69,7 +74,7 @@ func TestVMEndToEnd(t *testing.T) {
 	t0 := time.Now()
 	var timeline []string
 	mark := func(format string, args ...any) {
-		line := fmt.Sprintf("%7.1fs  %s", time.Since(t0).Seconds(), fmt.Sprintf(format, args...))
+		line := fmt.Sprintf("%7.1fs  load %-5s %s", time.Since(t0).Seconds(), loadAvg(), fmt.Sprintf(format, args...))
 		timeline = append(timeline, line)
 		t.Log(line)
 	}
@@ -253,6 +258,14 @@ spec:
 		{"installed agent checked in from disk (host Provisioned)", func(_ *fleet.Snapshot, h *typesv1.Host) bool {
 			return h.GetStatus().GetState() == typesv1.HostState_HOST_STATE_PROVISIONED
 		}},
+		{"kubeadm init done (Machine Bootstrapped)", func(s *fleet.Snapshot, _ *typesv1.Host) bool {
+			for _, m := range s.Machines {
+				if conditions.IsTrue(m.GetStatus().GetConditions(), clusterplan.MachineBootstrapped) {
+					return true
+				}
+			}
+			return false
+		}},
 		{"node Ready", func(s *fleet.Snapshot, _ *typesv1.Host) bool {
 			for _, m := range s.Machines {
 				if conditions.IsTrue(m.GetStatus().GetConditions(), clusterplan.MachineNodeReady) {
@@ -289,7 +302,7 @@ spec:
 	})
 	if err != nil || next < len(points) {
 		desc, _ := kctl("", "describe", "host", dom)
-		t.Fatalf("stopped before %q: %v\nkilnctl describe host:\n%s\nserial console (tail):\n%s", points[min(next, len(points)-1)].what, err, desc, serial())
+		t.Fatalf("stopped before %q: %v\nkilnctl describe host:\n%s\nserial console (tail):\n%s\nagent log (tail):\n%s", points[min(next, len(points)-1)].what, err, desc, serial(), agentLog(env, res, dom))
 	}
 	h, err := res.Get(ctx, &controllerv1.GetRequest{Kind: "Host", Name: dom})
 	require.NoError(t, err)
@@ -298,6 +311,53 @@ spec:
 	desc := mustKctl("", "describe", "host", dom)
 	require.NotContains(t, desc, password)
 	t.Logf("kilnctl describe host %s:\n%s", dom, desc)
+}
+
+// loadAvg is this machine's one-minute load average ("?" when unknown):
+// TCG timings scale with it.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return "?"
+}
+
+// agentLog is the tail of the log of the agent the host runs now (its
+// Logs RPC, dialled as the controller dials it), or why there is none:
+// the installed agent's journal is not on the serial console.
+func agentLog(env *controllertest.Env, res controllerv1.ResourcesClient, host string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := res.Get(ctx, &controllerv1.GetRequest{Kind: "Host", Name: host})
+	if err != nil {
+		return fmt.Sprintf("(host: %v)", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(env.Controller.TrustedCAs()) {
+		return "(no CA)"
+	}
+	agents := provision.NewAgentPool(func() *x509.CertPool { return pool }, env.Controller.Certificate)
+	defer agents.Close()
+	a, err := agents.Dial(ctx, r.GetHost())
+	if err != nil {
+		return fmt.Sprintf("(dial the agent: %v)", err)
+	}
+	st, err := a.Logs(ctx, &agentv1.LogsRequest{Tail: 300})
+	if err != nil {
+		return fmt.Sprintf("(logs: %v)", err)
+	}
+	var b strings.Builder
+	for {
+		l, err := st.Recv()
+		if err != nil {
+			if err != io.EOF {
+				fmt.Fprintf(&b, "(%v)\n", err)
+			}
+			return b.String()
+		}
+		fmt.Fprintf(&b, "%s %s\n", l.GetTime().AsTime().Format(time.TimeOnly), l.GetLine())
+	}
 }
 
 // stepAtLeast says whether h is provisioning at step s or a later one,

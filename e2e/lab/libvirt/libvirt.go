@@ -112,6 +112,10 @@ type VM struct {
 	// attached: the domain existed before (Attach); it is redefined
 	// only in its boot order and CD source, and Close leaves it defined.
 	attached bool
+	// nextBoot picks the device after a reset (SetNextBoot);
+	// stopEvents ends its event subscription.
+	nextBoot   func() string
+	stopEvents context.CancelFunc
 }
 
 var _ machine.Machine = (*VM)(nil)
@@ -398,6 +402,11 @@ func (v *VM) PowerOn(ctx context.Context, bootDevice string) error {
 	if on {
 		return nil
 	}
+	return v.startLocked(bootDevice)
+}
+
+// startLocked redefines the domain with bootDevice first and starts it.
+func (v *VM) startLocked(bootDevice string) error {
 	if v.attached {
 		def, err := v.persistentLocked()
 		if err != nil {
@@ -421,6 +430,75 @@ func (v *VM) PowerOn(ctx context.Context, bootDevice string) error {
 	v.boot = bootDevice
 	v.log.Info("powered on", "boot", bootDevice)
 	return nil
+}
+
+// SetNextBoot sets how the domain picks its boot device when it resets
+// while running (its OS reboots it, or `virsh reset`): a BMC's choice (a
+// one-time override consumed, else the persistent setting). QEMU keeps a
+// running domain's boot order across a reset, so a BMC's boot override
+// set while the domain ran would never be seen; firmware reads it at
+// every POST. So when next names another device than the one the domain
+// runs from, the domain is powered off and started again from that
+// device (a reset that keeps the device is left alone). Without it a
+// reset boots the same device again. Equivalent to watching `virsh event
+// --event reboot` and then `virsh destroy`, `virsh define`, `virsh start`.
+// It returns Unavailable when libvirtd refuses the event subscription.
+func (v *VM) SetNextBoot(next func() string) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.lv == nil {
+		return errdefs.FailedPrecondition("libvirt: %s is closed", v.o.Name)
+	}
+	v.nextBoot = next
+	if v.stopEvents != nil || next == nil {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	events, err := v.lv.SubscribeEvents(ctx, golibvirt.DomainEventIDReboot, golibvirt.OptDomain{})
+	if err != nil {
+		cancel()
+		return errdefs.Unavailable("libvirt: reboot events of %s: %v", v.o.Name, err)
+	}
+	v.stopEvents = cancel
+	uuid := v.dom.UUID
+	go func() {
+		for ev := range events {
+			if m, ok := ev.(*golibvirt.DomainEventCallbackRebootMsg); ok && m.Msg.Dom.UUID == uuid {
+				v.reset()
+			}
+		}
+	}()
+	return nil
+}
+
+// reset boots the domain from the device nextBoot picks after it reset.
+func (v *VM) reset() {
+	v.mu.Lock()
+	next := v.nextBoot
+	v.mu.Unlock()
+	if next == nil {
+		return
+	}
+	dev := next()
+	if machine.ValidBootDevice(dev) != nil {
+		return
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.lv == nil || dev == v.boot {
+		return
+	}
+	if on, err := v.stateLocked(); err != nil || !on {
+		return
+	}
+	v.log.Info("domain reset: starting it again from the device its BMC sets", "from", v.boot, "boot", dev)
+	if err := v.destroyLocked(); err != nil {
+		v.log.Warn("reset to another boot device failed", "boot", dev, "error", err)
+		return
+	}
+	if err := v.startLocked(dev); err != nil {
+		v.log.Warn("reset to another boot device failed", "boot", dev, "error", err)
+	}
 }
 
 // PowerOff implements machine.Machine. Graceful presses the ACPI power
@@ -680,6 +758,10 @@ func (v *VM) Close() error {
 	defer v.mu.Unlock()
 	if v.lv == nil {
 		return nil
+	}
+	if v.stopEvents != nil {
+		v.stopEvents()
+		v.stopEvents = nil
 	}
 	if v.attached {
 		v.removeDownload(v.media)

@@ -308,3 +308,60 @@ func TestRedfishDrivesDomain(t *testing.T) {
 		t.Errorf("PowerState() after PowerOff = %q, %v, want off", st, err)
 	}
 }
+
+// TestResetBootsBMCDevice: a domain reset while running (as its OS
+// reboots it; here `virsh reset`) boots the device its BMC picks
+// (SetNextBoot), as a server's firmware reads the BMC's boot override at
+// POST: QEMU alone keeps the boot order the domain started with. A reset
+// that keeps the device leaves the domain running as it is.
+func TestResetBootsBMCDevice(t *testing.T) {
+	ctx := context.Background()
+	vm := newVM(t, libvirt.Options{Name: "kiln-lv-reset", DiskSize: 16 << 20, MemoryMB: 256})
+	next := make(chan string, 4)
+	asked := make(chan struct{}, 4)
+	require.NoError(t, vm.SetNextBoot(func() string {
+		asked <- struct{}{}
+		select {
+		case d := <-next:
+			return d
+		default:
+			return machine.BootDisk
+		}
+	}))
+	require.NoError(t, vm.PowerOn(ctx, machine.BootCD))
+	pid := qemuPID(t, "kiln-lv-reset")
+	require.NotZero(t, pid)
+	virsh := func(args ...string) {
+		t.Helper()
+		out, err := exec.Command("virsh", append([]string{"-c", "qemu:///system?socket=" + libvirtSocket(t)}, args...)...).CombinedOutput()
+		require.NoError(t, err, "virsh %s: %s", strings.Join(args, " "), out)
+	}
+	waitAsked := func() {
+		t.Helper()
+		select {
+		case <-asked:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the domain reset but its BMC was not asked for the boot device")
+		}
+	}
+
+	// The BMC says disk now (a persistent override set while it ran).
+	next <- machine.BootDisk
+	virsh("reset", "kiln-lv-reset")
+	waitAsked()
+	require.Eventually(t, func() bool { return vm.BootSource() == machine.BootDisk && vm.State() }, 30*time.Second, 100*time.Millisecond,
+		"BootSource() = %q after a reset with the BMC set to disk", vm.BootSource())
+	order, _ := bootOrders(t, liveDomain(t, vm))
+	require.Equal(t, uint(1), order["disk"], "live boot orders %v after the reset: want disk first", order)
+	pid2 := qemuPID(t, "kiln-lv-reset")
+	require.NotEqual(t, pid, pid2, "QEMU kept running: it would boot the CD again")
+
+	// Disk again: the reset is QEMU's own; the same QEMU runs on.
+	next <- machine.BootDisk
+	virsh("reset", "kiln-lv-reset")
+	waitAsked()
+	time.Sleep(time.Second)
+	require.Equal(t, pid2, qemuPID(t, "kiln-lv-reset"), "a reset keeping the boot device restarted QEMU")
+	require.Equal(t, machine.BootDisk, vm.BootSource())
+	require.True(t, vm.State())
+}

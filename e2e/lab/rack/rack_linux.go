@@ -347,8 +347,8 @@ func (s *server) up(ctx context.Context) error {
 				return err
 			}
 			bmc.Start()
-			if nm, ok := m.(*netns.Machine); ok {
-				nm.SetNextBoot(func() string { return bmc.NextBootDevice("1") })
+			if err := setNextBoot(m, func() string { return bmc.NextBootDevice("1") }); err != nil {
+				return err
 			}
 			s.redfish = append(s.redfish, bmc)
 			h.BMC = BMC{Protocol: ProtocolRedfish, Address: bmc.URL(), Insecure: true, Auth: auth}
@@ -363,8 +363,8 @@ func (s *server) up(ctx context.Context) error {
 				return err
 			}
 			s.track(netns.Resource{Kind: netns.KindPID, Value: netns.ProcessID(sim.PID())})
-			if nm, ok := m.(*netns.Machine); ok {
-				nm.SetNextBoot(sim.NextBoot)
+			if err := setNextBoot(m, sim.NextBoot); err != nil {
+				return err
 			}
 			s.sims = append(s.sims, sim)
 			h.BMC = BMC{Protocol: ProtocolIPMI, Address: sim.Addr()}
@@ -850,4 +850,17 @@ func removeDomain(st *State, name string) error {
 		return nil
 	}
 	return err
+}
+
+// setNextBoot makes a machine whose OS can reboot it boot the device its
+// BMC sets (netns hosts whose boot agent reboots, libvirt domains that
+// reset), as a server's firmware reads the BMC's override at every POST.
+func setNextBoot(m machine.Machine, next func() string) error {
+	switch m := m.(type) {
+	case *netns.Machine:
+		m.SetNextBoot(next)
+	case *libvirt.VM:
+		return m.SetNextBoot(next)
+	}
+	return nil
 }
