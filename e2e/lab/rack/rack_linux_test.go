@@ -337,8 +337,10 @@ func TestUpInvalid(t *testing.T) {
 		{"no serve command", Options{Hosts: 1, StateDir: t.TempDir()}},
 		{"boot URL not http", Options{Hosts: 1, BootURL: "tftp://10.0.0.1/{host}", ServeCommand: []string{"x"}}},
 		{"boot URL without host", Options{Hosts: 1, BootURL: "http://{gateway}:8080/boot/ipxe/h1", ServeCommand: []string{"x"}}},
-		{"boot URL on qemu", Options{Hosts: 1, Backend: BackendQEMU, BootURL: "http://{gateway}:8080/boot/ipxe/{host}", ServeCommand: []string{"x"}}},
-		{"boot URL on libvirt", Options{Hosts: 1, Backend: BackendLibvirt, BootURL: "http://{gateway}:8080/boot/ipxe/{host}", ServeCommand: []string{"x"}}},
+		{"qemu boot URL not the boot server's route", Options{Hosts: 1, Backend: BackendQEMU, BootURL: "http://{gateway}:8080/pxe/{host}", ServeCommand: []string{"x"}}},
+		{"libvirt boot URL not the boot server's route", Options{Hosts: 1, Backend: BackendLibvirt, BootURL: "http://{gateway}:8080/boot/ipxe/{host}/x", ServeCommand: []string{"x"}}},
+		{"memory on netns", Options{Hosts: 1, MemoryMB: 2048, ServeCommand: []string{"x"}}},
+		{"negative CPUs", Options{Hosts: 1, Backend: BackendLibvirt, CPUs: -1, ServeCommand: []string{"x"}}},
 		{"unknown redfish auth", Options{Hosts: 1, RedfishAuth: []string{"digest"}, ServeCommand: []string{"x"}}},
 		{"more redfish auths than hosts", Options{Hosts: 1, RedfishAuth: []string{"basic", "basic"}, ServeCommand: []string{"x"}}},
 	}
@@ -372,7 +374,7 @@ func TestUpDownQEMU(t *testing.T) {
 	if os.Geteuid() != 0 {
 		testenv.Skip(t, "needs root for the bridge and nftables")
 	}
-	for tool, pkg := range map[string]string{"ip": "iproute2", "nft": "nftables", "qemu-system-x86_64": "qemu-system-x86"} {
+	for tool, pkg := range map[string]string{"ip": "iproute2", "nft": "nftables", "qemu-system-x86_64": "qemu-system-x86", "dnsmasq": "dnsmasq-base"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			testenv.Skipf(t, "%s not installed (Debian package %s)", tool, pkg)
 		}
@@ -493,7 +495,7 @@ func TestUpDownLibvirt(t *testing.T) {
 		testenv.Skip(t, "needs root for the bridge, nftables and libvirtd")
 	}
 	for tool, pkg := range map[string]string{"ip": "iproute2", "nft": "nftables", "qemu-system-x86_64": "qemu-system-x86",
-		"libvirtd": "libvirt-daemon-system", "virsh": "libvirt-clients", "unshare": "util-linux"} {
+		"libvirtd": "libvirt-daemon-system", "virsh": "libvirt-clients", "unshare": "util-linux", "dnsmasq": "dnsmasq-base"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			testenv.Skipf(t, "%s not installed (Debian package %s)", tool, pkg)
 		}
