@@ -492,6 +492,7 @@ func tapName(lab, host string) string { return "kt" + lab + host }
 // directory right after. Equivalent to:
 //
 //	ip tuntap add dev TAP mode tap
+//	ip link set TAP address fe:54:00:4b:00:0I
 //	ip link set TAP master BRIDGE
 //	ip link set TAP up
 func (s *server) newVM(ctx context.Context, i int, name, hdir, bridge string) (*labVM, error) {
@@ -506,6 +507,9 @@ func (s *server) newVM(ctx context.Context, i int, name, hdir, bridge string) (*
 	s.track(netns.Resource{Kind: netns.KindLink, Value: tap})
 	for _, args := range [][]string{
 		{"tuntap", "add", "dev", tap, "mode", "tap"},
+		// As libvirt does: the tap's own address is the NIC's with
+		// fe: first, so the bridge never takes the guest's MAC.
+		{"link", "set", tap, "address", "fe" + mac[2:]},
 		{"link", "set", tap, "master", bridge},
 		{"link", "set", tap, "up"},
 	} {

@@ -424,6 +424,9 @@ func TestUpDownQEMU(t *testing.T) {
 			for _, r := range rep.Resources {
 				switch r.Kind {
 				case netns.KindPID:
+					if r.Value == rep.DHCP {
+						continue
+					}
 					pids = append(pids, r.Value)
 				case netns.KindDir:
 					dirs = append(dirs, r.Value)
@@ -444,6 +447,9 @@ func TestUpDownQEMU(t *testing.T) {
 			}
 			require.NotEmpty(t, sock, "the QMP socket directory recorded: %v", dirs)
 			require.FileExists(t, filepath.Join(sock, "qmp.sock"))
+			// The VM's NIC is a tap in the lab bridge; dnsmasq serves it.
+			requireOnBridge(t, rep)
+			pids = append(pids, rep.DHCP)
 
 			if crash {
 				var spid int
@@ -544,7 +550,7 @@ func TestUpDownLibvirt(t *testing.T) {
 			require.True(t, rep.Running)
 			var pids []string
 			for _, r := range rep.Resources {
-				if r.Kind == netns.KindPID {
+				if r.Kind == netns.KindPID && r.Value != rep.DHCP {
 					pids = append(pids, r.Value)
 				}
 			}
@@ -553,6 +559,9 @@ func TestUpDownLibvirt(t *testing.T) {
 				want = 2 // and libvirtd
 			}
 			require.Len(t, pids, want, "processes recorded: %v", rep.Resources)
+			// The domain's NIC is in the lab bridge; dnsmasq serves it.
+			requireOnBridge(t, rep)
+			pids = append(pids, rep.DHCP)
 			for _, p := range pids {
 				require.True(t, netns.ProcessAlive(p), "recorded process %s not running", p)
 			}
@@ -604,6 +613,30 @@ func TestUpDownLibvirt(t *testing.T) {
 			}
 		})
 	}
+}
+
+// requireOnBridge checks that the lab's single VM host has its NIC in the
+// lab bridge (a port whose address is the NIC's MAC with the tap's fe:
+// prefix, as QEMU's taps and libvirt's vnetN are) and that the lab's
+// dnsmasq, recorded as a process, runs.
+func requireOnBridge(t *testing.T, rep *Report) {
+	t.Helper()
+	h := rep.Hosts[0]
+	ports, err := os.ReadDir(filepath.Join("/sys/class/net", rep.Bridge, "brif"))
+	require.NoError(t, err, "bridge %s", rep.Bridge)
+	var found []string
+	for _, p := range ports {
+		mac, _ := os.ReadFile(filepath.Join("/sys/class/net", p.Name(), "address"))
+		found = append(found, p.Name()+"="+strings.TrimSpace(string(mac)))
+		if strings.TrimSpace(string(mac)) == "fe"+h.MAC[2:] {
+			require.NotEmpty(t, rep.DHCP, "the lab's dnsmasq in the state")
+			require.Contains(t, rep.Resources, netns.Resource{Kind: netns.KindPID, Value: rep.DHCP})
+			require.True(t, netns.ProcessAlive(rep.DHCP), "dnsmasq %s not running", rep.DHCP)
+			require.True(t, strings.HasPrefix(h.Address, strings.TrimSuffix(rep.Gateway, ".1")+"."), "host address %s on the lab subnet %s", h.Address, rep.Subnet)
+			return
+		}
+	}
+	t.Fatalf("no port of bridge %s is the NIC of %s (MAC %s): %v", rep.Bridge, h.Name, h.MAC, found)
 }
 
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
