@@ -2,11 +2,14 @@ package rack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -43,7 +46,8 @@ func dhcpConfig(o Options, bridge string, pfx netip.Prefix, n int, dir string) s
 }
 
 // startDHCP runs the lab's dnsmasq (dhcpConfig) in STATE_DIR/dnsmasq,
-// recorded by PID right after it starts. It returns FailedPrecondition
+// recorded by its configuration file before it starts (KindDHCP) and by
+// PID right after. It returns FailedPrecondition
 // without dnsmasq and Unavailable when dnsmasq exits at once (its log in
 // the error). Equivalent to: `dnsmasq --keep-in-foreground --user=root
 // --conf-file=STATE_DIR/dnsmasq/dnsmasq.conf`.
@@ -59,6 +63,7 @@ func (s *server) startDHCP(ctx context.Context, bridge string, pfx netip.Prefix,
 	if err := os.WriteFile(conf, []byte(dhcpConfig(s.opts, bridge, pfx, n, dir)), 0o600); err != nil {
 		return fmt.Errorf("lab: dnsmasq: %w", err)
 	}
+	s.track(netns.Resource{Kind: KindDHCP, Value: conf})
 	logPath := filepath.Join(dir, "dnsmasq.log")
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -66,7 +71,7 @@ func (s *server) startDHCP(ctx context.Context, bridge string, pfx netip.Prefix,
 	}
 	defer logf.Close()
 	// --user=root: the lease file is in the 0700 state directory.
-	cmd := exec.Command("dnsmasq", "--keep-in-foreground", "--log-facility=-", "--user=root", "--conf-file="+conf)
+	cmd := exec.Command("dnsmasq", "--keep-in-foreground", "--log-facility=-", "--user=root", dhcpArg(conf))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("lab: start dnsmasq: %w", err)
@@ -88,6 +93,37 @@ func (s *server) startDHCP(ctx context.Context, bridge string, pfx netip.Prefix,
 	}
 	s.log.Info("dnsmasq serves DHCP on the lab bridge", "bridge", bridge, "pid", cmd.Process.Pid)
 	return nil
+}
+
+// dhcpArg is the argument that tells the lab's dnsmasq apart from any
+// other process: its configuration file in the lab's state directory.
+func dhcpArg(conf string) string { return "--conf-file=" + conf }
+
+// killDHCP kills (SIGKILL) every process started with the lab's dnsmasq
+// configuration conf (KindDHCP), found by that argument in
+// /proc/PID/cmdline: a dnsmasq whose PID the supervisor had no time to
+// record. A process that is gone is not an error.
+func killDHCP(conf string) error {
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return fmt.Errorf("dnsmasq %s: %w", conf, err)
+	}
+	want := dhcpArg(conf)
+	var errs []error
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if err != nil || !slices.Contains(strings.Split(string(b), "\x00"), want) {
+			continue
+		}
+		if err := netns.KillProcess(netns.ProcessID(pid)); err != nil {
+			errs = append(errs, fmt.Errorf("dnsmasq %d: %w", pid, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // stopDHCP stops the lab's dnsmasq: SIGTERM, then SIGKILL after 5 s.

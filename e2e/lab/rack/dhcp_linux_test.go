@@ -1,9 +1,19 @@
 package rack
 
 import (
+	"context"
 	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kilnhq/kiln/e2e/lab/netns"
+	"github.com/kilnhq/kiln/internal/testenv"
 )
 
 // TestDHCPConfig: the lab's dnsmasq gives VM host i the gateway plus i by
@@ -75,5 +85,49 @@ func TestGuardRules(t *testing.T) {
 		if !strings.Contains(got, w) {
 			t.Errorf("guardRules(vm) =\n%s\nwant %q in it", got, w)
 		}
+	}
+}
+
+// TestDownKillsUnrecordedDHCP: a supervisor that died after starting the
+// lab's dnsmasq but before recording its PID left only the dnsmasq
+// configuration (KindDHCP, recorded first) in the state: Down still stops
+// that dnsmasq, found by its configuration file, and leaves another
+// dnsmasq alone.
+func TestDownKillsUnrecordedDHCP(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testenv.Skip(t, "needs root: the lab's dnsmasq runs as root (--user=root)")
+	}
+	if _, err := exec.LookPath("dnsmasq"); err != nil {
+		testenv.Skip(t, "dnsmasq not installed (Debian package dnsmasq-base)")
+	}
+	dir := filepath.Join(t.TempDir(), "lab")
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "dnsmasq"), 0o700))
+	start := func(conf string) *exec.Cmd {
+		// port=0 and no DHCP range: dnsmasq idles, binding nothing.
+		require.NoError(t, os.WriteFile(conf, []byte("port=0\n"), 0o600))
+		cmd := exec.Command("dnsmasq", "--keep-in-foreground", "--log-facility=-", "--user=root", dhcpArg(conf))
+		require.NoError(t, cmd.Start())
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		return cmd
+	}
+	conf := filepath.Join(dir, "dnsmasq", "dnsmasq.conf")
+	lab := start(conf)
+	other := start(filepath.Join(t.TempDir(), "other.conf"))
+	exited := make(chan struct{})
+	go func() { _ = lab.Wait(); close(exited) }()
+	require.NoError(t, writeJSON(filepath.Join(dir, StateFile), &State{Name: "dq", Backend: BackendLibvirt, Phase: PhaseStarting,
+		Resources: []netns.Resource{{Kind: KindDHCP, Value: conf}}}, 0o644))
+
+	require.NoError(t, Down(context.Background(), dir, nil))
+	select {
+	case <-exited:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("Down(%s): the lab's dnsmasq (pid %d) still runs", dir, lab.Process.Pid)
+	}
+	if !netns.ProcessAlive(netns.ProcessID(other.Process.Pid)) {
+		t.Errorf("Down(%s) stopped another dnsmasq (pid %d)", dir, other.Process.Pid)
+	}
+	if _, err := os.Stat(dir); err == nil {
+		t.Errorf("Down(%s): the state directory is still there", dir)
 	}
 }

@@ -54,6 +54,10 @@ const (
 	// KindDomain is a libvirt domain (its name) defined at the lab's
 	// libvirtd (State.LibvirtSocket).
 	KindDomain = "libvirt-domain"
+	// KindDHCP is the lab's dnsmasq, by its configuration file: recorded
+	// before dnsmasq starts (its PID is recorded after), so Down finds a
+	// dnsmasq whose PID never reached the state file.
+	KindDHCP = "dnsmasq"
 )
 
 // Machine backends.

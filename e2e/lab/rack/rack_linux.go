@@ -583,7 +583,7 @@ func Down(ctx context.Context, dir string, log *slog.Logger) error {
 		st = st2
 	}
 	var errs []error
-	order := []string{KindDomain, netns.KindPID, netns.KindCgroup, netns.KindMount, netns.KindLoop, netns.KindDir, netns.KindNetns, netns.KindLink, KindNFT}
+	order := []string{KindDomain, netns.KindPID, KindDHCP, netns.KindCgroup, netns.KindMount, netns.KindLoop, netns.KindDir, netns.KindNetns, netns.KindLink, KindNFT}
 	for _, kind := range order {
 		rs := slices.Clone(st.Resources)
 		slices.Reverse(rs)
@@ -597,6 +597,8 @@ func Down(ctx context.Context, dir string, log *slog.Logger) error {
 				err = removeTable(ctx, r.Value)
 			case KindDomain:
 				err = removeDomain(st, r.Value)
+			case KindDHCP:
+				err = killDHCP(r.Value)
 			default:
 				err = netns.Remove(ctx, r)
 			}
