@@ -388,6 +388,13 @@ func (s *server) up(ctx context.Context) error {
 		}
 		s.update(func(st *State) { st.Hosts = append(st.Hosts, h) })
 	}
+	// QEMU hosts reboot into the device their BMC sets (the boot agent
+	// reboots into the laid disk), as servers do.
+	for i, m := range s.machines {
+		if vm, ok := m.(*labVM); ok {
+			vm.SetNextBoot(s.nextBoot(i))
+		}
+	}
 	if o.APIServerLB {
 		var backends []string
 		for _, h := range s.st.Hosts {
@@ -404,6 +411,16 @@ func (s *server) up(ctx context.Context) error {
 }
 
 func hostName(i int) string { return fmt.Sprintf("h%d", i) }
+
+// nextBoot is the boot device the BMC of host i (0-based: the Redfish
+// hosts, then the IPMI ones) sets for the next boot.
+func (s *server) nextBoot(i int) func() string {
+	if i < len(s.redfish) {
+		b := s.redfish[i]
+		return func() string { return b.NextBootDevice("1") }
+	}
+	return s.sims[i-len(s.redfish)].NextBoot
+}
 
 // firmwareRetry is how long a lab host's firmware retries boot media
 // while the controller's boot server is away.
