@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -52,6 +53,13 @@ type Config struct {
 	RedfishAuth []string
 	// DiskSize of each host's sparse disk (default "8G").
 	DiskSize string
+	// Backend is the hosts' machine backend (kilnctl lab up --backend):
+	// netns (the default), qemu or libvirt.
+	Backend string
+	// Memory and CPUs of each VM host (kilnctl lab up --memory, --cpus;
+	// qemu and libvirt only; "" and 0 keep kilnctl's defaults).
+	Memory string
+	CPUs   int
 	// MediaDir holds the agent boot media (kiln-imagebuilder bootmedia -o).
 	MediaDir string
 	// ImageDir holds the golden images the controller serves.
@@ -232,10 +240,20 @@ func (l *Lab) UpRack(ctx context.Context) error {
 	if err := os.MkdirAll(l.cfg.Dir, 0o700); err != nil {
 		return fmt.Errorf("lab: %w", err)
 	}
-	l.say("creating the rack: %d Redfish and %d IPMI hosts on %s (kilnctl lab up)", l.cfg.Hosts, l.cfg.IPMI, l.cfg.Subnet)
-	out, err := l.Kilnctl(ctx, nil, l.labArgs("up", "--hosts", strconv.Itoa(l.cfg.Hosts), "--ipmi", strconv.Itoa(l.cfg.IPMI),
+	l.say("creating the rack: %d Redfish and %d IPMI %s hosts on %s (kilnctl lab up)", l.cfg.Hosts, l.cfg.IPMI, cmp.Or(l.cfg.Backend, "netns"), l.cfg.Subnet)
+	args := l.labArgs("up", "--hosts", strconv.Itoa(l.cfg.Hosts), "--ipmi", strconv.Itoa(l.cfg.IPMI),
 		"--subnet", l.cfg.Subnet, "--agent", filepath.Join(l.cfg.Bin, "kiln-agent"), "--boot-url", l.BootURL()+"/boot/ipxe/{host}",
-		"--disk-size", l.cfg.DiskSize, "--apiserver-lb", "--redfish-auth", strings.Join(l.cfg.RedfishAuth, ","))...)
+		"--disk-size", l.cfg.DiskSize, "--apiserver-lb", "--redfish-auth", strings.Join(l.cfg.RedfishAuth, ","))
+	if l.cfg.Backend != "" {
+		args = append(args, "--backend", l.cfg.Backend)
+	}
+	if l.cfg.Memory != "" {
+		args = append(args, "--memory", l.cfg.Memory)
+	}
+	if l.cfg.CPUs > 0 {
+		args = append(args, "--cpus", strconv.Itoa(l.cfg.CPUs))
+	}
+	out, err := l.Kilnctl(ctx, nil, args...)
 	if err != nil {
 		return err
 	}

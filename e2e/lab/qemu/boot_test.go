@@ -3,6 +3,7 @@ package qemu_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -240,6 +242,49 @@ func TestISOBootEnrolls(t *testing.T) {
 	if !strings.Contains(string(b), "kiln-init: power button") {
 		t.Errorf("graceful power off did not reach the guest (no power button message); power was cut")
 	}
+}
+
+// TestGuestRebootBootsNextDevice: with SetNextBoot, a reboot the guest
+// asks for itself boots the device next names (what a host's BMC sets),
+// not the one of the last power on. The VM is powered on from its blank
+// disk with an empty CD drive: SeaBIOS finds nothing to boot and resets
+// the machine (RebootTimeout). Once it said so, the host's ISO goes into
+// the drive; the next reset makes the CD first (next says cd) and the
+// agent on the ISO enrolls from virtual media.
+func TestGuestRebootBootsNextDevice(t *testing.T) {
+	dir := bootMedia(t)
+	env := controllertest.Start(t)
+	ts := userNetBootServer(t, env, dir, nil)
+	const name = "reboot-vm1"
+	vm := newVM(t, qemu.Options{Name: name, DiskSize: 64 << 20, RebootTimeout: 5 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(logWriter{t}, nil))})
+	var asked atomic.Int32
+	vm.SetNextBoot(func() string { asked.Add(1); return machine.BootCD })
+	t0 := time.Now()
+	require.NoError(t, vm.PowerOn(context.Background(), machine.BootDisk))
+	require.Eventually(t, func() bool {
+		b, _ := os.ReadFile(vm.SerialLog())
+		return strings.Contains(string(b), "No bootable device")
+	}, bootTimeout, 200*time.Millisecond, "SeaBIOS never said it found nothing to boot")
+	t.Logf("firmware found nothing to boot after %s", time.Since(t0).Round(time.Second))
+	require.NoError(t, vm.InsertMedia(bootserver.ISOURL(ts.URL, name)))
+	r := &bootResult{env: env, vm: vm}
+	finish(t, r, name, t0)
+	t.Logf("power on to the agent enrolled from CD after the firmware's reboot: %s", r.enrolled.Round(time.Second))
+	checkBoot(t, r, "virtualmedia")
+	var idx int
+	err := vm.QMP().Execute(context.Background(), "qom-get", map[string]any{"path": "/machine/peripheral/cd0dev", "property": "bootindex"}, &idx)
+	require.NoError(t, err)
+	if got := vm.BootSource(); got != machine.BootCD || asked.Load() == 0 || idx != 1 {
+		t.Errorf("after the guest's reboot: BootSource() = %q, next asked %d times, CD bootindex %d; want cd, asked, 1", got, asked.Load(), idx)
+	}
+}
+
+type logWriter struct{ t testing.TB }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
 }
 
 // TestRedfishVirtualMediaBoot is the lab rack's QEMU test: a Redfish BMC

@@ -14,6 +14,7 @@ package qemu
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -71,6 +72,11 @@ type Options struct {
 	// GracePeriod bounds a graceful power-off before power is cut
 	// (default 60s, or the caller's ctx).
 	GracePeriod time.Duration
+	// RebootTimeout, when positive, makes firmware that found nothing to
+	// boot reboot the machine after that long (`-boot
+	// reboot-timeout=MS`), as servers retry their boot order; 0 leaves
+	// QEMU's default (it waits forever).
+	RebootTimeout time.Duration
 	// Logger receives lifecycle messages; nil discards them.
 	Logger *slog.Logger
 }
@@ -94,6 +100,11 @@ type VM struct {
 	media string
 	on    bool // powered on by us (and not stopped)
 	order []string
+	// next, when set (SetNextBoot), is the device a guest reboot boots;
+	// seen counts the QMP events already looked at for guest resets.
+	next      func() string
+	seen      int
+	watchStop chan struct{}
 }
 
 var _ machine.Machine = (*VM)(nil)
@@ -226,9 +237,14 @@ func (v *VM) args() []string {
 		"-nodefaults", "-display", "none", "-vga", "none",
 		"-S", "-no-shutdown",
 		"-qmp", "unix:" + v.sock + ",server=on,wait=off",
-		"-chardev", "file,id=ser0,path=" + v.serial + ",append=on",
-		"-serial", "chardev:ser0",
 	}
+	if v.o.RebootTimeout > 0 {
+		a = append(a, "-boot", fmt.Sprintf("reboot-timeout=%d", v.o.RebootTimeout.Milliseconds()))
+	}
+	a = append(a,
+		"-chardev", "file,id=ser0,path="+v.serial+",append=on",
+		"-serial", "chardev:ser0",
+	)
 	if v.o.UEFI {
 		a = append(a,
 			"-drive", "if=pflash,format=raw,unit=0,readonly=on,file="+v.o.UEFICode,
@@ -296,6 +312,7 @@ func (v *VM) startLocked(ctx context.Context) error {
 		return fmt.Errorf("qemu: %w; qemu.log: %s", err, lastLine(string(b)))
 	}
 	v.qmp = q
+	v.seen = 0
 	v.order = []string{devDisk, devNIC, devCD}
 	v.log.Info("qemu started", "pid", cmd.Process.Pid, "accel", v.o.Accel)
 	if v.media != "" {
@@ -573,11 +590,103 @@ func (v *VM) QMP() *QMP {
 	return v.qmp
 }
 
+// SetNextBoot makes a guest reboot boot next() (a machine boot device,
+// e.g. what the host's BMC sets; "" keeps the device of the last power
+// on), as a server's firmware reads its BMC's boot override at every
+// POST. QEMU alone resets into the boot order of the last power on: a
+// boot agent that reboots the machine to boot from disk would boot its
+// ISO again. A goroutine polls QMP every second until Close; on a guest
+// reset (a RESET event with reason guest-reset) whose next device is not
+// first in the boot order it makes it first and resets the VM again
+// (the firmware has only begun its POST). Equivalent to qom-set
+// bootindex and `system_reset`.
+func (v *VM) SetNextBoot(next func() string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.next = next
+	if v.watchStop == nil {
+		v.watchStop = make(chan struct{})
+		go v.watchResets(v.watchStop)
+	}
+}
+
+// resetPoll is how often watchResets asks QEMU for guest resets.
+const resetPoll = time.Second
+
+func (v *VM) watchResets(stop chan struct{}) {
+	t := time.NewTicker(resetPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		if err := v.rebootIfReset(); err != nil {
+			v.log.Warn("guest reboot: booting the BMC's device failed", "error", err)
+		}
+	}
+}
+
+// rebootIfReset boots the VM again from next() when the guest reset
+// itself since the last look.
+func (v *VM) rebootIfReset() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.runningLocked() || v.qmp == nil || v.next == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Any command collects the events that arrived since the last one.
+	if _, err := v.qmp.QueryStatus(ctx); err != nil {
+		return err
+	}
+	evs := v.qmp.Events()
+	reset := false
+	for _, e := range evs[min(v.seen, len(evs)):] {
+		var d struct {
+			Reason string `json:"reason"`
+		}
+		if e.Name == "RESET" && json.Unmarshal(e.Data, &d) == nil && d.Reason == "guest-reset" {
+			reset = true
+		}
+	}
+	v.seen = len(evs)
+	if !reset {
+		return nil
+	}
+	dev := v.next()
+	if dev == "" {
+		dev = v.boot
+	}
+	if err := machine.ValidBootDevice(dev); err != nil {
+		return err
+	}
+	if v.order[0] == bootDevices[dev] {
+		v.boot = dev
+		return nil
+	}
+	if err := v.setBootFirstLocked(ctx, bootDevices[dev]); err != nil {
+		return err
+	}
+	if err := v.qmp.Execute(ctx, "system_reset", nil, nil); err != nil {
+		return fmt.Errorf("qemu: reboot: %w", err)
+	}
+	v.boot = dev
+	v.log.Info("guest rebooted; booting the next device", "boot", dev)
+	return nil
+}
+
 // Close ends QEMU (`quit`, then SIGKILL by PID after 5 s) and removes the
 // QMP socket. The VM's directory is left to its owner.
 func (v *VM) Close() error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if v.watchStop != nil {
+		close(v.watchStop)
+		v.watchStop = nil
+	}
 	if v.runningLocked() && v.qmp != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		// quit's answer may be lost as QEMU exits: wait for the process.

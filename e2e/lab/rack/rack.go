@@ -2,8 +2,9 @@
 // that keeps lab traffic off the machine's uplink, a bridge on a lab-only
 // subnet, N hosts (e2e/lab/netns machines, e2e/lab/qemu VMs with
 // Backend "qemu", or e2e/lab/libvirt domains with Backend "libvirt") each
-// behind its own Redfish
-// emulator on loopback, and K more behind real ipmi_sim BMCs.
+// behind its own Redfish emulator on loopback, and K more behind real
+// ipmi_sim BMCs. VM hosts sit on the same bridge (a tap per VM) and get
+// their addresses from a dnsmasq bound to that bridge only.
 //
 // The BMC emulators must outlive the command that starts the lab, so the
 // lab is served by a long-running supervisor process (Serve; `kilnctl lab
@@ -53,6 +54,10 @@ const (
 	// KindDomain is a libvirt domain (its name) defined at the lab's
 	// libvirtd (State.LibvirtSocket).
 	KindDomain = "libvirt-domain"
+	// KindDHCP is the lab's dnsmasq, by its configuration file: recorded
+	// before dnsmasq starts (its PID is recorded after), so Down finds a
+	// dnsmasq whose PID never reached the state file.
+	KindDHCP = "dnsmasq"
 )
 
 // Machine backends.
@@ -65,7 +70,8 @@ const (
 )
 
 // isVM reports whether backend's hosts are VMs (qemu, libvirt): one
-// virtio disk, SeaBIOS, user-mode networking.
+// virtio disk, SeaBIOS, a NIC on the lab bridge with its address from the
+// lab's dnsmasq.
 func isVM(backend string) bool { return backend == BackendQEMU || backend == BackendLibvirt }
 
 // MaxQEMUHosts is how many QEMU (or libvirt) hosts a lab may have under
@@ -101,9 +107,14 @@ type Options struct {
 	// or "session" (basic auth refused). See redfish.Config.Auth.
 	RedfishAuth []string `json:"redfishAuth,omitempty"`
 	// Backend is the machine backend: "netns" (the default), "qemu" or
-	// "libvirt" (at most MaxQEMUHosts hosts without KVM; user-mode
-	// networking).
+	// "libvirt" (at most MaxQEMUHosts hosts without KVM; on the lab
+	// bridge, addresses from the lab's dnsmasq).
 	Backend string `json:"backend"`
+	// MemoryMB and CPUs of each VM host (default 1024 and 1; kubeadm's
+	// preflight wants 2 CPUs and about 1700 MiB for a control plane).
+	// VM backends only.
+	MemoryMB int `json:"memoryMB,omitempty"`
+	CPUs     int `json:"cpus,omitempty"`
 	// StateDir holds the state file, credentials, host disks and logs
 	// (default /var/lib/kiln/lab/NAME).
 	StateDir string `json:"stateDir"`
@@ -127,12 +138,13 @@ type Options struct {
 	// and boots the agent with the script's kernel arguments; empty keeps
 	// the static command line (kiln.host=, kiln.controller=,
 	// kiln.ca_hash=). Virtual-media boots always read the inserted ISO's
-	// kernel command line.
+	// kernel command line. For VM hosts the lab's dnsmasq hands the
+	// script's URL to their NIC's iPXE (so the template must end in
+	// /boot/ipxe/{host}, the boot server's route).
 	BootURL string `json:"bootURL,omitempty"`
 	// APIServerLB runs the lab's load balancer for Kubernetes API servers
 	// on the gateway (GATEWAY:6443, see LoadBalancer): a cluster's
 	// controlPlaneEndpoint that survives control-plane replacement.
-	// netns backend only.
 	APIServerLB bool `json:"apiServerLB,omitempty"`
 	// DiskSize of each host's sparse disk (default 8 GiB).
 	DiskSize int64 `json:"diskSize,omitempty"`
@@ -215,10 +227,8 @@ func (o *Options) defaults() error {
 			return errdefs.InvalidArgument("lab boot URL %q: want an http(s) URL such as http://{gateway}:8080/boot/ipxe/{host}", o.BootURL)
 		case !strings.Contains(o.BootURL, "{host}"):
 			return errdefs.InvalidArgument("lab boot URL %q: {host} (the Host resource name) is missing: every host would boot the same script", o.BootURL)
-		case o.Backend == BackendQEMU:
-			return errdefs.InvalidArgument("lab boot URL: the qemu backend's VMs PXE boot from QEMU's own network, not from a boot URL")
-		case o.Backend == BackendLibvirt:
-			return errdefs.InvalidArgument("lab boot URL: the libvirt backend's VMs are on user-mode networking, not on the lab bridge: they boot by virtual media, not from a boot URL")
+		case isVM(o.Backend) && !strings.HasSuffix(u.Path, "/boot/ipxe/kiln-h1"):
+			return errdefs.InvalidArgument("lab boot URL %q: %s hosts PXE boot through the lab's dnsmasq, which hands iPXE the boot server's script: want http://{gateway}:PORT/boot/ipxe/{host}", o.BootURL, o.Backend)
 		}
 	}
 	if o.IPMI > 0 && len(o.ChassisCommand) == 0 {
@@ -236,6 +246,17 @@ func (o *Options) defaults() error {
 	}
 	if o.DiskSize == 0 {
 		o.DiskSize = 8 << 30
+	}
+	if o.MemoryMB < 0 || o.CPUs < 0 || (o.MemoryMB > 0 || o.CPUs > 0) && !isVM(o.Backend) {
+		return errdefs.InvalidArgument("lab: memory %d MiB, %d CPUs: for the qemu and libvirt backends only", o.MemoryMB, o.CPUs)
+	}
+	if isVM(o.Backend) {
+		if o.MemoryMB == 0 {
+			o.MemoryMB = 1024
+		}
+		if o.CPUs == 0 {
+			o.CPUs = 1
+		}
 	}
 	if o.ReadyTimeout == 0 {
 		o.ReadyTimeout = 2 * time.Minute
@@ -265,6 +286,9 @@ type State struct {
 	Gateway string `json:"gateway,omitempty"`
 	// APIServer is the API load balancer's address (Options.APIServerLB).
 	APIServer string `json:"apiServer,omitempty"`
+	// DHCP is the lab's dnsmasq on the bridge ("PID:STARTTIME"; VM
+	// backends), its process also a resource.
+	DHCP string `json:"dhcp,omitempty"`
 	// LibvirtSocket is the libvirtd of a libvirt lab; LibvirtPrivate says
 	// it is a private one the supervisor started (its PID is a resource).
 	LibvirtSocket  string `json:"libvirtSocket,omitempty"`

@@ -138,6 +138,9 @@ type server struct {
 	redfish       []*redfish.BMC
 	sims          []*ipmisim.Sim
 	lb            *LoadBalancer
+	// dnsmasq serves DHCP to VM hosts on the bridge (startDHCP).
+	dnsmasq     *exec.Cmd
+	dnsmasqDone chan struct{}
 }
 
 func (s *server) saveLocked() {
@@ -221,7 +224,13 @@ func (s *server) up(ctx context.Context) error {
 	}
 	s.update(func(st *State) { st.NFTTable, st.Uplink = "inet "+table, strings.Join(uplinks, ",") })
 	s.track(netns.Resource{Kind: KindNFT, Value: "inet " + table})
-	if err := nftGuard(ctx, table, uplinks); err != nil {
+	// VM hosts are bridged in this machine's own namespace: nothing may be
+	// forwarded between their bridge and any other interface.
+	guarded := ""
+	if isVM(o.Backend) {
+		guarded = bridge
+	}
+	if err := nftGuard(ctx, table, uplinks, guarded); err != nil {
 		return err
 	}
 	if len(uplinks) == 0 {
@@ -253,8 +262,16 @@ func (s *server) up(ctx context.Context) error {
 		}
 	}
 
-	// 3. Credentials, then hosts and their BMCs.
 	n := o.Hosts + o.IPMI
+	// 3. VM hosts get their addresses (and PXE) from dnsmasq on the
+	// bridge.
+	if isVM(o.Backend) {
+		if err := s.startDHCP(ctx, bridge, pfx, n); err != nil {
+			return err
+		}
+	}
+
+	// 4. Credentials, then hosts and their BMCs.
 	creds := map[string]Credentials{}
 	for i := 1; i <= n; i++ {
 		creds[hostName(i)] = Credentials{Username: "admin", Password: randomPassword()}
@@ -306,19 +323,19 @@ func (s *server) up(ctx context.Context) error {
 		)
 		switch o.Backend {
 		case BackendQEMU:
-			vm, err := s.newVM(i, name, hdir)
+			vm, err := s.newVM(ctx, i, name, hdir, bridge)
 			if err != nil {
 				return err
 			}
 			m = vm
-			h = Host{Name: name, Resource: resource, Machine: vm.name, Address: qemuGuestAddress, MAC: vm.mac, Disk: vm.disk, Dir: hdir}
+			h = Host{Name: name, Resource: resource, Machine: vm.name, Address: addr.String(), MAC: vm.mac, Disk: vm.disk, Dir: hdir}
 		case BackendLibvirt:
-			d, err := s.newDomain(i, name, hdir)
+			d, err := s.newDomain(i, name, hdir, bridge)
 			if err != nil {
 				return err
 			}
 			m = d
-			h = Host{Name: name, Resource: resource, Machine: d.Name(), Address: qemuGuestAddress, MAC: d.mac, Disk: d.disk, Dir: hdir}
+			h = Host{Name: name, Resource: resource, Machine: d.Name(), Address: addr.String(), MAC: d.mac, Disk: d.disk, Dir: hdir}
 		default:
 			nm, err := netns.New(ctx, netns.Options{
 				Name: name, Lab: o.Name, StateDir: hdir, Bridge: bridge,
@@ -371,7 +388,14 @@ func (s *server) up(ctx context.Context) error {
 		}
 		s.update(func(st *State) { st.Hosts = append(st.Hosts, h) })
 	}
-	if o.APIServerLB && o.Backend == BackendNetns {
+	// QEMU hosts reboot into the device their BMC sets (the boot agent
+	// reboots into the laid disk), as servers do.
+	for i, m := range s.machines {
+		if vm, ok := m.(*labVM); ok {
+			vm.SetNextBoot(s.nextBoot(i))
+		}
+	}
+	if o.APIServerLB {
 		var backends []string
 		for _, h := range s.st.Hosts {
 			backends = append(backends, net.JoinHostPort(h.Address, strconv.Itoa(APIServerPort)))
@@ -387,6 +411,16 @@ func (s *server) up(ctx context.Context) error {
 }
 
 func hostName(i int) string { return fmt.Sprintf("h%d", i) }
+
+// nextBoot is the boot device the BMC of host i (0-based: the Redfish
+// hosts, then the IPMI ones) sets for the next boot.
+func (s *server) nextBoot(i int) func() string {
+	if i < len(s.redfish) {
+		b := s.redfish[i]
+		return func() string { return b.NextBootDevice("1") }
+	}
+	return s.sims[i-len(s.redfish)].NextBoot
+}
 
 // firmwareRetry is how long a lab host's firmware retries boot media
 // while the controller's boot server is away.
@@ -448,11 +482,8 @@ func (s *server) shutdown() {
 	if s.libvirtd != nil {
 		_ = s.libvirtd.Close()
 	}
+	s.stopDHCP()
 }
-
-// qemuGuestAddress is a QEMU host's address on user-mode networking
-// (QEMU's slirp DHCP hands out 10.0.2.15; the host's loopback is 10.0.2.2).
-const qemuGuestAddress = "10.0.2.15"
 
 // labVM is a lab host on QEMU: it records the QEMU process (started at
 // the first power on) in the state file as soon as it runs.
@@ -465,16 +496,47 @@ type labVM struct {
 	tracked int // PID last recorded
 }
 
-// newVM makes host i a QEMU VM with a sparse disk in hdir, on user-mode
-// networking. The host directory (disk, serial log, QEMU log) is recorded
-// before it is created, the QMP socket directory right after.
-func (s *server) newVM(i int, name, hdir string) (*labVM, error) {
+// hostMAC is the NIC of VM host i (1-based).
+func hostMAC(i int) string { return fmt.Sprintf("52:54:00:4b:%02x:%02x", i>>8&0xff, i&0xff) }
+
+// tapName is the tap of QEMU host hI in lab: "kt" + lab + host, at most
+// 14 characters (IFNAMSIZ is 16 with the NUL).
+func tapName(lab, host string) string { return "kt" + lab + host }
+
+// newVM makes host i a QEMU VM with a sparse disk in hdir and its NIC on
+// a tap in the lab bridge. The host directory (disk, serial log, QEMU
+// log) and the tap are recorded before they are created, the QMP socket
+// directory right after. Equivalent to:
+//
+//	ip tuntap add dev TAP mode tap
+//	ip link set TAP address fe:54:00:4b:00:0I
+//	ip link set TAP master BRIDGE
+//	ip link set TAP up
+func (s *server) newVM(ctx context.Context, i int, name, hdir, bridge string) (*labVM, error) {
 	disk := filepath.Join(hdir, "disk.raw")
 	s.track(netns.Resource{Kind: netns.KindDir, Value: hdir})
 	vname := "kiln-" + s.opts.Name + "-" + name
-	mac := fmt.Sprintf("52:54:00:4b:%02x:%02x", i>>8&0xff, i&0xff)
+	mac := hostMAC(i)
+	tap := tapName(s.opts.Name, name)
+	if _, err := os.Stat("/sys/class/net/" + tap); err == nil {
+		return nil, errdefs.AlreadyExists("tap %s exists: is another lab named %q up?", tap, s.opts.Name)
+	}
+	s.track(netns.Resource{Kind: netns.KindLink, Value: tap})
+	for _, args := range [][]string{
+		{"tuntap", "add", "dev", tap, "mode", "tap"},
+		// As libvirt does: the tap's own address is the NIC's with
+		// fe: first, so the bridge never takes the guest's MAC.
+		{"link", "set", tap, "address", "fe" + mac[2:]},
+		{"link", "set", tap, "master", bridge},
+		{"link", "set", tap, "up"},
+	} {
+		if err := ip(ctx, args...); err != nil {
+			return nil, err
+		}
+	}
 	vm, err := qemu.New(qemu.Options{
 		Name: vname, Dir: hdir, DiskSize: s.opts.DiskSize, MAC: mac, Logger: s.log,
+		MemoryMB: s.opts.MemoryMB, CPUs: s.opts.CPUs, Network: qemu.Network{Tap: tap},
 	})
 	if err != nil {
 		return nil, err
@@ -538,7 +600,7 @@ func Down(ctx context.Context, dir string, log *slog.Logger) error {
 		st = st2
 	}
 	var errs []error
-	order := []string{KindDomain, netns.KindPID, netns.KindCgroup, netns.KindMount, netns.KindLoop, netns.KindDir, netns.KindNetns, netns.KindLink, KindNFT}
+	order := []string{KindDomain, netns.KindPID, KindDHCP, netns.KindCgroup, netns.KindMount, netns.KindLoop, netns.KindDir, netns.KindNetns, netns.KindLink, KindNFT}
 	for _, kind := range order {
 		rs := slices.Clone(st.Resources)
 		slices.Reverse(rs)
@@ -552,6 +614,8 @@ func Down(ctx context.Context, dir string, log *slog.Logger) error {
 				err = removeTable(ctx, r.Value)
 			case KindDomain:
 				err = removeDomain(st, r.Value)
+			case KindDHCP:
+				err = killDHCP(r.Value)
 			default:
 				err = netns.Remove(ctx, r)
 			}
@@ -627,27 +691,40 @@ func uplinks(ctx context.Context) ([]string, error) {
 }
 
 // nftGuard creates the lab's table: forwarded traffic leaving through an
-// uplink is dropped. Equivalent to:
+// uplink is dropped and, when bridge is set, everything forwarded between
+// that bridge and any other interface (its hosts reach each other and this
+// machine's own addresses, nothing else). Equivalent to:
 //
 //	nft add table inet TABLE
 //	nft add chain inet TABLE forward '{ type filter hook forward priority -200; policy accept; }'
 //	nft add rule inet TABLE forward oifname "eth0" counter drop
-func nftGuard(ctx context.Context, table string, uplinks []string) error {
+//	nft add rule inet TABLE forward iifname "BRIDGE" oifname != "BRIDGE" counter drop
+//	nft add rule inet TABLE forward oifname "BRIDGE" iifname != "BRIDGE" counter drop
+func nftGuard(ctx context.Context, table string, uplinks []string, bridge string) error {
 	if _, err := exec.LookPath("nft"); err != nil {
 		return errdefs.FailedPrecondition("lab: nft not found (Debian package nftables)")
 	}
+	cmd := exec.CommandContext(ctx, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(guardRules(table, uplinks, bridge))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("lab: nft guard: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// guardRules is nftGuard's ruleset (nft -f).
+func guardRules(table string, uplinks []string, bridge string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table inet %s {\n  chain forward {\n    type filter hook forward priority -200; policy accept;\n", table)
 	for _, u := range uplinks {
 		fmt.Fprintf(&b, "    oifname %q counter drop\n", u)
 	}
-	b.WriteString("  }\n}\n")
-	cmd := exec.CommandContext(ctx, "nft", "-f", "-")
-	cmd.Stdin = strings.NewReader(b.String())
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("lab: nft guard: %w: %s", err, strings.TrimSpace(string(out)))
+	if bridge != "" {
+		fmt.Fprintf(&b, "    iifname %[1]q oifname != %[1]q counter drop\n", bridge)
+		fmt.Fprintf(&b, "    oifname %[1]q iifname != %[1]q counter drop\n", bridge)
 	}
-	return nil
+	b.WriteString("  }\n}\n")
+	return b.String()
 }
 
 // removeTable deletes an nft table ("inet NAME") if it exists.
@@ -800,16 +877,18 @@ type labDomain struct {
 }
 
 // newDomain makes host i a libvirt domain (TCG unless
-// KILN_QEMU_ACCEL=kvm, SeaBIOS, a sparse disk in hdir, user-mode
-// networking). The host directory and the domain are recorded before
-// they are created.
-func (s *server) newDomain(i int, name, hdir string) (*labDomain, error) {
+// KILN_QEMU_ACCEL=kvm, SeaBIOS, a sparse disk in hdir, its NIC on the lab
+// bridge: `<interface type='bridge'>`, whose tap libvirt creates when the
+// domain starts and removes when it stops). The host directory and the
+// domain are recorded before they are created.
+func (s *server) newDomain(i int, name, hdir, bridge string) (*labDomain, error) {
 	s.track(netns.Resource{Kind: netns.KindDir, Value: hdir})
 	dname := "kiln-" + s.opts.Name + "-" + name
-	mac := fmt.Sprintf("52:54:00:4b:%02x:%02x", i>>8&0xff, i&0xff)
+	mac := hostMAC(i)
 	s.track(netns.Resource{Kind: KindDomain, Value: dname})
 	vm, err := libvirt.New(libvirt.Options{
 		Name: dname, Dir: hdir, DiskSize: s.opts.DiskSize, MAC: mac,
+		MemoryMB: s.opts.MemoryMB, CPUs: s.opts.CPUs, Network: libvirt.Network{Bridge: bridge},
 		KVM: os.Getenv("KILN_QEMU_ACCEL") == "kvm",
 		// The state directory is 0700: QEMU runs as root to read it.
 		RunAsRoot: true,

@@ -337,8 +337,10 @@ func TestUpInvalid(t *testing.T) {
 		{"no serve command", Options{Hosts: 1, StateDir: t.TempDir()}},
 		{"boot URL not http", Options{Hosts: 1, BootURL: "tftp://10.0.0.1/{host}", ServeCommand: []string{"x"}}},
 		{"boot URL without host", Options{Hosts: 1, BootURL: "http://{gateway}:8080/boot/ipxe/h1", ServeCommand: []string{"x"}}},
-		{"boot URL on qemu", Options{Hosts: 1, Backend: BackendQEMU, BootURL: "http://{gateway}:8080/boot/ipxe/{host}", ServeCommand: []string{"x"}}},
-		{"boot URL on libvirt", Options{Hosts: 1, Backend: BackendLibvirt, BootURL: "http://{gateway}:8080/boot/ipxe/{host}", ServeCommand: []string{"x"}}},
+		{"qemu boot URL not the boot server's route", Options{Hosts: 1, Backend: BackendQEMU, BootURL: "http://{gateway}:8080/pxe/{host}", ServeCommand: []string{"x"}}},
+		{"libvirt boot URL not the boot server's route", Options{Hosts: 1, Backend: BackendLibvirt, BootURL: "http://{gateway}:8080/boot/ipxe/{host}/x", ServeCommand: []string{"x"}}},
+		{"memory on netns", Options{Hosts: 1, MemoryMB: 2048, ServeCommand: []string{"x"}}},
+		{"negative CPUs", Options{Hosts: 1, Backend: BackendLibvirt, CPUs: -1, ServeCommand: []string{"x"}}},
 		{"unknown redfish auth", Options{Hosts: 1, RedfishAuth: []string{"digest"}, ServeCommand: []string{"x"}}},
 		{"more redfish auths than hosts", Options{Hosts: 1, RedfishAuth: []string{"basic", "basic"}, ServeCommand: []string{"x"}}},
 	}
@@ -372,7 +374,7 @@ func TestUpDownQEMU(t *testing.T) {
 	if os.Geteuid() != 0 {
 		testenv.Skip(t, "needs root for the bridge and nftables")
 	}
-	for tool, pkg := range map[string]string{"ip": "iproute2", "nft": "nftables", "qemu-system-x86_64": "qemu-system-x86"} {
+	for tool, pkg := range map[string]string{"ip": "iproute2", "nft": "nftables", "qemu-system-x86_64": "qemu-system-x86", "dnsmasq": "dnsmasq-base"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			testenv.Skipf(t, "%s not installed (Debian package %s)", tool, pkg)
 		}
@@ -422,6 +424,9 @@ func TestUpDownQEMU(t *testing.T) {
 			for _, r := range rep.Resources {
 				switch r.Kind {
 				case netns.KindPID:
+					if r.Value == rep.DHCP {
+						continue
+					}
 					pids = append(pids, r.Value)
 				case netns.KindDir:
 					dirs = append(dirs, r.Value)
@@ -442,6 +447,9 @@ func TestUpDownQEMU(t *testing.T) {
 			}
 			require.NotEmpty(t, sock, "the QMP socket directory recorded: %v", dirs)
 			require.FileExists(t, filepath.Join(sock, "qmp.sock"))
+			// The VM's NIC is a tap in the lab bridge; dnsmasq serves it.
+			requireOnBridge(t, rep)
+			pids = append(pids, rep.DHCP)
 
 			if crash {
 				var spid int
@@ -493,7 +501,7 @@ func TestUpDownLibvirt(t *testing.T) {
 		testenv.Skip(t, "needs root for the bridge, nftables and libvirtd")
 	}
 	for tool, pkg := range map[string]string{"ip": "iproute2", "nft": "nftables", "qemu-system-x86_64": "qemu-system-x86",
-		"libvirtd": "libvirt-daemon-system", "virsh": "libvirt-clients", "unshare": "util-linux"} {
+		"libvirtd": "libvirt-daemon-system", "virsh": "libvirt-clients", "unshare": "util-linux", "dnsmasq": "dnsmasq-base"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			testenv.Skipf(t, "%s not installed (Debian package %s)", tool, pkg)
 		}
@@ -542,7 +550,7 @@ func TestUpDownLibvirt(t *testing.T) {
 			require.True(t, rep.Running)
 			var pids []string
 			for _, r := range rep.Resources {
-				if r.Kind == netns.KindPID {
+				if r.Kind == netns.KindPID && r.Value != rep.DHCP {
 					pids = append(pids, r.Value)
 				}
 			}
@@ -551,6 +559,9 @@ func TestUpDownLibvirt(t *testing.T) {
 				want = 2 // and libvirtd
 			}
 			require.Len(t, pids, want, "processes recorded: %v", rep.Resources)
+			// The domain's NIC is in the lab bridge; dnsmasq serves it.
+			requireOnBridge(t, rep)
+			pids = append(pids, rep.DHCP)
 			for _, p := range pids {
 				require.True(t, netns.ProcessAlive(p), "recorded process %s not running", p)
 			}
@@ -602,6 +613,30 @@ func TestUpDownLibvirt(t *testing.T) {
 			}
 		})
 	}
+}
+
+// requireOnBridge checks that the lab's single VM host has its NIC in the
+// lab bridge (a port whose address is the NIC's MAC with the tap's fe:
+// prefix, as QEMU's taps and libvirt's vnetN are) and that the lab's
+// dnsmasq, recorded as a process, runs.
+func requireOnBridge(t *testing.T, rep *Report) {
+	t.Helper()
+	h := rep.Hosts[0]
+	ports, err := os.ReadDir(filepath.Join("/sys/class/net", rep.Bridge, "brif"))
+	require.NoError(t, err, "bridge %s", rep.Bridge)
+	var found []string
+	for _, p := range ports {
+		mac, _ := os.ReadFile(filepath.Join("/sys/class/net", p.Name(), "address"))
+		found = append(found, p.Name()+"="+strings.TrimSpace(string(mac)))
+		if strings.TrimSpace(string(mac)) == "fe"+h.MAC[2:] {
+			require.NotEmpty(t, rep.DHCP, "the lab's dnsmasq in the state")
+			require.Contains(t, rep.Resources, netns.Resource{Kind: netns.KindPID, Value: rep.DHCP})
+			require.True(t, netns.ProcessAlive(rep.DHCP), "dnsmasq %s not running", rep.DHCP)
+			require.True(t, strings.HasPrefix(h.Address, strings.TrimSuffix(rep.Gateway, ".1")+"."), "host address %s on the lab subnet %s", h.Address, rep.Subnet)
+			return
+		}
+	}
+	t.Fatalf("no port of bridge %s is the NIC of %s (MAC %s): %v", rep.Bridge, h.Name, h.MAC, found)
 }
 
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {

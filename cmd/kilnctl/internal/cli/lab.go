@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/kilnhq/kiln/e2e/lab/ipmisim"
+	"github.com/kilnhq/kiln/e2e/lab/netns"
 	"github.com/kilnhq/kiln/e2e/lab/rack"
 	"github.com/kilnhq/kiln/e2e/lab/redfish"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -26,7 +27,8 @@ func LabCommand() *cobra.Command {
 		Long: `Run a lab rack on this machine: network-namespace hosts (or QEMU VMs,
 --backend qemu, or libvirt domains, --backend libvirt) behind emulated
 BMCs (a Redfish emulator per host, or ipmi_sim), on a bridge of their own,
-with an nftables guard that keeps lab traffic off the uplink.
+with an nftables guard that keeps lab traffic off the uplink. VM hosts get
+their addresses from a dnsmasq bound to that bridge.
 
 "lab up" starts a supervisor ("lab serve") in the background that runs the
 BMC emulators and the hosts; "lab down" stops it and removes everything
@@ -46,7 +48,7 @@ exist already. See docs/lab.md.`,
 	lab.PersistentFlags().StringVar(&stateDir, "state-dir", "", "state directory of the lab (default /var/lib/kiln/lab/NAME)")
 
 	o := rack.Options{}
-	var diskSize string
+	var diskSize, memory string
 	up := &cobra.Command{
 		Use:   "up",
 		Short: "Create the lab and start its supervisor; print each host's BMC",
@@ -60,6 +62,13 @@ exist already. See docs/lab.md.`,
 			if o.DiskSize, err = parseSize(diskSize); err != nil {
 				return err
 			}
+			if memory != "" {
+				b, err := parseSize(memory)
+				if err != nil {
+					return err
+				}
+				o.MemoryMB = int(b >> 20)
+			}
 			o.ServeCommand = []string{exe, "lab", "serve", "--name", name, "--state-dir", o.StateDir}
 			o.ChassisCommand = []string{exe, "lab", "chassis"}
 			rep, err := rack.Up(cmd.Context(), o)
@@ -72,12 +81,14 @@ exist already. See docs/lab.md.`,
 	up.Flags().IntVar(&o.Hosts, "hosts", 3, "hosts behind Redfish emulators")
 	up.Flags().IntVar(&o.IPMI, "ipmi", 0, "further hosts behind ipmi_sim BMCs")
 	up.Flags().StringSliceVar(&o.RedfishAuth, "redfish-auth", nil, "authentication of each Redfish emulator in host order: both (default), basic (no SessionService, basic auth only, like several BMCs in the field) or session; e.g. --redfish-auth both,basic")
-	up.Flags().StringVar(&o.Backend, "backend", "netns", "machine backend: netns|qemu|libvirt (qemu: QEMU VMs, libvirt: libvirt domains at the system libvirtd or a private one; both on user-mode networking, at most 2 hosts without KVM; see docs/lab.md)")
+	up.Flags().StringVar(&o.Backend, "backend", "netns", "machine backend: netns|qemu|libvirt (qemu: QEMU VMs, libvirt: libvirt domains at the system libvirtd or a private one; both on the lab bridge with addresses from the lab's dnsmasq, at most 2 hosts without KVM; see docs/lab.md)")
+	up.Flags().StringVar(&memory, "memory", "", "memory of each qemu or libvirt host (K, M, G suffixes; default 1G; a control plane wants 2G)")
+	up.Flags().IntVar(&o.CPUs, "cpus", 0, "vCPUs of each qemu or libvirt host (default 1; a control plane wants 2)")
 	up.Flags().StringVar(&o.Subnet, "subnet", "", "lab IPv4 /24 (default: a free 10.251.X.0/24)")
 	up.Flags().StringVar(&o.AgentBinary, "agent", "", "boot media program: PXE and virtual-media boots run `AGENT run` (kiln-agent)")
 	up.Flags().StringVar(&o.ControllerURL, "controller", "", "controller address for the boot agent (kiln.controller=); listen on the lab's gateway address")
 	up.Flags().StringVar(&o.CAHash, "ca-hash", "", "controller CA pin for the boot agent (kiln.ca_hash=)")
-	up.Flags().StringVar(&o.BootURL, "boot-url", "", "iPXE script URL template for PXE boots, e.g. http://{gateway}:8080/boot/ipxe/{host} ({host}: the Host resource name LAB-hI; {gateway}: the bridge address); default: a static command line")
+	up.Flags().StringVar(&o.BootURL, "boot-url", "", "iPXE script URL template for PXE boots, e.g. http://{gateway}:8080/boot/ipxe/{host} ({host}: the Host resource name LAB-hI; {gateway}: the bridge address; qemu and libvirt hosts get it from the lab's dnsmasq); default: a static command line")
 	up.Flags().BoolVar(&o.APIServerLB, "apiserver-lb", false, "run a TCP load balancer for Kubernetes API servers on GATEWAY:6443 over every host (a controlPlaneEndpoint that survives control-plane replacement)")
 	up.Flags().StringVar(&diskSize, "disk-size", "8G", "size of each host's sparse disk (K, M, G suffixes)")
 
@@ -145,6 +156,14 @@ func printLab(w io.Writer, rep *rack.Report) error {
 		fmt.Fprintf(w, "error: %s\n", rep.Error)
 	}
 	fmt.Fprintf(w, "bridge %s, subnet %s, gateway %s; uplink %s guarded by nft table %s\n", rep.Bridge, rep.Subnet, rep.Gateway, rep.Uplink, rep.NFTTable)
+	if rep.DHCP != "" {
+		pid, _, _ := strings.Cut(rep.DHCP, ":")
+		state := "running"
+		if !netns.ProcessAlive(rep.DHCP) {
+			state = "not running"
+		}
+		fmt.Fprintf(w, "dhcp: dnsmasq (pid %s, %s) on %s; nothing is forwarded between %s and other interfaces\n", pid, state, rep.Bridge, rep.Bridge)
+	}
 	if rep.LibvirtSocket != "" {
 		which := "system libvirtd"
 		if rep.LibvirtPrivate {

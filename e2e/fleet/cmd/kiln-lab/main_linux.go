@@ -31,9 +31,34 @@ func main() {
 
 type flags struct {
 	name, dir, bin, subnet, cluster, clusterName, imageSpec, tagDate string
-	hosts, ipmi                                                      int
+	backend, memory                                                  string
+	hosts, ipmi, cpus                                                int
 	redfishAuth                                                      []string
 	timeout, stallTimeout                                            time.Duration
+}
+
+// vmDefaults are what make lab uses for qemu and libvirt hosts unless a
+// flag says otherwise: one TCG VM with a control plane's resources, the
+// golden image with a kernel, a single-node cluster, and the patience
+// TCG needs (a boot from disk with its first-boot image import shows no
+// progress for minutes).
+func (f *flags) vmDefaults(changed func(flag string) bool) {
+	if f.backend != "qemu" && f.backend != "libvirt" {
+		return
+	}
+	set := func(name string, apply func()) {
+		if !changed(name) {
+			apply()
+		}
+	}
+	set("hosts", func() { f.hosts = 1 })
+	set("ipmi", func() { f.ipmi = 0 })
+	set("memory", func() { f.memory = "2G" })
+	set("cpus", func() { f.cpus = 2 })
+	set("image-spec", func() { f.imageSpec = "examples/images/vm-lab.yaml" })
+	set("cluster", func() { f.cluster = "examples/lab-vm-cluster.yaml" })
+	set("stall-timeout", func() { f.stallTimeout = 20 * time.Minute })
+	set("timeout", func() { f.timeout = 90 * time.Minute })
 }
 
 func (f *flags) lab(imageDir string) (*fleet.Lab, error) {
@@ -41,8 +66,14 @@ func (f *flags) lab(imageDir string) (*fleet.Lab, error) {
 	if err != nil {
 		return nil, err
 	}
-	return fleet.New(fleet.Config{Name: f.name, Dir: f.dir, Bin: bin, Subnet: f.subnet, Hosts: f.hosts, IPMI: f.ipmi, RedfishAuth: f.redfishAuth,
-		MediaDir: filepath.Join(f.dir, "media"), ImageDir: imageDir, Out: os.Stdout})
+	cfg := fleet.Config{Name: f.name, Dir: f.dir, Bin: bin, Subnet: f.subnet, Hosts: f.hosts, IPMI: f.ipmi, RedfishAuth: f.redfishAuth,
+		Backend: f.backend, Memory: f.memory, CPUs: f.cpus,
+		MediaDir: filepath.Join(f.dir, "media"), ImageDir: imageDir, Out: os.Stdout}
+	if f.backend == "qemu" || f.backend == "libvirt" {
+		// A TCG boot into the agent takes minutes on a loaded machine.
+		cfg.ControllerArgs = append(cfg.ControllerArgs, "--expected-boot-time", "10m")
+	}
+	return fleet.New(cfg)
 }
 
 func command() *cobra.Command {
@@ -66,9 +97,13 @@ func command() *cobra.Command {
 			if os.Geteuid() != 0 {
 				return errors.New("the lab needs root (network namespaces, nftables, systemd-nspawn): run make lab as root")
 			}
+			f.vmDefaults(cmd.Flags().Changed)
 			return up(cmd.Context(), f)
 		},
 	}
+	up.Flags().StringVar(&f.backend, "backend", "netns", "machine backend of the hosts: netns, qemu or libvirt (VMs; their defaults: --hosts 1 --ipmi 0 --memory 2G --cpus 2 --image-spec examples/images/vm-lab.yaml --cluster examples/lab-vm-cluster.yaml --stall-timeout 20m --timeout 90m)")
+	up.Flags().StringVar(&f.memory, "memory", "", "memory of each VM host (qemu, libvirt)")
+	up.Flags().IntVar(&f.cpus, "cpus", 0, "vCPUs of each VM host (qemu, libvirt)")
 	up.Flags().IntVar(&f.hosts, "hosts", 3, "hosts behind Redfish emulators")
 	up.Flags().IntVar(&f.ipmi, "ipmi", 1, "hosts behind ipmi_sim (booted by PXE)")
 	up.Flags().StringSliceVar(&f.redfishAuth, "redfish-auth", nil, "authentication of each Redfish emulator in host order: both (default), basic (no SessionService, basic auth only) or session; e.g. KILN_LAB_ARGS='--redfish-auth both,both,basic' make lab")

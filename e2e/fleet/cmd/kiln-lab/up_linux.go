@@ -23,7 +23,7 @@ func up(ctx context.Context, f *flags) error {
 	if err := fleet.BootMedia(ctx, filepath.Join(f.bin, "kiln-imagebuilder"), filepath.Join(f.bin, "kiln-agent"), filepath.Join(f.dir, "media"), os.Stdout); err != nil {
 		return err
 	}
-	step("lab image (kiln-imagebuilder build -f examples/images/lab.yaml): cached after the first build")
+	step("lab image (kiln-imagebuilder build -f %s): cached after the first build", f.imageSpec)
 	imageDir, img, err := labImage(ctx, f)
 	if err != nil {
 		return err
