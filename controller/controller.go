@@ -47,6 +47,7 @@ import (
 	"github.com/kilnhq/kiln/controller/shard"
 	"github.com/kilnhq/kiln/controller/sim"
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/controller/sweep"
 	"github.com/kilnhq/kiln/controller/topologyexec"
 	"github.com/kilnhq/kiln/internal/backoff"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -632,7 +633,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		c.log.Info("api-only: serving the API; no lifecycle, no reconcilers")
 		go func() {
 			defer wg.Done()
-			c.watchForLeader(ctx, elector, st, rec)
+			c.sweeper().WatchForLeader(ctx, elector, st, rec)
 		}()
 	} else {
 		go func() {
@@ -659,7 +660,7 @@ func (c *Controller) Run(ctx context.Context) error {
 					stopLife := c.runLifecycle(rctx, fenced, rec, ca, enr, addr)
 					stopGit := c.runGitSources(rctx, fenced, rec, addr)
 					stopTopology := c.runTopology(rctx, fenced, rec)
-					c.reconcile(rctx, fenced, rec)
+					c.sweeper().Leader(rctx, fenced, rec)
 					stopTopology()
 					stopGit()
 					stopLife()
@@ -688,6 +689,17 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	c.log.Info("controller stopped")
 	return err
+}
+
+// runsLifecycle reports whether this replica runs the host lifecycle
+// when it leads.
+func (c *Controller) runsLifecycle() bool { return c.cfg.Lifecycle || c.cfg.Simulate > 0 }
+
+// sweeper runs this replica's sweeps (controller/sweep): the leader's, or
+// an API-only replica's watch for a leader.
+func (c *Controller) sweeper() *sweep.Sweeper {
+	return sweep.New(sweep.Config{ID: c.cfg.ID, Interval: c.cfg.ReconcileInterval, ElectionTTL: c.cfg.ElectionTTL,
+		Lifecycle: c.runsLifecycle(), Clock: c.cfg.Clock}, c.log)
 }
 
 // runGitSources starts the GitSource executor (controller/gitsource) and
