@@ -31,6 +31,7 @@ import (
 	"github.com/kilnhq/kiln/controller/audit"
 	"github.com/kilnhq/kiln/controller/authz"
 	"github.com/kilnhq/kiln/controller/bootserver"
+	"github.com/kilnhq/kiln/controller/bootservice"
 	"github.com/kilnhq/kiln/controller/clusterexec"
 	"github.com/kilnhq/kiln/controller/drain"
 	"github.com/kilnhq/kiln/controller/election"
@@ -171,7 +172,7 @@ type Config struct {
 	Shards int
 	// BootListenAddr, when set, serves the boot server (controller/bootserver:
 	// boot media, golden images, per-host iPXE scripts and ISOs) over plain
-	// HTTP on this address; see bootserve.go. Port 0 picks a free port;
+	// HTTP on this address (controller/bootservice). Port 0 picks a free port;
 	// BootAddr reports it. BootURL defaults to http://<this address> when it
 	// names a host.
 	BootListenAddr string
@@ -181,10 +182,10 @@ type Config struct {
 	// ImageDir holds the golden images served under /images/; "" serves none.
 	ImageDir string
 	// BootTokenTTL is the validity of the one-time enrollment token minted
-	// for each boot request (DefaultBootTokenTTL).
+	// for each boot request (bootservice.DefaultTokenTTL).
 	BootTokenTTL time.Duration
 	// BootTokenLimit is how many boot tokens one host may get per
-	// BootTokenTTL (0: DefaultBootTokenLimit; < 0: no limit).
+	// BootTokenTTL (0: bootservice.DefaultTokenLimit; < 0: no limit).
 	BootTokenLimit int
 	// AuditReaders may read the audit log besides admins: roles
 	// ("operator") or roles and certificate names ("reader:alice"); see
@@ -305,7 +306,7 @@ func New(cfg Config, log *slog.Logger) (*Controller, error) {
 		cfg.StepTimeouts = timeouts
 	}
 	if cfg.BootTokenTTL <= 0 {
-		cfg.BootTokenTTL = DefaultBootTokenTTL
+		cfg.BootTokenTTL = bootservice.DefaultTokenTTL
 	}
 	if cfg.AuditMaxAge == 0 {
 		cfg.AuditMaxAge = audit.DefaultMaxAge
@@ -326,7 +327,7 @@ func New(cfg Config, log *slog.Logger) (*Controller, error) {
 		return nil, fmt.Errorf("controller: %w", err)
 	}
 	if cfg.BootTokenLimit == 0 {
-		cfg.BootTokenLimit = DefaultBootTokenLimit
+		cfg.BootTokenLimit = bootservice.DefaultTokenLimit
 	}
 	if cfg.BootListenAddr != "" {
 		if _, _, err := net.SplitHostPort(cfg.BootListenAddr); err != nil {
@@ -579,7 +580,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer boot.stop()
+	defer boot.Stop()
 	elector := election.New(client, election.DefaultPrefix, c.cfg.ID, int(c.cfg.ElectionTTL/time.Second), c.log)
 
 	c.mu.Lock()
@@ -700,6 +701,30 @@ func (c *Controller) runsLifecycle() bool { return c.cfg.Lifecycle || c.cfg.Simu
 func (c *Controller) sweeper() *sweep.Sweeper {
 	return sweep.New(sweep.Config{ID: c.cfg.ID, Interval: c.cfg.ReconcileInterval, ElectionTTL: c.cfg.ElectionTTL,
 		Lifecycle: c.runsLifecycle(), Clock: c.cfg.Clock}, c.log)
+}
+
+// startBoot serves the boot server (controller/bootservice) on
+// Config.BootListenAddr when it is set (nil, nil otherwise) until the
+// returned service stops; apiAddr is the API's listen address. It sets
+// Config.BootURL from the listen address when that was left empty and the
+// address names a host.
+func (c *Controller) startBoot(ctx context.Context, st *store.Store, enr *enrollment.Service, ca *rotatingCA, apiAddr string) (*bootservice.Service, error) {
+	if c.cfg.BootListenAddr == "" {
+		return nil, nil
+	}
+	b, err := bootservice.Start(ctx, bootservice.Config{
+		ListenAddr: c.cfg.BootListenAddr, MediaDir: c.cfg.BootMediaDir, ImageDir: c.cfg.ImageDir,
+		PublicURL: c.cfg.BootURL, ControllerURL: c.cfg.ControllerURL, APIAddr: clientAddr(apiAddr),
+		TokenTTL: c.cfg.BootTokenTTL, TokenLimit: c.cfg.BootTokenLimit, Rate: c.cfg.BootRate, Clock: c.cfg.Clock,
+	}, bootservice.Deps{Store: st, Tokens: enr, CAHash: ca.Hash, Handler: c.metrics.BootHandler, Log: c.log})
+	if err != nil {
+		return nil, err
+	}
+	c.cfg.BootURL = b.PublicURL()
+	c.mu.Lock()
+	c.bootAddr = b.Addr()
+	c.mu.Unlock()
+	return b, nil
 }
 
 // runGitSources starts the GitSource executor (controller/gitsource) and

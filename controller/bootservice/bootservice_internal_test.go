@@ -1,4 +1,4 @@
-package controller
+package bootservice
 
 import (
 	"testing"
@@ -13,11 +13,11 @@ func TestAgentControllerAddr(t *testing.T) {
 		bad            bool
 	}{
 		{"", "127.0.0.1:7443", "127.0.0.1:7443", false},
-		{"", "[::]:7443", "127.0.0.1:7443", false},
-		{"https://10.77.0.1:7443", "[::]:7443", "10.77.0.1:7443", false},
-		{"https://ctl.rack1.example", "[::]:7443", "ctl.rack1.example:7443", false},
-		{"https://[fd77::1]:9443", "[::]:7443", "[fd77::1]:9443", false},
-		{"10.77.0.1:7443", "[::]:7443", "", true}, // no scheme: not a URL
+		{"", "10.77.0.1:7443", "10.77.0.1:7443", false},
+		{"https://10.77.0.1:7443", "127.0.0.1:7443", "10.77.0.1:7443", false},
+		{"https://ctl.rack1.example", "127.0.0.1:7443", "ctl.rack1.example:7443", false},
+		{"https://[fd77::1]:9443", "127.0.0.1:7443", "[fd77::1]:9443", false},
+		{"10.77.0.1:7443", "127.0.0.1:7443", "", true}, // no scheme: not a URL
 	}
 	for _, tt := range tests {
 		got, err := agentControllerAddr(tt.url, tt.api)
