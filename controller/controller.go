@@ -33,6 +33,7 @@ import (
 	"github.com/kilnhq/kiln/controller/bootserver"
 	"github.com/kilnhq/kiln/controller/bootservice"
 	"github.com/kilnhq/kiln/controller/clusterexec"
+	"github.com/kilnhq/kiln/controller/datadir"
 	"github.com/kilnhq/kiln/controller/drain"
 	"github.com/kilnhq/kiln/controller/election"
 	"github.com/kilnhq/kiln/controller/enrollment"
@@ -350,7 +351,7 @@ func New(cfg Config, log *slog.Logger) (*Controller, error) {
 	if cfg.APIOnly && (cfg.Lifecycle || cfg.Simulate > 0) {
 		return nil, errdefs.InvalidArgument("controller: an API-only replica runs no lifecycle: drop --api-only, or --lifecycle and --simulate")
 	}
-	if err := checkEtcdTLS(cfg); err != nil {
+	if err := cfg.dataDir().Check(); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
@@ -882,34 +883,30 @@ func (c *Controller) waitForCA(ctx context.Context, st *store.Store) (*pki.CA, e
 	}
 }
 
-// etcdURLFile records the client URL of the embedded etcd while the
-// controller runs, for `kiln-controller operator-cert`.
-const etcdURLFile = "etcd.url"
-
 // openEtcd connects to the external etcd or starts the embedded one.
 func (c *Controller) openEtcd(ctx context.Context) (*clientv3.Client, func(), error) {
 	if len(c.cfg.EtcdEndpoints) > 0 {
-		cl, tlsCfg, err := dialExternalEtcd(c.cfg, c.etcdDialOptions()...)
+		cl, tlsCfg, err := datadir.DialExternal(c.cfg.dataDir(), c.etcdDialOptions()...)
 		if err != nil {
 			return nil, nil, err
 		}
 		c.etcdTLSConfig = tlsCfg
-		c.log.Info("using external etcd", "endpoints", strings.Join(c.cfg.EtcdEndpoints, ","), "tls", c.cfg.etcdTLS())
+		c.log.Info("using external etcd", "endpoints", strings.Join(c.cfg.EtcdEndpoints, ","), "tls", c.cfg.dataDir().TLS())
 		return cl, func() { cl.Close() }, nil
 	}
 	emb, err := store.StartEmbedded(ctx, store.EmbeddedConfig{
-		DataDir: filepath.Join(c.cfg.DataDir, "etcd"),
+		DataDir: c.cfg.dataDir().EtcdDir(),
 		Logger:  c.log,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("controller: %w", err)
 	}
-	urlFile := filepath.Join(c.cfg.DataDir, etcdURLFile)
+	urlFile := filepath.Join(c.cfg.DataDir, datadir.URLFile)
 	if err := os.WriteFile(urlFile, []byte(strings.Join(emb.Endpoints(), ",")), 0o600); err != nil {
 		emb.Close()
 		return nil, nil, fmt.Errorf("controller: %w", err)
 	}
-	cl, err := dialEtcd(emb.Endpoints(), nil, c.etcdDialOptions()...)
+	cl, err := datadir.Dial(emb.Endpoints(), nil, c.etcdDialOptions()...)
 	if err != nil {
 		emb.Close()
 		return nil, nil, err
@@ -921,75 +918,10 @@ func (c *Controller) openEtcd(ctx context.Context) (*clientv3.Client, func(), er
 	}, nil
 }
 
-// etcdTLS reports whether the external etcd is reached over TLS: an
-// https:// endpoint or a TLS file names it.
-func (cfg Config) etcdTLS() bool {
-	if cfg.EtcdCAFile != "" || cfg.EtcdCertFile != "" || cfg.EtcdKeyFile != "" {
-		return true
-	}
-	for _, e := range cfg.EtcdEndpoints {
-		if strings.HasPrefix(e, "https://") {
-			return true
-		}
-	}
-	return false
-}
-
-// checkEtcdTLS refuses TLS files without an external etcd, endpoints that
-// mix http:// and https://, TLS files for http:// endpoints, and a client
-// certificate without its key, before anything is touched.
-func checkEtcdTLS(cfg Config) error {
-	files := cfg.EtcdCAFile != "" || cfg.EtcdCertFile != "" || cfg.EtcdKeyFile != ""
-	if len(cfg.EtcdEndpoints) == 0 {
-		if files {
-			return errdefs.InvalidArgument("controller: --etcd-cacert, --etcd-cert and --etcd-key are for an external etcd: pass its https:// client URLs with --etcd-endpoints (the embedded etcd serves only the controller, on a unix socket in its data directory)")
-		}
-		return nil
-	}
-	var plain, secure []string
-	for _, e := range cfg.EtcdEndpoints {
-		switch {
-		case strings.HasPrefix(e, "https://"):
-			secure = append(secure, e)
-		case strings.HasPrefix(e, "http://"):
-			plain = append(plain, e)
-		default:
-			return errdefs.InvalidArgument("controller: etcd endpoint %q: want a client URL, http://HOST:PORT or https://HOST:PORT", e)
-		}
-	}
-	if len(plain) > 0 && len(secure) > 0 {
-		return errdefs.InvalidArgument("controller: --etcd-endpoints mixes http:// (%s) and https:// (%s): an etcd cluster serves clients one way; use https:// for all", strings.Join(plain, ","), strings.Join(secure, ","))
-	}
-	if len(plain) > 0 && files {
-		return errdefs.InvalidArgument("controller: --etcd-cacert/--etcd-cert/--etcd-key given but --etcd-endpoints are http:// (%s): use the members' https:// client URLs", strings.Join(plain, ","))
-	}
-	if (cfg.EtcdCertFile == "") != (cfg.EtcdKeyFile == "") {
-		return errdefs.InvalidArgument("controller: --etcd-cert and --etcd-key go together: pass both the client certificate and its key")
-	}
-	return nil
-}
-
-// dialExternalEtcd connects to cfg's external etcd, over TLS with cfg's
-// files (returned) when it serves https://.
-func dialExternalEtcd(cfg Config, opts ...grpc.DialOption) (*clientv3.Client, *tls.Config, error) {
-	if !cfg.etcdTLS() {
-		cl, err := dialEtcd(cfg.EtcdEndpoints, nil, opts...)
-		return cl, nil, err
-	}
-	tlsCfg, err := store.ClientTLS(cfg.EtcdCAFile, cfg.EtcdCertFile, cfg.EtcdKeyFile)
-	if err != nil {
-		return nil, nil, fmt.Errorf("controller: %w", err)
-	}
-	cl, err := dialEtcd(cfg.EtcdEndpoints, tlsCfg, opts...)
-	return cl, tlsCfg, err
-}
-
-func dialEtcd(endpoints []string, tlsCfg *tls.Config, opts ...grpc.DialOption) (*clientv3.Client, error) {
-	cl, err := store.Dial(endpoints, tlsCfg, opts...)
-	if err != nil {
-		return nil, errdefs.Unavailable("controller: %w", err)
-	}
-	return cl, nil
+// dataDir names this controller's state for controller/datadir.
+func (cfg Config) dataDir() datadir.Config {
+	return datadir.Config{DataDir: cfg.DataDir, SecretKeyFile: cfg.SecretKeyFile, EtcdEndpoints: cfg.EtcdEndpoints,
+		EtcdCAFile: cfg.EtcdCAFile, EtcdCertFile: cfg.EtcdCertFile, EtcdKeyFile: cfg.EtcdKeyFile}
 }
 
 // ownCert holds the controller's own certificate and re-issues it when a

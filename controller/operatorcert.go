@@ -9,13 +9,11 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
-	"strings"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kilnhq/kiln/controller/audit"
 	"github.com/kilnhq/kiln/controller/authz"
+	"github.com/kilnhq/kiln/controller/datadir"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/kilnconfig"
@@ -76,7 +74,7 @@ func WriteOperatorConfig(ctx context.Context, cfg Config, req OperatorCertReques
 	if err != nil {
 		return err
 	}
-	client, closeFn, err := operatorEtcd(ctx, cfg, log)
+	client, closeFn, err := datadir.Open(ctx, cfg.dataDir(), log)
 	if err != nil {
 		return err
 	}
@@ -139,58 +137,4 @@ func operatorCertEntry(kc *kilnconfig.Config, role pki.Role, name string, now ti
 		}
 	}
 	return e
-}
-
-// operatorEtcd reaches the controller's etcd: the external endpoints, the
-// running controller's embedded member, or an embedded member started
-// here when the controller is stopped.
-func operatorEtcd(ctx context.Context, cfg Config, log *slog.Logger) (*clientv3.Client, func(), error) {
-	if len(cfg.EtcdEndpoints) > 0 {
-		if err := checkEtcdTLS(cfg); err != nil {
-			return nil, nil, err
-		}
-		cl, _, err := dialExternalEtcd(cfg)
-		if err != nil {
-			return nil, nil, err
-		}
-		return cl, func() { cl.Close() }, nil
-	}
-	if cl := dialRunningEmbedded(ctx, cfg.DataDir); cl != nil {
-		return cl, func() { cl.Close() }, nil
-	}
-	emb, err := store.StartEmbedded(ctx, store.EmbeddedConfig{
-		DataDir:      filepath.Join(cfg.DataDir, "etcd"),
-		Logger:       log,
-		ReadyTimeout: 20 * time.Second,
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("open the controller's embedded etcd (is the controller running with another data directory?): %w", err)
-	}
-	cl, err := dialEtcd(emb.Endpoints(), nil)
-	if err != nil {
-		emb.Close()
-		return nil, nil, err
-	}
-	return cl, func() { cl.Close(); emb.Close() }, nil
-}
-
-// dialRunningEmbedded returns a client of the embedded etcd of a
-// controller running on dataDir (the client URL it recorded there, if it
-// answers), or nil.
-func dialRunningEmbedded(ctx context.Context, dataDir string) *clientv3.Client {
-	b, err := os.ReadFile(filepath.Join(dataDir, etcdURLFile))
-	if err != nil {
-		return nil
-	}
-	cl, err := dialEtcd(strings.Split(strings.TrimSpace(string(b)), ","), nil)
-	if err != nil {
-		return nil
-	}
-	pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	if _, err := cl.Get(pctx, caCertKey); err != nil {
-		cl.Close()
-		return nil
-	}
-	return cl
 }

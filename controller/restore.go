@@ -13,6 +13,7 @@ import (
 	"filippo.io/age"
 
 	"github.com/kilnhq/kiln/controller/backup"
+	"github.com/kilnhq/kiln/controller/datadir"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/seal"
@@ -70,12 +71,12 @@ func Restore(ctx context.Context, cfg Config, req RestoreRequest, log *slog.Logg
 		return store.BackupInfo{}, err
 	}
 	if len(cfg.EtcdEndpoints) == 0 {
-		if cl := dialRunningEmbedded(ctx, cfg.DataDir); cl != nil {
+		if cl := datadir.DialRunning(ctx, cfg.DataDir); cl != nil {
 			cl.Close()
 			return store.BackupInfo{}, errdefs.FailedPrecondition("restore: a controller is running on %s: stop it first (restore writes the whole store)", cfg.DataDir)
 		}
 	}
-	client, done, err := operatorEtcd(ctx, cfg, log)
+	client, done, err := datadir.Open(ctx, cfg.dataDir(), log)
 	if err != nil {
 		return store.BackupInfo{}, err
 	}

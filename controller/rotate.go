@@ -10,6 +10,7 @@ import (
 
 	"github.com/kilnhq/kiln/controller/audit"
 	"github.com/kilnhq/kiln/controller/authz"
+	"github.com/kilnhq/kiln/controller/datadir"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/seal"
@@ -134,7 +135,7 @@ func RotateSecretKey(ctx context.Context, cfg Config, req RotateRequest, log *sl
 	if len(cfg.EtcdEndpoints) == 0 && cfg.DataDir == "" {
 		return res, errdefs.InvalidArgument("rotate secret key: --data-dir or --etcd-endpoints is required to reach the store")
 	}
-	client, done, err := operatorEtcd(ctx, cfg, log)
+	client, done, err := datadir.Open(ctx, cfg.dataDir(), log)
 	if err != nil {
 		return res, err
 	}

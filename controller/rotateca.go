@@ -15,6 +15,7 @@ import (
 
 	"github.com/kilnhq/kiln/controller/audit"
 	"github.com/kilnhq/kiln/controller/authz"
+	"github.com/kilnhq/kiln/controller/datadir"
 	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/conditions"
@@ -148,7 +149,7 @@ func RotateCA(ctx context.Context, cfg Config, req RotateCARequest, log *slog.Lo
 	if clock == nil {
 		clock = time.Now
 	}
-	client, done, err := operatorEtcd(ctx, cfg, log)
+	client, done, err := datadir.Open(ctx, cfg.dataDir(), log)
 	if err != nil {
 		return res, err
 	}
