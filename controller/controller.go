@@ -51,6 +51,7 @@ import (
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/controller/sweep"
 	"github.com/kilnhq/kiln/controller/topologyexec"
+	"github.com/kilnhq/kiln/controller/trust"
 	"github.com/kilnhq/kiln/internal/backoff"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/kilnconfig"
@@ -229,7 +230,7 @@ type Controller struct {
 	ready chan struct{}
 	mu    sync.Mutex
 	addr  string
-	cas   *rotatingCA
+	cas   *trust.Rotating
 	store *store.Store
 	// etcdTLSConfig is the external etcd's client TLS, if any.
 	etcdTLSConfig *tls.Config
@@ -406,7 +407,7 @@ func (c *Controller) CA() *pki.CA {
 	if c.cas == nil {
 		return nil
 	}
-	return c.cas.set().signer
+	return c.cas.Set().Signer
 }
 
 // TrustedCAs is the PEM of every CA the controller accepts certificates
@@ -497,12 +498,12 @@ func (c *Controller) Run(ctx context.Context) error {
 	if _, err := c.waitForCA(ctx, st); err != nil {
 		return fmt.Errorf("controller: %w", err)
 	}
-	set, err := loadCASet(ctx, st)
+	set, err := trust.LoadSet(ctx, st)
 	if err != nil {
 		return fmt.Errorf("controller: %w", err)
 	}
-	ca := newRotatingCA(set)
-	c.log.Info("controller CA ready", "ca_hash", ca.Hash(), "rotation", set.phase())
+	ca := trust.NewRotating(set)
+	c.log.Info("controller CA ready", "ca_hash", ca.Hash(), "rotation", set.Phase())
 
 	lis, err := net.Listen("tcp", c.cfg.ListenAddr)
 	if err != nil {
@@ -618,7 +619,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		// A CA rotation run from anywhere reaches every replica: new
 		// connections use the new set at once (serverTLS, the agent pool,
 		// enrollment); the admin kilnconfig is renewed onto it.
-		ca.follow(ctx, st, c.log, func(set *caSet) {
+		ca.Follow(ctx, st, c.log, func(set *trust.Set) {
 			if err := c.writeAdminConfig(set, clientAddr(addr)); err != nil {
 				c.log.Error("admin kilnconfig not renewed after a CA change", "err", err)
 			}
@@ -709,7 +710,7 @@ func (c *Controller) sweeper() *sweep.Sweeper {
 // returned service stops; apiAddr is the API's listen address. It sets
 // Config.BootURL from the listen address when that was left empty and the
 // address names a host.
-func (c *Controller) startBoot(ctx context.Context, st *store.Store, enr *enrollment.Service, ca *rotatingCA, apiAddr string) (*bootservice.Service, error) {
+func (c *Controller) startBoot(ctx context.Context, st *store.Store, enr *enrollment.Service, ca *trust.Rotating, apiAddr string) (*bootservice.Service, error) {
 	if c.cfg.BootListenAddr == "" {
 		return nil, nil
 	}
@@ -743,7 +744,7 @@ func (c *Controller) runGitSources(lctx context.Context, st *store.Store, rec *e
 
 // runLifecycle starts the host lifecycle executor when configured and
 // returns a function that waits for it to end (after lctx ends).
-func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *events.Recorder, ca *rotatingCA, enr *enrollment.Service, addr string) func() {
+func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *events.Recorder, ca *trust.Rotating, enr *enrollment.Service, addr string) func() {
 	if !c.runsLifecycle() {
 		return func() {}
 	}
@@ -793,7 +794,7 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 // configuration on st (fenced by the caller): simulated BMCs and agents
 // with --simulate, real ones otherwise. The returned function releases
 // them once the executors using them ended.
-func (c *Controller) hostDeps(lctx context.Context, st *store.Store, rec *events.Recorder, ca *rotatingCA, enr *enrollment.Service, addr string) (provision.Deps, provision.Config, func()) {
+func (c *Controller) hostDeps(lctx context.Context, st *store.Store, rec *events.Recorder, ca *trust.Rotating, enr *enrollment.Service, addr string) (provision.Deps, provision.Config, func()) {
 	cfg := provision.Config{
 		Clock:  c.cfg.Clock,
 		ISOURL: func(h string) string { return bootserver.ISOURL(c.cfg.BootURL, h) },
@@ -862,7 +863,7 @@ func (c *Controller) waitForCA(ctx context.Context, st *store.Store) (*pki.CA, e
 	rnd := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	for attempt := 0; ; attempt++ {
 		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		ca, err := loadOrCreateCA(octx, st, c.sealer, c.cfg.Clock())
+		ca, err := trust.LoadOrCreate(octx, st, c.sealer, c.cfg.Clock())
 		cancel()
 		if err == nil || ctx.Err() != nil || !(errdefs.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded)) {
 			return ca, err
@@ -928,7 +929,7 @@ func (cfg Config) dataDir() datadir.Config {
 // third of its lifetime is left, so a long-running controller never serves
 // an expired one.
 type ownCert struct {
-	ca    *rotatingCA
+	ca    *trust.Rotating
 	names []string
 	clock func() time.Time
 	log   *slog.Logger
@@ -944,7 +945,7 @@ func (o *ownCert) get() (tls.Certificate, error) {
 	now := o.clock()
 	// Issued by the serving CA: the old one during a CA rotation, which
 	// every client still trusts, the new one once the old is retired.
-	serving := o.ca.set().serving()
+	serving := o.ca.Set().Serving()
 	if o.cert.Leaf != nil && now.Before(o.cert.Leaf.NotAfter.Add(-serverCertTTL/3)) && pki.IssuerKeyID(o.cert.Leaf) == serving.KeyID() {
 		return o.cert, nil
 	}
@@ -968,7 +969,7 @@ func (o *ownCert) get() (tls.Certificate, error) {
 // serverTLS issues the controller's certificate for this start and
 // returns the server TLS configuration: TLS 1.3, client certificates
 // verified against the CA when presented (Enrollment is called without).
-func (c *Controller) serverTLS(ca *rotatingCA, addr string) (*tls.Config, *ownCert, error) {
+func (c *Controller) serverTLS(ca *trust.Rotating, addr string) (*tls.Config, *ownCert, error) {
 	names := []string{"localhost", "127.0.0.1", "::1"}
 	if h, err := os.Hostname(); err == nil && h != "" {
 		names = append(names, h)
@@ -1026,13 +1027,13 @@ const (
 // writeAdminConfig writes DataDir/kilnconfig-admin.yaml and the admin
 // bundle on first start; later starts keep the certificate and only
 // correct the server address.
-func (c *Controller) writeAdminConfig(set *caSet, server string) error {
+func (c *Controller) writeAdminConfig(set *trust.Set, server string) error {
 	c.adminMu.Lock()
 	defer c.adminMu.Unlock()
 	path := c.AdminConfigPath()
 	cfg, err := kilnconfig.Load(path)
 	switch {
-	case err == nil && cfg.CA == string(set.bundlePEM()) && !expiring(cfg.Cert, c.cfg.Clock()) && issuedBy(cfg.Cert, set.signer):
+	case err == nil && cfg.CA == string(set.BundlePEM()) && !expiring(cfg.Cert, c.cfg.Clock()) && issuedBy(cfg.Cert, set.Signer):
 		if cfg.Server != server {
 			cfg.Server = server
 			if err := kilnconfig.Write(path, cfg); err != nil {
@@ -1079,15 +1080,15 @@ func issuedBy(certPEM string, ca *pki.CA) bool {
 
 // clientConfig issues a client certificate with role for name from the
 // signing CA of set; the kilnconfig trusts every CA of set.
-func clientConfig(set *caSet, role pki.Role, name, server string, now time.Time) (*kilnconfig.Config, error) {
+func clientConfig(set *trust.Set, role pki.Role, name, server string, now time.Time) (*kilnconfig.Config, error) {
 	if role == pki.RoleAgent || role == pki.RoleController {
 		return nil, errdefs.InvalidArgument("role %q is not an operator role: want reader, operator or admin", role)
 	}
-	certPEM, keyPEM, err := set.signer.Issue(role, name, nil, clientCertTTL, now)
+	certPEM, keyPEM, err := set.Signer.Issue(role, name, nil, clientCertTTL, now)
 	if err != nil {
 		return nil, err
 	}
-	return &kilnconfig.Config{Server: server, CA: string(set.bundlePEM()), Cert: string(certPEM), Key: string(keyPEM)}, nil
+	return &kilnconfig.Config{Server: server, CA: string(set.BundlePEM()), Cert: string(certPEM), Key: string(keyPEM)}, nil
 }
 
 // WriteClientConfig issues a certificate with role (reader, operator or
@@ -1099,7 +1100,7 @@ func (c *Controller) WriteClientConfig(role, name, path string) error {
 		return err
 	}
 	c.mu.Lock()
-	set := c.cas.set()
+	set := c.cas.Set()
 	c.mu.Unlock()
 	cfg, err := clientConfig(set, r, name, clientAddr(c.Addr()), c.cfg.Clock())
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/kilnhq/kiln/controller/authz"
 	"github.com/kilnhq/kiln/controller/datadir"
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/controller/trust"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/kilnconfig"
 	"github.com/kilnhq/kiln/internal/pki"
@@ -80,7 +81,7 @@ func WriteOperatorConfig(ctx context.Context, cfg Config, req OperatorCertReques
 	}
 	defer closeFn()
 	st := store.New(client, store.WithSealer(sealer))
-	ca, err := loadCASet(ctx, st)
+	ca, err := trust.LoadSet(ctx, st)
 	if errdefs.IsNotFound(err) {
 		return errdefs.FailedPrecondition("no CA in the controller's etcd: start the controller once first")
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/kilnhq/kiln/controller/backup"
 	"github.com/kilnhq/kiln/controller/datadir"
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/controller/trust"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/seal"
 )
@@ -86,7 +87,7 @@ func Restore(ctx context.Context, cfg Config, req RestoreRequest, log *slog.Logg
 	if err != nil {
 		return store.BackupInfo{}, err
 	}
-	if _, err := st.GetSecret(ctx, caKeySecret); err != nil {
+	if _, err := st.GetSecret(ctx, trust.KeySecret); err != nil {
 		return info, fmt.Errorf("restore: the restored CA key does not open (%w): the backup is damaged", err)
 	}
 	log.Info("restored", "revision", info.Revision, "keys", info.Keys, "data_dir", cfg.DataDir)

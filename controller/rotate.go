@@ -12,6 +12,7 @@ import (
 	"github.com/kilnhq/kiln/controller/authz"
 	"github.com/kilnhq/kiln/controller/datadir"
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/controller/trust"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/seal"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
@@ -24,11 +25,11 @@ const (
 	// RotateAll runs the rotation to its end: prepare a next key, switch
 	// the key file to it, re-seal every secret, retire the old key.
 	RotateAll RotatePhase = "all"
-	// RotatePrepare only writes KEY.next (for replicas that keep their own
+	// RotatePrepare only writes KEY.Next (for replicas that keep their own
 	// copy of the key file: copy it next to each of theirs).
 	RotatePrepare RotatePhase = "prepare"
-	// RotateSwitch only switches the key file to an existing KEY.next,
-	// keeping the old key as KEY.prev; it does not reach etcd.
+	// RotateSwitch only switches the key file to an existing KEY.Next,
+	// keeping the old key as KEY.Prev; it does not reach etcd.
 	RotateSwitch RotatePhase = "switch"
 )
 
@@ -77,7 +78,7 @@ const resealPasses = 5
 
 // RotateSecretKey rotates the key that seals secrets at rest (cfg's secret
 // key file): it makes a new key, switches the key file to it keeping the
-// old one as KEY.prev, re-seals every secret of the store under the new
+// old one as KEY.Prev, re-seals every secret of the store under the new
 // key (each in an etcd transaction on the value's mod revision, so a
 // concurrent write is retried, never lost), and removes the old key once
 // no secret is sealed under it. Every step leaves every secret openable
@@ -144,7 +145,7 @@ func RotateSecretKey(ctx context.Context, cfg Config, req RotateRequest, log *sl
 	if err != nil {
 		return res, fmt.Errorf("rotate secret key: %w", err)
 	}
-	if _, err := store.New(client, store.WithSealer(ring)).GetSecret(ctx, caKeySecret); err != nil {
+	if _, err := store.New(client, store.WithSealer(ring)).GetSecret(ctx, trust.KeySecret); err != nil {
 		if errdefs.IsNotFound(err) {
 			return res, errdefs.FailedPrecondition("rotate secret key: the store holds no CA key: start the controller once first (or check --data-dir / --etcd-endpoints)")
 		}
@@ -160,10 +161,10 @@ func RotateSecretKey(ctx context.Context, cfg Config, req RotateRequest, log *sl
 			return res, err
 		}
 	}
-	// Switched: the key file holds the new key, KEY.prev the old one. The
+	// Switched: the key file holds the new key, KEY.Prev the old one. The
 	// re-seal uses a fixed ring of both, so that a value a controller
 	// sealed under the old key just before it followed the switch still
-	// opens after KEY.prev is gone.
+	// opens after KEY.Prev is gone.
 	newKey, err := seal.ReadKeyFile(keyFile)
 	if err != nil {
 		return res, fmt.Errorf("rotate secret key: %w", err)

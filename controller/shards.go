@@ -15,6 +15,7 @@ import (
 	"github.com/kilnhq/kiln/controller/shard"
 	"github.com/kilnhq/kiln/controller/sim"
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/controller/trust"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -29,7 +30,7 @@ type simFleet struct {
 // for each shard this replica holds, the host lifecycle of that shard's
 // hosts, fenced on the shard key. With --simulate it first makes the
 // process's simulated fleet and the simulated hosts (kept if they exist).
-func (c *Controller) startShards(ctx context.Context, wg *sync.WaitGroup, client *clientv3.Client, st *store.Store, rec *events.Recorder, ca *rotatingCA, enr *enrollment.Service, addr string) {
+func (c *Controller) startShards(ctx context.Context, wg *sync.WaitGroup, client *clientv3.Client, st *store.Store, rec *events.Recorder, ca *trust.Rotating, enr *enrollment.Service, addr string) {
 	if c.cfg.Simulate > 0 {
 		// A rack's timings scaled down 20 times, as unsharded.
 		fleet := sim.NewFleet(ctx, sim.Config{
@@ -61,7 +62,7 @@ func (c *Controller) startShards(ctx context.Context, wg *sync.WaitGroup, client
 // on the shard key's create revision: once the key is gone this replica
 // writes nothing more for those hosts and starts no BMC or agent action.
 // Paused for a move, it waits as the leader's reconcilers do.
-func (c *Controller) runShard(ctx context.Context, s int, fence store.Fence, st *store.Store, rec *events.Recorder, ca *rotatingCA, enr *enrollment.Service, addr string) {
+func (c *Controller) runShard(ctx context.Context, s int, fence store.Fence, st *store.Store, rec *events.Recorder, ca *trust.Rotating, enr *enrollment.Service, addr string) {
 	owns := func(host string) bool { return shard.Of(host, c.cfg.Shards) == s }
 	fenced := st.Fenced(fence)
 	log := c.log.With("shard", s)

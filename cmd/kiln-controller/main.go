@@ -19,6 +19,7 @@ import (
 
 	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/backup"
+	"github.com/kilnhq/kiln/controller/datadir"
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/host/systemd"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -61,6 +62,14 @@ func (c *common) config() controller.Config {
 		}
 	}
 	return cfg
+}
+
+// state names the controller's state for the commands that work on it
+// from outside (controller/datadir).
+func (c *common) state() datadir.Config {
+	cfg := c.config()
+	return datadir.Config{DataDir: cfg.DataDir, SecretKeyFile: cfg.SecretKeyFile, EtcdEndpoints: cfg.EtcdEndpoints,
+		EtcdCAFile: cfg.EtcdCAFile, EtcdCertFile: cfg.EtcdCertFile, EtcdKeyFile: cfg.EtcdKeyFile}
 }
 
 func (c *common) logger(w io.Writer) (*slog.Logger, error) {
