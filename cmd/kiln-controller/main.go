@@ -21,6 +21,7 @@ import (
 	"github.com/kilnhq/kiln/controller/backup"
 	"github.com/kilnhq/kiln/controller/datadir"
 	"github.com/kilnhq/kiln/controller/hostlife"
+	"github.com/kilnhq/kiln/controller/rekey"
 	"github.com/kilnhq/kiln/host/systemd"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/version"
@@ -355,31 +356,31 @@ appears in the output or the logs; keys are named by an id (a hash prefix).`,
 			if err != nil {
 				return err
 			}
-			p, err := controller.ParseRotatePhase(phase)
+			p, err := rekey.ParsePhase(phase)
 			if err != nil {
 				return err
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			out := cmd.OutOrStdout()
-			res, err := controller.RotateSecretKey(ctx, c.config(), controller.RotateRequest{
+			res, err := rekey.Rotate(ctx, c.state(), rekey.Request{
 				Phase:    p,
 				Progress: func(path string) { fmt.Fprintf(out, "re-sealed %s\n", path) },
 			}, log)
 			if err != nil {
 				return err
 			}
-			if res.Resumed && p == controller.RotateAll {
+			if res.Resumed && p == rekey.All {
 				fmt.Fprintln(out, "carried on with the rotation already under way (interrupted, or earlier phases); no other key made")
 			}
 			switch p {
-			case controller.RotatePrepare:
+			case rekey.Prepare:
 				made := "kept the existing"
 				if res.Created {
 					made = "wrote a new"
 				}
 				fmt.Fprintf(out, "%s next key %s; copy it next to every replica's key file that is not this one, then run --phase switch on each\n", made, res.New)
-			case controller.RotateSwitch:
+			case rekey.Switch:
 				fmt.Fprintf(out, "switched to key %s (key %s kept to open what is not re-sealed yet); run kiln-controller rotate-secret-key once every replica is switched\n", res.New, res.Old)
 			default:
 				fmt.Fprintf(out, "rotated the secret key: %d of %d secrets re-sealed under key %s (%d retried after a concurrent write); key %s retired\ntake a new backup: older ones hold the old key\n",
