@@ -22,6 +22,7 @@ import (
 	"github.com/kilnhq/kiln/controller/datadir"
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/controller/rekey"
+	"github.com/kilnhq/kiln/controller/restore"
 	"github.com/kilnhq/kiln/host/systemd"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/version"
@@ -300,7 +301,7 @@ controller's is always refused.`,
 			defer f.Close()
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			info, err := controller.Restore(ctx, c.config(), controller.RestoreRequest{From: f, Identities: ids, Replace: replace}, log)
+			info, err := restore.Run(ctx, c.state(), restore.Request{From: f, Identities: ids, Replace: replace}, log)
 			if err != nil {
 				return err
 			}

@@ -1,4 +1,8 @@
-package controller
+// Package restore makes a data directory (or an external etcd and a secret
+// key file) the controller a backup was taken from (kiln-controller
+// restore; docs/controller.md, "Backup and restore"). The backup's format
+// is controller/backup's.
+package restore
 
 import (
 	"bytes"
@@ -8,7 +12,6 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"path/filepath"
 
 	"filippo.io/age"
 
@@ -20,8 +23,8 @@ import (
 	"github.com/kilnhq/kiln/internal/seal"
 )
 
-// RestoreRequest asks for a backup to be restored.
-type RestoreRequest struct {
+// Request asks for a backup to be restored.
+type Request struct {
 	// From is the backup (as written by kilnctl backup).
 	From io.Reader
 	// Identities open it (the age identities of one of its recipients).
@@ -31,7 +34,7 @@ type RestoreRequest struct {
 	Replace bool
 }
 
-// Restore makes cfg's data directory (or external etcd and secret key
+// Run makes cfg's data directory (or external etcd and secret key
 // file) the controller the backup was taken from: it writes the backup's
 // sealing key as the secret key file, then every resource and sealed
 // secret into the store, and checks that the restored CA key opens. Start
@@ -39,10 +42,10 @@ type RestoreRequest struct {
 // and operators their kilnconfigs (the CA is the same), and nothing is
 // reprovisioned (hosts keep their status).
 //
-// The controller must not be running on cfg's data directory. Restore
+// The controller must not be running on cfg's data directory. Run
 // refuses a secret key file holding another key (a data directory in use
 // by another controller) with FailedPrecondition.
-func Restore(ctx context.Context, cfg Config, req RestoreRequest, log *slog.Logger) (store.BackupInfo, error) {
+func Run(ctx context.Context, cfg datadir.Config, req Request, log *slog.Logger) (store.BackupInfo, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -53,10 +56,7 @@ func Restore(ctx context.Context, cfg Config, req RestoreRequest, log *slog.Logg
 	if err != nil {
 		return store.BackupInfo{}, err
 	}
-	keyFile := cfg.SecretKeyFile
-	if keyFile == "" {
-		keyFile = filepath.Join(cfg.DataDir, "secret.key")
-	}
+	keyFile := cfg.KeyFile()
 	switch have, err := seal.ReadKeyFile(keyFile); {
 	case errors.Is(err, fs.ErrNotExist):
 		if err := seal.WriteKeyFile(keyFile, key); err != nil {
@@ -77,7 +77,7 @@ func Restore(ctx context.Context, cfg Config, req RestoreRequest, log *slog.Logg
 			return store.BackupInfo{}, errdefs.FailedPrecondition("restore: a controller is running on %s: stop it first (restore writes the whole store)", cfg.DataDir)
 		}
 	}
-	client, done, err := datadir.Open(ctx, cfg.dataDir(), log)
+	client, done, err := datadir.Open(ctx, cfg, log)
 	if err != nil {
 		return store.BackupInfo{}, err
 	}
