@@ -43,6 +43,7 @@ import (
 	"github.com/kilnhq/kiln/controller/limits"
 	"github.com/kilnhq/kiln/controller/liveness"
 	"github.com/kilnhq/kiln/controller/metrics"
+	"github.com/kilnhq/kiln/controller/operatorcert"
 	"github.com/kilnhq/kiln/controller/provision"
 	"github.com/kilnhq/kiln/controller/resources"
 	"github.com/kilnhq/kiln/controller/rolloutexec"
@@ -67,12 +68,8 @@ const (
 	// DefaultAgentSilence is how long an agent may miss heartbeats before
 	// its Host is marked AgentReachable=False (three heartbeats).
 	DefaultAgentSilence = 3 * enrollment.DefaultHeartbeatInterval
-	// AdminConfigName is the admin kilnconfig written into DataDir.
-	AdminConfigName = "kilnconfig-admin.yaml"
-	// serverCertTTL and clientCertTTL are the validity of the controller's
-	// own certificate and of operator certificates.
+	// serverCertTTL is the validity of the controller's own certificate.
 	serverCertTTL = 365 * 24 * time.Hour
-	clientCertTTL = 365 * 24 * time.Hour
 )
 
 // Config configures a controller replica.
@@ -423,7 +420,9 @@ func (c *Controller) TrustedCAs() []byte {
 func (c *Controller) Store() *store.Store { c.mu.Lock(); defer c.mu.Unlock(); return c.store }
 
 // AdminConfigPath is the admin kilnconfig file; valid after Ready.
-func (c *Controller) AdminConfigPath() string { return filepath.Join(c.cfg.DataDir, AdminConfigName) }
+func (c *Controller) AdminConfigPath() string {
+	return filepath.Join(c.cfg.DataDir, operatorcert.AdminConfigName)
+}
 
 // Certificate is the controller's own certificate (role controller,
 // identity pki.ControllerName), issued at start and renewed when a third
@@ -1014,81 +1013,12 @@ func clientAddr(addr string) string {
 	return net.JoinHostPort(host, port)
 }
 
-// The admin client bundle: the admin kilnconfig's CA, certificate and key
-// as PEM files in DataDir/admin/, for tools other than kilnctl (grpcurl,
-// curl).
-const (
-	AdminBundleDir = "admin"
-	bundleCA       = "ca.crt"
-	bundleCert     = "admin.crt"
-	bundleKey      = "admin.key"
-)
-
-// writeAdminConfig writes DataDir/kilnconfig-admin.yaml and the admin
-// bundle on first start; later starts keep the certificate and only
-// correct the server address.
+// writeAdminConfig writes the admin kilnconfig and bundle into DataDir
+// (operatorcert.WriteAdmin), one start or CA change at a time.
 func (c *Controller) writeAdminConfig(set *trust.Set, server string) error {
 	c.adminMu.Lock()
 	defer c.adminMu.Unlock()
-	path := c.AdminConfigPath()
-	cfg, err := kilnconfig.Load(path)
-	switch {
-	case err == nil && cfg.CA == string(set.BundlePEM()) && !expiring(cfg.Cert, c.cfg.Clock()) && issuedBy(cfg.Cert, set.Signer):
-		if cfg.Server != server {
-			cfg.Server = server
-			if err := kilnconfig.Write(path, cfg); err != nil {
-				return err
-			}
-		}
-	default:
-		if cfg, err = clientConfig(set, pki.RoleAdmin, "admin", server, c.cfg.Clock()); err != nil {
-			return err
-		}
-		if err := kilnconfig.Write(path, cfg); err != nil {
-			return err
-		}
-		c.log.Info("admin kilnconfig written", "path", path)
-	}
-	dir := filepath.Join(c.cfg.DataDir, AdminBundleDir)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("admin bundle: %w", err)
-	}
-	for name, content := range map[string]string{bundleCA: cfg.CA, bundleCert: cfg.Cert, bundleKey: cfg.Key} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
-			return fmt.Errorf("admin bundle: %w", err)
-		}
-	}
-	return nil
-}
-
-// adminRenewal is how long before expiry a start replaces the admin
-// certificate.
-const adminRenewal = 30 * 24 * time.Hour
-
-// expiring reports whether the PEM certificate expires within
-// adminRenewal of now (or does not parse).
-func expiring(certPEM string, now time.Time) bool {
-	cert, err := pki.ParseCertificatePEM([]byte(certPEM))
-	return err != nil || now.Add(adminRenewal).After(cert.NotAfter)
-}
-
-// issuedBy reports whether the PEM certificate was issued by ca.
-func issuedBy(certPEM string, ca *pki.CA) bool {
-	cert, err := pki.ParseCertificatePEM([]byte(certPEM))
-	return err == nil && pki.IssuerKeyID(cert) == ca.KeyID()
-}
-
-// clientConfig issues a client certificate with role for name from the
-// signing CA of set; the kilnconfig trusts every CA of set.
-func clientConfig(set *trust.Set, role pki.Role, name, server string, now time.Time) (*kilnconfig.Config, error) {
-	if role == pki.RoleAgent || role == pki.RoleController {
-		return nil, errdefs.InvalidArgument("role %q is not an operator role: want reader, operator or admin", role)
-	}
-	certPEM, keyPEM, err := set.Signer.Issue(role, name, nil, clientCertTTL, now)
-	if err != nil {
-		return nil, err
-	}
-	return &kilnconfig.Config{Server: server, CA: string(set.BundlePEM()), Cert: string(certPEM), Key: string(keyPEM)}, nil
+	return operatorcert.WriteAdmin(c.cfg.DataDir, set, server, c.cfg.Clock(), c.log)
 }
 
 // WriteClientConfig issues a certificate with role (reader, operator or
@@ -1102,7 +1032,7 @@ func (c *Controller) WriteClientConfig(role, name, path string) error {
 	c.mu.Lock()
 	set := c.cas.Set()
 	c.mu.Unlock()
-	cfg, err := clientConfig(set, r, name, clientAddr(c.Addr()), c.cfg.Clock())
+	cfg, err := operatorcert.Issue(set, r, name, clientAddr(c.Addr()), c.cfg.Clock())
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/kilnhq/kiln/controller/backup"
 	"github.com/kilnhq/kiln/controller/datadir"
 	"github.com/kilnhq/kiln/controller/hostlife"
+	"github.com/kilnhq/kiln/controller/operatorcert"
 	"github.com/kilnhq/kiln/controller/rekey"
 	"github.com/kilnhq/kiln/controller/restore"
 	"github.com/kilnhq/kiln/host/systemd"
@@ -245,7 +246,7 @@ func operatorCertCmd() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			if err := controller.WriteOperatorConfig(ctx, c.config(), controller.OperatorCertRequest{
+			if err := operatorcert.Write(ctx, c.state(), operatorcert.Request{
 				Role: role, Name: name, Server: srv, Out: out,
 			}, log); err != nil {
 				return err
