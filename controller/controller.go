@@ -48,6 +48,7 @@ import (
 	"github.com/kilnhq/kiln/controller/resources"
 	"github.com/kilnhq/kiln/controller/rolloutexec"
 	"github.com/kilnhq/kiln/controller/shard"
+	"github.com/kilnhq/kiln/controller/shardlife"
 	"github.com/kilnhq/kiln/controller/sim"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/controller/sweep"
@@ -249,7 +250,7 @@ type Controller struct {
 	// made it; simFleet the process's simulated fleet in sharded
 	// --simulate mode (shared by the shards and the leader).
 	shards   *shard.Manager
-	simFleet *simFleet
+	simFleet *shardlife.SimFleet
 }
 
 // New checks cfg and returns a controller ready to Run. It returns
@@ -806,7 +807,7 @@ func (c *Controller) hostDeps(lctx context.Context, st *store.Store, rec *events
 	var pool *provision.AgentPool
 	if c.simFleet != nil {
 		// Sharded: one simulated fleet for the process, made by Run.
-		deps.BMCs, deps.Agents = c.simFleet.fleet.BMCDialer(), c.simFleet.kubeadm.AgentDialer()
+		deps.BMCs, deps.Agents = c.simFleet.Fleet.BMCDialer(), c.simFleet.Kubeadm.AgentDialer()
 		cfg.Workers = max(64, c.cfg.Simulate)
 	} else if c.cfg.Simulate > 0 {
 		// A rack's timings scaled down 20 times, for demos.
