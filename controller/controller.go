@@ -69,8 +69,6 @@ const (
 	// DefaultAgentSilence is how long an agent may miss heartbeats before
 	// its Host is marked AgentReachable=False (three heartbeats).
 	DefaultAgentSilence = 3 * enrollment.DefaultHeartbeatInterval
-	// serverCertTTL is the validity of the controller's own certificate.
-	serverCertTTL = 365 * 24 * time.Hour
 )
 
 // Config configures a controller replica.
@@ -235,7 +233,7 @@ type Controller struct {
 	elector       *election.Elector
 	enroll        *enrollment.Service
 	sealer        *seal.Sealer
-	own           *ownCert
+	own           *trust.OwnCert
 	// adminMu serialises writes of the admin kilnconfig.
 	adminMu sync.Mutex
 
@@ -437,7 +435,7 @@ func (c *Controller) Certificate() tls.Certificate {
 	if own == nil {
 		return tls.Certificate{}
 	}
-	cert, err := own.get()
+	cert, err := own.Get()
 	if err != nil {
 		c.log.Error("controller certificate", "err", err)
 	}
@@ -925,51 +923,10 @@ func (cfg Config) dataDir() datadir.Config {
 		EtcdCAFile: cfg.EtcdCAFile, EtcdCertFile: cfg.EtcdCertFile, EtcdKeyFile: cfg.EtcdKeyFile}
 }
 
-// ownCert holds the controller's own certificate and re-issues it when a
-// third of its lifetime is left, so a long-running controller never serves
-// an expired one.
-type ownCert struct {
-	ca    *trust.Rotating
-	names []string
-	clock func() time.Time
-	log   *slog.Logger
-
-	mu   sync.Mutex
-	cert tls.Certificate
-}
-
-// get returns the current certificate, renewing it first when due.
-func (o *ownCert) get() (tls.Certificate, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	now := o.clock()
-	// Issued by the serving CA: the old one during a CA rotation, which
-	// every client still trusts, the new one once the old is retired.
-	serving := o.ca.Set().Serving()
-	if o.cert.Leaf != nil && now.Before(o.cert.Leaf.NotAfter.Add(-serverCertTTL/3)) && pki.IssuerKeyID(o.cert.Leaf) == serving.KeyID() {
-		return o.cert, nil
-	}
-	certPEM, keyPEM, err := serving.Issue(pki.RoleController, pki.ControllerName, o.names, serverCertTTL, now)
-	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("controller certificate: %w", err)
-	}
-	// Serve the CA in the chain: an enrolling agent has no roots yet and
-	// finds the CA it pinned by hash there (pki.VerifyPinned).
-	pair, err := tls.X509KeyPair(append(certPEM, serving.CertPEM()...), keyPEM)
-	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("controller certificate: %w", err)
-	}
-	if o.cert.Leaf != nil {
-		o.log.Info("controller certificate renewed", "not_after", pair.Leaf.NotAfter, "issuer", serving.KeyID())
-	}
-	o.cert = pair
-	return pair, nil
-}
-
-// serverTLS issues the controller's certificate for this start and
-// returns the server TLS configuration: TLS 1.3, client certificates
-// verified against the CA when presented (Enrollment is called without).
-func (c *Controller) serverTLS(ca *trust.Rotating, addr string) (*tls.Config, *ownCert, error) {
+// serverTLS issues the controller's certificate for this start
+// (trust.OwnCert, for the names this replica is reached by) and returns
+// the server TLS configuration.
+func (c *Controller) serverTLS(ca *trust.Rotating, addr string) (*tls.Config, *trust.OwnCert, error) {
 	names := []string{"localhost", "127.0.0.1", "::1"}
 	if h, err := os.Hostname(); err == nil && h != "" {
 		names = append(names, h)
@@ -980,26 +937,11 @@ func (c *Controller) serverTLS(ca *trust.Rotating, addr string) (*tls.Config, *o
 		}
 	}
 	names = append(names, c.cfg.ServerNames...)
-	own := &ownCert{ca: ca, names: dedupe(names), clock: c.cfg.Clock, log: c.log}
-	if _, err := own.get(); err != nil {
+	own := trust.NewOwnCert(ca, dedupe(names), c.cfg.Clock, c.log)
+	if _, err := own.Get(); err != nil {
 		return nil, nil, err
 	}
-	cfg := func() *tls.Config {
-		return &tls.Config{
-			MinVersion: tls.VersionTLS13,
-			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-				cert, err := own.get()
-				return &cert, err
-			},
-			ClientAuth: tls.VerifyClientCertIfGiven,
-			ClientCAs:  ca.Pool(),
-		}
-	}
-	tc := cfg()
-	// Each connection trusts the CAs of the moment (a rotation changes
-	// them).
-	tc.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) { return cfg(), nil }
-	return tc, own, nil
+	return own.ServerTLS(), own, nil
 }
 
 // clientAddr turns a listen address into one a local client can dial.
