@@ -196,7 +196,7 @@ type Config struct {
 	// audit.DefaultMaxEntries; < 0: no count limit).
 	AuditMaxEntries int64
 	// AuditPruneInterval is how often each replica prunes the audit log
-	// (DefaultAuditPruneInterval).
+	// (audit.DefaultPruneInterval).
 	AuditPruneInterval time.Duration
 	// Limits are the API's per-caller rate limits and stream bounds (zero
 	// fields: the limits package's defaults).
@@ -214,9 +214,6 @@ type Config struct {
 	// picks a free port; MetricsAddr reports it.
 	MetricsListenAddr string
 }
-
-// DefaultAuditPruneInterval is how often the audit log is pruned.
-const DefaultAuditPruneInterval = time.Hour
 
 // Controller is one controller replica.
 type Controller struct {
@@ -319,7 +316,7 @@ func New(cfg Config, log *slog.Logger) (*Controller, error) {
 		cfg.BootRate = limits.DefaultBoot
 	}
 	if cfg.AuditPruneInterval <= 0 {
-		cfg.AuditPruneInterval = DefaultAuditPruneInterval
+		cfg.AuditPruneInterval = audit.DefaultPruneInterval
 	}
 	if err := authz.New(nil).GrantAuditRead(cfg.AuditReaders...); err != nil {
 		return nil, fmt.Errorf("controller: %w", err)
@@ -599,7 +596,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		c.pruneAudit(ctx, st)
+		audit.Prune(ctx, st, audit.Retention{MaxAge: c.cfg.AuditMaxAge, MaxEntries: c.cfg.AuditMaxEntries, Interval: c.cfg.AuditPruneInterval}, c.cfg.Clock, c.log)
 	}()
 	wg.Add(1)
 	go func() {
@@ -992,30 +989,4 @@ func dedupe(in []string) []string {
 		}
 	}
 	return out
-}
-
-// pruneAudit applies the audit log's retention now and every
-// AuditPruneInterval until ctx ends. Every replica prunes (deleting an
-// old range twice is harmless), so retention holds without a leader.
-func (c *Controller) pruneAudit(ctx context.Context, st *store.Store) {
-	t := time.NewTicker(c.cfg.AuditPruneInterval)
-	defer t.Stop()
-	for {
-		var before time.Time
-		if c.cfg.AuditMaxAge > 0 {
-			before = c.cfg.Clock().Add(-c.cfg.AuditMaxAge)
-		}
-		n, err := st.PruneAudit(ctx, before, c.cfg.AuditMaxEntries)
-		switch {
-		case err != nil && ctx.Err() == nil:
-			c.log.Warn("audit log not pruned", "err", err)
-		case n > 0:
-			c.log.Info("audit log pruned", "deleted", n, "max_age", c.cfg.AuditMaxAge, "max_entries", c.cfg.AuditMaxEntries)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
 }
