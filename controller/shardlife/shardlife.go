@@ -73,7 +73,7 @@ func runShard(ctx context.Context, s, shards int, fence store.Fence, st *store.S
 		}
 		rctx, stop := st.UntilPaused(ctx)
 		if fleet != nil {
-			fleet.adopt(rctx, st, owns)
+			fleet.adopt(rctx, st, owns, log)
 		}
 		deps, cfg, closeDeps := hostDeps(rctx, fenced)
 		cfg.Owns = owns
@@ -98,15 +98,33 @@ func runShard(ctx context.Context, s, shards int, fence store.Fence, st *store.S
 // idempotent. A lay cut short by the move is not finished: the new
 // holder's agent re-attaches by the operation id and, not knowing it, the
 // step lays again once (one lay completes, so one is counted).
-func (f *SimFleet) adopt(ctx context.Context, st *store.Store, owns func(string) bool) {
-	items, err := store.ListAll(ctx, st, provision.HostsKind, func() proto.Message { return &typesv1.Host{} })
-	if err != nil {
-		return
+func (f *SimFleet) adopt(ctx context.Context, st *store.Store, owns func(string) bool, log *slog.Logger) {
+	// Until the listing succeeds: a shard whose hosts were not adopted
+	// would run their lifecycle against machines that are not there (their
+	// agents refuse, the steps time out, and hosts past the lay are laid
+	// again). The 3,000-host kill test, on a loaded 3-member etcd, saw it.
+	var items []store.Item
+	for {
+		var err error
+		if items, err = store.ListAll(ctx, st, provision.HostsKind, func() proto.Message { return &typesv1.Host{} }); err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn("simulation: list the hosts to adopt, retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
 	}
+	adopted := 0
 	for _, it := range items {
 		if !owns(it.Name) {
 			continue
 		}
+		adopted++
 		h := it.Msg.(*typesv1.Host)
 		dev := "cdrom"
 		if h.GetSpec().GetBmc().GetProtocol() == "ipmi" {
@@ -124,6 +142,7 @@ func (f *SimFleet) adopt(ctx context.Context, st *store.Store, owns func(string)
 			f.Fleet.Host(it.Name).RunBootAgent(dev, true, true)
 		}
 	}
+	log.Info("simulation: machines of the shard's hosts adopted", "hosts", adopted)
 }
 
 // drop removes the owned hosts' simulated machines: the replica that takes
