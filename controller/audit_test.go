@@ -8,8 +8,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
+	"github.com/kilnhq/kiln/controller/datadir"
+	"github.com/kilnhq/kiln/controller/operatorcert"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
@@ -48,7 +49,7 @@ func TestAuditVerbs(t *testing.T) {
 	_, err = enroll(ctx, t, env, tok.GetToken(), "edge-01")
 	require.NoError(t, err, "enroll edge-01")
 
-	require.NoError(t, controller.WriteOperatorConfig(ctx, controller.Config{DataDir: env.DataDir}, controller.OperatorCertRequest{
+	require.NoError(t, operatorcert.Write(ctx, datadir.Config{DataDir: env.DataDir}, operatorcert.Request{
 		Role: "operator", Name: "oscar", Out: filepath.Join(t.TempDir(), "oscar.yaml"),
 	}, nil))
 

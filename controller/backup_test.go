@@ -16,6 +16,8 @@ import (
 
 	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
+	"github.com/kilnhq/kiln/controller/datadir"
+	"github.com/kilnhq/kiln/controller/restore"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/seal"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
@@ -97,8 +99,8 @@ func TestBackupRestoreRehearsal(t *testing.T) {
 	envA.Stop()
 	caHashA := envA.CAHash
 
-	restore := func(dir string, ids []age.Identity, data []byte, replace bool) error {
-		_, err := controller.Restore(ctx, controller.Config{DataDir: dir}, controller.RestoreRequest{From: bytes.NewReader(data), Identities: ids, Replace: replace}, nil)
+	restoreTo := func(dir string, ids []age.Identity, data []byte, replace bool) error {
+		_, err := restore.Run(ctx, datadir.Config{DataDir: dir}, restore.Request{From: bytes.NewReader(data), Identities: ids, Replace: replace}, nil)
 		return err
 	}
 	dirB := filepath.Join(t.TempDir(), "controller-b")
@@ -106,29 +108,29 @@ func TestBackupRestoreRehearsal(t *testing.T) {
 	// Another identity does not open it, and nothing is written.
 	other, err := age.GenerateX25519Identity()
 	require.NoError(t, err)
-	err = restore(dirB, []age.Identity{other}, file, false)
+	err = restoreTo(dirB, []age.Identity{other}, file, false)
 	require.True(t, errdefs.IsPermissionDenied(err), "restore with another identity: %v", err)
 	_, statErr := os.Stat(filepath.Join(dirB, "secret.key"))
 	require.True(t, os.IsNotExist(statErr), "a refused restore wrote a key file: %v", statErr)
 	// A damaged file is refused.
 	damaged := bytes.Clone(file)
 	damaged[len(damaged)-40] ^= 0xff
-	err = restore(dirB, []age.Identity{id}, damaged, false)
+	err = restoreTo(dirB, []age.Identity{id}, damaged, false)
 	require.Error(t, err, "a damaged backup restored")
 	t.Logf("damaged: %v", err)
 	// A data directory holding another controller's key is refused.
 	dirC := filepath.Join(t.TempDir(), "controller-c")
 	require.NoError(t, seal.WriteKeyFile(filepath.Join(dirC, "secret.key"), bytes.Repeat([]byte{7}, seal.KeySize)))
-	err = restore(dirC, []age.Identity{id}, file, false)
+	err = restoreTo(dirC, []age.Identity{id}, file, false)
 	require.True(t, errdefs.IsFailedPrecondition(err), "restore over another key: %v", err)
 	t.Logf("other key: %v", err)
 
 	ids, err := readIdentityFile(idFile)
 	require.NoError(t, err)
 	start := time.Now()
-	require.NoError(t, restore(dirB, ids, file, false))
+	require.NoError(t, restoreTo(dirB, ids, file, false))
 	// Twice is refused: the store is not empty.
-	err = restore(dirB, ids, file, false)
+	err = restoreTo(dirB, ids, file, false)
 	require.True(t, errdefs.IsFailedPrecondition(err), "second restore: %v", err)
 
 	envB := controllertest.Start(t, controllertest.WithConfig(func(c *controller.Config) { c.DataDir = dirB }))
@@ -150,7 +152,7 @@ func TestBackupRestoreRehearsal(t *testing.T) {
 	require.NoError(t, err, "the agent's certificate is refused by the restored controller")
 
 	// A restore under the running controller is refused.
-	err = restore(dirB, ids, file, true)
+	err = restoreTo(dirB, ids, file, true)
 	require.True(t, errdefs.IsFailedPrecondition(err), "restore under a running controller: %v", err)
 	t.Logf("running: %v", err)
 }

@@ -31,7 +31,9 @@ import (
 	"github.com/kilnhq/kiln/controller/audit"
 	"github.com/kilnhq/kiln/controller/authz"
 	"github.com/kilnhq/kiln/controller/bootserver"
+	"github.com/kilnhq/kiln/controller/bootservice"
 	"github.com/kilnhq/kiln/controller/clusterexec"
+	"github.com/kilnhq/kiln/controller/datadir"
 	"github.com/kilnhq/kiln/controller/drain"
 	"github.com/kilnhq/kiln/controller/election"
 	"github.com/kilnhq/kiln/controller/enrollment"
@@ -41,13 +43,17 @@ import (
 	"github.com/kilnhq/kiln/controller/limits"
 	"github.com/kilnhq/kiln/controller/liveness"
 	"github.com/kilnhq/kiln/controller/metrics"
+	"github.com/kilnhq/kiln/controller/operatorcert"
 	"github.com/kilnhq/kiln/controller/provision"
 	"github.com/kilnhq/kiln/controller/resources"
 	"github.com/kilnhq/kiln/controller/rolloutexec"
 	"github.com/kilnhq/kiln/controller/shard"
+	"github.com/kilnhq/kiln/controller/shardlife"
 	"github.com/kilnhq/kiln/controller/sim"
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/controller/sweep"
 	"github.com/kilnhq/kiln/controller/topologyexec"
+	"github.com/kilnhq/kiln/controller/trust"
 	"github.com/kilnhq/kiln/internal/backoff"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/kilnconfig"
@@ -63,12 +69,6 @@ const (
 	// DefaultAgentSilence is how long an agent may miss heartbeats before
 	// its Host is marked AgentReachable=False (three heartbeats).
 	DefaultAgentSilence = 3 * enrollment.DefaultHeartbeatInterval
-	// AdminConfigName is the admin kilnconfig written into DataDir.
-	AdminConfigName = "kilnconfig-admin.yaml"
-	// serverCertTTL and clientCertTTL are the validity of the controller's
-	// own certificate and of operator certificates.
-	serverCertTTL = 365 * 24 * time.Hour
-	clientCertTTL = 365 * 24 * time.Hour
 )
 
 // Config configures a controller replica.
@@ -171,7 +171,7 @@ type Config struct {
 	Shards int
 	// BootListenAddr, when set, serves the boot server (controller/bootserver:
 	// boot media, golden images, per-host iPXE scripts and ISOs) over plain
-	// HTTP on this address; see bootserve.go. Port 0 picks a free port;
+	// HTTP on this address (controller/bootservice). Port 0 picks a free port;
 	// BootAddr reports it. BootURL defaults to http://<this address> when it
 	// names a host.
 	BootListenAddr string
@@ -181,10 +181,10 @@ type Config struct {
 	// ImageDir holds the golden images served under /images/; "" serves none.
 	ImageDir string
 	// BootTokenTTL is the validity of the one-time enrollment token minted
-	// for each boot request (DefaultBootTokenTTL).
+	// for each boot request (bootservice.DefaultTokenTTL).
 	BootTokenTTL time.Duration
 	// BootTokenLimit is how many boot tokens one host may get per
-	// BootTokenTTL (0: DefaultBootTokenLimit; < 0: no limit).
+	// BootTokenTTL (0: bootservice.DefaultTokenLimit; < 0: no limit).
 	BootTokenLimit int
 	// AuditReaders may read the audit log besides admins: roles
 	// ("operator") or roles and certificate names ("reader:alice"); see
@@ -197,7 +197,7 @@ type Config struct {
 	// audit.DefaultMaxEntries; < 0: no count limit).
 	AuditMaxEntries int64
 	// AuditPruneInterval is how often each replica prunes the audit log
-	// (DefaultAuditPruneInterval).
+	// (audit.DefaultPruneInterval).
 	AuditPruneInterval time.Duration
 	// Limits are the API's per-caller rate limits and stream bounds (zero
 	// fields: the limits package's defaults).
@@ -216,9 +216,6 @@ type Config struct {
 	MetricsListenAddr string
 }
 
-// DefaultAuditPruneInterval is how often the audit log is pruned.
-const DefaultAuditPruneInterval = time.Hour
-
 // Controller is one controller replica.
 type Controller struct {
 	cfg Config
@@ -227,14 +224,14 @@ type Controller struct {
 	ready chan struct{}
 	mu    sync.Mutex
 	addr  string
-	cas   *rotatingCA
+	cas   *trust.Rotating
 	store *store.Store
 	// etcdTLSConfig is the external etcd's client TLS, if any.
 	etcdTLSConfig *tls.Config
 	elector       *election.Elector
 	enroll        *enrollment.Service
 	sealer        *seal.Sealer
-	own           *ownCert
+	own           *trust.OwnCert
 	// adminMu serialises writes of the admin kilnconfig.
 	adminMu sync.Mutex
 
@@ -249,7 +246,7 @@ type Controller struct {
 	// made it; simFleet the process's simulated fleet in sharded
 	// --simulate mode (shared by the shards and the leader).
 	shards   *shard.Manager
-	simFleet *simFleet
+	simFleet *shardlife.SimFleet
 }
 
 // New checks cfg and returns a controller ready to Run. It returns
@@ -263,7 +260,7 @@ func New(cfg Config, log *slog.Logger) (*Controller, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if cfg.ControllerURL != "" {
-		if _, err := agentControllerAddr(cfg.ControllerURL, "127.0.0.1:7443"); err != nil {
+		if _, err := bootservice.AgentControllerAddr(cfg.ControllerURL, "127.0.0.1:7443"); err != nil {
 			return nil, err
 		}
 	}
@@ -310,7 +307,7 @@ func New(cfg Config, log *slog.Logger) (*Controller, error) {
 		cfg.StepTimeouts = timeouts
 	}
 	if cfg.BootTokenTTL <= 0 {
-		cfg.BootTokenTTL = DefaultBootTokenTTL
+		cfg.BootTokenTTL = bootservice.DefaultTokenTTL
 	}
 	if cfg.AuditMaxAge == 0 {
 		cfg.AuditMaxAge = audit.DefaultMaxAge
@@ -325,13 +322,13 @@ func New(cfg Config, log *slog.Logger) (*Controller, error) {
 		cfg.BootRate = limits.DefaultBoot
 	}
 	if cfg.AuditPruneInterval <= 0 {
-		cfg.AuditPruneInterval = DefaultAuditPruneInterval
+		cfg.AuditPruneInterval = audit.DefaultPruneInterval
 	}
 	if err := authz.New(nil).GrantAuditRead(cfg.AuditReaders...); err != nil {
 		return nil, fmt.Errorf("controller: %w", err)
 	}
 	if cfg.BootTokenLimit == 0 {
-		cfg.BootTokenLimit = DefaultBootTokenLimit
+		cfg.BootTokenLimit = bootservice.DefaultTokenLimit
 	}
 	if cfg.BootListenAddr != "" {
 		if _, _, err := net.SplitHostPort(cfg.BootListenAddr); err != nil {
@@ -354,7 +351,7 @@ func New(cfg Config, log *slog.Logger) (*Controller, error) {
 	if cfg.APIOnly && (cfg.Lifecycle || cfg.Simulate > 0) {
 		return nil, errdefs.InvalidArgument("controller: an API-only replica runs no lifecycle: drop --api-only, or --lifecycle and --simulate")
 	}
-	if err := checkEtcdTLS(cfg); err != nil {
+	if err := cfg.dataDir().Check(); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
@@ -409,7 +406,7 @@ func (c *Controller) CA() *pki.CA {
 	if c.cas == nil {
 		return nil
 	}
-	return c.cas.set().signer
+	return c.cas.Set().Signer
 }
 
 // TrustedCAs is the PEM of every CA the controller accepts certificates
@@ -425,7 +422,9 @@ func (c *Controller) TrustedCAs() []byte {
 func (c *Controller) Store() *store.Store { c.mu.Lock(); defer c.mu.Unlock(); return c.store }
 
 // AdminConfigPath is the admin kilnconfig file; valid after Ready.
-func (c *Controller) AdminConfigPath() string { return filepath.Join(c.cfg.DataDir, AdminConfigName) }
+func (c *Controller) AdminConfigPath() string {
+	return filepath.Join(c.cfg.DataDir, operatorcert.AdminConfigName)
+}
 
 // Certificate is the controller's own certificate (role controller,
 // identity pki.ControllerName), issued at start and renewed when a third
@@ -439,7 +438,7 @@ func (c *Controller) Certificate() tls.Certificate {
 	if own == nil {
 		return tls.Certificate{}
 	}
-	cert, err := own.get()
+	cert, err := own.Get()
 	if err != nil {
 		c.log.Error("controller certificate", "err", err)
 	}
@@ -500,12 +499,12 @@ func (c *Controller) Run(ctx context.Context) error {
 	if _, err := c.waitForCA(ctx, st); err != nil {
 		return fmt.Errorf("controller: %w", err)
 	}
-	set, err := loadCASet(ctx, st)
+	set, err := trust.LoadSet(ctx, st)
 	if err != nil {
 		return fmt.Errorf("controller: %w", err)
 	}
-	ca := newRotatingCA(set)
-	c.log.Info("controller CA ready", "ca_hash", ca.Hash(), "rotation", set.phase())
+	ca := trust.NewRotating(set)
+	c.log.Info("controller CA ready", "ca_hash", ca.Hash(), "rotation", set.Phase())
 
 	lis, err := net.Listen("tcp", c.cfg.ListenAddr)
 	if err != nil {
@@ -598,7 +597,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer boot.stop()
+	defer boot.Stop()
 	elector := election.New(client, election.DefaultPrefix, c.cfg.ID, int(c.cfg.ElectionTTL/time.Second), c.log)
 
 	c.mu.Lock()
@@ -617,7 +616,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		c.pruneAudit(ctx, st)
+		audit.Prune(ctx, st, audit.Retention{MaxAge: c.cfg.AuditMaxAge, MaxEntries: c.cfg.AuditMaxEntries, Interval: c.cfg.AuditPruneInterval}, c.cfg.Clock, c.log)
 	}()
 	wg.Add(1)
 	go func() {
@@ -635,7 +634,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		// A CA rotation run from anywhere reaches every replica: new
 		// connections use the new set at once (serverTLS, the agent pool,
 		// enrollment); the admin kilnconfig is renewed onto it.
-		ca.follow(ctx, st, c.log, func(set *caSet) {
+		ca.Follow(ctx, st, c.log, func(set *trust.Set) {
 			if err := c.writeAdminConfig(set, clientAddr(addr)); err != nil {
 				c.log.Error("admin kilnconfig not renewed after a CA change", "err", err)
 			}
@@ -652,7 +651,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		c.log.Info("api-only: serving the API; no lifecycle, no reconcilers")
 		go func() {
 			defer wg.Done()
-			c.watchForLeader(ctx, elector, st, rec)
+			c.sweeper().WatchForLeader(ctx, elector, st, rec)
 		}()
 	} else {
 		go func() {
@@ -679,7 +678,7 @@ func (c *Controller) Run(ctx context.Context) error {
 					stopLife := c.runLifecycle(rctx, fenced, rec, ca, enr, addr)
 					stopGit := c.runGitSources(rctx, fenced, rec, addr)
 					stopTopology := c.runTopology(rctx, fenced, rec)
-					c.reconcile(rctx, fenced, rec)
+					c.sweeper().Leader(rctx, fenced, rec)
 					stopTopology()
 					stopGit()
 					stopLife()
@@ -710,6 +709,41 @@ func (c *Controller) Run(ctx context.Context) error {
 	return err
 }
 
+// runsLifecycle reports whether this replica runs the host lifecycle
+// when it leads.
+func (c *Controller) runsLifecycle() bool { return c.cfg.Lifecycle || c.cfg.Simulate > 0 }
+
+// sweeper runs this replica's sweeps (controller/sweep): the leader's, or
+// an API-only replica's watch for a leader.
+func (c *Controller) sweeper() *sweep.Sweeper {
+	return sweep.New(sweep.Config{ID: c.cfg.ID, Interval: c.cfg.ReconcileInterval, ElectionTTL: c.cfg.ElectionTTL,
+		Lifecycle: c.runsLifecycle(), Clock: c.cfg.Clock}, c.log)
+}
+
+// startBoot serves the boot server (controller/bootservice) on
+// Config.BootListenAddr when it is set (nil, nil otherwise) until the
+// returned service stops; apiAddr is the API's listen address. It sets
+// Config.BootURL from the listen address when that was left empty and the
+// address names a host.
+func (c *Controller) startBoot(ctx context.Context, st *store.Store, enr *enrollment.Service, ca *trust.Rotating, apiAddr string) (*bootservice.Service, error) {
+	if c.cfg.BootListenAddr == "" {
+		return nil, nil
+	}
+	b, err := bootservice.Start(ctx, bootservice.Config{
+		ListenAddr: c.cfg.BootListenAddr, MediaDir: c.cfg.BootMediaDir, ImageDir: c.cfg.ImageDir,
+		PublicURL: c.cfg.BootURL, ControllerURL: c.cfg.ControllerURL, APIAddr: clientAddr(apiAddr),
+		TokenTTL: c.cfg.BootTokenTTL, TokenLimit: c.cfg.BootTokenLimit, Rate: c.cfg.BootRate, Clock: c.cfg.Clock,
+	}, bootservice.Deps{Store: st, Tokens: enr, CAHash: ca.Hash, Handler: c.metrics.BootHandler, Log: c.log})
+	if err != nil {
+		return nil, err
+	}
+	c.cfg.BootURL = b.PublicURL()
+	c.mu.Lock()
+	c.bootAddr = b.Addr()
+	c.mu.Unlock()
+	return b, nil
+}
+
 // runGitSources starts the GitSource executor (controller/gitsource) and
 // returns a function that waits for it to end (after lctx ends). Its
 // writes go through a resources service on the term's fenced store, so a
@@ -725,7 +759,7 @@ func (c *Controller) runGitSources(lctx context.Context, st *store.Store, rec *e
 
 // runLifecycle starts the host lifecycle executor when configured and
 // returns a function that waits for it to end (after lctx ends).
-func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *events.Recorder, ca *rotatingCA, enr *enrollment.Service, addr string) func() {
+func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *events.Recorder, ca *trust.Rotating, enr *enrollment.Service, addr string) func() {
 	if !c.runsLifecycle() {
 		return func() {}
 	}
@@ -777,7 +811,7 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 // configuration on st (fenced by the caller): simulated BMCs and agents
 // with --simulate, real ones otherwise. The returned function releases
 // them once the executors using them ended.
-func (c *Controller) hostDeps(lctx context.Context, st *store.Store, rec *events.Recorder, ca *rotatingCA, enr *enrollment.Service, addr string) (provision.Deps, provision.Config, func()) {
+func (c *Controller) hostDeps(lctx context.Context, st *store.Store, rec *events.Recorder, ca *trust.Rotating, enr *enrollment.Service, addr string) (provision.Deps, provision.Config, func()) {
 	cfg := provision.Config{
 		Clock:  c.cfg.Clock,
 		ISOURL: func(h string) string { return bootserver.ISOURL(c.cfg.BootURL, h) },
@@ -790,7 +824,7 @@ func (c *Controller) hostDeps(lctx context.Context, st *store.Store, rec *events
 	var pool *provision.AgentPool
 	if c.simFleet != nil {
 		// Sharded: one simulated fleet for the process, made by Run.
-		deps.BMCs, deps.Agents = c.simFleet.fleet.BMCDialer(), c.simFleet.kubeadm.AgentDialer()
+		deps.BMCs, deps.Agents = c.simFleet.Fleet.BMCDialer(), c.simFleet.Kubeadm.AgentDialer()
 		cfg.Workers = max(64, c.cfg.Simulate)
 	} else if c.cfg.Simulate > 0 {
 		// A rack's timings scaled down 20 times, for demos.
@@ -813,7 +847,7 @@ func (c *Controller) hostDeps(lctx context.Context, st *store.Store, rec *events
 		}
 		deps.BMCs = provision.ManagerDialer(bmc.NewManager(bmc.ManagerOptions{Defaults: bmcOpts}), st)
 		deps.Agents = pool.Dial
-		url, err := installedControllerURL(c.cfg.ControllerURL, addr)
+		url, err := bootservice.InstalledControllerURL(c.cfg.ControllerURL, clientAddr(addr))
 		if err != nil {
 			// New refused such a URL already.
 			c.log.Error("controller URL for installed agents", "error", err)
@@ -848,7 +882,7 @@ func (c *Controller) waitForCA(ctx context.Context, st *store.Store) (*pki.CA, e
 	rnd := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	for attempt := 0; ; attempt++ {
 		octx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		ca, err := loadOrCreateCA(octx, st, c.sealer, c.cfg.Clock())
+		ca, err := trust.LoadOrCreate(octx, st, c.sealer, c.cfg.Clock())
 		cancel()
 		if err == nil || ctx.Err() != nil || !(errdefs.IsUnavailable(err) || errors.Is(err, context.DeadlineExceeded)) {
 			return ca, err
@@ -869,34 +903,30 @@ func (c *Controller) waitForCA(ctx context.Context, st *store.Store) (*pki.CA, e
 	}
 }
 
-// etcdURLFile records the client URL of the embedded etcd while the
-// controller runs, for `kiln-controller operator-cert`.
-const etcdURLFile = "etcd.url"
-
 // openEtcd connects to the external etcd or starts the embedded one.
 func (c *Controller) openEtcd(ctx context.Context) (*clientv3.Client, func(), error) {
 	if len(c.cfg.EtcdEndpoints) > 0 {
-		cl, tlsCfg, err := dialExternalEtcd(c.cfg, c.etcdDialOptions()...)
+		cl, tlsCfg, err := datadir.DialExternal(c.cfg.dataDir(), c.etcdDialOptions()...)
 		if err != nil {
 			return nil, nil, err
 		}
 		c.etcdTLSConfig = tlsCfg
-		c.log.Info("using external etcd", "endpoints", strings.Join(c.cfg.EtcdEndpoints, ","), "tls", c.cfg.etcdTLS())
+		c.log.Info("using external etcd", "endpoints", strings.Join(c.cfg.EtcdEndpoints, ","), "tls", c.cfg.dataDir().TLS())
 		return cl, func() { cl.Close() }, nil
 	}
 	emb, err := store.StartEmbedded(ctx, store.EmbeddedConfig{
-		DataDir: filepath.Join(c.cfg.DataDir, "etcd"),
+		DataDir: c.cfg.dataDir().EtcdDir(),
 		Logger:  c.log,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("controller: %w", err)
 	}
-	urlFile := filepath.Join(c.cfg.DataDir, etcdURLFile)
+	urlFile := filepath.Join(c.cfg.DataDir, datadir.URLFile)
 	if err := os.WriteFile(urlFile, []byte(strings.Join(emb.Endpoints(), ",")), 0o600); err != nil {
 		emb.Close()
 		return nil, nil, fmt.Errorf("controller: %w", err)
 	}
-	cl, err := dialEtcd(emb.Endpoints(), nil, c.etcdDialOptions()...)
+	cl, err := datadir.Dial(emb.Endpoints(), nil, c.etcdDialOptions()...)
 	if err != nil {
 		emb.Close()
 		return nil, nil, err
@@ -908,122 +938,16 @@ func (c *Controller) openEtcd(ctx context.Context) (*clientv3.Client, func(), er
 	}, nil
 }
 
-// etcdTLS reports whether the external etcd is reached over TLS: an
-// https:// endpoint or a TLS file names it.
-func (cfg Config) etcdTLS() bool {
-	if cfg.EtcdCAFile != "" || cfg.EtcdCertFile != "" || cfg.EtcdKeyFile != "" {
-		return true
-	}
-	for _, e := range cfg.EtcdEndpoints {
-		if strings.HasPrefix(e, "https://") {
-			return true
-		}
-	}
-	return false
+// dataDir names this controller's state for controller/datadir.
+func (cfg Config) dataDir() datadir.Config {
+	return datadir.Config{DataDir: cfg.DataDir, SecretKeyFile: cfg.SecretKeyFile, EtcdEndpoints: cfg.EtcdEndpoints,
+		EtcdCAFile: cfg.EtcdCAFile, EtcdCertFile: cfg.EtcdCertFile, EtcdKeyFile: cfg.EtcdKeyFile}
 }
 
-// checkEtcdTLS refuses TLS files without an external etcd, endpoints that
-// mix http:// and https://, TLS files for http:// endpoints, and a client
-// certificate without its key, before anything is touched.
-func checkEtcdTLS(cfg Config) error {
-	files := cfg.EtcdCAFile != "" || cfg.EtcdCertFile != "" || cfg.EtcdKeyFile != ""
-	if len(cfg.EtcdEndpoints) == 0 {
-		if files {
-			return errdefs.InvalidArgument("controller: --etcd-cacert, --etcd-cert and --etcd-key are for an external etcd: pass its https:// client URLs with --etcd-endpoints (the embedded etcd serves only the controller, on a unix socket in its data directory)")
-		}
-		return nil
-	}
-	var plain, secure []string
-	for _, e := range cfg.EtcdEndpoints {
-		switch {
-		case strings.HasPrefix(e, "https://"):
-			secure = append(secure, e)
-		case strings.HasPrefix(e, "http://"):
-			plain = append(plain, e)
-		default:
-			return errdefs.InvalidArgument("controller: etcd endpoint %q: want a client URL, http://HOST:PORT or https://HOST:PORT", e)
-		}
-	}
-	if len(plain) > 0 && len(secure) > 0 {
-		return errdefs.InvalidArgument("controller: --etcd-endpoints mixes http:// (%s) and https:// (%s): an etcd cluster serves clients one way; use https:// for all", strings.Join(plain, ","), strings.Join(secure, ","))
-	}
-	if len(plain) > 0 && files {
-		return errdefs.InvalidArgument("controller: --etcd-cacert/--etcd-cert/--etcd-key given but --etcd-endpoints are http:// (%s): use the members' https:// client URLs", strings.Join(plain, ","))
-	}
-	if (cfg.EtcdCertFile == "") != (cfg.EtcdKeyFile == "") {
-		return errdefs.InvalidArgument("controller: --etcd-cert and --etcd-key go together: pass both the client certificate and its key")
-	}
-	return nil
-}
-
-// dialExternalEtcd connects to cfg's external etcd, over TLS with cfg's
-// files (returned) when it serves https://.
-func dialExternalEtcd(cfg Config, opts ...grpc.DialOption) (*clientv3.Client, *tls.Config, error) {
-	if !cfg.etcdTLS() {
-		cl, err := dialEtcd(cfg.EtcdEndpoints, nil, opts...)
-		return cl, nil, err
-	}
-	tlsCfg, err := store.ClientTLS(cfg.EtcdCAFile, cfg.EtcdCertFile, cfg.EtcdKeyFile)
-	if err != nil {
-		return nil, nil, fmt.Errorf("controller: %w", err)
-	}
-	cl, err := dialEtcd(cfg.EtcdEndpoints, tlsCfg, opts...)
-	return cl, tlsCfg, err
-}
-
-func dialEtcd(endpoints []string, tlsCfg *tls.Config, opts ...grpc.DialOption) (*clientv3.Client, error) {
-	cl, err := store.Dial(endpoints, tlsCfg, opts...)
-	if err != nil {
-		return nil, errdefs.Unavailable("controller: %w", err)
-	}
-	return cl, nil
-}
-
-// ownCert holds the controller's own certificate and re-issues it when a
-// third of its lifetime is left, so a long-running controller never serves
-// an expired one.
-type ownCert struct {
-	ca    *rotatingCA
-	names []string
-	clock func() time.Time
-	log   *slog.Logger
-
-	mu   sync.Mutex
-	cert tls.Certificate
-}
-
-// get returns the current certificate, renewing it first when due.
-func (o *ownCert) get() (tls.Certificate, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	now := o.clock()
-	// Issued by the serving CA: the old one during a CA rotation, which
-	// every client still trusts, the new one once the old is retired.
-	serving := o.ca.set().serving()
-	if o.cert.Leaf != nil && now.Before(o.cert.Leaf.NotAfter.Add(-serverCertTTL/3)) && pki.IssuerKeyID(o.cert.Leaf) == serving.KeyID() {
-		return o.cert, nil
-	}
-	certPEM, keyPEM, err := serving.Issue(pki.RoleController, pki.ControllerName, o.names, serverCertTTL, now)
-	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("controller certificate: %w", err)
-	}
-	// Serve the CA in the chain: an enrolling agent has no roots yet and
-	// finds the CA it pinned by hash there (pki.VerifyPinned).
-	pair, err := tls.X509KeyPair(append(certPEM, serving.CertPEM()...), keyPEM)
-	if err != nil {
-		return tls.Certificate{}, fmt.Errorf("controller certificate: %w", err)
-	}
-	if o.cert.Leaf != nil {
-		o.log.Info("controller certificate renewed", "not_after", pair.Leaf.NotAfter, "issuer", serving.KeyID())
-	}
-	o.cert = pair
-	return pair, nil
-}
-
-// serverTLS issues the controller's certificate for this start and
-// returns the server TLS configuration: TLS 1.3, client certificates
-// verified against the CA when presented (Enrollment is called without).
-func (c *Controller) serverTLS(ca *rotatingCA, addr string) (*tls.Config, *ownCert, error) {
+// serverTLS issues the controller's certificate for this start
+// (trust.OwnCert, for the names this replica is reached by) and returns
+// the server TLS configuration.
+func (c *Controller) serverTLS(ca *trust.Rotating, addr string) (*tls.Config, *trust.OwnCert, error) {
 	names := []string{"localhost", "127.0.0.1", "::1"}
 	if h, err := os.Hostname(); err == nil && h != "" {
 		names = append(names, h)
@@ -1034,26 +958,11 @@ func (c *Controller) serverTLS(ca *rotatingCA, addr string) (*tls.Config, *ownCe
 		}
 	}
 	names = append(names, c.cfg.ServerNames...)
-	own := &ownCert{ca: ca, names: dedupe(names), clock: c.cfg.Clock, log: c.log}
-	if _, err := own.get(); err != nil {
+	own := trust.NewOwnCert(ca, dedupe(names), c.cfg.Clock, c.log)
+	if _, err := own.Get(); err != nil {
 		return nil, nil, err
 	}
-	cfg := func() *tls.Config {
-		return &tls.Config{
-			MinVersion: tls.VersionTLS13,
-			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-				cert, err := own.get()
-				return &cert, err
-			},
-			ClientAuth: tls.VerifyClientCertIfGiven,
-			ClientCAs:  ca.Pool(),
-		}
-	}
-	tc := cfg()
-	// Each connection trusts the CAs of the moment (a rotation changes
-	// them).
-	tc.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) { return cfg(), nil }
-	return tc, own, nil
+	return own.ServerTLS(), own, nil
 }
 
 // clientAddr turns a listen address into one a local client can dial.
@@ -1068,81 +977,12 @@ func clientAddr(addr string) string {
 	return net.JoinHostPort(host, port)
 }
 
-// The admin client bundle: the admin kilnconfig's CA, certificate and key
-// as PEM files in DataDir/admin/, for tools other than kilnctl (grpcurl,
-// curl).
-const (
-	AdminBundleDir = "admin"
-	bundleCA       = "ca.crt"
-	bundleCert     = "admin.crt"
-	bundleKey      = "admin.key"
-)
-
-// writeAdminConfig writes DataDir/kilnconfig-admin.yaml and the admin
-// bundle on first start; later starts keep the certificate and only
-// correct the server address.
-func (c *Controller) writeAdminConfig(set *caSet, server string) error {
+// writeAdminConfig writes the admin kilnconfig and bundle into DataDir
+// (operatorcert.WriteAdmin), one start or CA change at a time.
+func (c *Controller) writeAdminConfig(set *trust.Set, server string) error {
 	c.adminMu.Lock()
 	defer c.adminMu.Unlock()
-	path := c.AdminConfigPath()
-	cfg, err := kilnconfig.Load(path)
-	switch {
-	case err == nil && cfg.CA == string(set.bundlePEM()) && !expiring(cfg.Cert, c.cfg.Clock()) && issuedBy(cfg.Cert, set.signer):
-		if cfg.Server != server {
-			cfg.Server = server
-			if err := kilnconfig.Write(path, cfg); err != nil {
-				return err
-			}
-		}
-	default:
-		if cfg, err = clientConfig(set, pki.RoleAdmin, "admin", server, c.cfg.Clock()); err != nil {
-			return err
-		}
-		if err := kilnconfig.Write(path, cfg); err != nil {
-			return err
-		}
-		c.log.Info("admin kilnconfig written", "path", path)
-	}
-	dir := filepath.Join(c.cfg.DataDir, AdminBundleDir)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("admin bundle: %w", err)
-	}
-	for name, content := range map[string]string{bundleCA: cfg.CA, bundleCert: cfg.Cert, bundleKey: cfg.Key} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
-			return fmt.Errorf("admin bundle: %w", err)
-		}
-	}
-	return nil
-}
-
-// adminRenewal is how long before expiry a start replaces the admin
-// certificate.
-const adminRenewal = 30 * 24 * time.Hour
-
-// expiring reports whether the PEM certificate expires within
-// adminRenewal of now (or does not parse).
-func expiring(certPEM string, now time.Time) bool {
-	cert, err := pki.ParseCertificatePEM([]byte(certPEM))
-	return err != nil || now.Add(adminRenewal).After(cert.NotAfter)
-}
-
-// issuedBy reports whether the PEM certificate was issued by ca.
-func issuedBy(certPEM string, ca *pki.CA) bool {
-	cert, err := pki.ParseCertificatePEM([]byte(certPEM))
-	return err == nil && pki.IssuerKeyID(cert) == ca.KeyID()
-}
-
-// clientConfig issues a client certificate with role for name from the
-// signing CA of set; the kilnconfig trusts every CA of set.
-func clientConfig(set *caSet, role pki.Role, name, server string, now time.Time) (*kilnconfig.Config, error) {
-	if role == pki.RoleAgent || role == pki.RoleController {
-		return nil, errdefs.InvalidArgument("role %q is not an operator role: want reader, operator or admin", role)
-	}
-	certPEM, keyPEM, err := set.signer.Issue(role, name, nil, clientCertTTL, now)
-	if err != nil {
-		return nil, err
-	}
-	return &kilnconfig.Config{Server: server, CA: string(set.bundlePEM()), Cert: string(certPEM), Key: string(keyPEM)}, nil
+	return operatorcert.WriteAdmin(c.cfg.DataDir, set, server, c.cfg.Clock(), c.log)
 }
 
 // WriteClientConfig issues a certificate with role (reader, operator or
@@ -1154,9 +994,9 @@ func (c *Controller) WriteClientConfig(role, name, path string) error {
 		return err
 	}
 	c.mu.Lock()
-	set := c.cas.set()
+	set := c.cas.Set()
 	c.mu.Unlock()
-	cfg, err := clientConfig(set, r, name, clientAddr(c.Addr()), c.cfg.Clock())
+	cfg, err := operatorcert.Issue(set, r, name, clientAddr(c.Addr()), c.cfg.Clock())
 	if err != nil {
 		return err
 	}
@@ -1173,30 +1013,4 @@ func dedupe(in []string) []string {
 		}
 	}
 	return out
-}
-
-// pruneAudit applies the audit log's retention now and every
-// AuditPruneInterval until ctx ends. Every replica prunes (deleting an
-// old range twice is harmless), so retention holds without a leader.
-func (c *Controller) pruneAudit(ctx context.Context, st *store.Store) {
-	t := time.NewTicker(c.cfg.AuditPruneInterval)
-	defer t.Stop()
-	for {
-		var before time.Time
-		if c.cfg.AuditMaxAge > 0 {
-			before = c.cfg.Clock().Add(-c.cfg.AuditMaxAge)
-		}
-		n, err := st.PruneAudit(ctx, before, c.cfg.AuditMaxEntries)
-		switch {
-		case err != nil && ctx.Err() == nil:
-			c.log.Warn("audit log not pruned", "err", err)
-		case n > 0:
-			c.log.Info("audit log pruned", "deleted", n, "max_age", c.cfg.AuditMaxAge, "max_entries", c.cfg.AuditMaxEntries)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
 }

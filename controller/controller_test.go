@@ -24,6 +24,7 @@ import (
 	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
 	"github.com/kilnhq/kiln/controller/hostlife"
+	"github.com/kilnhq/kiln/controller/operatorcert"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -123,7 +124,7 @@ func TestFirstStartWritesAdminConfigAndSecondStartReusesIt(t *testing.T) {
 	if cfg1.Cert != cfg2.Cert || cfg1.Key != cfg2.Key {
 		t.Errorf("admin certificate changed on restart, want it reused")
 	}
-	for _, f := range []string{controller.AdminConfigName, "admin/admin.key", "admin/admin.crt", "admin/ca.crt"} {
+	for _, f := range []string{operatorcert.AdminConfigName, "admin/admin.key", "admin/admin.crt", "admin/ca.crt"} {
 		st, err := os.Stat(filepath.Join(dir, f))
 		require.NoError(t, err)
 		if st.Mode().Perm() != 0o600 {

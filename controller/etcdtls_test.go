@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kilnhq/kiln/controller"
+	"github.com/kilnhq/kiln/controller/datadir"
+	"github.com/kilnhq/kiln/controller/operatorcert"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/kilnconfig"
@@ -105,7 +107,7 @@ func TestExternalEtcdOverTLS(t *testing.T) {
 
 	// operator-cert reaches the same etcd with the same flags.
 	out := filepath.Join(dir, "alice.yaml")
-	require.NoError(t, controller.WriteOperatorConfig(ctx, cfg, controller.OperatorCertRequest{
+	require.NoError(t, operatorcert.Write(ctx, datadir.Config{DataDir: cfg.DataDir, EtcdEndpoints: cfg.EtcdEndpoints, EtcdCAFile: cfg.EtcdCAFile, EtcdCertFile: cfg.EtcdCertFile, EtcdKeyFile: cfg.EtcdKeyFile}, operatorcert.Request{
 		Role: "reader", Name: "alice", Out: out, Server: c.Addr(),
 	}, nil))
 	kc, err := kilnconfig.Load(out)

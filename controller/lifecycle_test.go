@@ -10,6 +10,7 @@ import (
 
 	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
+	"github.com/kilnhq/kiln/controller/sweep"
 	"github.com/kilnhq/kiln/internal/conditions"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
@@ -69,12 +70,12 @@ func TestAPIOnlyReplicaSaysNothingAdvancesHosts(t *testing.T) {
 		_, err := rc.Apply(context.Background(), &controllerv1.ApplyRequest{Resources: []*controllerv1.Resource{byohHost(name)}})
 		require.NoError(t, err)
 		h := waitHost(t, rc, name, "LifecycleRunning=False", func(h *typesv1.Host) bool {
-			return conditions.Get(h.GetStatus().GetConditions(), controller.ConditionLifecycleRunning) != nil
+			return conditions.Get(h.GetStatus().GetConditions(), sweep.ConditionLifecycleRunning) != nil
 		})
-		c := conditions.Get(h.GetStatus().GetConditions(), controller.ConditionLifecycleRunning)
-		if c.GetStatus() != conditions.False || c.GetReason() != controller.ReasonLifecycleDisabled || !strings.Contains(c.GetMessage(), "--api-only") {
+		c := conditions.Get(h.GetStatus().GetConditions(), sweep.ConditionLifecycleRunning)
+		if c.GetStatus() != conditions.False || c.GetReason() != sweep.ReasonLifecycleDisabled || !strings.Contains(c.GetMessage(), "--api-only") {
 			t.Errorf("condition %s = %s, %s, %q; want False, %s, a message naming --api-only",
-				c.GetType(), c.GetStatus(), c.GetReason(), c.GetMessage(), controller.ReasonLifecycleDisabled)
+				c.GetType(), c.GetStatus(), c.GetReason(), c.GetMessage(), sweep.ReasonLifecycleDisabled)
 		}
 		t.Logf("%s=%s %s: %s", c.GetType(), c.GetStatus(), c.GetReason(), c.GetMessage())
 		if s := h.GetStatus().GetState(); s != typesv1.HostState_HOST_STATE_UNSPECIFIED && s != typesv1.HostState_HOST_STATE_REGISTERING {
@@ -87,10 +88,10 @@ func TestAPIOnlyReplicaSaysNothingAdvancesHosts(t *testing.T) {
 		require.NoError(t, err)
 		var found bool
 		for _, e := range evs.GetEvents() {
-			found = found || (e.GetType() == "Warning" && e.GetReason() == controller.ReasonLifecycleDisabled)
+			found = found || (e.GetType() == "Warning" && e.GetReason() == sweep.ReasonLifecycleDisabled)
 		}
 		if !found {
-			t.Errorf("events of host %s = %v, want a Warning %s", name, evs.GetEvents(), controller.ReasonLifecycleDisabled)
+			t.Errorf("events of host %s = %v, want a Warning %s", name, evs.GetEvents(), sweep.ReasonLifecycleDisabled)
 		}
 	}))
 	require.True(t, t.Run("lifecycle", func(t *testing.T) {
@@ -107,7 +108,7 @@ func TestAPIOnlyReplicaSaysNothingAdvancesHosts(t *testing.T) {
 		require.NoError(t, err)
 		h := waitHost(t, rc, name, "Available without LifecycleRunning", func(h *typesv1.Host) bool {
 			return h.GetStatus().GetState() == typesv1.HostState_HOST_STATE_AVAILABLE &&
-				conditions.Get(h.GetStatus().GetConditions(), controller.ConditionLifecycleRunning) == nil
+				conditions.Get(h.GetStatus().GetConditions(), sweep.ConditionLifecycleRunning) == nil
 		})
 		t.Logf("host %s: %v, conditions %v", name, h.GetStatus().GetState(), h.GetStatus().GetConditions())
 	}))

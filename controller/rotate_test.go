@@ -18,6 +18,8 @@ import (
 
 	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
+	"github.com/kilnhq/kiln/controller/datadir"
+	"github.com/kilnhq/kiln/controller/rekey"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/seal"
@@ -93,7 +95,7 @@ func TestRotateSecretKey(t *testing.T) {
 	require.NoError(t, env.Store().PutSecret(ctx, "clusters/c1/admin.conf", []byte("kubeconfig")))
 	env.Stop()
 	caHash := env.CAHash
-	cfg := controller.Config{DataDir: env.DataDir}
+	cfg := datadir.Config{DataDir: env.DataDir}
 	keyFile := filepath.Join(env.DataDir, "secret.key")
 	oldKey, err := seal.ReadKeyFile(keyFile)
 	require.NoError(t, err)
@@ -105,7 +107,7 @@ func TestRotateSecretKey(t *testing.T) {
 	other := filepath.Join(t.TempDir(), "other.key")
 	_, err = seal.LoadOrCreateKey(other)
 	require.NoError(t, err)
-	_, err = controller.RotateSecretKey(ctx, controller.Config{DataDir: env.DataDir, SecretKeyFile: other}, controller.RotateRequest{}, nil)
+	_, err = rekey.Rotate(ctx, datadir.Config{DataDir: env.DataDir, SecretKeyFile: other}, rekey.Request{}, nil)
 	require.True(t, errdefs.IsFailedPrecondition(err), "rotation with another controller's key file: %v", err)
 	t.Logf("wrong key file: %v", err)
 	st, err := seal.ReadRotation(other)
@@ -113,7 +115,7 @@ func TestRotateSecretKey(t *testing.T) {
 	require.Equal(t, seal.Idle, st, "a refused rotation touched the key files")
 
 	// Interrupted after the new key is written.
-	res, err := controller.RotateSecretKey(ctx, cfg, controller.RotateRequest{Phase: controller.RotatePrepare}, nil)
+	res, err := rekey.Rotate(ctx, cfg, rekey.Request{Phase: rekey.Prepare}, nil)
 	require.NoError(t, err)
 	newID := res.New
 	require.True(t, res.Created)
@@ -122,7 +124,7 @@ func TestRotateSecretKey(t *testing.T) {
 	// Interrupted in the middle of the re-seal.
 	ictx, icancel := context.WithCancel(ctx)
 	resealed := 0
-	_, err = controller.RotateSecretKey(ictx, cfg, controller.RotateRequest{Progress: func(string) {
+	_, err = rekey.Rotate(ictx, cfg, rekey.Request{Progress: func(string) {
 		if resealed++; resealed == 2 {
 			icancel()
 		}
@@ -145,7 +147,7 @@ func TestRotateSecretKey(t *testing.T) {
 	require.Positive(t, under[false], "the interruption came after every re-seal")
 
 	var out []string
-	res, err = controller.RotateSecretKey(ctx, cfg, controller.RotateRequest{Progress: func(p string) { out = append(out, p) }}, nil)
+	res, err = rekey.Rotate(ctx, cfg, rekey.Request{Progress: func(p string) { out = append(out, p) }}, nil)
 	require.NoError(t, err)
 	t.Logf("rotation: %+v, re-sealed %v", res, out)
 	require.True(t, res.Resumed)
@@ -230,7 +232,7 @@ func TestRotateSecretKeyUnderARunningController(t *testing.T) {
 
 	// A backup holds one key: it is refused while the rotation is under
 	// way (here prepared), and the rotation then carries on.
-	_, err := controller.RotateSecretKey(ctx, controller.Config{DataDir: env.DataDir}, controller.RotateRequest{Phase: controller.RotatePrepare}, nil)
+	_, err := rekey.Rotate(ctx, datadir.Config{DataDir: env.DataDir}, rekey.Request{Phase: rekey.Prepare}, nil)
 	require.NoError(t, err)
 	_, _, err = takeBackup(ctx, t, env, env.AdminConfigPath, ageRecipient(t))
 	require.Equal(t, codes.FailedPrecondition, code(err), "backup during a rotation: %v", err)
@@ -263,7 +265,7 @@ func TestRotateSecretKeyUnderARunningController(t *testing.T) {
 			mu.Unlock()
 		}
 	}()
-	res, err := controller.RotateSecretKey(ctx, controller.Config{DataDir: env.DataDir}, controller.RotateRequest{}, nil)
+	res, err := rekey.Rotate(ctx, datadir.Config{DataDir: env.DataDir}, rekey.Request{}, nil)
 	close(stop)
 	wg.Wait()
 	require.NoError(t, err)

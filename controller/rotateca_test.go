@@ -18,7 +18,9 @@ import (
 
 	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
+	"github.com/kilnhq/kiln/controller/datadir"
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/controller/trust"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/kilnconfig"
 	"github.com/kilnhq/kiln/internal/pki"
@@ -86,9 +88,9 @@ func TestRotateCA(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	env := controllertest.Start(t)
-	cfg := controller.Config{DataDir: env.DataDir}
-	rotate := func(p controller.CAPhase, allowOffline bool) (controller.RotateCAResult, error) {
-		return controller.RotateCA(ctx, cfg, controller.RotateCARequest{Phase: p, AllowOffline: allowOffline}, nil)
+	cfg := datadir.Config{DataDir: env.DataDir}
+	rotate := func(p trust.Phase, allowOffline bool) (trust.RotateResult, error) {
+		return trust.Rotate(ctx, cfg, trust.RotateRequest{Phase: p, AllowOffline: allowOffline}, nil)
 	}
 	var agents []*caAgent
 	for _, name := range []string{"rot-01", "rot-02", "rot-03"} {
@@ -114,19 +116,19 @@ func TestRotateCA(t *testing.T) {
 	oldCA := env.Controller.CA().KeyID()
 
 	// Out of order: refused, nothing changed.
-	_, err = rotate(controller.CASwitch, false)
+	_, err = rotate(trust.Switch, false)
 	require.True(t, errdefs.IsFailedPrecondition(err), "switch before prepare: %v", err)
 	require.ErrorContains(t, err, "--phase prepare first")
 
 	// prepare: a new CA, trusted next to the old one; the old one signs.
-	res, err := rotate(controller.CAPrepare, false)
+	res, err := rotate(trust.Prepare, false)
 	require.NoError(t, err)
 	require.Equal(t, "prepared", res.State)
 	require.Equal(t, oldCA, res.Old)
 	newCA := res.New
 	require.NotEqual(t, oldCA, newCA)
 	require.Eventually(t, func() bool { return countCerts(env.Controller.TrustedCAs()) == 2 }, 10*time.Second, 20*time.Millisecond, "the running controller trusts the prepared CA")
-	again, err := rotate(controller.CAPrepare, false)
+	again, err := rotate(trust.Prepare, false)
 	require.NoError(t, err)
 	require.True(t, again.Resumed, "prepare twice: a second new CA")
 	require.Equal(t, newCA, again.New)
@@ -135,19 +137,19 @@ func TestRotateCA(t *testing.T) {
 	if countCerts(hb.GetCaBundlePem()) != 2 || hb.GetRenewCertificate() {
 		t.Errorf("heartbeat after prepare: %d CAs, renew %v; want both CAs and no renewal (the old CA still signs)", countCerts(hb.GetCaBundlePem()), hb.GetRenewCertificate())
 	}
-	_, err = rotate(controller.CARetire, false)
+	_, err = rotate(trust.Retire, false)
 	require.True(t, errdefs.IsFailedPrecondition(err), "retire while prepared: %v", err)
 
 	// switch: the new CA signs; agents are asked to renew.
-	res, err = rotate(controller.CASwitch, false)
+	res, err = rotate(trust.Switch, false)
 	require.NoError(t, err)
 	require.Equal(t, "switched", res.State)
 	require.Equal(t, newCA, res.New)
 	require.Eventually(t, func() bool { return env.Controller.CA().KeyID() == newCA }, 10*time.Second, 20*time.Millisecond, "the running controller signs with the new CA")
-	again, err = rotate(controller.CASwitch, false)
+	again, err = rotate(trust.Switch, false)
 	require.NoError(t, err)
 	require.True(t, again.Resumed)
-	_, err = rotate(controller.CAPrepare, false)
+	_, err = rotate(trust.Prepare, false)
 	require.True(t, errdefs.IsFailedPrecondition(err), "prepare while switched: %v", err)
 	for _, path := range []string{oldAdminPath, oldOp} {
 		require.NoError(t, listHosts(path), "old kilnconfig %s during the overlap", filepath.Base(path))
@@ -160,7 +162,7 @@ func TestRotateCA(t *testing.T) {
 	require.NoError(t, live[0].renew(ctx, t, env))
 	require.Equal(t, newCA, issuer(t, live[0].certPEM), "renewed certificate's issuer")
 	require.Equal(t, 2, countCerts(live[0].trust), "CAs in the renew answer")
-	_, err = rotate(controller.CARetire, false)
+	_, err = rotate(trust.Retire, false)
 	require.True(t, errdefs.IsFailedPrecondition(err), "retire with live agents on the old CA: %v", err)
 	for _, want := range []string{"rot-01", "rot-02"} { // rot-01 renewed but has not used it yet
 		require.ErrorContains(t, err, want)
@@ -174,21 +176,21 @@ func TestRotateCA(t *testing.T) {
 	require.NoError(t, err)
 
 	// Only the offline host is left: refused without --allow-offline.
-	_, err = rotate(controller.CARetire, false)
+	_, err = rotate(trust.Retire, false)
 	require.True(t, errdefs.IsFailedPrecondition(err), "retire with an offline agent on the old CA: %v", err)
 	require.ErrorContains(t, err, "rot-03")
 	require.ErrorContains(t, err, "--allow-offline")
-	st, err := rotate(controller.CAStatus, false)
+	st, err := rotate(trust.Status, false)
 	require.NoError(t, err)
 	l, off := st.Pending()
 	require.Empty(t, l)
 	require.Equal(t, []string{"rot-03"}, off)
 
-	res, err = rotate(controller.CARetire, true)
+	res, err = rotate(trust.Retire, true)
 	require.NoError(t, err)
 	require.Equal(t, "idle", res.State)
 	require.Eventually(t, func() bool { return countCerts(env.Controller.TrustedCAs()) == 1 }, 10*time.Second, 20*time.Millisecond, "the running controller still trusts the retired CA")
-	again, err = rotate(controller.CARetire, false)
+	again, err = rotate(trust.Retire, false)
 	require.NoError(t, err)
 	require.True(t, again.Resumed)
 
@@ -243,15 +245,15 @@ func TestRotateCAConcurrentPrepare(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	env := controllertest.Start(t)
-	cfg := controller.Config{DataDir: env.DataDir}
+	cfg := datadir.Config{DataDir: env.DataDir}
 	var wg sync.WaitGroup
-	results := make([]controller.RotateCAResult, 4)
+	results := make([]trust.RotateResult, 4)
 	errs := make([]error, 4)
 	for i := range results {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i], errs[i] = controller.RotateCA(ctx, cfg, controller.RotateCARequest{Phase: controller.CAPrepare}, nil)
+			results[i], errs[i] = trust.Rotate(ctx, cfg, trust.RotateRequest{Phase: trust.Prepare}, nil)
 		}()
 	}
 	wg.Wait()
@@ -266,7 +268,7 @@ func TestRotateCAConcurrentPrepare(t *testing.T) {
 		}
 	}
 	require.Len(t, made, 1, "new CAs made by 4 concurrent prepares")
-	st, err := controller.RotateCA(ctx, cfg, controller.RotateCARequest{Phase: controller.CAStatus}, nil)
+	st, err := trust.Rotate(ctx, cfg, trust.RotateRequest{Phase: trust.Status}, nil)
 	require.NoError(t, err)
 	require.Equal(t, "prepared", st.State)
 	require.True(t, made[st.New], "the stored next CA %s is not the one a run reported", st.New)
@@ -293,9 +295,9 @@ func TestRotateCAReachesEveryReplica(t *testing.T) {
 	}
 	a, b := replica(), replica()
 	require.Equal(t, a.CAHash, b.CAHash, "replicas share the CA")
-	cfg := controller.Config{EtcdEndpoints: []string{url}, SecretKeyFile: keyFile}
-	rotate := func(p controller.CAPhase) controller.RotateCAResult {
-		res, err := controller.RotateCA(ctx, cfg, controller.RotateCARequest{Phase: p}, nil)
+	cfg := datadir.Config{EtcdEndpoints: []string{url}, SecretKeyFile: keyFile}
+	rotate := func(p trust.Phase) trust.RotateResult {
+		res, err := trust.Rotate(ctx, cfg, trust.RotateRequest{Phase: p}, nil)
 		require.NoError(t, err, "rotate-ca --phase %s", p)
 		return res
 	}
@@ -305,11 +307,11 @@ func TestRotateCAReachesEveryReplica(t *testing.T) {
 	_, err = ag.heartbeat(ctx, t, b)
 	require.NoError(t, err)
 
-	res := rotate(controller.CAPrepare)
+	res := rotate(trust.Prepare)
 	for name, env := range map[string]*controllertest.Env{"a": a, "b": b} {
 		require.Eventually(t, func() bool { return countCerts(env.Controller.TrustedCAs()) == 2 }, 10*time.Second, 20*time.Millisecond, "replica %s trusts the prepared CA", name)
 	}
-	rotate(controller.CASwitch)
+	rotate(trust.Switch)
 	for name, env := range map[string]*controllertest.Env{"a": a, "b": b} {
 		require.Eventually(t, func() bool { return env.Controller.CA().KeyID() == res.New }, 10*time.Second, 20*time.Millisecond, "replica %s signs with the new CA", name)
 	}
@@ -318,7 +320,7 @@ func TestRotateCAReachesEveryReplica(t *testing.T) {
 	require.Equal(t, res.New, issuer(t, ag.certPEM))
 	_, err = ag.heartbeat(ctx, t, b)
 	require.NoError(t, err)
-	rotate(controller.CARetire)
+	rotate(trust.Retire)
 	for name, env := range map[string]*controllertest.Env{"a": a, "b": b} {
 		require.Eventually(t, func() bool {
 			_, err := ag.heartbeat(ctx, t, env)

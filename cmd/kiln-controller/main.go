@@ -19,7 +19,11 @@ import (
 
 	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/backup"
+	"github.com/kilnhq/kiln/controller/datadir"
 	"github.com/kilnhq/kiln/controller/hostlife"
+	"github.com/kilnhq/kiln/controller/operatorcert"
+	"github.com/kilnhq/kiln/controller/rekey"
+	"github.com/kilnhq/kiln/controller/restore"
 	"github.com/kilnhq/kiln/host/systemd"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/version"
@@ -61,6 +65,14 @@ func (c *common) config() controller.Config {
 		}
 	}
 	return cfg
+}
+
+// state names the controller's state for the commands that work on it
+// from outside (controller/datadir).
+func (c *common) state() datadir.Config {
+	cfg := c.config()
+	return datadir.Config{DataDir: cfg.DataDir, SecretKeyFile: cfg.SecretKeyFile, EtcdEndpoints: cfg.EtcdEndpoints,
+		EtcdCAFile: cfg.EtcdCAFile, EtcdCertFile: cfg.EtcdCertFile, EtcdKeyFile: cfg.EtcdKeyFile}
 }
 
 func (c *common) logger(w io.Writer) (*slog.Logger, error) {
@@ -234,7 +246,7 @@ func operatorCertCmd() *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			if err := controller.WriteOperatorConfig(ctx, c.config(), controller.OperatorCertRequest{
+			if err := operatorcert.Write(ctx, c.state(), operatorcert.Request{
 				Role: role, Name: name, Server: srv, Out: out,
 			}, log); err != nil {
 				return err
@@ -290,7 +302,7 @@ controller's is always refused.`,
 			defer f.Close()
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			info, err := controller.Restore(ctx, c.config(), controller.RestoreRequest{From: f, Identities: ids, Replace: replace}, log)
+			info, err := restore.Run(ctx, c.state(), restore.Request{From: f, Identities: ids, Replace: replace}, log)
 			if err != nil {
 				return err
 			}
@@ -346,31 +358,31 @@ appears in the output or the logs; keys are named by an id (a hash prefix).`,
 			if err != nil {
 				return err
 			}
-			p, err := controller.ParseRotatePhase(phase)
+			p, err := rekey.ParsePhase(phase)
 			if err != nil {
 				return err
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			out := cmd.OutOrStdout()
-			res, err := controller.RotateSecretKey(ctx, c.config(), controller.RotateRequest{
+			res, err := rekey.Rotate(ctx, c.state(), rekey.Request{
 				Phase:    p,
 				Progress: func(path string) { fmt.Fprintf(out, "re-sealed %s\n", path) },
 			}, log)
 			if err != nil {
 				return err
 			}
-			if res.Resumed && p == controller.RotateAll {
+			if res.Resumed && p == rekey.All {
 				fmt.Fprintln(out, "carried on with the rotation already under way (interrupted, or earlier phases); no other key made")
 			}
 			switch p {
-			case controller.RotatePrepare:
+			case rekey.Prepare:
 				made := "kept the existing"
 				if res.Created {
 					made = "wrote a new"
 				}
 				fmt.Fprintf(out, "%s next key %s; copy it next to every replica's key file that is not this one, then run --phase switch on each\n", made, res.New)
-			case controller.RotateSwitch:
+			case rekey.Switch:
 				fmt.Fprintf(out, "switched to key %s (key %s kept to open what is not re-sealed yet); run kiln-controller rotate-secret-key once every replica is switched\n", res.New, res.Old)
 			default:
 				fmt.Fprintf(out, "rotated the secret key: %d of %d secrets re-sealed under key %s (%d retried after a concurrent write); key %s retired\ntake a new backup: older ones hold the old key\n",

@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/kilnhq/kiln/controller"
+	"github.com/kilnhq/kiln/controller/trust"
 )
 
 func rotateCACmd() *cobra.Command {
@@ -53,13 +53,13 @@ nothing; each applied phase is an audit entry (verb rotate-ca).`,
 			if err != nil {
 				return err
 			}
-			p, err := controller.ParseCAPhase(phase)
+			p, err := trust.ParsePhase(phase)
 			if err != nil {
 				return err
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			res, err := controller.RotateCA(ctx, c.config(), controller.RotateCARequest{Phase: p, AllowOffline: allowOffline}, log)
+			res, err := trust.Rotate(ctx, c.state(), trust.RotateRequest{Phase: p, AllowOffline: allowOffline}, log)
 			if err != nil {
 				return err
 			}
@@ -74,7 +74,7 @@ nothing; each applied phase is an audit entry (verb rotate-ca).`,
 	return cmd
 }
 
-func printCARotation(out io.Writer, res controller.RotateCAResult) {
+func printCARotation(out io.Writer, res trust.RotateResult) {
 	if res.Resumed {
 		fmt.Fprintf(out, "phase %s was already done; nothing changed\n", res.Phase)
 	}
@@ -84,7 +84,7 @@ func printCARotation(out io.Writer, res controller.RotateCAResult) {
 	case "switched":
 		fmt.Fprintf(out, "switched: CA %s (%s) signs; CA %s is still trusted and serves until retired\n", res.New, res.NewHash, res.Old)
 	default:
-		if res.Phase == controller.CARetire && !res.Resumed {
+		if res.Phase == trust.Retire && !res.Resumed {
 			fmt.Fprintf(out, "retired CA %s; CA %s (%s) signs and serves\n", res.Old, res.New, res.NewHash)
 		} else {
 			fmt.Fprintf(out, "no rotation under way: CA %s (%s)\n", res.New, res.NewHash)

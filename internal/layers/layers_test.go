@@ -31,10 +31,15 @@ var rules = []struct {
 		"bmc/ is the only user of bmclib and a leaf below the controller"},
 }
 
+// root is the controller's root package: it assembles a replica (Config,
+// New, Run) from the packages under controller/, so none of them imports
+// it, except test-support packages (controller/controllertest).
+const root = "controller"
+
 // TestImportLayering lists every package's imports (for linux and darwin)
 // and fails on an import a rule forbids, naming both packages and the rule.
 // Test-support packages (named *test, like host/systemd/systemdtest) may
-// use the lab under e2e/: only tests link them.
+// use the lab under e2e/ and the controller's root: only tests link them.
 func TestImportLayering(t *testing.T) {
 	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
 	if _, err := exec.LookPath(goBin); err != nil {
@@ -49,7 +54,11 @@ func TestImportLayering(t *testing.T) {
 		cmd.Env = append(cmd.Environ(), "GOOS="+goos)
 		out, err := cmd.Output()
 		if err != nil {
-			t.Fatalf("go list (GOOS=%s): %v", goos, err)
+			var stderr []byte
+			if ee, ok := err.(*exec.ExitError); ok {
+				stderr = ee.Stderr
+			}
+			t.Fatalf("go list (GOOS=%s): %v\n%s", goos, err, stderr)
 		}
 		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 			f := strings.Fields(line)
@@ -66,6 +75,9 @@ func TestImportLayering(t *testing.T) {
 					to, ok := strings.CutPrefix(imp, module)
 					if !ok {
 						continue
+					}
+					if r.from == "controller/" && to == root && !strings.HasSuffix(from, "test") {
+						t.Errorf("GOOS=%s: %s imports %s: the root package assembles a replica from the packages under controller/; none of them imports it", goos, from, to)
 					}
 					for _, bad := range r.forbid {
 						if bad == "e2e/" && strings.HasSuffix(from, "test") {

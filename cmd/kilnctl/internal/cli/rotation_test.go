@@ -10,8 +10,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
+	"github.com/kilnhq/kiln/controller/datadir"
+	"github.com/kilnhq/kiln/controller/trust"
 	"github.com/kilnhq/kiln/internal/pki"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
@@ -67,9 +68,9 @@ func TestRetiredCAKilnconfigIsExplained(t *testing.T) {
 	old := env.ConfigFor(t, "reader", "rita")
 	_, err := kilnctl(t, old, "get", "hosts")
 	require.NoError(t, err)
-	cfg := controller.Config{DataDir: env.DataDir}
-	for _, p := range []controller.CAPhase{controller.CAPrepare, controller.CASwitch, controller.CARetire} {
-		_, err := controller.RotateCA(ctx, cfg, controller.RotateCARequest{Phase: p}, nil)
+	cfg := datadir.Config{DataDir: env.DataDir}
+	for _, p := range []trust.Phase{trust.Prepare, trust.Switch, trust.Retire} {
+		_, err := trust.Rotate(ctx, cfg, trust.RotateRequest{Phase: p}, nil)
 		require.NoError(t, err, "rotate-ca --phase %s", p)
 	}
 	require.Eventually(t, func() bool {

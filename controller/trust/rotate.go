@@ -1,11 +1,10 @@
-package controller
+package trust
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
 	"os/user"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/kilnhq/kiln/controller/audit"
 	"github.com/kilnhq/kiln/controller/authz"
+	"github.com/kilnhq/kiln/controller/datadir"
 	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/conditions"
@@ -25,43 +25,45 @@ import (
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
-// CAPhase is one step of a CA rotation.
-type CAPhase string
+// Phase is one step of a CA rotation.
+type Phase string
 
 const (
-	// CAPrepare makes the new CA and has every replica and agent trust it
+	// Prepare makes the new CA and has every replica and agent trust it
 	// next to the old one; nothing is signed by it yet.
-	CAPrepare CAPhase = "prepare"
-	// CASwitch makes the new CA the one that signs agent and operator
+	Prepare Phase = "prepare"
+	// Switch makes the new CA the one that signs agent and operator
 	// certificates; agents are asked to renew at their next heartbeat.
 	// The controller keeps serving with a certificate of the old CA,
 	// which every client trusts.
-	CASwitch CAPhase = "switch"
-	// CARetire removes the old CA once every agent's certificate is from
+	Switch Phase = "switch"
+	// Retire removes the old CA once every agent's certificate is from
 	// the new one; the controller then serves with a certificate of the
 	// new CA, and certificates of the old one are refused.
-	CARetire CAPhase = "retire"
-	// CAStatus changes nothing: it says where the rotation is and which
+	Retire Phase = "retire"
+	// Status changes nothing: it says where the rotation is and which
 	// hosts still hold a certificate of the old CA.
-	CAStatus CAPhase = "status"
+	Status Phase = "status"
 )
 
-// ParseCAPhase parses a --phase value.
-func ParseCAPhase(s string) (CAPhase, error) {
-	switch p := CAPhase(s); p {
-	case CAPrepare, CASwitch, CARetire, CAStatus:
+// ParsePhase parses a --phase value.
+func ParsePhase(s string) (Phase, error) {
+	switch p := Phase(s); p {
+	case Prepare, Switch, Retire, Status:
 		return p, nil
 	}
 	return "", errdefs.InvalidArgument("phase %q: want prepare, switch, retire or status", s)
 }
 
-// RotateCARequest asks for one phase of a CA rotation.
-type RotateCARequest struct {
-	Phase CAPhase
+// RotateRequest asks for one phase of a CA rotation.
+type RotateRequest struct {
+	Phase Phase
 	// AllowOffline lets retire go ahead while hosts whose agent is not
 	// sending heartbeats still hold a certificate of the old CA: those
 	// agents must enroll again afterwards.
 	AllowOffline bool
+	// Clock is the time source (time.Now).
+	Clock func() time.Time
 }
 
 // HostCA says which CA a host's agent certificate is from.
@@ -77,9 +79,9 @@ type HostCA struct {
 	Live bool
 }
 
-// RotateCAResult says what a phase did, or found.
-type RotateCAResult struct {
-	Phase CAPhase
+// RotateResult says what a phase did, or found.
+type RotateResult struct {
+	Phase Phase
 	// State is the rotation's state after the phase: idle, prepared or
 	// switched.
 	State string
@@ -95,7 +97,7 @@ type RotateCAResult struct {
 }
 
 // Pending returns the hosts not yet on the signing CA, live ones first.
-func (r RotateCAResult) Pending() (live, offline []string) {
+func (r RotateResult) Pending() (live, offline []string) {
 	for _, h := range r.Hosts {
 		switch {
 		case h.OnSigner:
@@ -108,7 +110,7 @@ func (r RotateCAResult) Pending() (live, offline []string) {
 	return live, offline
 }
 
-// RotateCA runs one phase of a rotation of the controller's CA, against
+// Rotate runs one phase of a rotation of the controller's CA, against
 // the controller's etcd (a running controller's embedded one, a stopped
 // one's, or an external one), with cfg's secret key file to open and seal
 // the CA keys. Each phase is one etcd transaction, compared against what
@@ -124,31 +126,28 @@ func (r RotateCAResult) Pending() (live, offline []string) {
 // ones without AllowOffline), when the store holds no CA, or when the CA
 // key does not open with the key file; Unavailable when etcd does not
 // answer or another run changed the CA records meanwhile.
-func RotateCA(ctx context.Context, cfg Config, req RotateCARequest, log *slog.Logger) (RotateCAResult, error) {
+func Rotate(ctx context.Context, cfg datadir.Config, req RotateRequest, log *slog.Logger) (RotateResult, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("component", "rotate-ca")
-	res := RotateCAResult{Phase: req.Phase}
-	if _, err := ParseCAPhase(string(req.Phase)); err != nil {
+	res := RotateResult{Phase: req.Phase}
+	if _, err := ParsePhase(string(req.Phase)); err != nil {
 		return res, fmt.Errorf("rotate CA: %w", err)
 	}
 	if cfg.DataDir == "" && (cfg.SecretKeyFile == "" || len(cfg.EtcdEndpoints) == 0) {
 		return res, errdefs.InvalidArgument("rotate CA: --data-dir (or --secret-key-file and --etcd-endpoints) is required")
 	}
-	keyFile := cfg.SecretKeyFile
-	if keyFile == "" {
-		keyFile = filepath.Join(cfg.DataDir, "secret.key")
-	}
+	keyFile := cfg.KeyFile()
 	ring, err := seal.LoadKeyRing(keyFile)
 	if err != nil {
 		return res, errdefs.FailedPrecondition("rotate CA: secret key %s: %v", keyFile, err)
 	}
-	clock := cfg.Clock
+	clock := req.Clock
 	if clock == nil {
 		clock = time.Now
 	}
-	client, done, err := operatorEtcd(ctx, cfg, log)
+	client, done, err := datadir.Open(ctx, cfg, log)
 	if err != nil {
 		return res, err
 	}
@@ -162,15 +161,15 @@ func RotateCA(ctx context.Context, cfg Config, req RotateCARequest, log *slog.Lo
 		return res, fmt.Errorf("rotate CA: %w (is --secret-key-file this controller's?)", err)
 	}
 	res.describe(set)
-	if res.Hosts, err = hostCAs(ctx, st, set.signer); err != nil {
+	if res.Hosts, err = hostCAs(ctx, st, set.Signer); err != nil {
 		return res, fmt.Errorf("rotate CA: %w", err)
 	}
 
 	switch req.Phase {
-	case CAStatus:
+	case Status:
 		return res, nil
-	case CAPrepare:
-		switch set.phase() {
+	case Prepare:
+		switch set.Phase() {
 		case "prepared":
 			res.Resumed = true
 			return res, nil
@@ -178,7 +177,7 @@ func RotateCA(ctx context.Context, cfg Config, req RotateCARequest, log *slog.Lo
 			return res, errdefs.FailedPrecondition("rotate CA: a rotation is switched to CA %s and CA %s is not retired yet: run --phase retire first", res.New, res.Old)
 		}
 		now := clock()
-		next, err := pki.NewCA(fmt.Sprintf("%s-%s", caCommonName, now.UTC().Format("20060102T150405Z")), now)
+		next, err := pki.NewCA(fmt.Sprintf("%s-%s", commonName, now.UTC().Format("20060102T150405Z")), now)
 		if err != nil {
 			return res, fmt.Errorf("rotate CA: %w", err)
 		}
@@ -188,13 +187,13 @@ func RotateCA(ctx context.Context, cfg Config, req RotateCARequest, log *slog.Lo
 		}
 		ok, err := st.CommitIf(ctx,
 			[]clientv3.Cmp{
-				clientv3.Compare(clientv3.ModRevision(caCertKey), "=", revs.signer),
-				clientv3.Compare(clientv3.CreateRevision(caNextCertKey), "=", 0),
-				clientv3.Compare(clientv3.CreateRevision(caPrevCertKey), "=", 0),
+				clientv3.Compare(clientv3.ModRevision(CertKey), "=", revs.signer),
+				clientv3.Compare(clientv3.CreateRevision(nextCertKey), "=", 0),
+				clientv3.Compare(clientv3.CreateRevision(prevCertKey), "=", 0),
 			},
-			[]clientv3.Op{clientv3.OpPut(caNextCertKey, string(next.CertPEM()))},
-			audit.Record(rotateCAEntry(CAPrepare, next.KeyID(), fmt.Sprintf("new CA %s (%s) trusted next to %s; nothing signed by it yet", next.KeyID(), next.Hash(), set.signer.KeyID()), now)),
-			store.PutSecretOp(caNextKeySecret, keyPEM))
+			[]clientv3.Op{clientv3.OpPut(nextCertKey, string(next.CertPEM()))},
+			audit.Record(rotateCAEntry(Prepare, next.KeyID(), fmt.Sprintf("new CA %s (%s) trusted next to %s; nothing signed by it yet", next.KeyID(), next.Hash(), set.Signer.KeyID()), now)),
+			store.PutSecretOp(nextKeySecret, keyPEM))
 		clear(keyPEM)
 		if err != nil {
 			return res, fmt.Errorf("rotate CA: %w", err)
@@ -202,42 +201,42 @@ func RotateCA(ctx context.Context, cfg Config, req RotateCARequest, log *slog.Lo
 		if !ok {
 			return res, errdefs.Unavailable("rotate CA: the CA records changed while this ran (another rotate-ca?): run it again")
 		}
-		set.next = next
+		set.Next = next
 		res.describe(set)
 		log.Info("new CA prepared", "new", res.New, "new_ca_hash", res.NewHash, "old", res.Old)
 		return res, nil
-	case CASwitch:
-		switch set.phase() {
+	case Switch:
+		switch set.Phase() {
 		case "switched":
 			res.Resumed = true
 			return res, nil
 		case "idle":
 			return res, errdefs.FailedPrecondition("rotate CA: no new CA prepared: run --phase prepare first")
 		}
-		oldKey, err := set.signer.KeyPEM()
+		oldKey, err := set.Signer.KeyPEM()
 		if err != nil {
 			return res, fmt.Errorf("rotate CA: %w", err)
 		}
-		newKey, err := set.next.KeyPEM()
+		newKey, err := set.Next.KeyPEM()
 		if err != nil {
 			return res, fmt.Errorf("rotate CA: %w", err)
 		}
 		now := clock()
 		ok, err := st.CommitIf(ctx,
 			[]clientv3.Cmp{
-				clientv3.Compare(clientv3.ModRevision(caCertKey), "=", revs.signer),
-				clientv3.Compare(clientv3.ModRevision(caNextCertKey), "=", revs.next),
-				clientv3.Compare(clientv3.CreateRevision(caPrevCertKey), "=", 0),
+				clientv3.Compare(clientv3.ModRevision(CertKey), "=", revs.signer),
+				clientv3.Compare(clientv3.ModRevision(nextCertKey), "=", revs.next),
+				clientv3.Compare(clientv3.CreateRevision(prevCertKey), "=", 0),
 			},
 			[]clientv3.Op{
-				clientv3.OpPut(caPrevCertKey, string(set.signer.CertPEM())),
-				clientv3.OpPut(caCertKey, string(set.next.CertPEM())),
-				clientv3.OpDelete(caNextCertKey),
+				clientv3.OpPut(prevCertKey, string(set.Signer.CertPEM())),
+				clientv3.OpPut(CertKey, string(set.Next.CertPEM())),
+				clientv3.OpDelete(nextCertKey),
 			},
-			audit.Record(rotateCAEntry(CASwitch, set.next.KeyID(), fmt.Sprintf("CA %s signs from now on; CA %s still trusted and serving until retired", set.next.KeyID(), set.signer.KeyID()), now)),
-			store.PutSecretOp(caPrevKeySecret, oldKey),
-			store.PutSecretOp(caKeySecret, newKey),
-			store.DeleteSecretOp(caNextKeySecret))
+			audit.Record(rotateCAEntry(Switch, set.Next.KeyID(), fmt.Sprintf("CA %s signs from now on; CA %s still trusted and serving until retired", set.Next.KeyID(), set.Signer.KeyID()), now)),
+			store.PutSecretOp(prevKeySecret, oldKey),
+			store.PutSecretOp(KeySecret, newKey),
+			store.DeleteSecretOp(nextKeySecret))
 		clear(oldKey)
 		clear(newKey)
 		if err != nil {
@@ -246,15 +245,15 @@ func RotateCA(ctx context.Context, cfg Config, req RotateCARequest, log *slog.Lo
 		if !ok {
 			return res, errdefs.Unavailable("rotate CA: the CA records changed while this ran (another rotate-ca?): run it again")
 		}
-		set = &caSet{signer: set.next, prev: set.signer}
+		set = &Set{Signer: set.Next, Prev: set.Signer}
 		res.describe(set)
-		if res.Hosts, err = hostCAs(ctx, st, set.signer); err != nil {
+		if res.Hosts, err = hostCAs(ctx, st, set.Signer); err != nil {
 			return res, fmt.Errorf("rotate CA: switched, but: %w", err)
 		}
 		log.Info("switched to the new CA", "new", res.New, "old", res.Old)
 		return res, nil
-	default: // CARetire
-		switch set.phase() {
+	default: // Retire
+		switch set.Phase() {
 		case "idle":
 			res.Resumed = true
 			return res, nil
@@ -271,18 +270,18 @@ func RotateCA(ctx context.Context, cfg Config, req RotateCARequest, log *slog.Lo
 				len(offline), res.Old, joinAtMost(offline, 10))
 		}
 		now := clock()
-		msg := fmt.Sprintf("CA %s retired; CA %s signs and serves", set.prev.KeyID(), set.signer.KeyID())
+		msg := fmt.Sprintf("CA %s retired; CA %s signs and serves", set.Prev.KeyID(), set.Signer.KeyID())
 		if len(offline) > 0 {
 			msg += fmt.Sprintf("; %d offline host(s) left on the old CA must enroll again: %s", len(offline), joinAtMost(offline, 10))
 		}
 		ok, err := st.CommitIf(ctx,
 			[]clientv3.Cmp{
-				clientv3.Compare(clientv3.ModRevision(caCertKey), "=", revs.signer),
-				clientv3.Compare(clientv3.ModRevision(caPrevCertKey), "=", revs.prev),
+				clientv3.Compare(clientv3.ModRevision(CertKey), "=", revs.signer),
+				clientv3.Compare(clientv3.ModRevision(prevCertKey), "=", revs.prev),
 			},
-			[]clientv3.Op{clientv3.OpDelete(caPrevCertKey)},
-			audit.Record(rotateCAEntry(CARetire, set.signer.KeyID(), msg, now)),
-			store.DeleteSecretOp(caPrevKeySecret))
+			[]clientv3.Op{clientv3.OpDelete(prevCertKey)},
+			audit.Record(rotateCAEntry(Retire, set.Signer.KeyID(), msg, now)),
+			store.DeleteSecretOp(prevKeySecret))
 		if err != nil {
 			return res, fmt.Errorf("rotate CA: %w", err)
 		}
@@ -296,18 +295,18 @@ func RotateCA(ctx context.Context, cfg Config, req RotateCARequest, log *slog.Lo
 }
 
 // describe fills in the state and the old and new CAs of set.
-func (r *RotateCAResult) describe(set *caSet) {
-	r.State = set.phase()
+func (r *RotateResult) describe(set *Set) {
+	r.State = set.Phase()
 	switch {
-	case set.next != nil:
-		r.Old, r.OldHash = set.signer.KeyID(), set.signer.Hash()
-		r.New, r.NewHash = set.next.KeyID(), set.next.Hash()
-	case set.prev != nil:
-		r.Old, r.OldHash = set.prev.KeyID(), set.prev.Hash()
-		r.New, r.NewHash = set.signer.KeyID(), set.signer.Hash()
+	case set.Next != nil:
+		r.Old, r.OldHash = set.Signer.KeyID(), set.Signer.Hash()
+		r.New, r.NewHash = set.Next.KeyID(), set.Next.Hash()
+	case set.Prev != nil:
+		r.Old, r.OldHash = set.Prev.KeyID(), set.Prev.Hash()
+		r.New, r.NewHash = set.Signer.KeyID(), set.Signer.Hash()
 	default:
 		r.Old, r.OldHash = "", ""
-		r.New, r.NewHash = set.signer.KeyID(), set.signer.Hash()
+		r.New, r.NewHash = set.Signer.KeyID(), set.Signer.Hash()
 	}
 }
 
@@ -315,23 +314,23 @@ func (r *RotateCAResult) describe(set *caSet) {
 type caRevs struct{ signer, next, prev int64 }
 
 // readCASet reads the CA set and the revisions of its records.
-func readCASet(ctx context.Context, st *store.Store) (*caSet, caRevs, error) {
+func readCASet(ctx context.Context, st *store.Store) (*Set, caRevs, error) {
 	var revs caRevs
-	resp, err := st.Client().Get(ctx, caPrefix, clientv3.WithPrefix())
+	resp, err := st.Client().Get(ctx, prefix, clientv3.WithPrefix())
 	if err != nil {
 		return nil, revs, errdefs.Unavailable("etcd: %w", err)
 	}
 	for _, kv := range resp.Kvs {
 		switch string(kv.Key) {
-		case caCertKey:
+		case CertKey:
 			revs.signer = kv.ModRevision
-		case caNextCertKey:
+		case nextCertKey:
 			revs.next = kv.ModRevision
-		case caPrevCertKey:
+		case prevCertKey:
 			revs.prev = kv.ModRevision
 		}
 	}
-	set, err := loadCASet(ctx, st)
+	set, err := LoadSet(ctx, st)
 	if err != nil {
 		return nil, revs, err
 	}
@@ -374,7 +373,7 @@ func hostCAs(ctx context.Context, st *store.Store, signer *pki.CA) ([]HostCA, er
 
 // rotateCAEntry is the audit entry of a CA rotation phase, made by whoever
 // can read the data directory and its key, named by the local user.
-func rotateCAEntry(phase CAPhase, keyID, msg string, now time.Time) *controllerv1.AuditEntry {
+func rotateCAEntry(phase Phase, keyID, msg string, now time.Time) *controllerv1.AuditEntry {
 	by := "local"
 	if u, err := user.Current(); err == nil {
 		by = "local:" + u.Username

@@ -1,4 +1,8 @@
-package controller
+// Package restore makes a data directory (or an external etcd and a secret
+// key file) the controller a backup was taken from (kiln-controller
+// restore; docs/controller.md, "Backup and restore"). The backup's format
+// is controller/backup's.
+package restore
 
 import (
 	"bytes"
@@ -8,18 +12,19 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"path/filepath"
 
 	"filippo.io/age"
 
 	"github.com/kilnhq/kiln/controller/backup"
+	"github.com/kilnhq/kiln/controller/datadir"
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/controller/trust"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/seal"
 )
 
-// RestoreRequest asks for a backup to be restored.
-type RestoreRequest struct {
+// Request asks for a backup to be restored.
+type Request struct {
 	// From is the backup (as written by kilnctl backup).
 	From io.Reader
 	// Identities open it (the age identities of one of its recipients).
@@ -29,7 +34,7 @@ type RestoreRequest struct {
 	Replace bool
 }
 
-// Restore makes cfg's data directory (or external etcd and secret key
+// Run makes cfg's data directory (or external etcd and secret key
 // file) the controller the backup was taken from: it writes the backup's
 // sealing key as the secret key file, then every resource and sealed
 // secret into the store, and checks that the restored CA key opens. Start
@@ -37,10 +42,10 @@ type RestoreRequest struct {
 // and operators their kilnconfigs (the CA is the same), and nothing is
 // reprovisioned (hosts keep their status).
 //
-// The controller must not be running on cfg's data directory. Restore
+// The controller must not be running on cfg's data directory. Run
 // refuses a secret key file holding another key (a data directory in use
 // by another controller) with FailedPrecondition.
-func Restore(ctx context.Context, cfg Config, req RestoreRequest, log *slog.Logger) (store.BackupInfo, error) {
+func Run(ctx context.Context, cfg datadir.Config, req Request, log *slog.Logger) (store.BackupInfo, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -51,10 +56,7 @@ func Restore(ctx context.Context, cfg Config, req RestoreRequest, log *slog.Logg
 	if err != nil {
 		return store.BackupInfo{}, err
 	}
-	keyFile := cfg.SecretKeyFile
-	if keyFile == "" {
-		keyFile = filepath.Join(cfg.DataDir, "secret.key")
-	}
+	keyFile := cfg.KeyFile()
 	switch have, err := seal.ReadKeyFile(keyFile); {
 	case errors.Is(err, fs.ErrNotExist):
 		if err := seal.WriteKeyFile(keyFile, key); err != nil {
@@ -70,12 +72,12 @@ func Restore(ctx context.Context, cfg Config, req RestoreRequest, log *slog.Logg
 		return store.BackupInfo{}, err
 	}
 	if len(cfg.EtcdEndpoints) == 0 {
-		if cl := dialRunningEmbedded(ctx, cfg.DataDir); cl != nil {
+		if cl := datadir.DialRunning(ctx, cfg.DataDir); cl != nil {
 			cl.Close()
 			return store.BackupInfo{}, errdefs.FailedPrecondition("restore: a controller is running on %s: stop it first (restore writes the whole store)", cfg.DataDir)
 		}
 	}
-	client, done, err := operatorEtcd(ctx, cfg, log)
+	client, done, err := datadir.Open(ctx, cfg, log)
 	if err != nil {
 		return store.BackupInfo{}, err
 	}
@@ -85,7 +87,7 @@ func Restore(ctx context.Context, cfg Config, req RestoreRequest, log *slog.Logg
 	if err != nil {
 		return store.BackupInfo{}, err
 	}
-	if _, err := st.GetSecret(ctx, caKeySecret); err != nil {
+	if _, err := st.GetSecret(ctx, trust.KeySecret); err != nil {
 		return info, fmt.Errorf("restore: the restored CA key does not open (%w): the backup is damaged", err)
 	}
 	log.Info("restored", "revision", info.Revision, "keys", info.Keys, "data_dir", cfg.DataDir)

@@ -1,4 +1,10 @@
-package controller
+// Package bootservice runs a controller replica's boot server
+// (controller/bootserver: boot media, golden images, per-host iPXE scripts
+// and ISOs) over plain HTTP: it mints the one-time, host-bound enrollment
+// token of each boot request (rate limited per host and per client
+// address), and drops a host's cached ISO once a token of it is used.
+// See docs/controller.md and docs/bootmedia.md.
+package bootservice
 
 import (
 	"context"
@@ -24,13 +30,13 @@ import (
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
-// DefaultBootTokenTTL is the lifetime of the enrollment token minted for
-// each boot of a host's agent media (Config.BootTokenTTL).
-const DefaultBootTokenTTL = 30 * time.Minute
+// DefaultTokenTTL is the lifetime of the enrollment token minted for
+// each boot of a host's agent media (Config.TokenTTL).
+const DefaultTokenTTL = 30 * time.Minute
 
-// DefaultBootTokenLimit is how many boot tokens one host may be given per
-// token lifetime (Config.BootTokenLimit).
-const DefaultBootTokenLimit = 20
+// DefaultTokenLimit is how many boot tokens one host may be given per
+// token lifetime (Config.TokenLimit).
+const DefaultTokenLimit = 20
 
 // bootTokenDescription marks the enrollment tokens minted by the boot
 // server, so that their use can be told from an operator's token.
@@ -173,91 +179,159 @@ func forgetSpentISOs(ctx context.Context, st tokenWatcher, isos isoForgetter, lo
 	}
 }
 
-// bootService is the running boot HTTP server of a replica.
-type bootService struct {
-	srv    *http.Server
-	bs     *bootserver.Server
-	log    *slog.Logger
-	served chan error
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+// Config configures the boot server of a replica.
+type Config struct {
+	// ListenAddr is the plain HTTP address to serve on; port 0 picks a
+	// free port (Service.Addr reports it).
+	ListenAddr string
+	// MediaDir holds the agent boot media; ImageDir the golden images
+	// served under /images/ ("" serves none).
+	MediaDir, ImageDir string
+	// PublicURL is the boot server's URL as BMCs and hosts reach it; ""
+	// takes http://<listen address> when that names a host.
+	PublicURL string
+	// ControllerURL is the URL installed agents report to; "" has boot
+	// agents enroll with APIAddr, the address a local client dials the
+	// API on (host:port, loopback when the API listens on all addresses).
+	ControllerURL, APIAddr string
+	// TokenTTL is the validity of each boot token (DefaultTokenTTL when
+	// 0); TokenLimit how many one host may get per TokenTTL (0:
+	// DefaultTokenLimit; < 0: no limit).
+	TokenTTL   time.Duration
+	TokenLimit int
+	// Rate is the rate of each client address on the token-minting paths.
+	Rate limits.Rate
+	// Clock is the time source (time.Now).
+	Clock func() time.Time
 }
 
-// startBoot serves the boot server on Config.BootListenAddr when it is set
-// (nil, nil otherwise). apiAddr is the API's listen address. It sets
-// Config.BootURL from the listen address when that was left empty and the
-// address names a host.
-func (c *Controller) startBoot(ctx context.Context, st *store.Store, enr *enrollment.Service, ca *rotatingCA, apiAddr string) (*bootService, error) {
-	if c.cfg.BootListenAddr == "" {
-		return nil, nil
+// Store is what the boot server needs of the controller's store: Hosts
+// to check a boot request against, and the token watch.
+type Store interface {
+	hostReader
+	tokenWatcher
+}
+
+// Deps are the boot server's collaborators.
+type Deps struct {
+	Store Store
+	// Tokens mints enrollment tokens (*enrollment.Service).
+	Tokens tokenMinter
+	// CAHash is the pin of the CA serving the API now; it changes with a
+	// CA rotation.
+	CAHash func() string
+	// Handler, when not nil, wraps the server's handler (metrics).
+	Handler func(http.Handler) http.Handler
+	Log     *slog.Logger
+}
+
+// Service is the running boot HTTP server of a replica.
+type Service struct {
+	srv       *http.Server
+	bs        *bootserver.Server
+	log       *slog.Logger
+	addr      string
+	publicURL string
+	served    chan error
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+}
+
+// Start serves the boot server on cfg.ListenAddr until Stop; the token
+// watch runs until ctx ends or Stop. It returns InvalidArgument for a
+// controller URL without a host, and the errors of listening and of
+// bootserver.New. It does not block.
+func Start(ctx context.Context, cfg Config, deps Deps) (*Service, error) {
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
 	}
-	ctlAddr, err := agentControllerAddr(c.cfg.ControllerURL, apiAddr)
+	if cfg.TokenTTL <= 0 {
+		cfg.TokenTTL = DefaultTokenTTL
+	}
+	if cfg.TokenLimit == 0 {
+		cfg.TokenLimit = DefaultTokenLimit
+	}
+	log := deps.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	wrap := deps.Handler
+	if wrap == nil {
+		wrap = func(h http.Handler) http.Handler { return h }
+	}
+	ctlAddr, err := AgentControllerAddr(cfg.ControllerURL, cfg.APIAddr)
 	if err != nil {
 		return nil, err
 	}
-	lis, err := net.Listen("tcp", c.cfg.BootListenAddr)
+	lis, err := net.Listen("tcp", cfg.ListenAddr)
 	if err != nil {
-		return nil, fmt.Errorf("controller: boot server: listen on %s: %w", c.cfg.BootListenAddr, err)
+		return nil, fmt.Errorf("controller: boot server: listen on %s: %w", cfg.ListenAddr, err)
 	}
 	addr := lis.Addr().String()
-	if c.cfg.BootURL == "" {
+	if cfg.PublicURL == "" {
 		if host, _, _ := net.SplitHostPort(addr); net.ParseIP(host) != nil && !net.ParseIP(host).IsUnspecified() {
-			c.cfg.BootURL = "http://" + addr
+			cfg.PublicURL = "http://" + addr
 		} else {
-			c.log.Warn("boot server listens on all addresses: set --boot-url so BMCs get a reachable ISO URL", "addr", addr)
+			log.Warn("boot server listens on all addresses: set --boot-url so BMCs get a reachable ISO URL", "addr", addr)
 		}
 	}
 	bs, err := bootserver.New(bootserver.Options{
-		MediaDir:       c.cfg.BootMediaDir,
-		ImagesDir:      c.cfg.ImageDir,
+		MediaDir:       cfg.MediaDir,
+		ImagesDir:      cfg.ImageDir,
 		ControllerAddr: ctlAddr,
-		CAHash:         ca.Hash(),
-		CurrentCAHash:  ca.Hash,
-		PublicURL:      c.cfg.BootURL,
-		Tokens:         newBootTokens(st, enr, c.cfg.BootTokenTTL, c.cfg.BootTokenLimit, c.cfg.Clock),
+		CAHash:         deps.CAHash(),
+		CurrentCAHash:  deps.CAHash,
+		PublicURL:      cfg.PublicURL,
+		Tokens:         newBootTokens(deps.Store, deps.Tokens, cfg.TokenTTL, cfg.TokenLimit, cfg.Clock),
 		// An ISO never outlives half its token's validity, so a BMC that
 		// reads a cached ISO still has time to boot it.
-		ISOMaxAge: c.cfg.BootTokenTTL / 2,
-		Log:       c.log,
+		ISOMaxAge: cfg.TokenTTL / 2,
+		Log:       log,
 	})
 	if err != nil {
 		lis.Close()
 		return nil, fmt.Errorf("controller: %w", err)
 	}
-	b := &bootService{
+	b := &Service{
 		srv: &http.Server{
 			// Every GET of an iPXE script or ISO mints a token: those
 			// paths are rate limited per client address.
 			// Metrics (when on) count the bytes of every response, refusals
 			// included.
-			Handler:           c.metrics.BootHandler(limits.HTTP(limits.NewLimiter(c.cfg.BootRate, c.cfg.Clock), mintsToken, bs)),
+			Handler:           wrap(limits.HTTP(limits.NewLimiter(cfg.Rate, cfg.Clock), mintsToken, bs)),
 			ReadHeaderTimeout: 30 * time.Second,
 			IdleTimeout:       2 * time.Minute,
-			ErrorLog:          slog.NewLogLogger(c.log.Handler(), slog.LevelWarn),
+			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		},
-		bs:     bs,
-		log:    c.log,
-		served: make(chan error, 1),
+		bs:        bs,
+		log:       log,
+		addr:      addr,
+		publicURL: cfg.PublicURL,
+		served:    make(chan error, 1),
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	b.cancel = cancel
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
-		forgetSpentISOs(wctx, st, bs, c.log)
+		forgetSpentISOs(wctx, deps.Store, bs, log)
 	}()
 	go func() { b.served <- b.srv.Serve(lis) }()
-	c.mu.Lock()
-	c.bootAddr = addr
-	c.mu.Unlock()
-	c.log.Info("boot server serving", "addr", addr, "public_url", c.cfg.BootURL, "controller_addr", ctlAddr,
-		"media_dir", c.cfg.BootMediaDir, "image_dir", c.cfg.ImageDir, "token_ttl", c.cfg.BootTokenTTL)
+	log.Info("boot server serving", "addr", addr, "public_url", cfg.PublicURL, "controller_addr", ctlAddr,
+		"media_dir", cfg.MediaDir, "image_dir", cfg.ImageDir, "token_ttl", cfg.TokenTTL)
 	return b, nil
 }
 
-// stop shuts the boot server down (in-flight downloads get 5 s), ends its
-// token watch and removes its ISO cache.
-func (b *bootService) stop() {
+// Addr is the address the boot server listens on.
+func (b *Service) Addr() string { return b.addr }
+
+// PublicURL is the boot server's public URL: Config.PublicURL, or the one
+// derived from the listen address ("" when it could not be).
+func (b *Service) PublicURL() string { return b.publicURL }
+
+// Stop shuts the boot server down (in-flight downloads get 5 s), ends its
+// token watch and removes its ISO cache. A nil Service is a no-op.
+func (b *Service) Stop() {
 	if b == nil {
 		return
 	}
@@ -282,26 +356,26 @@ func mintsToken(r *http.Request) bool {
 	return strings.HasPrefix(r.URL.Path, "/boot/ipxe/") || strings.HasPrefix(r.URL.Path, "/boot/iso/")
 }
 
-// installedControllerURL is the controller URL written into each laid
+// InstalledControllerURL is the controller URL written into each laid
 // image's identity (WriteIdentity): the same address boot agents get,
 // as https://HOST:PORT. A --controller-url without a port names the
 // API's port here too: the installed agent dialled HOST alone, which
 // gRPC takes as port 443, and never checked in (found by TestVMEndToEnd,
 // whose controller listens on a free port).
-func installedControllerURL(controllerURL, apiAddr string) (string, error) {
-	a, err := agentControllerAddr(controllerURL, apiAddr)
+func InstalledControllerURL(controllerURL, apiAddr string) (string, error) {
+	a, err := AgentControllerAddr(controllerURL, apiAddr)
 	if err != nil {
 		return "", err
 	}
 	return "https://" + a, nil
 }
 
-// agentControllerAddr is the API address boot agents enroll with,
-// host:port: the host of controllerURL when set, else the API's listen
-// address (loopback when it listens on all addresses).
-func agentControllerAddr(controllerURL, apiAddr string) (string, error) {
+// AgentControllerAddr is the API address boot agents enroll with,
+// host:port: the host of controllerURL when set (the port of apiAddr when
+// it names none), else apiAddr, the API's address for a local client.
+func AgentControllerAddr(controllerURL, apiAddr string) (string, error) {
 	if controllerURL == "" {
-		return clientAddr(apiAddr), nil
+		return apiAddr, nil
 	}
 	u, err := url.Parse(controllerURL)
 	if err != nil || u.Host == "" {

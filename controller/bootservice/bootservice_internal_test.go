@@ -1,4 +1,4 @@
-package controller
+package bootservice
 
 import (
 	"testing"
@@ -15,22 +15,22 @@ func TestAgentControllerAddr(t *testing.T) {
 		bad            bool
 	}{
 		{"", "127.0.0.1:7443", "127.0.0.1:7443", false},
-		{"", "[::]:7443", "127.0.0.1:7443", false},
-		{"https://10.77.0.1:7443", "[::]:7443", "10.77.0.1:7443", false},
-		{"https://ctl.rack1.example", "[::]:7443", "ctl.rack1.example:7443", false},
-		{"https://[fd77::1]:9443", "[::]:7443", "[fd77::1]:9443", false},
-		{"10.77.0.1:7443", "[::]:7443", "", true}, // no scheme: not a URL
+		{"", "10.77.0.1:7443", "10.77.0.1:7443", false},
+		{"https://10.77.0.1:7443", "127.0.0.1:7443", "10.77.0.1:7443", false},
+		{"https://ctl.rack1.example", "127.0.0.1:7443", "ctl.rack1.example:7443", false},
+		{"https://[fd77::1]:9443", "127.0.0.1:7443", "[fd77::1]:9443", false},
+		{"10.77.0.1:7443", "127.0.0.1:7443", "", true}, // no scheme: not a URL
 	}
 	for _, tt := range tests {
-		got, err := agentControllerAddr(tt.url, tt.api)
+		got, err := AgentControllerAddr(tt.url, tt.api)
 		if tt.bad {
 			if !errdefs.IsInvalidArgument(err) {
-				t.Errorf("agentControllerAddr(%q, %q) = %q, %v, want InvalidArgument", tt.url, tt.api, got, err)
+				t.Errorf("AgentControllerAddr(%q, %q) = %q, %v, want InvalidArgument", tt.url, tt.api, got, err)
 			}
 			continue
 		}
 		if err != nil || got != tt.want {
-			t.Errorf("agentControllerAddr(%q, %q) = %q, %v, want %q", tt.url, tt.api, got, err, tt.want)
+			t.Errorf("AgentControllerAddr(%q, %q) = %q, %v, want %q", tt.url, tt.api, got, err, tt.want)
 		}
 	}
 }
@@ -46,14 +46,14 @@ func TestInstalledControllerURL(t *testing.T) {
 		{"https://ctl.rack1.example", "[::]:7443", "https://ctl.rack1.example:7443"},
 		{"https://ctl.rack1.example:9443/", "[::]:7443", "https://ctl.rack1.example:9443"},
 	} {
-		got, err := installedControllerURL(tt.url, tt.api)
+		got, err := InstalledControllerURL(tt.url, tt.api)
 		require.NoError(t, err, "%q, %q", tt.url, tt.api)
-		require.Equal(t, tt.want, got, "installedControllerURL(%q, %q)", tt.url, tt.api)
-		boot, err := agentControllerAddr(tt.url, tt.api)
+		require.Equal(t, tt.want, got, "InstalledControllerURL(%q, %q)", tt.url, tt.api)
+		boot, err := AgentControllerAddr(tt.url, tt.api)
 		require.NoError(t, err)
 		require.Equal(t, "https://"+boot, got, "installed and boot agents reach different addresses")
 	}
-	_, err := installedControllerURL("10.77.0.1:7443", "[::]:7443")
+	_, err := InstalledControllerURL("10.77.0.1:7443", "[::]:7443")
 	require.True(t, errdefs.IsInvalidArgument(err), "no scheme: %v", err)
 }
 

@@ -1,58 +1,66 @@
-package controller
+// Package rekey rotates the key that seals the controller's secrets at
+// rest (kiln-controller rotate-secret-key): a new key, the key file
+// switched to it, every secret re-sealed, the old key retired, each step
+// safe to interrupt and run again (docs/controller.md, "Rotating the
+// secret key").
+package rekey
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
 	"os/user"
-	"path/filepath"
 	"time"
 
 	"github.com/kilnhq/kiln/controller/audit"
 	"github.com/kilnhq/kiln/controller/authz"
+	"github.com/kilnhq/kiln/controller/datadir"
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/controller/trust"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/seal"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 )
 
-// RotatePhase is how far RotateSecretKey goes.
-type RotatePhase string
+// Phase is how far Rotate goes.
+type Phase string
 
 const (
-	// RotateAll runs the rotation to its end: prepare a next key, switch
+	// All runs the rotation to its end: prepare a next key, switch
 	// the key file to it, re-seal every secret, retire the old key.
-	RotateAll RotatePhase = "all"
-	// RotatePrepare only writes KEY.next (for replicas that keep their own
+	All Phase = "all"
+	// Prepare only writes KEY.Next (for replicas that keep their own
 	// copy of the key file: copy it next to each of theirs).
-	RotatePrepare RotatePhase = "prepare"
-	// RotateSwitch only switches the key file to an existing KEY.next,
-	// keeping the old key as KEY.prev; it does not reach etcd.
-	RotateSwitch RotatePhase = "switch"
+	Prepare Phase = "prepare"
+	// Switch only switches the key file to an existing KEY.Next,
+	// keeping the old key as KEY.Prev; it does not reach etcd.
+	Switch Phase = "switch"
 )
 
-// ParseRotatePhase parses a --phase value ("" is RotateAll).
-func ParseRotatePhase(s string) (RotatePhase, error) {
-	switch p := RotatePhase(s); p {
+// ParsePhase parses a --phase value ("" is All).
+func ParsePhase(s string) (Phase, error) {
+	switch p := Phase(s); p {
 	case "":
-		return RotateAll, nil
-	case RotateAll, RotatePrepare, RotateSwitch:
+		return All, nil
+	case All, Prepare, Switch:
 		return p, nil
 	}
 	return "", errdefs.InvalidArgument("phase %q: want all, prepare or switch", s)
 }
 
-// RotateRequest asks for a rotation of the secret key.
-type RotateRequest struct {
-	Phase RotatePhase
+// Request asks for a rotation of the secret key.
+type Request struct {
+	Phase Phase
 	// Progress, when not nil, is called with each secret's path once it
 	// is re-sealed.
 	Progress func(path string)
+	// Clock is the time source (time.Now).
+	Clock func() time.Time
 }
 
-// RotateResult says what a rotation did. Key ids name keys without
+// Result says what a rotation did. Key ids name keys without
 // revealing them (seal.IDOf).
-type RotateResult struct {
+type Result struct {
 	// Resumed is set when the key files were in the middle of a rotation
 	// (an interrupted run, or a phase run earlier): it was carried on, no
 	// other key was made.
@@ -62,7 +70,7 @@ type RotateResult struct {
 	// Old and New are the ids of the retired and the new key.
 	Old, New seal.KeyID
 	// Phase is the phase run to.
-	Phase RotatePhase
+	Phase Phase
 	// Secrets, Resealed and Conflicts are store.ResealResult's, summed
 	// over the passes.
 	Secrets, Resealed, Conflicts int
@@ -74,9 +82,9 @@ type RotateResult struct {
 // under the old key (a controller may write one under it meanwhile).
 const resealPasses = 5
 
-// RotateSecretKey rotates the key that seals secrets at rest (cfg's secret
+// Rotate rotates the key that seals secrets at rest (cfg's secret
 // key file): it makes a new key, switches the key file to it keeping the
-// old one as KEY.prev, re-seals every secret of the store under the new
+// old one as KEY.Prev, re-seals every secret of the store under the new
 // key (each in an etcd transaction on the value's mod revision, so a
 // concurrent write is retried, never lost), and removes the old key once
 // no secret is sealed under it. Every step leaves every secret openable
@@ -95,22 +103,19 @@ const resealPasses = 5
 // not this store's (the CA key does not open under it), or when the key
 // files are in a state no rotation leaves; the errors of
 // store.ResealSecrets; and Unavailable when etcd does not answer.
-func RotateSecretKey(ctx context.Context, cfg Config, req RotateRequest, log *slog.Logger) (RotateResult, error) {
+func Rotate(ctx context.Context, cfg datadir.Config, req Request, log *slog.Logger) (Result, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("component", "rotate-secret-key")
-	res := RotateResult{Phase: req.Phase}
+	res := Result{Phase: req.Phase}
 	if res.Phase == "" {
-		res.Phase = RotateAll
+		res.Phase = All
 	}
 	if cfg.DataDir == "" && cfg.SecretKeyFile == "" {
 		return res, errdefs.InvalidArgument("rotate secret key: data directory is required")
 	}
-	keyFile := cfg.SecretKeyFile
-	if keyFile == "" {
-		keyFile = filepath.Join(cfg.DataDir, "secret.key")
-	}
+	keyFile := cfg.KeyFile()
 	state, err := seal.ReadRotation(keyFile)
 	if err != nil {
 		return res, fmt.Errorf("rotate secret key: %w", err)
@@ -119,10 +124,10 @@ func RotateSecretKey(ctx context.Context, cfg Config, req RotateRequest, log *sl
 	log.Info("key files read", "key_file", keyFile, "state", state)
 
 	switch res.Phase {
-	case RotatePrepare:
+	case Prepare:
 		res.New, res.Created, err = seal.Prepare(keyFile)
 		return res, err
-	case RotateSwitch:
+	case Switch:
 		if state == seal.Idle {
 			return res, errdefs.FailedPrecondition("rotate secret key: %s does not exist: run --phase prepare on one replica and copy the file it writes next to this key file first", seal.NextPath(keyFile))
 		}
@@ -134,7 +139,7 @@ func RotateSecretKey(ctx context.Context, cfg Config, req RotateRequest, log *sl
 	if len(cfg.EtcdEndpoints) == 0 && cfg.DataDir == "" {
 		return res, errdefs.InvalidArgument("rotate secret key: --data-dir or --etcd-endpoints is required to reach the store")
 	}
-	client, done, err := operatorEtcd(ctx, cfg, log)
+	client, done, err := datadir.Open(ctx, cfg, log)
 	if err != nil {
 		return res, err
 	}
@@ -143,7 +148,7 @@ func RotateSecretKey(ctx context.Context, cfg Config, req RotateRequest, log *sl
 	if err != nil {
 		return res, fmt.Errorf("rotate secret key: %w", err)
 	}
-	if _, err := store.New(client, store.WithSealer(ring)).GetSecret(ctx, caKeySecret); err != nil {
+	if _, err := store.New(client, store.WithSealer(ring)).GetSecret(ctx, trust.KeySecret); err != nil {
 		if errdefs.IsNotFound(err) {
 			return res, errdefs.FailedPrecondition("rotate secret key: the store holds no CA key: start the controller once first (or check --data-dir / --etcd-endpoints)")
 		}
@@ -159,10 +164,10 @@ func RotateSecretKey(ctx context.Context, cfg Config, req RotateRequest, log *sl
 			return res, err
 		}
 	}
-	// Switched: the key file holds the new key, KEY.prev the old one. The
+	// Switched: the key file holds the new key, KEY.Prev the old one. The
 	// re-seal uses a fixed ring of both, so that a value a controller
 	// sealed under the old key just before it followed the switch still
-	// opens after KEY.prev is gone.
+	// opens after KEY.Prev is gone.
 	newKey, err := seal.ReadKeyFile(keyFile)
 	if err != nil {
 		return res, fmt.Errorf("rotate secret key: %w", err)
@@ -192,7 +197,7 @@ func RotateSecretKey(ctx context.Context, cfg Config, req RotateRequest, log *sl
 	if err := resealAll(ctx, st, req.Progress, &res, log); err != nil {
 		return res, err
 	}
-	clock := cfg.Clock
+	clock := req.Clock
 	if clock == nil {
 		clock = time.Now
 	}
@@ -204,7 +209,7 @@ func RotateSecretKey(ctx context.Context, cfg Config, req RotateRequest, log *sl
 }
 
 // switchKey switches the key files and records the ids.
-func switchKey(keyFile string, res *RotateResult) error {
+func switchKey(keyFile string, res *Result) error {
 	before, err := seal.ReadKeyFile(keyFile)
 	if err != nil {
 		return fmt.Errorf("rotate secret key: %w", err)
@@ -228,7 +233,7 @@ func switchKey(keyFile string, res *RotateResult) error {
 }
 
 // resealAll re-seals until a pass finds every secret under the new key.
-func resealAll(ctx context.Context, st *store.Store, progress func(string), res *RotateResult, log *slog.Logger) error {
+func resealAll(ctx context.Context, st *store.Store, progress func(string), res *Result, log *slog.Logger) error {
 	for pass := 1; pass <= resealPasses; pass++ {
 		r, err := st.ResealSecrets(ctx, progress)
 		res.Resealed += r.Resealed
@@ -257,7 +262,7 @@ func resealAll(ctx context.Context, st *store.Store, progress func(string), res 
 
 // rotateEntry is the audit entry of a rotation, made by whoever can read
 // the key file, named by the local user.
-func rotateEntry(res RotateResult, now time.Time) *controllerv1.AuditEntry {
+func rotateEntry(res Result, now time.Time) *controllerv1.AuditEntry {
 	by := "local"
 	if u, err := user.Current(); err == nil {
 		by = "local:" + u.Username

@@ -1,4 +1,4 @@
-package controller
+package sweep
 
 import (
 	"context"
@@ -63,24 +63,24 @@ func lifecycleDisabled(id string, grace time.Duration) *typesv1.Condition {
 	return c
 }
 
-// watchForLeader runs on an API-only replica until ctx ends: every
+// WatchForLeader runs on an API-only replica until ctx ends: every
 // reconcile interval it looks up the election leader, and once none has
 // led for the grace period it sets LifecycleRunning=False on every host
 // (a Warning event when the condition is new). It never removes the
 // condition: the leader that runs the lifecycle does (clearLifecycleDisabled).
-func (c *Controller) watchForLeader(ctx context.Context, el *election.Elector, st *store.Store, rec *events.Recorder) {
-	w := leaderWatch{grace: leaderlessGrace * c.cfg.ElectionTTL}
-	cond := lifecycleDisabled(c.cfg.ID, w.grace)
-	t := time.NewTicker(c.cfg.ReconcileInterval)
+func (s *Sweeper) WatchForLeader(ctx context.Context, el *election.Elector, st *store.Store, rec *events.Recorder) {
+	w := leaderWatch{grace: leaderlessGrace * s.cfg.ElectionTTL}
+	cond := lifecycleDisabled(s.cfg.ID, w.grace)
+	t := time.NewTicker(s.cfg.Interval)
 	defer t.Stop()
 	for {
 		_, err := el.Leader(ctx)
 		switch {
 		case err == nil:
-			w.observe(true, c.cfg.Clock())
+			w.observe(true, s.cfg.Clock())
 		case errdefs.IsNotFound(err):
-			if w.observe(false, c.cfg.Clock()) {
-				c.updateHosts(ctx, st, func(h *typesv1.Host, now time.Time) bool {
+			if w.observe(false, s.cfg.Clock()) {
+				s.updateHosts(ctx, st, func(h *typesv1.Host, now time.Time) bool {
 					var changed bool
 					h.Status.Conditions, changed = conditions.Set(h.Status.Conditions, proto.Clone(cond).(*typesv1.Condition), now)
 					return changed
@@ -90,7 +90,7 @@ func (c *Controller) watchForLeader(ctx context.Context, el *election.Elector, s
 			}
 		default:
 			if ctx.Err() == nil {
-				c.log.Warn("api-only: look up the leader", "err", err)
+				s.log.Warn("api-only: look up the leader", "err", err)
 			}
 		}
 		select {
@@ -114,14 +114,14 @@ func clearLifecycleDisabled(h *typesv1.Host) bool {
 // non-nil Status), stores those it changed and calls stored (when not nil)
 // for each one stored. A host changed meanwhile (a conflict) or deleted is
 // skipped until the next round.
-func (c *Controller) updateHosts(ctx context.Context, st *store.Store, change func(h *typesv1.Host, now time.Time) bool, stored func(h *typesv1.Host)) {
+func (s *Sweeper) updateHosts(ctx context.Context, st *store.Store, change func(h *typesv1.Host, now time.Time) bool, stored func(h *typesv1.Host)) {
 	newHost := func() proto.Message { return &typesv1.Host{} }
 	cont := ""
 	for {
 		items, next, err := st.List(ctx, "hosts", newHost, store.ListOptions{Limit: 500, Continue: cont})
 		if err != nil {
 			if ctx.Err() == nil {
-				c.log.Warn("list hosts", "err", err)
+				s.log.Warn("list hosts", "err", err)
 			}
 			return
 		}
@@ -130,12 +130,12 @@ func (c *Controller) updateHosts(ctx context.Context, st *store.Store, change fu
 			if h.Status == nil {
 				h.Status = &typesv1.HostStatus{}
 			}
-			if !change(h, c.cfg.Clock()) {
+			if !change(h, s.cfg.Clock()) {
 				continue
 			}
 			if _, err := st.Update(ctx, "hosts", it.Name, h, it.Rev); err != nil {
 				if !errdefs.IsConflict(err) && !errdefs.IsNotFound(err) {
-					c.log.Warn("update host", "host", it.Name, "err", err)
+					s.log.Warn("update host", "host", it.Name, "err", err)
 				}
 				continue
 			}
