@@ -41,7 +41,7 @@ func TestAgentControllerAddr(t *testing.T) {
 // installed agent dialled at port 443).
 func TestInstalledControllerURL(t *testing.T) {
 	for _, tt := range []struct{ url, api, want string }{
-		{"", "[::]:7443", "https://127.0.0.1:7443"},
+		{"", "127.0.0.1:7443", "https://127.0.0.1:7443"}, // the root passes clientAddr(listen address)
 		{"https://10.253.25.1", "10.253.25.1:34017", "https://10.253.25.1:34017"},
 		{"https://ctl.rack1.example", "[::]:7443", "https://ctl.rack1.example:7443"},
 		{"https://ctl.rack1.example:9443/", "[::]:7443", "https://ctl.rack1.example:9443"},
