@@ -532,6 +532,19 @@ func startStuckLab(t *testing.T, ctx context.Context) *stuckLab {
 		spec["sha256"] = strings.Repeat("0", 8) + sum[8:]
 	}))
 	sl.registerHosts(t, nil)
+	// Every host Available before the rows start: the wrong-password row
+	// re-applies its host at once, and a host still Registering then
+	// checks its BMC with the wrong password and goes to Error with no
+	// machine (the cluster only says "waiting for a host").
+	_, err = lab.Watch(ctx, "", time.Second, func(s *fleet.Snapshot) bool {
+		for i := 1; i <= 5; i++ {
+			if s.Hosts[lab.HostResource(i)].GetStatus().GetState() != typesv1.HostState_HOST_STATE_AVAILABLE {
+				return false
+			}
+		}
+		return true
+	})
+	require.NoError(t, err, "hosts Available after registration")
 	return sl
 }
 
