@@ -940,6 +940,8 @@ func setNextBoot(m machine.Machine, next func() string) error {
 		m.SetNextBoot(next)
 	case *libvirt.VM:
 		return m.SetNextBoot(next)
+	case *labDomain: // a lab's libvirt domain on the lab bridge
+		return m.VM.SetNextBoot(next)
 	}
 	return nil
 }
