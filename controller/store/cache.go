@@ -136,7 +136,11 @@ func (c *Cache) apply(ev WatchEvent) error {
 	}
 	c.view.notify(ev)
 	c.sorted = nil
-	c.moveTo(max(c.rev, ev.Rev))
+	done := ev.Rev
+	if ev.revMore {
+		done-- // more changes of this revision (one transaction) follow
+	}
+	c.moveTo(max(c.rev, done))
 	return nil
 }
 

@@ -286,6 +286,12 @@ func TestCacheWatch(t *testing.T) {
 	}
 	_, err = s.Batch(ctx, ops)
 	require.NoError(t, err)
+	// Read the slow watcher only once the cache applied the whole batch
+	// (its changes share one revision).
+	require.Eventually(t, func() bool {
+		items, err := c.List(ctx)
+		return err == nil && len(items) == len(ops)
+	}, 10*time.Second, 10*time.Millisecond)
 	n := 0
 	for ev := range slow {
 		if ev.Err != nil {
@@ -302,5 +308,29 @@ func TestCacheWatch(t *testing.T) {
 	// Ending the context ends a watch.
 	cancel()
 	for range ch {
+	}
+}
+
+// A transaction's changes share one revision: a cache that reached it
+// holds all of them (read-your-writes after a batch).
+func TestCacheWaitRevisionBatch(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := testCtx(t)
+	c := NewCache(s, "hosts", func() proto.Message { return &typesv1.Host{} })
+	runCache(t, ctx, c)
+	total := 0
+	for round := range 20 {
+		var ops []BatchOp
+		for i := range 200 {
+			n := fmt.Sprintf("r%02d-%03d", round, i)
+			ops = append(ops, BatchOp{Kind: "hosts", Name: n, Msg: host(n, "")})
+		}
+		rev, err := s.Batch(ctx, ops)
+		require.NoError(t, err)
+		total += len(ops)
+		require.NoError(t, c.WaitRevision(ctx, rev))
+		items, err := c.List(ctx)
+		require.NoError(t, err)
+		require.Equal(t, total, len(items), "round %d: hosts in the cache at the batch's revision", round)
 	}
 }

@@ -49,6 +49,10 @@ type WatchEvent struct {
 	// FailedPrecondition when the requested history was compacted: list
 	// again and watch from the list's revision + 1.
 	Err error
+	// revMore: more changes of revision Rev follow (a transaction's
+	// changes share its revision); a Cache has applied Rev only after the
+	// last.
+	revMore bool
 }
 
 // watchRetry is the pause before a watch is re-established after etcd
@@ -131,8 +135,10 @@ func (s *Store) watch(ctx context.Context, kind string, next int64, ch chan<- Wa
 				}
 				continue
 			}
-			for _, ev := range resp.Events {
+			for i, ev := range resp.Events {
 				we := WatchEvent{Name: strings.TrimPrefix(string(ev.Kv.Key), prefix), Rev: ev.Kv.ModRevision}
+				// etcd never splits a revision's changes across responses.
+				we.revMore = i < len(resp.Events)-1 && resp.Events[i+1].Kv.ModRevision == ev.Kv.ModRevision
 				if ev.Type == clientv3.EventTypeDelete {
 					we.Type = EventDelete
 				} else {
