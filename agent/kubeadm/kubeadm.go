@@ -220,6 +220,15 @@ func (k *Kubeadm) Init(ctx context.Context, req *agentv1.KubeadmInitRequest, emi
 	red := newRedactor(certKey)
 	k.log.Info("kubeadm init", "version", c.GetKubernetesVersion(), "node", c.GetNodeName(), "upload_certs", req.GetUploadCerts())
 	if err := k.stream(ctx, red, emit, args...); err != nil {
+		// As after a failed join: an init that failed half way (its
+		// control-plane wait timed out, say) leaves static pods, a
+		// running kubelet and files behind, and every retry then fails
+		// kubeadm's preflight ("ports in use: 6443, 10250, ..."). Undo
+		// it, so that the host is as before the attempt.
+		emit(&agentv1.OperationEvent{Message: "kubeadm init failed: kubeadm reset --force to undo what it did"})
+		if rerr := k.stream(context.WithoutCancel(ctx), red, emit, "reset", "--force"); rerr != nil {
+			k.log.Warn("kubeadm reset after a failed init", "error", rerr)
+		}
 		return nil, fmt.Errorf("kubeadm init: %w", err)
 	}
 

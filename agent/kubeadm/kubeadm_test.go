@@ -189,6 +189,12 @@ func TestInitFailureCarriesKubeadmError(t *testing.T) {
 	if certKeyRE.FindString(err.Error()) != "" {
 		t.Errorf("Init() error %q contains a certificate key", err)
 	}
+	// The failed init is undone, so that a retry does not fail kubeadm's
+	// preflight on the first attempt's ports and files (a TCG VM's init
+	// whose control-plane wait timed out was refused ever after).
+	if calls := strings.Join(h.callLines(t), "\n"); !strings.Contains(calls, "kubeadm reset --force") {
+		t.Errorf("after a failed init, kubeadm calls = %q, want a kubeadm reset --force", calls)
+	}
 }
 
 // TestInitPreflightFailureNamesChecks: kubeadm's own preflight lists its
