@@ -3,7 +3,6 @@ package enrollment_test
 import (
 	"context"
 	"log/slog"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,44 +12,15 @@ import (
 
 	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/controller/store/storetest"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/pki"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
-// countingStore is the real store that counts the reads of Hosts that
-// reach etcd.
-type countingStore struct {
-	*store.Store
-	reads atomic.Int64
-}
-
-func (c *countingStore) Get(ctx context.Context, kind, name string, into proto.Message) (int64, error) {
-	c.reads.Add(1)
-	return c.Store.Get(ctx, kind, name, into)
-}
-
-func (c *countingStore) GetUnpaused(ctx context.Context, kind, name string, into proto.Message) (int64, error) {
-	c.reads.Add(1)
-	return c.Store.GetUnpaused(ctx, kind, name, into)
-}
-
 type nopRecorder struct{}
 
 func (nopRecorder) Record(context.Context, string, string, string, string, string) {}
-
-func newStore(t *testing.T) *store.Store {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	e, err := store.StartEmbedded(ctx, store.EmbeddedConfig{DataDir: filepath.Join(t.TempDir(), "etcd"), Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
-	t.Cleanup(e.Close)
-	c, err := store.Dial(e.Endpoints(), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	return store.New(c, store.WithLogger(slog.New(slog.DiscardHandler)))
-}
 
 // setSerial does what a re-enrollment does to the Host's serials.
 func setSerial(t *testing.T, ctx context.Context, st *store.Store, host, serial string) {
@@ -72,8 +42,8 @@ func setSerial(t *testing.T, ctx context.Context, st *store.Store, host, serial 
 func TestHeartbeatFromHostCache(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	st := newStore(t)
-	cs := &countingStore{Store: st}
+	st := storetest.New(t)
+	cs := &storetest.ReadCounter{Store: st}
 	_, err := st.Create(ctx, "hosts", "h-1", &typesv1.Host{
 		Metadata: &typesv1.ObjectMeta{Name: "h-1"},
 		Spec:     &typesv1.HostSpec{Bmc: &typesv1.BMCSpec{Protocol: "none"}},
@@ -106,18 +76,18 @@ func TestHeartbeatFromHostCache(t *testing.T) {
 	_, err = beat("a1") // the first one writes
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		n := cs.reads.Load()
+		n := cs.Reads.Load()
 		_, err := beat("a1")
-		return err == nil && cs.reads.Load() == n
+		return err == nil && cs.Reads.Load() == n
 	}, 10*time.Second, 20*time.Millisecond, "an idle heartbeat answered without an etcd read")
-	n := cs.reads.Load()
+	n := cs.Reads.Load()
 	before, _ := svc.Tracker().LastSeen("h-1")
 	for range 20 {
 		res, err := beat("a1")
 		require.NoError(t, err)
 		require.Equal(t, enrollment.DefaultHeartbeatInterval, res.Interval)
 	}
-	require.Equal(t, n, cs.reads.Load(), "etcd reads of 20 idle heartbeats")
+	require.Equal(t, n, cs.Reads.Load(), "etcd reads of 20 idle heartbeats")
 	after, ok := svc.Tracker().LastSeen("h-1")
 	require.True(t, ok)
 	require.False(t, after.Before(before), "the heartbeats marked the agent seen")
@@ -128,7 +98,7 @@ func TestHeartbeatFromHostCache(t *testing.T) {
 	skew.Store(int64(enrollment.MaxHostCacheLag + time.Second))
 	_, err = beat("a1")
 	require.NoError(t, err)
-	require.Equal(t, n+1, cs.reads.Load(), "etcd reads of a heartbeat when the cache was last confirmed current %v ago", enrollment.MaxHostCacheLag+time.Second)
+	require.Equal(t, n+1, cs.Reads.Load(), "etcd reads of a heartbeat when the cache was last confirmed current %v ago", enrollment.MaxHostCacheLag+time.Second)
 	stopCheck = runCheck()
 	defer func() { stopCheck() }()
 

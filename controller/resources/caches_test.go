@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -16,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/controller/store/storetest"
 	controllerv1 "github.com/kilnhq/kiln/proto/kiln/controller/v1"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
@@ -42,19 +42,6 @@ type nopRecorder struct{}
 
 func (nopRecorder) Record(context.Context, string, string, string, string, string) {}
 
-func newTestStore(t *testing.T) *store.Store {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	e, err := store.StartEmbedded(ctx, store.EmbeddedConfig{DataDir: filepath.Join(t.TempDir(), "etcd"), Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
-	t.Cleanup(e.Close)
-	c, err := store.Dial(e.Endpoints(), nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	return store.New(c, store.WithLogger(slog.New(slog.DiscardHandler)))
-}
-
 func testHost(name, rack string) *controllerv1.Resource {
 	return &controllerv1.Resource{Kind: &controllerv1.Resource_Host{Host: &typesv1.Host{
 		ApiVersion: APIVersion, Kind: "Host",
@@ -70,7 +57,7 @@ func testHost(name, rack string) *controllerv1.Resource {
 func TestListFromCaches(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	st := newTestStore(t)
+	st := storetest.New(t)
 	cs := &countingStore{Store: st}
 	svc := New(cs, nopRecorder{}, nil, slog.New(slog.DiscardHandler))
 	var objs []*controllerv1.Resource
@@ -145,7 +132,7 @@ func TestListFromCaches(t *testing.T) {
 func TestCachesIndexes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	st := newTestStore(t)
+	st := storetest.New(t)
 	for _, m := range []*typesv1.Machine{
 		{Metadata: &typesv1.ObjectMeta{Name: "c1-cp-0"}, Spec: &typesv1.MachineSpec{Cluster: "c1", Host: "h-1", Owner: "ControlPlane/c1"}},
 		{Metadata: &typesv1.ObjectMeta{Name: "c1-md-0"}, Spec: &typesv1.MachineSpec{Cluster: "c1", Host: "h-2", Owner: "MachineDeployment/c1-md"}},
@@ -196,7 +183,7 @@ func TestCachesIndexes(t *testing.T) {
 func TestWatchFromCaches(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	st := newTestStore(t)
+	st := storetest.New(t)
 	cs := &countingStore{Store: st}
 	svc := New(cs, nopRecorder{}, nil, slog.New(slog.DiscardHandler))
 	caches := NewCaches(st)

@@ -8,21 +8,19 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/liveness"
 	"github.com/kilnhq/kiln/controller/resources"
 	"github.com/kilnhq/kiln/controller/sim"
-	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/controller/store/storetest"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -60,7 +58,7 @@ func benchIdle(b *testing.B, n int) {
 	w := newWorld(b, benchSim)
 	log := slog.New(slog.DiscardHandler)
 	tr := liveness.NewTracker()
-	reads := &countingStore{Store: w.st}
+	reads := &storetest.ReadCounter{Store: w.st}
 	enr := enrollment.New(reads, nil, w.rec, enrollment.Config{HeartbeatInterval: interval, Replica: "bench", Tracker: tr}, log)
 	mon := liveness.NewMonitor(w.st, w.rec, tr, liveness.MonitorConfig{Replica: "bench", Silence: 3 * interval}, log)
 	createIdleHosts(b, w, n)
@@ -130,7 +128,7 @@ func benchIdle(b *testing.B, n int) {
 	time.Sleep(interval + interval/5) // the facts round trips and first writes settle
 
 	rev0, beats0, cpu0, t0 := w.revision(), first(checkIns()), cpuTime(b), time.Now()
-	reads0 := reads.reads.Load()
+	reads0 := reads.Reads.Load()
 	// Which keys the writes of the window went to: a watch from the
 	// window's start, counted by kind (hosts, events, ...).
 	wctx, wcancel := context.WithCancel(ctx)
@@ -153,7 +151,7 @@ func benchIdle(b *testing.B, n int) {
 	b.StopTimer()
 	elapsed := time.Since(t0).Seconds()
 	writes, beats, cpu := w.revision()-rev0, first(checkIns())-beats0, cpuTime(b)-cpu0
-	hostReads := reads.reads.Load() - reads0
+	hostReads := reads.Reads.Load() - reads0
 	time.Sleep(time.Second)
 	wcancel()
 	<-watched
@@ -170,23 +168,6 @@ func benchIdle(b *testing.B, n int) {
 }
 
 func first(v int64, _ bool) int64 { return v }
-
-// countingStore is the real store that counts the heartbeat handler's
-// reads of Hosts from etcd.
-type countingStore struct {
-	*store.Store
-	reads atomic.Int64
-}
-
-func (c *countingStore) Get(ctx context.Context, kind, name string, into proto.Message) (int64, error) {
-	c.reads.Add(1)
-	return c.Store.Get(ctx, kind, name, into)
-}
-
-func (c *countingStore) GetUnpaused(ctx context.Context, kind, name string, into proto.Message) (int64, error) {
-	c.reads.Add(1)
-	return c.Store.GetUnpaused(ctx, kind, name, into)
-}
 
 // createIdleHosts stores n Provisioned hosts named like the fleet's.
 func createIdleHosts(b *testing.B, w *world, n int) {
