@@ -523,8 +523,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	rec := events.New(client, events.DefaultTTL, c.cfg.Clock, c.log)
 	res := resources.New(st, rec, c.cfg.Clock, c.log)
 	res.SetOwnNetworks(append(ownNetworks(addr, c.cfg.BootListenAddr), c.cfg.ReservedNetworks...))
-	// issue 17 (watch caches): one watch cache per kind on every replica;
-	// the API's List serves from them. Run below, stopped before etcd.
+	// One watch cache per kind on every replica: the API's List and Watch
+	// serve from them (resources.Caches). Run below, stopped before etcd.
 	caches := resources.NewCaches(st)
 	res.UseCaches(caches)
 	// Every replica judges the agents whose heartbeats it receives: their
@@ -540,7 +540,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		Replica:           c.cfg.ID,
 		Tracker:           seen,
 	}, c.log)
-	enr.UseHostCache(caches.Kind("hosts"), st) // issue 17 (watch caches): idle heartbeats read it
+	enr.UseHostCache(caches.Kind("hosts"), st) // idle heartbeats read their Host from it
 	unregister, err := liveness.Register(ctx, client, c.cfg.ID, c.cfg.AgentSilence)
 	if err != nil {
 		return fmt.Errorf("controller: %w", err)
@@ -567,15 +567,15 @@ func (c *Controller) Run(ctx context.Context) error {
 	)
 	life, endLife := context.WithCancel(ctx)
 	defer endLife()
-	cachesDone := make(chan struct{}) // issue 17 (watch caches)
-	go func() {                       // issue 17 (watch caches)
+	cachesDone := make(chan struct{})
+	go func() {
 		defer close(cachesDone)
 		var wg sync.WaitGroup
 		wg.Go(func() { enr.RunHostCache(life) })
 		caches.Run(life)
 		wg.Wait()
 	}()
-	defer func() { endLife(); <-cachesDone }() // issue 17 (watch caches)
+	defer func() { endLife(); <-cachesDone }() // the caches end before etcd closes
 	leaderOf := election.New(client, election.DefaultPrefix, c.cfg.ID, 1, nil)
 	api.Register(life, srv, res, enr, rec, st, st, func(ctx context.Context) (shard.Overview, error) {
 		live, err := liveness.LiveReplicas(ctx, client)
