@@ -21,7 +21,7 @@
 #   BACKEND=netns|qemu|libvirt  the hosts' machine backend (make lab
 #                        BACKEND=...): qemu and libvirt make one TCG VM on
 #                        the lab bridge with a single-node cluster
-#                        (examples/lab-vm-cluster.yaml, the golden image
+#                        (examples/lab-vm/cluster.yaml, the golden image
 #                        examples/images/vm-lab.yaml); docs/lab.md
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -93,6 +93,11 @@ func TestExamples(t *testing.T) {
 			t.Errorf("examples/%s: %v", f, err)
 		}
 	}
+	// The VM lab's cluster (make lab BACKEND=libvirt) has a directory of
+	// its own: its Cluster is named lab too.
+	docs, err = validation.LoadManifests(nil, "../../examples/lab-vm")
+	require.NoError(t, err)
+	require.Len(t, docs, 2, "examples/lab-vm: a Cluster and its ControlPlane")
 }
 
 // BenchmarkDecode1000Hosts measures parsing and checking a 1000-host file

@@ -56,7 +56,7 @@ func (f *flags) vmDefaults(changed func(flag string) bool) {
 	set("memory", func() { f.memory = "2G" })
 	set("cpus", func() { f.cpus = 2 })
 	set("image-spec", func() { f.imageSpec = "examples/images/vm-lab.yaml" })
-	set("cluster", func() { f.cluster = "examples/lab-vm-cluster.yaml" })
+	set("cluster", func() { f.cluster = "examples/lab-vm/cluster.yaml" })
 	set("stall-timeout", func() { f.stallTimeout = 20 * time.Minute })
 	set("timeout", func() { f.timeout = 90 * time.Minute })
 }
@@ -101,7 +101,7 @@ func command() *cobra.Command {
 			return up(cmd.Context(), f)
 		},
 	}
-	up.Flags().StringVar(&f.backend, "backend", "netns", "machine backend of the hosts: netns, qemu or libvirt (VMs; their defaults: --hosts 1 --ipmi 0 --memory 2G --cpus 2 --image-spec examples/images/vm-lab.yaml --cluster examples/lab-vm-cluster.yaml --stall-timeout 20m --timeout 90m)")
+	up.Flags().StringVar(&f.backend, "backend", "netns", "machine backend of the hosts: netns, qemu or libvirt (VMs; their defaults: --hosts 1 --ipmi 0 --memory 2G --cpus 2 --image-spec examples/images/vm-lab.yaml --cluster examples/lab-vm/cluster.yaml --stall-timeout 20m --timeout 90m)")
 	up.Flags().StringVar(&f.memory, "memory", "", "memory of each VM host (qemu, libvirt)")
 	up.Flags().IntVar(&f.cpus, "cpus", 0, "vCPUs of each VM host (qemu, libvirt)")
 	up.Flags().IntVar(&f.hosts, "hosts", 3, "hosts behind Redfish emulators")
