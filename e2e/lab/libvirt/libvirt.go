@@ -498,6 +498,48 @@ func (v *VM) reset() {
 	}
 	if err := v.startLocked(dev); err != nil {
 		v.log.Warn("reset to another boot device failed", "boot", dev, "error", err)
+		return
+	}
+	v.keepRunningLocked(dev)
+}
+
+// resetSettle is how long reset watches a domain it started again, and
+// resetStarts how often it starts it when libvirt stops it meanwhile.
+const (
+	resetSettle = 3 * time.Second
+	resetStarts = 3
+)
+
+// keepRunningLocked watches a domain reset just started from dev for
+// resetSettle and starts it again when it went off: libvirtd may handle
+// the old QEMU's shutdown (its SIGTERM from the destroy) after the new
+// QEMU is up, and then stops the new one (seen under load in CI: the
+// domain "is not running" a moment after its reset). A powered-on
+// server whose firmware reset stays on.
+func (v *VM) keepRunningLocked(dev string) {
+	for starts := 1; ; {
+		deadline := time.Now().Add(resetSettle)
+		on := true
+		for time.Now().Before(deadline) {
+			var err error
+			if on, err = v.stateLocked(); err != nil || !on {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if on {
+			return
+		}
+		if starts >= resetStarts {
+			v.log.Warn("domain went off after its reset; left off", "boot", dev, "starts", starts)
+			return
+		}
+		starts++
+		v.log.Warn("domain went off right after its reset (libvirtd stopped the new QEMU); starting it again", "boot", dev)
+		if err := v.startLocked(dev); err != nil {
+			v.log.Warn("reset to another boot device failed", "boot", dev, "error", err)
+			return
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package libvirt_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -111,12 +112,20 @@ func newVM(t testing.TB, o libvirt.Options) *libvirt.VM {
 			}
 			_ = lv.Disconnect()
 		}
-		// libvirt's QEMU log of the domain (virtlogd writes it).
-		_ = os.Remove(filepath.Join("/var/log/libvirt/qemu", o.Name+".log"))
+		// libvirt's QEMU log of the domain (QEMU's own output: who
+		// stopped it, "terminating on signal 15 from pid N").
+		qemuLog := filepath.Join("/var/log/libvirt/qemu", o.Name+".log")
 		if t.Failed() {
 			b, _ := os.ReadFile(vm.SerialLog())
 			t.Logf("serial console of %s:\n%s", o.Name, tail(string(b), 60))
+			b, _ = os.ReadFile(qemuLog)
+			t.Logf("QEMU log of %s (%s):\n%s", o.Name, qemuLog, tail(string(b), 30))
+			if daemon.d != nil {
+				b, _ = os.ReadFile(filepath.Join(daemon.d.Dir(), "libvirtd.log"))
+				t.Logf("libvirtd log:\n%s", tail(string(b), 30))
+			}
 		}
+		_ = os.Remove(qemuLog)
 	})
 	return vm
 }
@@ -364,4 +373,54 @@ func TestResetBootsBMCDevice(t *testing.T) {
 	require.Equal(t, pid2, qemuPID(t, "kiln-lv-reset"), "a reset keeping the boot device restarted QEMU")
 	require.Equal(t, machine.BootDisk, vm.BootSource())
 	require.True(t, vm.State())
+}
+
+// TestResetSurvivesStopAfterRestart: when the domain goes off right after
+// a reset started it from another device (libvirtd handling the old
+// QEMU's SIGTERM after the new QEMU is up stops the new one; here a
+// `virsh destroy` of the new QEMU injects it), the reset starts it again
+// from the BMC's device: a server whose firmware reset stays powered on.
+func TestResetSurvivesStopAfterRestart(t *testing.T) {
+	vm := newVM(t, libvirt.Options{Name: "kiln-lv-restop", DiskSize: 16 << 20, MemoryMB: 256})
+	socket := libvirtSocket(t)
+	pid := 0
+	stopped := make(chan error, 1)
+	require.NoError(t, vm.SetNextBoot(func() string {
+		// Runs before the reset's destroy and start: stop the QEMU that
+		// start brings up, as soon as it is up.
+		go func() {
+			deadline := time.Now().Add(30 * time.Second)
+			for time.Now().Before(deadline) {
+				st, _ := exec.Command("virsh", "-c", "qemu:///system?socket="+socket, "domstate", "kiln-lv-restop").Output()
+				if p := qemuPID(t, "kiln-lv-restop"); p != 0 && p != pid && strings.TrimSpace(string(st)) == "running" {
+					// Past the start's return (it sets running last).
+					time.Sleep(200 * time.Millisecond)
+					out, err := exec.Command("virsh", "-c", "qemu:///system?socket="+socket, "destroy", "kiln-lv-restop").CombinedOutput()
+					if err != nil {
+						err = fmt.Errorf("virsh destroy: %v: %s", err, out)
+					}
+					stopped <- err
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			stopped <- fmt.Errorf("the reset did not start a new QEMU within 30s")
+		}()
+		return machine.BootDisk
+	}))
+	require.NoError(t, vm.PowerOn(context.Background(), machine.BootCD))
+	pid = qemuPID(t, "kiln-lv-restop")
+	require.NotZero(t, pid)
+	out, err := exec.Command("virsh", "-c", "qemu:///system?socket="+socket, "reset", "kiln-lv-restop").CombinedOutput()
+	require.NoError(t, err, "virsh reset: %s", out)
+	select {
+	case err := <-stopped:
+		require.NoError(t, err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("the reset did not start the domain again")
+	}
+	require.Eventually(t, func() bool { return vm.State() && vm.BootSource() == machine.BootDisk }, 30*time.Second, 100*time.Millisecond,
+		"the domain stayed off after it went off right after its reset (State() = %v, BootSource() = %q)", vm.State(), vm.BootSource())
+	order, _ := bootOrders(t, liveDomain(t, vm))
+	require.Equal(t, uint(1), order["disk"], "live boot orders %v: want disk first", order)
 }
