@@ -85,7 +85,7 @@ func (b *BMC) do(ctx context.Context, op string, fn func(context.Context) error)
 		select {
 		case err = <-done:
 		case <-t.C:
-			err = fmt.Errorf("bmc %s: %s: %w", b.opts.Name, op, ctx.Err())
+			err = lateError(b.opts.Name, op, ctx.Err())
 		}
 		t.Stop()
 	}
@@ -94,6 +94,18 @@ func (b *BMC) do(ctx context.Context, op string, fn func(context.Context) error)
 		b.log.Warn("bmc call failed", "op", op, "error", err)
 	}
 	return err
+}
+
+// lateError is do's error when ctx ended before the operation returned
+// (its attempt still runs: an ipmitool slow to die, a provider that does
+// not honour ctx). A deadline is the BMC giving no answer in time,
+// Unavailable like every other timeout, so callers retry it and the
+// condition says so; a caller's cancellation stays only that.
+func lateError(name, op string, ctxErr error) error {
+	if errors.Is(ctxErr, context.DeadlineExceeded) {
+		return errdefs.Unavailable("bmc %s: %s: no answer before the deadline: %w", name, op, ctxErr)
+	}
+	return fmt.Errorf("bmc %s: %s: %w", name, op, ctxErr)
 }
 
 // attempts runs fn until it succeeds, fails permanently, runs out of
