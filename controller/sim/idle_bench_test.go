@@ -36,8 +36,17 @@ import (
 // together: an upper bound for the controller). Run one size at a time:
 //
 //	go test ./controller/sim/ -run '^$' -bench 'IdleHeartbeats/agents=100000$' -benchtime 1x -timeout 30m
+//
+// KILN_IDLE_AGENTS=N runs a fleet of N instead (profiling at sizes
+// between the fixed ones).
 func BenchmarkIdleHeartbeats(b *testing.B) {
-	for _, n := range []int{1000, 10000, 100000} {
+	sizes := []int{1000, 10000, 100000}
+	if v := os.Getenv("KILN_IDLE_AGENTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		require.NoError(b, err, "KILN_IDLE_AGENTS")
+		sizes = []int{n}
+	}
+	for _, n := range sizes {
 		b.Run("agents="+strconv.Itoa(n), func(b *testing.B) {
 			for range b.N {
 				benchIdle(b, n)
