@@ -67,11 +67,16 @@ func benchWave(b *testing.B, n int) {
 	// often (every 10 s at 100,000), so the benchmark's own reads stay a
 	// small part of the run.
 	poll := max(time.Second, time.Duration(n/10000)*time.Second)
+	logged := time.Now()
 	for {
 		done, errs := w.count()
 		require.Zero(b, errs, "hosts in Error")
 		if done == n {
 			break
+		}
+		if time.Since(logged) >= time.Minute {
+			b.Logf("%d of %d hosts Provisioned after %s", done, n, time.Since(start).Round(time.Second))
+			logged = time.Now()
 		}
 		time.Sleep(poll)
 	}
