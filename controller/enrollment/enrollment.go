@@ -21,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -56,6 +57,9 @@ type Store interface {
 	Create(ctx context.Context, kind, name string, m proto.Message) (int64, error)
 	Get(ctx context.Context, kind, name string, into proto.Message) (int64, error)
 	Update(ctx context.Context, kind, name string, m proto.Message, expectRev int64) (int64, error)
+	// UpdateWith is Update with ops (a heartbeat's events) in the same
+	// etcd transaction.
+	UpdateWith(ctx context.Context, kind, name string, m proto.Message, expectRev int64, ops []clientv3.Op) (int64, error)
 	CreateAudited(ctx context.Context, kind, name string, m proto.Message, rec store.AuditRecord, secrets ...store.SecretOp) (int64, error)
 }
 
@@ -85,9 +89,11 @@ type Rotation interface {
 	WantsRenewal(issuer string) bool
 }
 
-// Recorder records events.
+// Recorder records events (*events.Recorder): alone (Record), or
+// prepared to be stored in the transaction of a Host write (Prepare).
 type Recorder interface {
 	Record(ctx context.Context, kind, name, typ, reason, message string)
+	Prepare(ctx context.Context, kind, name string, evs []events.Event) (*events.Batch, error)
 }
 
 var _ Recorder = (*events.Recorder)(nil)
@@ -112,7 +118,17 @@ type Config struct {
 	// Refresh is how old a stored heartbeat may grow before a heartbeat
 	// rewrites it (liveness.DefaultRefresh; negative: never).
 	Refresh time.Duration
+	// MaxInFlight bounds the heartbeats that read or write etcd at once
+	// (DefaultMaxInFlight); the others wait their turn in the controller.
+	// A fleet powered on at once (every first check-in writes its Host)
+	// then queues here, cheaply, instead of as 100,000 concurrent etcd
+	// requests, each with its buffers and goroutines on both ends.
+	MaxInFlight int
 }
+
+// DefaultMaxInFlight is Config.MaxInFlight's default: enough concurrent
+// requests for etcd to batch its commits.
+const DefaultMaxInFlight = 256
 
 // Observer is told of enrollment attempts (*metrics.Metrics).
 type Observer interface {
@@ -129,6 +145,8 @@ type Service struct {
 	cfg     Config
 	tracker *liveness.Tracker
 	log     *slog.Logger
+	// inFlight holds a token per heartbeat at etcd (Config.MaxInFlight).
+	inFlight chan struct{}
 	// hostCache, when set, answers idle heartbeats (UseHostCache).
 	hostCache *hostCache
 }
@@ -153,7 +171,10 @@ func New(st Store, ca Signer, rec Recorder, cfg Config, log *slog.Logger) *Servi
 	case cfg.Refresh < 0:
 		cfg.Refresh = 0
 	}
-	return &Service{store: st, ca: ca, events: rec, cfg: cfg, tracker: cfg.Tracker, log: log.With("component", "enrollment")}
+	if cfg.MaxInFlight <= 0 {
+		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	return &Service{store: st, ca: ca, events: rec, cfg: cfg, tracker: cfg.Tracker, inFlight: make(chan struct{}, cfg.MaxInFlight), log: log.With("component", "enrollment")}
 }
 
 // CreateToken makes a one-time token valid for ttl (DefaultTokenTTL when
@@ -337,7 +358,7 @@ func (s *Service) enroll(ctx context.Context, req EnrollRequest) (*EnrollResult,
 // register creates the Host (state Registering) or records the new
 // agent identity and facts on an existing one.
 func (s *Service) register(ctx context.Context, host string, facts *typesv1.Facts, cert *x509.Certificate, now time.Time) error {
-	return s.updateHost(ctx, host, true, func(h *typesv1.Host) error {
+	return s.updateHost(ctx, host, true, func(h *typesv1.Host) ([]events.Event, error) {
 		if h.Status == nil {
 			h.Status = &typesv1.HostStatus{}
 		}
@@ -359,7 +380,7 @@ func (s *Service) register(ctx context.Context, host string, facts *typesv1.Fact
 			h.Status.Agent.Mode = facts.GetAgentMode()
 			h.Status.Agent.BootSource = facts.GetBootSource()
 		}
-		return nil
+		return nil, nil
 	}, now)
 }
 
@@ -370,9 +391,11 @@ var errUnchanged = errors.New("unchanged")
 const maxRetries = 10
 
 // updateHost applies fn to the stored Host and writes it back with a
-// compare-and-swap, retrying on conflict. With create, a missing Host is
-// created. An error from fn stops it, writing nothing.
-func (s *Service) updateHost(ctx context.Context, host string, create bool, fn func(*typesv1.Host) error, now time.Time) error {
+// compare-and-swap, retrying on conflict, with the events fn returns in
+// the same etcd transaction (one write; see writeHost). With create, a
+// missing Host is created, and fn's events are recorded after it. An
+// error from fn stops it, writing nothing.
+func (s *Service) updateHost(ctx context.Context, host string, create bool, fn func(*typesv1.Host) ([]events.Event, error), now time.Time) error {
 	// An update of an existing Host (a heartbeat) reads it with the
 	// pause's check when the store has one: a heartbeat that writes
 	// nothing is refused, like a write, while the controller is paused for
@@ -396,31 +419,65 @@ func (s *Service) updateHost(ctx context.Context, host string, create bool, fn f
 				},
 				Spec: &typesv1.HostSpec{Bmc: &typesv1.BMCSpec{Protocol: "none"}},
 			}
-			if err := fn(h); err != nil {
+			evs, err := fn(h)
+			if err != nil {
 				return err
 			}
 			_, err = s.store.Create(ctx, HostsKind, host, h)
 			if errdefs.IsAlreadyExists(err) {
 				continue
 			}
+			if err == nil {
+				for _, ev := range evs {
+					s.events.Record(ctx, HostsKind, host, ev.Type, ev.Reason, ev.Message)
+				}
+			}
 			return err
 		}
 		if err != nil {
 			return err
 		}
-		if err := fn(h); err != nil {
+		evs, err := fn(h)
+		if err != nil {
 			if errors.Is(err, errUnchanged) {
 				return nil
 			}
 			return err
 		}
-		_, err = s.store.Update(ctx, HostsKind, host, h, rev)
+		err = s.writeHost(ctx, host, h, rev, evs)
 		if errdefs.IsConflict(err) {
 			continue
 		}
 		return err
 	}
 	return errdefs.Unavailable("host %q: too many concurrent updates", host)
+}
+
+// writeHost stores h (read at rev) and evs, its events, in one etcd
+// transaction, as the host lifecycle stores a step's events with its
+// status: a heartbeat that makes an agent reachable costs one write, not
+// two. Events that cannot be prepared (no event lease) are logged and the
+// Host is written without them. It returns the store's Conflict and
+// NotFound.
+func (s *Service) writeHost(ctx context.Context, host string, h *typesv1.Host, rev int64, evs []events.Event) error {
+	var batch *events.Batch
+	if len(evs) > 0 {
+		b, err := s.events.Prepare(ctx, HostsKind, host, evs)
+		if err != nil {
+			s.log.Warn("events not recorded", "host", host, "err", err)
+		} else {
+			batch = b
+		}
+	}
+	var ops []clientv3.Op
+	if batch != nil {
+		ops = batch.Ops()
+	}
+	_, err := s.store.UpdateWith(ctx, HostsKind, host, h, rev, ops)
+	if batch != nil {
+		batch.Done(ctx, err == nil)
+	}
+	return err
 }
 
 // HeartbeatResult is the controller's answer to a heartbeat.
@@ -485,25 +542,25 @@ func (s *Service) heartbeat(ctx context.Context, host string, serial *string, re
 		Replica:     s.cfg.Replica,
 		Now:         now,
 	}
-	if res, ok := s.heartbeatFromCache(host, serial, beat); ok {
-		return res, nil
+	var renew, wantFacts bool
+	done, err := s.heartbeatFromCache(ctx, host, serial, beat, &renew, &wantFacts)
+	if !done {
+		if err = s.acquire(ctx); err != nil {
+			return HeartbeatResult{}, fmt.Errorf("heartbeat of host %q: %w", host, err)
+		}
+		err = s.updateHost(ctx, host, false, func(h *typesv1.Host) ([]events.Event, error) {
+			d, err := s.decide(h, serial, beat)
+			if err != nil {
+				return nil, err
+			}
+			renew, wantFacts = d.renew, d.wantFacts
+			if !d.write {
+				return nil, errUnchanged
+			}
+			return applyBeat(h, d, beat), nil
+		}, now)
+		s.release()
 	}
-	var becameReachable, renew, wantFacts bool
-	err := s.updateHost(ctx, host, false, func(h *typesv1.Host) error {
-		d, err := s.decide(h, serial, beat)
-		if err != nil {
-			return err
-		}
-		renew, wantFacts = d.renew, d.wantFacts
-		if !d.write {
-			return errUnchanged
-		}
-		if d.clearPrevious {
-			h.Status.Agent.PreviousCertificateSerial = ""
-		}
-		becameReachable = liveness.Apply(h, beat)
-		return nil
-	}, now)
 	if errdefs.IsNotFound(err) {
 		return HeartbeatResult{}, errdefs.NotFound("host %q is not registered (deleted?): enroll the agent again", host)
 	}
@@ -514,11 +571,71 @@ func (s *Service) heartbeat(ctx context.Context, host string, serial *string, re
 		return HeartbeatResult{}, fmt.Errorf("heartbeat of host %q: %w", host, err)
 	}
 	s.tracker.Seen(host, now)
-	if becameReachable {
-		s.events.Record(ctx, HostsKind, host, events.Normal, "AgentReachable", "agent heartbeats arrive from "+req.AgentAddress)
-	}
 	return HeartbeatResult{Interval: s.cfg.HeartbeatInterval, RenewCertificate: renew, FactsWanted: wantFacts}, nil
 }
+
+// heartbeatFromCache answers a heartbeat from the host cache when it can
+// (UseHostCache); done is false when the caller must go to etcd: no
+// cache, not confirmed current, paused, no such Host in it, a serial it
+// refuses, or a write that lost its compare-and-swap. A heartbeat that
+// writes nothing only marks the agent seen. One that writes (a first
+// check-in, new facts) writes the cached Host with a compare-and-swap on
+// the cached revision: as safe as a fresh read (a Host changed since,
+// say by a re-enrollment that revoked the serial, fails the swap and the
+// heartbeat is decided again on a linearizable read), and one etcd
+// request instead of two. *renew and *wantFacts are set from the
+// decision.
+func (s *Service) heartbeatFromCache(ctx context.Context, host string, serial *string, beat liveness.Beat, renew, wantFacts *bool) (done bool, err error) {
+	cached, rev, ok := s.cachedHost(host, beat.Now)
+	if !ok {
+		return false, nil
+	}
+	d, err := s.decide(cached, serial, beat)
+	if err != nil {
+		return false, nil
+	}
+	*renew, *wantFacts = d.renew, d.wantFacts
+	if !d.write {
+		return true, nil
+	}
+	h := proto.CloneOf(cached)
+	if err := s.acquire(ctx); err != nil {
+		return true, err
+	}
+	err = s.writeHost(ctx, host, h, rev, applyBeat(h, d, beat))
+	s.release()
+	if errdefs.IsConflict(err) || errdefs.IsNotFound(err) {
+		return false, nil
+	}
+	return true, err
+}
+
+// applyBeat records heartbeat beat on h as decided by d (which must say
+// write) and returns the events to store with it: AgentReachable when
+// the agent became reachable.
+func applyBeat(h *typesv1.Host, d beatDecision, beat liveness.Beat) []events.Event {
+	if d.clearPrevious {
+		h.Status.Agent.PreviousCertificateSerial = ""
+	}
+	if liveness.Apply(h, beat) {
+		return []events.Event{{Type: events.Normal, Reason: "AgentReachable", Message: "agent heartbeats arrive from " + beat.Address}}
+	}
+	return nil
+}
+
+// acquire takes one of Config.MaxInFlight slots for a heartbeat that goes
+// to etcd, waiting while all are taken. It returns Unavailable when ctx
+// ends first. release gives it back.
+func (s *Service) acquire(ctx context.Context) error {
+	select {
+	case s.inFlight <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return errdefs.Unavailable("waiting for a turn to write: %w", ctx.Err())
+	}
+}
+
+func (s *Service) release() { <-s.inFlight }
 
 // beatDecision is what a heartbeat does to its stored Host (decide).
 type beatDecision struct {
@@ -606,19 +723,18 @@ func (s *Service) Renew(ctx context.Context, host, serial string, csrDER []byte)
 	if err != nil {
 		return nil, err
 	}
-	err = s.updateHost(ctx, host, false, func(h *typesv1.Host) error {
+	err = s.updateHost(ctx, host, false, func(h *typesv1.Host) ([]events.Event, error) {
 		// Checked again in the compare-and-swap: a re-enrollment since
 		// the read revoked the caller.
 		if err := CheckSerial(h, serial); err != nil {
-			return err
+			return nil, err
 		}
 		RecordNewSerial(h, serial, cert)
-		return nil
+		return []events.Event{{Type: events.Normal, Reason: "CertificateRenewed", Message: "certificate serial " + cert.SerialNumber.Text(16)}}, nil
 	}, now)
 	if err != nil {
 		return nil, fmt.Errorf("renew host %q: %w", host, err)
 	}
-	s.events.Record(ctx, HostsKind, host, events.Normal, "CertificateRenewed", "certificate serial "+cert.SerialNumber.Text(16))
 	return certPEM, nil
 }
 

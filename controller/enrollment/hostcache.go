@@ -5,7 +5,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/kilnhq/kiln/controller/liveness"
 	"github.com/kilnhq/kiln/controller/store"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
@@ -68,11 +67,13 @@ type hostCache struct {
 // linearizable read of etcd's revision, then WaitRevision) within
 // MaxHostCacheLag. Call before serving; then run RunHostCache.
 //
-// Why a stale read is safe here: the cache only ever lets a heartbeat
-// through that would write nothing (the agent is marked seen in this
-// replica's memory); a heartbeat that changes its Host, is refused, or
-// finds no Host goes to etcd as before, so a refusal, a NotFound and
-// every write are decided on a linearizable read. What the lag can do is
+// Why a stale read is safe here: a heartbeat that would write nothing
+// only marks the agent seen in this replica's memory; one that changes
+// its Host (a first check-in) writes it with a compare-and-swap on the
+// cached revision, so a Host changed since fails the swap and the
+// heartbeat is decided again on a linearizable read; one that is refused
+// or finds no Host goes to etcd as before, so a refusal and a NotFound
+// are decided on a linearizable read. What the lag can do is
 // accept a certificate serial replaced or revoked within the last
 // MaxHostCacheLag (the cache was confirmed current at most that long
 // ago, and holds every write before that), mark seen a host deleted as
@@ -124,31 +125,38 @@ func (s *Service) checkHostCache(ctx context.Context, hc *hostCache) {
 	hc.fresh.Store(&freshness{at: at, paused: p != nil, pauseChanges: changes})
 }
 
-// heartbeatFromCache answers a heartbeat that writes nothing from the
-// host cache; ok is false when the caller must go to etcd: no cache, not
-// confirmed current within MaxHostCacheLag, paused, no such Host in it,
-// a serial it refuses, or a heartbeat that changes the Host.
-func (s *Service) heartbeatFromCache(host string, serial *string, beat liveness.Beat) (HeartbeatResult, bool) {
+// HostCacheConfirmed is when the host cache was last confirmed current
+// (RunHostCache); the zero time when never, or without a host cache.
+func (s *Service) HostCacheConfirmed() time.Time {
+	if s.hostCache == nil {
+		return time.Time{}
+	}
+	if f := s.hostCache.fresh.Load(); f != nil {
+		return f.at
+	}
+	return time.Time{}
+}
+
+// cachedHost returns the cached Host of host (shared: read only) and its
+// mod revision; ok is false when the caller must go to etcd: no cache,
+// not confirmed current within MaxHostCacheLag, paused, or no such Host
+// in it.
+func (s *Service) cachedHost(host string, now time.Time) (*typesv1.Host, int64, bool) {
 	hc := s.hostCache
 	if hc == nil {
-		return HeartbeatResult{}, false
+		return nil, 0, false
 	}
 	f := hc.fresh.Load()
-	if f == nil || f.paused || beat.Now.Sub(f.at) > MaxHostCacheLag || hc.pauses.PauseChanges() != f.pauseChanges {
-		return HeartbeatResult{}, false
+	if f == nil || f.paused || now.Sub(f.at) > MaxHostCacheLag || hc.pauses.PauseChanges() != f.pauseChanges {
+		return nil, 0, false
 	}
 	it, ok := hc.hosts.Get(host)
 	if !ok {
-		return HeartbeatResult{}, false
+		return nil, 0, false
 	}
 	h, ok := it.Msg.(*typesv1.Host)
 	if !ok {
-		return HeartbeatResult{}, false
+		return nil, 0, false
 	}
-	d, err := s.decide(h, serial, beat)
-	if err != nil || d.write {
-		return HeartbeatResult{}, false
-	}
-	s.tracker.Seen(host, beat.Now)
-	return HeartbeatResult{Interval: s.cfg.HeartbeatInterval, RenewCertificate: d.renew, FactsWanted: d.wantFacts}, true
+	return h, it.Rev, true
 }

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnhq/kiln/controller/enrollment"
+	"github.com/kilnhq/kiln/controller/events"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/controller/store/storetest"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -21,6 +22,10 @@ import (
 type nopRecorder struct{}
 
 func (nopRecorder) Record(context.Context, string, string, string, string, string) {}
+
+func (nopRecorder) Prepare(context.Context, string, string, []events.Event) (*events.Batch, error) {
+	return &events.Batch{}, nil
+}
 
 // setSerial does what a re-enrollment does to the Host's serials.
 func setSerial(t *testing.T, ctx context.Context, st *store.Store, host, serial string) {

@@ -21,6 +21,7 @@ import (
 	"github.com/kilnhq/kiln/controller/resources"
 	"github.com/kilnhq/kiln/controller/sim"
 	"github.com/kilnhq/kiln/controller/store/storetest"
+	"github.com/kilnhq/kiln/internal/conditions"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -33,11 +34,22 @@ import (
 // window (KILN_IDLE_WINDOW, default 60s) and reports etcd writes/s (the
 // growth of etcd's revision), heartbeats/s, and the CPU the process used
 // (controller handler, monitor, embedded etcd and the simulated agents
-// together: an upper bound for the controller). Run one size at a time:
+// together: an upper bound for the controller). Then it stops the agents
+// of 10 hosts and checks that the monitor marks each unreachable within 3
+// intervals and a check (s-to-mark-silent). Run one size at a time:
 //
 //	go test ./controller/sim/ -run '^$' -bench 'IdleHeartbeats/agents=100000$' -benchtime 1x -timeout 30m
+//
+// KILN_IDLE_AGENTS=N runs a fleet of N instead (profiling at sizes
+// between the fixed ones).
 func BenchmarkIdleHeartbeats(b *testing.B) {
-	for _, n := range []int{1000, 10000, 100000} {
+	sizes := []int{1000, 10000, 100000}
+	if v := os.Getenv("KILN_IDLE_AGENTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		require.NoError(b, err, "KILN_IDLE_AGENTS")
+		sizes = []int{n}
+	}
+	for _, n := range sizes {
 		b.Run("agents="+strconv.Itoa(n), func(b *testing.B) {
 			for range b.N {
 				benchIdle(b, n)
@@ -165,6 +177,37 @@ func benchIdle(b *testing.B, n int) {
 	b.ReportMetric(float64(peakRSS(b))/(1<<20), "MiB-peak-RSS")
 	b.ReportMetric(float64(tr.Len()), "tracked")
 	require.Equal(b, n, tr.Len(), "agents tracked in memory")
+
+	// Liveness at this size: the agents of 10 hosts stop (power cut);
+	// each must be marked AgentReachable=False within 3 intervals of its
+	// last heartbeat and one check (Silence/12).
+	cut := make([]int, 10)
+	for i := range cut {
+		cut[i] = i * (n / len(cut))
+	}
+	lastBeat := map[int]time.Time{}
+	for _, i := range cut {
+		hosts[i].PowerCut()
+		lastBeat[i] = time.Now() // an upper bound for its last heartbeat: none after the cut
+	}
+	bound := 3*interval + 3*interval/12
+	var worst time.Duration
+	for len(lastBeat) > 0 {
+		for i, at := range lastBeat {
+			h := &typesv1.Host{}
+			_, err := w.st.Get(ctx, "hosts", hosts[i].Name(), h)
+			require.NoError(b, err)
+			if c := conditions.Get(h.GetStatus().GetConditions(), liveness.ConditionAgentReachable); c != nil && c.GetStatus() == conditions.False {
+				worst = max(worst, time.Since(at))
+				delete(lastBeat, i)
+				continue
+			}
+			require.Less(b, time.Since(at), bound+5*time.Second, "host %s not marked unreachable %s after its agent stopped (bound %s)", hosts[i].Name(), time.Since(at).Round(time.Second), bound)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	b.Logf("10 stopped agents marked unreachable at most %s after they stopped (bound %s: 3 intervals and a check)", worst.Round(100*time.Millisecond), bound)
+	b.ReportMetric(worst.Seconds(), "s-to-mark-silent")
 }
 
 func first(v int64, _ bool) int64 { return v }

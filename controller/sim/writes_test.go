@@ -106,8 +106,9 @@ func (c *writeCounter) waitSeen(t testing.TB, upTo int64) {
 
 // TestWritesPerHost provisions hosts through the real executor and
 // store and counts the etcd writes of each on its way: the lifecycle's
-// events ride in the transaction of the status they go with, so no
-// lifecycle event is a write of its own, and CheckBMC and BootAgentMedia
+// events ride in the transaction of the status they go with, and an
+// agent's AgentReachable in the heartbeat's Host write, so no event is a
+// write of its own, and CheckBMC and BootAgentMedia
 // (no power, no lay) are stored with the next step's status.
 func TestWritesPerHost(t *testing.T) {
 	w := newWorld(t, fastSim)
@@ -126,7 +127,7 @@ func TestWritesPerHost(t *testing.T) {
 	n := float64(len(names))
 	t.Logf("per host: %.1f etcd writes: %.1f with a Host (status, heartbeats, progress), %.1f events alone %v, %.1f other; %.1f event puts",
 		float64(end-rev0)/n, float64(wc.hostWrites)/n, float64(wc.eventOnlyWrites)/n, wc.eventOnly, float64(wc.otherWrites)/n, float64(wc.eventPuts)/n)
-	for _, r := range []string{"Registering", "Inspecting", "Available", "Provisioning", "ImageLaid", "Provisioned"} {
+	for _, r := range []string{"Registering", "Inspecting", "Available", "Provisioning", "ImageLaid", "Provisioned", "AgentReachable"} {
 		if wc.eventOnly[r] > 0 {
 			t.Errorf("%d %s events were written alone, want each in its status write", wc.eventOnly[r], r)
 		}
