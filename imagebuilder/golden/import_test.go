@@ -12,8 +12,12 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/yaml"
 
+	"github.com/kilnhq/kiln/agent/kubeadm"
 	"github.com/kilnhq/kiln/agent/preflight"
+	"github.com/kilnhq/kiln/imagebuilder/kubetools"
+	"github.com/kilnhq/kiln/imagebuilder/rootfs"
 	"github.com/kilnhq/kiln/internal/testenv"
 )
 
@@ -180,5 +184,80 @@ func TestImportBackoff(t *testing.T) {
 			t.Errorf("import-images at attempt %d = %q, want %q", tt.attempt, out, tt.want)
 		}
 		require.NoError(t, os.Remove(filepath.Join(root, ImportMarker)))
+	}
+}
+
+// TestLabVMProbePatches: the real kubeadm of the kube-tools cache applies
+// a lab VM image's patches to the static pods it writes (kubeadm init
+// phase control-plane / etcd, chrooted into a temporary root), so a slow
+// control plane gets the patient probes. Needs root (kubeadm --rootfs
+// chroots) and `make kube-tools`.
+func TestLabVMProbePatches(t *testing.T) {
+	s := mustSpec(t, "kubernetesVersion: v1.34.4\nagent: x\nlabVM: true\n")
+	got := map[string]rootfs.File{}
+	for _, f := range files(s, "/bin/agent", &kubeFiles{pause: "registry.k8s.io/pause:3.10.1"}, "") {
+		got[f.Path] = f
+	}
+	for _, target := range LabProbeTargets {
+		require.Contains(t, got, LabProbePatchFile(target))
+	}
+	require.Equal(t, "/etc/systemd/system/"+LabConsoleUnit, got["/etc/systemd/system/multi-user.target.wants/"+LabConsoleUnit].Symlink)
+	require.Equal(t, os.FileMode(0o755), got[LabConsoleScript].Mode)
+	cmd := exec.Command("sh", "-n")
+	cmd.Stdin = strings.NewReader(LabConsoleScriptFile)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "sh -n %s: %s", LabConsoleScript, out)
+	for _, f := range files(mustSpec(t, "kubernetesVersion: v1.34.4\nagent: x\n"), "/bin/agent", &kubeFiles{pause: "p"}, "") {
+		if strings.HasPrefix(f.Path, kubeadm.PatchesDir) || strings.Contains(f.Path, LabConsoleUnit) {
+			t.Errorf("an image without labVM has %s", f.Path)
+		}
+	}
+
+	testenv.RequireRoot(t, "to chroot kubeadm into a temporary root (--rootfs)")
+	r := kubetools.Pinned()
+	kubeadmBin := filepath.Join(kubetools.Cache{Dir: filepath.Join(rootfs.CacheRoot(), "kube-tools")}.BinDir(r), "kubeadm")
+	testenv.RequireFile(t, kubeadmBin, "run make kube-tools")
+	root := t.TempDir()
+	for _, target := range LabProbeTargets {
+		p := filepath.Join(root, LabProbePatchFile(target))
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, got[LabProbePatchFile(target)].Data, 0o644))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(root, "init.yaml"), []byte(`apiVersion: kubeadm.k8s.io/v1beta4
+kind: InitConfiguration
+patches:
+  directory: `+kubeadm.PatchesDir+`
+---
+apiVersion: kubeadm.k8s.io/v1beta4
+kind: ClusterConfiguration
+kubernetesVersion: `+r.Kubernetes+`
+`), 0o644))
+	for _, phase := range [][]string{{"control-plane", "all"}, {"etcd", "local"}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		out, err := exec.CommandContext(ctx, kubeadmBin, append(append([]string{"init", "phase"}, phase...), "--config", "/init.yaml", "--rootfs", root)...).CombinedOutput()
+		cancel()
+		require.NoError(t, err, "kubeadm init phase %v: %s", phase, out)
+	}
+	for _, target := range LabProbeTargets {
+		b, err := os.ReadFile(filepath.Join(root, "etc/kubernetes/manifests", target+".yaml"))
+		require.NoError(t, err)
+		var pod struct {
+			Spec struct {
+				Containers []struct {
+					Name          string
+					StartupProbe  struct{ TimeoutSeconds, FailureThreshold, PeriodSeconds int } `json:"startupProbe"`
+					LivenessProbe struct{ TimeoutSeconds, FailureThreshold, PeriodSeconds int } `json:"livenessProbe"`
+				}
+			}
+		}
+		require.NoError(t, yaml.Unmarshal(b, &pod))
+		require.Len(t, pod.Spec.Containers, 1)
+		c := pod.Spec.Containers[0]
+		if c.StartupProbe.TimeoutSeconds != 60 || c.StartupProbe.FailureThreshold != 120 || c.LivenessProbe.FailureThreshold != 30 || c.LivenessProbe.TimeoutSeconds != 60 {
+			t.Errorf("kubeadm's %s manifest with the lab VM patch: startupProbe %+v, livenessProbe %+v, want timeouts 60 s, failure thresholds 120 and 30", target, c.StartupProbe, c.LivenessProbe)
+		}
+		if c.StartupProbe.PeriodSeconds != 10 {
+			t.Errorf("%s startupProbe period %d, want kubeadm's 10 kept", target, c.StartupProbe.PeriodSeconds)
+		}
 	}
 }
