@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -112,6 +113,11 @@ func TestVMEndToEnd(t *testing.T) {
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
+	// SIGINT or SIGTERM of the test binary ends the run as its deadline
+	// does: the stop's report (describe, console, agent log) and every
+	// cleanup (domain, libvirtd, bridge, guard, dnsmasq) still run.
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	// libvirtd only now: a private one holds a machine-wide lock that
 	// other libvirt tests wait on, and the image build may take long.
 	sock := libvirtSocket(t)
