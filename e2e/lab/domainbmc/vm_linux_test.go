@@ -169,7 +169,11 @@ func TestVMEndToEnd(t *testing.T) {
 	}))
 	require.True(t, strings.HasPrefix(env.BootURL, "http://"+ln.gateway+":"), "boot URL %s", env.BootURL)
 	kctl := func(stdin string, args ...string) (string, error) {
-		cmd := exec.CommandContext(ctx, kilnctl, args...)
+		// Its own deadline: the report of a stopped run (ctx done) still
+		// describes the host.
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(kctx, kilnctl, args...)
 		cmd.Env = append(os.Environ(), "KILNCONFIG="+env.AdminConfigPath, "HOME="+tmp)
 		if stdin != "" {
 			cmd.Stdin = strings.NewReader(stdin)
