@@ -30,6 +30,7 @@ import (
 	"github.com/kilnhq/kiln/host/ports"
 	"github.com/kilnhq/kiln/host/swap"
 	"github.com/kilnhq/kiln/host/sysctl"
+	"github.com/kilnhq/kiln/host/systemd"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
 )
@@ -57,12 +58,15 @@ const (
 )
 
 // OfflineImagesDir holds a golden image's Kubernetes image archives
-// (imagebuilder/golden.ImagesDir); its unit kiln-import-images.service
-// imports them into containerd once at first boot and then writes
-// OfflineImagesMarker there.
+// (imagebuilder/golden.ImagesDir); its unit OfflineImagesUnit imports
+// them into containerd at first boot, retrying on failure, and then
+// writes OfflineImagesMarker there. It logs its progress and its errors
+// to OfflineImagesLog there (imagebuilder/golden.ImportLog).
 const (
 	OfflineImagesDir    = "var/lib/kiln/images"
 	OfflineImagesMarker = ".imported"
+	OfflineImagesLog    = ".import.log"
+	OfflineImagesUnit   = "kiln-import-images.service"
 )
 
 // Runner runs a host command (command.Exec in production).
@@ -78,6 +82,9 @@ type Checker struct {
 	networks func() (addrs, routes []netcheck.Network, err error)
 	busy     func([]int) ([]int, error)
 	query    func(ctx context.Context, socket string) (containerd.Running, error)
+	// unit reads a systemd unit's state (the import's, while its marker
+	// is missing).
+	unit func(ctx context.Context, name string) (systemd.UnitState, error)
 	// timeout bounds each probe that may hang (the runtime socket);
 	// versionTimeout each `kubeadm version` and `kubelet --version`: a
 	// first exec of an 80 MB Go binary while a first boot imports its
@@ -100,6 +107,7 @@ func New(root string, run Runner, log *slog.Logger) *Checker {
 		networks: netcheck.HostNetworks,
 		busy:     ports.Busy,
 		query:    containerd.Query,
+		unit:     unitState(root),
 		timeout:  5 * time.Second,
 
 		versionTimeout: VersionTimeout,
@@ -132,7 +140,7 @@ func (c *Checker) Run(ctx context.Context, cluster *agentv1.ClusterConfig) (*age
 		c.swap(kubelet),
 	)
 	checks = append(checks, c.versions(ctx, cluster)...)
-	checks = append(checks, c.offlineImages())
+	checks = append(checks, c.offlineImages(ctx))
 
 	r := &agentv1.PreflightReport{Checks: checks, Passed: true}
 	for _, ch := range checks {
@@ -401,8 +409,11 @@ func (c *Checker) versions(ctx context.Context, cluster *agentv1.ClusterConfig) 
 // "[ERROR ImagePull] ... image not present locally". On a first boot the
 // installed agent checks in while kiln-import-images.service still runs
 // (minutes on a slow machine), so the controller's first bootstrap
-// attempts come too early; it retries a refused preflight.
-func (c *Checker) offlineImages() *agentv1.Check {
+// attempts come too early; it retries a refused preflight. While the
+// marker is missing the message says what the import is doing (running
+// and at which archive, failed with its last lines and retrying, not
+// started), from the unit's state and the import's log.
+func (c *Checker) offlineImages(ctx context.Context) *agentv1.Check {
 	dir := filepath.Join(c.root, OfflineImagesDir)
 	archives, _ := filepath.Glob(filepath.Join(dir, "*.tar"))
 	if len(archives) == 0 {
@@ -411,9 +422,99 @@ func (c *Checker) offlineImages() *agentv1.Check {
 	if _, err := os.Stat(filepath.Join(dir, OfflineImagesMarker)); err == nil {
 		return pass(CheckOfflineImages, fmt.Sprintf("%d offline image archives imported into containerd", len(archives)))
 	}
+	uctx, cancel := context.WithTimeout(ctx, c.timeout)
+	st, uerr := c.unit(uctx, OfflineImagesUnit)
+	cancel()
+	status, fix := importStatus(st, uerr, lastLines(filepath.Join(dir, OfflineImagesLog), importLogLines))
 	return fail(CheckOfflineImages, errorSev,
-		fmt.Sprintf("the %d offline image archives in /%s are not imported into containerd yet (no %s): kubeadm would find no images (pull policy Never)", len(archives), OfflineImagesDir, OfflineImagesMarker),
-		"wait for kiln-import-images.service (first boot; systemctl status kiln-import-images), or see its journal if it failed")
+		fmt.Sprintf("the %d offline image archives in /%s are not imported into containerd yet (no %s): kubeadm would find no images (pull policy Never); %s", len(archives), OfflineImagesDir, OfflineImagesMarker, status),
+		fix)
+}
+
+// importLogLines is how many of the import log's last lines a message
+// quotes.
+const importLogLines = 4
+
+// importStatus says what the import unit is doing, from its state and
+// its log's last lines (oldest first), and what to do about it.
+func importStatus(st systemd.UnitState, uerr error, lines []string) (status, fix string) {
+	const (
+		unit    = OfflineImagesUnit
+		journal = "journalctl -u " + unit
+	)
+	log := "its log is empty"
+	failed := false
+	if len(lines) > 0 {
+		log = "its log: " + strings.Join(lines, " | ")
+		for _, l := range lines {
+			if strings.Contains(l, "failed:") {
+				failed = true
+			}
+		}
+	}
+	manual := fmt.Sprintf("or import by hand: for f in /%s/*.tar; do ctr -n k8s.io images import $f; done && touch /%s/%s", OfflineImagesDir, OfflineImagesDir, OfflineImagesMarker)
+	switch {
+	case uerr != nil:
+		return fmt.Sprintf("the state of %s is unknown (%v); %s", unit, uerr, log),
+			"see systemctl status " + unit + " and " + journal + ", " + manual
+	case st.Load == "not-found":
+		return fmt.Sprintf("%s does not exist on this host; %s", unit, log),
+			"install the unit of the golden image (kiln-imagebuilder), " + manual
+	case st.Active == "activating" && st.Sub == "auto-restart":
+		return fmt.Sprintf("%s failed and systemd restarts it; %s", unit, log),
+			"it retries by itself with a growing wait; if it keeps failing, read " + journal + " and fix the cause (containerd running? archives intact?)"
+	case st.Active == "activating" && failed:
+		return fmt.Sprintf("%s is retrying after a failure; %s", unit, log),
+			"it retries by itself with a growing wait; if it keeps failing, read " + journal + " and fix the cause (containerd running? archives intact?)"
+	case st.Active == "activating":
+		return fmt.Sprintf("%s is running; %s", unit, log),
+			"wait: the first boot imports the archives once (minutes on a slow machine); the controller retries; progress: " + journal
+	case st.Active == "failed":
+		return fmt.Sprintf("%s failed and is not retried (%s); %s", unit, st.Sub, log),
+			"read " + journal + ", fix the cause, then systemctl restart " + unit
+	case st.Active == "active":
+		return fmt.Sprintf("%s finished without writing the marker; %s", unit, log),
+			"read " + journal + ", then rm -f /run/kiln/import-images.attempts && systemctl restart " + unit
+	}
+	return fmt.Sprintf("%s has not started (%s, unit file %s); %s", unit, st.Active, st.UnitFile, log),
+		"systemctl enable --now " + unit + " (the golden image enables it for multi-user.target), " + manual
+}
+
+// lastLines returns the last n non-empty lines of a file (none when it
+// cannot be read), each cut to 200 bytes.
+func lastLines(path string, n int) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for l := range strings.Lines(string(b)) {
+		l = strings.TrimSpace(l)
+		if l == "" {
+			continue
+		}
+		if len(l) > 200 {
+			l = l[:200] + "..."
+		}
+		out = append(out, l)
+	}
+	if len(out) > n {
+		out = out[len(out)-n:]
+	}
+	return out
+}
+
+// unitState reads a unit's state from the systemd of root (a NotSupported
+// error without one).
+func unitState(root string) func(ctx context.Context, name string) (systemd.UnitState, error) {
+	return func(ctx context.Context, name string) (systemd.UnitState, error) {
+		m, err := systemd.Dial(ctx, root)
+		if err != nil {
+			return systemd.UnitState{}, err
+		}
+		defer m.Close()
+		return m.State(ctx, name)
+	}
 }
 
 func (c *Checker) binaryVersion(ctx context.Context, name, path string) (string, error) {

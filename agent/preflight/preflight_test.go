@@ -22,6 +22,7 @@ import (
 	"github.com/kilnhq/kiln/host/netcheck"
 	"github.com/kilnhq/kiln/host/netnstest"
 	"github.com/kilnhq/kiln/host/sysctl"
+	"github.com/kilnhq/kiln/host/systemd"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/testenv"
 	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
@@ -422,6 +423,121 @@ func TestOfflineImagesImported(t *testing.T) {
 	got = check()
 	require.True(t, got.Passed, "%v", got)
 	require.Contains(t, got.Message, "2 offline image archives imported")
+}
+
+// TestOfflineImagesStatus: while the import's marker is missing, the
+// check says what kiln-import-images.service is doing (from its state and
+// its log) so that `kilnctl describe` names the cause: a run under TCG
+// was refused for 21 minutes with only "not imported yet".
+func TestOfflineImagesStatus(t *testing.T) {
+	const (
+		started   = "2026-12-07T02:00:00Z attempt 1: importing 7 archives\n"
+		importing = started + "2026-12-07T02:00:01Z importing 3/7 kube-apiserver.tar\n"
+		failedLog = importing +
+			"2026-12-07T02:03:00Z   ctr: failed to ingest \"blobs/sha256/9f1c\": unexpected EOF\n" +
+			"2026-12-07T02:03:00Z failed: importing kube-apiserver.tar: ctr exited 1\n"
+		retrying = failedLog + "2026-12-07T02:03:05Z attempt 2: retrying in 10s\n"
+	)
+	unit := func(active, sub string) func(context.Context, string) (systemd.UnitState, error) {
+		return func(_ context.Context, name string) (systemd.UnitState, error) {
+			if name != OfflineImagesUnit {
+				return systemd.UnitState{}, fmt.Errorf("unit %s: unexpected", name)
+			}
+			return systemd.UnitState{Load: "loaded", Active: active, Sub: sub, UnitFile: "enabled"}, nil
+		}
+	}
+	tests := []struct {
+		name     string
+		log      string
+		unit     func(context.Context, string) (systemd.UnitState, error)
+		wantMsg  []string
+		wantFix  string
+		notInMsg string
+	}{
+		{
+			name:    "running: names the archive it is at",
+			log:     importing,
+			unit:    unit("activating", "start"),
+			wantMsg: []string{"kiln-import-images.service is running; its log: ", "importing 3/7 kube-apiserver.tar"},
+			wantFix: "wait: the first boot imports the archives once",
+		},
+		{
+			name:    "failed, waiting to restart: quotes ctr's error",
+			log:     failedLog,
+			unit:    unit("activating", "auto-restart"),
+			wantMsg: []string{"failed and systemd restarts it", `ctr: failed to ingest "blobs/sha256/9f1c": unexpected EOF`, "failed: importing kube-apiserver.tar: ctr exited 1"},
+			wantFix: "it retries by itself",
+		},
+		{
+			name:     "retrying after a failure (waiting its backoff)",
+			log:      retrying,
+			unit:     unit("activating", "start"),
+			wantMsg:  []string{"is retrying after a failure", "attempt 2: retrying in 10s", "failed: importing kube-apiserver.tar"},
+			wantFix:  "journalctl -u kiln-import-images.service",
+			notInMsg: "attempt 1: importing 7 archives", // only the last lines
+		},
+		{
+			name:    "failed for good",
+			log:     failedLog,
+			unit:    unit("failed", "failed"),
+			wantMsg: []string{"failed and is not retried (failed)", "ctr exited 1"},
+			wantFix: "systemctl restart kiln-import-images.service",
+		},
+		{
+			name:    "not started",
+			unit:    unit("inactive", "dead"),
+			wantMsg: []string{"kiln-import-images.service has not started (inactive, unit file enabled); its log is empty"},
+			wantFix: "systemctl enable --now kiln-import-images.service",
+		},
+		{
+			name: "no such unit",
+			unit: func(context.Context, string) (systemd.UnitState, error) {
+				return systemd.UnitState{Load: "not-found", Active: "inactive", Sub: "dead"}, nil
+			},
+			wantMsg: []string{"kiln-import-images.service does not exist on this host"},
+			wantFix: "ctr -n k8s.io images import",
+		},
+		{
+			name: "no systemd: the log still tells",
+			log:  importing,
+			unit: func(context.Context, string) (systemd.UnitState, error) {
+				return systemd.UnitState{}, errdefs.NotSupported("no systemd D-Bus at /run/dbus/system_bus_socket")
+			},
+			wantMsg: []string{"the state of kiln-import-images.service is unknown (no systemd D-Bus at /run/dbus/system_bus_socket)", "importing 3/7 kube-apiserver.tar"},
+			wantFix: "systemctl status kiln-import-images.service",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, root := fileHost(t, pinned, pinned)
+			c.unit = tt.unit
+			dir := filepath.Join(root, OfflineImagesDir)
+			write(t, filepath.Join(dir, "kube-apiserver.tar"), "x", 0o644)
+			if tt.log != "" {
+				write(t, filepath.Join(dir, OfflineImagesLog), tt.log, 0o644)
+			}
+			r, err := c.Run(context.Background(), cluster())
+			require.NoError(t, err)
+			got := byName(r)[CheckOfflineImages]
+			t.Logf("message: %s\nfix: %s", got.Message, got.Fix)
+			require.False(t, r.Passed)
+			if got.Passed || got.Severity != agentv1.Severity_SEVERITY_ERROR {
+				t.Fatalf("offlineImages() = %v, want a failed ERROR check", got)
+			}
+			require.Contains(t, got.Message, "the 1 offline image archives in /var/lib/kiln/images are not imported into containerd yet")
+			for _, w := range tt.wantMsg {
+				if !strings.Contains(got.Message, w) {
+					t.Errorf("offlineImages() message = %q, want it to contain %q", got.Message, w)
+				}
+			}
+			if tt.notInMsg != "" && strings.Contains(got.Message, tt.notInMsg) {
+				t.Errorf("offlineImages() message = %q, want no %q", got.Message, tt.notInMsg)
+			}
+			if !strings.Contains(got.Fix, tt.wantFix) {
+				t.Errorf("offlineImages() fix = %q, want it to contain %q", got.Fix, tt.wantFix)
+			}
+		})
+	}
 }
 
 // TestSlowVersionQuery: a kubeadm that does not answer in time is named

@@ -145,23 +145,122 @@ func AgentUnitFile() string {
 }
 
 // ImportUnitFile imports the offline image archives into containerd's
-// k8s.io namespace once, before kubelet starts. Equivalent to:
+// k8s.io namespace with ImportScript, before kubelet starts, until the
+// marker ImportMarker exists. A failed import (containerd not answering
+// yet, restarted by the agent's Prepare, a corrupt archive, a timeout)
+// is retried for ever: Restart=on-failure with no start limit, and the
+// script waits longer before each retry of the same boot. Wants= rather
+// than Requires= containerd: a containerd that fails to start, or is
+// restarted, makes the import fail and retry instead of leaving the unit
+// inactive for good. Equivalent to:
 // `for f in /var/lib/kiln/images/*.tar; do ctr -n k8s.io images import $f; done`.
 func ImportUnitFile() string {
 	return `[Unit]
 Description=Import Kiln's offline Kubernetes images into containerd
-Requires=containerd.service
+Documentation=file://` + ImportScriptPath + `
+Wants=containerd.service
 After=containerd.service
 Before=kubelet.service
-ConditionPathExists=!` + ImagesDir + `/.imported
+ConditionPathExists=!` + ImportMarker + `
+StartLimitIntervalSec=0
 
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart=/bin/sh -ec 'for f in ` + ImagesDir + `/*.tar; do ctr -n k8s.io images import "$f"; done; touch ` + ImagesDir + `/.imported'
+ExecStart=` + ImportScriptPath + `
+Restart=on-failure
+RestartSec=5s
+TimeoutStartSec=infinity
 
 [Install]
 WantedBy=multi-user.target
+`
+}
+
+// The first-boot import's files: the script the unit runs, the marker it
+// writes when every archive is in containerd (agent/preflight's
+// offline-images check passes on it), its log (progress and the last
+// error, which that check quotes while the marker is missing) and its
+// attempt counter of the current boot (under /run, so a reboot starts
+// without waiting).
+const (
+	ImportScriptPath = "/usr/lib/kiln/import-images"
+	ImportMarker     = ImagesDir + "/.imported"
+	ImportLog        = ImagesDir + "/.import.log"
+	ImportAttempts   = "/run/kiln/import-images.attempts"
+)
+
+// ImportScript is ImportScriptPath. Every path is under $KILN_ROOT (unset:
+// "/"); KILN_IMPORT_BACKOFF is the first retry's wait in seconds (default
+// 10, doubled at each retry up to 300) and KILN_IMPORT_TIMEOUT bounds one
+// archive's import (default 20m, timeout(1) syntax).
+func ImportScript() string {
+	return `#!/bin/sh
+# kiln-import-images: imports a Kiln golden image's offline Kubernetes
+# image archives into containerd (namespace k8s.io), then writes the
+# marker kiln-agent's preflight check offline-images waits for. Progress
+# and errors go to stdout (the journal) and to the log that check quotes.
+# kiln-import-images.service runs it and restarts it when it fails; each
+# retry of the same boot waits longer.
+set -u
+root=${KILN_ROOT:-}
+dir=$root` + ImagesDir + `
+log=$root` + ImportLog + `
+attempts=$root` + ImportAttempts + `
+backoff=${KILN_IMPORT_BACKOFF:-10}
+limit=${KILN_IMPORT_TIMEOUT:-20m}
+
+say() {
+	echo "$*"
+	echo "$(date -u +%Y-%m-%dT%H:%M:%SZ) $*" >>"$log"
+}
+
+mkdir -p "${attempts%/*}"
+n=$(cat "$attempts" 2>/dev/null || echo 0)
+n=$((n + 1))
+echo "$n" >"$attempts"
+if [ "$n" -gt 1 ]; then
+	delay=$backoff
+	i=2
+	while [ "$i" -lt "$n" ] && [ "$delay" -lt 300 ]; do
+		delay=$((delay * 2))
+		i=$((i + 1))
+	done
+	[ "$delay" -gt 300 ] && delay=300
+	say "attempt $n: retrying in ${delay}s"
+	sleep "$delay"
+fi
+
+set -- "$dir"/*.tar
+if [ ! -e "$1" ]; then
+	say "no image archives in $dir"
+	touch "$dir/.imported"
+	rm -f "$attempts"
+	exit 0
+fi
+total=$#
+i=0
+say "attempt $n: importing $total archives"
+for f in "$@"; do
+	i=$((i + 1))
+	name=${f##*/}
+	say "importing $i/$total $name"
+	out=$(timeout "$limit" ctr -n k8s.io images import "$f" 2>&1)
+	rc=$?
+	if [ "$rc" -ne 0 ]; then
+		[ -n "$out" ] && printf '%s\n' "$out" | tail -n 5 | while IFS= read -r line; do say "  $line"; done
+		if [ "$rc" -eq 124 ]; then
+			say "failed: importing $name did not finish within $limit"
+		else
+			say "failed: importing $name: ctr exited $rc"
+		fi
+		exit 1
+	fi
+	[ -n "$out" ] && echo "$out"
+done
+touch "$dir/.imported"
+say "imported $total archives"
+rm -f "$attempts"
 `
 }
 
@@ -331,6 +430,7 @@ func files(s *spec.Spec, agent string, kube *kubeFiles, release string) []rootfs
 		wants("multi-user.target", "kubelet.service", "/lib/systemd/system/kubelet.service"),
 		rootfs.File{Path: ContainerdConf, Data: []byte(ContainerdConfig(s.CgroupDriver, kube.pause))},
 		rootfs.File{Path: "/etc/systemd/system/" + ImportUnit, Data: []byte(ImportUnitFile())},
+		rootfs.File{Path: ImportScriptPath, Mode: 0o755, Data: []byte(ImportScript())},
 		wants("multi-user.target", ImportUnit, "/etc/systemd/system/"+ImportUnit),
 	)
 	if next, ok := NextMinorAddons(s.KubernetesVersion); ok {

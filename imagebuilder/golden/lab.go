@@ -53,6 +53,78 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 `
 
+// LabProbeTargets are the control plane's static pods (kubeadm patch
+// targets, each the name of its container) whose probes a lab VM image
+// patches.
+var LabProbeTargets = []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+
+// LabProbePatchFile is the kubeadm patch file of a target in
+// kubeadm.PatchesDir (strategic merge patch of the static Pod).
+func LabProbePatchFile(target string) string {
+	return path.Join(kubeadm.PatchesDir, target+"+strategic.yaml")
+}
+
+// LabProbePatch gives target's container patient probes. kubeadm's static
+// pods allow a component 10 s + 24 × 10 s to start (startupProbe) and
+// kill it after 8 failed liveness probes of 15 s; under TCG on a loaded
+// machine a kube-apiserver took longer than kubeadm's whole 10-minute
+// wait to answer /livez (TestVMEndToEnd), and one killed by its startup
+// probe starts again from nothing. With the patch: 60 s per probe, 20
+// minutes to start, 5 minutes of failed liveness probes before a kill.
+func LabProbePatch(target string) string {
+	return `# A lab VM's control plane under an emulated CPU (written by
+# kiln-imagebuilder, spec labVM; docs/lab.md): patient probes.
+spec:
+  containers:
+  - name: ` + target + `
+    startupProbe:
+      timeoutSeconds: 60
+      failureThreshold: 120
+    livenessProbe:
+      timeoutSeconds: 60
+      failureThreshold: 30
+`
+}
+
+// LabConsoleUnit prints LabConsoleScript's report on the serial console
+// every minute, in lab VM images: a test that cannot log in reads the
+// console's tail when the control plane does not come up.
+const (
+	LabConsoleUnit   = "kiln-lab-console.service"
+	LabConsoleScript = "/usr/lib/kiln/lab-console-status"
+)
+
+// LabConsoleUnitFile is LabConsoleUnit.
+const LabConsoleUnitFile = `[Unit]
+Description=Kiln lab VM: control-plane status on the serial console every minute
+After=containerd.service
+
+[Service]
+ExecStart=` + LabConsoleScript + `
+StandardOutput=tty
+TTYPath=/dev/ttyS0
+Restart=always
+RestartSec=10
+
+[Install]
+WantedBy=multi-user.target
+`
+
+// LabConsoleScriptFile is LabConsoleScript: load, memory, the image
+// import, the kubelet and the containers of the k8s.io namespace, and the
+// kubelet's last probe failures and kills, one block a minute.
+const LabConsoleScriptFile = `#!/bin/sh
+# kiln-lab-console: a lab VM's control-plane status on the console.
+while :; do
+	echo "--- kiln-lab-console $(date -u +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg) mem-avail $(awk '/MemAvailable/ {print $2 / 1024 " MiB"}' /proc/meminfo)"
+	echo "import: $(tail -n 1 ` + ImportLog + ` 2>/dev/null) kubelet: $(systemctl is-active kubelet)"
+	ctr -n k8s.io containers ls -q 2>/dev/null | wc -l | sed 's/^/containers: /'
+	ctr -n k8s.io tasks ls 2>/dev/null | tail -n +2 | head -n 12
+	journalctl -u kubelet --since "-1min" --no-pager -o cat 2>/dev/null | grep -E 'Probe failed|Killing|Back-off|failed to' | tail -n 4 | cut -c1-240
+	sleep 60
+done
+`
+
 // LabSysctls are the kernel settings the kubelet writes when they differ
 // (its "kernel defaults"). They are not namespaced: a lab host in a
 // container must not change the machine's, so LabSysctlUnit shows the
@@ -253,6 +325,13 @@ func labFiles(s *spec.Spec) []rootfs.File {
 	}
 	if s.LabKubeletPatch {
 		fs = append(fs, rootfs.File{Path: LabKubeletPatchFile, Data: []byte(LabKubeletPatch), Mode: 0o644})
+	}
+	if s.LabVM {
+		for _, target := range LabProbeTargets {
+			fs = append(fs, rootfs.File{Path: LabProbePatchFile(target), Data: []byte(LabProbePatch(target)), Mode: 0o644})
+		}
+		fs = append(fs, unit(LabConsoleUnit, LabConsoleUnitFile, "multi-user.target")...)
+		fs = append(fs, rootfs.File{Path: LabConsoleScript, Data: []byte(LabConsoleScriptFile), Mode: 0o755})
 	}
 	if s.LabNetwork {
 		fs = append(fs, unit(LabNetUnit, LabNetUnitFile, "multi-user.target")...)

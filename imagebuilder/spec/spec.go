@@ -112,6 +112,13 @@ type Spec struct {
 	// Unlike the units it applies outside a container too: for lab images
 	// only. Not for a minimal image. Default false.
 	LabKubeletPatch bool `yaml:"labKubeletPatch"`
+	// LabVM is for lab VMs (QEMU, libvirt), usually on an emulated CPU
+	// (TCG): kubeadm patches that give the control plane's static pods
+	// patient probes (a kube-apiserver that takes minutes to start is
+	// not killed by its startup probe) and a status report of the
+	// control plane on the serial console every minute. Not for a
+	// minimal image. Default false.
+	LabVM bool `yaml:"labVM"`
 	// Slim leaves out documentation, man and info pages, translations and
 	// apt's package lists (the copyright files stay). Default false.
 	Slim bool `yaml:"slim"`
@@ -177,7 +184,7 @@ func Parse(data []byte) (*Spec, error) {
 func knownFields() []string {
 	return []string{"os", "suite", "mirror", "packages", "minimal", "kubernetesVersion", "agent", "kernel", "size",
 		"cgroupDriver", "sysctls", "modules", "sourceDateEpoch", "tagDate", "publishURL", "labCgroupRemount",
-		"labSysctlBinds", "labNetwork", "labKubeletPatch", "slim"}
+		"labSysctlBinds", "labNetwork", "labKubeletPatch", "labVM", "slim"}
 }
 
 func (s *Spec) defaults() {
@@ -312,6 +319,9 @@ func (s *Spec) Validate(wantK8s string) error {
 	}
 	if s.Minimal && s.LabKubeletPatch {
 		add("labKubeletPatch", "a minimal image has no kubelet: remove it or set minimal: false")
+	}
+	if s.Minimal && s.LabVM {
+		add("labVM", "a minimal image has no control plane: remove it or set minimal: false")
 	}
 	if !strings.HasPrefix(s.PublishURL, "http://") && !strings.HasPrefix(s.PublishURL, "https://") {
 		add("publishURL", "%q: want an http:// or https:// base URL", s.PublishURL)

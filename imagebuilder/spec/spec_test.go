@@ -104,6 +104,7 @@ func TestValidate(t *testing.T) {
 		{"minimal with lab sysctls", "minimal: true\nagent: x\nlabSysctlBinds: true\n", []string{"line 3: labSysctlBinds: a minimal image has no kubelet"}},
 		{"minimal with lab kubelet patch", "minimal: true\nagent: x\nlabKubeletPatch: true\n", []string{"line 3: labKubeletPatch: a minimal image has no kubelet"}},
 		{"minimal with lab network", "minimal: true\nagent: x\nlabNetwork: true\n", []string{"line 3: labNetwork: a minimal image has no Kubernetes"}},
+		{"minimal lab VM", "minimal: true\nagent: x\nlabVM: true\n", []string{"line 3: labVM: a minimal image has no control plane"}},
 		{"publish url", "publishURL: /srv\nkubernetesVersion: v1.34.4\nagent: x\n", []string{"line 1: publishURL:"}},
 		{"several", "os: ubuntu\ncgroupDriver: x\n", []string{"line 1: os:", "line 2: cgroupDriver:", "agent: required"}},
 	} {

@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -125,10 +127,14 @@ func TestLabBMCDrivesHostLifecycle(t *testing.T) {
 
 	// 3. A real controller with its lifecycle and boot server. The VM is
 	// on user-mode networking: it reaches this machine's loopback (the
-	// API) as 10.0.2.2; the BMC fetches the ISO from loopback.
+	// API) as 10.0.2.2; the BMC fetches the ISO from loopback. The
+	// controller URL names the API's port, as an operator's
+	// --controller-url does (the API listens on a port picked here).
+	port := loopbackPort(t)
 	env := controllertest.Start(t, controllertest.WithBootServer(media, ""), controllertest.WithConfig(func(c *controller.Config) {
+		c.ListenAddr = net.JoinHostPort("127.0.0.1", port)
 		c.Lifecycle = true
-		c.ControllerURL = "https://10.0.2.2"
+		c.ControllerURL = "https://" + net.JoinHostPort("10.0.2.2", port)
 		c.ReconcileInterval = time.Second
 		c.ExpectedBootTime = 3 * time.Minute
 	}))
@@ -377,4 +383,14 @@ func startLabBMC(t *testing.T, kilnctl, sock, tmp, dom, password string) []strin
 		t.Fatalf("kilnctl lab bmc printed no BMC for %s; log:\n%s", dom, b)
 	}
 	return fields
+}
+
+// loopbackPort is a TCP port free on 127.0.0.1 now (the caller listens on
+// it next).
+func loopbackPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -112,6 +113,11 @@ func TestVMEndToEnd(t *testing.T) {
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
+	// SIGINT or SIGTERM of the test binary ends the run as its deadline
+	// does: the stop's report (describe, console, agent log) and every
+	// cleanup (domain, libvirtd, bridge, guard, dnsmasq) still run.
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	// libvirtd only now: a private one holds a machine-wide lock that
 	// other libvirt tests wait on, and the image build may take long.
 	sock := libvirtSocket(t)
@@ -163,7 +169,11 @@ func TestVMEndToEnd(t *testing.T) {
 	}))
 	require.True(t, strings.HasPrefix(env.BootURL, "http://"+ln.gateway+":"), "boot URL %s", env.BootURL)
 	kctl := func(stdin string, args ...string) (string, error) {
-		cmd := exec.CommandContext(ctx, kilnctl, args...)
+		// Its own deadline: the report of a stopped run (ctx done) still
+		// describes the host.
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(kctx, kilnctl, args...)
 		cmd.Env = append(os.Environ(), "KILNCONFIG="+env.AdminConfigPath, "HOME="+tmp)
 		if stdin != "" {
 			cmd.Stdin = strings.NewReader(stdin)
