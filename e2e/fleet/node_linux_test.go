@@ -129,7 +129,7 @@ func newLabNet(t *testing.T, ctx context.Context) *labNet {
 	for _, up := range uplinks {
 		run(t, ctx, "nft", "add", "rule", "inet", n.table, "guardfwd", "oifname", up, "counter", "drop")
 	}
-	run(t, ctx, "ip", "link", "add", n.bridge, "type", "bridge")
+	run(t, ctx, "ip", "link", "add", n.bridge, "address", netns.BridgeMAC(n.bridge), "type", "bridge")
 	t.Cleanup(func() { runCleanup(t, "ip", "link", "del", n.bridge) })
 	run(t, ctx, "ip", "addr", "add", n.addr(1)+"/24", "dev", n.bridge)
 	run(t, ctx, "ip", "link", "set", n.bridge, "up")

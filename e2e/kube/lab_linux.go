@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kilnhq/kiln/e2e/lab/netns"
 	"github.com/kilnhq/kiln/e2e/lab/nspawn"
 )
 
@@ -71,7 +72,7 @@ func NewNet(ctx context.Context, bridge, prefix, table string) (*Net, error) {
 			{"nft", "add", "rule", "inet", table, "guardfwd", "oifname", up, "counter", "drop"},
 		}, []string{"nft", "delete", "table", "inet", table}},
 		{[][]string{
-			{"ip", "link", "add", bridge, "type", "bridge"},
+			{"ip", "link", "add", bridge, "address", netns.BridgeMAC(bridge), "type", "bridge"},
 			{"ip", "addr", "add", n.Addr(1) + "/24", "dev", bridge},
 			{"ip", "link", "set", bridge, "up"},
 		}, []string{"ip", "link", "del", bridge}},

@@ -23,6 +23,7 @@ import (
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/controller/provision"
 	"github.com/kilnhq/kiln/e2e/fleet"
+	"github.com/kilnhq/kiln/e2e/lab/netns"
 	"github.com/kilnhq/kiln/imagebuilder/bootmedia"
 	"github.com/kilnhq/kiln/imagebuilder/bootmedia/bootmediatest"
 	"github.com/kilnhq/kiln/imagebuilder/golden"
@@ -442,7 +443,7 @@ func newVMNet(t *testing.T) *vmNet {
 		out, err := exec.Command("ip", args...).CombinedOutput()
 		require.NoError(t, err, "ip %s: %s", strings.Join(args, " "), out)
 	}
-	ip("link", "add", n.bridge, "type", "bridge")
+	ip("link", "add", n.bridge, "address", netns.BridgeMAC(n.bridge), "type", "bridge")
 	t.Cleanup(func() {
 		if out, err := exec.Command("ip", "link", "del", n.bridge).CombinedOutput(); err != nil {
 			t.Errorf("ip link del %s: %v: %s", n.bridge, err, out)

@@ -27,6 +27,7 @@ package netns
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -180,4 +181,17 @@ func MachineName(lab, host string) string { return "kiln-" + lab + "-" + host }
 func VethName(lab, host string) string {
 	h := sha256.Sum256([]byte(lab + "/" + host))
 	return "kv" + hex.EncodeToString(h[:5])
+}
+
+// BridgeMAC is the fixed, locally administered MAC address to create a
+// lab bridge named name with (`ip link add NAME address MAC type
+// bridge`). A bridge without one takes the lowest MAC of its ports, so a
+// host added later with a lower MAC changes the gateway's address under
+// the hosts already up: their ARP entry then points at a MAC nobody has
+// and their connections to the gateway time out until it is probed again
+// (seen in CI: an enrolled agent's heartbeats got "dial tcp GW:7443: i/o
+// timeout" for a minute after the next hosts joined the bridge).
+func BridgeMAC(name string) string {
+	sum := sha256.Sum256([]byte("kiln-lab-bridge/" + name))
+	return fmt.Sprintf("02:6b:6c:%02x:%02x:%02x", sum[0], sum[1], sum[2])
 }

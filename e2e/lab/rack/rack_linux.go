@@ -253,7 +253,7 @@ func (s *server) up(ctx context.Context) error {
 	s.update(func(st *State) { st.Bridge, st.Subnet, st.Gateway = bridge, pfx.String(), gw.String() })
 	s.track(netns.Resource{Kind: netns.KindLink, Value: bridge})
 	for _, args := range [][]string{
-		{"link", "add", bridge, "type", "bridge"},
+		{"link", "add", bridge, "address", netns.BridgeMAC(bridge), "type", "bridge"},
 		{"addr", "add", gw.String() + "/24", "dev", bridge},
 		{"link", "set", bridge, "up"},
 	} {

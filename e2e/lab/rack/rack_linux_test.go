@@ -216,6 +216,11 @@ func TestUpDown(t *testing.T) {
 				t.Errorf("the failed second Up removed the first lab's nft table")
 			}
 			require.Len(t, rep.Hosts, 3)
+			// The bridge keeps the MAC it was made with as hosts join
+			// (netns.BridgeMAC): hosts up before keep reaching the gateway.
+			if b, err := os.ReadFile(filepath.Join("/sys/class/net", rep.Bridge, "address")); err != nil || strings.TrimSpace(string(b)) != netns.BridgeMAC(rep.Bridge) {
+				t.Errorf("bridge %s MAC = %q (%v), want its fixed %s", rep.Bridge, strings.TrimSpace(string(b)), err, netns.BridgeMAC(rep.Bridge))
+			}
 			if got := diff(before.tables, snapshot(t).tables); !slices.Contains(got, "inet:kiln-lab-"+name) {
 				t.Errorf("nft tables added = %v, want inet kiln-lab-%s", got, name)
 			}
