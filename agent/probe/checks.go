@@ -222,7 +222,7 @@ func (p *Prober) clusterDNS(ctx context.Context, e *env) *typesv1.Condition {
 	addrs, err := lookup(ctx, server, name, apiIP.Is6())
 	if err != nil {
 		if refused(err) {
-			msg := fmt.Sprintf("DNS %s for %s: %v: %s", server, name, err, NoEndpointsAdvice)
+			msg := fmt.Sprintf("DNS %s for %s: %s: %s", server, name, refusal(err), NoEndpointsAdvice)
 			if n, nerr := e.getNode(ctx); nerr == nil {
 				if _, pressures := n.pressure(); len(pressures) > 0 {
 					msg += "; this node reports " + strings.Join(pressures, ", ")
@@ -243,6 +243,22 @@ func (p *Prober) clusterDNS(ctx context.Context, e *env) *typesv1.Condition {
 // the write fail with EPERM (or the read with ECONNREFUSED).
 func refused(err error) bool {
 	return errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.ECONNREFUSED)
+}
+
+// refusal says how the service refused a query, without the socket's
+// local address: net's error names the ephemeral source port, which
+// differs on every probe, and a condition's message that changes while the
+// state does not is a store write and a progress line each time (a lab's
+// `make lab` printed one every 4 s while CoreDNS was not yet running).
+func refusal(err error) string {
+	var errno syscall.Errno
+	switch {
+	case errors.As(err, &errno) && errno == syscall.EPERM:
+		return "the query could not be sent: " + errno.Error()
+	case errors.As(err, &errno):
+		return "the query was refused: " + errno.Error()
+	}
+	return err.Error()
 }
 
 // nthAddr returns the n-th address of prefix (0 is the network address).

@@ -274,6 +274,26 @@ func TestRefused(t *testing.T) {
 	}
 }
 
+// A refused query's message names neither the local address nor its
+// ephemeral port, so the same state probed twice gives the same condition
+// (a message that changes on each probe is a store write each time).
+func TestRefusalMessageIsStable(t *testing.T) {
+	eperm := &net.OpError{Op: "write", Net: "udp",
+		Source: &net.UDPAddr{IP: net.IPv4(10, 251, 250, 2), Port: 34552},
+		Addr:   &net.UDPAddr{IP: net.IPv4(10, 96, 0, 10), Port: 53},
+		Err:    os.NewSyscallError("write", syscall.EPERM)}
+	require.Equal(t, "the query could not be sent: operation not permitted", refusal(fmt.Errorf("wrapped: %w", eperm)))
+
+	n := newFakeNode(t, time.Now().Add(365*24*time.Hour))
+	n.set(func(n *fakeNode) { n.opts.DNSServer = closedUDPPort(t) })
+	first := cond(t, probeOnce(t, n, cluster()), ClusterDNSResolves)
+	second := cond(t, probeOnce(t, n, cluster()), ClusterDNSResolves)
+	require.Equal(t, "NoEndpoints", first.GetReason())
+	require.Contains(t, first.GetMessage(), "the query was refused: connection refused: "+NoEndpointsAdvice)
+	require.NotContains(t, first.GetMessage(), "->", "the socket's addresses: "+first.GetMessage())
+	require.Equal(t, first.GetMessage(), second.GetMessage())
+}
+
 // A node under pressure is Ready for the kubelet, but the probe reports
 // it False with severity Warning (not Error: the node is up) and makes the
 // probe unhealthy.
