@@ -68,7 +68,7 @@ case "$cmd" in
     if [ "$backend" = netns ]; then
       say "  lab image: about 1 minute when the agent changed, else cached; provisioning 1 control plane + 2 workers: about 2 minutes (stops after 5 minutes without progress, naming what blocks)"
     else
-      say "  BACKEND=$backend: one TCG VM (no KVM here), a single-node cluster; VM image (kernel, ESP): 10-60 minutes when not cached; provisioning under TCG: 30 minutes or more (stops after 20 minutes without progress, naming what blocks)"
+      say "  BACKEND=$backend: one TCG VM (no KVM here), a single-node cluster; VM image (kernel, ESP): 10-60 minutes when not cached; provisioning under TCG: about 10 minutes on an idle machine, much longer on a busy one: give it the machine (stops after 20 minutes without progress, naming what blocks)"
     fi
     ./hack/deps.sh
     say "building Kiln"
