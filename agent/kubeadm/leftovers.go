@@ -1,0 +1,180 @@
+package kubeadm
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kilnhq/kiln/host/ports"
+	"github.com/kilnhq/kiln/internal/errdefs"
+	agentv1 "github.com/kilnhq/kiln/proto/kiln/agent/v1"
+)
+
+// Leftover is a process still listening on one of the control plane's
+// ports after `kubeadm reset`.
+type Leftover struct {
+	Port int
+	PID  int
+	// Comm is the process's name as the kernel keeps it
+	// (/proc/PID/comm: at most 15 bytes, "kube-controller").
+	Comm string
+}
+
+func (l Leftover) String() string { return fmt.Sprintf("%s (pid %d)", l.Comm, l.PID) }
+
+// components are the processes kubeadm's static pods and the kubelet run:
+// the only ones the leftover check stops. Anything else on a control
+// plane port (a load balancer, a stray test server) is named in the error
+// and left running.
+var components = []string{
+	"kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd", "kubelet", "kube-proxy",
+}
+
+// isComponent reports whether comm is one of components, allowing for the
+// kernel's 15-byte truncation of process names.
+func isComponent(comm string) bool {
+	for _, c := range components {
+		if comm == c || (len(comm) == 15 && strings.HasPrefix(c, comm)) {
+			return true
+		}
+	}
+	return false
+}
+
+// Default waits of the leftover check.
+const (
+	defaultStopGrace = 15 * time.Second // SIGTERM to SIGKILL
+	killWait         = 5 * time.Second  // SIGKILL to giving up
+)
+
+// freePorts makes sure nothing listens on k.ports after `kubeadm reset`.
+// Under TCG, reset stops the kubelet and then fails (or gives up) removing
+// the static pods' containers, so the controller manager and scheduler
+// keep their ports and every retried init is refused by kubeadm's
+// preflight ("ports in use: 10257, 10259"). freePorts finds what listens
+// on a busy port (/proc/net/tcp{,6} socket inode to /proc/PID/fd), stops
+// the Kubernetes components among them (SIGTERM, then SIGKILL after
+// k.stopGrace), and checks again.
+//
+// It returns nil when the ports are free, and a FailedPrecondition error
+// naming each port still in use and its process (name and PID) otherwise.
+// It blocks for up to k.stopGrace plus a few seconds.
+//
+// Equivalent to: `ss -Htlnp 'sport = :10257'; kill PID; sleep 15; kill -9 PID`.
+func (k *Kubeadm) freePorts(ctx context.Context, emit Emit) error {
+	busy, err := ports.Busy(k.ports)
+	if err != nil {
+		return fmt.Errorf("check the control plane's ports: %w", err)
+	}
+	if len(busy) == 0 {
+		return nil
+	}
+	found, err := listeners(k.proc, busy)
+	if err != nil {
+		return errdefs.FailedPrecondition("ports still in use after kubeadm reset: %s (cannot tell by what: %v)", joinInts(busy), err)
+	}
+	var stop []int
+	for _, l := range found {
+		if !isComponent(l.Comm) || l.PID == os.Getpid() || l.PID <= 1 {
+			continue
+		}
+		emit(&agentv1.OperationEvent{Message: fmt.Sprintf("port %d still in use after kubeadm reset by %s: stopping it", l.Port, l)})
+		k.log.Warn("leftover after kubeadm reset", "port", l.Port, "pid", l.PID, "comm", l.Comm)
+		if !slices.Contains(stop, l.PID) {
+			stop = append(stop, l.PID)
+		}
+	}
+	if len(stop) > 0 {
+		if err := stopProcesses(ctx, k.proc, stop, k.stopGrace, emit); err != nil {
+			return fmt.Errorf("stop what kubeadm reset left: %w", err)
+		}
+	}
+	busy, err = ports.Busy(k.ports)
+	if err != nil {
+		return fmt.Errorf("check the control plane's ports: %w", err)
+	}
+	if len(busy) == 0 {
+		emit(&agentv1.OperationEvent{Message: "the control plane's ports are free"})
+		return nil
+	}
+	found, _ = listeners(k.proc, busy)
+	var parts []string
+	for _, p := range busy {
+		var by []string
+		for _, l := range found {
+			if l.Port != p {
+				continue
+			}
+			switch {
+			case slices.Contains(stop, l.PID):
+				by = append(by, l.String()+", which survived SIGTERM and SIGKILL")
+			case isComponent(l.Comm):
+				by = append(by, l.String())
+			default:
+				by = append(by, l.String()+", not a Kubernetes component: left running")
+			}
+		}
+		if len(by) == 0 {
+			by = append(by, "no process of this host found holding it")
+		}
+		parts = append(parts, fmt.Sprintf("%d held by %s", p, strings.Join(by, " and ")))
+	}
+	return errdefs.FailedPrecondition("ports still in use after kubeadm reset (kubeadm init/join will refuse them): %s", strings.Join(parts, "; "))
+}
+
+// stopProcesses sends SIGTERM to pids, waits up to grace for them to
+// exit, then sends SIGKILL to those left and waits a few seconds more. It
+// returns an error only when ctx is done.
+func stopProcesses(ctx context.Context, proc string, pids []int, grace time.Duration, emit Emit) error {
+	for _, pid := range pids {
+		_ = kill(pid, sigTerm) // gone already: nothing to do
+	}
+	left, err := waitGone(ctx, proc, pids, grace)
+	if err != nil || len(left) == 0 {
+		return err
+	}
+	for _, pid := range left {
+		emit(&agentv1.OperationEvent{Message: fmt.Sprintf("pid %d did not exit %s after SIGTERM: SIGKILL", pid, grace)})
+		_ = kill(pid, sigKill)
+	}
+	_, err = waitGone(ctx, proc, left, killWait)
+	return err
+}
+
+// waitGone polls until every pid has exited (or is a zombie) or d has
+// passed, and returns those still running.
+func waitGone(ctx context.Context, proc string, pids []int, d time.Duration) ([]int, error) {
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var left []int
+		for _, pid := range pids {
+			if running(proc, pid) {
+				left = append(left, pid)
+			}
+		}
+		if len(left) == 0 {
+			return nil, nil
+		}
+		select {
+		case <-ctx.Done():
+			return left, ctx.Err()
+		case <-deadline.C:
+			return left, nil
+		case <-tick.C:
+		}
+	}
+}
+
+func joinInts(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = fmt.Sprint(n)
+	}
+	return strings.Join(s, ", ")
+}
