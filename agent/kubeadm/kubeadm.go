@@ -31,7 +31,6 @@ import (
 	"time"
 
 	"github.com/kilnhq/kiln/host/command"
-	"github.com/kilnhq/kiln/host/ports"
 	"github.com/kilnhq/kiln/internal/atomicfile"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/pki"
@@ -94,11 +93,12 @@ type Options struct {
 	// Kubeadm and Kubelet are the binaries (default "kubeadm" and
 	// "kubelet", found on PATH).
 	Kubeadm, Kubelet string
-	// Ports are the ports a reset must leave free (default
-	// ports.ControlPlane: 6443, 10250, 10257, 10259, 2379, 2380): after
-	// `kubeadm reset` the Kubernetes components still listening on them
-	// are stopped, and the reset fails naming any port left in use.
-	Ports []int
+	// Ports are the ports a reset must leave free, each with the
+	// component that listens on it (default ControlPlanePorts: 6443,
+	// 2379, 2380, 10250, 10257, 10259): after `kubeadm reset` the
+	// Kubernetes components still listening on them are stopped, and the
+	// reset fails naming any port left in use.
+	Ports map[int]string
 	// Proc is procfs, where the processes holding Ports are looked up
 	// (default "/proc").
 	Proc string
@@ -116,7 +116,7 @@ type Kubeadm struct {
 	root             string
 	run              Runner
 	kubeadm, kubelet string
-	ports            []int
+	ports            map[int]string
 	proc             string
 	stopGrace        time.Duration
 	log              *slog.Logger
@@ -139,7 +139,7 @@ func New(o Options) *Kubeadm {
 		k.kubelet = "kubelet"
 	}
 	if k.ports == nil {
-		k.ports = ports.ControlPlane
+		k.ports = ControlPlanePorts
 	}
 	if k.proc == "" {
 		k.proc = "/proc"

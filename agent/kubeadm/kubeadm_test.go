@@ -102,7 +102,7 @@ func (h *fakeHost) kubeadmFor() *Kubeadm {
 	}
 	free := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	return New(Options{Root: h.root, Kubeadm: h.kubeadm, Kubelet: h.kubelet, Ports: []int{free}})
+	return New(Options{Root: h.root, Kubeadm: h.kubeadm, Kubelet: h.kubelet, Ports: map[int]string{free: "kube-apiserver"}})
 }
 
 func (h *fakeHost) callLines(t *testing.T) []string {

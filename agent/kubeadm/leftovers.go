@@ -21,9 +21,26 @@ type Leftover struct {
 	// Comm is the process's name as the kernel keeps it
 	// (/proc/PID/comm: at most 15 bytes, "kube-controller").
 	Comm string
+	// ByName is true when the process was not seen holding the socket
+	// (its /proc/PID/fd cannot be read: the agent's unit drops
+	// CAP_SYS_PTRACE) but is the component that listens on Port and runs
+	// in this network namespace.
+	ByName bool
 }
 
 func (l Leftover) String() string { return fmt.Sprintf("%s (pid %d)", l.Comm, l.PID) }
+
+// ControlPlanePorts are the ports a reset leaves free, each with the
+// component that listens on it: what kubeadm's preflight checks before
+// init (and, for 10250, before join).
+var ControlPlanePorts = map[int]string{
+	6443:  "kube-apiserver",
+	2379:  "etcd",
+	2380:  "etcd",
+	10250: "kubelet",
+	10257: "kube-controller-manager",
+	10259: "kube-scheduler",
+}
 
 // components are the processes kubeadm's static pods and the kubelet run:
 // the only ones the leftover check stops. Anything else on a control
@@ -33,15 +50,15 @@ var components = []string{
 	"kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd", "kubelet", "kube-proxy",
 }
 
-// isComponent reports whether comm is one of components, allowing for the
-// kernel's 15-byte truncation of process names.
+// isComponent reports whether comm is one of components.
 func isComponent(comm string) bool {
-	for _, c := range components {
-		if comm == c || (len(comm) == 15 && strings.HasPrefix(c, comm)) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(components, func(c string) bool { return isNamed(comm, c) })
+}
+
+// isNamed reports whether a process named comm runs name, allowing for
+// the kernel's 15-byte truncation of process names.
+func isNamed(comm, name string) bool {
+	return comm == name || (len(comm) == 15 && strings.HasPrefix(name, comm))
 }
 
 // Default waits of the leftover check.
@@ -55,9 +72,10 @@ const (
 // the static pods' containers, so the controller manager and scheduler
 // keep their ports and every retried init is refused by kubeadm's
 // preflight ("ports in use: 10257, 10259"). freePorts finds what listens
-// on a busy port (/proc/net/tcp{,6} socket inode to /proc/PID/fd), stops
-// the Kubernetes components among them (SIGTERM, then SIGKILL after
-// k.stopGrace), and checks again.
+// on a busy port (/proc/net/tcp{,6} socket inode to /proc/PID/fd; where
+// the fds cannot be read, the port's component by name among the
+// processes of this network namespace), stops the Kubernetes components
+// among them (SIGTERM, then SIGKILL after k.stopGrace), and checks again.
 //
 // It returns nil when the ports are free, and a FailedPrecondition error
 // naming each port still in use and its process (name and PID) otherwise.
@@ -65,14 +83,14 @@ const (
 //
 // Equivalent to: `ss -Htlnp 'sport = :10257'; kill PID; sleep 15; kill -9 PID`.
 func (k *Kubeadm) freePorts(ctx context.Context, emit Emit) error {
-	busy, err := ports.Busy(k.ports)
+	busy, err := ports.Busy(k.portList())
 	if err != nil {
 		return fmt.Errorf("check the control plane's ports: %w", err)
 	}
 	if len(busy) == 0 {
 		return nil
 	}
-	found, err := listeners(k.proc, busy)
+	found, err := listeners(k.proc, busy, k.ports)
 	if err != nil {
 		return errdefs.FailedPrecondition("ports still in use after kubeadm reset: %s (cannot tell by what: %v)", joinInts(busy), err)
 	}
@@ -81,8 +99,12 @@ func (k *Kubeadm) freePorts(ctx context.Context, emit Emit) error {
 		if !isComponent(l.Comm) || l.PID == os.Getpid() || l.PID <= 1 {
 			continue
 		}
-		emit(&agentv1.OperationEvent{Message: fmt.Sprintf("port %d still in use after kubeadm reset by %s: stopping it", l.Port, l)})
-		k.log.Warn("leftover after kubeadm reset", "port", l.Port, "pid", l.PID, "comm", l.Comm)
+		msg := fmt.Sprintf("port %d still in use after kubeadm reset by %s: stopping it", l.Port, l)
+		if l.ByName {
+			msg = fmt.Sprintf("port %d still in use after kubeadm reset, and %s still runs in this host's network: stopping it", l.Port, l)
+		}
+		emit(&agentv1.OperationEvent{Message: msg})
+		k.log.Warn("leftover after kubeadm reset", "port", l.Port, "pid", l.PID, "comm", l.Comm, "by_name", l.ByName)
 		if !slices.Contains(stop, l.PID) {
 			stop = append(stop, l.PID)
 		}
@@ -92,7 +114,7 @@ func (k *Kubeadm) freePorts(ctx context.Context, emit Emit) error {
 			return fmt.Errorf("stop what kubeadm reset left: %w", err)
 		}
 	}
-	busy, err = ports.Busy(k.ports)
+	busy, err = ports.Busy(k.portList())
 	if err != nil {
 		return fmt.Errorf("check the control plane's ports: %w", err)
 	}
@@ -100,7 +122,7 @@ func (k *Kubeadm) freePorts(ctx context.Context, emit Emit) error {
 		emit(&agentv1.OperationEvent{Message: "the control plane's ports are free"})
 		return nil
 	}
-	found, _ = listeners(k.proc, busy)
+	found, _ = listeners(k.proc, busy, k.ports)
 	var parts []string
 	for _, p := range busy {
 		var by []string
@@ -118,7 +140,7 @@ func (k *Kubeadm) freePorts(ctx context.Context, emit Emit) error {
 			}
 		}
 		if len(by) == 0 {
-			by = append(by, "no process of this host found holding it")
+			by = append(by, "no process of this host found holding it (nor a "+k.ports[p]+" in this network namespace)")
 		}
 		parts = append(parts, fmt.Sprintf("%d held by %s", p, strings.Join(by, " and ")))
 	}
@@ -169,6 +191,16 @@ func waitGone(ctx context.Context, proc string, pids []int, d time.Duration) ([]
 		case <-tick.C:
 		}
 	}
+}
+
+// portList returns the ports of k.ports in order.
+func (k *Kubeadm) portList() []int {
+	ps := make([]int, 0, len(k.ports))
+	for p := range k.ports {
+		ps = append(ps, p)
+	}
+	slices.Sort(ps)
+	return ps
 }
 
 func joinInts(ns []int) string {

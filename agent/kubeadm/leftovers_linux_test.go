@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/kilnhq/kiln/host/ports"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -25,7 +27,9 @@ import (
 // listenerEnv makes the test binary, run as a child, a process that
 // listens on a loopback port, prints it, and waits to be stopped; with
 // the value "ignore-term" it ignores SIGTERM (as a component stuck in
-// shutdown does).
+// shutdown does), with "undumpable" it makes itself non-dumpable, so that
+// only CAP_SYS_PTRACE reads its /proc/PID/fd (as the agent, whose unit
+// drops it, cannot read the fds of the kubelet or a container).
 const listenerEnv = "KILN_TEST_LEFTOVER_LISTENER"
 
 func TestHelperLeftoverListener(t *testing.T) {
@@ -33,8 +37,14 @@ func TestHelperLeftoverListener(t *testing.T) {
 	if mode == "" {
 		t.Skip("helper process: runs only as a child of TestResetStopsLeftovers")
 	}
-	if mode == "ignore-term" {
+	switch mode {
+	case "ignore-term":
 		signal.Ignore(syscall.SIGTERM)
+	case "undumpable":
+		if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+			fmt.Println("prctl:", err)
+			os.Exit(1)
+		}
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -55,16 +65,15 @@ type leftover struct {
 // startLeftover runs the test binary under the name comm (a symbolic
 // link: the kernel names a process after the file it executes) as a
 // listener, and returns once it listens.
-func startLeftover(t *testing.T, comm string, ignoreTerm bool) *leftover {
+func startLeftover(t *testing.T, comm, mode string) *leftover {
 	t.Helper()
 	self, err := os.Executable()
 	require.NoError(t, err)
 	bin := filepath.Join(t.TempDir(), comm)
 	require.NoError(t, os.Symlink(self, bin))
 	cmd := exec.Command(bin, "-test.run=^TestHelperLeftoverListener$")
-	mode := "listen"
-	if ignoreTerm {
-		mode = "ignore-term"
+	if mode == "" {
+		mode = "listen"
 	}
 	cmd.Env = append(os.Environ(), listenerEnv+"="+mode)
 	out, err := cmd.StdoutPipe()
@@ -105,38 +114,57 @@ func (l *leftover) exited() bool {
 func TestResetStopsLeftovers(t *testing.T) {
 	for _, tc := range []struct {
 		name, comm string
-		ignoreTerm bool
-		wantStop   bool
+		// mode of the listener (listenerEnv)
+		mode     string
+		wantStop bool
 	}{
 		{name: "component exits on SIGTERM", comm: "kube-scheduler", wantStop: true},
 		// The kernel keeps 15 bytes: "kube-controller".
-		{name: "component ignores SIGTERM", comm: "kube-controller-manager", ignoreTerm: true, wantStop: true},
+		{name: "component ignores SIGTERM", comm: "kube-controller-manager", mode: "ignore-term", wantStop: true},
+		// Its fds cannot be read: found by its name among the processes
+		// of this network namespace.
+		{name: "component whose fds the agent cannot read", comm: "kube-scheduler", mode: "undumpable", wantStop: true},
 		{name: "not a component", comm: "haproxy"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newFakeHost(t, "v1.34.4", "v1.34.4")
-			l := startLeftover(t, tc.comm, tc.ignoreTerm)
-			k := New(Options{Root: h.root, Kubeadm: h.kubeadm, Kubelet: h.kubelet, Ports: []int{l.port}, StopGrace: time.Second})
+			l := startLeftover(t, tc.comm, tc.mode)
+			// The port belongs to the component the test names (as 10259
+			// to kube-scheduler).
+			owner := tc.comm
+			if !tc.wantStop {
+				owner = "kube-apiserver"
+			}
+			k := New(Options{Root: h.root, Kubeadm: h.kubeadm, Kubelet: h.kubelet, Ports: map[int]string{l.port: owner}, StopGrace: time.Second})
 			var evs events
 			start := time.Now()
-			err := k.Reset(context.Background(), &agentv1.KubeadmResetRequest{}, evs.emit)
+			var err error
+			if tc.mode == "undumpable" {
+				err = withoutPtrace(t, l.cmd.Process.Pid, func() error {
+					return k.Reset(context.Background(), &agentv1.KubeadmResetRequest{}, evs.emit)
+				})
+			} else {
+				err = k.Reset(context.Background(), &agentv1.KubeadmResetRequest{}, evs.emit)
+			}
 			t.Logf("Reset() took %s: %v\n%s", time.Since(start).Round(time.Millisecond), err, evs.text())
 			comm := tc.comm[:min(15, len(tc.comm))]
 			if tc.wantStop {
 				require.NoError(t, err, "Reset() with %s left on port %d", tc.comm, l.port)
-				if !l.exited() {
-					t.Errorf("Reset() returned nil but %s (pid %d) still runs", comm, l.cmd.Process.Pid)
-				}
+				// Dead, as Reset saw; reaped by the test's goroutine soon.
+				require.Eventually(t, l.exited, 5*time.Second, 10*time.Millisecond, "Reset() returned nil but %s (pid %d) still runs", comm, l.cmd.Process.Pid)
 				busy, err := ports.Busy([]int{l.port})
 				require.NoError(t, err)
 				if len(busy) != 0 {
 					t.Errorf("after Reset(), ports.Busy(%d) = %v, want none", l.port, busy)
 				}
 				want := fmt.Sprintf("port %d still in use after kubeadm reset by %s (pid %d): stopping it", l.port, comm, l.cmd.Process.Pid)
+				if tc.mode == "undumpable" {
+					want = fmt.Sprintf("port %d still in use after kubeadm reset, and %s (pid %d) still runs in this host's network: stopping it", l.port, comm, l.cmd.Process.Pid)
+				}
 				if !strings.Contains(evs.text(), want) {
 					t.Errorf("Reset() progress lacks %q:\n%s", want, evs.text())
 				}
-				if tc.ignoreTerm && !strings.Contains(evs.text(), "SIGKILL") {
+				if tc.mode == "ignore-term" && !strings.Contains(evs.text(), "SIGKILL") {
 					t.Errorf("Reset() progress does not say it sent SIGKILL to a process ignoring SIGTERM:\n%s", evs.text())
 				}
 				return
@@ -161,9 +189,9 @@ func TestResetStopsLeftovers(t *testing.T) {
 func TestInitFailureFreesPorts(t *testing.T) {
 	h := newFakeHost(t, "v1.34.4", "v1.34.4")
 	require.NoError(t, os.WriteFile(filepath.Join(h.root, "fail-init"), nil, 0o644))
-	l := startLeftover(t, "kube-apiserver", false)
-	other := startLeftover(t, "sshd", false)
-	k := New(Options{Root: h.root, Kubeadm: h.kubeadm, Kubelet: h.kubelet, Ports: []int{l.port, other.port}, StopGrace: time.Second})
+	l := startLeftover(t, "kube-apiserver", "")
+	other := startLeftover(t, "sshd", "")
+	k := New(Options{Root: h.root, Kubeadm: h.kubeadm, Kubelet: h.kubelet, Ports: map[int]string{l.port: "kube-apiserver", other.port: "etcd"}, StopGrace: time.Second})
 	var evs events
 	_, err := k.Init(context.Background(), &agentv1.KubeadmInitRequest{Cluster: labCluster()}, evs.emit)
 	require.Error(t, err)
@@ -180,4 +208,42 @@ func TestInitFailureFreesPorts(t *testing.T) {
 		t.Errorf("Init() = %v, names port %d, which the reset freed", err, l.port)
 	}
 	require.Eventually(t, l.exited, 5*time.Second, 50*time.Millisecond, "kube-apiserver left running after the failed init's reset")
+}
+
+// withoutPtrace runs f on a thread of its own that cannot read the
+// /proc/PID/fd of pid, as the agent cannot read the kubelet's or a
+// container's: pid made itself non-dumpable, and when the test runs as
+// root the thread drops CAP_SYS_PTRACE from its effective capabilities
+// (the agent's unit drops it from its bounding set). The thread ends
+// with f. It fails t when the fds are still readable.
+func withoutPtrace(t *testing.T, pid int, f func() error) error {
+	t.Helper()
+	type result struct{ err, setup error }
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with the goroutine
+		if os.Geteuid() == 0 {
+			hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+			var data [2]unix.CapUserData
+			if err := unix.Capget(&hdr, &data[0]); err != nil {
+				done <- result{setup: fmt.Errorf("capget: %w", err)}
+				return
+			}
+			data[unix.CAP_SYS_PTRACE/32].Effective &^= 1 << (unix.CAP_SYS_PTRACE % 32)
+			if err := unix.Capset(&hdr, &data[0]); err != nil {
+				done <- result{setup: fmt.Errorf("capset: %w", err)}
+				return
+			}
+		}
+		// Listing /proc/PID/fd needs only the directory's mode; reading
+		// a link needs ptrace access.
+		if link, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/0", pid)); err == nil {
+			done <- result{setup: fmt.Errorf("/proc/%d/fd/0 reads %q without CAP_SYS_PTRACE: the test would not show the search by name", pid, link)}
+			return
+		}
+		done <- result{err: f()}
+	}()
+	r := <-done
+	require.NoError(t, r.setup)
+	return r.err
 }

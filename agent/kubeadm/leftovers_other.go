@@ -17,6 +17,6 @@ func kill(int, syscall.Signal) error { return errdefs.NotSupported("signal: not 
 
 func running(string, int) bool { return false }
 
-func listeners(string, []int) ([]Leftover, error) {
+func listeners(string, []int, map[int]string) ([]Leftover, error) {
 	return nil, errdefs.NotSupported("finding a port's process: not on this OS")
 }
