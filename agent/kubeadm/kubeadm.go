@@ -364,8 +364,10 @@ func (k *Kubeadm) Join(ctx context.Context, req *agentv1.KubeadmJoinRequest, emi
 // Options.StopGrace and a few seconds when something was left listening.
 //
 // It returns a FailedPrecondition error naming each port still in use
-// and its process (name and PID) when the ports cannot be freed (a
-// process that is not a Kubernetes component is never stopped).
+// and its process (name and PID) when a Kubernetes component on them
+// could not be stopped. A process that is not a component is never
+// stopped; it is named in a progress event, not an error (the host is
+// about to be wiped, or the next init's preflight names the port).
 //
 // Equivalent to: `kubeadm reset phase remove-etcd-member --kubeconfig
 // /etc/kubernetes/admin.conf; kubeadm reset -f`.
@@ -398,12 +400,12 @@ func (k *Kubeadm) Reset(ctx context.Context, req *agentv1.KubeadmResetRequest, e
 	if err := k.stream(ctx, red, emit, "reset", "-f", "--cri-socket", CRISocket); err != nil {
 		// What it left still listening is what the operator needs to
 		// know (and what the next init would be refused on).
-		if perr := k.freePorts(ctx, emit); perr != nil {
+		if perr := k.freePorts(ctx, emit, false); perr != nil {
 			return fmt.Errorf("kubeadm reset: %w; %v", err, perr)
 		}
 		return fmt.Errorf("kubeadm reset: %w", err)
 	}
-	if err := k.freePorts(ctx, emit); err != nil {
+	if err := k.freePorts(ctx, emit, false); err != nil {
 		return fmt.Errorf("kubeadm reset: %w", err)
 	}
 	if err := os.RemoveAll(k.path(configDir)); err != nil {
@@ -418,12 +420,12 @@ func (k *Kubeadm) Reset(ctx context.Context, req *agentv1.KubeadmResetRequest, e
 func (k *Kubeadm) undo(ctx context.Context, red *redactor, emit Emit) error {
 	ctx = context.WithoutCancel(ctx)
 	if err := k.stream(ctx, red, emit, "reset", "--force"); err != nil {
-		if perr := k.freePorts(ctx, emit); perr != nil {
+		if perr := k.freePorts(ctx, emit, true); perr != nil {
 			return fmt.Errorf("%w; %v", err, perr)
 		}
 		return err
 	}
-	return k.freePorts(ctx, emit)
+	return k.freePorts(ctx, emit, true)
 }
 
 // writeConfig writes a configuration file (0600: it may hold a token or a

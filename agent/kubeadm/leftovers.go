@@ -79,10 +79,15 @@ const (
 //
 // It returns nil when the ports are free, and a FailedPrecondition error
 // naming each port still in use and its process (name and PID) otherwise.
+// Unless strict, only a Kubernetes component that could not be stopped is
+// an error: a port held by anything else (not a component, or no process
+// found) is reported as a progress event. A reset that precedes a wipe
+// must not be held up by a process the wipe ends anyway; the undo of a
+// failed init is strict, since the retry would be refused on that port.
 // It blocks for up to k.stopGrace plus a few seconds.
 //
 // Equivalent to: `ss -Htlnp 'sport = :10257'; kill PID; sleep 15; kill -9 PID`.
-func (k *Kubeadm) freePorts(ctx context.Context, emit Emit) error {
+func (k *Kubeadm) freePorts(ctx context.Context, emit Emit, strict bool) error {
 	busy, err := ports.Busy(k.portList())
 	if err != nil {
 		return fmt.Errorf("check the control plane's ports: %w", err)
@@ -123,7 +128,10 @@ func (k *Kubeadm) freePorts(ctx context.Context, emit Emit) error {
 		return nil
 	}
 	found, _ = listeners(k.proc, busy, k.ports)
-	var parts []string
+	var (
+		parts     []string
+		survivors bool
+	)
 	for _, p := range busy {
 		var by []string
 		for _, l := range found {
@@ -133,8 +141,10 @@ func (k *Kubeadm) freePorts(ctx context.Context, emit Emit) error {
 			switch {
 			case slices.Contains(stop, l.PID):
 				by = append(by, l.String()+", which survived SIGTERM and SIGKILL")
+				survivors = true
 			case isComponent(l.Comm):
 				by = append(by, l.String())
+				survivors = true
 			default:
 				by = append(by, l.String()+", not a Kubernetes component: left running")
 			}
@@ -144,7 +154,13 @@ func (k *Kubeadm) freePorts(ctx context.Context, emit Emit) error {
 		}
 		parts = append(parts, fmt.Sprintf("%d held by %s", p, strings.Join(by, " and ")))
 	}
-	return errdefs.FailedPrecondition("ports still in use after kubeadm reset (kubeadm init/join will refuse them): %s", strings.Join(parts, "; "))
+	msg := fmt.Sprintf("ports still in use after kubeadm reset (kubeadm init/join will refuse them): %s", strings.Join(parts, "; "))
+	if !strict && !survivors {
+		emit(&agentv1.OperationEvent{Message: msg})
+		k.log.Warn("ports still in use after kubeadm reset", "ports", joinInts(busy))
+		return nil
+	}
+	return errdefs.FailedPrecondition("%s", msg)
 }
 
 // stopProcesses sends SIGTERM to pids, waits up to grace for them to
