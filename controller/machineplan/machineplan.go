@@ -6,7 +6,10 @@
 // it to be Provisioned, bootstrap the node (prepare, preflight, kubeadm
 // init or join) or re-attach to the kubeadm operation an earlier
 // controller started, retry a failed operation after a jittered backoff
-// until its attempts run out, probe, and tear a deleted Machine down.
+// until its attempts run out (a refused preflight after a backoff of its
+// own, and every WaitInterval when it only waits for the host to finish
+// something, such as its first boot's image import), probe, and tear a
+// deleted Machine down.
 // PlanCleanup decides which Machines belong to deleted Clusters and which
 // hosts are bound to Machines that are gone.
 //
