@@ -97,7 +97,12 @@ func (k *Kubeadm) freePorts(ctx context.Context, emit Emit, strict bool) error {
 	}
 	found, err := listeners(k.proc, busy, k.ports)
 	if err != nil {
-		return errdefs.FailedPrecondition("ports still in use after kubeadm reset: %s (cannot tell by what: %v)", joinInts(busy), err)
+		msg := fmt.Sprintf("ports still in use after kubeadm reset: %s (cannot tell by what: %v)", joinInts(busy), err)
+		if !strict {
+			emit(&agentv1.OperationEvent{Message: msg})
+			return nil
+		}
+		return errdefs.FailedPrecondition("%s", msg)
 	}
 	var stop []int
 	for _, l := range found {
