@@ -28,6 +28,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/kilnhq/kiln/host/command"
 	"github.com/kilnhq/kiln/internal/atomicfile"
@@ -92,7 +93,19 @@ type Options struct {
 	// Kubeadm and Kubelet are the binaries (default "kubeadm" and
 	// "kubelet", found on PATH).
 	Kubeadm, Kubelet string
-	Log              *slog.Logger
+	// Ports are the ports a reset must leave free, each with the
+	// component that listens on it (default ControlPlanePorts: 6443,
+	// 2379, 2380, 10250, 10257, 10259): after `kubeadm reset` the
+	// Kubernetes components still listening on them are stopped, and the
+	// reset fails naming any port left in use.
+	Ports map[int]string
+	// Proc is procfs, where the processes holding Ports are looked up
+	// (default "/proc").
+	Proc string
+	// StopGrace is how long a leftover component gets between SIGTERM and
+	// SIGKILL (default 15 s).
+	StopGrace time.Duration
+	Log       *slog.Logger
 }
 
 // Kubeadm runs kubeadm on the host. Its methods may be called concurrently
@@ -103,13 +116,16 @@ type Kubeadm struct {
 	root             string
 	run              Runner
 	kubeadm, kubelet string
+	ports            map[int]string
+	proc             string
+	stopGrace        time.Duration
 	log              *slog.Logger
 	mu               sync.Mutex // one kubeadm command at a time
 }
 
 // New returns a Kubeadm over o.
 func New(o Options) *Kubeadm {
-	k := &Kubeadm{root: o.Root, run: o.Runner, kubeadm: o.Kubeadm, kubelet: o.Kubelet, log: o.Log}
+	k := &Kubeadm{root: o.Root, run: o.Runner, kubeadm: o.Kubeadm, kubelet: o.Kubelet, ports: o.Ports, proc: o.Proc, stopGrace: o.StopGrace, log: o.Log}
 	if k.root == "" {
 		k.root = "/"
 	}
@@ -121,6 +137,15 @@ func New(o Options) *Kubeadm {
 	}
 	if k.kubelet == "" {
 		k.kubelet = "kubelet"
+	}
+	if k.ports == nil {
+		k.ports = ControlPlanePorts
+	}
+	if k.proc == "" {
+		k.proc = "/proc"
+	}
+	if k.stopGrace <= 0 {
+		k.stopGrace = defaultStopGrace
 	}
 	if k.log == nil {
 		k.log = slog.New(slog.DiscardHandler)
@@ -226,8 +251,9 @@ func (k *Kubeadm) Init(ctx context.Context, req *agentv1.KubeadmInitRequest, emi
 		// kubeadm's preflight ("ports in use: 6443, 10250, ..."). Undo
 		// it, so that the host is as before the attempt.
 		emit(&agentv1.OperationEvent{Message: "kubeadm init failed: kubeadm reset --force to undo what it did"})
-		if rerr := k.stream(context.WithoutCancel(ctx), red, emit, "reset", "--force"); rerr != nil {
+		if rerr := k.undo(ctx, red, emit); rerr != nil {
 			k.log.Warn("kubeadm reset after a failed init", "error", rerr)
+			return nil, fmt.Errorf("kubeadm init: %w; and the reset after it: %v", err, rerr)
 		}
 		return nil, fmt.Errorf("kubeadm init: %w", err)
 	}
@@ -318,8 +344,9 @@ func (k *Kubeadm) Join(ctx context.Context, req *agentv1.KubeadmJoinRequest, emi
 		// that make the next attempt fail kubeadm's preflight: undo it,
 		// so the host is as before the attempt.
 		emit(&agentv1.OperationEvent{Message: "kubeadm join failed: kubeadm reset --force to undo what it did"})
-		if rerr := k.stream(context.WithoutCancel(ctx), red, emit, "reset", "--force"); rerr != nil {
+		if rerr := k.undo(ctx, red, emit); rerr != nil {
 			k.log.Warn("kubeadm reset after a failed join", "error", rerr)
+			return fmt.Errorf("kubeadm join %s: %w; and the reset after it: %v", req.GetApiServerEndpoint(), err, rerr)
 		}
 		return fmt.Errorf("kubeadm join %s: %w", req.GetApiServerEndpoint(), err)
 	}
@@ -329,9 +356,18 @@ func (k *Kubeadm) Join(ctx context.Context, req *agentv1.KubeadmJoinRequest, emi
 // Reset undoes init or join: for a control-plane node with
 // req.RemoveEtcdMember it first removes the node's etcd member (so the
 // remaining members keep quorum and do not wait for it), then runs
-// `kubeadm reset -f`, streaming output through emit, and removes Kiln's
-// generated configuration. It is idempotent: resetting a clean host
-// succeeds. It blocks for as long as kubeadm runs.
+// `kubeadm reset -f`, streaming output through emit, stops the Kubernetes
+// components still listening on the control plane's ports (under TCG
+// kubeadm's own container removal can fail or give up), and removes
+// Kiln's generated configuration. It is idempotent: resetting a clean
+// host succeeds. It blocks for as long as kubeadm runs, plus up to
+// Options.StopGrace and a few seconds when something was left listening.
+//
+// It returns a FailedPrecondition error naming each port still in use
+// and its process (name and PID) when a Kubernetes component on them
+// could not be stopped. A process that is not a component is never
+// stopped; it is named in a progress event, not an error (the host is
+// about to be wiped, or the next init's preflight names the port).
 //
 // Equivalent to: `kubeadm reset phase remove-etcd-member --kubeconfig
 // /etc/kubernetes/admin.conf; kubeadm reset -f`.
@@ -362,12 +398,34 @@ func (k *Kubeadm) Reset(ctx context.Context, req *agentv1.KubeadmResetRequest, e
 		}
 	}
 	if err := k.stream(ctx, red, emit, "reset", "-f", "--cri-socket", CRISocket); err != nil {
+		// What it left still listening is what the operator needs to
+		// know (and what the next init would be refused on).
+		if perr := k.freePorts(ctx, emit, false); perr != nil {
+			return fmt.Errorf("kubeadm reset: %w; %v", err, perr)
+		}
+		return fmt.Errorf("kubeadm reset: %w", err)
+	}
+	if err := k.freePorts(ctx, emit, false); err != nil {
 		return fmt.Errorf("kubeadm reset: %w", err)
 	}
 	if err := os.RemoveAll(k.path(configDir)); err != nil {
 		return fmt.Errorf("kubeadm reset: remove %s: %w", configDir, err)
 	}
 	return nil
+}
+
+// undo runs `kubeadm reset --force` after a failed init or join (even when
+// ctx is done: the host must not be left half set up) and checks that it
+// left the control plane's ports free (freePorts).
+func (k *Kubeadm) undo(ctx context.Context, red *redactor, emit Emit) error {
+	ctx = context.WithoutCancel(ctx)
+	if err := k.stream(ctx, red, emit, "reset", "--force"); err != nil {
+		if perr := k.freePorts(ctx, emit, true); perr != nil {
+			return fmt.Errorf("%w; %v", err, perr)
+		}
+		return err
+	}
+	return k.freePorts(ctx, emit, true)
 }
 
 // writeConfig writes a configuration file (0600: it may hold a token or a

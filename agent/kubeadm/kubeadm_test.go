@@ -3,6 +3,7 @@ package kubeadm
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -93,7 +94,15 @@ func newFakeHost(t *testing.T, kubeadmVersion, kubeletVersion string) *fakeHost 
 }
 
 func (h *fakeHost) kubeadmFor() *Kubeadm {
-	return New(Options{Root: h.root, Kubeadm: h.kubeadm, Kubelet: h.kubelet})
+	// A reset checks this host's control plane ports: not 6443 and the
+	// others, which the machine running the test may use, but a free one.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	free := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	return New(Options{Root: h.root, Kubeadm: h.kubeadm, Kubelet: h.kubelet, Ports: map[int]string{free: "kube-apiserver"}})
 }
 
 func (h *fakeHost) callLines(t *testing.T) []string {

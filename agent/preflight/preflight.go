@@ -425,10 +425,12 @@ func (c *Checker) offlineImages(ctx context.Context) *agentv1.Check {
 	uctx, cancel := context.WithTimeout(ctx, c.timeout)
 	st, uerr := c.unit(uctx, OfflineImagesUnit)
 	cancel()
-	status, fix := importStatus(st, uerr, lastLines(filepath.Join(dir, OfflineImagesLog), importLogLines))
-	return fail(CheckOfflineImages, errorSev,
+	status, fix, inProgress := importStatus(st, uerr, lastLines(filepath.Join(dir, OfflineImagesLog), importLogLines))
+	ch := fail(CheckOfflineImages, errorSev,
 		fmt.Sprintf("the %d offline image archives in /%s are not imported into containerd yet (no %s): kubeadm would find no images (pull policy Never); %s", len(archives), OfflineImagesDir, OfflineImagesMarker, status),
 		fix)
+	ch.InProgress = inProgress
+	return ch
 }
 
 // importLogLines is how many of the import log's last lines a message
@@ -436,8 +438,10 @@ func (c *Checker) offlineImages(ctx context.Context) *agentv1.Check {
 const importLogLines = 4
 
 // importStatus says what the import unit is doing, from its state and
-// its log's last lines (oldest first), and what to do about it.
-func importStatus(st systemd.UnitState, uerr error, lines []string) (status, fix string) {
+// its log's last lines (oldest first), and what to do about it;
+// inProgress is true while the unit runs or systemd restarts it (the
+// check will pass without anyone acting, so the controller retries soon).
+func importStatus(st systemd.UnitState, uerr error, lines []string) (status, fix string, inProgress bool) {
 	const (
 		unit    = OfflineImagesUnit
 		journal = "journalctl -u " + unit
@@ -456,28 +460,28 @@ func importStatus(st systemd.UnitState, uerr error, lines []string) (status, fix
 	switch {
 	case uerr != nil:
 		return fmt.Sprintf("the state of %s is unknown (%v); %s", unit, uerr, log),
-			"see systemctl status " + unit + " and " + journal + ", " + manual
+			"see systemctl status " + unit + " and " + journal + ", " + manual, false
 	case st.Load == "not-found":
 		return fmt.Sprintf("%s does not exist on this host; %s", unit, log),
-			"install the unit of the golden image (kiln-imagebuilder), " + manual
+			"install the unit of the golden image (kiln-imagebuilder), " + manual, false
 	case st.Active == "activating" && st.Sub == "auto-restart":
 		return fmt.Sprintf("%s failed and systemd restarts it; %s", unit, log),
-			"it retries by itself with a growing wait; if it keeps failing, read " + journal + " and fix the cause (containerd running? archives intact?)"
+			"it retries by itself with a growing wait; if it keeps failing, read " + journal + " and fix the cause (containerd running? archives intact?)", true
 	case st.Active == "activating" && failed:
 		return fmt.Sprintf("%s is retrying after a failure; %s", unit, log),
-			"it retries by itself with a growing wait; if it keeps failing, read " + journal + " and fix the cause (containerd running? archives intact?)"
+			"it retries by itself with a growing wait; if it keeps failing, read " + journal + " and fix the cause (containerd running? archives intact?)", true
 	case st.Active == "activating":
 		return fmt.Sprintf("%s is running; %s", unit, log),
-			"wait: the first boot imports the archives once (minutes on a slow machine); the controller retries; progress: " + journal
+			"wait: the first boot imports the archives once (minutes on a slow machine); the controller retries; progress: " + journal, true
 	case st.Active == "failed":
 		return fmt.Sprintf("%s failed and is not retried (%s); %s", unit, st.Sub, log),
-			"read " + journal + ", fix the cause, then systemctl restart " + unit
+			"read " + journal + ", fix the cause, then systemctl restart " + unit, false
 	case st.Active == "active":
 		return fmt.Sprintf("%s finished without writing the marker; %s", unit, log),
-			"read " + journal + ", then rm -f /run/kiln/import-images.attempts && systemctl restart " + unit
+			"read " + journal + ", then rm -f /run/kiln/import-images.attempts && systemctl restart " + unit, false
 	}
 	return fmt.Sprintf("%s has not started (%s, unit file %s); %s", unit, st.Active, st.UnitFile, log),
-		"systemctl enable --now " + unit + " (the golden image enables it for multi-user.target), " + manual
+		"systemctl enable --now " + unit + " (the golden image enables it for multi-user.target), " + manual, false
 }
 
 // lastLines returns the last n non-empty lines of a file (none when it

@@ -453,28 +453,34 @@ func TestOfflineImagesStatus(t *testing.T) {
 		wantMsg  []string
 		wantFix  string
 		notInMsg string
+		// wantInProgress: the import runs (or systemd restarts it), so
+		// the controller retries soon instead of backing off.
+		wantInProgress bool
 	}{
 		{
-			name:    "running: names the archive it is at",
-			log:     importing,
-			unit:    unit("activating", "start"),
-			wantMsg: []string{"kiln-import-images.service is running; its log: ", "importing 3/7 kube-apiserver.tar"},
-			wantFix: "wait: the first boot imports the archives once",
+			name:           "running: names the archive it is at",
+			wantInProgress: true,
+			log:            importing,
+			unit:           unit("activating", "start"),
+			wantMsg:        []string{"kiln-import-images.service is running; its log: ", "importing 3/7 kube-apiserver.tar"},
+			wantFix:        "wait: the first boot imports the archives once",
 		},
 		{
-			name:    "failed, waiting to restart: quotes ctr's error",
-			log:     failedLog,
-			unit:    unit("activating", "auto-restart"),
-			wantMsg: []string{"failed and systemd restarts it", `ctr: failed to ingest "blobs/sha256/9f1c": unexpected EOF`, "failed: importing kube-apiserver.tar: ctr exited 1"},
-			wantFix: "it retries by itself",
+			name:           "failed, waiting to restart: quotes ctr's error",
+			wantInProgress: true,
+			log:            failedLog,
+			unit:           unit("activating", "auto-restart"),
+			wantMsg:        []string{"failed and systemd restarts it", `ctr: failed to ingest "blobs/sha256/9f1c": unexpected EOF`, "failed: importing kube-apiserver.tar: ctr exited 1"},
+			wantFix:        "it retries by itself",
 		},
 		{
-			name:     "retrying after a failure (waiting its backoff)",
-			log:      retrying,
-			unit:     unit("activating", "start"),
-			wantMsg:  []string{"is retrying after a failure", "attempt 2: retrying in 10s", "failed: importing kube-apiserver.tar"},
-			wantFix:  "journalctl -u kiln-import-images.service",
-			notInMsg: "attempt 1: importing 7 archives", // only the last lines
+			name:           "retrying after a failure (waiting its backoff)",
+			wantInProgress: true,
+			log:            retrying,
+			unit:           unit("activating", "start"),
+			wantMsg:        []string{"is retrying after a failure", "attempt 2: retrying in 10s", "failed: importing kube-apiserver.tar"},
+			wantFix:        "journalctl -u kiln-import-images.service",
+			notInMsg:       "attempt 1: importing 7 archives", // only the last lines
 		},
 		{
 			name:    "failed for good",
@@ -535,6 +541,9 @@ func TestOfflineImagesStatus(t *testing.T) {
 			}
 			if !strings.Contains(got.Fix, tt.wantFix) {
 				t.Errorf("offlineImages() fix = %q, want it to contain %q", got.Fix, tt.wantFix)
+			}
+			if got.InProgress != tt.wantInProgress {
+				t.Errorf("offlineImages().InProgress = %v, want %v", got.InProgress, tt.wantInProgress)
 			}
 		})
 	}

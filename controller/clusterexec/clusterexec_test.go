@@ -19,6 +19,7 @@ import (
 	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/events"
 	"github.com/kilnhq/kiln/controller/hostlife"
+	"github.com/kilnhq/kiln/controller/machineplan"
 	"github.com/kilnhq/kiln/controller/provision"
 	"github.com/kilnhq/kiln/controller/sim"
 	"github.com/kilnhq/kiln/controller/store"
@@ -47,6 +48,9 @@ type world struct {
 	drainTimeout time.Duration
 	// observer is told of the executors' reconciles (nil: none).
 	observer clusterexec.Observer
+	// machineCfg is the executor's Config.Machines (refusals retried
+	// after 100 ms doubling to 1 s unless a test says otherwise).
+	machineCfg machineplan.Config
 }
 
 func newWorld(t testing.TB, kubeadmDuration time.Duration) *world {
@@ -69,7 +73,8 @@ func newWorld(t testing.TB, kubeadmDuration time.Duration) *world {
 		BMCLatency: 2 * time.Millisecond, BootDelay: 30 * time.Millisecond, LayDuration: 80 * time.Millisecond,
 		WipeDuration: 20 * time.Millisecond, HeartbeatInterval: 500 * time.Millisecond,
 	}, sim.EnrollmentCheckIn(enr))
-	return &world{t: t, ctx: ctx, st: st, rec: rec, fleet: fleet, kubeadm: sim.NewKubeadm(fleet, kubeadmDuration)}
+	return &world{t: t, ctx: ctx, st: st, rec: rec, fleet: fleet, kubeadm: sim.NewKubeadm(fleet, kubeadmDuration),
+		machineCfg: machineplan.Config{RefusalBackoff: backoff.Policy{Base: 100 * time.Millisecond, Max: time.Second, Factor: 2}}}
 }
 
 // start runs the host lifecycle and the cluster executor (new instances,
@@ -118,7 +123,7 @@ func (w *world) executorOn(st clusterexec.Store, id string) *clusterexec.Executo
 		}
 	}
 	return clusterexec.New(clusterexec.Deps{Store: st, Recorder: w.rec, Agents: clusterexec.AgentDialer(w.kubeadm.AgentDialer()), KubeClient: w.kube, Drain: w.drain, Observer: w.observer},
-		clusterexec.Config{Interval: 100 * time.Millisecond, DrainTimeout: w.drainTimeout}, log)
+		clusterexec.Config{Interval: 100 * time.Millisecond, DrainTimeout: w.drainTimeout, Machines: w.machineCfg}, log)
 }
 
 type testWriter struct{ t testing.TB }
@@ -358,6 +363,52 @@ func TestPreflightRefuses(t *testing.T) {
 		require.True(t, time.Now().Before(deadline), "not Running after the fix: %v", ms[0].GetStatus())
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestPreflightWaiting: a preflight refused only by a check in progress
+// (the first boot's image import, which takes 5-11 minutes under TCG) is
+// retried on the short fixed WaitInterval, not the refusal backoff (an
+// hour here, so a retry on it would never come), and the machine says
+// what it waits for without being Failed; once the check passes the node
+// is bootstrapped.
+func TestPreflightWaiting(t *testing.T) {
+	w := newWorld(t, 0)
+	w.machineCfg = machineplan.Config{
+		RefusalBackoff: backoff.Policy{Base: time.Hour, Max: time.Hour},
+		WaitInterval:   200 * time.Millisecond,
+	}
+	const importing = "kiln-import-images.service is running; its log: importing 3/7 kube-apiserver.tar"
+	w.kubeadm.FailPreflight("h1", &agentv1.Check{Name: "offline-images", Severity: agentv1.Severity_SEVERITY_ERROR,
+		Message: importing, Fix: "wait", InProgress: true})
+	w.apply(1, 1, 0)
+	stop := w.start()
+	defer stop()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		ms := w.machines()
+		if len(ms) == 1 {
+			conds := ms[0].GetStatus().GetConditions()
+			if op := conditions.Get(conds, machineplan.ConditionOperation); op.GetReason() == machineplan.ReasonWaiting {
+				require.Contains(t, op.GetMessage(), "preflight check offline-images in progress: "+importing)
+				bf := conditions.Get(conds, clusterexec.ConditionBootstrapFailed)
+				require.Equal(t, conditions.False, bf.GetStatus(), "BootstrapFailed while waiting: %v", bf)
+				require.Equal(t, machineplan.ReasonPreflightWaiting, bf.GetReason())
+				require.Contains(t, bf.GetMessage(), importing, "BootstrapFailed does not say what is waited for")
+				require.Equal(t, clusterexec.PhaseBootstrapping, ms[0].GetStatus().GetPhase())
+				break
+			}
+		}
+		require.True(t, time.Now().Before(deadline), "no BootstrapOperation=Waiting: %v", ms)
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Still importing: retried again (not once and then an hour later).
+	for count(w.kubeadm.Calls(), "Preflight", false) < 3 {
+		require.True(t, time.Now().Before(deadline), "preflight not retried while waiting: %d calls", count(w.kubeadm.Calls(), "Preflight", false))
+		time.Sleep(50 * time.Millisecond)
+	}
+	w.kubeadm.FailPreflight("h1", nil) // imported
+	w.waitRunning(1)
+	require.Equal(t, 1, count(w.kubeadm.Calls(), "KubeadmInit", false), "KubeadmInit runs once, after the wait")
 }
 
 // TestScaleDown lowers the deployment from two workers to one: the

@@ -176,7 +176,9 @@ func (e *Executor) setCondition(ctx context.Context, name string, c *typesv1.Con
 
 // recordOperation records the state of the machine's bootstrap operation
 // (machineplan.ConditionOperation), with BootstrapFailed when failed is
-// set (reason, message).
+// set (reason, message), and counts the refusals in a row
+// (machineplan.AnnotationRefusals: one more with Refused, none after any
+// other end).
 func (e *Executor) recordOperation(ctx context.Context, name, state, msg string, failed *typesv1.Condition) error {
 	now := e.cfg.Clock()
 	status := conditions.False
@@ -184,6 +186,15 @@ func (e *Executor) recordOperation(ctx context.Context, name, state, msg string,
 		status = conditions.True
 	}
 	return e.updateMachine(ctx, name, func(x *typesv1.Machine) bool {
+		// The refusals in a row, for the planner's refusal backoff.
+		if state == machineplan.ReasonRefused {
+			if x.Metadata.Annotations == nil {
+				x.Metadata.Annotations = map[string]string{}
+			}
+			x.Metadata.Annotations[machineplan.AnnotationRefusals] = strconv.Itoa(machineplan.Refusals(x) + 1)
+		} else if state != machineplan.ReasonRunning {
+			delete(x.Metadata.Annotations, machineplan.AnnotationRefusals)
+		}
 		x.Status.Conditions, _ = conditions.Set(x.Status.Conditions, conditions.New(machineplan.ConditionOperation, status, state, msg), now)
 		if failed != nil {
 			x.Status.Conditions, _ = conditions.Set(x.Status.Conditions, failed, now)
@@ -319,6 +330,15 @@ func (e *Executor) bootstrap(ctx context.Context, c *typesv1.Cluster, a machinep
 			refused = errdefs.FailedPrecondition("%s", msg)
 		}
 		e.observe("Preflight", start, refused)
+		if msg != "" && inProgressOnly(report) {
+			// The host is still getting ready (its first boot's image
+			// import): the planner looks again after a short fixed wait.
+			if prev := conditions.Get(m.GetStatus().GetConditions(), ConditionBootstrapFailed); prev.GetReason() != machineplan.ReasonPreflightWaiting {
+				e.event(ctx, name, "Normal", machineplan.ReasonPreflightWaiting, msg)
+			}
+			return e.recordOperation(ctx, name, machineplan.ReasonWaiting, msg,
+				machineplan.WaitingCondition(m.GetStatus().GetConditions(), msg))
+		}
 		if msg != "" {
 			if prev := conditions.Get(m.GetStatus().GetConditions(), ConditionBootstrapFailed); prev.GetStatus() != conditions.True || prev.GetMessage() != msg {
 				e.event(ctx, name, "Warning", "PreflightFailed", msg)
@@ -464,7 +484,11 @@ func failedChecks(r *agentv1.PreflightReport) string {
 		if c.GetPassed() || c.GetSeverity() != agentv1.Severity_SEVERITY_ERROR {
 			continue
 		}
-		s := fmt.Sprintf("preflight check %s failed: %s", c.GetName(), c.GetMessage())
+		verb := "failed"
+		if c.GetInProgress() {
+			verb = "in progress"
+		}
+		s := fmt.Sprintf("preflight check %s %s: %s", c.GetName(), verb, c.GetMessage())
 		if c.GetFix() != "" {
 			s += " (fix: " + c.GetFix() + ")"
 		}
@@ -474,6 +498,22 @@ func failedChecks(r *agentv1.PreflightReport) string {
 		parts = append(parts, "preflight failed")
 	}
 	return strings.Join(parts, "; ")
+}
+
+// inProgressOnly reports whether every failed ERROR check of a refused
+// report is in progress (it will pass without anyone acting).
+func inProgressOnly(r *agentv1.PreflightReport) bool {
+	n := 0
+	for _, c := range r.GetChecks() {
+		if c.GetPassed() || c.GetSeverity() != agentv1.Severity_SEVERITY_ERROR {
+			continue
+		}
+		if !c.GetInProgress() {
+			return false
+		}
+		n++
+	}
+	return n > 0
 }
 
 // operationFailed records a failed bootstrap operation: ConditionOperation

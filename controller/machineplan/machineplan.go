@@ -6,7 +6,10 @@
 // it to be Provisioned, bootstrap the node (prepare, preflight, kubeadm
 // init or join) or re-attach to the kubeadm operation an earlier
 // controller started, retry a failed operation after a jittered backoff
-// until its attempts run out, probe, and tear a deleted Machine down.
+// until its attempts run out (a refused preflight after a backoff of its
+// own, and every WaitInterval when it only waits for the host to finish
+// something, such as its first boot's image import), probe, and tear a
+// deleted Machine down.
 // PlanCleanup decides which Machines belong to deleted Clusters and which
 // hosts are bound to Machines that are gone.
 //
@@ -65,6 +68,11 @@ const (
 	// retry starts new operations and a restart re-attaches to the
 	// current ones. The executor records it when it starts an attempt.
 	AnnotationAttempt = "kiln.dev/bootstrap-attempt"
+	// AnnotationRefusals counts the preflight refusals in a row of the
+	// machine's current attempt (the executor adds one with each Refused
+	// outcome and removes it with any other): the n-th refusal is retried
+	// after Config.RefusalBackoff's n-th delay.
+	AnnotationRefusals = "kiln.dev/bootstrap-refusals"
 	// AnnotationClusterUID is the uid of the Cluster the Machine was
 	// created for. A Machine whose Cluster of that name and uid is gone
 	// belongs to a deleted cluster (PlanCleanup); Machines without it
@@ -87,8 +95,11 @@ const (
 	// reason Running, from just before it starts one (write-ahead) until
 	// it ends; False with reason Succeeded, Failed (counted against the
 	// attempts; its transition time is the failure's), Refused (the
-	// preflight refused: nothing ran, not counted) or Lost (the agent
-	// does not know the operation: it never started; not counted).
+	// preflight refused: nothing ran, not counted; retried after
+	// Config.RefusalBackoff), Waiting (the preflight refused only with
+	// checks in progress, such as the first boot's image import: not
+	// counted; retried every Config.WaitInterval) or Lost (the agent does
+	// not know the operation: it never started; not counted).
 	ConditionOperation = "BootstrapOperation"
 )
 
@@ -98,6 +109,7 @@ const (
 	ReasonSucceeded = "Succeeded"
 	ReasonFailed    = "Failed"
 	ReasonRefused   = "Refused"
+	ReasonWaiting   = "Waiting"
 	ReasonLost      = "Lost"
 )
 
@@ -114,10 +126,25 @@ type Config struct {
 	// to 5m, 20% jitter seeded by the machine's uid, so the plan is a
 	// function of its input).
 	Backoff backoff.Policy
+	// RefusalBackoff is the wait after the n-th preflight refusal in a
+	// row (AnnotationRefusals; default 10s doubling to 5m, 20% jitter):
+	// a refusal waits for someone to fix the host, and is not retried in
+	// a loop meanwhile.
+	RefusalBackoff backoff.Policy
+	// WaitInterval is the fixed wait after a refusal whose failed checks
+	// are all in progress (default 20s): it ends by itself, so it is
+	// looked at again soon and not after a growing backoff.
+	WaitInterval time.Duration
 }
 
 // DefaultBackoff is Config.Backoff's default.
 var DefaultBackoff = backoff.Policy{Base: 30 * time.Second, Max: 5 * time.Minute, Factor: 2, Jitter: 0.2}
+
+// DefaultRefusalBackoff is Config.RefusalBackoff's default.
+var DefaultRefusalBackoff = backoff.Policy{Base: 10 * time.Second, Max: 5 * time.Minute, Factor: 2, Jitter: 0.2}
+
+// DefaultWaitInterval is Config.WaitInterval's default.
+const DefaultWaitInterval = 20 * time.Second
 
 func (c Config) withDefaults() Config {
 	if c.MaxAttempts <= 0 {
@@ -125,6 +152,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Backoff.Base <= 0 {
 		c.Backoff = DefaultBackoff
+	}
+	if c.RefusalBackoff.Base <= 0 {
+		c.RefusalBackoff = DefaultRefusalBackoff
+	}
+	if c.WaitInterval <= 0 {
+		c.WaitInterval = DefaultWaitInterval
 	}
 	return c
 }
@@ -243,6 +276,13 @@ func Attempt(m *typesv1.Machine) int {
 	return n
 }
 
+// Refusals is the number of preflight refusals in a row of the machine's
+// current attempt (AnnotationRefusals).
+func Refusals(m *typesv1.Machine) int {
+	n, _ := strconv.Atoi(m.GetMetadata().GetAnnotations()[AnnotationRefusals])
+	return n
+}
+
 // OperationID is the id of the machine's operation kind ("prepare",
 // "init", "join", "reset") in attempt: the same across controller
 // restarts, new for a new Machine (uid) or a new attempt.
@@ -350,9 +390,28 @@ func bootstrap(cfg Config, in Input, now time.Time, out Output) Output {
 		}
 		return out
 	}
-	if op.GetReason() != ReasonFailed {
-		// Nothing ran yet, the preflight refused (nothing ran) or the
-		// operation was lost (it never reached the agent): same attempt.
+	// A refusal (nothing ran) is retried under the same attempt: one
+	// in progress (an image import) after the short fixed interval, any
+	// other after the refusal backoff, so that a host nobody has fixed yet
+	// is not checked in a loop.
+	switch op.GetReason() {
+	case ReasonWaiting:
+		if wait := op.GetLastTransitionTime().AsTime().Add(cfg.WaitInterval).Sub(now); wait > 0 {
+			out.Requeue = wait
+			return out
+		}
+		return start(attempt, false)
+	case ReasonRefused:
+		d := cfg.RefusalBackoff.Delay(Refusals(m)-1, jitter(m, attempt))
+		if wait := op.GetLastTransitionTime().AsTime().Add(d).Sub(now); wait > 0 {
+			out.Requeue = wait
+			return out
+		}
+		return start(attempt, false)
+	case ReasonFailed:
+	default:
+		// Nothing ran yet or the operation was lost (it never reached
+		// the agent): same attempt.
 		return start(attempt, false)
 	}
 	if attempt+1 >= cfg.MaxAttempts {
@@ -372,6 +431,23 @@ func bootstrap(cfg Config, in Input, now time.Time, out Output) Output {
 		return out
 	}
 	return start(attempt+1, false)
+}
+
+// ReasonPreflightWaiting is BootstrapFailed's reason (False) while the
+// preflight refuses only with checks in progress.
+const ReasonPreflightWaiting = "PreflightWaiting"
+
+// WaitingCondition is the BootstrapFailed condition to record with a
+// Waiting outcome (msg: the checks in progress, what they wait for): False,
+// reason ReasonPreflightWaiting, so that the machine says what it waits
+// for without being Failed; nil when BootstrapFailed is True from a
+// failed operation, which a wait does not undo (the phase stays Failed
+// until a bootstrap succeeds).
+func WaitingCondition(conds []*typesv1.Condition, msg string) *typesv1.Condition {
+	if bf := conditions.Get(conds, ConditionBootstrapFailed); bf.GetStatus() == conditions.True && bf.GetReason() != "PreflightFailed" {
+		return nil
+	}
+	return conditions.New(ConditionBootstrapFailed, conditions.False, ReasonPreflightWaiting, msg)
 }
 
 // jitter is a random source seeded by the machine and the attempt: the

@@ -42,7 +42,7 @@ var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 //	                                  Running, Probe marks the node Ready,
 //	                                  Teardown deletes the machine and
 //	                                  unbinds the host
-//	op M succeeded|failed|refused|lost [reason=R] [msg=...]
+//	op M succeeded|failed|refused|waiting|lost [reason=R] [msg=...]
 //	                                  the operation's outcome as the
 //	                                  executor records it
 //	restart                           a new controller: nothing but the
@@ -62,8 +62,10 @@ func TestTranscripts(t *testing.T) {
 }
 
 // cfg is the transcripts' policy: three attempts, 1m doubling, no jitter
-// (so the printed requeues are round).
-var cfg = Config{MaxAttempts: 3, Backoff: backoff.Policy{Base: time.Minute, Max: 10 * time.Minute, Factor: 2}}
+// (so the printed requeues are round); refusals 10s doubling to 40s; a
+// wait 20s.
+var cfg = Config{MaxAttempts: 3, Backoff: backoff.Policy{Base: time.Minute, Max: 10 * time.Minute, Factor: 2},
+	RefusalBackoff: backoff.Policy{Base: 10 * time.Second, Max: 40 * time.Second, Factor: 2}, WaitInterval: 20 * time.Second}
 
 type world struct {
 	now      time.Time
@@ -276,10 +278,21 @@ func (w *world) outcome(t *testing.T, m *typesv1.Machine, how string, a map[stri
 		}
 		w.setCond(m, conditions.New(ConditionOperation, conditions.False, reason, a["msg"]))
 		w.setCond(m, conditions.New(ConditionBootstrapFailed, conditions.True, a["reason"], a["msg"]))
+	case "waiting":
+		w.setCond(m, conditions.New(ConditionOperation, conditions.False, ReasonWaiting, a["msg"]))
+		if c := WaitingCondition(m.Status.Conditions, a["msg"]); c != nil {
+			w.setCond(m, c)
+		}
 	case "lost":
 		w.setCond(m, conditions.New(ConditionOperation, conditions.False, ReasonLost, "the agent knows no such operation"))
 	default:
-		t.Fatalf("op %s: want succeeded, failed, refused or lost", how)
+		t.Fatalf("op %s: want succeeded, failed, refused, waiting or lost", how)
+	}
+	// The refusals in a row (the executor's recordOperation).
+	if how == "refused" {
+		m.Metadata.Annotations[AnnotationRefusals] = strconv.Itoa(Refusals(m) + 1)
+	} else {
+		delete(m.Metadata.Annotations, AnnotationRefusals)
 	}
 }
 

@@ -821,12 +821,18 @@ func (x *PreflightRequest) GetCluster() *ClusterConfig {
 }
 
 type Check struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Passed        bool                   `protobuf:"varint,2,opt,name=passed,proto3" json:"passed,omitempty"`
-	Severity      Severity               `protobuf:"varint,3,opt,name=severity,proto3,enum=kiln.agent.v1.Severity" json:"severity,omitempty"`
-	Message       string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
-	Fix           string                 `protobuf:"bytes,5,opt,name=fix,proto3" json:"fix,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Name     string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Passed   bool                   `protobuf:"varint,2,opt,name=passed,proto3" json:"passed,omitempty"`
+	Severity Severity               `protobuf:"varint,3,opt,name=severity,proto3,enum=kiln.agent.v1.Severity" json:"severity,omitempty"`
+	Message  string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	Fix      string                 `protobuf:"bytes,5,opt,name=fix,proto3" json:"fix,omitempty"`
+	// in_progress is set on a failed check that fails only because
+	// something on the host is still under way and will pass without
+	// anyone acting (the first boot's image import running, or being
+	// restarted by systemd): the caller retries soon rather than backing
+	// off as from a fault.
+	InProgress    bool `protobuf:"varint,6,opt,name=in_progress,json=inProgress,proto3" json:"in_progress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -894,6 +900,13 @@ func (x *Check) GetFix() string {
 		return x.Fix
 	}
 	return ""
+}
+
+func (x *Check) GetInProgress() bool {
+	if x != nil {
+		return x.InProgress
+	}
+	return false
 }
 
 type PreflightReport struct {
@@ -2082,13 +2095,15 @@ const file_kiln_agent_v1_agent_proto_rawDesc = "" +
 	"\x11advertise_address\x18\v \x01(\tR\x10advertiseAddress\x12)\n" +
 	"\x10image_repository\x18\f \x01(\tR\x0fimageRepository\"J\n" +
 	"\x10PreflightRequest\x126\n" +
-	"\acluster\x18\x01 \x01(\v2\x1c.kiln.agent.v1.ClusterConfigR\acluster\"\x94\x01\n" +
+	"\acluster\x18\x01 \x01(\v2\x1c.kiln.agent.v1.ClusterConfigR\acluster\"\xb5\x01\n" +
 	"\x05Check\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06passed\x18\x02 \x01(\bR\x06passed\x123\n" +
 	"\bseverity\x18\x03 \x01(\x0e2\x17.kiln.agent.v1.SeverityR\bseverity\x12\x18\n" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x12\x10\n" +
-	"\x03fix\x18\x05 \x01(\tR\x03fix\"W\n" +
+	"\x03fix\x18\x05 \x01(\tR\x03fix\x12\x1f\n" +
+	"\vin_progress\x18\x06 \x01(\bR\n" +
+	"inProgress\"W\n" +
 	"\x0fPreflightReport\x12,\n" +
 	"\x06checks\x18\x01 \x03(\v2\x14.kiln.agent.v1.CheckR\x06checks\x12\x16\n" +
 	"\x06passed\x18\x02 \x01(\bR\x06passed\"\x92\x01\n" +

@@ -1,0 +1,22 @@
+//go:build !linux
+
+package kubeadm
+
+import (
+	"syscall"
+
+	"github.com/kilnhq/kiln/internal/errdefs"
+)
+
+const (
+	sigTerm = syscall.SIGTERM
+	sigKill = syscall.SIGKILL
+)
+
+func kill(int, syscall.Signal) error { return errdefs.NotSupported("signal: not on this OS") }
+
+func running(string, int) bool { return false }
+
+func listeners(string, []int, map[int]string) ([]Leftover, error) {
+	return nil, errdefs.NotSupported("finding a port's process: not on this OS")
+}
