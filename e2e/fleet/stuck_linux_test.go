@@ -173,7 +173,7 @@ func TestStuckCausesAreVisible(t *testing.T) {
 		since:     provisioned(h(1)),
 		sinceWhat: "host Provisioned",
 		fix:       freePort,
-		recovery:  "fixed (retried each pass)",
+		recovery:  "fixed (a refusal is retried after 10 s, doubling to 5 min)",
 		recovered: bootstrapped(h(1)),
 	}, {
 		cause:   "worker join: port 10250 taken on the node",
@@ -187,7 +187,7 @@ func TestStuckCausesAreVisible(t *testing.T) {
 		since:     provisioned(h(2)),
 		sinceWhat: "host Provisioned",
 		fix:       freePort,
-		recovery:  "fixed (retried each pass)",
+		recovery:  "fixed (a refusal is retried after 10 s, doubling to 5 min)",
 		recovered: bootstrapped(h(2)),
 	}, {
 		cause:   "HealthCheck refuses remediation (1 of 2 unhealthy, maxUnhealthy 40%)",
