@@ -146,6 +146,10 @@ type Config struct {
 	// its boot agent's check-in; past it the host carries
 	// BootAgentCheckedIn=False (hostlife.DefaultExpectedBoot when 0).
 	ExpectedBootTime time.Duration
+	// ProvisionMaxInFlight bounds the hosts provisioning at once, per
+	// executor (provision.Config.MaxInFlight: 0 its default, negative no
+	// limit; `kiln-controller run --provision-max-in-flight`).
+	ProvisionMaxInFlight int
 	// StepTimeouts bounds host lifecycle steps, replacing their defaults
 	// (hostlife.DefaultTimeouts; `kiln-controller run --step-timeout
 	// STEP=DURATION`); steps not named keep theirs.
@@ -816,6 +820,8 @@ func (c *Controller) hostDeps(lctx context.Context, st *store.Store, rec *events
 		Clock:  c.cfg.Clock,
 		ISOURL: func(h string) string { return bootserver.ISOURL(c.cfg.BootURL, h) },
 		Plan:   hostlife.Config{ExpectedBoot: c.cfg.ExpectedBootTime, Timeouts: c.cfg.StepTimeouts},
+
+		MaxInFlight: c.cfg.ProvisionMaxInFlight,
 	}
 	deps := provision.Deps{Store: st, Recorder: rec}
 	if c.metrics != nil {
