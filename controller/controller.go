@@ -246,6 +246,9 @@ type Controller struct {
 	metricsAddr string
 	// seen is this replica's liveness tracker, once Run has made it.
 	seen *liveness.Tracker
+	// caches are this replica's watch caches, once Run has made them:
+	// the host lifecycle reads Machines and Images from them.
+	caches *resources.Caches
 	// shards is the shard manager when Config.Shards > 0, once Run has
 	// made it; simFleet the process's simulated fleet in sharded
 	// --simulate mode (shared by the shards and the leader).
@@ -536,6 +539,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	seen := liveness.NewTracker()
 	c.mu.Lock()
 	c.seen = seen
+	c.caches = caches
 	c.mu.Unlock()
 	enr := enrollment.New(st, ca, rec, enrollment.Config{
 		HeartbeatInterval: c.cfg.HeartbeatInterval,
@@ -826,6 +830,14 @@ func (c *Controller) hostDeps(lctx context.Context, st *store.Store, rec *events
 	deps := provision.Deps{Store: st, Recorder: rec}
 	if c.metrics != nil {
 		deps.Observer = c.metrics
+	}
+	c.mu.Lock()
+	caches := c.caches
+	c.mu.Unlock()
+	if m, i := caches.Kind("machines"), caches.Kind("images"); m != nil && i != nil {
+		// What each host wants, without two etcd reads per reconcile
+		// (provision.CachedDesired says why no wait is needed).
+		deps.Desired = provision.CachedDesired(st, m, i)
 	}
 	var pool *provision.AgentPool
 	if c.simFleet != nil {
