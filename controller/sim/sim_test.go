@@ -39,6 +39,8 @@ type world struct {
 	// machines and images are watch caches the executors read what each
 	// host wants from (provision.CachedDesired), as kiln-controller's do.
 	machines, images *store.Cache
+	// ex is the executor start started last.
+	ex *provision.Executor
 }
 
 // fastSim are the delays of the tests: short, and in the proportions of a
@@ -99,6 +101,7 @@ func (w *world) start() (stop func()) {
 		Agents:   w.fleet.AgentDialer(),
 		Desired:  provision.CachedDesired(w.st, w.machines, w.images),
 	}, w.cfg, slog.New(slog.DiscardHandler))
+	w.ex = ex
 	done := make(chan struct{})
 	go func() { defer close(done); _ = ex.Run(ctx) }()
 	return func() { cancel(); <-done }
