@@ -100,6 +100,21 @@ func (a *admission) observe(name string, rev int64, state typesv1.HostState) {
 	}
 }
 
+// listed records a host's state as the executor's first listing of the
+// hosts found it, before any host is admitted (sync). Later listings are
+// not used: a page of one can be seconds older than the writes that moved
+// its hosts since (a host that ended counted again), and every change of
+// a host's state is the executor's own write (stored) or is read by the
+// reconcile that its watch event queues (observe).
+func (a *admission) listed(name string, rev int64, state typesv1.HostState) {
+	a.mu.Lock()
+	synced := a.synced
+	a.mu.Unlock()
+	if !synced {
+		a.observe(name, rev, state)
+	}
+}
+
 // stored records the status write of name at rev that reserved (or did
 // not reserve) its slot: the reservation becomes what the store says.
 func (a *admission) stored(name string, rev int64, state typesv1.HostState) {

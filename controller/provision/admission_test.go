@@ -78,6 +78,11 @@ func TestAdmissionLine(t *testing.T) {
 	inflight, waiting := a.counts()
 	require.Equal(t, 1, inflight, "h1")
 	require.Zero(t, waiting)
+	// A later listing, older than the writes that ended p1, does not
+	// count it again.
+	a.listed("p1", 10, stProvisioning)
+	inflight, _ = a.counts()
+	require.Equal(t, 1, inflight, "a stale listing after the first counts nothing")
 
 	// A reservation whose write fails is given back.
 	a.begin("h4")

@@ -307,7 +307,7 @@ func (e *Executor) resync(ctx context.Context) {
 		}
 		for _, it := range items {
 			if e.owns(it.Name) {
-				e.adm.observe(it.Name, it.Rev, it.Msg.(*typesv1.Host).GetStatus().GetState())
+				e.adm.listed(it.Name, it.Rev, it.Msg.(*typesv1.Host).GetStatus().GetState())
 				names = append(names, it.Name)
 			}
 		}
