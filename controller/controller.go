@@ -146,6 +146,10 @@ type Config struct {
 	// its boot agent's check-in; past it the host carries
 	// BootAgentCheckedIn=False (hostlife.DefaultExpectedBoot when 0).
 	ExpectedBootTime time.Duration
+	// ProvisionMaxInFlight bounds the hosts provisioning at once, per
+	// executor (provision.Config.MaxInFlight: 0 its default, negative no
+	// limit; `kiln-controller run --provision-max-in-flight`).
+	ProvisionMaxInFlight int
 	// StepTimeouts bounds host lifecycle steps, replacing their defaults
 	// (hostlife.DefaultTimeouts; `kiln-controller run --step-timeout
 	// STEP=DURATION`); steps not named keep theirs.
@@ -242,6 +246,9 @@ type Controller struct {
 	metricsAddr string
 	// seen is this replica's liveness tracker, once Run has made it.
 	seen *liveness.Tracker
+	// caches are this replica's watch caches, once Run has made them:
+	// the host lifecycle reads Machines and Images from them.
+	caches *resources.Caches
 	// shards is the shard manager when Config.Shards > 0, once Run has
 	// made it; simFleet the process's simulated fleet in sharded
 	// --simulate mode (shared by the shards and the leader).
@@ -532,6 +539,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	seen := liveness.NewTracker()
 	c.mu.Lock()
 	c.seen = seen
+	c.caches = caches
 	c.mu.Unlock()
 	enr := enrollment.New(st, ca, rec, enrollment.Config{
 		HeartbeatInterval: c.cfg.HeartbeatInterval,
@@ -816,10 +824,20 @@ func (c *Controller) hostDeps(lctx context.Context, st *store.Store, rec *events
 		Clock:  c.cfg.Clock,
 		ISOURL: func(h string) string { return bootserver.ISOURL(c.cfg.BootURL, h) },
 		Plan:   hostlife.Config{ExpectedBoot: c.cfg.ExpectedBootTime, Timeouts: c.cfg.StepTimeouts},
+
+		MaxInFlight: c.cfg.ProvisionMaxInFlight,
 	}
 	deps := provision.Deps{Store: st, Recorder: rec}
 	if c.metrics != nil {
 		deps.Observer = c.metrics
+	}
+	c.mu.Lock()
+	caches := c.caches
+	c.mu.Unlock()
+	if m, i := caches.Kind("machines"), caches.Kind("images"); m != nil && i != nil {
+		// What each host wants, without two etcd reads per reconcile
+		// (provision.CachedDesired says why no wait is needed).
+		deps.Desired = provision.CachedDesired(st, m, i)
 	}
 	var pool *provision.AgentPool
 	if c.simFleet != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/kilnhq/kiln/controller/datadir"
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/controller/operatorcert"
+	"github.com/kilnhq/kiln/controller/provision"
 	"github.com/kilnhq/kiln/controller/rekey"
 	"github.com/kilnhq/kiln/controller/restore"
 	"github.com/kilnhq/kiln/host/systemd"
@@ -116,6 +117,7 @@ func runCmd() *cobra.Command {
 		security    securityFlags
 	)
 	var expectedBoot time.Duration
+	var maxInFlight int
 	var exec execFlags
 	var stepTimeouts stepTimeoutFlags
 	cmd := &cobra.Command{
@@ -149,6 +151,10 @@ func runCmd() *cobra.Command {
 				return err
 			}
 			cfg.ExpectedBootTime = expectedBoot
+			cfg.ProvisionMaxInFlight = maxInFlight
+			if maxInFlight <= 0 {
+				cfg.ProvisionMaxInFlight = -1 // no limit
+			}
 			cfg.BootURL = bootURL
 			cfg.ControllerURL = ctlURL
 			cfg.Simulate = simulate
@@ -201,6 +207,7 @@ func runCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&apiOnly, "api-only", false, "serve the API only: run neither the host lifecycle (power hosts through their BMCs, boot the agent media, lay images; docs/lifecycle.md) nor the cluster executor (bind Machines to hosts, kubeadm init/join through the agent; docs/clusters.md), and stay out of the leader election; for extra API replicas next to one that runs them (docs/controller.md)")
 	cmd.Flags().BoolVar(&lifecycle, "lifecycle", true, "run the host lifecycle and the cluster executor (the default); --lifecycle=false is --api-only")
 	_ = cmd.Flags().MarkDeprecated("lifecycle", "the lifecycle runs by default; use --api-only to turn it off")
+	cmd.Flags().IntVar(&maxInFlight, "provision-max-in-flight", provision.DefaultMaxInFlight, "hosts provisioning at once (per shard with --shards); a host beyond it stays Available with ProvisioningAdmitted=False (WaitingForSlot) until one ends; 0 or less: no limit (docs/lifecycle.md)")
 	cmd.Flags().DurationVar(&expectedBoot, "expected-boot-time", hostlife.DefaultExpectedBoot, "how long a host normally takes from power on to its boot agent's check-in; past it the host says BootAgentCheckedIn=False (BootAgentMissing) while it waits on")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-listen", "", "serve Prometheus metrics over plain HTTP at /metrics on this address (host:port; off when empty; see docs/observability.md)")
 	cmd.Flags().StringVar(&bootURL, "boot-url", "", "public URL of the boot server (agent ISOs for virtual media; default http://<--boot-listen> when that is an IP address)")

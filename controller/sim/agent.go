@@ -163,6 +163,10 @@ func (a *Agent) LayImage(ctx context.Context, in *agentv1.LayImageRequest, _ ...
 			}
 			op.report(layProgress(i, total, time.Since(start)))
 		}
+		if !h.fleet.waitLays() {
+			op.interrupt()
+			return
+		}
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		if h.gen != gen {

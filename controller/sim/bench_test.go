@@ -39,6 +39,10 @@ var benchSim = sim.Config{
 // the etcd database size. Run one size at a time, once:
 //
 //	go test ./controller/sim/ -run '^$' -bench 'Provision/hosts=10000$' -benchtime 1x -timeout 30m
+//
+// KILN_BENCH_MAX_IN_FLIGHT=N sets the executor's admission limit
+// (provision.Config.MaxInFlight; default provision.DefaultMaxInFlight,
+// -1: none).
 func BenchmarkProvision(b *testing.B) {
 	for _, n := range []int{100, 1000, 10000, 100000} {
 		b.Run("hosts="+strconv.Itoa(n), func(b *testing.B) {
@@ -55,6 +59,11 @@ func benchWave(b *testing.B, n int) {
 	w.cfg.Workers = 1000
 	w.cfg.ResyncInterval = time.Minute
 	w.cfg.Plan = hostlife.Config{PollInterval: time.Second}
+	if v := os.Getenv("KILN_BENCH_MAX_IN_FLIGHT"); v != "" {
+		k, err := strconv.Atoi(v)
+		require.NoError(b, err, "KILN_BENCH_MAX_IN_FLIGHT")
+		w.cfg.MaxInFlight = k
+	}
 	_, err := sim.Populate(w.ctx, w.st, n, "rack")
 	require.NoError(b, err)
 	rev0 := w.revision()
@@ -75,7 +84,9 @@ func benchWave(b *testing.B, n int) {
 			break
 		}
 		if time.Since(logged) >= time.Minute {
-			b.Logf("%d of %d hosts Provisioned after %s", done, n, time.Since(start).Round(time.Second))
+			inflight, waiting := w.ex.InFlight()
+			b.Logf("%d of %d hosts Provisioned after %s; %d in flight, %d waiting for a slot, %d queued; RSS %d MiB",
+				done, n, time.Since(start).Round(time.Second), inflight, waiting, w.ex.QueueLen(), rss(b)>>20)
 			logged = time.Now()
 		}
 		time.Sleep(poll)
@@ -138,7 +149,13 @@ func (w *world) count() (done, errs int) {
 }
 
 // peakRSS is the process's peak resident set (VmHWM), in bytes.
-func peakRSS(b *testing.B) int64 {
+func peakRSS(b *testing.B) int64 { return procStatus(b, "VmHWM:") }
+
+// rss is the process's resident set now (VmRSS), in bytes.
+func rss(b *testing.B) int64 { return procStatus(b, "VmRSS:") }
+
+// procStatus is the kB field of /proc/self/status, in bytes.
+func procStatus(b *testing.B, field string) int64 {
 	f, err := os.Open("/proc/self/status")
 	if err != nil {
 		testenv.Skipf(b, "no /proc/self/status: %v", err)
@@ -146,7 +163,7 @@ func peakRSS(b *testing.B) int64 {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
+		if v, ok := strings.CutPrefix(sc.Text(), field); ok {
 			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			return kb << 10
 		}

@@ -92,6 +92,11 @@ type childEnv struct {
 
 const childEnvVar = "KILN_SIM_KILL_CHILD"
 
+// killMaxInFlight is the child's admission limit: under a third of the
+// wave, so kills land while hosts wait for a slot too, and every new
+// child must count the hosts its killed predecessor left in flight.
+const killMaxInFlight = 6
+
 // TestKillChild is the controller subprocess of TestKill9: the executor
 // with the production BMC path and gRPC agent clients, until killed.
 func TestKillChild(t *testing.T) {
@@ -121,7 +126,7 @@ func TestKillChild(t *testing.T) {
 		Agents: func(_ context.Context, h *typesv1.Host) (agentv1.AgentClient, error) {
 			return conns[h.GetMetadata().GetName()], nil
 		},
-	}, provision.Config{Workers: 32, Plan: fastPlan, ResyncInterval: time.Second,
+	}, provision.Config{Workers: 32, Plan: fastPlan, ResyncInterval: time.Second, MaxInFlight: killMaxInFlight,
 		ISOURL: func(h string) string { return "http://boot.sim/boot/iso/" + h + ".iso" }}, log)
 	_ = ex.Run(context.Background()) // until SIGKILL
 }
@@ -130,7 +135,9 @@ func TestKillChild(t *testing.T) {
 // points of a 20-host wave at least five times and starts a new one over
 // the same etcd, with real Redfish BMC emulators and agents served over
 // gRPC that outlive it, as real hosts do. Every host ends Provisioned,
-// with its image laid exactly once.
+// with its image laid exactly once, and never were more hosts
+// Provisioning than the admission limit (killMaxInFlight), as watched
+// from the store across all the kills.
 func TestKill9(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: subprocess test")
@@ -175,6 +182,7 @@ func TestKill9(t *testing.T) {
 	}
 	raw, err := json.Marshal(env)
 	require.NoError(t, err)
+	inflight := w.follow(w.ctx, w.revision()+1, killMaxInFlight)
 	start := func() *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "-test.run", "^TestKillChild$", "-test.timeout", "10m")
 		cmd.Env = append(os.Environ(), childEnvVar+"="+string(raw))
@@ -230,6 +238,12 @@ func TestKill9(t *testing.T) {
 	defer kill(cmd)
 	w.waitFor(names, "Provisioned", provisioned)
 	w.checkProvisionedOnce(names)
+	require.Eventually(t, func() bool { _, _, starts, _ := inflight.get(); return starts >= len(names) }, time.Minute, 10*time.Millisecond,
+		"the watch sees every host start")
+	if _, maxSeen, _, over := inflight.get(); maxSeen > killMaxInFlight || over != 0 {
+		t.Errorf("hosts Provisioning at once across the kills: max %d, %d started with %d or more in flight; want at most %d and none",
+			maxSeen, over, killMaxInFlight, killMaxInFlight)
+	}
 	for _, n := range names {
 		if id := w.host(n).GetStatus().GetLastOperation().GetId(); !strings.HasPrefix(id, n+".provisioning.1.") {
 			t.Errorf("host %s: last operation %q, want one of its first provisioning", n, id)

@@ -58,6 +58,8 @@ type Fleet struct {
 
 	mu    sync.Mutex
 	hosts map[string]*Host
+	// layGate, when not nil, is closed by ResumeLays: lays end only then.
+	layGate chan struct{}
 }
 
 // NewFleet returns an empty fleet whose agents check in through checkIn.
@@ -92,6 +94,43 @@ func (f *Fleet) Remove(name string) {
 	f.mu.Unlock()
 	if ok {
 		h.powerOff()
+	}
+}
+
+// PauseLays makes every lay, running or to come, wait before it ends
+// until ResumeLays: hosts stay in LayImage for as long as a test needs,
+// with no timing involved.
+func (f *Fleet) PauseLays() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.layGate == nil {
+		f.layGate = make(chan struct{})
+	}
+}
+
+// ResumeLays lets the lays paused by PauseLays end.
+func (f *Fleet) ResumeLays() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.layGate != nil {
+		close(f.layGate)
+		f.layGate = nil
+	}
+}
+
+// waitLays waits while lays are paused; false when the fleet stops.
+func (f *Fleet) waitLays() bool {
+	f.mu.Lock()
+	g := f.layGate
+	f.mu.Unlock()
+	if g == nil {
+		return true
+	}
+	select {
+	case <-g:
+		return true
+	case <-f.ctx.Done():
+		return false
 	}
 }
 

@@ -36,6 +36,11 @@ type world struct {
 	rec    *events.Recorder
 	fleet  *sim.Fleet
 	cfg    provision.Config
+	// machines and images are watch caches the executors read what each
+	// host wants from (provision.CachedDesired), as kiln-controller's do.
+	machines, images *store.Cache
+	// ex is the executor start started last.
+	ex *provision.Executor
 }
 
 // fastSim are the delays of the tests: short, and in the proportions of a
@@ -70,7 +75,11 @@ func newWorld(t testing.TB, simCfg sim.Config) *world {
 	log := slog.New(slog.DiscardHandler)
 	rec := events.New(c, time.Hour, nil, log)
 	enr := enrollment.New(st, nil, rec, enrollment.Config{}, log)
-	w := &world{t: t, dir: dir, ctx: ctx, client: c, st: st, rec: rec}
+	w := &world{t: t, dir: dir, ctx: ctx, client: c, st: st, rec: rec,
+		machines: store.NewCache(st, "machines", func() proto.Message { return &typesv1.Machine{} }),
+		images:   store.NewCache(st, "images", func() proto.Message { return &typesv1.Image{} })}
+	go w.machines.Run(ctx)
+	go w.images.Run(ctx)
 	w.fleet = sim.NewFleet(ctx, simCfg, sim.EnrollmentCheckIn(enr))
 	w.cfg = provision.Config{
 		Workers:        16,
@@ -90,7 +99,9 @@ func (w *world) start() (stop func()) {
 		Recorder: w.rec,
 		BMCs:     w.fleet.BMCDialer(),
 		Agents:   w.fleet.AgentDialer(),
+		Desired:  provision.CachedDesired(w.st, w.machines, w.images),
 	}, w.cfg, slog.New(slog.DiscardHandler))
+	w.ex = ex
 	done := make(chan struct{})
 	go func() { defer close(done); _ = ex.Run(ctx) }()
 	return func() { cancel(); <-done }
