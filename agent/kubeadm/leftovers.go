@@ -171,33 +171,56 @@ func (k *Kubeadm) freePorts(ctx context.Context, emit Emit, strict bool) error {
 // stopProcesses sends SIGTERM to pids, waits up to grace for them to
 // exit, then sends SIGKILL to those left and waits a few seconds more. It
 // returns an error only when ctx is done.
+//
+// Each process is known by its PID and its start time (proc/PID/stat):
+// a PID whose start time changed belongs to another process (the
+// component exited and its PID was reused during the wait) and counts as
+// gone, so the root agent never sends SIGKILL to a process it did not
+// vet.
 func stopProcesses(ctx context.Context, proc string, pids []int, grace time.Duration, emit Emit) error {
+	started := map[int]uint64{}
 	for _, pid := range pids {
-		_ = kill(pid, sigTerm) // gone already: nothing to do
+		st, ok := startTime(proc, pid)
+		if !ok {
+			continue // gone already: nothing to do
+		}
+		started[pid] = st
+		_ = kill(pid, sigTerm)
 	}
-	left, err := waitGone(ctx, proc, pids, grace)
+	left, err := waitGone(ctx, proc, started, grace)
 	if err != nil || len(left) == 0 {
 		return err
 	}
+	killed := map[int]uint64{}
 	for _, pid := range left {
+		if st, ok := startTime(proc, pid); !ok || st != started[pid] {
+			continue // exited, and the PID is another process's now
+		}
 		emit(&agentv1.OperationEvent{Message: fmt.Sprintf("pid %d did not exit %s after SIGTERM: SIGKILL", pid, grace)})
 		_ = kill(pid, sigKill)
+		killed[pid] = started[pid]
 	}
-	_, err = waitGone(ctx, proc, left, killWait)
+	_, err = waitGone(ctx, proc, killed, killWait)
 	return err
 }
 
-// waitGone polls until every pid has exited (or is a zombie) or d has
+// waitGone polls until every process of started (PID to start time) has
+// exited (or is a zombie, or its PID is another process's) or d has
 // passed, and returns those still running.
-func waitGone(ctx context.Context, proc string, pids []int, d time.Duration) ([]int, error) {
+func waitGone(ctx context.Context, proc string, started map[int]uint64, d time.Duration) ([]int, error) {
 	deadline := time.NewTimer(d)
 	defer deadline.Stop()
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
+	pids := make([]int, 0, len(started))
+	for pid := range started {
+		pids = append(pids, pid)
+	}
+	slices.Sort(pids)
 	for {
 		var left []int
 		for _, pid := range pids {
-			if running(proc, pid) {
+			if st, ok := startTime(proc, pid); ok && st == started[pid] && running(proc, pid) {
 				left = append(left, pid)
 			}
 		}

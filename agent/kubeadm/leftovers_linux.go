@@ -22,6 +22,29 @@ const (
 // Equivalent to: `kill -SIG PID`.
 func kill(pid int, sig syscall.Signal) error { return syscall.Kill(pid, sig) }
 
+// startTime returns the start time of process pid (field 22 of
+// proc/PID/stat, in clock ticks since boot): with the PID, what tells a
+// process from a later one that reuses its PID. ok is false when pid does
+// not exist.
+func startTime(proc string, pid int) (uint64, bool) {
+	b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, false
+	}
+	// "PID (comm) S PPID ...": fields from the state (3) on follow the
+	// last ')' (a comm may hold spaces and parentheses).
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return 0, false
+	}
+	st, err := strconv.ParseUint(f[19], 10, 64)
+	return st, err == nil
+}
+
 // running reports whether pid exists and is not a zombie whose threads
 // have all exited (only then are its sockets closed: the leader of a
 // multi-threaded process is a zombie while its other threads still exit).

@@ -2,6 +2,7 @@ package kubeadm
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -248,4 +249,44 @@ func withoutPtrace(t *testing.T, pid int, f func() error) error {
 	r := <-done
 	require.NoError(t, r.setup)
 	return r.err
+}
+
+// A component that exits during the wait between SIGTERM and SIGKILL and
+// whose PID is then another process's must not get the SIGKILL: the root
+// agent would kill a process it never vetted. The reuse is simulated in a
+// copy of proc/PID/stat whose start time changes after SIGTERM; the real
+// process behind the PID ignores SIGTERM, so a SIGKILL would end it.
+func TestStopSparesReusedPID(t *testing.T) {
+	l := startLeftover(t, "kube-scheduler", "ignore-term")
+	pid := l.cmd.Process.Pid
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	require.NoError(t, err)
+	proc := t.TempDir()
+	dir := filepath.Join(proc, strconv.Itoa(pid))
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "stat"), stat, 0o644))
+	st, ok := startTime(proc, pid)
+	require.True(t, ok, "start time of %q", stat)
+	real, ok := startTime("/proc", pid)
+	require.True(t, ok)
+	require.Equal(t, real, st)
+
+	// After SIGTERM, the PID "is" a process started a tick later.
+	i := bytes.LastIndexByte(stat, ')')
+	f := strings.Fields(string(stat[i+1:]))
+	f[19] = strconv.FormatUint(st+1, 10)
+	reused := append(append([]byte{}, stat[:i+1]...), []byte(" "+strings.Join(f, " ")+"\n")...)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_ = os.WriteFile(filepath.Join(dir, "stat"), reused, 0o644)
+	}()
+
+	var evs []string
+	err = stopProcesses(context.Background(), proc, []int{pid}, time.Second, func(e *agentv1.OperationEvent) { evs = append(evs, e.GetMessage()) })
+	require.NoError(t, err)
+	for _, e := range evs {
+		require.NotContains(t, e, "SIGKILL", "a SIGKILL for a reused PID")
+	}
+	time.Sleep(200 * time.Millisecond)
+	require.False(t, l.exited(), "the process behind the reused PID was killed")
 }

@@ -17,6 +17,8 @@ func kill(int, syscall.Signal) error { return errdefs.NotSupported("signal: not 
 
 func running(string, int) bool { return false }
 
+func startTime(string, int) (uint64, bool) { return 0, false }
+
 func listeners(string, []int, map[int]string) ([]Leftover, error) {
 	return nil, errdefs.NotSupported("finding a port's process: not on this OS")
 }
