@@ -415,15 +415,20 @@ func TestLabImageWorkerJoins(t *testing.T) {
 	w.waitReadyDNS(wc)
 	r.tm.add("both Ready + DNS", time.Since(start))
 	// Each host routes the other's pod CIDR via the other's address.
+	// kiln-lab-net adds the routes in a loop (every 3 s, each pass a few
+	// kubectl calls), so the control plane's route to a node that just
+	// joined can come a few seconds after that node is Ready: wait for it.
 	for _, pair := range [][2]*node{{cp, w}, {w, cp}} {
-		out := pair[0].exec("ip", "-4", "route", "show")
-		routed := false
-		for _, l := range strings.Split(out, "\n") {
-			routed = routed || strings.HasPrefix(l, "10.244.") && strings.Contains(l, " via "+pair[1].ip+" ")
-		}
-		if !routed {
-			t.Errorf("%s has no route via %s to its pods:\n%s", pair[0].name, pair[1].name, out)
-		}
+		from, via := pair[0], pair[1]
+		waitFor(t, ctx, time.Minute, from.name+"'s route via "+via.name+" to its pods", func() (bool, string) {
+			out := from.exec("ip", "-4", "route", "show")
+			for _, l := range strings.Split(out, "\n") {
+				if strings.HasPrefix(l, "10.244.") && strings.Contains(l, " via "+via.ip+" ") {
+					return true, ""
+				}
+			}
+			return false, "routes:\n" + out
+		}, func() string { return from.exec("journalctl", "-u", "kiln-lab-net", "--no-pager", "-n", "20") })
 	}
 	nodes := cp.exec("kubectl", "--kubeconfig", "/etc/kubernetes/admin.conf", "get", "nodes", "-o", "wide")
 	t.Logf("nodes:\n%s", nodes)
