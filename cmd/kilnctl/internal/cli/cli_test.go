@@ -158,12 +158,25 @@ func TestReasonColumn(t *testing.T) {
 		Status: &typesv1.HostStatus{State: typesv1.HostState_HOST_STATE_AVAILABLE, Conditions: []*typesv1.Condition{
 			{Type: "BMCReachable", Status: "True"}, {Type: "BootstrapFailed", Status: "False", Reason: "Bootstrapped"}}},
 	}}}
+	// A host in the admission line (docs/lifecycle.md, "Admission: hosts
+	// in flight"), with the conditions the executor writes: the REASON
+	// column names the line, not the healthy BMC. controller/sim's
+	// TestWaitingHostsSayWhy checks the executor ranks it first.
+	waiting := &controllerv1.Resource{Kind: &controllerv1.Resource_Host{Host: &typesv1.Host{
+		Metadata: &typesv1.ObjectMeta{Name: "h4"},
+		Status: &typesv1.HostStatus{State: typesv1.HostState_HOST_STATE_AVAILABLE, Machine: "lab-w-1", Conditions: []*typesv1.Condition{
+			{Type: "BMCReachable", Status: "True"},
+			{Type: "ProvisioningAdmitted", Status: "False", Reason: "WaitingForSlot",
+				Message: "waiting for a provisioning slot (2000 in flight, limit 2000): hosts start as others finish or fail; kiln-controller run --provision-max-in-flight sets the limit"}}},
+	}}}
 	tests := []struct {
 		kind   string
 		r      *controllerv1.Resource
 		output string
 		want   string // the REASON cell
 	}{
+		{"host", waiting, "", "WaitingForSlot"},
+		{"host", waiting, "wide", "WaitingForSlot: waiting for a provisioning slot (2000 in flight, limit 2000…"},
 		{"machine", machine, "", "ImageNotFound"},
 		{"machine", machine, "wide", "ImageNotFound: image debian12-k8s1.34.4-20261202 not found; kilnctl get im…"},
 		{"host", failed, "", "Error"},
