@@ -32,15 +32,8 @@ func (l Leftover) String() string { return fmt.Sprintf("%s (pid %d)", l.Comm, l.
 
 // ControlPlanePorts are the ports a reset leaves free, each with the
 // component that listens on it: what kubeadm's preflight checks before
-// init (and, for 10250, before join).
-var ControlPlanePorts = map[int]string{
-	6443:  "kube-apiserver",
-	2379:  "etcd",
-	2380:  "etcd",
-	10250: "kubelet",
-	10257: "kube-controller-manager",
-	10259: "kube-scheduler",
-}
+// init (and, for 10250, before join). It is ports.Component: one list.
+var ControlPlanePorts = ports.Component
 
 // components are the processes kubeadm's static pods and the kubelet run:
 // the only ones the leftover check stops. Anything else on a control

@@ -16,6 +16,17 @@ var (
 	Worker       = []int{10250}
 )
 
+// Component names the Kubernetes component that listens on each of
+// ControlPlane's ports (agent/kubeadm stops a reset's leftovers by it).
+var Component = map[int]string{
+	6443:  "kube-apiserver",
+	2379:  "etcd",
+	2380:  "etcd",
+	10250: "kubelet",
+	10257: "kube-controller-manager",
+	10259: "kube-scheduler",
+}
+
 // Busy returns the ports in ports that cannot be listened on because
 // something already uses them, in the calling thread's network namespace.
 // It opens and closes a listener on every address (IPv4 and IPv6) for

@@ -45,3 +45,17 @@ func TestBusyControlPlaneInNamespace(t *testing.T) {
 		t.Errorf("Busy(%v) in namespace = %v, want [6443]", ControlPlane, busy)
 	}
 }
+
+// Every control-plane port preflight checks names its component, and no
+// component is named for a port preflight does not check: the leftover
+// check after a reset and preflight look at the same ports.
+func TestComponentCoversControlPlane(t *testing.T) {
+	if len(Component) != len(ControlPlane) {
+		t.Errorf("Component names %d ports, ControlPlane has %d", len(Component), len(ControlPlane))
+	}
+	for _, p := range ControlPlane {
+		if Component[p] == "" {
+			t.Errorf("port %d: no component", p)
+		}
+	}
+}
