@@ -213,7 +213,7 @@ func waitGone(ctx context.Context, proc string, started map[int]uint64, d time.D
 	for {
 		var left []int
 		for _, pid := range pids {
-			if st, ok := startTime(proc, pid); ok && st == started[pid] && running(proc, pid) {
+			if runningSince(proc, pid, started[pid]) {
 				left = append(left, pid)
 			}
 		}

@@ -27,42 +27,45 @@ func kill(pid int, sig syscall.Signal) error { return syscall.Kill(pid, sig) }
 // process from a later one that reuses its PID. ok is false when pid does
 // not exist.
 func startTime(proc string, pid int) (uint64, bool) {
+	st, _, ok := stat(proc, pid)
+	return st, ok
+}
+
+// stat reads proc/PID/stat once: the process's start time (field 22, in
+// clock ticks since boot) and its state (field 3: 'R', 'S', 'Z', ...).
+func stat(proc string, pid int) (start uint64, state byte, ok bool) {
 	b, err := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "stat"))
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
 	// "PID (comm) S PPID ...": fields from the state (3) on follow the
 	// last ')' (a comm may hold spaces and parentheses).
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, false
+		return 0, 0, false
 	}
 	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return 0, false
+	if len(f) < 20 || len(f[0]) != 1 {
+		return 0, 0, false
 	}
 	st, err := strconv.ParseUint(f[19], 10, 64)
-	return st, err == nil
+	return st, f[0][0], err == nil
 }
 
-// running reports whether pid exists and is not a zombie whose threads
-// have all exited (only then are its sockets closed: the leader of a
-// multi-threaded process is a zombie while its other threads still exit).
-func running(proc string, pid int) bool {
-	dir := filepath.Join(proc, strconv.Itoa(pid))
-	b, err := os.ReadFile(filepath.Join(dir, "stat"))
-	if err != nil {
+// runningSince reports whether the process pid that started at start
+// (startTime) still runs: the same process (not a reused PID) and not a
+// zombie whose threads have all exited (only then are its sockets
+// closed: the leader of a multi-threaded process is a zombie while its
+// other threads still exit). One read of proc/PID/stat per call.
+func runningSince(proc string, pid int, start uint64) bool {
+	st, state, ok := stat(proc, pid)
+	if !ok || st != start {
 		return false
 	}
-	// "PID (comm) S ...": the state follows the last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 || i+2 >= len(b) {
-		return false
-	}
-	if b[i+2] != 'Z' && b[i+2] != 'X' {
+	if state != 'Z' && state != 'X' {
 		return true
 	}
-	tasks, err := os.ReadDir(filepath.Join(dir, "task"))
+	tasks, err := os.ReadDir(filepath.Join(proc, strconv.Itoa(pid), "task"))
 	return err == nil && len(tasks) > 1
 }
 

@@ -15,7 +15,7 @@ const (
 
 func kill(int, syscall.Signal) error { return errdefs.NotSupported("signal: not on this OS") }
 
-func running(string, int) bool { return false }
+func runningSince(string, int, uint64) bool { return false }
 
 func startTime(string, int) (uint64, bool) { return 0, false }
 
