@@ -290,3 +290,44 @@ func TestStopSparesReusedPID(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	require.False(t, l.exited(), "the process behind the reused PID was killed")
 }
+
+// runningSince tells a running process from a reused PID and from a
+// zombie: a zombie leader still runs while another of its threads does
+// (its sockets stay open until then), and is gone once it is alone.
+func TestRunningSince(t *testing.T) {
+	proc := t.TempDir()
+	write := func(pid int, state string, start uint64, tasks int) {
+		dir := filepath.Join(proc, strconv.Itoa(pid))
+		require.NoError(t, os.MkdirAll(filepath.Join(dir, "task"), 0o755))
+		f := make([]string, 50)
+		for i := range f {
+			f[i] = "0"
+		}
+		f[0] = state
+		f[19] = strconv.FormatUint(start, 10)
+		stat := fmt.Sprintf("%d (kube apiserver)) %s\n", pid, strings.Join(f, " "))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "stat"), []byte(stat), 0o644))
+		for i := range tasks {
+			require.NoError(t, os.MkdirAll(filepath.Join(dir, "task", strconv.Itoa(pid+i)), 0o755))
+		}
+	}
+	write(100, "S", 500, 1)
+	write(200, "Z", 500, 3)
+	write(300, "Z", 500, 1)
+	for _, tt := range []struct {
+		pid   int
+		start uint64
+		want  bool
+		what  string
+	}{
+		{100, 500, true, "sleeping, same start time"},
+		{100, 501, false, "PID reused by a later process"},
+		{200, 500, true, "zombie leader with threads still exiting"},
+		{300, 500, false, "zombie alone"},
+		{400, 500, false, "no such process"},
+	} {
+		if got := runningSince(proc, tt.pid, tt.start); got != tt.want {
+			t.Errorf("%s: runningSince(%d, %d) = %v, want %v", tt.what, tt.pid, tt.start, got, tt.want)
+		}
+	}
+}
