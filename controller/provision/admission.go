@@ -57,6 +57,9 @@ type admission struct {
 	// woken are hosts taken from the line and queued, planning those a
 	// worker plans now (begin); each holds a slot until it is planned.
 	woken, planning map[string]bool
+	// poked are hosts of the line changed in the store since they were
+	// last planned (poke): planned once more.
+	poked map[string]bool
 	// synced is set once every host was listed; before, admission waits
 	// (deferred hosts are queued again then).
 	synced   bool
@@ -78,6 +81,7 @@ func newAdmission(limit int, wake func(string)) *admission {
 		inLine:   map[string]*list.Element{},
 		woken:    map[string]bool{},
 		planning: map[string]bool{},
+		poked:    map[string]bool{},
 		deferred: map[string]bool{},
 	}
 }
@@ -148,6 +152,7 @@ func (a *admission) forget(name string) {
 		delete(a.inLine, name)
 	}
 	delete(a.deferred, name)
+	delete(a.poked, name)
 	if counted || a.woken[name] || a.planning[name] {
 		delete(a.woken, name)
 		delete(a.planning, name)
@@ -201,11 +206,47 @@ func (a *admission) wait(name string) {
 	a.wakeLocked() // a slot may have freed since admit
 }
 
-// waiting reports whether name is in the line: it need not be planned.
+// waiting reports whether name is in the line.
 func (a *admission) waiting(name string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.inLine[name] != nil
+}
+
+// poke marks name, changed in the store, to be planned once even while
+// it waits in the line: the change may mean it wants no slot any more.
+func (a *admission) poke(name string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.inLine[name] != nil {
+		a.poked[name] = true
+	}
+}
+
+// skip reports whether a worker need not plan name now: it waits in the
+// line (which wakes it) and was not poked since it was last planned.
+func (a *admission) skip(name string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.poked[name] {
+		delete(a.poked, name)
+		return false
+	}
+	return a.inLine[name] != nil
+}
+
+// leave takes name out of the line: it wants no slot now.
+func (a *admission) leave(name string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if e := a.inLine[name]; e != nil {
+		a.line.Remove(e)
+		delete(a.inLine, name)
+	}
+	delete(a.poked, name)
+	if a.line.Len() == 0 {
+		a.full = false
+	}
 }
 
 // begin is called when a worker starts planning name: a woken host's
@@ -293,6 +334,18 @@ func markWaiting(st *typesv1.HostStatus, inflight, limit int, now time.Time) {
 		return
 	}
 	st.Conditions, _ = conditions.Set(st.Conditions, waitingCondition(inflight, limit), now)
+}
+
+// clearWaiting removes a waiting condition from st, the planned status of
+// a host that does not start provisioning; it reports whether there was
+// one.
+func clearWaiting(st *typesv1.HostStatus) bool {
+	c := conditions.Get(st.GetConditions(), ConditionAdmitted)
+	if c == nil || c.GetStatus() != conditions.False {
+		return false
+	}
+	st.Conditions, _ = conditions.Remove(st.Conditions, ConditionAdmitted)
+	return true
 }
 
 // markAdmitted turns a waiting condition on st True.

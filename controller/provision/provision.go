@@ -281,6 +281,9 @@ func (e *Executor) watch(ctx context.Context) {
 				if e.ownWrite(ev.Name, ev.Rev) || !e.owns(ev.Name) {
 					continue
 				}
+				// A change of a host in the line (not a resync) is planned
+				// once: it may no longer want a slot.
+				e.adm.poke(ev.Name)
 				e.q.Add(ev.Name)
 			}
 		}
@@ -328,7 +331,7 @@ func (e *Executor) work(ctx context.Context) {
 		if shutdown {
 			return
 		}
-		if ctx.Err() != nil || e.adm.waiting(name) {
+		if ctx.Err() != nil || e.adm.skip(name) {
 			// Draining after ShutDown; or waiting for a provisioning
 			// slot, which wakes it.
 			e.q.Done(name)
@@ -430,6 +433,12 @@ func (e *Executor) Reconcile(ctx context.Context, name string) (time.Duration, e
 				return 0, err
 			}
 			markAdmitted(out.Status, inflight, e.cfg.MaxInFlight, now)
+		} else if clearWaiting(out.Status) {
+			// It waited for a slot and wants none now (its Machine went,
+			// it is no longer Available): it leaves the line, and no
+			// stale WaitingForSlot stays on it.
+			e.adm.leave(name)
+			out.Changed = true
 		}
 		evs, finished := out.Events, out.Finished
 		if hold != nil {

@@ -178,6 +178,67 @@ func TestWaitingHostsSayWhy(t *testing.T) {
 	}
 }
 
+// TestWaitingHostWhoseMachineGoes: a host waiting for a slot whose
+// Machine is deleted (the cluster executor unbinds the host, then deletes
+// the Machine) leaves the line at once: its ProvisioningAdmitted=False
+// goes (no stale WaitingForSlot in kilnctl get hosts), it is never laid,
+// and the other hosts still end Provisioned.
+func TestWaitingHostWhoseMachineGoes(t *testing.T) {
+	const n, limit = 4, 1
+	w := newWorld(t, fastSim)
+	w.cfg.MaxInFlight = limit
+	names, err := sim.Populate(w.ctx, w.st, n, "gone")
+	require.NoError(t, err)
+	w.fleet.PauseLays()
+	stop := w.start()
+	defer stop()
+
+	isWaiting := func(h *typesv1.Host) bool {
+		c := conditions.Get(h.GetStatus().GetConditions(), provision.ConditionAdmitted)
+		return c.GetStatus() == conditions.False && c.GetReason() == provision.ReasonWaiting
+	}
+	var waiting []string
+	require.Eventually(t, func() bool {
+		waiting = nil
+		for _, name := range names {
+			if isWaiting(w.host(name)) {
+				waiting = append(waiting, name)
+			}
+		}
+		return len(waiting) == n-limit
+	}, time.Minute, 20*time.Millisecond, "%d hosts waiting for a slot", n-limit)
+
+	// Unbind the last in line, as clusterexec's unbind does, and delete
+	// its Machine.
+	gone := waiting[len(waiting)-1]
+	h := &typesv1.Host{}
+	rev, err := w.st.Get(w.ctx, "hosts", gone, h)
+	require.NoError(t, err)
+	machine := h.GetStatus().GetMachine()
+	h.Status.Machine = ""
+	_, err = w.st.Update(w.ctx, "hosts", gone, h, rev)
+	require.NoError(t, err)
+	require.NoError(t, w.st.Delete(w.ctx, "machines", machine, 0))
+
+	require.Eventually(t, func() bool {
+		_, inLine := w.ex.InFlight()
+		return conditions.Get(w.host(gone).GetStatus().GetConditions(), provision.ConditionAdmitted) == nil && inLine == n-limit-1
+	}, time.Minute, 20*time.Millisecond, "host %s out of the line, without %s", gone, provision.ConditionAdmitted)
+	require.Equal(t, typesv1.HostState_HOST_STATE_AVAILABLE, w.host(gone).GetStatus().GetState())
+
+	w.fleet.ResumeLays()
+	var rest []string
+	for _, name := range names {
+		if name != gone {
+			rest = append(rest, name)
+		}
+	}
+	w.waitFor(rest, "Provisioned", provisioned)
+	w.checkProvisionedOnce(rest)
+	require.Zero(t, w.fleet.Host(gone).Lays(), "host %s laid after its Machine went", gone)
+	require.Nil(t, conditions.Get(w.host(gone).GetStatus().GetConditions(), provision.ConditionAdmitted))
+}
+
 // TestHostsInFlightAfterRestartCount: a controller restarted with 6 hosts
 // laying and a limit of 3 lets the 6 go on and starts no other host until
 // fewer than 3 are in flight, as counted from the store; then every host
