@@ -48,6 +48,10 @@ type Store struct {
 	// pauseChanges counts this process's changes of the pause
 	// (PauseChanges); shared with Fenced copies.
 	pauseChanges *atomic.Uint64
+	// group groups concurrent writes (GroupCommit); shared with Fenced
+	// copies. Nil when grouping is off.
+	group    *committer
+	groupCfg GroupCommit
 }
 
 // Option configures a Store.
@@ -71,6 +75,9 @@ func New(client *clientv3.Client, opts ...Option) *Store {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.log = s.log.With("component", "store")
+	if !s.groupCfg.Disabled {
+		s.group = newCommitter(client, s.groupCfg)
+	}
 	return s
 }
 
@@ -127,13 +134,14 @@ func (s *Store) CreateAudited(ctx context.Context, kind, name string, m proto.Me
 	if err != nil {
 		return 0, errdefs.InvalidArgument("create %s: encode: %w", key, err)
 	}
-	resp, err := s.client.Txn(ctx).
-		If(s.guard(clientv3.Compare(clientv3.CreateRevision(key), "=", 0))...).
-		Then(append([]clientv3.Op{clientv3.OpPut(key, string(val))}, audit...)...).
-		Else(s.orElse()...).
-		Commit()
+	resp, err := s.commit(ctx, write{
+		op:     "create " + key,
+		cmps:   s.guard(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)),
+		then:   append([]clientv3.Op{clientv3.OpPut(key, string(val))}, audit...),
+		orElse: s.orElse(),
+	})
 	if err != nil {
-		return 0, etcdErr(ctx, "create "+key, err)
+		return 0, err
 	}
 	if !resp.Succeeded {
 		if err := s.broken(resp, "create "+key); err != nil {
@@ -206,13 +214,14 @@ func (s *Store) update(ctx context.Context, kind, name string, m proto.Message, 
 	if expectRev == 0 {
 		cmp = clientv3.Compare(clientv3.CreateRevision(key), ">", 0)
 	}
-	resp, err := s.client.Txn(ctx).
-		If(s.guard(cmp)...).
-		Then(append([]clientv3.Op{clientv3.OpPut(key, string(val))}, audit...)...).
-		Else(s.orElse(clientv3.OpGet(key, clientv3.WithKeysOnly()))...).
-		Commit()
+	resp, err := s.commit(ctx, write{
+		op:     "update " + key,
+		cmps:   s.guard(cmp),
+		then:   append([]clientv3.Op{clientv3.OpPut(key, string(val))}, audit...),
+		orElse: s.orElse(clientv3.OpGet(key, clientv3.WithKeysOnly())),
+	})
 	if err != nil {
-		return 0, etcdErr(ctx, "update "+key, err)
+		return 0, err
 	}
 	if !resp.Succeeded {
 		if err := s.broken(resp, "update "+key); err != nil {
@@ -245,13 +254,14 @@ func (s *Store) DeleteAudited(ctx context.Context, kind, name string, expectRev 
 	if expectRev == 0 {
 		cmp = clientv3.Compare(clientv3.CreateRevision(key), ">", 0)
 	}
-	resp, err := s.client.Txn(ctx).
-		If(s.guard(cmp)...).
-		Then(append([]clientv3.Op{clientv3.OpDelete(key)}, audit...)...).
-		Else(s.orElse(clientv3.OpGet(key, clientv3.WithKeysOnly()))...).
-		Commit()
+	resp, err := s.commit(ctx, write{
+		op:     "delete " + key,
+		cmps:   s.guard(cmp),
+		then:   append([]clientv3.Op{clientv3.OpDelete(key)}, audit...),
+		orElse: s.orElse(clientv3.OpGet(key, clientv3.WithKeysOnly())),
+	})
 	if err != nil {
-		return etcdErr(ctx, "delete "+key, err)
+		return err
 	}
 	if !resp.Succeeded {
 		if err := s.broken(resp, "delete "+key); err != nil {
