@@ -438,4 +438,3 @@ func sortedKeys(m map[int64][]string) []int64 {
 	sort.Slice(keys, func(i, j int) bool { return keys[i] < keys[j] })
 	return keys
 }
-
