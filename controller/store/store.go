@@ -1,7 +1,9 @@
 // Package store keeps the controller's state in etcd: resources as protobuf
 // under /kiln/v1/<kind>/<name> with optimistic concurrency on the key's mod
 // revision, watches that drive reconciles, and secrets sealed with AES-GCM
-// under /kiln/v1/secrets/<path>.
+// under /kiln/v1/secrets/<path>. Concurrent single-object writes share
+// etcd transactions, each keeping its own compares and outcome
+// (GroupCommit).
 //
 // One code path (clientv3) serves both the default single-member etcd
 // embedded in the controller (StartEmbedded) and an external cluster given
