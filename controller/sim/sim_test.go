@@ -4,7 +4,9 @@ import (
 	"context"
 	"log/slog"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -71,7 +73,7 @@ func newWorld(t testing.TB, simCfg sim.Config) *world {
 	c, err := store.Dial(e.Endpoints(), nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Close() })
-	st := store.New(c)
+	st := store.New(c, store.WithGroupCommit(groupCommitFromEnv(t)))
 	log := slog.New(slog.DiscardHandler)
 	rec := events.New(c, time.Hour, nil, log)
 	enr := enrollment.New(st, nil, rec, enrollment.Config{}, log)
@@ -88,6 +90,30 @@ func newWorld(t testing.TB, simCfg sim.Config) *world {
 		ResyncInterval: time.Second,
 	}
 	return w
+}
+
+// groupCommitFromEnv is the store's grouping of writes (store.GroupCommit)
+// as KILN_BENCH_GROUP_COMMIT sets it: "off" sends every write alone, N
+// allows N grouped transactions in flight; unset, the default.
+// KILN_BENCH_GROUP_MAX_OPS=N sets its op bound (the embedded etcd takes
+// store.MaxBatchOps).
+func groupCommitFromEnv(t testing.TB) store.GroupCommit {
+	var g store.GroupCommit
+	switch v := os.Getenv("KILN_BENCH_GROUP_COMMIT"); v {
+	case "":
+	case "off":
+		g.Disabled = true
+	default:
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err, "KILN_BENCH_GROUP_COMMIT: want off or a number of transactions in flight")
+		g.MaxInFlight = n
+	}
+	if v := os.Getenv("KILN_BENCH_GROUP_MAX_OPS"); v != "" {
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err, "KILN_BENCH_GROUP_MAX_OPS")
+		g.MaxOps = n
+	}
+	return g
 }
 
 // start runs an executor until the returned stop is called; stop waits

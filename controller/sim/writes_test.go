@@ -13,18 +13,22 @@ import (
 
 	"github.com/kilnhq/kiln/controller/events"
 	"github.com/kilnhq/kiln/controller/sim"
+	"github.com/kilnhq/kiln/controller/store"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
 // writeCounter watches every key under /kiln/ from a revision on and
-// sorts each etcd write (a revision) by what it touched: a Host (with or
-// without events riding along), events alone, or anything else.
+// sorts each object's write by what it touched: a Host (with or without
+// events riding along), events alone, or anything else. An object's
+// write is what one store write did to one object: without group commit
+// an etcd revision holds one, with it a revision may hold the writes of
+// several objects.
 type writeCounter struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
 	mu sync.Mutex
-	// Revisions: with a Host put, with event puts only, other.
+	// Object writes: with a Host put, with event puts only, other.
 	hostWrites, eventOnlyWrites, otherWrites int
 	// eventPuts counts event keys put; eventOnly the reasons of the events
 	// written alone.
@@ -59,38 +63,77 @@ func (c *writeCounter) add(evs []*clientv3.Event) {
 		c.lastRev = max(c.lastRev, rev)
 	}
 	for _, rev := range revs {
-		host, event, other := false, false, false
-		var reasons []string
+		// One etcd write may carry the writes of several objects (group
+		// commit puts each in a nested transaction of its own): count
+		// each object's write, its resource put or its events alone.
+		type objWrite struct {
+			host, resource, event bool
+			reasons               []string
+		}
+		objs := map[string]*objWrite{}
+		var order []string
+		other := false
 		for _, ev := range byRev[rev] {
-			key := string(ev.Kv.Key)
+			obj, isEvent, ok := objectOf(string(ev.Kv.Key))
+			if !ok {
+				other = true
+				continue
+			}
+			o := objs[obj]
+			if o == nil {
+				o = &objWrite{}
+				objs[obj] = o
+				order = append(order, obj)
+			}
 			switch {
-			case strings.HasPrefix(key, "/kiln/v1/hosts/") && ev.Type == clientv3.EventTypePut:
-				host = true
-			case strings.HasPrefix(key, events.Prefix):
+			case isEvent:
 				if ev.Type == clientv3.EventTypePut {
-					event = true
+					o.event = true
 					c.eventPuts++
 					e := &typesv1.Event{}
 					if proto.Unmarshal(ev.Kv.Value, e) == nil {
-						reasons = append(reasons, e.GetReason())
+						o.reasons = append(o.reasons, e.GetReason())
 					}
 				}
+			case strings.HasPrefix(obj, "hosts/") && ev.Type == clientv3.EventTypePut:
+				o.host = true
 			default:
-				other = true
+				o.resource = true
 			}
 		}
-		switch {
-		case host:
-			c.hostWrites++
-		case event && !other:
-			c.eventOnlyWrites++
-			for _, r := range reasons {
-				c.eventOnly[r]++
+		for _, obj := range order {
+			switch o := objs[obj]; {
+			case o.host:
+				c.hostWrites++
+			case o.event && !o.resource:
+				c.eventOnlyWrites++
+				for _, r := range o.reasons {
+					c.eventOnly[r]++
+				}
+			default:
+				c.otherWrites++
 			}
-		default:
+		}
+		if len(objs) == 0 && other {
 			c.otherWrites++
 		}
 	}
+}
+
+// objectOf names the object a key belongs to ("hosts/rack-0001"): a
+// resource's key, or an event's about it. ok is false for other keys
+// (audit records, secrets, election and lease keys).
+func objectOf(key string) (obj string, isEvent, ok bool) {
+	if rest, found := strings.CutPrefix(key, events.Prefix); found {
+		kind, rest, _ := strings.Cut(rest, "/")
+		name, _, _ := strings.Cut(rest, "/")
+		return kind + "/" + name, true, true
+	}
+	rest, found := strings.CutPrefix(key, store.Prefix)
+	if !found || strings.Count(rest, "/") != 1 || strings.HasPrefix(rest, "audit/") {
+		return "", false, false
+	}
+	return rest, false, true
 }
 
 // waitSeen waits until the watch saw revision upTo, then ends it.
@@ -105,7 +148,9 @@ func (c *writeCounter) waitSeen(t testing.TB, upTo int64) {
 }
 
 // TestWritesPerHost provisions hosts through the real executor and
-// store and counts the etcd writes of each on its way: the lifecycle's
+// store and counts the writes of each on its way (a store write to the
+// host: with group commit several hosts' writes may share one etcd
+// revision, and each still counts for its host): the lifecycle's
 // events ride in the transaction of the status they go with, and an
 // agent's AgentReachable in the heartbeat's Host write, so no event is a
 // write of its own, and CheckBMC and BootAgentMedia
@@ -125,7 +170,7 @@ func TestWritesPerHost(t *testing.T) {
 	wc.waitSeen(t, end)
 
 	n := float64(len(names))
-	t.Logf("per host: %.1f etcd writes: %.1f with a Host (status, heartbeats, progress), %.1f events alone %v, %.1f other; %.1f event puts",
+	t.Logf("per host: %.1f etcd revisions; object writes: %.1f with a Host (status, heartbeats, progress), %.1f events alone %v, %.1f other; %.1f event puts",
 		float64(end-rev0)/n, float64(wc.hostWrites)/n, float64(wc.eventOnlyWrites)/n, wc.eventOnly, float64(wc.otherWrites)/n, float64(wc.eventPuts)/n)
 	for _, r := range []string{"Registering", "Inspecting", "Available", "Provisioning", "ImageLaid", "Provisioned", "AgentReachable"} {
 		if wc.eventOnly[r] > 0 {

@@ -54,6 +54,9 @@ type EmbeddedConfig struct {
 	// ReadyTimeout bounds the wait for the member to join a cluster with a
 	// leader; default 60s.
 	ReadyTimeout time.Duration
+	// MaxTxnOps is the member's --max-txn-ops; 0 means MaxBatchOps. Tests
+	// set etcd's default, 128, to stand for an external etcd.
+	MaxTxnOps int
 	// Logger receives Kiln's own messages about the member. etcd's own
 	// logging goes to stderr at level error, or info when Logger is
 	// enabled for debug.
@@ -218,6 +221,9 @@ func startEmbedded(ctx context.Context, cfg EmbeddedConfig, log *slog.Logger) (*
 	// A GitSource revision or an apply --prune is one transaction
 	// (Store.Batch): allow as many operations as a batch may hold.
 	ec.MaxTxnOps = MaxBatchOps
+	if cfg.MaxTxnOps > 0 {
+		ec.MaxTxnOps = uint(cfg.MaxTxnOps)
+	}
 	if cfg.HeartbeatInterval > 0 {
 		ec.TickMs = uint(cfg.HeartbeatInterval.Milliseconds())
 	}

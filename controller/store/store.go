@@ -1,7 +1,9 @@
 // Package store keeps the controller's state in etcd: resources as protobuf
 // under /kiln/v1/<kind>/<name> with optimistic concurrency on the key's mod
 // revision, watches that drive reconciles, and secrets sealed with AES-GCM
-// under /kiln/v1/secrets/<path>.
+// under /kiln/v1/secrets/<path>. Concurrent single-object writes share
+// etcd transactions, each keeping its own compares and outcome
+// (GroupCommit).
 //
 // One code path (clientv3) serves both the default single-member etcd
 // embedded in the controller (StartEmbedded) and an external cluster given
@@ -48,6 +50,10 @@ type Store struct {
 	// pauseChanges counts this process's changes of the pause
 	// (PauseChanges); shared with Fenced copies.
 	pauseChanges *atomic.Uint64
+	// group groups concurrent writes (GroupCommit); shared with Fenced
+	// copies. Nil when grouping is off.
+	group    *committer
+	groupCfg GroupCommit
 }
 
 // Option configures a Store.
@@ -71,6 +77,9 @@ func New(client *clientv3.Client, opts ...Option) *Store {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.log = s.log.With("component", "store")
+	if !s.groupCfg.Disabled {
+		s.group = newCommitter(client, s.groupCfg)
+	}
 	return s
 }
 
@@ -127,13 +136,14 @@ func (s *Store) CreateAudited(ctx context.Context, kind, name string, m proto.Me
 	if err != nil {
 		return 0, errdefs.InvalidArgument("create %s: encode: %w", key, err)
 	}
-	resp, err := s.client.Txn(ctx).
-		If(s.guard(clientv3.Compare(clientv3.CreateRevision(key), "=", 0))...).
-		Then(append([]clientv3.Op{clientv3.OpPut(key, string(val))}, audit...)...).
-		Else(s.orElse()...).
-		Commit()
+	resp, err := s.commit(ctx, write{
+		op:     "create " + key,
+		cmps:   s.guard(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)),
+		then:   append([]clientv3.Op{clientv3.OpPut(key, string(val))}, audit...),
+		orElse: s.orElse(),
+	})
 	if err != nil {
-		return 0, etcdErr(ctx, "create "+key, err)
+		return 0, err
 	}
 	if !resp.Succeeded {
 		if err := s.broken(resp, "create "+key); err != nil {
@@ -206,13 +216,14 @@ func (s *Store) update(ctx context.Context, kind, name string, m proto.Message, 
 	if expectRev == 0 {
 		cmp = clientv3.Compare(clientv3.CreateRevision(key), ">", 0)
 	}
-	resp, err := s.client.Txn(ctx).
-		If(s.guard(cmp)...).
-		Then(append([]clientv3.Op{clientv3.OpPut(key, string(val))}, audit...)...).
-		Else(s.orElse(clientv3.OpGet(key, clientv3.WithKeysOnly()))...).
-		Commit()
+	resp, err := s.commit(ctx, write{
+		op:     "update " + key,
+		cmps:   s.guard(cmp),
+		then:   append([]clientv3.Op{clientv3.OpPut(key, string(val))}, audit...),
+		orElse: s.orElse(clientv3.OpGet(key, clientv3.WithKeysOnly())),
+	})
 	if err != nil {
-		return 0, etcdErr(ctx, "update "+key, err)
+		return 0, err
 	}
 	if !resp.Succeeded {
 		if err := s.broken(resp, "update "+key); err != nil {
@@ -245,13 +256,14 @@ func (s *Store) DeleteAudited(ctx context.Context, kind, name string, expectRev 
 	if expectRev == 0 {
 		cmp = clientv3.Compare(clientv3.CreateRevision(key), ">", 0)
 	}
-	resp, err := s.client.Txn(ctx).
-		If(s.guard(cmp)...).
-		Then(append([]clientv3.Op{clientv3.OpDelete(key)}, audit...)...).
-		Else(s.orElse(clientv3.OpGet(key, clientv3.WithKeysOnly()))...).
-		Commit()
+	resp, err := s.commit(ctx, write{
+		op:     "delete " + key,
+		cmps:   s.guard(cmp),
+		then:   append([]clientv3.Op{clientv3.OpDelete(key)}, audit...),
+		orElse: s.orElse(clientv3.OpGet(key, clientv3.WithKeysOnly())),
+	})
 	if err != nil {
-		return etcdErr(ctx, "delete "+key, err)
+		return err
 	}
 	if !resp.Succeeded {
 		if err := s.broken(resp, "delete "+key); err != nil {
