@@ -159,12 +159,15 @@ func drain(e *Executor) []string {
 // the hosts at rest, and queues only the hosts whose plan would do
 // something; a host changed behind the executor's back (no watch runs
 // here) is found by the next resync; the periodic full pass lists from
-// etcd and queues the same.
+// etcd and queues the same; a host waiting for a slot is queued only
+// once its Machine is gone (to leave the line).
 func TestResyncQueuesOnlyHostsThatNeedWork(t *testing.T) {
 	ctx := t.Context()
 	st := newCountingStore(storetest.New(t))
 	hosts, machines, images := resyncFleet(t, ctx, st.Store)
-	e := New(Deps{Store: st, Hosts: hosts, Desired: CachedDesired(st, machines, images)}, Config{}, nil)
+	// One slot, taken by busy (Provisioning): a host put in the line
+	// stays there.
+	e := New(Deps{Store: st, Hosts: hosts, Desired: CachedDesired(st, machines, images)}, Config{MaxInFlight: 1}, nil)
 	all := []string{"broken", "busy", "gone", "idle", "rest-1", "rest-2", "rest-3", "wants"}
 	needy := []string{"busy", "gone", "wants"}
 
@@ -205,6 +208,20 @@ func TestResyncQueuesOnlyHostsThatNeedWork(t *testing.T) {
 	gets, lists = st.counts("hosts")
 	require.Equal(t, 1, lists, "the full pass lists from etcd")
 	require.Zero(t, gets)
+
+	// wants waits for a slot: the line wakes it, the resync does not
+	// queue it, until its Machine is deleted (no write of the host):
+	// then it is queued, to leave the line.
+	e.adm.wait("wants")
+	e.resync(ctx, false)
+	require.Equal(t, []string{"busy", "gone", "rest-1"}, drain(e), "a host waiting for a slot is not queued")
+	require.NoError(t, st.Store.Delete(ctx, "machines", "m-wants", 0))
+	rev, err = st.Store.Revision(ctx)
+	require.NoError(t, err)
+	require.NoError(t, machines.WaitRevision(ctx, rev))
+	e.resync(ctx, false)
+	require.Equal(t, []string{"busy", "gone", "rest-1", "wants"}, drain(e), "a waiting host whose Machine is gone is queued")
+	require.False(t, e.adm.skip("wants"), "and planned by the worker, though in the line")
 }
 
 // TestResyncFindsMissedChange runs the executor on a watch that misses
