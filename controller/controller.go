@@ -839,6 +839,11 @@ func (c *Controller) hostDeps(lctx context.Context, st *store.Store, rec *events
 		// (provision.CachedDesired says why no wait is needed).
 		deps.Desired = provision.CachedDesired(st, m, i)
 	}
+	if h := caches.Kind("hosts"); h != nil {
+		// The resync reads the hosts from the cache, not from etcd
+		// (provision.Deps.Hosts).
+		deps.Hosts = h
+	}
 	var pool *provision.AgentPool
 	if c.simFleet != nil {
 		// Sharded: one simulated fleet for the process, made by Run.

@@ -249,6 +249,21 @@ func (a *admission) leave(name string) {
 	}
 }
 
+// counted reports whether name holds a slot (in flight or reserved).
+func (a *admission) counted(name string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	_, ok := a.inflight[name]
+	return ok
+}
+
+// isSynced reports whether the first listing is in (sync).
+func (a *admission) isSynced() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.synced
+}
+
 // begin is called when a worker starts planning name: a woken host's
 // slot stays kept for it while it is planned.
 func (a *admission) begin(name string) {

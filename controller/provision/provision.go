@@ -111,9 +111,14 @@ type Config struct {
 	Plan hostlife.Config
 	// ISOURL returns the agent boot ISO of a host (bootserver.ISOURL).
 	ISOURL func(host string) string
-	// ResyncInterval is how often every host is planned again even
-	// without a change (default 1m).
+	// ResyncInterval is how often every host is looked at again even
+	// without a change (default 1m): the resync plans each host in
+	// memory and queues those whose plan would do something (resync).
 	ResyncInterval time.Duration
+	// FullResyncInterval is how often the resync lists the hosts from
+	// etcd rather than from Deps.Hosts (default 10 × ResyncInterval;
+	// every resync lists from etcd without Deps.Hosts).
+	FullResyncInterval time.Duration
 	// Clock is the time source (time.Now).
 	Clock func() time.Time
 	// ProgressInterval is the longest a running lay's or wipe's stored
@@ -147,10 +152,26 @@ type Deps struct {
 	Identity IdentityFunc
 	// Desired defaults to StoreDesired(Store).
 	Desired DesiredFunc
+	// Hosts, when set, is the replica's watch cache of Hosts: the
+	// periodic resync reads the hosts from it instead of listing them
+	// from etcd (but for one resync every Config.FullResyncInterval).
+	Hosts HostCache
 	// Observer, when set, is told of finished steps and of each
 	// reconcile (metrics).
 	Observer Observer
 }
+
+// HostCache is a watch cache of Hosts (*store.Cache, the replica's
+// resources.Caches).
+type HostCache interface {
+	// List returns the cached Hosts (shared: read only); it waits for
+	// the first listing.
+	List(ctx context.Context) ([]store.Item, error)
+	// Synced reports whether the cache's first listing is in.
+	Synced() bool
+}
+
+var _ HostCache = (*store.Cache)(nil)
 
 // Observer is told what the executor did (*metrics.Metrics). Its methods
 // must not block.
@@ -187,6 +208,9 @@ func New(deps Deps, cfg Config, log *slog.Logger) *Executor {
 	}
 	if cfg.ResyncInterval <= 0 {
 		cfg.ResyncInterval = time.Minute
+	}
+	if cfg.FullResyncInterval <= 0 {
+		cfg.FullResyncInterval = 10 * cfg.ResyncInterval
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
@@ -252,21 +276,26 @@ func (e *Executor) QueueLen() int { return e.q.Len() }
 // Config.MaxInFlight) and how many wait for a slot.
 func (e *Executor) InFlight() (inflight, waiting int) { return e.adm.counts() }
 
-// watch queues every host at start and every ResyncInterval, and each host
-// that changes in between.
+// watch queues every host at start, the hosts that need work every
+// ResyncInterval, and each host that changes in between.
 func (e *Executor) watch(ctx context.Context) {
+	// Every fullEvery-th resync lists from etcd (FullResyncInterval).
+	fullEvery := max(1, int(e.cfg.FullResyncInterval/e.cfg.ResyncInterval))
 	for ctx.Err() == nil {
 		wctx, stop := context.WithCancel(ctx)
 		events := e.deps.Store.Watch(wctx, HostsKind, 0)
-		e.resync(ctx)
+		// A new watch may have missed changes: list from etcd.
+		e.resync(ctx, true)
 		tick := time.NewTicker(e.cfg.ResyncInterval)
+		n := 0
 	loop:
 		for {
 			select {
 			case <-ctx.Done():
 				break loop
 			case <-tick.C:
-				e.resync(ctx)
+				n++
+				e.resync(ctx, n%fullEvery == 0)
 			case ev, ok := <-events:
 				if !ok || ev.Err != nil {
 					if ev.Err != nil && ctx.Err() == nil {
@@ -294,10 +323,28 @@ func (e *Executor) watch(ctx context.Context) {
 
 func (e *Executor) owns(host string) bool { return e.cfg.Owns == nil || e.cfg.Owns(host) }
 
-// resync queues every host. The first complete listing also tells
-// admission which hosts are in flight: until then, no host starts
-// provisioning.
-func (e *Executor) resync(ctx context.Context) {
+// resync looks at every host again: the safety net for what the watch
+// does not bring (a Machine deleted or an Image changed, a watch event
+// missed, a BMC condition that changed in memory).
+//
+// The first complete listing queues every host and tells admission which
+// hosts are in flight: until then, no host starts provisioning. Every
+// later resync queues only the hosts that need work (needsWork: the plan
+// of the listed host would write or act), so the hosts resting
+// Provisioned, Available or in Error, and the hosts waiting for a slot,
+// cost no reconcile (a linearizable read each). It lists from Deps.Hosts
+// when set and synced, unless fromStore: then from etcd (paged), as the
+// first listing always is.
+func (e *Executor) resync(ctx context.Context, fromStore bool) {
+	first := !e.adm.isSynced()
+	if !first && !fromStore && e.deps.Hosts != nil && e.deps.Hosts.Synced() {
+		items, err := e.deps.Hosts.List(ctx)
+		if err != nil {
+			return // ctx ended
+		}
+		e.queueNeedingWork(ctx, items)
+		return
+	}
 	cont := ""
 	var names []string
 	for {
@@ -308,8 +355,11 @@ func (e *Executor) resync(ctx context.Context) {
 			}
 			break
 		}
+		if !first {
+			e.queueNeedingWork(ctx, items)
+		}
 		for _, it := range items {
-			if e.owns(it.Name) {
+			if first && e.owns(it.Name) {
 				e.adm.listed(it.Name, it.Rev, it.Msg.(*typesv1.Host).GetStatus().GetState())
 				names = append(names, it.Name)
 			}
@@ -323,6 +373,67 @@ func (e *Executor) resync(ctx context.Context) {
 	for _, n := range names {
 		e.q.Add(n)
 	}
+}
+
+// queueNeedingWork queues the hosts of items (listed or cached: read
+// only) that this executor owns and that need work.
+func (e *Executor) queueNeedingWork(ctx context.Context, items []store.Item) {
+	for _, it := range items {
+		if ctx.Err() != nil {
+			return
+		}
+		if e.owns(it.Name) && e.needsWork(ctx, it.Name, it.Msg.(*typesv1.Host)) {
+			e.q.Add(it.Name)
+		}
+	}
+}
+
+// needsWork reports whether a reconcile of h, as listed (shared: read
+// only), would do anything: it plans h in memory as Reconcile's first
+// round would (same desired state, BMC condition and clock) and says yes
+// when the plan changes the status, runs actions or wants to be planned
+// again at a time (a wait step, a backoff). A host at rest (Provisioned
+// with its image wanted, Available with none, Error) plans nothing until
+// something changes, and each such change is a watch event or found here
+// by the next resync: a Machine gone or bound elsewhere (the desired
+// state), a BMC condition seen by this executor. A host waiting for a
+// slot is queued only when its plan no longer starts its provisioning
+// (its Machine deleted: poked, it leaves the line), else the line wakes
+// it. A host admission counts in flight but listed in another state is
+// queued, so its reconcile's read frees the slot. Errors say yes: the reconcile reports them.
+//
+// A listed host older than etcd's is not a risk: every later write of it
+// is a watch event that queues it (the executor's own are planned by the
+// worker that wrote them), and the periodic listing from etcd
+// (FullResyncInterval) finds what a watch missed.
+func (e *Executor) needsWork(ctx context.Context, name string, h *typesv1.Host) bool {
+	waiting := e.adm.waiting(name)
+	state := h.GetStatus().GetState()
+	if !waiting && (state == typesv1.HostState_HOST_STATE_PROVISIONING || e.adm.counted(name)) {
+		return true
+	}
+	desired, err := e.deps.Desired(ctx, h)
+	if err != nil {
+		return true
+	}
+	out := hostlife.Plan(hostlife.Input{
+		Host:     h,
+		Desired:  desired,
+		Observed: hostlife.Observed{BMCCondition: e.bmcCondition(name)},
+		ISOURL:   e.cfg.ISOURL(name),
+		Now:      e.cfg.Clock(),
+		Config:   e.cfg.Plan,
+	})
+	if waiting {
+		if out.Status.GetState() == typesv1.HostState_HOST_STATE_PROVISIONING {
+			return false // still wants its slot: the line wakes it
+		}
+		// Wants none now (its Machine deleted without a write of the
+		// host): planned once, it leaves the line.
+		e.adm.poke(name)
+		return true
+	}
+	return out.Changed || len(out.Actions) > 0 || out.Next != hostlife.NextOnChange
 }
 
 func (e *Executor) work(ctx context.Context) {

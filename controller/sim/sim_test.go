@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/kilnhq/kiln/controller/events"
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/controller/provision"
+	"github.com/kilnhq/kiln/controller/resources"
 	"github.com/kilnhq/kiln/controller/sim"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/backoff"
@@ -38,9 +40,11 @@ type world struct {
 	rec    *events.Recorder
 	fleet  *sim.Fleet
 	cfg    provision.Config
-	// machines and images are watch caches the executors read what each
-	// host wants from (provision.CachedDesired), as kiln-controller's do.
-	machines, images *store.Cache
+	// caches are the replica's watch caches, run as kiln-controller runs
+	// them: the executors read the hosts' desired state
+	// (provision.CachedDesired) and their resync (provision.Deps.Hosts)
+	// from them, and idle heartbeats their Host (enrollment.UseHostCache).
+	caches *resources.Caches
 	// ex is the executor start started last.
 	ex *provision.Executor
 }
@@ -77,11 +81,13 @@ func newWorld(t testing.TB, simCfg sim.Config) *world {
 	log := slog.New(slog.DiscardHandler)
 	rec := events.New(c, time.Hour, nil, log)
 	enr := enrollment.New(st, nil, rec, enrollment.Config{}, log)
-	w := &world{t: t, dir: dir, ctx: ctx, client: c, st: st, rec: rec,
-		machines: store.NewCache(st, "machines", func() proto.Message { return &typesv1.Machine{} }),
-		images:   store.NewCache(st, "images", func() proto.Message { return &typesv1.Image{} })}
-	go w.machines.Run(ctx)
-	go w.images.Run(ctx)
+	w := &world{t: t, dir: dir, ctx: ctx, client: c, st: st, rec: rec, caches: resources.NewCaches(st)}
+	enr.UseHostCache(w.caches.Kind("hosts"), st)
+	cctx, stopCaches := context.WithCancel(ctx)
+	var cachesDone sync.WaitGroup
+	cachesDone.Go(func() { w.caches.Run(cctx) })
+	cachesDone.Go(func() { enr.RunHostCache(cctx) })
+	t.Cleanup(func() { stopCaches(); cachesDone.Wait() }) // before etcd closes
 	w.fleet = sim.NewFleet(ctx, simCfg, sim.EnrollmentCheckIn(enr))
 	w.cfg = provision.Config{
 		Workers:        16,
@@ -125,7 +131,8 @@ func (w *world) start() (stop func()) {
 		Recorder: w.rec,
 		BMCs:     w.fleet.BMCDialer(),
 		Agents:   w.fleet.AgentDialer(),
-		Desired:  provision.CachedDesired(w.st, w.machines, w.images),
+		Desired:  provision.CachedDesired(w.st, w.caches.Kind("machines"), w.caches.Kind("images")),
+		Hosts:    w.caches.Kind("hosts"),
 	}, w.cfg, slog.New(slog.DiscardHandler))
 	w.ex = ex
 	done := make(chan struct{})
