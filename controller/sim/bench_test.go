@@ -2,14 +2,19 @@ package sim_test
 
 import (
 	"bufio"
+	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnhq/kiln/controller/hostlife"
@@ -35,8 +40,9 @@ var benchSim = sim.Config{
 // BenchmarkProvision provisions a fleet of simulated hosts from
 // registration to Provisioned through the real store (embedded etcd),
 // enrollment heartbeats, planner and executor, and reports the time to
-// converge, the process's peak RSS (controller and its embedded etcd) and
-// the etcd database size. Run one size at a time, once:
+// converge, the process's peak RSS (controller and its embedded etcd),
+// what it holds at the end (reportMemory) and the etcd database's size
+// (reportDB). Run one size at a time, once:
 //
 //	go test ./controller/sim/ -run '^$' -bench 'Provision/hosts=10000$' -benchtime 1x -timeout 30m
 //
@@ -104,9 +110,8 @@ func benchWave(b *testing.B, n int) {
 	require.Equal(b, n, lays, "image lays")
 	b.ReportMetric(elapsed.Seconds(), "s-to-converge")
 	b.ReportMetric(float64(peakRSS(b))/(1<<20), "MiB-peak-RSS")
-	st, err := os.Stat(filepath.Join(w.dir, "member", "snap", "db"))
-	require.NoError(b, err)
-	b.ReportMetric(float64(st.Size())/(1<<20), "MiB-etcd-db")
+	w.reportMemory(b)
+	w.reportDB(b, end)
 	b.ReportMetric(float64(n)/elapsed.Seconds(), "hosts/s")
 	b.ReportMetric(float64(writes)/elapsed.Seconds(), "etcd-writes/s")
 	b.ReportMetric(float64(writes)/float64(n), "etcd-writes/host")
@@ -120,6 +125,52 @@ func benchWave(b *testing.B, n int) {
 	b.ReportMetric(float64(wc.eventOnlyWrites)/float64(n), "event-only-writes/host")
 	b.ReportMetric(float64(wc.eventPuts)/float64(n), "events/host")
 	b.Logf("events written alone, by reason: %v; other writes: %d", wc.eventOnly, wc.otherWrites)
+}
+
+// reportMemory reports, at the end of the wave with everything still
+// running, what the process holds: its resident set split into anonymous
+// memory (Go's heap and stacks, the controller's, etcd's and the
+// simulated fleet's) and file pages (etcd's database, which bbolt maps),
+// and Go's live heap after a collection. KILN_BENCH_HEAP_PROFILE=FILE
+// writes the heap profile there (-test.memprofile writes its profile
+// after the benchmark's world is torn down: it shows nothing of the run).
+func (w *world) reportMemory(b *testing.B) {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	b.ReportMetric(float64(ms.HeapInuse)/(1<<20), "MiB-heap-inuse")
+	b.ReportMetric(float64(procStatus(b, "RssAnon:"))/(1<<20), "MiB-RSS-anon")
+	b.ReportMetric(float64(procStatus(b, "RssFile:"))/(1<<20), "MiB-RSS-file")
+	if path := os.Getenv("KILN_BENCH_HEAP_PROFILE"); path != "" {
+		f, err := os.Create(path)
+		require.NoError(b, err)
+		require.NoError(b, pprof.Lookup("heap").WriteTo(f, 0))
+		require.NoError(b, f.Close())
+	}
+}
+
+// reportDB reports etcd's database: the file (MiB-etcd-db), the part of
+// it in use (MiB-etcd-db-in-use; the rest is pages freed by compactions,
+// reused by later writes), and the file after compacting every revision
+// before end and defragmenting (MiB-etcd-db-compacted), with the
+// defragmentation's duration (the member serves nothing meanwhile).
+func (w *world) reportDB(b *testing.B, end int64) {
+	ep := w.client.Endpoints()[0]
+	st, err := w.client.Status(w.ctx, ep)
+	require.NoError(b, err)
+	b.ReportMetric(float64(st.DbSize)/(1<<20), "MiB-etcd-db")
+	b.ReportMetric(float64(st.DbSizeInUse)/(1<<20), "MiB-etcd-db-in-use")
+	_, err = w.client.Compact(w.ctx, end, clientv3.WithCompactPhysical())
+	if err != nil && !errors.Is(err, rpctypes.ErrCompacted) {
+		require.NoError(b, err)
+	}
+	start := time.Now()
+	_, err = w.client.Defragment(w.ctx, ep)
+	require.NoError(b, err)
+	b.ReportMetric(time.Since(start).Seconds(), "s-etcd-defrag")
+	fi, err := os.Stat(filepath.Join(w.dir, "member", "snap", "db"))
+	require.NoError(b, err)
+	b.ReportMetric(float64(fi.Size())/(1<<20), "MiB-etcd-db-compacted")
 }
 
 // revision is etcd's current revision: it grows by one per committed

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -57,6 +58,21 @@ type EmbeddedConfig struct {
 	// MaxTxnOps is the member's --max-txn-ops; 0 means MaxBatchOps. Tests
 	// set etcd's default, 128, to stand for an external etcd.
 	MaxTxnOps int
+	// Compaction bounds the history the member keeps (zero: the
+	// defaults, 5 minutes and at most 500,000 revisions).
+	Compaction Compaction
+	// QuotaBytes is the most the database file may grow to; past it etcd
+	// refuses every write (alarm NOSPACE). 0 means DefaultQuotaBytes
+	// (etcd's 2 GiB); etcd warns above 8 GiB. The member logs a warning
+	// once the file reaches 80 % of it.
+	QuotaBytes int64
+	// DefragInterval is the least time between two defragmentations of
+	// the running member (each blocks it; see maintain.go); 0 means
+	// DefaultDefragInterval, < 0 only at start.
+	DefragInterval time.Duration
+	// maintainEvery is how often the member looks at its size (quota
+	// warning, defragmentation); 0 means a minute. Tests shorten it.
+	maintainEvery time.Duration
 	// Logger receives Kiln's own messages about the member. etcd's own
 	// logging goes to stderr at level error, or info when Logger is
 	// enabled for debug.
@@ -76,6 +92,9 @@ type Embedded struct {
 	clientURL string
 	log       *slog.Logger
 	closing   *atomic.Bool
+	// stop ends the maintenance loop; done is closed when it has.
+	stop func()
+	done chan struct{}
 	// sockDir is a private directory made for the client socket when
 	// DataDir's path is too long for one; removed at Close.
 	sockDir string
@@ -241,10 +260,15 @@ func startEmbedded(ctx context.Context, cfg EmbeddedConfig, log *slog.Logger) (*
 			ClientCertAuth: cfg.TLS.TrustedCAFile != "",
 		}
 	}
-	// Keep an hour of history for watchers to resume from, then compact,
-	// so the database does not grow without bound.
-	ec.AutoCompactionMode = "periodic"
-	ec.AutoCompactionRetention = "1h"
+	// The member's own loop compacts (maintain.go); etcd's compactor
+	// knows one bound only.
+	if cfg.QuotaBytes <= 0 {
+		cfg.QuotaBytes = DefaultQuotaBytes
+	}
+	if cfg.DefragInterval == 0 {
+		cfg.DefragInterval = DefaultDefragInterval
+	}
+	configureMaintenance(ec, cfg.QuotaBytes)
 	// etcd logs through zap; send its errors (everything from info up
 	// when the logger is at debug) to our slog logger instead of stderr.
 	closing := new(atomic.Bool)
@@ -277,8 +301,16 @@ func startEmbedded(ctx context.Context, cfg EmbeddedConfig, log *slog.Logger) (*
 		e.Close()
 		return nil, fmt.Errorf("embedded etcd %q: %w", cfg.Name, ctx.Err())
 	}
-	log.Info("etcd member ready", "name", cfg.Name, "client_url", cfg.ClientURL, "peer_url", cfg.PeerURL, "data_dir", cfg.DataDir)
-	return &Embedded{etcd: e, clientURL: cfg.ClientURL, log: log, closing: closing}, nil
+	comp := cfg.Compaction.withDefaults()
+	log.Info("etcd member ready", "name", cfg.Name, "client_url", cfg.ClientURL, "peer_url", cfg.PeerURL, "data_dir", cfg.DataDir,
+		"compaction_retention", comp.Retention, "compaction_max_revisions", comp.MaxRevisions, "quota_bytes", cfg.QuotaBytes)
+	mctx, stop := context.WithCancel(context.Background())
+	emb := &Embedded{etcd: e, clientURL: cfg.ClientURL, log: log, closing: closing, stop: stop, done: make(chan struct{})}
+	go func() {
+		defer close(emb.done)
+		emb.maintain(mctx, comp, cfg.QuotaBytes, cfg.DefragInterval, cmp.Or(cfg.maintainEvery, maintainEvery))
+	}()
+	return emb, nil
 }
 
 // Endpoints returns the client URLs to pass to clientv3.
@@ -287,6 +319,8 @@ func (e *Embedded) Endpoints() []string { return []string{e.clientURL} }
 // Close stops the member and waits for it to release its ports and data
 // directory.
 func (e *Embedded) Close() {
+	e.stop()
+	<-e.done
 	e.closing.Store(true)
 	e.etcd.Close()
 	<-e.etcd.Server.StopNotify()
