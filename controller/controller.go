@@ -100,6 +100,11 @@ type Config struct {
 	// certificates (empty: the system's roots) and the controller's client
 	// certificate and key (both or neither).
 	EtcdCAFile, EtcdCertFile, EtcdKeyFile string
+	// EtcdCompaction and EtcdQuotaBytes tune the embedded etcd (ignored
+	// with EtcdEndpoints): the history it keeps and its database quota
+	// (store.EmbeddedConfig; zero values: the defaults).
+	EtcdCompaction store.Compaction
+	EtcdQuotaBytes int64
 	// SecretKeyFile is the AES-256 key sealing secrets at rest (default
 	// DataDir/secret.key, created when missing). Replicas sharing one etcd
 	// must use the same key.
@@ -938,8 +943,10 @@ func (c *Controller) openEtcd(ctx context.Context) (*clientv3.Client, func(), er
 		return cl, func() { cl.Close() }, nil
 	}
 	emb, err := store.StartEmbedded(ctx, store.EmbeddedConfig{
-		DataDir: c.cfg.dataDir().EtcdDir(),
-		Logger:  c.log,
+		DataDir:    c.cfg.dataDir().EtcdDir(),
+		Compaction: c.cfg.EtcdCompaction,
+		QuotaBytes: c.cfg.EtcdQuotaBytes,
+		Logger:     c.log,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("controller: %w", err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kilnhq/kiln/controller"
 	"github.com/kilnhq/kiln/controller/controllertest"
+	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/promtest"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
@@ -120,11 +121,15 @@ func TestMetrics(t *testing.T) {
 		{"kiln_enrollments_total", []string{"outcome", "permission_denied"}, 1},
 		{"kiln_boot_served_bytes_total", []string{"kind", "image"}, float64(len(b.image))},
 		{"kiln_boot_active_transfers", []string{"kind", "image"}, 0},
+		{"kiln_etcd_db_quota_bytes", nil, store.DefaultQuotaBytes},
 	} {
 		got, ok := s.Value(tc.name, tc.labels...)
 		if !ok || got != tc.want {
 			t.Errorf("%s%v = %v (found %t), want %v", tc.name, tc.labels, got, ok, tc.want)
 		}
+	}
+	if size, ok := s.Value("kiln_etcd_db_size_bytes"); !ok || size <= 0 {
+		t.Errorf("kiln_etcd_db_size_bytes = %v (found %t), want > 0", size, ok)
 	}
 	if n := s.Sum("kiln_etcd_request_duration_seconds", "method", "Range"); n == 0 {
 		t.Errorf("kiln_etcd_request_duration_seconds{method=Range} counted no request")

@@ -23,6 +23,9 @@ func (c *Controller) serveMetrics(ctx context.Context, st *store.Store) (func(),
 	if err := c.metrics.Register(metrics.NewFleet(st, 0, c.log)); err != nil {
 		return nil, fmt.Errorf("controller: metrics: %w", err)
 	}
+	if err := c.metrics.Register(metrics.NewEtcdDB(st, 0, c.log)); err != nil {
+		return nil, fmt.Errorf("controller: metrics: %w", err)
+	}
 	if err := c.metrics.Leader(c.IsLeader); err != nil {
 		return nil, fmt.Errorf("controller: metrics: %w", err)
 	}

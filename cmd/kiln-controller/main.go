@@ -25,6 +25,7 @@ import (
 	"github.com/kilnhq/kiln/controller/provision"
 	"github.com/kilnhq/kiln/controller/rekey"
 	"github.com/kilnhq/kiln/controller/restore"
+	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/host/systemd"
 	"github.com/kilnhq/kiln/internal/errdefs"
 	"github.com/kilnhq/kiln/internal/version"
@@ -118,6 +119,8 @@ func runCmd() *cobra.Command {
 	)
 	var expectedBoot time.Duration
 	var maxInFlight int
+	var compaction store.Compaction
+	var quota int64
 	var exec execFlags
 	var stepTimeouts stepTimeoutFlags
 	cmd := &cobra.Command{
@@ -160,6 +163,7 @@ func runCmd() *cobra.Command {
 			cfg.Simulate = simulate
 			cfg.Shards = shards
 			cfg.MetricsListenAddr = metricsAddr
+			cfg.EtcdCompaction, cfg.EtcdQuotaBytes = compaction, quota
 			boot.apply(&cfg)
 			exec.apply(&cfg)
 			if err := stepTimeouts.apply(&cfg); err != nil {
@@ -209,6 +213,9 @@ func runCmd() *cobra.Command {
 	_ = cmd.Flags().MarkDeprecated("lifecycle", "the lifecycle runs by default; use --api-only to turn it off")
 	cmd.Flags().IntVar(&maxInFlight, "provision-max-in-flight", provision.DefaultMaxInFlight, "hosts provisioning at once (per shard with --shards); a host beyond it stays Available with ProvisioningAdmitted=False (WaitingForSlot) until one ends; 0 or less: no limit (docs/lifecycle.md)")
 	cmd.Flags().DurationVar(&expectedBoot, "expected-boot-time", hostlife.DefaultExpectedBoot, "how long a host normally takes from power on to its boot agent's check-in; past it the host says BootAgentCheckedIn=False (BootAgentMissing) while it waits on")
+	cmd.Flags().DurationVar(&compaction.Retention, "etcd-compaction-retention", store.DefaultCompactionRetention, "embedded etcd: keep every change younger than this for watches to resume from (unless --etcd-compaction-max-revisions cuts it); negative: no time bound")
+	cmd.Flags().Int64Var(&compaction.MaxRevisions, "etcd-compaction-max-revisions", store.DefaultCompactionMaxRevisions, "embedded etcd: keep at most this many changes of history (about 1 KiB each); negative: no bound")
+	cmd.Flags().Int64Var(&quota, "etcd-quota-bytes", store.DefaultQuotaBytes, "embedded etcd: database size past which etcd refuses every write (alarm NOSPACE); a warning is logged at 80 %")
 	cmd.Flags().StringVar(&metricsAddr, "metrics-listen", "", "serve Prometheus metrics over plain HTTP at /metrics on this address (host:port; off when empty; see docs/observability.md)")
 	cmd.Flags().StringVar(&bootURL, "boot-url", "", "public URL of the boot server (agent ISOs for virtual media; default http://<--boot-listen> when that is an IP address)")
 	cmd.Flags().StringVar(&ctlURL, "controller-url", "", "URL installed and boot agents reach the API at (default https://<listen address>)")
