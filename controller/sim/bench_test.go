@@ -131,7 +131,9 @@ func benchWave(b *testing.B, n int) {
 // running, what the process holds: its resident set split into anonymous
 // memory (Go's heap and stacks, the controller's, etcd's and the
 // simulated fleet's) and file pages (etcd's database, which bbolt maps),
-// and Go's live heap after a collection. KILN_BENCH_HEAP_PROFILE=FILE
+// Go's heap after a collection (in use, and held from the system:
+// in use plus free spans not yet returned), its goroutines and their
+// stacks. KILN_BENCH_HEAP_PROFILE=FILE
 // writes the heap profile there (-test.memprofile writes its profile
 // after the benchmark's world is torn down: it shows nothing of the run).
 func (w *world) reportMemory(b *testing.B) {
@@ -139,6 +141,9 @@ func (w *world) reportMemory(b *testing.B) {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	b.ReportMetric(float64(ms.HeapInuse)/(1<<20), "MiB-heap-inuse")
+	b.ReportMetric(float64(ms.HeapSys-ms.HeapReleased)/(1<<20), "MiB-heap-held")
+	b.ReportMetric(float64(ms.StackInuse)/(1<<20), "MiB-stacks")
+	b.ReportMetric(float64(runtime.NumGoroutine()), "goroutines")
 	b.ReportMetric(float64(procStatus(b, "RssAnon:"))/(1<<20), "MiB-RSS-anon")
 	b.ReportMetric(float64(procStatus(b, "RssFile:"))/(1<<20), "MiB-RSS-file")
 	if path := os.Getenv("KILN_BENCH_HEAP_PROFILE"); path != "" {

@@ -173,8 +173,41 @@ func TestDefragmentAtStart(t *testing.T) {
 	cfg := EmbeddedConfig{DataDir: dir, Logger: testLogger(t), Compaction: Compaction{Retention: 100 * time.Millisecond, MaxRevisions: -1}, DefragInterval: -1}
 	e, err := StartEmbedded(ctx, cfg)
 	require.NoError(t, err)
+	fillAndEmpty(t, e)
+	e.Close()
+	full := dbSize(t, dir)
+	require.Greater(t, full, int64(100<<20), "database file after 100 MiB of writes")
+
+	e, err = StartEmbedded(ctx, cfg)
+	require.NoError(t, err)
+	e.Close()
+	if got := dbSize(t, dir); got > full/4 {
+		t.Errorf("database file after a restart = %d MiB, want < %d MiB (a quarter of %d MiB)", got>>20, full>>22, full>>20)
+	}
+}
+
+// TestDefragmentWhileRunning fills a member, deletes everything and
+// waits: the running member defragments (its interval here is 1 ns).
+func TestDefragmentWhileRunning(t *testing.T) {
+	ctx := testCtx(t)
+	dir := filepath.Join(t.TempDir(), "etcd")
+	e, err := StartEmbedded(ctx, EmbeddedConfig{DataDir: dir, Logger: testLogger(t),
+		Compaction: Compaction{Retention: 100 * time.Millisecond, MaxRevisions: -1}, DefragInterval: time.Nanosecond, maintainEvery: 20 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	fillAndEmpty(t, e)
+	require.Eventually(t, func() bool { return dbSize(t, dir) < 20<<20 }, time.Minute, 50*time.Millisecond,
+		"database file never shrank below 20 MiB after its 100 MiB were deleted: %d MiB", dbSize(t, dir)>>20)
+}
+
+// fillAndEmpty writes 100 MiB to e, deletes it and waits until the
+// compaction has freed its pages.
+func fillAndEmpty(t *testing.T, e *Embedded) {
+	t.Helper()
+	ctx := testCtx(t)
 	c, err := Dial(e.Endpoints(), nil)
 	require.NoError(t, err)
+	defer c.Close()
 	value := strings.Repeat("x", 1<<20)
 	for i := range 100 {
 		_, err := c.Put(ctx, fmt.Sprintf("/kiln/v1/test/%03d", i), value)
@@ -188,17 +221,6 @@ func TestDefragmentAtStart(t *testing.T) {
 	}, time.Minute, 50*time.Millisecond, "deleted values never compacted")
 	require.Eventually(t, func() bool { return e.etcd.Server.Backend().SizeInUse() < 20<<20 }, time.Minute, 50*time.Millisecond,
 		"the compaction never freed the deleted values' pages")
-	c.Close()
-	e.Close()
-	full := dbSize(t, dir)
-	require.Greater(t, full, int64(100<<20), "database file after 100 MiB of writes")
-
-	e, err = StartEmbedded(ctx, cfg)
-	require.NoError(t, err)
-	e.Close()
-	if got := dbSize(t, dir); got > full/4 {
-		t.Errorf("database file after a restart = %d MiB, want < %d MiB (a quarter of %d MiB)", got>>20, full>>22, full>>20)
-	}
 }
 
 func dbSize(t *testing.T, dir string) int64 {
