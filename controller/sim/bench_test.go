@@ -130,7 +130,8 @@ func benchWave(b *testing.B, n int) {
 // reportMemory reports, at the end of the wave with everything still
 // running, what the process holds: its resident set split into anonymous
 // memory (Go's heap and stacks, the controller's, etcd's and the
-// simulated fleet's) and file pages (etcd's database, which bbolt maps),
+// simulated fleet's) and file pages (etcd's database, which bbolt maps,
+// and the test binary's own pages),
 // Go's heap after a collection (in use, and held from the system:
 // in use plus free spans not yet returned), its goroutines and their
 // stacks. KILN_BENCH_HEAP_PROFILE=FILE

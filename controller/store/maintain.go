@@ -13,12 +13,11 @@ import (
 // Compaction says how much history (old revisions of keys) an embedded
 // member keeps: a watch or a paged read can resume from any revision
 // kept; one that asks for a compacted revision gets FailedPrecondition
-// and lists again (Cache does that by itself). The history is the newer
-// of two bounds: every change younger than Retention, and no more than
+// and lists again (Cache does that by itself). The history kept is the
+// shorter of two: every change younger than Retention, and no more than
 // MaxRevisions changes. Time alone grows with the write rate (a wave of
 // 100,000 hosts writes about 2,000 revisions a second, about 1 KiB
-// each); revisions alone cut a quiet fleet's history to seconds of a
-// busy one's.
+// each); revisions alone keep hours of a quiet fleet's history.
 type Compaction struct {
 	// Retention keeps every change younger than this (unless
 	// MaxRevisions cuts it); 0 means DefaultCompactionRetention, < 0 no
