@@ -501,7 +501,13 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 	defer closeEtcd()
-	st := store.New(client, store.WithSealer(c.sealer), store.WithLogger(c.log))
+	opts := []store.Option{store.WithSealer(c.sealer), store.WithLogger(c.log)}
+	if len(c.cfg.EtcdEndpoints) == 0 {
+		// The embedded member takes --max-txn-ops=MaxBatchOps: grouped
+		// writes may fill it (an external etcd keeps etcd's default).
+		opts = append(opts, store.WithGroupCommit(store.GroupCommit{MaxOps: store.MaxBatchOps}))
+	}
+	st := store.New(client, opts...)
 	stopMetrics, err := c.serveMetrics(ctx, st)
 	if err != nil {
 		return err
