@@ -49,7 +49,8 @@ var benchSim = sim.Config{
 // KILN_BENCH_MAX_IN_FLIGHT=N sets the executor's admission limit
 // (provision.Config.MaxInFlight; default provision.DefaultMaxInFlight,
 // -1: none). KILN_BENCH_GROUP_COMMIT=off sends every store write in a
-// transaction of its own (groupCommitFromEnv).
+// transaction of its own and every Get in a request of its own;
+// KILN_BENCH_GROUP_READS=off only the Gets (groupCommitFromEnv).
 func BenchmarkProvision(b *testing.B) {
 	for _, n := range []int{100, 1000, 10000, 100000} {
 		b.Run("hosts="+strconv.Itoa(n), func(b *testing.B) {

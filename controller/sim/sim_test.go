@@ -98,9 +98,11 @@ func newWorld(t testing.TB, simCfg sim.Config) *world {
 	return w
 }
 
-// groupCommitFromEnv is the store's grouping of writes (store.GroupCommit)
-// as KILN_BENCH_GROUP_COMMIT sets it: "off" sends every write alone, N
-// allows N grouped transactions in flight; unset, the default.
+// groupCommitFromEnv is the store's grouping of writes and Gets
+// (store.GroupCommit) as KILN_BENCH_GROUP_COMMIT sets it: "off" sends
+// every write and every Get alone, N allows N grouped transactions (and
+// N read groups) in flight; unset, the default. KILN_BENCH_GROUP_READS=off
+// sends every Get alone, the writes still grouped.
 // KILN_BENCH_GROUP_MAX_OPS=N sets its op bound (the embedded etcd takes
 // store.MaxBatchOps).
 func groupCommitFromEnv(t testing.TB) store.GroupCommit {
@@ -113,6 +115,13 @@ func groupCommitFromEnv(t testing.TB) store.GroupCommit {
 		n, err := strconv.Atoi(v)
 		require.NoError(t, err, "KILN_BENCH_GROUP_COMMIT: want off or a number of transactions in flight")
 		g.MaxInFlight = n
+	}
+	switch v := os.Getenv("KILN_BENCH_GROUP_READS"); v {
+	case "", "on":
+	case "off":
+		g.DisableReads = true
+	default:
+		t.Fatalf("KILN_BENCH_GROUP_READS=%q: want off or on", v)
 	}
 	if v := os.Getenv("KILN_BENCH_GROUP_MAX_OPS"); v != "" {
 		n, err := strconv.Atoi(v)

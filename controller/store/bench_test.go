@@ -110,6 +110,54 @@ func BenchmarkUpdateParallel(b *testing.B) {
 	}
 }
 
+// BenchmarkGetParallel reads 256 hosts at once, each from its own
+// goroutine (as the executor's workers do), with every Get a request of
+// its own and with read grouping at the default 2 groups in flight (and
+// at 1 and 4), and reports reads/s of each (and Gets per etcd request
+// when grouped). Writes are grouped in every case; none run here.
+//
+//	go test ./controller/store/ -run '^$' -bench GetParallel
+func BenchmarkGetParallel(b *testing.B) {
+	_, c := startEtcd(b)
+	const readers = 256
+	setup := New(c)
+	ctx := testCtx(b)
+	for i := range readers {
+		name := fmt.Sprintf("par-%03d", i)
+		_, err := setup.Create(ctx, "hosts", name, host(name, "52:54:00:00:00:01"))
+		require.NoError(b, err)
+	}
+	for _, bc := range []struct {
+		name string
+		g    GroupCommit
+	}{
+		{"single", GroupCommit{DisableReads: true}},
+		{"grouped/in-flight=1", GroupCommit{MaxInFlight: 1}},
+		{"grouped/in-flight=2", GroupCommit{}},
+		{"grouped/in-flight=4", GroupCommit{MaxInFlight: 4}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			s := New(c, WithGroupCommit(bc.g))
+			var next atomic.Int64
+			b.SetParallelism((readers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+			b.RunParallel(func(pb *testing.PB) {
+				name := fmt.Sprintf("par-%03d", (next.Add(1)-1)%readers)
+				var h typesv1.Host
+				for pb.Next() {
+					if _, err := s.Get(ctx, "hosts", name, &h); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "reads/s")
+			if s.reads != nil && s.reads.txns.Load() > 0 {
+				b.ReportMetric(float64(s.reads.reads.Load())/float64(s.reads.txns.Load()), "reads/request")
+			}
+		})
+	}
+}
+
 func BenchmarkPutSecret(b *testing.B) {
 	s, _ := newStore(b)
 	ctx := testCtx(b)

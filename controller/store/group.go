@@ -23,11 +23,22 @@ import (
 // alone: a conflicting write gets its Conflict while the others of its
 // group commit, all at the group's revision. Writes touching the same key
 // never share a group.
+//
+// Concurrent Gets are grouped the same way, apart from the writes: a Get
+// is sent at once when fewer than MaxInFlight read groups are in flight;
+// the Gets that arrive meanwhile go together in the next one, one
+// read-only transaction of one get per distinct key (at most MaxOps
+// keys), as linearizable as a Get. Gets of the same key share its get.
+// Only Store.Get is grouped: not List, GetUnpaused or other reads.
 type GroupCommit struct {
-	// Disabled sends every write in a transaction of its own.
+	// Disabled sends every write in a transaction of its own and every
+	// Get in a request of its own.
 	Disabled bool
-	// MaxInFlight is the most grouped transactions in flight at once; 0
-	// means DefaultGroupInFlight.
+	// DisableReads sends every Get in a request of its own, leaving the
+	// writes grouped.
+	DisableReads bool
+	// MaxInFlight is the most grouped transactions in flight at once, for
+	// the writes and, apart, for the reads; 0 means DefaultGroupInFlight.
 	MaxInFlight int
 	// MaxOps bounds a grouped transaction by etcd's --max-txn-ops, which
 	// counts the operations of each level of a transaction and of the
@@ -35,7 +46,8 @@ type GroupCommit struct {
 	// puts or else reads) has W operations counts N + W. 0 means
 	// DefaultGroupMaxOps, etcd's default, which any etcd takes; the
 	// embedded etcd takes MaxBatchOps. A write wider than MaxOps goes
-	// alone, as it would without grouping.
+	// alone, as it would without grouping. A read group of K keys counts
+	// K.
 	MaxOps int
 	// MaxBytes bounds the keys and values of a grouped transaction, under
 	// etcd's --max-request-bytes (1.5 MiB by default); 0 means

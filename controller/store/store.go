@@ -2,8 +2,8 @@
 // under /kiln/v1/<kind>/<name> with optimistic concurrency on the key's mod
 // revision, watches that drive reconciles, and secrets sealed with AES-GCM
 // under /kiln/v1/secrets/<path>. Concurrent single-object writes share
-// etcd transactions, each keeping its own compares and outcome
-// (GroupCommit).
+// etcd transactions, each keeping its own compares and outcome, and
+// concurrent Gets share read-only ones (GroupCommit).
 //
 // One code path (clientv3) serves both the default single-member etcd
 // embedded in the controller (StartEmbedded) and an external cluster given
@@ -54,6 +54,9 @@ type Store struct {
 	// copies. Nil when grouping is off.
 	group    *committer
 	groupCfg GroupCommit
+	// reads groups concurrent Gets (GroupCommit); shared with Fenced
+	// copies. Nil when read grouping is off.
+	reads *reader
 }
 
 // Option configures a Store.
@@ -79,6 +82,9 @@ func New(client *clientv3.Client, opts ...Option) *Store {
 	s.log = s.log.With("component", "store")
 	if !s.groupCfg.Disabled {
 		s.group = newCommitter(client, s.groupCfg)
+	}
+	if !s.groupCfg.Disabled && !s.groupCfg.DisableReads {
+		s.reads = newReader(client, s.groupCfg)
 	}
 	return s
 }
@@ -155,20 +161,21 @@ func (s *Store) CreateAudited(ctx context.Context, kind, name string, m proto.Me
 }
 
 // Get reads a resource into into and returns its revision. It returns
-// NotFound when it does not exist.
+// NotFound when it does not exist. The read is linearizable: it sees
+// every write completed before the call. Concurrent Gets share etcd
+// requests (GroupCommit).
 func (s *Store) Get(ctx context.Context, kind, name string, into proto.Message) (int64, error) {
 	key, err := resourceKey(kind, name)
 	if err != nil {
 		return 0, err
 	}
-	resp, err := s.client.Get(ctx, key)
+	kv, err := s.get(ctx, key)
 	if err != nil {
-		return 0, etcdErr(ctx, "get "+key, err)
+		return 0, err
 	}
-	if len(resp.Kvs) == 0 {
+	if kv == nil {
 		return 0, errdefs.NotFound("%s %q not found", kind, name)
 	}
-	kv := resp.Kvs[0]
 	if err := proto.Unmarshal(kv.Value, into); err != nil {
 		return 0, fmt.Errorf("get %s: decode: %w", key, err)
 	}
