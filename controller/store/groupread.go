@@ -61,8 +61,15 @@ func newReader(client *clientv3.Client, g GroupCommit) *reader {
 	if r.maxOps <= 0 {
 		r.maxOps = DefaultGroupMaxOps
 	}
+	// The answer carries every object read: a group of MaxBatchOps Hosts
+	// would be megabytes in one response.
+	r.maxOps = min(r.maxOps, MaxReadGroup)
 	return r
 }
+
+// MaxReadGroup bounds the keys of one grouped read, whatever MaxOps
+// allows: 256 objects of a few KiB are an answer of about 1 MiB.
+const MaxReadGroup = 256
 
 type readRequest struct {
 	ctx   context.Context

@@ -284,3 +284,14 @@ func TestGroupReadsReadYourWrites(t *testing.T) {
 	require.Equal(t, uint64(n*rounds), reads, "Gets answered by the reader")
 	require.Less(t, txns, reads, "every Get had a request of its own: nothing was grouped")
 }
+
+// A controller on its embedded etcd groups writes up to MaxBatchOps
+// operations; its reads stay at MaxReadGroup keys, so an answer stays
+// about a megabyte.
+func TestReadGroupBound(t *testing.T) {
+	for _, tc := range []struct{ maxOps, want int }{{0, DefaultGroupMaxOps}, {10, 10}, {MaxBatchOps, MaxReadGroup}} {
+		if got := newReader(nil, GroupCommit{MaxOps: tc.maxOps}).maxOps; got != tc.want {
+			t.Errorf("MaxOps %d: a read group of %d keys, want %d", tc.maxOps, got, tc.want)
+		}
+	}
+}
