@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -36,7 +37,7 @@ func Dial(endpoints []string, tlsConfig *tls.Config, opts ...grpc.DialOption) (*
 		DialKeepAliveTimeout: 5 * time.Second,
 		TLS:                  tlsConfig,
 		Logger:               zap.NewNop(),
-		DialOptions:          opts,
+		DialOptions:          append([]grpc.DialOption{grpc.WithContextDialer(dialEtcd)}, opts...),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("etcd %v: %w", endpoints, err)
@@ -128,4 +129,39 @@ func checkTLS(ctx context.Context, hostport string, cfg *tls.Config) error {
 		return err // "remote error: tls: certificate required", EOF
 	}
 	return nil
+}
+
+// socketBuffer is the send and receive buffer of a client's unix socket
+// to etcd. A unix socket's default (net.core.wmem_default, 208 KiB) never
+// grows, and grpc-go since v1.82.1 can then wedge the connection for
+// ever under many concurrent requests: each end stops reading while its
+// writer waits on a full socket that the other end no longer reads
+// (grpc/grpc-go#9330, TestManyRequestsOnTheUnixSocket). With room for a
+// burst on the client's side, its writer does not block, so it keeps
+// reading and the cycle cannot close. TCP sockets grow their own buffers
+// (net.ipv4.tcp_wmem) and are left alone.
+const socketBuffer = 8 << 20
+
+// dialEtcd dials an etcd address as gRPC gives it to a custom dialer
+// ("unix:///abs/path", "unix:rel/path" or "host:port") and, on a unix
+// socket, sets socketBuffer: with SO_SNDBUFFORCE and SO_RCVBUFFORCE when
+// the process may (root, CAP_NET_ADMIN: the controller), else as far as
+// net.core.wmem_max and rmem_max allow.
+func dialEtcd(ctx context.Context, addr string) (net.Conn, error) {
+	network, address := "tcp", addr
+	switch {
+	case strings.HasPrefix(addr, "unix://"):
+		network, address = "unix", strings.TrimPrefix(addr, "unix://")
+	case strings.HasPrefix(addr, "unix:"):
+		network, address = "unix", strings.TrimPrefix(addr, "unix:")
+	}
+	d := net.Dialer{KeepAlive: 30 * time.Second}
+	c, err := d.DialContext(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	if uc, ok := c.(*net.UnixConn); ok {
+		setSocketBuffers(uc, socketBuffer)
+	}
+	return c, nil
 }
