@@ -122,21 +122,28 @@ func TestAdmissionBoundsHostsInFlight(t *testing.T) {
 // the limit (what `kilnctl describe host` shows under Conditions, and
 // `kilnctl get hosts` as the blocking condition); once the lays go on,
 // they start and end Provisioned, admitted.
-func TestWaitingHostsSayWhy(t *testing.T) {
-	const n, limit = 6, 2
+// startLine starts an executor with limit slots on n new hosts whose lays
+// are paused: limit of them lay, the others wait in the line.
+func startLine(t *testing.T, n, limit int, prefix string) (*world, []string) {
 	w := newWorld(t, fastSim)
 	w.cfg.MaxInFlight = limit
-	names, err := sim.Populate(w.ctx, w.st, n, "why")
+	names, err := sim.Populate(w.ctx, w.st, n, prefix)
 	require.NoError(t, err)
 	w.fleet.PauseLays()
-	stop := w.start()
-	defer stop()
+	t.Cleanup(w.start())
+	return w, names
+}
 
-	isWaiting := func(h *typesv1.Host) bool {
-		c := conditions.Get(h.GetStatus().GetConditions(), provision.ConditionAdmitted)
-		return h.GetStatus().GetState() == typesv1.HostState_HOST_STATE_AVAILABLE &&
-			c.GetStatus() == conditions.False && c.GetReason() == provision.ReasonWaiting
-	}
+// isWaiting reports whether h rests Available waiting for a slot.
+func isWaiting(h *typesv1.Host) bool {
+	c := conditions.Get(h.GetStatus().GetConditions(), provision.ConditionAdmitted)
+	return h.GetStatus().GetState() == typesv1.HostState_HOST_STATE_AVAILABLE &&
+		c.GetStatus() == conditions.False && c.GetReason() == provision.ReasonWaiting
+}
+
+func TestWaitingHostsSayWhy(t *testing.T) {
+	const n, limit = 6, 2
+	w, names := startLine(t, n, limit, "why")
 	var laying, waiting []string
 	require.Eventually(t, func() bool {
 		laying, waiting = nil, nil
@@ -185,18 +192,7 @@ func TestWaitingHostsSayWhy(t *testing.T) {
 // and the other hosts still end Provisioned.
 func TestWaitingHostWhoseMachineGoes(t *testing.T) {
 	const n, limit = 4, 1
-	w := newWorld(t, fastSim)
-	w.cfg.MaxInFlight = limit
-	names, err := sim.Populate(w.ctx, w.st, n, "gone")
-	require.NoError(t, err)
-	w.fleet.PauseLays()
-	stop := w.start()
-	defer stop()
-
-	isWaiting := func(h *typesv1.Host) bool {
-		c := conditions.Get(h.GetStatus().GetConditions(), provision.ConditionAdmitted)
-		return c.GetStatus() == conditions.False && c.GetReason() == provision.ReasonWaiting
-	}
+	w, names := startLine(t, n, limit, "gone")
 	var waiting []string
 	require.Eventually(t, func() bool {
 		waiting = nil

@@ -27,23 +27,31 @@ func holdGroups(t *testing.T, s *Store) (waitQueued func(n int), release func())
 	t.Helper()
 	c := s.group
 	require.NotNil(t, c, "grouping is off")
-	c.mu.Lock()
-	held := c.inFlight - c.sending
-	c.sending = c.inFlight
-	c.mu.Unlock()
+	return hold(t, "writes", &c.mu, c.inFlight, &c.sending, func() int { return len(c.queue) }, c.run)
+}
+
+// hold is holdGroups and holdReads: it takes every slot of a queue's
+// senders (sending, under mu, up to inFlight), so what is asked meanwhile
+// queues; release starts the senders it took.
+func hold(t *testing.T, what string, mu *sync.Mutex, inFlight int, sending *int, queued func() int, run func()) (waitQueued func(n int), release func()) {
+	t.Helper()
+	mu.Lock()
+	held := inFlight - *sending
+	*sending = inFlight
+	mu.Unlock()
 	waitQueued = func(n int) {
 		t.Helper()
 		require.Eventually(t, func() bool {
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			return len(c.queue) == n
-		}, time.Minute, time.Millisecond, "writes queued")
+			mu.Lock()
+			defer mu.Unlock()
+			return queued() == n
+		}, time.Minute, time.Millisecond, what+" queued")
 	}
 	var once sync.Once
 	release = func() {
 		once.Do(func() {
 			for range held {
-				go c.run()
+				go run()
 			}
 		})
 	}

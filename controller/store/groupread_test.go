@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -22,28 +21,7 @@ func holdReads(t *testing.T, s *Store) (waitQueued func(n int), release func()) 
 	t.Helper()
 	rd := s.reads
 	require.NotNil(t, rd, "read grouping is off")
-	rd.mu.Lock()
-	held := rd.inFlight - rd.sending
-	rd.sending = rd.inFlight
-	rd.mu.Unlock()
-	waitQueued = func(n int) {
-		t.Helper()
-		require.Eventually(t, func() bool {
-			rd.mu.Lock()
-			defer rd.mu.Unlock()
-			return len(rd.queue) == n
-		}, time.Minute, time.Millisecond, "Gets queued")
-	}
-	var once sync.Once
-	release = func() {
-		once.Do(func() {
-			for range held {
-				go rd.run()
-			}
-		})
-	}
-	t.Cleanup(release)
-	return waitQueued, release
+	return hold(t, "Gets", &rd.mu, rd.inFlight, &rd.sending, func() int { return len(rd.queue) }, rd.run)
 }
 
 type getResult struct {
