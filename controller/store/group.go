@@ -87,13 +87,18 @@ type write struct {
 // until etcd answers or ctx ends.
 func (s *Store) commit(ctx context.Context, w write) (*clientv3.TxnResponse, error) {
 	if s.group == nil {
-		resp, err := s.client.Txn(ctx).If(w.cmps...).Then(w.then...).Else(w.orElse...).Commit()
-		if err != nil {
-			return nil, etcdErr(ctx, w.op, err)
-		}
-		return resp, nil
+		return w.alone(ctx, s.client)
 	}
 	return s.group.do(ctx, w)
+}
+
+// alone sends w as a transaction of its own under ctx.
+func (w write) alone(ctx context.Context, client *clientv3.Client) (*clientv3.TxnResponse, error) {
+	resp, err := client.Txn(ctx).If(w.cmps...).Then(w.then...).Else(w.orElse...).Commit()
+	if err != nil {
+		return nil, etcdErr(ctx, w.op, err)
+	}
+	return resp, nil
 }
 
 // committer groups the writes of a Store and of its Fenced copies.
@@ -316,12 +321,8 @@ func (c *committer) send(g []*request) {
 	c.writes.Add(uint64(len(g)))
 	if len(g) == 1 {
 		r := g[0]
-		resp, err := c.client.Txn(r.ctx).If(r.w.cmps...).Then(r.w.then...).Else(r.w.orElse...).Commit()
-		if err != nil {
-			r.done <- result{err: etcdErr(r.ctx, r.w.op, err)}
-			return
-		}
-		r.done <- result{resp: resp}
+		resp, err := r.w.alone(r.ctx, c.client)
+		r.done <- result{resp: resp, err: err}
 		return
 	}
 	ctx, cancel := context.WithCancel(context.Background())
