@@ -18,8 +18,8 @@ import (
 	"github.com/kilnhq/kiln/controller/election"
 	"github.com/kilnhq/kiln/controller/sim"
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/controller/store/storetest"
 	"github.com/kilnhq/kiln/internal/conditions"
-	"github.com/kilnhq/kiln/internal/errdefs"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
@@ -87,18 +87,7 @@ func (w *world) waitClusterRunning(cluster string, n int) []*typesv1.Machine {
 // change, write, again when the executor wrote its status in between.
 func (w *world) scale(md string, replicas int32) {
 	w.t.Helper()
-	for {
-		x := &typesv1.MachineDeployment{}
-		rev, err := w.st.Get(w.ctx, "machinedeployments", md, x)
-		require.NoError(w.t, err)
-		x.Spec.Replicas = replicas
-		_, err = w.st.Update(w.ctx, "machinedeployments", md, x, rev)
-		if errdefs.IsConflict(err) {
-			continue
-		}
-		require.NoError(w.t, err)
-		return
-	}
+	storetest.Modify(w.t, w.st, "machinedeployments", md, func(x *typesv1.MachineDeployment) { x.Spec.Replicas = replicas })
 }
 
 // stuckDrainer drains every node at once, except the nodes of hosts

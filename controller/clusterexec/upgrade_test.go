@@ -23,6 +23,7 @@ import (
 
 	"github.com/kilnhq/kiln/controller/clusterexec"
 	"github.com/kilnhq/kiln/controller/sim"
+	"github.com/kilnhq/kiln/controller/store/storetest"
 	"github.com/kilnhq/kiln/imagebuilder/kubetools"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -242,12 +243,10 @@ func (w *upgradeWorld) upgradeTo(version, image string, addons *typesv1.ImageAdd
 	w.create("images", image, &typesv1.Image{Metadata: &typesv1.ObjectMeta{Name: image, Generation: 1, CreationTimestamp: timestamppb.Now()},
 		Spec: &typesv1.ImageSpec{Url: "http://images.sim/" + image + ".raw.zst", Format: "raw.zst", Sha256: strings.Repeat("cd", 32),
 			KubernetesVersion: version, Addons: addons}})
-	cp := &typesv1.ControlPlane{}
-	rev, err := w.st.Get(w.ctx, "controlplanes", "cp", cp)
-	require.NoError(t, err)
-	cp.Spec.Version, cp.Spec.Image = version, image
-	_, err = w.st.Update(w.ctx, "controlplanes", "cp", cp, rev)
-	require.NoError(t, err)
+	// The executor writes the ControlPlane's status meanwhile.
+	storetest.Modify(t, w.st, "controlplanes", "cp", func(cp *typesv1.ControlPlane) {
+		cp.Spec.Version, cp.Spec.Image = version, image
+	})
 }
 
 func (w *upgradeWorld) cluster() *typesv1.Cluster {

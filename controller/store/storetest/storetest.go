@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kilnhq/kiln/controller/store"
+	"github.com/kilnhq/kiln/internal/errdefs"
 )
 
 // New starts an embedded etcd member in a temporary directory and returns
@@ -46,4 +47,25 @@ func (c *ReadCounter) Get(ctx context.Context, kind, name string, into proto.Mes
 func (c *ReadCounter) GetUnpaused(ctx context.Context, kind, name string, into proto.Message) (int64, error) {
 	c.Reads.Add(1)
 	return c.Store.GetUnpaused(ctx, kind, name, into)
+}
+
+// Modify reads kind/name, lets change edit it and writes it back, reading
+// again when another writer (an executor writing its status) came in
+// between: what a user's apply does. A test that writes an object its
+// controllers also write must go through this, or it fails on the race.
+func Modify[T proto.Message](t testing.TB, st *store.Store, kind, name string, change func(T)) {
+	t.Helper()
+	for {
+		var zero T
+		x := zero.ProtoReflect().New().Interface().(T)
+		rev, err := st.Get(context.Background(), kind, name, x)
+		require.NoError(t, err)
+		change(x)
+		_, err = st.Update(context.Background(), kind, name, x, rev)
+		if errdefs.IsConflict(err) {
+			continue
+		}
+		require.NoError(t, err)
+		return
+	}
 }
