@@ -859,7 +859,6 @@ func (c *Controller) hostDeps(lctx context.Context, st *store.Store, rec *events
 	if c.simFleet != nil {
 		// Sharded: one simulated fleet for the process, made by Run.
 		deps.BMCs, deps.Agents = c.simFleet.Fleet.BMCDialer(), c.simFleet.Kubeadm.AgentDialer()
-		cfg.Workers = max(64, c.cfg.Simulate)
 	} else if c.cfg.Simulate > 0 {
 		// A rack's timings scaled down 20 times, for demos.
 		fleet := sim.NewFleet(lctx, sim.Config{
@@ -871,7 +870,6 @@ func (c *Controller) hostDeps(lctx context.Context, st *store.Store, rec *events
 			c.log.Error("simulation: create hosts", "err", err)
 		}
 		deps.BMCs, deps.Agents = fleet.BMCDialer(), kubeadm.AgentDialer()
-		cfg.Workers = max(64, c.cfg.Simulate)
 		c.log.Info("simulating hosts", "hosts", c.cfg.Simulate)
 	} else {
 		pool = provision.NewAgentPool(ca.Pool, c.Certificate)

@@ -105,7 +105,13 @@ var _ Recorder = (*events.Recorder)(nil)
 
 // Config configures an Executor.
 type Config struct {
-	// Workers is how many hosts are worked on at once (default 64).
+	// Workers is how many hosts are worked on at once (default
+	// MaxInFlight + 64, DefaultMaxInFlight + 64 with no limit). A step
+	// holds a worker until its actions end (a lay for its duration, a
+	// BMC call for its seconds), so every host in flight may hold one;
+	// the 64 more serve the hosts outside the admission (wipes, errors,
+	// deletions). With fewer, the workers, not the admission, bound a
+	// wave: 64 workers laid 64 hosts at once, whatever MaxInFlight said.
 	Workers int
 	// Plan tunes the lifecycle (timeouts, backoff, attempts).
 	Plan hostlife.Config
@@ -201,11 +207,20 @@ type Executor struct {
 	adm *admission
 }
 
+// extraWorkers are the workers beyond the admission limit (Config.Workers).
+const extraWorkers = 64
+
+// defaultWorkers is Config.Workers' default for an admission limit of
+// maxInFlight (-1: none).
+func defaultWorkers(maxInFlight int) int {
+	if maxInFlight < 0 {
+		maxInFlight = DefaultMaxInFlight
+	}
+	return maxInFlight + extraWorkers
+}
+
 // New returns an Executor; Run starts it.
 func New(deps Deps, cfg Config, log *slog.Logger) *Executor {
-	if cfg.Workers <= 0 {
-		cfg.Workers = 64
-	}
 	if cfg.ResyncInterval <= 0 {
 		cfg.ResyncInterval = time.Minute
 	}
@@ -229,6 +244,9 @@ func New(deps Deps, cfg Config, log *slog.Logger) *Executor {
 		cfg.MaxInFlight = DefaultMaxInFlight
 	case cfg.MaxInFlight < 0:
 		cfg.MaxInFlight = -1
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = defaultWorkers(cfg.MaxInFlight)
 	}
 	e := &Executor{
 		cfg:       cfg,

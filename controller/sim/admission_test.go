@@ -116,12 +116,6 @@ func TestAdmissionBoundsHostsInFlight(t *testing.T) {
 	}
 }
 
-// TestWaitingHostsSayWhy is what an operator checks when hosts do not
-// start: with 2 slots and the first 2 hosts' lays held, the other hosts
-// are Available and say they wait for a slot, how many are in flight and
-// the limit (what `kilnctl describe host` shows under Conditions, and
-// `kilnctl get hosts` as the blocking condition); once the lays go on,
-// they start and end Provisioned, admitted.
 // startLine starts an executor with limit slots on n new hosts whose lays
 // are paused: limit of them lay, the others wait in the line.
 func startLine(t *testing.T, n, limit int, prefix string) (*world, []string) {
@@ -134,6 +128,39 @@ func startLine(t *testing.T, n, limit int, prefix string) (*world, []string) {
 	return w, names
 }
 
+// TestDefaultWorkersLayEveryAdmittedHost: with the executor's default
+// workers, every admitted host lays at once. A lay holds a worker for its
+// duration; the default was 64 workers whatever the admission limit, so a
+// wave of 2,000 admitted hosts laid 64 at a time. Here 100 hosts, 80
+// slots, lays held: 80 lay at once, 20 wait for a slot.
+func TestDefaultWorkersLayEveryAdmittedHost(t *testing.T) {
+	const n, limit = 100, 80
+	w := newWorld(t, fastSim)
+	w.cfg.MaxInFlight = limit
+	w.cfg.Workers = 0 // the default
+	names, err := sim.Populate(w.ctx, w.st, n, "wrk")
+	require.NoError(t, err)
+	w.fleet.PauseLays()
+	t.Cleanup(w.start())
+	laying, waiting := 0, 0
+	require.Eventually(t, func() bool {
+		laying, waiting = 0, 0
+		for _, name := range names {
+			h := w.host(name)
+			switch {
+			case h.GetStatus().GetProvisioningStep() == string(hostlife.StepLayImage):
+				laying++
+			case isWaiting(h):
+				waiting++
+			}
+		}
+		return laying == limit && waiting == n-limit
+	}, 2*time.Minute, 50*time.Millisecond, "want %d hosts laying at once and %d waiting for a slot", limit, n-limit)
+	w.fleet.ResumeLays()
+	w.waitFor(names, "Provisioned", provisioned)
+	w.checkProvisionedOnce(names)
+}
+
 // isWaiting reports whether h rests Available waiting for a slot.
 func isWaiting(h *typesv1.Host) bool {
 	c := conditions.Get(h.GetStatus().GetConditions(), provision.ConditionAdmitted)
@@ -141,6 +168,12 @@ func isWaiting(h *typesv1.Host) bool {
 		c.GetStatus() == conditions.False && c.GetReason() == provision.ReasonWaiting
 }
 
+// TestWaitingHostsSayWhy is what an operator checks when hosts do not
+// start: with 2 slots and the first 2 hosts' lays held, the other hosts
+// are Available and say they wait for a slot, how many are in flight and
+// the limit (what `kilnctl describe host` shows under Conditions, and
+// `kilnctl get hosts` as the blocking condition); once the lays go on,
+// they start and end Provisioned, admitted.
 func TestWaitingHostsSayWhy(t *testing.T) {
 	const n, limit = 6, 2
 	w, names := startLine(t, n, limit, "why")

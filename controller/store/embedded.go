@@ -213,7 +213,8 @@ func startEmbedded(ctx context.Context, cfg EmbeddedConfig, log *slog.Logger) (*
 	if err != nil {
 		return nil, errdefs.InvalidArgument("embedded etcd: peer URL %q: %w", cfg.PeerURL, err)
 	}
-	if cfg.InitialCluster == "" {
+	alone := cfg.InitialCluster == ""
+	if alone {
 		cfg.InitialCluster = cfg.Name + "=" + cfg.PeerURL
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
@@ -269,6 +270,9 @@ func startEmbedded(ctx context.Context, cfg EmbeddedConfig, log *slog.Logger) (*
 		cfg.DefragInterval = DefaultDefragInterval
 	}
 	configureMaintenance(ec, cfg.QuotaBytes)
+	if alone {
+		configureRaftLogAlone(ec)
+	}
 	// etcd logs through zap; send its errors (everything from info up
 	// when the logger is at debug) to our slog logger instead of stderr.
 	closing := new(atomic.Bool)
@@ -303,7 +307,7 @@ func startEmbedded(ctx context.Context, cfg EmbeddedConfig, log *slog.Logger) (*
 	}
 	comp := cfg.Compaction.withDefaults()
 	log.Info("etcd member ready", "name", cfg.Name, "client_url", cfg.ClientURL, "peer_url", cfg.PeerURL, "data_dir", cfg.DataDir,
-		"compaction_retention", comp.Retention, "compaction_max_revisions", comp.MaxRevisions, "quota_bytes", cfg.QuotaBytes)
+		"compaction_retention", comp.Retention, "compaction_max_revisions", comp.MaxRevisions, "compaction_max_history_bytes", comp.MaxHistoryBytes, "quota_bytes", cfg.QuotaBytes)
 	mctx, stop := context.WithCancel(context.Background())
 	emb := &Embedded{etcd: e, clientURL: cfg.ClientURL, log: log, closing: closing, stop: stop, done: make(chan struct{})}
 	go func() {

@@ -14,10 +14,13 @@ import (
 // member keeps: a watch or a paged read can resume from any revision
 // kept; one that asks for a compacted revision gets FailedPrecondition
 // and lists again (Cache does that by itself). The history kept is the
-// shorter of two: every change younger than Retention, and no more than
-// MaxRevisions changes. Time alone grows with the write rate (a wave of
-// 100,000 hosts writes about 2,000 revisions a second, about 1 KiB
-// each); revisions alone keep hours of a quiet fleet's history.
+// shortest of three: every change younger than Retention, no more than
+// MaxRevisions changes, and no more than MaxHistoryBytes of database.
+// Time alone grows with the write rate (a wave of 100,000 hosts writes
+// about 4,000 object versions a second, 1-2 KiB each); revisions alone
+// keep hours of a quiet fleet's history, and with the store's group
+// commit one revision holds up to a group's writes (about 20 in a wave),
+// so only the bytes bound holds the database to a size during a wave.
 type Compaction struct {
 	// Retention keeps every change younger than this (unless
 	// MaxRevisions cuts it); 0 means DefaultCompactionRetention, < 0 no
@@ -27,15 +30,24 @@ type Compaction struct {
 	// DefaultCompactionMaxRevisions, < 0 no bound. With both bounds off
 	// nothing is compacted and the database grows until etcd's quota.
 	MaxRevisions int64
+	// MaxHistoryBytes compacts when the database in use has grown this
+	// much since the last compaction (the growth is history, or new
+	// objects, which a compaction leaves), keeping about one look's
+	// (tick's) history; 0 means DefaultCompactionMaxHistoryBytes, < 0 no
+	// bound.
+	MaxHistoryBytes int64
 }
 
 // The default history: the same 5 minutes the Kubernetes API server
 // keeps (it compacts its etcd every 5 minutes), and at most 500,000
 // revisions, about 4 minutes of a 100,000-host wave's writes and about
 // 500 MiB of database.
+// History of at most 256 MiB keeps a 100,000-host wave's database under
+// 1 GiB (docs/scale.md).
 const (
-	DefaultCompactionRetention    = 5 * time.Minute
-	DefaultCompactionMaxRevisions = 500_000
+	DefaultCompactionRetention       = 5 * time.Minute
+	DefaultCompactionMaxRevisions    = 500_000
+	DefaultCompactionMaxHistoryBytes = 256 << 20
 )
 
 func (c Compaction) withDefaults() Compaction {
@@ -44,6 +56,9 @@ func (c Compaction) withDefaults() Compaction {
 	}
 	if c.MaxRevisions == 0 {
 		c.MaxRevisions = DefaultCompactionMaxRevisions
+	}
+	if c.MaxHistoryBytes == 0 {
+		c.MaxHistoryBytes = DefaultCompactionMaxHistoryBytes
 	}
 	return c
 }
@@ -65,16 +80,22 @@ type revAt struct {
 
 // target returns the revision to compact to (every older revision goes),
 // or 0 when nothing is due: samples are the member's revisions at earlier
-// moments, oldest first; cur is its revision now and compacted the
-// revision of the last compaction.
-func (c Compaction) target(samples []revAt, now time.Time, cur, compacted int64) int64 {
+// moments, oldest first, the last one now's; cur is its revision now,
+// compacted the revision of the last compaction, and grown how much the
+// database in use has grown since.
+func (c Compaction) target(samples []revAt, now time.Time, cur, compacted, grown int64) int64 {
 	var t int64
+	if c.MaxHistoryBytes > 0 && grown >= c.MaxHistoryBytes && len(samples) > 1 {
+		// Keep the history since the previous look: a watch that
+		// fell further behind than that lists again.
+		t = samples[len(samples)-2].rev
+	}
 	if c.Retention > 0 {
 		for _, s := range samples {
 			if now.Sub(s.at) < c.Retention {
 				break
 			}
-			t = s.rev
+			t = max(t, s.rev)
 		}
 	}
 	if c.MaxRevisions > 0 {
@@ -129,6 +150,9 @@ func (e *Embedded) maintain(ctx context.Context, c Compaction, quota int64, defr
 	srv := e.etcd.Server
 	var samples []revAt
 	var compacted int64
+	// base is the database in use after the last compaction (-1: take it
+	// at the next look, once etcd has counted the pages freed).
+	base := srv.Backend().SizeInUse()
 	start := time.Now()
 	lastDefrag, lastLook, warned := start, start, time.Time{}
 	tick := time.NewTicker(min(c.tick(), lookEvery))
@@ -142,17 +166,22 @@ func (e *Embedded) maintain(ctx context.Context, c Compaction, quota int64, defr
 		now := time.Now()
 		cur := srv.KV().Rev()
 		samples = append(samples, revAt{now, cur})
-		// Keep the newest sample older than Retention and the ones after.
-		for len(samples) > 1 && now.Sub(samples[1].at) >= c.Retention {
+		// Keep the newest sample older than Retention and the ones after,
+		// and the previous look's always (the bytes bound's target).
+		for len(samples) > 2 && now.Sub(samples[1].at) >= c.Retention {
 			samples = samples[1:]
 		}
 		// Only the leader compacts: a compaction goes through raft to
 		// every member.
-		if t := c.target(samples, now, cur, compacted); t > 0 && srv.Leader() == srv.MemberID() {
+		inUse := srv.Backend().SizeInUse()
+		if base < 0 {
+			base = inUse
+		}
+		if t := c.target(samples, now, cur, compacted, inUse-base); t > 0 && srv.Leader() == srv.MemberID() {
 			_, err := srv.Compact(ctx, &pb.CompactionRequest{Revision: t, Physical: true})
 			switch {
 			case err == nil || errors.Is(err, mvcc.ErrCompacted):
-				compacted = t
+				compacted, base = t, -1
 			case ctx.Err() == nil:
 				e.log.Warn("embedded etcd: compaction failed, retrying", "revision", t, "err", err)
 			}
@@ -175,7 +204,7 @@ func (e *Embedded) maintain(ctx context.Context, c Compaction, quota int64, defr
 		}
 		if nearQuota(size, quota) && now.Sub(warned) >= time.Hour {
 			warned = now
-			e.log.Warn("embedded etcd: database near its quota; at the quota etcd refuses every write (alarm NOSPACE) until compacted, defragmented and disarmed: keep less history (--etcd-compaction-retention, --etcd-compaction-max-revisions) or raise --etcd-quota-bytes",
+			e.log.Warn("embedded etcd: database near its quota; at the quota etcd refuses every write (alarm NOSPACE) until compacted, defragmented and disarmed: keep less history (--etcd-compaction-retention, --etcd-compaction-max-revisions, --etcd-compaction-max-history-bytes) or raise --etcd-quota-bytes",
 				"db_bytes", size, "in_use_bytes", inUse, "quota_bytes", quota)
 		}
 		for _, a := range srv.Alarms() {
@@ -195,4 +224,25 @@ func configureMaintenance(ec *embed.Config, quota int64) {
 	ec.AutoCompactionRetention = "0"
 	ec.QuotaBackendBytes = quota
 	ec.BootstrapDefragThresholdMegabytes = defragMinFree >> 20
+}
+
+// The raft log a member alone keeps in memory: etcd holds every entry
+// since its last snapshot plus SnapshotCatchUpEntries for slow
+// followers, 10,000 + 5,000 by default, sized for Kubernetes' one write
+// per entry. With the store's group commit an entry carries a group (up
+// to MaxBatchOps writes; about 11 KiB on average in a 100,000-host wave,
+// 160 MiB of heap for 15,000 entries). A member alone has no follower
+// to catch up, so it snapshots every 2,000 entries and keeps 500:
+// entries are on disk in the WAL either way; a snapshot of a member's
+// raft state is small (its membership), not a copy of the database.
+// Members of a cluster keep etcd's defaults: a follower more than the
+// catch-up entries behind needs the whole database sent.
+const (
+	aloneSnapshotCount          = 2_000
+	aloneSnapshotCatchUpEntries = 500
+)
+
+func configureRaftLogAlone(ec *embed.Config) {
+	ec.SnapshotCount = aloneSnapshotCount
+	ec.SnapshotCatchUpEntries = aloneSnapshotCatchUpEntries
 }

@@ -23,25 +23,33 @@ import (
 
 func TestCompactionTarget(t *testing.T) {
 	t0 := time.Date(2026, 12, 7, 9, 0, 0, 0, time.UTC)
-	samples := []revAt{{t0, 100}, {t0.Add(time.Minute), 200}, {t0.Add(2 * time.Minute), 300}}
+	// One a minute, the last one the look at t0+3m (when the time bound
+	// looks at t0+4m, one look was missed).
+	samples := []revAt{{t0, 100}, {t0.Add(time.Minute), 200}, {t0.Add(2 * time.Minute), 300}, {t0.Add(3 * time.Minute), 400}}
 	for _, tc := range []struct {
 		name      string
 		c         Compaction
 		now       time.Time
 		cur       int64
 		compacted int64
+		grown     int64
 		want      int64
 	}{
-		{"nothing older than retention", Compaction{Retention: 5 * time.Minute, MaxRevisions: -1}, t0.Add(4 * time.Minute), 400, 0, 0},
-		{"newest sample older than retention", Compaction{Retention: 90 * time.Second, MaxRevisions: -1}, t0.Add(3 * time.Minute), 400, 0, 200},
-		{"already compacted there", Compaction{Retention: 90 * time.Second, MaxRevisions: -1}, t0.Add(3 * time.Minute), 400, 200, 0},
-		{"revisions cut a busy history", Compaction{Retention: 5 * time.Minute, MaxRevisions: 50}, t0.Add(4 * time.Minute), 400, 0, 350},
-		{"time cuts deeper than revisions", Compaction{Retention: 30 * time.Second, MaxRevisions: 350}, t0.Add(3 * time.Minute), 400, 0, 300},
-		{"revision bound not reached", Compaction{Retention: -1, MaxRevisions: 1000}, t0.Add(time.Hour), 400, 0, 0},
-		{"no bounds", Compaction{Retention: -1, MaxRevisions: -1}, t0.Add(time.Hour), 400, 0, 0},
+		{"nothing older than retention", Compaction{Retention: 5 * time.Minute, MaxRevisions: -1}, t0.Add(4 * time.Minute), 400, 0, 0, 0},
+		{"newest sample older than retention", Compaction{Retention: 90 * time.Second, MaxRevisions: -1}, t0.Add(3 * time.Minute), 400, 0, 0, 200},
+		{"already compacted there", Compaction{Retention: 90 * time.Second, MaxRevisions: -1}, t0.Add(3 * time.Minute), 400, 200, 0, 0},
+		{"revisions cut a busy history", Compaction{Retention: 5 * time.Minute, MaxRevisions: 50}, t0.Add(4 * time.Minute), 400, 0, 0, 350},
+		{"time cuts deeper than revisions", Compaction{Retention: 30 * time.Second, MaxRevisions: 350}, t0.Add(3 * time.Minute), 400, 0, 0, 300},
+		{"revision bound not reached", Compaction{Retention: -1, MaxRevisions: 1000}, t0.Add(time.Hour), 400, 0, 0, 0},
+		{"no bounds", Compaction{Retention: -1, MaxRevisions: -1, MaxHistoryBytes: -1}, t0.Add(time.Hour), 400, 0, 1 << 40, 0},
+		{"history bytes: keeps the last look's", Compaction{Retention: -1, MaxRevisions: -1, MaxHistoryBytes: 100}, t0.Add(3 * time.Minute), 400, 0, 100, 300},
+		{"history bytes not reached", Compaction{Retention: -1, MaxRevisions: -1, MaxHistoryBytes: 100}, t0.Add(3 * time.Minute), 400, 0, 99, 0},
+		{"history bytes cut deeper than time", Compaction{Retention: 90 * time.Second, MaxRevisions: -1, MaxHistoryBytes: 100}, t0.Add(3 * time.Minute), 400, 0, 150, 300},
+		{"history bytes, already compacted there", Compaction{Retention: -1, MaxRevisions: -1, MaxHistoryBytes: 100}, t0.Add(3 * time.Minute), 400, 300, 500, 0},
+		{"history bytes and revisions: the deeper", Compaction{Retention: -1, MaxRevisions: 50, MaxHistoryBytes: 100}, t0.Add(3 * time.Minute), 400, 0, 150, 350},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := tc.c.target(samples, tc.now, tc.cur, tc.compacted); got != tc.want {
+			if got := tc.c.target(samples, tc.now, tc.cur, tc.compacted, tc.grown); got != tc.want {
 				t.Errorf("%+v.target(now %v, cur %d, compacted %d) = %d, want %d", tc.c, tc.now.Sub(t0), tc.cur, tc.compacted, got, tc.want)
 			}
 		})
@@ -100,6 +108,39 @@ func TestCompactionApplied(t *testing.T) {
 	resp, err := c.Get(ctx, "/kiln/v1/test/a")
 	require.NoError(t, err)
 	require.Equal(t, "21", string(resp.Kvs[0].Value), "the key's current value")
+}
+
+// TestCompactionBoundByHistoryBytes writes 4 MiB of versions of one key
+// to a member with no time or revision bound and at most 1 MiB of
+// history: the old versions are compacted, as a wave's would be long
+// before the 5 minutes of history the time bound keeps.
+func TestCompactionBoundByHistoryBytes(t *testing.T) {
+	ctx := testCtx(t)
+	e, err := StartEmbedded(ctx, EmbeddedConfig{DataDir: filepath.Join(t.TempDir(), "etcd"), Logger: testLogger(t),
+		Compaction: Compaction{Retention: -1, MaxRevisions: -1, MaxHistoryBytes: 1 << 20}, DefragInterval: -1, maintainEvery: 20 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	c, err := Dial(e.Endpoints(), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+
+	value := strings.Repeat("x", 64<<10)
+	first, err := c.Put(ctx, "/kiln/v1/test/big", value+"0")
+	require.NoError(t, err)
+	old := first.Header.Revision
+	for i := range 64 {
+		_, err := c.Put(ctx, "/kiln/v1/test/big", value+fmt.Sprint(i+1))
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool {
+		_, err := c.Get(ctx, "/kiln/v1/test/big", clientv3.WithRev(old))
+		return err != nil
+	}, time.Minute, 50*time.Millisecond, "revision %d never compacted with 4 MiB of history", old)
+	_, err = c.Get(ctx, "/kiln/v1/test/big", clientv3.WithRev(old))
+	require.ErrorIs(t, err, rpctypes.ErrCompacted, "Get at revision %d", old)
+	resp, err := c.Get(ctx, "/kiln/v1/test/big")
+	require.NoError(t, err)
+	require.Equal(t, value+"64", string(resp.Kvs[0].Value), "the key's current value")
 }
 
 // TestCacheRelistsAfterCompaction cuts a Cache off its etcd member (a
@@ -360,4 +401,30 @@ func (p *cutProxy) mend() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.down = false
+}
+
+// TestAloneMemberSnapshotsOften: a member alone keeps a short raft log
+// in memory (configureRaftLogAlone): after aloneSnapshotCount writes it
+// has taken a raft snapshot, where etcd's default waits for 10,000.
+func TestAloneMemberSnapshotsOften(t *testing.T) {
+	ctx := testCtx(t)
+	dir := filepath.Join(t.TempDir(), "etcd")
+	e, err := StartEmbedded(ctx, EmbeddedConfig{DataDir: dir, Logger: testLogger(t)})
+	require.NoError(t, err)
+	t.Cleanup(e.Close)
+	c, err := Dial(e.Endpoints(), nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	snaps := func() []string {
+		m, err := filepath.Glob(filepath.Join(dir, "member", "snap", "*.snap"))
+		require.NoError(t, err)
+		return m
+	}
+	require.Empty(t, snaps(), "a snapshot before any write")
+	for i := range aloneSnapshotCount + 10 {
+		_, err := c.Put(ctx, "/kiln/v1/test/n", fmt.Sprint(i))
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool { return len(snaps()) > 0 }, 30*time.Second, 50*time.Millisecond,
+		"no raft snapshot after %d writes", aloneSnapshotCount+10)
 }
