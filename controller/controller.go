@@ -735,8 +735,11 @@ func (c *Controller) runsLifecycle() bool { return c.cfg.Lifecycle || c.cfg.Simu
 // sweeper runs this replica's sweeps (controller/sweep): the leader's, or
 // an API-only replica's watch for a leader.
 func (c *Controller) sweeper() *sweep.Sweeper {
+	c.mu.Lock()
+	hosts := c.caches.Kind("hosts")
+	c.mu.Unlock()
 	return sweep.New(sweep.Config{ID: c.cfg.ID, Interval: c.cfg.ReconcileInterval, ElectionTTL: c.cfg.ElectionTTL,
-		Lifecycle: c.runsLifecycle(), Clock: c.cfg.Clock}, c.log)
+		Lifecycle: c.runsLifecycle(), Clock: c.cfg.Clock, Hosts: hosts}, c.log)
 }
 
 // startBoot serves the boot server (controller/bootservice) on
