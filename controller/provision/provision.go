@@ -112,6 +112,7 @@ type Config struct {
 	// the 64 more serve the hosts outside the admission (wipes, errors,
 	// deletions). With fewer, the workers, not the admission, bound a
 	// wave: 64 workers laid 64 hosts at once, whatever MaxInFlight said.
+	// A worker is a goroutine only while it works.
 	Workers int
 	// Plan tunes the lifecycle (timeouts, backoff, attempts).
 	Plan hostlife.Config
@@ -266,13 +267,7 @@ func (e *Executor) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	for range e.cfg.Workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			e.work(ctx)
-		}()
-	}
+	wg.Go(func() { e.work(ctx, &wg) })
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -454,8 +449,15 @@ func (e *Executor) needsWork(ctx context.Context, name string, h *typesv1.Host) 
 	return out.Changed || len(out.Actions) > 0 || out.Next != hostlife.NextOnChange
 }
 
-func (e *Executor) work(ctx context.Context) {
+// work takes the queued hosts one by one, each to a goroutine of its
+// own, at most Config.Workers at once, until the queue shuts down; wg
+// counts the goroutines. A worker is a goroutine only while it works:
+// an idle executor (or each of a sharded controller's) holds one, not
+// Workers.
+func (e *Executor) work(ctx context.Context, wg *sync.WaitGroup) {
+	slots := make(chan struct{}, e.cfg.Workers)
 	for {
+		slots <- struct{}{}
 		name, shutdown := e.q.Get()
 		if shutdown {
 			return
@@ -464,23 +466,33 @@ func (e *Executor) work(ctx context.Context) {
 			// Draining after ShutDown; or waiting for a provisioning
 			// slot, which wakes it.
 			e.q.Done(name)
+			<-slots
 			continue
 		}
-		e.adm.begin(name)
-		start := e.cfg.Clock()
-		requeue, err := e.Reconcile(ctx, name)
-		e.adm.settle(name)
-		if o := e.deps.Observer; o != nil && ctx.Err() == nil {
-			o.ObserveReconcile("hosts", err, e.cfg.Clock().Sub(start), e.q.Len())
-		}
-		if err != nil && ctx.Err() == nil {
-			e.log.Warn("reconcile host", "host", name, "err", err)
-			requeue = max(requeue, 5*time.Second)
-		}
-		e.q.Done(name)
-		if requeue > 0 && ctx.Err() == nil {
-			e.q.AddAfter(name, requeue)
-		}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			e.workOn(ctx, name)
+		})
+	}
+}
+
+// workOn reconciles host name (taken from the queue) and queues it again
+// when it asks.
+func (e *Executor) workOn(ctx context.Context, name string) {
+	e.adm.begin(name)
+	start := e.cfg.Clock()
+	requeue, err := e.Reconcile(ctx, name)
+	e.adm.settle(name)
+	if o := e.deps.Observer; o != nil && ctx.Err() == nil {
+		o.ObserveReconcile("hosts", err, e.cfg.Clock().Sub(start), e.q.Len())
+	}
+	if err != nil && ctx.Err() == nil {
+		e.log.Warn("reconcile host", "host", name, "err", err)
+		requeue = max(requeue, 5*time.Second)
+	}
+	e.q.Done(name)
+	if requeue > 0 && ctx.Err() == nil {
+		e.q.AddAfter(name, requeue)
 	}
 }
 

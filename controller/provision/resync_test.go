@@ -2,6 +2,7 @@ package provision
 
 import (
 	"context"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -280,5 +281,23 @@ func TestResyncFindsMissedChange(t *testing.T) {
 		if got := st.hostReads(n) - before[n]; got != 0 {
 			t.Errorf("host %s at rest: read %d times from etcd over five resyncs, want 0", n, got)
 		}
+	}
+}
+
+// TestIdleExecutorHoldsFewGoroutines: a worker is a goroutine only while
+// it works. An executor with 5,000 workers and nothing to do (each of a
+// sharded controller's executors defaults to the admission limit + 64)
+// holds a handful of goroutines, not 5,000 idle ones.
+func TestIdleExecutorHoldsFewGoroutines(t *testing.T) {
+	st := storetest.New(t)
+	e := New(Deps{Store: st}, Config{Workers: 5000}, nil)
+	before := runtime.NumGoroutine()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = e.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(500 * time.Millisecond) // started, and idle: no hosts
+	if n := runtime.NumGoroutine() - before; n > 50 {
+		t.Errorf("an idle executor with 5,000 workers holds %d goroutines, want at most 50", n)
 	}
 }
