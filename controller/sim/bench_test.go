@@ -202,6 +202,26 @@ func (w *world) revision() int64 {
 func (w *world) countCached() (done, errs int) {
 	items, err := w.caches.Kind("hosts").List(w.ctx)
 	require.NoError(w.t, err)
+	return tally(items)
+}
+
+// count lists the hosts page by page: provisioned ones and ones in Error.
+func (w *world) count() (done, errs int) {
+	cont := ""
+	for {
+		items, next, err := w.st.List(w.ctx, "hosts", func() proto.Message { return &typesv1.Host{} }, store.ListOptions{Limit: 1000, Continue: cont})
+		require.NoError(w.t, err)
+		d, e := tally(items)
+		done, errs = done+d, errs+e
+		if next == "" {
+			return done, errs
+		}
+		cont = next
+	}
+}
+
+// tally counts the Provisioned hosts and those in Error among items.
+func tally(items []store.Item) (done, errs int) {
 	for _, it := range items {
 		switch it.Msg.(*typesv1.Host).GetStatus().GetState() {
 		case typesv1.HostState_HOST_STATE_PROVISIONED:
@@ -211,27 +231,6 @@ func (w *world) countCached() (done, errs int) {
 		}
 	}
 	return done, errs
-}
-
-// count lists the hosts page by page: provisioned ones and ones in Error.
-func (w *world) count() (done, errs int) {
-	cont := ""
-	for {
-		items, next, err := w.st.List(w.ctx, "hosts", func() proto.Message { return &typesv1.Host{} }, store.ListOptions{Limit: 1000, Continue: cont})
-		require.NoError(w.t, err)
-		for _, it := range items {
-			switch it.Msg.(*typesv1.Host).GetStatus().GetState() {
-			case typesv1.HostState_HOST_STATE_PROVISIONED:
-				done++
-			case typesv1.HostState_HOST_STATE_ERROR:
-				errs++
-			}
-		}
-		if next == "" {
-			return done, errs
-		}
-		cont = next
-	}
 }
 
 // peakRSS is the process's peak resident set (VmHWM), in bytes.
