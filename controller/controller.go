@@ -793,12 +793,16 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 	// The cluster executor bootstraps the Machines of each Cluster on the
 	// hosts the lifecycle provisions (controller/clusterexec); sharded, it
 	// stays on the leader.
-	// Each cluster reconcile reads every Host: from a cache, which it
-	// waits on to hold the executor's own host writes (read-your-writes).
-	hosts := clusterexec.NewHostCache(st)
-	cacheDone := make(chan struct{})
-	go func() { defer close(cacheDone); hosts.Run(lctx) }()
-	cxDeps := clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(deps.Agents), Drain: drain.Drain, DeleteNode: drain.DeleteNode, Hosts: hosts}
+	// Each cluster reconcile reads the Available Hosts from the
+	// replica's Host cache (its State index), which it waits on to hold
+	// the executor's own host writes (read-your-writes). It had a cache
+	// of its own before: every Host held decoded twice.
+	cxDeps := clusterexec.Deps{Store: st, Recorder: rec, Agents: clusterexec.AgentDialer(deps.Agents), Drain: drain.Drain, DeleteNode: drain.DeleteNode}
+	c.mu.Lock()
+	if h := c.caches.Kind("hosts"); h != nil {
+		cxDeps.Hosts = h
+	}
+	c.mu.Unlock()
 	if c.metrics != nil {
 		cxDeps.Observer = c.metrics
 	}
@@ -824,7 +828,6 @@ func (c *Controller) runLifecycle(lctx context.Context, st *store.Store, rec *ev
 		<-done
 		<-cxDone
 		<-rxDone
-		<-cacheDone
 		closeDeps()
 	}
 }

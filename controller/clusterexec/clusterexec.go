@@ -42,6 +42,7 @@ import (
 	"github.com/kilnhq/kiln/controller/clusterplan"
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/controller/machineplan"
+	"github.com/kilnhq/kiln/controller/cacheindex"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/errdefs"
@@ -190,9 +191,11 @@ type Deps struct {
 	Hosts HostCache
 }
 
-// HostCache is a store.Cache of hosts (NewHostCache).
+// HostCache is a store.Cache of hosts with the cacheindex.State index
+// (NewHostCache, or the replica's resources.Caches).
 type HostCache interface {
-	List(ctx context.Context) ([]store.Item, error)
+	// ByIndex returns the hosts the index puts under value (read only).
+	ByIndex(name, value string) []store.Item
 	// WaitRevision returns once the cache holds revision rev.
 	WaitRevision(ctx context.Context, rev int64) error
 }
@@ -214,7 +217,10 @@ const HostCacheFallbackMsg = "host cache behind the executor's own host write; l
 // NewHostCache returns a cache of the Hosts of st for Deps.Hosts; the
 // caller runs it (Run) while the Executor runs.
 func NewHostCache(st *store.Store) *store.Cache {
-	return store.NewCache(st, HostsKind, func() proto.Message { return &typesv1.Host{} })
+	c := store.NewCache(st, HostsKind, func() proto.Message { return &typesv1.Host{} })
+	c.KeepEncoded() // as the replica's cache of Hosts
+	cacheindex.Add(c, &typesv1.Host{})
+	return c
 }
 
 // Observer is told what the executor did (*metrics.Metrics). Its methods
@@ -534,11 +540,11 @@ func (e *Executor) gather(ctx context.Context, cluster string) (*world, error) {
 	for _, it := range ms {
 		w.machines = append(w.machines, it.Msg.(*typesv1.Machine))
 	}
-	hs, err := e.listHosts(ctx)
+	hs, err := e.availableHosts(ctx)
 	if err != nil {
 		return nil, err
 	}
-	// (From the cache the hosts are shared: the planners only read them.)
+	// (From the cache the hosts may be shared: the planners only read them.)
 	for _, it := range hs {
 		w.hosts = append(w.hosts, it.Msg.(*typesv1.Host))
 	}
@@ -552,10 +558,13 @@ func (e *Executor) gather(ctx context.Context, cluster string) (*world, error) {
 	return w, nil
 }
 
-// listHosts lists every Host: from Deps.Hosts once it holds the
+// availableHosts returns the Hosts the planners may choose spares from,
+// every Available one (clusterplan picks the unbound ones that match a
+// selector): from Deps.Hosts' State index once the cache holds the
 // executor's own last host write (read-your-writes: a reconcile must not
-// plan with a host older than its own bind), else from etcd.
-func (e *Executor) listHosts(ctx context.Context) ([]store.Item, error) {
+// plan with a host older than its own bind), else every Host from etcd.
+// A fleet of provisioned hosts costs a reconcile no decode of them.
+func (e *Executor) availableHosts(ctx context.Context) ([]store.Item, error) {
 	if e.deps.Hosts != nil {
 		rev := e.hostRev.Load()
 		start := time.Now()
@@ -566,7 +575,7 @@ func (e *Executor) listHosts(ctx context.Context) ([]store.Item, error) {
 			e.log.Debug(HostCacheWaitMsg, "revision", rev, "waited", waited)
 		}
 		if err == nil {
-			return e.deps.Hosts.List(ctx)
+			return e.deps.Hosts.ByIndex(cacheindex.State, typesv1.HostState_HOST_STATE_AVAILABLE.String()), nil
 		}
 		if ctx.Err() != nil {
 			return nil, err

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/kilnhq/kiln/controller/cacheindex"
 	"github.com/kilnhq/kiln/controller/clusterexec"
 	"github.com/kilnhq/kiln/controller/store"
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
@@ -49,6 +50,22 @@ func (h *heldHosts) List(context.Context) ([]store.Item, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.items, nil
+}
+
+// ByIndex serves the State index from what the cache shows.
+func (h *heldHosts) ByIndex(name, value string) []store.Item {
+	if name != cacheindex.State {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []store.Item
+	for _, it := range h.items {
+		if it.Msg.(*typesv1.Host).GetStatus().GetState().String() == value {
+			out = append(out, it)
+		}
+	}
+	return out
 }
 
 func (h *heldHosts) WaitRevision(ctx context.Context, rev int64) error {

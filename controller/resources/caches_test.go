@@ -141,8 +141,15 @@ func TestCachesIndexes(t *testing.T) {
 		_, err := st.Create(ctx, "machines", m.GetMetadata().GetName(), m)
 		require.NoError(t, err)
 	}
-	_, err := st.Create(ctx, "hosts", "h-2", &typesv1.Host{Metadata: &typesv1.ObjectMeta{Name: "h-2"}, Status: &typesv1.HostStatus{Machine: "c1-md-0"}})
-	require.NoError(t, err)
+	for _, h := range []*typesv1.Host{
+		{Metadata: &typesv1.ObjectMeta{Name: "h-2"}, Status: &typesv1.HostStatus{Machine: "c1-md-0", State: typesv1.HostState_HOST_STATE_PROVISIONED}},
+		{Metadata: &typesv1.ObjectMeta{Name: "h-4"}, Status: &typesv1.HostStatus{State: typesv1.HostState_HOST_STATE_AVAILABLE, Conditions: []*typesv1.Condition{
+			{Type: "LifecycleRunning", Status: "False"}, {Type: "BMCReachable", Status: "True"}, {Type: "AgentReachable", Status: "Unknown"}}}},
+		{Metadata: &typesv1.ObjectMeta{Name: "h-5"}, Status: &typesv1.HostStatus{State: typesv1.HostState_HOST_STATE_AVAILABLE}},
+	} {
+		_, err := st.Create(ctx, "hosts", h.GetMetadata().GetName(), h)
+		require.NoError(t, err)
+	}
 	caches := NewCaches(st)
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
@@ -168,6 +175,11 @@ func TestCachesIndexes(t *testing.T) {
 		{m, IndexHost, "h-2", []string{"c1-md-0"}},
 		{h, IndexMachine, "c1-md-0", []string{"h-2"}},
 		{caches.Kind("controlplanes"), IndexCluster, "c1", nil},
+		{h, IndexState, "HOST_STATE_AVAILABLE", []string{"h-4", "h-5"}},
+		{h, IndexState, "HOST_STATE_PROVISIONED", []string{"h-2"}},
+		{h, IndexConditionNotTrue, "LifecycleRunning", []string{"h-4"}},
+		{h, IndexConditionNotTrue, "AgentReachable", []string{"h-4"}},
+		{h, IndexConditionNotTrue, "BMCReachable", nil},
 	}
 	for _, tt := range tests {
 		if got := names(tt.cache.ByIndex(tt.index, tt.value)); !slices.Equal(got, tt.want) {
@@ -175,6 +187,9 @@ func TestCachesIndexes(t *testing.T) {
 		}
 	}
 	require.Nil(t, h.ByIndex(IndexCluster, "c1"), "hosts have no spec.cluster index")
+	require.Equal(t, 2, h.IndexLen(IndexState, "HOST_STATE_AVAILABLE"))
+	require.True(t, h.Encoded() && m.Encoded(), "a fleet has a Host and a Machine per host: kept encoded")
+	require.False(t, caches.Kind("clusters").Encoded())
 	require.Nil(t, caches.Kind("gadgets"))
 }
 

@@ -44,11 +44,68 @@ type Cache struct {
 	// context's metadata).
 	watchCtx context.Context
 	view     view // name-ordered snapshots and indexes (cacheview.go)
+	// encoded: the items hold their encoding, not a decoded message
+	// (KeepEncoded).
+	encoded bool
 }
 
 // NewCache returns a Cache of kind; it fills once Run runs.
 func NewCache(st *Store, kind string, newMsg func() proto.Message) *Cache {
 	return &Cache{st: st, kind: kind, newMsg: newMsg, items: map[string]Item{}, synced: make(chan struct{}), moved: make(chan struct{}), view: newView()}
+}
+
+// KeepEncoded makes the Cache hold each resource as etcd stores it, its
+// protobuf encoding, and decode it on every read (Get, List, ByIndex,
+// ListPage): each reader gets a message of its own. For the kinds a fleet
+// has one of per host (Hosts, Machines): a decoded Host is about 4.7
+// times its encoding (3,312 against 696 bytes in the simulated fleet),
+// so 100,000 of them held 330 MiB decoded and 70 MiB encoded. A read
+// costs a decode, so readers of a whole kind that run often read an
+// index instead (AddIndex, ByIndex, IndexLen). Call before Run.
+func (c *Cache) KeepEncoded() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.encoded = true
+}
+
+// Encoded reports whether the Cache keeps encodings (KeepEncoded): then
+// every message it returns is the reader's own.
+func (c *Cache) Encoded() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.encoded
+}
+
+// stored is it as the Cache keeps it: its encoding (KeepEncoded), or its
+// decoded message.
+func (c *Cache) stored(it Item) Item {
+	if c.encoded {
+		return Item{Name: it.Name, Rev: it.Rev, raw: it.raw}
+	}
+	return Item{Name: it.Name, Rev: it.Rev, Msg: it.Msg}
+}
+
+// decoded is a kept item as readers get it: decoded, when the Cache keeps
+// encodings. The encoding decoded once already (apply, reset), so a
+// failure is not expected; it would give an empty message.
+func (c *Cache) decoded(it Item) Item {
+	if it.Msg != nil {
+		return it
+	}
+	m := c.newMsg()
+	if err := proto.Unmarshal(it.raw, m); err != nil {
+		c.st.log.Error("cache: kept encoding does not decode", "kind", c.kind, "name", it.Name, "err", err)
+	}
+	return Item{Name: it.Name, Rev: it.Rev, Msg: m}
+}
+
+// decodedAll is decoded of every item of items, in a new slice.
+func (c *Cache) decodedAll(items []Item) []Item {
+	out := make([]Item, len(items))
+	for i, it := range items {
+		out[i] = c.decoded(it)
+	}
+	return out
 }
 
 // cacheRetry is the pause before a failed listing is tried again.
@@ -90,10 +147,24 @@ func (c *Cache) reset(items []Item, rev int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.items = make(map[string]Item, len(items))
+	c.view.reset()
 	for _, it := range items {
-		c.items[it.Name] = it
+		if it.raw == nil && c.encoded {
+			raw, err := proto.Marshal(it.Msg)
+			if err != nil {
+				c.st.log.Warn("cache: skipping unencodable resource", "kind", c.kind, "name", it.Name, "err", err)
+				continue
+			}
+			it.raw = raw
+		}
+		kept := c.stored(it)
+		c.items[it.Name] = kept
+		c.view.put(Item{}, false, it, kept)
 	}
-	c.view.reset(items)
+	// Snapshots are of revisions before the new listing; they stay valid
+	// (each is an immutable tree of its revision). Watchers may have
+	// missed changes.
+	c.view.loseAll()
 	c.sorted = nil
 	c.moveTo(rev)
 	c.once.Do(func() { close(c.synced) })
@@ -127,9 +198,10 @@ func (c *Cache) apply(ev WatchEvent) error {
 	defer c.mu.Unlock()
 	prev, had := c.items[ev.Name]
 	if ev.Type == EventPut {
-		it := Item{Name: ev.Name, Rev: ev.Rev, Msg: m}
-		c.items[ev.Name] = it
-		c.view.put(prev, had, it)
+		it := Item{Name: ev.Name, Rev: ev.Rev, Msg: m, raw: ev.Value}
+		kept := c.stored(it)
+		c.items[ev.Name] = kept
+		c.view.put(prev, had, it, kept)
 	} else {
 		delete(c.items, ev.Name)
 		c.view.del(prev, had)
@@ -146,7 +218,9 @@ func (c *Cache) apply(ev WatchEvent) error {
 
 // List returns the cached resources in name order, once the first
 // listing is in (it waits for it, until ctx ends). The messages are
-// shared with other readers: do not change them (proto.Clone first).
+// shared with other readers: do not change them (proto.Clone first). Of
+// an encoded Cache (KeepEncoded) it decodes every resource: read an
+// index where a kind is read often.
 func (c *Cache) List(ctx context.Context) ([]Item, error) {
 	select {
 	case <-c.synced:
@@ -154,7 +228,6 @@ func (c *Cache) List(ctx context.Context) ([]Item, error) {
 		return nil, fmt.Errorf("cache of %s: %w", c.kind, ctx.Err())
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.sorted == nil {
 		c.sorted = make([]Item, 0, len(c.items))
 		for _, it := range c.items {
@@ -162,7 +235,14 @@ func (c *Cache) List(ctx context.Context) ([]Item, error) {
 		}
 		sort.Slice(c.sorted, func(i, j int) bool { return c.sorted[i].Name < c.sorted[j].Name })
 	}
-	return c.sorted, nil
+	// sorted is replaced on a change, never changed: it can be read
+	// without the lock.
+	sorted, encoded := c.sorted, c.encoded
+	c.mu.Unlock()
+	if encoded {
+		return c.decodedAll(sorted), nil
+	}
+	return sorted, nil
 }
 
 // Revision is the last store revision the Cache applied (0 before the

@@ -13,7 +13,9 @@ import (
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
 )
 
-func TestCache(t *testing.T) {
+func TestCache(t *testing.T) { eachMode(t, testCache) }
+
+func testCache(t *testing.T, encoded bool) {
 	s, _ := newStore(t)
 	ctx := testCtx(t)
 	newHost := func() proto.Message { return &typesv1.Host{} }
@@ -22,6 +24,9 @@ func TestCache(t *testing.T) {
 		require.NoError(t, err)
 	}
 	c := NewCache(s, "hosts", newHost)
+	if encoded {
+		c.KeepEncoded()
+	}
 
 	// Before its first listing, List waits (here until ctx ends).
 	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)

@@ -84,7 +84,7 @@ func (c *Cache) ListPage(ctx context.Context, opts ListOptions, match func(Item)
 		}
 		snap, rev, after = s, r, a
 	}
-	items, more := page(snap, after, opts, match)
+	items, more := page(snap, after, opts, match, c.decoded)
 	if more {
 		next = encodeContinue(rev, items[len(items)-1].Name)
 	}

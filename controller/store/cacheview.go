@@ -1,6 +1,7 @@
 package store
 
 import (
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -23,12 +24,19 @@ type view struct {
 	tree     *btree.BTreeG[Item]
 	indexers map[string]IndexFunc
 	// index is index name -> value -> item names.
-	index map[string]map[string]map[string]struct{}
+	index map[string]map[string]*nameSet
+	// vals is item name -> the index values it is under, so it leaves
+	// them without being decoded again (an encoded Cache keeps no
+	// decoded message).
+	vals  map[string][]indexVal
 	snaps map[int64]*snapshot
 	now   func() time.Time
 	// watchers are the Cache's Watch streams (cachewatch.go).
 	watchers map[*cacheWatcher]struct{}
 }
+
+// indexVal is one value an item is indexed under.
+type indexVal struct{ index, value string }
 
 // snapshot is the tree as of one revision, kept while a paged listing
 // may still ask for its next page.
@@ -52,42 +60,44 @@ func newView() view {
 	return view{
 		tree:     btree.NewG(32, lessByName),
 		indexers: map[string]IndexFunc{},
-		index:    map[string]map[string]map[string]struct{}{},
+		index:    map[string]map[string]*nameSet{},
+		vals:     map[string][]indexVal{},
 		snaps:    map[int64]*snapshot{},
 		now:      time.Now,
 		watchers: map[*cacheWatcher]struct{}{},
 	}
 }
 
-func (v *view) reset(items []Item) {
+// reset empties the tree and the indexes (a new listing follows).
+func (v *view) reset() {
 	v.tree = btree.NewG(32, lessByName)
 	for name := range v.index {
-		v.index[name] = map[string]map[string]struct{}{}
+		v.index[name] = map[string]*nameSet{}
 	}
-	for _, it := range items {
-		v.put(Item{}, false, it)
-	}
-	// Snapshots are of revisions before the new listing; they stay valid
-	// (each is an immutable tree of its revision). Watchers may have
-	// missed changes.
-	v.loseAll()
+	v.vals = map[string][]indexVal{}
 }
 
-// put records it, which replaces prev when had.
-func (v *view) put(prev Item, had bool, it Item) {
-	v.tree.ReplaceOrInsert(it)
+// put records kept, which replaces prev when had; it is kept decoded,
+// which the indexers read.
+func (v *view) put(prev Item, had bool, it, kept Item) {
+	v.tree.ReplaceOrInsert(kept)
+	if had {
+		v.unindex(prev.Name)
+	}
+	var vals []indexVal
 	for name, fn := range v.indexers {
-		if had {
-			v.unindex(name, fn, prev)
-		}
 		for _, val := range fn(it) {
 			set := v.index[name][val]
 			if set == nil {
-				set = map[string]struct{}{}
+				set = &nameSet{}
 				v.index[name][val] = set
 			}
-			set[it.Name] = struct{}{}
+			set.add(it.Name)
+			vals = append(vals, indexVal{name, val})
 		}
+	}
+	if len(vals) > 0 {
+		v.vals[it.Name] = vals
 	}
 }
 
@@ -97,18 +107,85 @@ func (v *view) del(prev Item, had bool) {
 		return
 	}
 	v.tree.Delete(prev)
-	for name, fn := range v.indexers {
-		v.unindex(name, fn, prev)
-	}
+	v.unindex(prev.Name)
 }
 
-func (v *view) unindex(name string, fn IndexFunc, it Item) {
-	for _, val := range fn(it) {
-		set := v.index[name][val]
-		delete(set, it.Name)
-		if len(set) == 0 {
-			delete(v.index[name], val)
+// unindex takes item name out of every index it is under.
+func (v *view) unindex(name string) {
+	for _, iv := range v.vals[name] {
+		set := v.index[iv.index][iv.value]
+		if set.remove(name) == 0 {
+			delete(v.index[iv.index], iv.value)
 		}
+	}
+	delete(v.vals, name)
+}
+
+// nameSet is the item names under one value of an index: a slice while
+// few (most values of an index hold one item: a host's machine, a
+// machine's host; a map of one name costs about four times a slice of
+// one), a map once more than fewNames.
+type nameSet struct {
+	few  []string
+	many map[string]struct{}
+}
+
+const fewNames = 8
+
+func (s *nameSet) add(name string) {
+	if s.many != nil {
+		s.many[name] = struct{}{}
+		return
+	}
+	if slices.Contains(s.few, name) {
+		return
+	}
+	if len(s.few) < fewNames {
+		s.few = append(s.few, name)
+		return
+	}
+	s.many = make(map[string]struct{}, 2*fewNames)
+	for _, n := range s.few {
+		s.many[n] = struct{}{}
+	}
+	s.many[name] = struct{}{}
+	s.few = nil
+}
+
+// remove takes name out and returns how many names are left.
+func (s *nameSet) remove(name string) int {
+	if s == nil {
+		return 0
+	}
+	if s.many != nil {
+		delete(s.many, name)
+		return len(s.many)
+	}
+	if i := slices.Index(s.few, name); i >= 0 {
+		s.few = slices.Delete(s.few, i, i+1)
+	}
+	return len(s.few)
+}
+
+func (s *nameSet) len() int {
+	if s == nil {
+		return 0
+	}
+	if s.many != nil {
+		return len(s.many)
+	}
+	return len(s.few)
+}
+
+func (s *nameSet) each(fn func(string)) {
+	if s == nil {
+		return
+	}
+	for _, n := range s.few {
+		fn(n)
+	}
+	for n := range s.many {
+		fn(n)
 	}
 }
 
@@ -118,9 +195,9 @@ func (c *Cache) AddIndex(name string, fn IndexFunc) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.view.indexers[name] = fn
-	c.view.index[name] = map[string]map[string]struct{}{}
+	c.view.index[name] = map[string]*nameSet{}
 	for _, it := range c.items {
-		c.view.put(Item{}, false, it)
+		c.view.put(it, true, c.decoded(it), it)
 	}
 }
 
@@ -130,27 +207,48 @@ func (c *Cache) AddIndex(name string, fn IndexFunc) {
 // do not change them.
 func (c *Cache) ByIndex(name, value string) []Item {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	idx, ok := c.view.index[name]
 	if !ok {
+		c.mu.Unlock()
 		return nil
 	}
 	set := idx[value]
-	out := make([]Item, 0, len(set))
-	for n := range set {
-		out = append(out, c.items[n])
-	}
+	out := make([]Item, 0, set.len())
+	set.each(func(n string) { out = append(out, c.items[n]) })
+	c.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	for i, it := range out {
+		out[i] = c.decoded(it)
+	}
 	return out
+}
+
+// HasIndex reports whether the Cache has an index named name (AddIndex).
+func (c *Cache) HasIndex(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.view.indexers[name]
+	return ok
+}
+
+// IndexLen returns how many cached items the index name puts under
+// value (0 for an unknown index), decoding none.
+func (c *Cache) IndexLen(name, value string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.view.index[name][value].len()
 }
 
 // Get returns the cached item name, and whether the cache holds it. The
 // message is shared: do not change it (proto.Clone first).
 func (c *Cache) Get(name string) (Item, bool) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	it, ok := c.items[name]
-	return it, ok
+	c.mu.Unlock()
+	if !ok {
+		return Item{}, false
+	}
+	return c.decoded(it), true
 }
 
 // Synced reports whether the first listing is in.
@@ -220,7 +318,8 @@ func (v *view) evictOldest() {
 // items that match (all when match is nil), at most opts.Limit (0: no
 // limit), ending once their encoded size reaches opts.MaxBytes (> 0), as
 // Store.List pages. more is whether t holds items after the page.
-func page(t *btree.BTreeG[Item], after string, opts ListOptions, match func(Item) bool) (items []Item, more bool) {
+// decode gives an item as the reader gets it (Cache.decoded).
+func page(t *btree.BTreeG[Item], after string, opts ListOptions, match func(Item) bool, decode func(Item) Item) (items []Item, more bool) {
 	var size int64
 	full := false
 	visit := func(it Item) bool {
@@ -231,11 +330,17 @@ func page(t *btree.BTreeG[Item], after string, opts ListOptions, match func(Item
 			more = true
 			return false
 		}
+		kept := it
+		it = decode(it)
 		if match != nil && !match(it) {
 			return true
 		}
 		items = append(items, it)
-		size += int64(proto.Size(it.Msg))
+		if kept.raw != nil {
+			size += int64(len(kept.raw))
+		} else {
+			size += int64(proto.Size(it.Msg))
+		}
 		full = (opts.Limit > 0 && int64(len(items)) >= opts.Limit) || (opts.MaxBytes > 0 && size >= opts.MaxBytes)
 		return true
 	}

@@ -40,7 +40,9 @@ func rackIndex(it Item) []string {
 }
 
 // An index follows creates, label changes and deletes; Get reads one item.
-func TestCacheIndex(t *testing.T) {
+func TestCacheIndex(t *testing.T) { eachMode(t, testCacheIndex) }
+
+func testCacheIndex(t *testing.T, encoded bool) {
 	s, _ := newStore(t)
 	ctx := testCtx(t)
 	for _, n := range []string{"h-1", "h-2", "h-3"} {
@@ -48,6 +50,9 @@ func TestCacheIndex(t *testing.T) {
 		require.NoError(t, err)
 	}
 	c := NewCache(s, "hosts", func() proto.Message { return &typesv1.Host{} })
+	if encoded {
+		c.KeepEncoded()
+	}
 	c.AddIndex("rack", rackIndex)
 	runCache(t, ctx, c)
 	require.Equal(t, []string{"h-1", "h-2", "h-3"}, names(c.ByIndex("rack", "rack1")))
@@ -79,7 +84,9 @@ func TestCacheIndex(t *testing.T) {
 // Pages of a snapshot are those of etcd at the snapshot's revision, even
 // after the kind changed; limits, sizes, prefixes and matches end pages
 // as Store.List does.
-func TestCacheSnapshotPages(t *testing.T) {
+func TestCacheSnapshotPages(t *testing.T) { eachMode(t, testCacheSnapshotPages) }
+
+func testCacheSnapshotPages(t *testing.T, encoded bool) {
 	s, _ := newStore(t)
 	ctx := testCtx(t)
 	var want []string
@@ -90,6 +97,9 @@ func TestCacheSnapshotPages(t *testing.T) {
 		want = append(want, n)
 	}
 	c := NewCache(s, "hosts", func() proto.Message { return &typesv1.Host{} })
+	if encoded {
+		c.KeepEncoded()
+	}
 	runCache(t, ctx, c)
 	_, rev0, err := s.ListAllAt(ctx, "hosts", func() proto.Message { return &typesv1.Host{} })
 	require.NoError(t, err)
@@ -109,7 +119,7 @@ func TestCacheSnapshotPages(t *testing.T) {
 		var got []string
 		after := ""
 		for {
-			items, more := page(snap, after, opts, match)
+			items, more := page(snap, after, opts, match, c.decoded)
 			got = append(got, names(items)...)
 			if !more {
 				return got
@@ -130,9 +140,9 @@ func TestCacheSnapshotPages(t *testing.T) {
 	require.Same(t, snap, got)
 	live, rev2 := c.snapshotNow()
 	require.Greater(t, rev2, rev)
-	items, _ := page(live, "h-02", ListOptions{Limit: 2}, nil)
+	items, _ := page(live, "h-02", ListOptions{Limit: 2}, nil, c.decoded)
 	require.Equal(t, []string{"h-04", "h-05"}, names(items), "the live listing no longer has h-03")
-	items, _ = page(live, "h-10", ListOptions{Limit: 1}, nil)
+	items, _ = page(live, "h-10", ListOptions{Limit: 1}, nil, c.decoded)
 	require.Equal(t, []string{"h-10a"}, names(items))
 }
 
@@ -175,7 +185,9 @@ func TestCacheSnapshotExpiry(t *testing.T) {
 // its first (as etcd would at the token's revision), and its tokens are
 // Store.List's: a page the cache cannot serve is listed from etcd with
 // the same token.
-func TestCacheListPage(t *testing.T) {
+func TestCacheListPage(t *testing.T) { eachMode(t, testCacheListPage) }
+
+func testCacheListPage(t *testing.T, encoded bool) {
 	s, _ := newStore(t)
 	ctx := testCtx(t)
 	newHost := func() proto.Message { return &typesv1.Host{} }
@@ -185,6 +197,9 @@ func TestCacheListPage(t *testing.T) {
 		require.NoError(t, err)
 	}
 	c := NewCache(s, "hosts", newHost)
+	if encoded {
+		c.KeepEncoded()
+	}
 	_, _, served, err := c.ListPage(ctx, ListOptions{Limit: 10}, nil)
 	require.NoError(t, err)
 	require.False(t, served, "before the first listing")
@@ -333,4 +348,100 @@ func TestCacheWaitRevisionBatch(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, total, len(items), "round %d: hosts in the cache at the batch's revision", round)
 	}
+}
+
+// eachMode runs test on a Cache holding decoded messages, then on one
+// holding encodings (KeepEncoded).
+func eachMode(t *testing.T, test func(t *testing.T, encoded bool)) {
+	t.Run("decoded", func(t *testing.T) { test(t, false) })
+	t.Run("encoded", func(t *testing.T) { test(t, true) })
+}
+
+// An encoded Cache gives every reader a message of its own, equal to the
+// stored one: a reader that changes what it read changes no later read.
+// Its indexes follow changes without decoding what leaves them, and
+// IndexLen counts without decoding.
+func TestCacheKeepEncoded(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := testCtx(t)
+	for i := range 5 {
+		n := fmt.Sprintf("h-%d", i)
+		_, err := s.Create(ctx, "hosts", n, host(n, ""))
+		require.NoError(t, err)
+	}
+	c := NewCache(s, "hosts", func() proto.Message { return &typesv1.Host{} })
+	c.KeepEncoded()
+	c.AddIndex("rack", rackIndex)
+	runCache(t, ctx, c)
+	require.Equal(t, 5, c.IndexLen("rack", "rack1"))
+	require.Zero(t, c.IndexLen("rack", "rack2"))
+	require.Zero(t, c.IndexLen("nope", "rack1"), "unknown index")
+
+	stored := &typesv1.Host{}
+	rev, err := s.Get(ctx, "hosts", "h-1", stored)
+	require.NoError(t, err)
+	a, ok := c.Get("h-1")
+	require.True(t, ok)
+	require.Equal(t, rev, a.Rev)
+	require.True(t, proto.Equal(stored, a.Msg), "the cached host is the stored one: %v", a.Msg)
+	a.Msg.(*typesv1.Host).Spec.BootMac = "changed by a reader"
+	b, _ := c.Get("h-1")
+	require.NotSame(t, a.Msg, b.Msg)
+	require.True(t, proto.Equal(stored, b.Msg), "a reader's change is not seen by the next reader")
+
+	l1, err := c.List(ctx)
+	require.NoError(t, err)
+	l2, err := c.List(ctx)
+	require.NoError(t, err)
+	require.Equal(t, names(l1), names(l2))
+	require.NotSame(t, l1[0].Msg, l2[0].Msg, "each List decodes")
+	require.NotSame(t, c.ByIndex("rack", "rack1")[0].Msg, c.ByIndex("rack", "rack1")[0].Msg, "each ByIndex decodes")
+	for _, it := range l1 {
+		require.Nil(t, c.items[it.Name].Msg, "%s is kept encoded", it.Name)
+	}
+
+	// Moving one to another rack and deleting another leave the index
+	// right.
+	stored.Metadata.Labels["rack"] = "rack2"
+	_, err = s.Update(ctx, "hosts", "h-1", stored, rev)
+	require.NoError(t, err)
+	require.NoError(t, s.Delete(ctx, "hosts", "h-3", 0))
+	require.Eventually(t, func() bool {
+		return c.IndexLen("rack", "rack1") == 3 && c.IndexLen("rack", "rack2") == 1
+	}, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, []string{"h-0", "h-2", "h-4"}, names(c.ByIndex("rack", "rack1")))
+	require.Equal(t, "rack2", c.ByIndex("rack", "rack2")[0].Msg.(*typesv1.Host).GetMetadata().GetLabels()["rack"])
+}
+
+// A set of an index grows from a slice into a map and back to none: every
+// name added is there once, every name removed is gone.
+func TestNameSet(t *testing.T) {
+	var s *nameSet
+	require.Zero(t, s.len(), "a value with no set")
+	s = &nameSet{}
+	want := map[string]bool{}
+	for i := range 3 * fewNames {
+		n := fmt.Sprintf("h-%02d", i)
+		s.add(n)
+		s.add(n) // twice: once in the set
+		want[n] = true
+		require.Equal(t, len(want), s.len())
+	}
+	require.NotNil(t, s.many, "past fewNames names the set is a map")
+	for i := range 3 * fewNames {
+		n := fmt.Sprintf("h-%02d", i)
+		require.Equal(t, len(want)-1, s.remove(n))
+		delete(want, n)
+		got := map[string]bool{}
+		s.each(func(n string) { got[n] = true })
+		require.Equal(t, want, got)
+	}
+	s = &nameSet{}
+	s.add("a")
+	s.add("b")
+	require.Equal(t, 1, s.remove("a"))
+	require.Equal(t, 1, s.remove("a"), "removing what is not there")
+	got := []string{}
+	s.each(func(n string) { got = append(got, n) })
+	require.Equal(t, []string{"b"}, got)
 }

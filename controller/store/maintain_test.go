@@ -146,8 +146,11 @@ func TestCompactionBoundByHistoryBytes(t *testing.T) {
 // TestCacheRelistsAfterCompaction cuts a Cache off its etcd member (a
 // network partition), changes the hosts and lets the member compact the
 // history the Cache's watch would resume from: once the partition heals,
-// the Cache lists again and holds what the store holds.
-func TestCacheRelistsAfterCompaction(t *testing.T) {
+// the Cache lists again and holds what the store holds (decoded, or
+// encoded as the caches of Hosts and Machines are).
+func TestCacheRelistsAfterCompaction(t *testing.T) { eachMode(t, testCacheRelistsAfterCompaction) }
+
+func testCacheRelistsAfterCompaction(t *testing.T, encoded bool) {
 	ctx := testCtx(t)
 	curl, err := FreeLoopbackURL()
 	require.NoError(t, err)
@@ -171,6 +174,9 @@ func TestCacheRelistsAfterCompaction(t *testing.T) {
 		require.NoError(t, err)
 	}
 	c := NewCache(reader, "hosts", func() proto.Message { return &typesv1.Host{} })
+	if encoded {
+		c.KeepEncoded()
+	}
 	rctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); c.Run(rctx) }()

@@ -102,6 +102,9 @@ type Item struct {
 	// expect.
 	Rev int64
 	Msg proto.Message
+	// raw is the encoded resource as etcd returned it: set by listings,
+	// and the only form an encoded Cache keeps (KeepEncoded).
+	raw []byte
 }
 
 // ListOptions pages a List.
@@ -370,7 +373,7 @@ func (s *Store) list(ctx context.Context, kind string, newMsg func() proto.Messa
 		if err := proto.Unmarshal(kv.Value, m); err != nil {
 			return nil, "", 0, fmt.Errorf("list %s: decode %q: %w", kind, name, err)
 		}
-		items = append(items, Item{Name: name, Rev: kv.ModRevision, Msg: m})
+		items = append(items, Item{Name: name, Rev: kv.ModRevision, Msg: m, raw: kv.Value})
 		if size += int64(len(kv.Value)); opts.MaxBytes > 0 && size >= opts.MaxBytes && i < len(resp.Kvs)-1 {
 			more = true
 			break

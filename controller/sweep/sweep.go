@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kilnhq/kiln/controller/cacheindex"
 	"github.com/kilnhq/kiln/controller/enrollment"
 	"github.com/kilnhq/kiln/controller/events"
 	"github.com/kilnhq/kiln/controller/store"
@@ -39,7 +40,9 @@ type Config struct {
 	// finds the hosts to change there instead of listing every Host from
 	// etcd each Interval (100,000 Hosts every 5 s), and writes only those,
 	// with the revision it read (a host changed meanwhile waits for the
-	// next sweep).
+	// next sweep). With the cacheindex.ConditionNotTrue index
+	// (cacheindex.Add) it reads only the hosts that carry the condition;
+	// without, it reads them all from the cache.
 	Hosts *store.Cache
 }
 
@@ -96,14 +99,23 @@ func (s *Sweeper) reconcileHosts(ctx context.Context, st *store.Store, rec *even
 
 // clearCachedHosts is reconcileHosts from the Host cache: the hosts that
 // say LifecycleRunning=False are written without it; the others are not
-// decoded, copied or written.
+// decoded, copied or written (with the cache's ConditionNotTrue index:
+// the condition is only ever False).
 func (s *Sweeper) clearCachedHosts(ctx context.Context, st *store.Store) {
-	items, err := s.cfg.Hosts.List(ctx)
-	if err != nil {
-		if ctx.Err() == nil {
-			s.log.Warn("hosts cache", "err", err)
+	var items []store.Item
+	if c := s.cfg.Hosts; c.HasIndex(cacheindex.ConditionNotTrue) {
+		if !c.Synced() {
+			return // the next sweep
 		}
-		return
+		items = c.ByIndex(cacheindex.ConditionNotTrue, ConditionLifecycleRunning)
+	} else {
+		var err error
+		if items, err = c.List(ctx); err != nil {
+			if ctx.Err() == nil {
+				s.log.Warn("hosts cache", "err", err)
+			}
+			return
+		}
 	}
 	for _, it := range items {
 		cached := it.Msg.(*typesv1.Host)

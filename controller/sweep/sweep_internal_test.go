@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kilnhq/kiln/controller/cacheindex"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/controller/store/storetest"
 	"github.com/kilnhq/kiln/internal/conditions"
@@ -18,8 +19,14 @@ import (
 // TestLeaderSweepFromCache: the leader that runs the lifecycle clears
 // LifecycleRunning=False (left by an API-only replica while no leader
 // ran) from the hosts its Host cache shows with it, and writes no other
-// host: the untouched host keeps its revision.
+// host: the untouched host keeps its revision. The replica's cache finds
+// them by index, a cache without it by reading every host.
 func TestLeaderSweepFromCache(t *testing.T) {
+	t.Run("index", func(t *testing.T) { testLeaderSweepFromCache(t, true) })
+	t.Run("list", func(t *testing.T) { testLeaderSweepFromCache(t, false) })
+}
+
+func testLeaderSweepFromCache(t *testing.T, indexed bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	st := storetest.New(t)
@@ -34,6 +41,11 @@ func TestLeaderSweepFromCache(t *testing.T) {
 	require.NoError(t, err)
 
 	cache := store.NewCache(st, "hosts", func() proto.Message { return &typesv1.Host{} })
+	if indexed {
+		// As the replica's cache of Hosts is (resources.NewCaches).
+		cache.KeepEncoded()
+		cacheindex.Add(cache, &typesv1.Host{})
+	}
 	cctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { cache.Run(cctx) })
