@@ -39,10 +39,10 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/utils/clock"
 
+	"github.com/kilnhq/kiln/controller/cacheindex"
 	"github.com/kilnhq/kiln/controller/clusterplan"
 	"github.com/kilnhq/kiln/controller/hostlife"
 	"github.com/kilnhq/kiln/controller/machineplan"
-	"github.com/kilnhq/kiln/controller/cacheindex"
 	"github.com/kilnhq/kiln/controller/store"
 	"github.com/kilnhq/kiln/internal/conditions"
 	"github.com/kilnhq/kiln/internal/errdefs"
