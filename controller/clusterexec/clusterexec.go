@@ -194,8 +194,9 @@ type Deps struct {
 // HostCache is a store.Cache of hosts with the cacheindex.State index
 // (NewHostCache, or the replica's resources.Caches).
 type HostCache interface {
-	// ByIndex returns the hosts the index puts under value (read only).
-	ByIndex(name, value string) []store.Item
+	// RangeIndex calls fn with each host the index puts under value
+	// (read only), until fn returns false.
+	RangeIndex(name, value string, fn func(store.Item) bool)
 	// WaitRevision returns once the cache holds revision rev.
 	WaitRevision(ctx context.Context, rev int64) error
 }
@@ -540,13 +541,8 @@ func (e *Executor) gather(ctx context.Context, cluster string) (*world, error) {
 	for _, it := range ms {
 		w.machines = append(w.machines, it.Msg.(*typesv1.Machine))
 	}
-	hs, err := e.availableHosts(ctx)
-	if err != nil {
+	if w.hosts, err = e.availableHosts(ctx); err != nil {
 		return nil, err
-	}
-	// (From the cache the hosts may be shared: the planners only read them.)
-	for _, it := range hs {
-		w.hosts = append(w.hosts, it.Msg.(*typesv1.Host))
 	}
 	imgs, err := store.ListAll(ctx, st, ImagesKind, func() proto.Message { return &typesv1.Image{} })
 	if err != nil {
@@ -558,13 +554,16 @@ func (e *Executor) gather(ctx context.Context, cluster string) (*world, error) {
 	return w, nil
 }
 
-// availableHosts returns the Hosts the planners may choose spares from,
-// every Available one (clusterplan picks the unbound ones that match a
-// selector): from Deps.Hosts' State index once the cache holds the
-// executor's own last host write (read-your-writes: a reconcile must not
-// plan with a host older than its own bind), else every Host from etcd.
-// A fleet of provisioned hosts costs a reconcile no decode of them.
-func (e *Executor) availableHosts(ctx context.Context) ([]store.Item, error) {
+// availableHosts returns the Hosts the planners may choose spares from
+// (clusterplan picks the Available, unbound ones that match a selector):
+// from Deps.Hosts' State index once the cache holds the executor's own
+// last host write (read-your-writes: a reconcile must not plan with a
+// host older than its own bind), else every Host from etcd. From the
+// cache, each Available host is decoded in turn and kept only as what the
+// planners read of it (name, labels, state, machine): a fleet of
+// provisioned hosts costs a reconcile no decode, and 100,000 Available
+// ones not 330 MiB held at once.
+func (e *Executor) availableHosts(ctx context.Context) ([]*typesv1.Host, error) {
 	if e.deps.Hosts != nil {
 		rev := e.hostRev.Load()
 		start := time.Now()
@@ -575,14 +574,36 @@ func (e *Executor) availableHosts(ctx context.Context) ([]store.Item, error) {
 			e.log.Debug(HostCacheWaitMsg, "revision", rev, "waited", waited)
 		}
 		if err == nil {
-			return e.deps.Hosts.ByIndex(cacheindex.State, typesv1.HostState_HOST_STATE_AVAILABLE.String()), nil
+			var out []*typesv1.Host
+			e.deps.Hosts.RangeIndex(cacheindex.State, typesv1.HostState_HOST_STATE_AVAILABLE.String(), func(it store.Item) bool {
+				out = append(out, spareView(it.Msg.(*typesv1.Host)))
+				return true
+			})
+			return out, nil
 		}
 		if ctx.Err() != nil {
 			return nil, err
 		}
 		e.log.Debug(HostCacheFallbackMsg, "revision", rev, "err", err)
 	}
-	return store.ListAll(ctx, e.deps.Store, HostsKind, func() proto.Message { return &typesv1.Host{} })
+	items, err := store.ListAll(ctx, e.deps.Store, HostsKind, func() proto.Message { return &typesv1.Host{} })
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*typesv1.Host, len(items))
+	for i, it := range items {
+		out[i] = it.Msg.(*typesv1.Host)
+	}
+	return out, nil
+}
+
+// spareView is what the planners read of a host to choose spares: its
+// name, labels, state and machine.
+func spareView(h *typesv1.Host) *typesv1.Host {
+	return &typesv1.Host{
+		Metadata: &typesv1.ObjectMeta{Name: h.GetMetadata().GetName(), Labels: h.GetMetadata().GetLabels()},
+		Status:   &typesv1.HostStatus{State: h.GetStatus().GetState(), Machine: h.GetStatus().GetMachine()},
+	}
 }
 
 // sawHost notes revision rev of a host the executor read to change or

@@ -52,20 +52,19 @@ func (h *heldHosts) List(context.Context) ([]store.Item, error) {
 	return h.items, nil
 }
 
-// ByIndex serves the State index from what the cache shows.
-func (h *heldHosts) ByIndex(name, value string) []store.Item {
+// RangeIndex serves the State index from what the cache shows.
+func (h *heldHosts) RangeIndex(name, value string, fn func(store.Item) bool) {
 	if name != cacheindex.State {
-		return nil
+		return
 	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	var out []store.Item
-	for _, it := range h.items {
-		if it.Msg.(*typesv1.Host).GetStatus().GetState().String() == value {
-			out = append(out, it)
+	items := h.items
+	h.mu.Unlock()
+	for _, it := range items {
+		if it.Msg.(*typesv1.Host).GetStatus().GetState().String() == value && !fn(it) {
+			return
 		}
 	}
-	return out
 }
 
 func (h *heldHosts) WaitRevision(ctx context.Context, rev int64) error {

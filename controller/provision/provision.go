@@ -171,9 +171,10 @@ type Deps struct {
 // HostCache is a watch cache of Hosts (*store.Cache, the replica's
 // resources.Caches).
 type HostCache interface {
-	// List returns the cached Hosts (shared: read only); it waits for
-	// the first listing.
-	List(ctx context.Context) ([]store.Item, error)
+	// Range calls fn with each cached Host (shared: read only), decoding
+	// one at a time, until fn returns false; it waits for the first
+	// listing.
+	Range(ctx context.Context, fn func(store.Item) bool) error
 	// Synced reports whether the cache's first listing is in.
 	Synced() bool
 }
@@ -351,11 +352,12 @@ func (e *Executor) owns(host string) bool { return e.cfg.Owns == nil || e.cfg.Ow
 func (e *Executor) resync(ctx context.Context, fromStore bool) {
 	first := !e.adm.isSynced()
 	if !first && !fromStore && e.deps.Hosts != nil && e.deps.Hosts.Synced() {
-		items, err := e.deps.Hosts.List(ctx)
-		if err != nil {
-			return // ctx ended
-		}
-		e.queueNeedingWork(ctx, items)
+		// One host decoded at a time: the cache keeps Hosts encoded, and
+		// a list of 100,000 decoded ones is 330 MiB held at once.
+		_ = e.deps.Hosts.Range(ctx, func(it store.Item) bool {
+			e.queueIfNeedsWork(ctx, it)
+			return ctx.Err() == nil
+		}) // an error: ctx ended
 		return
 	}
 	cont := ""
@@ -395,9 +397,15 @@ func (e *Executor) queueNeedingWork(ctx context.Context, items []store.Item) {
 		if ctx.Err() != nil {
 			return
 		}
-		if e.owns(it.Name) && e.needsWork(ctx, it.Name, it.Msg.(*typesv1.Host)) {
-			e.q.Add(it.Name)
-		}
+		e.queueIfNeedsWork(ctx, it)
+	}
+}
+
+// queueIfNeedsWork queues the listed host it when this executor owns it
+// and it needs work (needsWork).
+func (e *Executor) queueIfNeedsWork(ctx context.Context, it store.Item) {
+	if e.owns(it.Name) && e.needsWork(ctx, it.Name, it.Msg.(*typesv1.Host)) {
+		e.q.Add(it.Name)
 	}
 }
 

@@ -73,9 +73,9 @@ type listCounter struct {
 	n atomic.Int64
 }
 
-func (c *listCounter) List(ctx context.Context) ([]store.Item, error) {
+func (c *listCounter) Range(ctx context.Context, fn func(store.Item) bool) error {
 	c.n.Add(1)
-	return c.HostCache.List(ctx)
+	return c.HostCache.Range(ctx, fn)
 }
 
 // counts returns the Gets and Lists of kind so far and resets them.

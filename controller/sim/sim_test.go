@@ -71,7 +71,7 @@ func newWorld(t testing.TB, simCfg sim.Config) *world {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	dir := filepath.Join(t.TempDir(), "etcd")
-	e, err := store.StartEmbedded(ctx, store.EmbeddedConfig{DataDir: dir})
+	e, err := store.StartEmbedded(ctx, store.EmbeddedConfig{DataDir: dir, Compaction: compactionFromEnv(t)})
 	require.NoError(t, err)
 	t.Cleanup(e.Close)
 	c, err := store.Dial(e.Endpoints(), nil)
@@ -105,6 +105,19 @@ func newWorld(t testing.TB, simCfg sim.Config) *world {
 // sends every Get alone, the writes still grouped.
 // KILN_BENCH_GROUP_MAX_OPS=N sets its op bound (the embedded etcd takes
 // store.MaxBatchOps).
+// compactionFromEnv is the embedded member's compaction: the defaults,
+// but for KILN_BENCH_MAX_HISTORY_MIB (store.Compaction.MaxHistoryBytes,
+// in MiB) when set.
+func compactionFromEnv(t testing.TB) store.Compaction {
+	var c store.Compaction
+	if v := os.Getenv("KILN_BENCH_MAX_HISTORY_MIB"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		require.NoError(t, err, "KILN_BENCH_MAX_HISTORY_MIB")
+		c.MaxHistoryBytes = n << 20
+	}
+	return c
+}
+
 func groupCommitFromEnv(t testing.TB) store.GroupCommit {
 	var g store.GroupCommit
 	switch v := os.Getenv("KILN_BENCH_GROUP_COMMIT"); v {

@@ -219,15 +219,49 @@ func (c *Cache) apply(ev WatchEvent) error {
 // List returns the cached resources in name order, once the first
 // listing is in (it waits for it, until ctx ends). The messages are
 // shared with other readers: do not change them (proto.Clone first). Of
-// an encoded Cache (KeepEncoded) it decodes every resource: read an
-// index where a kind is read often.
+// an encoded Cache (KeepEncoded) it decodes every resource at once: walk
+// it with Range, or read an index, where a kind is large or read often.
 func (c *Cache) List(ctx context.Context) ([]Item, error) {
+	sorted, err := c.kept(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if c.Encoded() {
+		return c.decodedAll(sorted), nil
+	}
+	return sorted, nil
+}
+
+// Range calls fn with each cached resource in name order, once the first
+// listing is in (it waits for it, until ctx ends), until fn returns
+// false. It walks the resources as they were when it was called. Of an
+// encoded Cache it decodes one resource at a time, so a walk of a large
+// kind holds one decoded resource, not all. The messages are shared, as
+// List's: do not change them.
+func (c *Cache) Range(ctx context.Context, fn func(Item) bool) error {
+	sorted, err := c.kept(ctx)
+	if err != nil {
+		return err
+	}
+	for _, it := range sorted {
+		if !fn(c.decoded(it)) {
+			return nil
+		}
+	}
+	return nil
+}
+
+// kept returns the items as the Cache keeps them, in name order, once
+// the first listing is in. The slice is replaced on a change, never
+// changed: the caller reads it without the lock.
+func (c *Cache) kept(ctx context.Context) ([]Item, error) {
 	select {
 	case <-c.synced:
 	case <-ctx.Done():
 		return nil, fmt.Errorf("cache of %s: %w", c.kind, ctx.Err())
 	}
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.sorted == nil {
 		c.sorted = make([]Item, 0, len(c.items))
 		for _, it := range c.items {
@@ -235,14 +269,7 @@ func (c *Cache) List(ctx context.Context) ([]Item, error) {
 		}
 		sort.Slice(c.sorted, func(i, j int) bool { return c.sorted[i].Name < c.sorted[j].Name })
 	}
-	// sorted is replaced on a change, never changed: it can be read
-	// without the lock.
-	sorted, encoded := c.sorted, c.encoded
-	c.mu.Unlock()
-	if encoded {
-		return c.decodedAll(sorted), nil
-	}
-	return sorted, nil
+	return c.sorted, nil
 }
 
 // Revision is the last store revision the Cache applied (0 before the

@@ -204,23 +204,46 @@ func (c *Cache) AddIndex(name string, fn IndexFunc) {
 // ByIndex returns the cached items the index name puts under value, in
 // name order (nil for an unknown index). Like List, it reads what the
 // cache holds now (it may lag the store) and the messages are shared:
-// do not change them.
+// do not change them. Of an encoded Cache it decodes them all at once:
+// RangeIndex walks them one at a time.
 func (c *Cache) ByIndex(name, value string) []Item {
+	kept, ok := c.keptByIndex(name, value)
+	if !ok {
+		return nil
+	}
+	for i, it := range kept {
+		kept[i] = c.decoded(it)
+	}
+	return kept
+}
+
+// RangeIndex calls fn with each cached item the index name puts under
+// value, in name order, until fn returns false; of an encoded Cache it
+// decodes one at a time (Range). An unknown index has no items.
+func (c *Cache) RangeIndex(name, value string, fn func(Item) bool) {
+	kept, _ := c.keptByIndex(name, value)
+	for _, it := range kept {
+		if !fn(c.decoded(it)) {
+			return
+		}
+	}
+}
+
+// keptByIndex returns the items as kept under value of index name, in
+// name order, in a new slice; ok is false for an unknown index.
+func (c *Cache) keptByIndex(name, value string) (kept []Item, ok bool) {
 	c.mu.Lock()
 	idx, ok := c.view.index[name]
 	if !ok {
 		c.mu.Unlock()
-		return nil
+		return nil, false
 	}
 	set := idx[value]
-	out := make([]Item, 0, set.len())
-	set.each(func(n string) { out = append(out, c.items[n]) })
+	kept = make([]Item, 0, set.len())
+	set.each(func(n string) { kept = append(kept, c.items[n]) })
 	c.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	for i, it := range out {
-		out[i] = c.decoded(it)
-	}
-	return out
+	sort.Slice(kept, func(i, j int) bool { return kept[i].Name < kept[j].Name })
+	return kept, true
 }
 
 // HasIndex reports whether the Cache has an index named name (AddIndex).
