@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -311,7 +312,7 @@ func (r *Recorder) Prepare(ctx context.Context, kind, name string, evs []Event) 
 			b.carried, b.consumed = true, b.obj.dropped
 			ev.Dropped = b.consumed
 		}
-		val, err := proto.Marshal(ev)
+		val, err := marshalStored(ev)
 		if err != nil {
 			return nil, err
 		}
@@ -325,6 +326,43 @@ func (r *Recorder) Prepare(ctx context.Context, kind, name string, evs []Event) 
 		}
 	}
 	return b, nil
+}
+
+// marshalStored encodes ev as it is stored: without what its key already
+// says (its name, object kind and object name) and without a last time
+// equal to its time; List fills them in again (fromStored). An event
+// stored is a third smaller, and a 100,000-host wave stores 700,000.
+func marshalStored(ev *typesv1.Event) ([]byte, error) {
+	name, kind, obj, last := ev.Name, ev.ObjectKind, ev.ObjectName, ev.LastTime
+	defer func() { ev.Name, ev.ObjectKind, ev.ObjectName, ev.LastTime = name, kind, obj, last }()
+	ev.Name, ev.ObjectKind, ev.ObjectName = "", "", ""
+	if proto.Equal(ev.LastTime, ev.Time) {
+		ev.LastTime = nil
+	}
+	return proto.Marshal(ev)
+}
+
+// fromStored fills in what marshalStored left out of the event stored at
+// key (Prefix + "<kind>/<name>/<id>"). Events stored whole (before it)
+// keep what they say.
+func fromStored(key string, ev *typesv1.Event) {
+	rest, ok := strings.CutPrefix(key, Prefix)
+	kind, rest, ok2 := strings.Cut(rest, "/")
+	name, id, ok3 := strings.Cut(rest, "/")
+	if ok && ok2 && ok3 {
+		if ev.ObjectKind == "" {
+			ev.ObjectKind = kind
+		}
+		if ev.ObjectName == "" {
+			ev.ObjectName = name
+		}
+		if ev.Name == "" {
+			ev.Name = name + "." + id
+		}
+	}
+	if ev.LastTime == nil && ev.Time != nil {
+		ev.LastTime = proto.CloneOf(ev.Time)
+	}
 }
 
 // similarKey identifies alike events: object, type, reason and message.
@@ -432,6 +470,7 @@ func (r *Recorder) List(ctx context.Context, kind, name string, limit int64) ([]
 		if err := proto.Unmarshal(kv.Value, ev); err != nil {
 			return nil, fmt.Errorf("event %s: decode: %w", kv.Key, err)
 		}
+		fromStored(string(kv.Key), ev)
 		out[len(out)-1-i] = ev
 	}
 	sort.SliceStable(out, func(i, j int) bool { return LastTime(out[i]).Before(LastTime(out[j])) })

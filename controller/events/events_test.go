@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kilnhq/kiln/controller/events"
 	"github.com/kilnhq/kiln/controller/store"
@@ -238,4 +241,55 @@ func TestListAcrossObjectsIsNewestFirst(t *testing.T) {
 	evs, err = rec.List(ctx, "", "", 3)
 	require.NoError(t, err)
 	require.Equal(t, []string{"hosts/h2", "clusters/a", "hosts/h9"}, names(evs), "the 3 newest events of all kinds")
+}
+
+// An event is stored without what its key says (name, object kind and
+// name) and without a last time equal to its time; List gives it whole.
+// An aggregated event keeps its last time, and an event stored whole
+// (before) lists as it was.
+func TestStoredEventIsSlim(t *testing.T) {
+	r, c, clk := newRecorder(t, events.Config{})
+	ctx := context.Background()
+	r.Record(ctx, "hosts", "rack1-01", events.Normal, "Registering", "host registered")
+	resp, err := c.Get(ctx, events.Prefix+"hosts/rack1-01/", clientv3.WithPrefix())
+	require.NoError(t, err)
+	require.Len(t, resp.Kvs, 1)
+	key := string(resp.Kvs[0].Key)
+	stored := &typesv1.Event{}
+	require.NoError(t, proto.Unmarshal(resp.Kvs[0].Value, stored))
+	require.Empty(t, stored.GetName())
+	require.Empty(t, stored.GetObjectKind())
+	require.Empty(t, stored.GetObjectName())
+	require.Nil(t, stored.GetLastTime())
+	require.Equal(t, "Registering", stored.GetReason())
+
+	evs, err := r.List(ctx, "hosts", "rack1-01", 0)
+	require.NoError(t, err)
+	require.Len(t, evs, 1)
+	ev := evs[0]
+	require.Equal(t, "rack1-01."+key[strings.LastIndex(key, "/")+1:], ev.GetName())
+	require.Equal(t, "hosts", ev.GetObjectKind())
+	require.Equal(t, "rack1-01", ev.GetObjectName())
+	require.Equal(t, clk.Now(), ev.GetTime().AsTime())
+	require.Equal(t, clk.Now(), ev.GetLastTime().AsTime())
+
+	clk.Step(time.Minute)
+	r.Record(ctx, "hosts", "rack1-01", events.Normal, "Registering", "host registered")
+	evs, err = r.List(ctx, "hosts", "rack1-01", 0)
+	require.NoError(t, err)
+	require.Len(t, evs, 1, "aggregated")
+	require.EqualValues(t, 2, evs[0].GetCount())
+	require.Equal(t, clk.Now(), evs[0].GetLastTime().AsTime(), "the last time of an aggregated event is stored")
+	require.Equal(t, clk.Now().Add(-time.Minute), evs[0].GetTime().AsTime())
+
+	whole := &typesv1.Event{Name: "old.1", ObjectKind: "hosts", ObjectName: "old", Type: events.Normal, Reason: "Available",
+		Time: timestamppb.New(clk.Now()), LastTime: timestamppb.New(clk.Now()), Count: 1}
+	b, err := proto.Marshal(whole)
+	require.NoError(t, err)
+	_, err = c.Put(ctx, events.Prefix+"hosts/old/00000000000000000001-000001", string(b))
+	require.NoError(t, err)
+	evs, err = r.List(ctx, "hosts", "old", 0)
+	require.NoError(t, err)
+	require.Len(t, evs, 1)
+	require.True(t, proto.Equal(whole, evs[0]), "an event stored whole: %v", evs[0])
 }
