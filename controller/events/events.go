@@ -330,8 +330,9 @@ func (r *Recorder) Prepare(ctx context.Context, kind, name string, evs []Event) 
 
 // marshalStored encodes ev as it is stored: without what its key already
 // says (its name, object kind and object name) and without a last time
-// equal to its time; List fills them in again (fromStored). An event
-// stored is a third smaller, and a 100,000-host wave stores 700,000.
+// equal to its time; List fills them in again (fromStored). A lifecycle
+// event's value is 79 bytes smaller, a third to a half of it, and a
+// 100,000-host wave stores 700,000.
 func marshalStored(ev *typesv1.Event) ([]byte, error) {
 	name, kind, obj, last := ev.Name, ev.ObjectKind, ev.ObjectName, ev.LastTime
 	defer func() { ev.Name, ev.ObjectKind, ev.ObjectName, ev.LastTime = name, kind, obj, last }()
