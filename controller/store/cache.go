@@ -148,15 +148,8 @@ func (c *Cache) reset(items []Item, rev int64) {
 	defer c.mu.Unlock()
 	c.items = make(map[string]Item, len(items))
 	c.view.reset()
+	// items come from ListAllAt, which keeps each one's encoding (raw).
 	for _, it := range items {
-		if it.raw == nil && c.encoded {
-			raw, err := proto.Marshal(it.Msg)
-			if err != nil {
-				c.st.log.Warn("cache: skipping unencodable resource", "kind", c.kind, "name", it.Name, "err", err)
-				continue
-			}
-			it.raw = raw
-		}
 		kept := c.stored(it)
 		c.items[it.Name] = kept
 		c.view.put(Item{}, false, it, kept)
