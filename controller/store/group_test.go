@@ -35,10 +35,21 @@ func holdGroups(t *testing.T, s *Store) (waitQueued func(n int), release func())
 // queues; release starts the senders it took.
 func hold(t *testing.T, what string, mu *sync.Mutex, inFlight int, sending *int, queued func() int, run func()) (waitQueued func(n int), release func()) {
 	t.Helper()
-	mu.Lock()
-	held := inFlight - *sending
-	*sending = inFlight
-	mu.Unlock()
+	// Wait for the senders of earlier calls to finish: a sender that has
+	// answered its caller but not yet given back its slot would give it
+	// back after we took the rest, and the next call would start a sender
+	// that empties the queue we wait on.
+	var held int
+	require.Eventually(t, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if *sending != 0 {
+			return false
+		}
+		held = inFlight
+		*sending = inFlight
+		return true
+	}, time.Minute, time.Millisecond, what+" senders idle")
 	waitQueued = func(n int) {
 		t.Helper()
 		require.Eventually(t, func() bool {
