@@ -21,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -59,7 +60,7 @@ type Store interface {
 	Update(ctx context.Context, kind, name string, m proto.Message, expectRev int64) (int64, error)
 	// UpdateWith is Update with ops (a heartbeat's events) in the same
 	// etcd transaction.
-	UpdateWith(ctx context.Context, kind, name string, m proto.Message, expectRev int64, ops []clientv3.Op) (int64, error)
+	UpdateWith(ctx context.Context, kind, name string, m proto.Message, expectRev int64, ops []clientv3.Op) (int64, []*etcdserverpb.ResponseOp, error)
 	CreateAudited(ctx context.Context, kind, name string, m proto.Message, rec store.AuditRecord, secrets ...store.SecretOp) (int64, error)
 }
 
@@ -473,9 +474,9 @@ func (s *Service) writeHost(ctx context.Context, host string, h *typesv1.Host, r
 	if batch != nil {
 		ops = batch.Ops()
 	}
-	_, err := s.store.UpdateWith(ctx, HostsKind, host, h, rev, ops)
+	newRev, answers, err := s.store.UpdateWith(ctx, HostsKind, host, h, rev, ops)
 	if batch != nil {
-		batch.Done(ctx, err == nil)
+		batch.Done(ctx, newRev, answers)
 	}
 	return err
 }

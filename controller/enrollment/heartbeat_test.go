@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
@@ -189,7 +190,7 @@ type gatedStore struct {
 	now, max, all atomic.Int64
 }
 
-func (g *gatedStore) UpdateWith(ctx context.Context, kind, name string, m proto.Message, expectRev int64, ops []clientv3.Op) (int64, error) {
+func (g *gatedStore) UpdateWith(ctx context.Context, kind, name string, m proto.Message, expectRev int64, ops []clientv3.Op) (int64, []*etcdserverpb.ResponseOp, error) {
 	n := g.now.Add(1)
 	for {
 		m := g.max.Load()
@@ -202,7 +203,7 @@ func (g *gatedStore) UpdateWith(ctx context.Context, kind, name string, m proto.
 	select {
 	case <-g.gate:
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return 0, nil, ctx.Err()
 	}
 	return g.Store.UpdateWith(ctx, kind, name, m, expectRev, ops)
 }

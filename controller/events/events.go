@@ -15,16 +15,20 @@
 package events
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/time/rate"
+	"google.golang.org/protobuf/encoding/protodelim"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"k8s.io/utils/lru"
@@ -113,9 +117,18 @@ type Recorder struct {
 	lease     clientv3.LeaseID
 	leaseFrom time.Time
 	seq       uint64
-	similar   *lru.Cache // eventKey -> *seen
+	similar   *lru.Cache // eventKey -> *seen (events stored a key each)
 	objects   *lru.Cache // kind/name -> *object
+	logs      *lru.Cache // kind/name -> *objLog
 	stats     Stats
+}
+
+// objLog is an object's event log as this recorder last stored or read
+// it: its events, oldest first, and the log key's mod revision then (0:
+// no log).
+type objLog struct {
+	evs []*typesv1.Event
+	at  int64
 }
 
 // seen is the last stored occurrence of an event.
@@ -129,14 +142,20 @@ type object struct {
 	limiter *rate.Limiter
 	dropped int32
 	added   int // new keys since the last trim check
+	// logUnknown: a batch of the object could not write its log (another
+	// writer changed it, or this recorder never held it), so the next
+	// batch reads the log first.
+	logUnknown bool
 }
 
 // Stats counts what a Recorder did with the events it was given.
 type Stats struct {
-	// Written are new event keys, Aggregated events folded into an alike
+	// Written are new events, Aggregated events folded into an alike
 	// one, Dropped events refused by the rate limit, Trimmed events
-	// deleted by the per-object cap.
-	Written, Aggregated, Dropped, Trimmed int64
+	// stored a key each deleted by the per-object cap. Logged are the
+	// written and aggregated ones stored in their object's log rather
+	// than a key each.
+	Written, Aggregated, Dropped, Trimmed, Logged int64
 }
 
 // New returns a Recorder writing through client with the default Config
@@ -150,7 +169,7 @@ func NewWithConfig(client *clientv3.Client, cfg Config, log *slog.Logger) *Recor
 	cfg = cfg.withDefaults()
 	return &Recorder{
 		client: client, cfg: cfg, log: log.With("component", "events"),
-		similar: lru.New(cfg.CacheSize), objects: lru.New(cfg.CacheSize),
+		similar: lru.New(cfg.CacheSize), objects: lru.New(cfg.CacheSize), logs: lru.New(cfg.CacheSize),
 	}
 }
 
@@ -201,47 +220,69 @@ func (r *Recorder) record(ctx context.Context, kind, name string, ev Event) erro
 		return err
 	}
 	if len(b.Ops()) == 0 {
-		b.Done(ctx, false)
+		b.Done(ctx, 0, nil)
 		return nil
 	}
-	_, err = r.client.Txn(ctx).Then(b.Ops()...).Commit()
-	b.Done(ctx, err == nil)
+	resp, err := r.client.Txn(ctx).Then(b.Ops()...).Commit()
 	if err != nil {
+		b.Done(ctx, 0, nil)
 		return errdefs.Unavailable("put event: %w", err)
 	}
+	b.Done(ctx, resp.Header.Revision, resp.Responses)
 	return nil
 }
 
 // Batch is events prepared to be stored in one etcd transaction, alone
-// or with another write (Ops). Done must be called once, saying whether
-// the transaction was committed.
+// or with another write (Ops). Done must be called once, with the
+// transaction's outcome.
 type Batch struct {
 	r        *Recorder
 	now      time.Time
 	obj      *object
 	objKey   string
 	ops      []clientv3.Op
-	stored   []seen   // the events as stored, by their similarity key
-	keys     []string // similarity keys of stored
-	dropped  int32    // events the limit refused in this batch
+	dropped  int32 // events the limit refused in this batch
 	resv     []*rate.Reservation
 	prefix   string
-	newKeys  int
-	aggr     int
 	carried  bool  // the first stored event carries the object's drops
 	consumed int32 // how many (obj.dropped when prepared)
+
+	// The log branch: the object's log with the events (log), and how
+	// many of them are new or folded into an alike one.
+	log             []*typesv1.Event
+	logNew, logAggr int
+
+	// The key-per-event branch: the events as stored, by their
+	// similarity key.
+	stored  []seen
+	keys    []string // similarity keys of stored
+	newKeys int
+	aggr    int
 }
 
 // Ops are the etcd operations that store the batch (none when every event
-// was dropped).
+// was dropped): one transaction, whose answer Done reads.
 func (b *Batch) Ops() []clientv3.Op { return b.ops }
 
+// LogKey is the key of the event log of object kind/name: it sorts after
+// the keys of the object's events stored a key each (ids are digits).
+func LogKey(kind, name string) string { return Prefix + kind + "/" + name + "/" + logSuffix }
+
+const logSuffix = "log"
+
 // Prepare decides how the events of object kind/name are stored, and
-// returns the operations: a put of a new event, or the delete of an alike
-// recent one and the put of it with its count and last time updated
-// (under a new key of now, so keys keep sorting by last time). Events over
-// the object's rate limit are dropped. It returns Unavailable when no
-// lease can be had.
+// returns the operations: one etcd transaction that rewrites the object's
+// event log (one key: its events, oldest first, at most MaxPerObject) with
+// the new events, if the log is still as this recorder last stored or
+// read it; else (another writer changed it, or this recorder holds no
+// log of the object and one exists) it stores each event under a key of
+// its own, as a log-less recorder would: a put of a new event, or the
+// delete of an alike recent one and the put of it with its count and last
+// time updated (under a new key of now, so keys keep sorting by last
+// time). Either way nothing is lost, and the next batch of the object
+// reads its log first. Events over the object's rate limit are dropped.
+// It returns Unavailable when no lease can be had or the log cannot be
+// read.
 func (r *Recorder) Prepare(ctx context.Context, kind, name string, evs []Event) (*Batch, error) {
 	now := r.cfg.Clock()
 	b := &Batch{r: r, now: now, objKey: kind + "/" + name, prefix: Prefix + kind + "/" + name + "/"}
@@ -252,14 +293,16 @@ func (r *Recorder) Prepare(ctx context.Context, kind, name string, evs []Event) 
 	if err != nil {
 		return nil, err
 	}
+	logKey := LogKey(kind, name)
+	lg, err := r.heldLog(ctx, b.objKey, kind, name, logKey)
+	if err != nil {
+		return nil, err
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if o, ok := r.objects.Get(b.objKey); ok {
-		b.obj = o.(*object)
-	} else {
-		b.obj = &object{limiter: rate.NewLimiter(rate.Every(r.cfg.Refill), r.cfg.Burst)}
-		r.objects.Add(b.objKey, b.obj)
-	}
+	b.obj = r.object(b.objKey)
+	b.log = slices.Clone(lg.evs)
+	var fallback []clientv3.Op
 	batchSeen := map[string]int{} // alike events within this batch
 	for _, e := range evs {
 		res := b.obj.limiter.ReserveN(now, 1)
@@ -269,6 +312,19 @@ func (r *Recorder) Prepare(ctx context.Context, kind, name string, evs []Event) 
 			continue
 		}
 		b.resv = append(b.resv, res)
+		r.seq++
+		// Ids sort by time: a fixed-width nanosecond stamp and a sequence
+		// number to keep events of one nanosecond apart.
+		id := fmt.Sprintf("%020d-%06d", now.UnixNano(), r.seq%1000000)
+		// The first event stored carries the drops since the object's last
+		// recorded event.
+		var drops int32
+		if !b.carried {
+			b.carried, b.consumed = true, b.obj.dropped
+			drops = b.consumed
+		}
+		b.addToLog(kind, name, id, e, drops)
+
 		sk := similarKey(kind, name, e)
 		var prev *seen
 		if i, ok := batchSeen[sk]; ok {
@@ -278,10 +334,6 @@ func (r *Recorder) Prepare(ctx context.Context, kind, name string, evs []Event) 
 				prev = s
 			}
 		}
-		r.seq++
-		// Keys sort by time: a fixed-width nanosecond stamp and a sequence
-		// number to keep events of one nanosecond apart.
-		id := fmt.Sprintf("%020d-%06d", now.UnixNano(), r.seq%1000000)
 		key := b.prefix + id
 		var ev *typesv1.Event
 		if prev != nil {
@@ -289,34 +341,18 @@ func (r *Recorder) Prepare(ctx context.Context, kind, name string, evs []Event) 
 			ev.Name = name + "." + id
 			ev.Count = max(ev.GetCount(), 1) + 1
 			ev.LastTime = timestamppb.New(now)
-			b.ops = append(b.ops, clientv3.OpDelete(prev.key))
+			fallback = append(fallback, clientv3.OpDelete(prev.key))
 			b.aggr++
 		} else {
-			ev = &typesv1.Event{
-				Name:       name + "." + id,
-				Time:       timestamppb.New(now),
-				LastTime:   timestamppb.New(now),
-				Count:      1,
-				ObjectKind: kind,
-				ObjectName: name,
-				Type:       e.Type,
-				Reason:     e.Reason,
-				Message:    e.Message,
-			}
+			ev = newEvent(kind, name, id, e, now)
 			b.newKeys++
 		}
-		// The first event stored carries the drops since the object's last
-		// recorded event.
-		ev.Dropped = 0
-		if !b.carried {
-			b.carried, b.consumed = true, b.obj.dropped
-			ev.Dropped = b.consumed
-		}
+		ev.Dropped = drops
 		val, err := marshalStored(ev)
 		if err != nil {
 			return nil, err
 		}
-		b.ops = append(b.ops, clientv3.OpPut(key, string(val), clientv3.WithLease(lease)))
+		fallback = append(fallback, clientv3.OpPut(key, string(val), clientv3.WithLease(lease)))
 		if i, ok := batchSeen[sk]; ok {
 			b.stored[i] = seen{key: key, ev: ev}
 		} else {
@@ -325,7 +361,107 @@ func (r *Recorder) Prepare(ctx context.Context, kind, name string, evs []Event) 
 			b.keys = append(b.keys, sk)
 		}
 	}
+	if len(b.stored) == 0 {
+		return b, nil
+	}
+	if over := len(b.log) - r.cfg.MaxPerObject; over > 0 {
+		b.log = slices.Delete(b.log, 0, over)
+	}
+	val, err := marshalLog(b.log)
+	if err != nil {
+		return nil, err
+	}
+	// A missing key's mod revision compares as 0.
+	b.ops = []clientv3.Op{clientv3.OpTxn(
+		[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(logKey), "=", lg.at)},
+		[]clientv3.Op{clientv3.OpPut(logKey, string(val), clientv3.WithLease(lease))},
+		fallback)}
 	return b, nil
+}
+
+// heldLog returns the object's log as this recorder holds it: as it last
+// stored it, or none when it never did; read from etcd when a batch of
+// the object could not write it.
+func (r *Recorder) heldLog(ctx context.Context, objKey, kind, name, logKey string) (*objLog, error) {
+	r.mu.Lock()
+	v, ok := r.logs.Get(objKey)
+	unknown := false
+	if o, held := r.objects.Get(objKey); held {
+		unknown = o.(*object).logUnknown
+	}
+	r.mu.Unlock()
+	if ok {
+		return v.(*objLog), nil
+	}
+	if !unknown {
+		// Assume none: the batch falls back to a key per event if one
+		// exists, and the next reads it.
+		return &objLog{}, nil
+	}
+	resp, err := r.client.Get(ctx, logKey)
+	if err != nil {
+		return nil, errdefs.Unavailable("read event log: %w", err)
+	}
+	lg := &objLog{}
+	if len(resp.Kvs) > 0 {
+		lg.at = resp.Kvs[0].ModRevision
+		if lg.evs, err = unmarshalLog(kind, name, resp.Kvs[0].Value); err != nil {
+			// The log is rewritten without what cannot be read.
+			r.log.Warn("event log unreadable: rewritten", "object", objKey, "err", err)
+		}
+	}
+	return lg, nil
+}
+
+// object returns the rate limit and trim state of objKey. Call with mu
+// held.
+func (r *Recorder) object(objKey string) *object {
+	if o, ok := r.objects.Get(objKey); ok {
+		return o.(*object)
+	}
+	o := &object{limiter: rate.NewLimiter(rate.Every(r.cfg.Refill), r.cfg.Burst)}
+	r.objects.Add(objKey, o)
+	return o
+}
+
+func newEvent(kind, name, id string, e Event, now time.Time) *typesv1.Event {
+	return &typesv1.Event{
+		Name:       name + "." + id,
+		Time:       timestamppb.New(now),
+		LastTime:   timestamppb.New(now),
+		Count:      1,
+		ObjectKind: kind,
+		ObjectName: name,
+		Type:       e.Type,
+		Reason:     e.Reason,
+		Message:    e.Message,
+	}
+}
+
+// addToLog adds e to b.log: folded into the newest alike event of the
+// log within the window (its count and last time updated, moved to the
+// end), else new.
+func (b *Batch) addToLog(kind, name, id string, e Event, drops int32) {
+	var ev *typesv1.Event
+	for i := len(b.log) - 1; i >= 0; i-- {
+		p := b.log[i]
+		if p.GetType() == e.Type && p.GetReason() == e.Reason && p.GetMessage() == e.Message &&
+			b.now.Sub(LastTime(p)) < b.r.cfg.Window {
+			ev = proto.CloneOf(p)
+			ev.Name = name + "." + id
+			ev.Count = max(ev.GetCount(), 1) + 1
+			ev.LastTime = timestamppb.New(b.now)
+			b.log = slices.Delete(b.log, i, i+1)
+			b.logAggr++
+			break
+		}
+	}
+	if ev == nil {
+		ev = newEvent(kind, name, id, e, b.now)
+		b.logNew++
+	}
+	ev.Dropped = drops
+	b.log = append(b.log, ev)
 }
 
 // marshalStored encodes ev as it is stored: without what its key already
@@ -366,23 +502,61 @@ func fromStored(key string, ev *typesv1.Event) {
 	}
 }
 
+// marshalLog encodes an object's log: its events as marshalStored
+// stores them, but for the name, which keeps only the id, each preceded
+// by its size.
+func marshalLog(evs []*typesv1.Event) ([]byte, error) {
+	var buf bytes.Buffer
+	for _, ev := range evs {
+		_, id, _ := strings.Cut(ev.GetName(), ".")
+		e := proto.CloneOf(ev)
+		e.Name, e.ObjectKind, e.ObjectName = id, "", ""
+		if proto.Equal(e.LastTime, e.Time) {
+			e.LastTime = nil
+		}
+		if _, err := protodelim.MarshalTo(&buf, e); err != nil {
+			return nil, fmt.Errorf("event log: encode: %w", err)
+		}
+	}
+	return buf.Bytes(), nil
+}
+
+// unmarshalLog decodes the log of object kind/name (marshalLog); on an
+// error it returns the events before it.
+func unmarshalLog(kind, name string, data []byte) ([]*typesv1.Event, error) {
+	var out []*typesv1.Event
+	rd := bytes.NewReader(data)
+	for rd.Len() > 0 {
+		ev := &typesv1.Event{}
+		if err := protodelim.UnmarshalFrom(rd, ev); err != nil {
+			return out, fmt.Errorf("event log of %s/%s: decode event %d: %w", kind, name, len(out), err)
+		}
+		ev.ObjectKind, ev.ObjectName, ev.Name = kind, name, name+"."+ev.GetName()
+		fromStored("", ev)
+		out = append(out, ev)
+	}
+	return out, nil
+}
+
 // similarKey identifies alike events: object, type, reason and message.
 func similarKey(kind, name string, e Event) string {
 	return kind + "\x00" + name + "\x00" + e.Type + "\x00" + e.Reason + "\x00" + e.Message
 }
 
-// Done tells the recorder whether the batch's operations were committed.
-// When they were, the events are remembered for aggregation, and every
-// MaxPerObject/5 new events of the object the oldest beyond MaxPerObject
-// are deleted (a read, and a write only when there are too many). When
-// not, the batch's rate-limit tokens are given back.
-func (b *Batch) Done(ctx context.Context, committed bool) {
+// Done tells the recorder how the batch's transaction went: rev is the
+// revision it committed at, 0 when it was not committed, and answers
+// etcd's answers to Ops, in order. When committed, the recorder holds the
+// log it wrote, or, when the events went a key each, remembers them for
+// aggregation and every MaxPerObject/5 new keys of the object deletes the
+// oldest beyond MaxPerObject (a read, and a write only when there are too
+// many). When not, the batch's rate-limit tokens are given back.
+func (b *Batch) Done(ctx context.Context, rev int64, answers []*etcdserverpb.ResponseOp) {
 	r := b.r
 	if r == nil || b.obj == nil {
 		return
 	}
 	r.mu.Lock()
-	if !committed {
+	if rev <= 0 {
 		for _, res := range b.resv {
 			res.CancelAt(b.now)
 		}
@@ -392,14 +566,30 @@ func (b *Batch) Done(ctx context.Context, committed bool) {
 		r.mu.Unlock()
 		return
 	}
-	for i, s := range b.stored {
-		r.similar.Add(b.keys[i], &seen{key: s.key, ev: s.ev})
-	}
 	if b.consumed > 0 {
 		b.obj.dropped -= b.consumed
 	}
 	b.obj.dropped += b.dropped
 	r.stats.Dropped += int64(b.dropped)
+	if len(b.ops) == 0 {
+		r.mu.Unlock()
+		return
+	}
+	if len(answers) > 0 && answers[0].GetResponseTxn().GetSucceeded() {
+		r.logs.Add(b.objKey, &objLog{evs: b.log, at: rev})
+		b.obj.logUnknown = false
+		r.stats.Written += int64(b.logNew)
+		r.stats.Aggregated += int64(b.logAggr)
+		r.stats.Logged += int64(b.logNew + b.logAggr)
+		r.mu.Unlock()
+		return
+	}
+	// A key each: the log is not what this recorder holds.
+	r.logs.Remove(b.objKey)
+	b.obj.logUnknown = true
+	for i, s := range b.stored {
+		r.similar.Add(b.keys[i], &seen{key: s.key, ev: s.ev})
+	}
 	r.stats.Written += int64(b.newKeys)
 	r.stats.Aggregated += int64(b.aggr)
 	b.obj.added += b.newKeys
@@ -465,16 +655,29 @@ func (r *Recorder) List(ctx context.Context, kind, name string, limit int64) ([]
 	if err != nil {
 		return nil, errdefs.Unavailable("list events: %w", err)
 	}
-	out := make([]*typesv1.Event, len(resp.Kvs))
-	for i, kv := range resp.Kvs {
+	out := make([]*typesv1.Event, 0, len(resp.Kvs))
+	for _, kv := range slices.Backward(resp.Kvs) {
+		key := string(kv.Key)
+		if rest, ok := strings.CutSuffix(key, "/"+logSuffix); ok {
+			k, n, _ := strings.Cut(strings.TrimPrefix(rest, Prefix), "/")
+			evs, err := unmarshalLog(k, n, kv.Value)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, evs...)
+			continue
+		}
 		ev := &typesv1.Event{}
 		if err := proto.Unmarshal(kv.Value, ev); err != nil {
 			return nil, fmt.Errorf("event %s: decode: %w", kv.Key, err)
 		}
-		fromStored(string(kv.Key), ev)
-		out[len(out)-1-i] = ev
+		fromStored(key, ev)
+		out = append(out, ev)
 	}
 	sort.SliceStable(out, func(i, j int) bool { return LastTime(out[i]).Before(LastTime(out[j])) })
+	if limit > 0 && int64(len(out)) > limit {
+		out = out[int64(len(out))-limit:]
+	}
 	return out, nil
 }
 

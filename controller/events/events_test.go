@@ -1,17 +1,18 @@
 package events_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/encoding/protodelim"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -82,7 +83,7 @@ func TestAggregate(t *testing.T) {
 			evs[0].GetTime().AsTime(), evs[0].GetLastTime().AsTime(), t0, t0.Add(2*time.Minute))
 	}
 	require.Equal(t, int32(1), evs[1].GetCount())
-	require.Equal(t, int64(2), keys(t, c, "hosts", "h1"), "stored keys of h1: one per distinct event")
+	require.Equal(t, int64(1), keys(t, c, "hosts", "h1"), "stored keys of h1: its log")
 	require.Equal(t, int64(1), keys(t, c, "hosts", "h2"))
 
 	// Past the window since its last occurrence, the same event is new.
@@ -93,7 +94,7 @@ func TestAggregate(t *testing.T) {
 	require.Len(t, evs, 3)
 	last := evs[2]
 	require.Equal(t, int32(1), last.GetCount(), "an event after the window: %v", last)
-	require.Equal(t, events.Stats{Written: 4, Aggregated: 2}, rec.Stats())
+	require.Equal(t, events.Stats{Written: 4, Aggregated: 2, Logged: 6}, rec.Stats())
 }
 
 func TestAggregatedEventSortsByLastTime(t *testing.T) {
@@ -113,14 +114,14 @@ func TestAggregatedEventSortsByLastTime(t *testing.T) {
 }
 
 func TestRateLimit(t *testing.T) {
-	rec, c, clk := newRecorder(t, events.Config{Burst: 5, Refill: time.Minute})
+	rec, _, clk := newRecorder(t, events.Config{Burst: 5, Refill: time.Minute})
 	ctx := context.Background()
 	for i := range 8 {
 		rec.Record(ctx, "hosts", "h1", events.Warning, "Flapping", fmt.Sprintf("flap %d", i))
 	}
 	rec.Record(ctx, "hosts", "h2", events.Normal, "Other", "another object has its own bucket")
-	require.Equal(t, int64(5), keys(t, c, "hosts", "h1"), "the burst")
-	require.Equal(t, int64(1), keys(t, c, "hosts", "h2"))
+	require.Len(t, list(t, rec, "hosts", "h1"), 5, "the burst")
+	require.Len(t, list(t, rec, "hosts", "h2"), 1)
 	require.Equal(t, int64(3), rec.Stats().Dropped)
 
 	// One token per Refill: the next event says what was dropped.
@@ -141,20 +142,82 @@ func TestRateLimit(t *testing.T) {
 }
 
 func TestMaxPerObject(t *testing.T) {
-	rec, c, _ := newRecorder(t, events.Config{Burst: 1000, MaxPerObject: 10})
+	rec, c, clk := newRecorder(t, events.Config{Burst: 1000, MaxPerObject: 10})
 	ctx := context.Background()
 	for i := range 30 {
 		rec.Record(ctx, "hosts", "h1", events.Normal, "Step", fmt.Sprintf("step %02d", i))
-		if n := keys(t, c, "hosts", "h1"); n > 10+10/5-1 {
-			t.Fatalf("after %d events: %d stored, want at most %d", i+1, n, 10+10/5-1)
+		if n := len(list(t, rec, "hosts", "h1")); n > 10 {
+			t.Fatalf("after %d events: %d stored, want at most 10", i+1, n)
 		}
 	}
-	evs, err := rec.List(ctx, "hosts", "h1", 0)
-	require.NoError(t, err)
+	evs := list(t, rec, "hosts", "h1")
 	require.Len(t, evs, 10)
 	require.Equal(t, "step 20", evs[0].GetMessage(), "the oldest kept")
 	require.Equal(t, "step 29", evs[9].GetMessage(), "the newest")
-	require.Equal(t, int64(20), rec.Stats().Trimmed)
+	require.Equal(t, int64(1), keys(t, c, "hosts", "h1"), "one log")
+
+	require.Zero(t, rec.Stats().Trimmed, "a log is cut, not trimmed")
+
+	// h3 has a log this recorder never held (another controller's, or
+	// its own before a restart): the first batch goes under a key of its
+	// own, the next read the log and add to it. Nothing is lost.
+	other := events.NewWithConfig(c, events.Config{Burst: 1000, MaxPerObject: 10, Clock: clk.Now}, slog.New(slog.DiscardHandler))
+	rec.Record(ctx, "hosts", "h3", events.Normal, "Step", "before")
+	for i := range 5 {
+		clk.Step(time.Second)
+		other.Record(ctx, "hosts", "h3", events.Normal, "Step", fmt.Sprintf("step %02d", i))
+	}
+	evs = list(t, other, "hosts", "h3")
+	require.Equal(t, []string{"before", "step 00", "step 01", "step 02", "step 03", "step 04"}, messages(evs))
+	require.Equal(t, int64(2), keys(t, c, "hosts", "h3"), "the log, and the event stored alone")
+	require.Equal(t, events.Stats{Written: 5, Logged: 4}, other.Stats())
+}
+
+// TestTwoRecordersOneObject: two controllers record events of one object
+// by turns; each finds the log changed by the other now and then and
+// stores those events a key each. No recent event is lost, and the keys
+// stay bounded.
+func TestTwoRecordersOneObject(t *testing.T) {
+	a, c, clk := newRecorder(t, events.Config{Burst: 1000, MaxPerObject: 10})
+	b := events.NewWithConfig(c, events.Config{Burst: 1000, MaxPerObject: 10, Clock: clk.Now}, slog.New(slog.DiscardHandler))
+	ctx := context.Background()
+	var want []string
+	for i := range 60 {
+		rec := a
+		if i%2 == 1 {
+			rec = b
+		}
+		msg := fmt.Sprintf("event %02d", i)
+		rec.Record(ctx, "hosts", "h1", events.Normal, "Step", msg)
+		want = append(want, msg)
+		clk.Step(time.Second)
+		require.LessOrEqual(t, keys(t, c, "hosts", "h1"), int64(1+10+10/5-1), "after %d events", i+1)
+		got := messages(list(t, a, "hosts", "h1"))
+		for _, m := range want[max(len(want)-5, 0):] {
+			require.Contains(t, got, m, "after %d events", i+1)
+		}
+	}
+	sa, sb := a.Stats(), b.Stats()
+	require.Equal(t, int64(60), sa.Written+sb.Written)
+	require.Positive(t, sa.Logged+sb.Logged, "most go to the log")
+	require.Less(t, sa.Logged+sb.Logged, int64(60), "some find the log changed")
+	require.Positive(t, sa.Trimmed+sb.Trimmed, "events stored alone are trimmed")
+}
+
+func messages(evs []*typesv1.Event) []string {
+	var out []string
+	for _, e := range evs {
+		out = append(out, e.GetMessage())
+	}
+	return out
+}
+
+// list is rec.List of every event of kind/name.
+func list(t *testing.T, rec *events.Recorder, kind, name string) []*typesv1.Event {
+	t.Helper()
+	evs, err := rec.List(context.Background(), kind, name, 0)
+	require.NoError(t, err)
+	return evs
 }
 
 func TestTTL(t *testing.T) {
@@ -194,7 +257,7 @@ func TestBatchRidesWithAnotherWrite(t *testing.T) {
 		{Type: events.Normal, Reason: "Available", Message: "host is available"},
 	})
 	require.NoError(t, err)
-	b.Done(ctx, false) // its write lost a compare: nothing stored
+	b.Done(ctx, 0, nil) // its write lost a compare: nothing stored
 	require.Zero(t, keys(t, c, "hosts", "h1"))
 
 	b, err = rec.Prepare(ctx, "hosts", "h1", []events.Event{
@@ -202,16 +265,16 @@ func TestBatchRidesWithAnotherWrite(t *testing.T) {
 		{Type: events.Normal, Reason: "Available", Message: "host is available"},
 	})
 	require.NoError(t, err)
-	require.Len(t, b.Ops(), 2, "both tokens were given back")
 	before, err := c.Get(ctx, "/kiln/probe")
 	require.NoError(t, err)
-	_, err = c.Txn(ctx).Then(append([]clientv3.Op{clientv3.OpPut("/kiln/v1/hosts/h1", "status")}, b.Ops()...)...).Commit()
+	resp, err := c.Txn(ctx).Then(append([]clientv3.Op{clientv3.OpPut("/kiln/v1/hosts/h1", "status")}, b.Ops()...)...).Commit()
 	require.NoError(t, err)
-	b.Done(ctx, true)
+	b.Done(ctx, resp.Header.Revision, resp.Responses[1:])
 	after, err := c.Get(ctx, "/kiln/probe")
 	require.NoError(t, err)
 	require.Equal(t, before.Header.Revision+1, after.Header.Revision, "a status and two events: one write")
-	require.Equal(t, int64(2), keys(t, c, "hosts", "h1"))
+	require.Equal(t, int64(1), keys(t, c, "hosts", "h1"), "the object's log")
+	require.Equal(t, []string{"provisioning", "host is available"}, messages(list(t, rec, "hosts", "h1")), "both tokens were given back")
 }
 
 // TestListAcrossObjectsIsNewestFirst: the newest events of a whole kind
@@ -243,10 +306,11 @@ func TestListAcrossObjectsIsNewestFirst(t *testing.T) {
 	require.Equal(t, []string{"hosts/h2", "clusters/a", "hosts/h9"}, names(evs), "the 3 newest events of all kinds")
 }
 
-// An event is stored without what its key says (name, object kind and
-// name) and without a last time equal to its time; List gives it whole.
-// An aggregated event keeps its last time, and an event stored whole
-// (before) lists as it was.
+// An event is stored in its object's log without what the log's key
+// says (object kind and name, and the name's object part) and without a
+// last time equal to its time; List gives it whole. An aggregated event
+// keeps its last time, and events stored a key each, slim or whole
+// (before), list as they were.
 func TestStoredEventIsSlim(t *testing.T) {
 	r, c, clk := newRecorder(t, events.Config{})
 	ctx := context.Background()
@@ -254,10 +318,11 @@ func TestStoredEventIsSlim(t *testing.T) {
 	resp, err := c.Get(ctx, events.Prefix+"hosts/rack1-01/", clientv3.WithPrefix())
 	require.NoError(t, err)
 	require.Len(t, resp.Kvs, 1)
-	key := string(resp.Kvs[0].Key)
+	require.Equal(t, events.LogKey("hosts", "rack1-01"), string(resp.Kvs[0].Key))
 	stored := &typesv1.Event{}
-	require.NoError(t, proto.Unmarshal(resp.Kvs[0].Value, stored))
-	require.Empty(t, stored.GetName())
+	require.NoError(t, protodelim.UnmarshalFrom(bytes.NewReader(resp.Kvs[0].Value), stored))
+	id := stored.GetName()
+	require.Regexp(t, `^[0-9]{20}-[0-9]{6}$`, id, "the name keeps its id only")
 	require.Empty(t, stored.GetObjectKind())
 	require.Empty(t, stored.GetObjectName())
 	require.Nil(t, stored.GetLastTime())
@@ -267,12 +332,12 @@ func TestStoredEventIsSlim(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, evs, 1)
 	ev := evs[0]
-	require.Equal(t, "rack1-01."+key[strings.LastIndex(key, "/")+1:], ev.GetName())
+	require.Equal(t, "rack1-01."+id, ev.GetName())
 	require.Equal(t, "hosts", ev.GetObjectKind())
 	require.Equal(t, "rack1-01", ev.GetObjectName())
 	require.Equal(t, clk.Now(), ev.GetTime().AsTime())
 	require.Equal(t, clk.Now(), ev.GetLastTime().AsTime())
-	require.LessOrEqual(t, len(resp.Kvs[0].Value), proto.Size(ev)-50, "stored %d bytes, whole %d", len(resp.Kvs[0].Value), proto.Size(ev))
+	require.LessOrEqual(t, len(resp.Kvs[0].Value), proto.Size(ev)-25, "stored %d bytes, whole %d", len(resp.Kvs[0].Value), proto.Size(ev))
 
 	clk.Step(time.Minute)
 	r.Record(ctx, "hosts", "rack1-01", events.Normal, "Registering", "host registered")
@@ -293,4 +358,15 @@ func TestStoredEventIsSlim(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, evs, 1)
 	require.True(t, proto.Equal(whole, evs[0]), "an event stored whole: %v", evs[0])
+
+	slim := &typesv1.Event{Type: events.Normal, Reason: "Enrolled", Time: timestamppb.New(clk.Now()), Count: 1}
+	b, err = proto.Marshal(slim)
+	require.NoError(t, err)
+	_, err = c.Put(ctx, events.Prefix+"hosts/old/00000000000000000002-000002", string(b))
+	require.NoError(t, err)
+	evs, err = r.List(ctx, "hosts", "old", 0)
+	require.NoError(t, err)
+	require.Len(t, evs, 2)
+	require.Equal(t, "old.00000000000000000002-000002", evs[1].GetName(), "a slim event stored alone")
+	require.Equal(t, "old", evs[1].GetObjectName())
 }

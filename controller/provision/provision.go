@@ -27,6 +27,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
@@ -78,7 +79,7 @@ type Store interface {
 	Update(ctx context.Context, kind, name string, m proto.Message, expectRev int64) (int64, error)
 	// UpdateWith is Update with ops in the same transaction (the events
 	// of the status).
-	UpdateWith(ctx context.Context, kind, name string, m proto.Message, expectRev int64, ops []clientv3.Op) (int64, error)
+	UpdateWith(ctx context.Context, kind, name string, m proto.Message, expectRev int64, ops []clientv3.Op) (int64, []*etcdserverpb.ResponseOp, error)
 	List(ctx context.Context, kind string, newMsg func() proto.Message, opts store.ListOptions) ([]store.Item, string, error)
 	Watch(ctx context.Context, kind string, fromRev int64) <-chan store.WatchEvent
 }
@@ -722,9 +723,9 @@ func (e *Executor) storeStatus(ctx context.Context, name string, h *typesv1.Host
 	if batch != nil {
 		ops = batch.Ops()
 	}
-	newRev, err := e.deps.Store.UpdateWith(ctx, HostsKind, name, h, rev, ops)
+	newRev, answers, err := e.deps.Store.UpdateWith(ctx, HostsKind, name, h, rev, ops)
 	if batch != nil {
-		batch.Done(ctx, err == nil)
+		batch.Done(ctx, newRev, answers)
 	}
 	if err != nil {
 		return 0, err

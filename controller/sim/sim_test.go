@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
@@ -488,16 +489,17 @@ type loseOnce struct {
 }
 
 func (s *loseOnce) Update(ctx context.Context, kind, name string, m proto.Message, expectRev int64) (int64, error) {
-	return s.UpdateWith(ctx, kind, name, m, expectRev, nil)
+	rev, _, err := s.UpdateWith(ctx, kind, name, m, expectRev, nil)
+	return rev, err
 }
 
 // UpdateWith is the executor's status write (with the status's events).
-func (s *loseOnce) UpdateWith(ctx context.Context, kind, name string, m proto.Message, expectRev int64, ops []clientv3.Op) (int64, error) {
+func (s *loseOnce) UpdateWith(ctx context.Context, kind, name string, m proto.Message, expectRev int64, ops []clientv3.Op) (int64, []*etcdserverpb.ResponseOp, error) {
 	if h, ok := m.(*typesv1.Host); ok && kind == provision.HostsKind && h.GetStatus().GetProvisioningStep() == s.past && s.lost.CompareAndSwap(false, true) {
 		// A slow write that fails: the step before is past its timeout
 		// when the executor plans again.
 		time.Sleep(s.delay)
-		return 0, errdefs.Unavailable("update %s: injected: etcdserver: request timed out", name)
+		return 0, nil, errdefs.Unavailable("update %s: injected: etcdserver: request timed out", name)
 	}
 	return s.Store.UpdateWith(ctx, kind, name, m, expectRev, ops)
 }

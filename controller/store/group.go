@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -146,8 +147,8 @@ type request struct {
 	width int
 	size  int
 	// writes are the keys w puts or deletes; reads the other keys it
-	// compares or reads. alone: w has a range or a nested transaction and
-	// goes in a transaction of its own.
+	// compares or reads. alone: w has a range and goes in a transaction of
+	// its own.
 	writes, reads []string
 	alone         bool
 
@@ -170,23 +171,42 @@ func newRequest(ctx context.Context, w write) *request {
 		r.addOp(op, false, seen)
 	}
 	for _, cmp := range w.cmps {
-		k := string(cmp.KeyBytes())
-		r.size += len(k) + len(cmp.ValueBytes()) + 16
-		if len(cmp.GetCompare().RangeEnd) > 0 {
-			r.alone = true
-		}
-		if !seen[k] {
-			seen[k] = true
-			r.reads = append(r.reads, k)
-		}
+		r.addCmp(cmp, seen)
 	}
 	return r
 }
 
+func (r *request) addCmp(cmp clientv3.Cmp, seen map[string]bool) {
+	k := string(cmp.KeyBytes())
+	r.size += len(k) + len(cmp.ValueBytes()) + 16
+	if len(cmp.GetCompare().RangeEnd) > 0 {
+		r.alone = true
+	}
+	if !seen[k] {
+		seen[k] = true
+		r.reads = append(r.reads, k)
+	}
+}
+
 func (r *request) addOp(op clientv3.Op, isWrite bool, seen map[string]bool) {
+	if op.IsTxn() {
+		// A nested transaction (an event log's, events.Batch) joins a
+		// group: etcd bounds the ops of each level, not their sum, and
+		// either branch may run, so the keys both put or delete are
+		// writes.
+		cmps, thenOps, elseOps := op.Txn()
+		r.width = max(r.width, len(cmps), len(thenOps), len(elseOps))
+		for _, o := range slices.Concat(thenOps, elseOps) {
+			r.addOp(o, o.IsPut() || o.IsDelete(), seen)
+		}
+		for _, cmp := range cmps {
+			r.addCmp(cmp, seen)
+		}
+		return
+	}
 	k := string(op.KeyBytes())
 	r.size += len(k) + len(op.ValueBytes()) + 16
-	if len(op.RangeBytes()) > 0 || op.IsTxn() {
+	if len(op.RangeBytes()) > 0 {
 		r.alone = true
 	}
 	if isWrite {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	typesv1 "github.com/kilnhq/kiln/proto/kiln/types/v1"
@@ -406,7 +407,7 @@ func TestGroupCommitDefaultOpsFitDefaultEtcd(t *testing.T) {
 		for i, name := range hostNames(n) {
 			wg.Go(func() {
 				ev := clientv3.OpPut(Prefix+"events/hosts/"+name+"/1", "event")
-				got[i], errs[i] = s.UpdateWith(context.Background(), "hosts", name, host(name, macOf(i)), revs[i], []clientv3.Op{ev})
+				got[i], _, errs[i] = s.UpdateWith(context.Background(), "hosts", name, host(name, macOf(i)), revs[i], []clientv3.Op{ev})
 			})
 		}
 		waitQueued(n)
@@ -456,4 +457,60 @@ func sortedKeys(m map[int64][]string) []int64 {
 	}
 	sort.Slice(keys, func(i, j int) bool { return keys[i] < keys[j] })
 	return keys
+}
+
+// TestGroupCommitNestedTxn: writes whose extra op is a transaction of its
+// own (an event log's: rewrite the log if unchanged, else store the
+// event alone) still go together, and each caller learns from its
+// answers which branch ran.
+func TestGroupCommitNestedTxn(t *testing.T) {
+	s, c := newStore(t)
+	const n = 20
+	revs := createHosts(t, s, n)
+	logRevs := map[string]int64{}
+	// h000..h009 have a log the writer does not know of: their compare fails.
+	for _, name := range hostNames(n)[:n/2] {
+		resp, err := c.Put(context.Background(), Prefix+"events/hosts/"+name+"/log", "someone else's")
+		require.NoError(t, err)
+		logRevs[name] = resp.Header.Revision
+	}
+	txns0 := s.group.txns.Load()
+	waitQueued, release := holdGroups(t, s)
+	got := make([]int64, n)
+	succeeded := make([]bool, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, name := range hostNames(n) {
+		wg.Go(func() {
+			logKey := Prefix + "events/hosts/" + name + "/log"
+			op := clientv3.OpTxn(
+				[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(logKey), "=", 0)},
+				[]clientv3.Op{clientv3.OpPut(logKey, "log")},
+				[]clientv3.Op{clientv3.OpPut(Prefix+"events/hosts/"+name+"/1", "event")})
+			var answers []*etcdserverpb.ResponseOp
+			got[i], answers, errs[i] = s.UpdateWith(context.Background(), "hosts", name, host(name, macOf(i)), revs[i], []clientv3.Op{op})
+			if len(answers) == 1 {
+				succeeded[i] = answers[0].GetResponseTxn().GetSucceeded()
+			}
+		})
+	}
+	waitQueued(n)
+	release()
+	wg.Wait()
+	require.Equal(t, uint64(1), s.group.txns.Load()-txns0, "etcd transactions for %d writes", n)
+	for i, name := range hostNames(n) {
+		require.NoError(t, errs[i], name)
+		require.Equal(t, got[0], got[i], "one revision")
+		resp, err := c.Get(context.Background(), Prefix+"events/hosts/"+name+"/", clientv3.WithPrefix())
+		require.NoError(t, err)
+		if i < n/2 {
+			require.False(t, succeeded[i], "%s: the log changed: the else branch ran", name)
+			require.Len(t, resp.Kvs, 2, "%s: the other's log and the event alone", name)
+			require.Equal(t, logRevs[name], resp.Kvs[1].ModRevision, "%s: the other's log is untouched", name)
+		} else {
+			require.True(t, succeeded[i], "%s: the log's branch ran", name)
+			require.Len(t, resp.Kvs, 1, name)
+			require.Equal(t, got[i], resp.Kvs[0].ModRevision, "%s: the log is at the write's revision", name)
+		}
+	}
 }

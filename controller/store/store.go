@@ -20,6 +20,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
@@ -205,22 +206,37 @@ func (s *Store) UpdateAudited(ctx context.Context, kind, name string, m proto.Me
 
 // UpdateWith is Update that runs ops (puts and deletes of keys that are
 // no resource, such as the events of the change: events.Batch.Ops) in
-// the same etcd transaction, one write: all happen or none.
-func (s *Store) UpdateWith(ctx context.Context, kind, name string, m proto.Message, expectRev int64, ops []clientv3.Op) (int64, error) {
-	return s.update(ctx, kind, name, m, expectRev, ops)
+// the same etcd transaction, one write: all happen or none. It returns
+// the new revision and etcd's answers to ops, in their order (an
+// events.Batch reads which branch of its transaction ran).
+func (s *Store) UpdateWith(ctx context.Context, kind, name string, m proto.Message, expectRev int64, ops []clientv3.Op) (int64, []*etcdserverpb.ResponseOp, error) {
+	rev, resp, err := s.updateResp(ctx, kind, name, m, expectRev, ops)
+	if err != nil {
+		return 0, nil, err
+	}
+	var answers []*etcdserverpb.ResponseOp
+	if len(resp.Responses) > 1 {
+		answers = resp.Responses[1:]
+	}
+	return rev, answers, nil
 }
 
 func (s *Store) update(ctx context.Context, kind, name string, m proto.Message, expectRev int64, audit []clientv3.Op) (int64, error) {
+	rev, _, err := s.updateResp(ctx, kind, name, m, expectRev, audit)
+	return rev, err
+}
+
+func (s *Store) updateResp(ctx context.Context, kind, name string, m proto.Message, expectRev int64, audit []clientv3.Op) (int64, *clientv3.TxnResponse, error) {
 	key, err := resourceKey(kind, name)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if expectRev < 0 {
-		return 0, errdefs.InvalidArgument("update %s: negative revision %d", key, expectRev)
+		return 0, nil, errdefs.InvalidArgument("update %s: negative revision %d", key, expectRev)
 	}
 	val, err := marshal.Marshal(m)
 	if err != nil {
-		return 0, errdefs.InvalidArgument("update %s: encode: %w", key, err)
+		return 0, nil, errdefs.InvalidArgument("update %s: encode: %w", key, err)
 	}
 	cmp := clientv3.Compare(clientv3.ModRevision(key), "=", expectRev)
 	if expectRev == 0 {
@@ -233,15 +249,15 @@ func (s *Store) update(ctx context.Context, kind, name string, m proto.Message, 
 		orElse: s.orElse(clientv3.OpGet(key, clientv3.WithKeysOnly())),
 	})
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	if !resp.Succeeded {
 		if err := s.broken(resp, "update "+key); err != nil {
-			return 0, err
+			return 0, nil, err
 		}
-		return 0, mismatch(resp, kind, name, expectRev)
+		return 0, nil, mismatch(resp, kind, name, expectRev)
 	}
-	return resp.Header.Revision, nil
+	return resp.Header.Revision, resp, nil
 }
 
 // Delete removes a resource if its revision is still expectRev (0 deletes

@@ -474,7 +474,7 @@ func TestUpdateWith(t *testing.T) {
 	_, err = s.Get(ctx, "hosts", "h1", h)
 	require.NoError(t, err)
 	h.Status = &typesv1.HostStatus{Power: "on"}
-	newRev, err := s.UpdateWith(ctx, "hosts", "h1", h, rev, []clientv3.Op{clientv3.OpPut("/kiln/v1/events/hosts/h1/1", "ev")})
+	newRev, _, err := s.UpdateWith(ctx, "hosts", "h1", h, rev, []clientv3.Op{clientv3.OpPut("/kiln/v1/events/hosts/h1/1", "ev")})
 	require.NoError(t, err)
 	require.Equal(t, rev+1, newRev, "the host and the event: one revision")
 	got, err := c.Get(ctx, "/kiln/v1/events/hosts/h1/1")
@@ -482,7 +482,7 @@ func TestUpdateWith(t *testing.T) {
 	require.Len(t, got.Kvs, 1)
 	require.Equal(t, newRev, got.Kvs[0].ModRevision)
 
-	_, err = s.UpdateWith(ctx, "hosts", "h1", h, rev, []clientv3.Op{clientv3.OpPut("/kiln/v1/events/hosts/h1/2", "ev")})
+	_, _, err = s.UpdateWith(ctx, "hosts", "h1", h, rev, []clientv3.Op{clientv3.OpPut("/kiln/v1/events/hosts/h1/2", "ev")})
 	require.True(t, errdefs.IsConflict(err), "UpdateWith at a stale revision = %v, want Conflict", err)
 	got, err = c.Get(ctx, "/kiln/v1/events/hosts/h1/2")
 	require.NoError(t, err)
