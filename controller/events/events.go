@@ -142,10 +142,6 @@ type object struct {
 	limiter *rate.Limiter
 	dropped int32
 	added   int // new keys since the last trim check
-	// logUnknown: a batch of the object could not write its log (another
-	// writer changed it, or this recorder never held it), so the next
-	// batch reads the log first.
-	logUnknown bool
 }
 
 // Stats counts what a Recorder did with the events it was given.
@@ -274,13 +270,13 @@ const logSuffix = "log"
 // returns the operations: one etcd transaction that rewrites the object's
 // event log (one key: its events, oldest first, at most MaxPerObject) with
 // the new events, if the log is still as this recorder last stored or
-// read it; else (another writer changed it, or this recorder holds no
-// log of the object and one exists) it stores each event under a key of
-// its own, as a log-less recorder would: a put of a new event, or the
+// read it (a recorder that does not hold it reads it first); else
+// (another writer changed it meanwhile) it stores each event under a key
+// of its own, as a log-less recorder would: a put of a new event, or the
 // delete of an alike recent one and the put of it with its count and last
 // time updated (under a new key of now, so keys keep sorting by last
 // time). Either way nothing is lost, and the next batch of the object
-// reads its log first. Events over the object's rate limit are dropped.
+// reads its log again. Events over the object's rate limit are dropped.
 // It returns Unavailable when no lease can be had or the log cannot be
 // read.
 func (r *Recorder) Prepare(ctx context.Context, kind, name string, evs []Event) (*Batch, error) {
@@ -379,26 +375,18 @@ func (r *Recorder) Prepare(ctx context.Context, kind, name string, evs []Event) 
 	return b, nil
 }
 
-// heldLog returns the object's log as this recorder holds it: as it last
-// stored it, or none when it never did; read from etcd when a batch of
-// the object could not write it.
+// heldLog returns the object's log as this recorder holds it (as it last
+// stored it), else as etcd has it. The read may be stale (serializable,
+// from the local member): the batch's compare finds out, and its events
+// then go a key each.
 func (r *Recorder) heldLog(ctx context.Context, objKey, kind, name, logKey string) (*objLog, error) {
 	r.mu.Lock()
 	v, ok := r.logs.Get(objKey)
-	unknown := false
-	if o, held := r.objects.Get(objKey); held {
-		unknown = o.(*object).logUnknown
-	}
 	r.mu.Unlock()
 	if ok {
 		return v.(*objLog), nil
 	}
-	if !unknown {
-		// Assume none: the batch falls back to a key per event if one
-		// exists, and the next reads it.
-		return &objLog{}, nil
-	}
-	resp, err := r.client.Get(ctx, logKey)
+	resp, err := r.client.Get(ctx, logKey, clientv3.WithSerializable())
 	if err != nil {
 		return nil, errdefs.Unavailable("read event log: %w", err)
 	}
@@ -577,16 +565,15 @@ func (b *Batch) Done(ctx context.Context, rev int64, answers []*etcdserverpb.Res
 	}
 	if len(answers) > 0 && answers[0].GetResponseTxn().GetSucceeded() {
 		r.logs.Add(b.objKey, &objLog{evs: b.log, at: rev})
-		b.obj.logUnknown = false
 		r.stats.Written += int64(b.logNew)
 		r.stats.Aggregated += int64(b.logAggr)
 		r.stats.Logged += int64(b.logNew + b.logAggr)
 		r.mu.Unlock()
 		return
 	}
-	// A key each: the log is not what this recorder holds.
+	// A key each: the log is not what this recorder holds; the next
+	// batch reads it.
 	r.logs.Remove(b.objKey)
-	b.obj.logUnknown = true
 	for i, s := range b.stored {
 		r.similar.Add(b.keys[i], &seen{key: s.key, ev: s.ev})
 	}
