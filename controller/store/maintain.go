@@ -40,13 +40,15 @@ type Compaction struct {
 
 // The default history: the same 5 minutes the Kubernetes API server
 // keeps (it compacts its etcd every 5 minutes), at most 500,000
-// revisions (a quiet fleet's bound), and at most 256 MiB of database
+// revisions (a quiet fleet's bound), and at most 128 MiB of database
 // grown since the last compaction, which keeps a 100,000-host wave's
-// database under 1 GiB (806-920 MiB measured, docs/scale.md).
+// database file near 540 MiB, all of it mapped into the process (256
+// MiB: 670-690 MiB, and the wave no faster; 64 MiB: 520 MiB, the wave
+// 20 s slower; docs/scale.md, session 18).
 const (
 	DefaultCompactionRetention       = 5 * time.Minute
 	DefaultCompactionMaxRevisions    = 500_000
-	DefaultCompactionMaxHistoryBytes = 256 << 20
+	DefaultCompactionMaxHistoryBytes = 128 << 20
 )
 
 func (c Compaction) withDefaults() Compaction {
