@@ -3,10 +3,10 @@ package store
 import (
 	"context"
 	"fmt"
-	"sort"
 	"sync"
 	"time"
 
+	"github.com/google/btree"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
@@ -31,9 +31,7 @@ type Cache struct {
 	newMsg func() proto.Message
 
 	mu     sync.Mutex
-	items  map[string]Item
-	sorted []Item // items in name order; nil after a change
-	rev    int64  // the last revision applied
+	rev    int64 // the last revision applied
 	synced chan struct{}
 	once   sync.Once
 	// moved is closed (and replaced) whenever rev moves: WaitRevision's
@@ -43,7 +41,7 @@ type Cache struct {
 	// go to the same etcd watch stream (clientv3 picks the stream by the
 	// context's metadata).
 	watchCtx context.Context
-	view     view // name-ordered snapshots and indexes (cacheview.go)
+	view     view // the items in name order, snapshots and indexes (cacheview.go)
 	// encoded: the items hold their encoding, not a decoded message
 	// (KeepEncoded).
 	encoded bool
@@ -51,7 +49,7 @@ type Cache struct {
 
 // NewCache returns a Cache of kind; it fills once Run runs.
 func NewCache(st *Store, kind string, newMsg func() proto.Message) *Cache {
-	return &Cache{st: st, kind: kind, newMsg: newMsg, items: map[string]Item{}, synced: make(chan struct{}), moved: make(chan struct{}), view: newView()}
+	return &Cache{st: st, kind: kind, newMsg: newMsg, synced: make(chan struct{}), moved: make(chan struct{}), view: newView()}
 }
 
 // KeepEncoded makes the Cache hold each resource as etcd stores it, its
@@ -90,22 +88,13 @@ func (c *Cache) stored(it Item) Item {
 // failure is not expected; it would give an empty message.
 func (c *Cache) decoded(it Item) Item {
 	if it.Msg != nil {
-		return it
+		return Item{Name: it.Name, Rev: it.Rev, Msg: it.Msg}
 	}
 	m := c.newMsg()
 	if err := proto.Unmarshal(it.raw, m); err != nil {
 		c.st.log.Error("cache: kept encoding does not decode", "kind", c.kind, "name", it.Name, "err", err)
 	}
 	return Item{Name: it.Name, Rev: it.Rev, Msg: m}
-}
-
-// decodedAll is decoded of every item of items, in a new slice.
-func (c *Cache) decodedAll(items []Item) []Item {
-	out := make([]Item, len(items))
-	for i, it := range items {
-		out[i] = c.decoded(it)
-	}
-	return out
 }
 
 // cacheRetry is the pause before a failed listing is tried again.
@@ -146,19 +135,15 @@ func (c *Cache) Run(ctx context.Context) {
 func (c *Cache) reset(items []Item, rev int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.items = make(map[string]Item, len(items))
 	c.view.reset()
 	// items come from ListAllAt, which keeps each one's encoding (raw).
 	for _, it := range items {
-		kept := c.stored(it)
-		c.items[it.Name] = kept
-		c.view.put(Item{}, false, it, kept)
+		c.view.put(Item{}, false, it, c.stored(it))
 	}
 	// Snapshots are of revisions before the new listing; they stay valid
 	// (each is an immutable tree of its revision). Watchers may have
 	// missed changes.
 	c.view.loseAll()
-	c.sorted = nil
 	c.moveTo(rev)
 	c.once.Do(func() { close(c.synced) })
 }
@@ -189,18 +174,14 @@ func (c *Cache) apply(ev WatchEvent) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	prev, had := c.items[ev.Name]
+	prev, had := c.view.get(ev.Name)
 	if ev.Type == EventPut {
 		it := Item{Name: ev.Name, Rev: ev.Rev, Msg: m, raw: ev.Value}
-		kept := c.stored(it)
-		c.items[ev.Name] = kept
-		c.view.put(prev, had, it, kept)
+		c.view.put(prev, had, it, c.stored(it))
 	} else {
-		delete(c.items, ev.Name)
 		c.view.del(prev, had)
 	}
 	c.view.notify(ev)
-	c.sorted = nil
 	done := ev.Rev
 	if ev.revMore {
 		done-- // more changes of this revision (one transaction) follow
@@ -215,14 +196,16 @@ func (c *Cache) apply(ev WatchEvent) error {
 // an encoded Cache (KeepEncoded) it decodes every resource at once: walk
 // it with Range, or read an index, where a kind is large or read often.
 func (c *Cache) List(ctx context.Context) ([]Item, error) {
-	sorted, err := c.kept(ctx)
+	t, err := c.kept(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if c.Encoded() {
-		return c.decodedAll(sorted), nil
-	}
-	return sorted, nil
+	out := make([]Item, 0, t.Len())
+	t.Ascend(func(it Item) bool {
+		out = append(out, c.decoded(it))
+		return true
+	})
+	return out, nil
 }
 
 // Range calls fn with each cached resource in name order, once the first
@@ -232,22 +215,18 @@ func (c *Cache) List(ctx context.Context) ([]Item, error) {
 // kind holds one decoded resource, not all. The messages are shared, as
 // List's: do not change them.
 func (c *Cache) Range(ctx context.Context, fn func(Item) bool) error {
-	sorted, err := c.kept(ctx)
+	t, err := c.kept(ctx)
 	if err != nil {
 		return err
 	}
-	for _, it := range sorted {
-		if !fn(c.decoded(it)) {
-			return nil
-		}
-	}
+	t.Ascend(func(it Item) bool { return fn(c.decoded(it)) })
 	return nil
 }
 
 // kept returns the items as the Cache keeps them, in name order, once
-// the first listing is in. The slice is replaced on a change, never
-// changed: the caller reads it without the lock.
-func (c *Cache) kept(ctx context.Context) ([]Item, error) {
+// the first listing is in: a clone of its tree (O(1); later changes copy
+// what they touch), which the caller reads without the lock.
+func (c *Cache) kept(ctx context.Context) (*btree.BTreeG[Item], error) {
 	select {
 	case <-c.synced:
 	case <-ctx.Done():
@@ -255,14 +234,7 @@ func (c *Cache) kept(ctx context.Context) ([]Item, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.sorted == nil {
-		c.sorted = make([]Item, 0, len(c.items))
-		for _, it := range c.items {
-			c.sorted = append(c.sorted, it)
-		}
-		sort.Slice(c.sorted, func(i, j int) bool { return c.sorted[i].Name < c.sorted[j].Name })
-	}
-	return c.sorted, nil
+	return c.view.tree.Clone(), nil
 }
 
 // Revision is the last store revision the Cache applied (0 before the

@@ -15,20 +15,15 @@ import (
 // the item.
 type IndexFunc func(Item) []string
 
-// view is what a Cache keeps besides its map, for readers that page or
-// filter: the items in name order in a copy-on-write B-tree (a listing's
-// snapshot is a clone, O(1), that later changes do not touch), the
-// snapshots still in use, and the indexes. A Cache changes it under its
-// mu.
+// view is what a Cache keeps: the items in name order in a copy-on-write
+// B-tree (a listing's snapshot is a clone, O(1), that later changes do
+// not touch; a Get is a lookup in it), the snapshots still in use, and
+// the indexes. A Cache changes it under its mu.
 type view struct {
 	tree     *btree.BTreeG[Item]
 	indexers map[string]IndexFunc
 	// index is index name -> value -> item names.
 	index map[string]map[string]*nameSet
-	// vals is item name -> the index values it is under, so it leaves
-	// them without being decoded again (an encoded Cache keeps no
-	// decoded message).
-	vals  map[string][]indexVal
 	snaps map[int64]*snapshot
 	now   func() time.Time
 	// watchers are the Cache's Watch streams (cachewatch.go).
@@ -61,7 +56,6 @@ func newView() view {
 		tree:     btree.NewG(32, lessByName),
 		indexers: map[string]IndexFunc{},
 		index:    map[string]map[string]*nameSet{},
-		vals:     map[string][]indexVal{},
 		snaps:    map[int64]*snapshot{},
 		now:      time.Now,
 		watchers: map[*cacheWatcher]struct{}{},
@@ -74,15 +68,18 @@ func (v *view) reset() {
 	for name := range v.index {
 		v.index[name] = map[string]*nameSet{}
 	}
-	v.vals = map[string][]indexVal{}
+}
+
+// get returns the item name as kept.
+func (v *view) get(name string) (Item, bool) {
+	return v.tree.Get(Item{Name: name})
 }
 
 // put records kept, which replaces prev when had; it is kept decoded,
 // which the indexers read.
 func (v *view) put(prev Item, had bool, it, kept Item) {
-	v.tree.ReplaceOrInsert(kept)
 	if had {
-		v.unindex(prev.Name)
+		v.unindex(prev)
 	}
 	var vals []indexVal
 	for name, fn := range v.indexers {
@@ -96,9 +93,8 @@ func (v *view) put(prev Item, had bool, it, kept Item) {
 			vals = append(vals, indexVal{name, val})
 		}
 	}
-	if len(vals) > 0 {
-		v.vals[it.Name] = vals
-	}
+	kept.vals = slices.Clip(vals)
+	v.tree.ReplaceOrInsert(kept)
 }
 
 // del removes prev, when had.
@@ -107,18 +103,17 @@ func (v *view) del(prev Item, had bool) {
 		return
 	}
 	v.tree.Delete(prev)
-	v.unindex(prev.Name)
+	v.unindex(prev)
 }
 
-// unindex takes item name out of every index it is under.
-func (v *view) unindex(name string) {
-	for _, iv := range v.vals[name] {
+// unindex takes kept item it out of every index it is under.
+func (v *view) unindex(it Item) {
+	for _, iv := range it.vals {
 		set := v.index[iv.index][iv.value]
-		if set.remove(name) == 0 {
+		if set.remove(it.Name) == 0 {
 			delete(v.index[iv.index], iv.value)
 		}
 	}
-	delete(v.vals, name)
 }
 
 // nameSet is the item names under one value of an index: a slice while
@@ -196,7 +191,9 @@ func (c *Cache) AddIndex(name string, fn IndexFunc) {
 	defer c.mu.Unlock()
 	c.view.indexers[name] = fn
 	c.view.index[name] = map[string]*nameSet{}
-	for _, it := range c.items {
+	var all []Item
+	c.view.tree.Ascend(func(it Item) bool { all = append(all, it); return true })
+	for _, it := range all {
 		c.view.put(it, true, c.decoded(it), it)
 	}
 }
@@ -240,7 +237,11 @@ func (c *Cache) keptByIndex(name, value string) (kept []Item, ok bool) {
 	}
 	set := idx[value]
 	kept = make([]Item, 0, set.len())
-	set.each(func(n string) { kept = append(kept, c.items[n]) })
+	set.each(func(n string) {
+		if it, ok := c.view.get(n); ok {
+			kept = append(kept, it)
+		}
+	})
 	c.mu.Unlock()
 	sort.Slice(kept, func(i, j int) bool { return kept[i].Name < kept[j].Name })
 	return kept, true
@@ -266,7 +267,7 @@ func (c *Cache) IndexLen(name, value string) int {
 // message is shared: do not change it (proto.Clone first).
 func (c *Cache) Get(name string) (Item, bool) {
 	c.mu.Lock()
-	it, ok := c.items[name]
+	it, ok := c.view.get(name)
 	c.mu.Unlock()
 	if !ok {
 		return Item{}, false

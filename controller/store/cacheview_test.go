@@ -397,7 +397,9 @@ func TestCacheKeepEncoded(t *testing.T) {
 	require.NotSame(t, l1[0].Msg, l2[0].Msg, "each List decodes")
 	require.NotSame(t, c.ByIndex("rack", "rack1")[0].Msg, c.ByIndex("rack", "rack1")[0].Msg, "each ByIndex decodes")
 	for _, it := range l1 {
-		require.Nil(t, c.items[it.Name].Msg, "%s is kept encoded", it.Name)
+		kept, ok := c.view.get(it.Name)
+		require.True(t, ok, it.Name)
+		require.Nil(t, kept.Msg, "%s is kept encoded", it.Name)
 	}
 
 	// Moving one to another rack and deleting another leave the index

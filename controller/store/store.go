@@ -106,6 +106,10 @@ type Item struct {
 	// raw is the encoded resource as etcd returned it: set by listings,
 	// and the only form an encoded Cache keeps (KeepEncoded).
 	raw []byte
+	// vals are the index values a Cache keeps the item under, so it
+	// leaves them without being decoded again (an encoded Cache keeps no
+	// decoded message).
+	vals []indexVal
 }
 
 // ListOptions pages a List.
