@@ -538,7 +538,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		return err
 	}
 
-	rec := events.New(client, events.DefaultTTL, c.cfg.Clock, c.log)
+	// Event logs the recorder does not hold are read with the store's
+	// other Gets, grouped.
+	rec := events.NewWithConfig(client, events.Config{Clock: c.cfg.Clock, Read: st.GetKey}, c.log)
 	res := resources.New(st, rec, c.cfg.Clock, c.log)
 	res.SetOwnNetworks(append(ownNetworks(addr, c.cfg.BootListenAddr), c.cfg.ReservedNetworks...))
 	// One watch cache per kind on every replica: the API's List and Watch

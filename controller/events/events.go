@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/time/rate"
 	"google.golang.org/protobuf/encoding/protodelim"
@@ -79,6 +80,10 @@ type Config struct {
 	CacheSize int
 	// Clock is the time source (time.Now).
 	Clock func() time.Time
+	// Read reads an object's log that the recorder does not hold
+	// (store.Store.GetKey: grouped with other reads); nil: a Get of its
+	// own, serializable.
+	Read func(ctx context.Context, key string) (*mvccpb.KeyValue, error)
 }
 
 func (c Config) withDefaults() Config {
@@ -376,9 +381,9 @@ func (r *Recorder) Prepare(ctx context.Context, kind, name string, evs []Event) 
 }
 
 // heldLog returns the object's log as this recorder holds it (as it last
-// stored it), else as etcd has it. The read may be stale (serializable,
-// from the local member): the batch's compare finds out, and its events
-// then go a key each.
+// stored it), else as etcd has it (Config.Read). A stale read (a
+// serializable one, from the local member) is caught by the batch's
+// compare, and its events then go a key each.
 func (r *Recorder) heldLog(ctx context.Context, objKey, kind, name, logKey string) (*objLog, error) {
 	r.mu.Lock()
 	v, ok := r.logs.Get(objKey)
@@ -386,19 +391,30 @@ func (r *Recorder) heldLog(ctx context.Context, objKey, kind, name, logKey strin
 	if ok {
 		return v.(*objLog), nil
 	}
-	resp, err := r.client.Get(ctx, logKey, clientv3.WithSerializable())
+	kv, err := r.readLog(ctx, logKey)
 	if err != nil {
 		return nil, errdefs.Unavailable("read event log: %w", err)
 	}
 	lg := &objLog{}
-	if len(resp.Kvs) > 0 {
-		lg.at = resp.Kvs[0].ModRevision
-		if lg.evs, err = unmarshalLog(kind, name, resp.Kvs[0].Value); err != nil {
+	if kv != nil {
+		lg.at = kv.ModRevision
+		if lg.evs, err = unmarshalLog(kind, name, kv.Value); err != nil {
 			// The log is rewritten without what cannot be read.
 			r.log.Warn("event log unreadable: rewritten", "object", objKey, "err", err)
 		}
 	}
 	return lg, nil
+}
+
+func (r *Recorder) readLog(ctx context.Context, key string) (*mvccpb.KeyValue, error) {
+	if r.cfg.Read != nil {
+		return r.cfg.Read(ctx, key)
+	}
+	resp, err := r.client.Get(ctx, key, clientv3.WithSerializable())
+	if err != nil || len(resp.Kvs) == 0 {
+		return nil, err
+	}
+	return resp.Kvs[0], nil
 }
 
 // object returns the rate limit and trim state of objKey. Call with mu

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/encoding/protodelim"
 	"google.golang.org/protobuf/proto"
@@ -160,7 +161,16 @@ func TestMaxPerObject(t *testing.T) {
 
 	// h3 has a log this recorder never held (another controller's, or
 	// its own before a restart): it reads the log and adds to it.
-	other := events.NewWithConfig(c, events.Config{Burst: 1000, MaxPerObject: 10, Clock: clk.Now}, slog.New(slog.DiscardHandler))
+	var reads []string
+	read := func(ctx context.Context, key string) (*mvccpb.KeyValue, error) {
+		reads = append(reads, key)
+		resp, err := c.Get(ctx, key)
+		if err != nil || len(resp.Kvs) == 0 {
+			return nil, err
+		}
+		return resp.Kvs[0], nil
+	}
+	other := events.NewWithConfig(c, events.Config{Burst: 1000, MaxPerObject: 10, Clock: clk.Now, Read: read}, slog.New(slog.DiscardHandler))
 	rec.Record(ctx, "hosts", "h3", events.Normal, "Step", "before")
 	for i := range 5 {
 		clk.Step(time.Second)
@@ -170,6 +180,7 @@ func TestMaxPerObject(t *testing.T) {
 	require.Equal(t, []string{"before", "step 00", "step 01", "step 02", "step 03", "step 04"}, messages(evs))
 	require.Equal(t, int64(1), keys(t, c, "hosts", "h3"), "one log")
 	require.Equal(t, events.Stats{Written: 5, Logged: 5}, other.Stats())
+	require.Equal(t, []string{events.LogKey("hosts", "h3")}, reads, "read once (Config.Read), then held")
 }
 
 // TestTwoRecordersOneObject: two controllers record events of one object

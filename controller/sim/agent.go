@@ -132,6 +132,9 @@ func (a *Agent) start(id, kind string, run func(op *operation, gen int)) (*opera
 		return op, nil
 	}
 	op := &operation{id: id, kind: kind, done: make(chan struct{}), state: agentv1.OperationState_OPERATION_STATE_RUNNING}
+	if h.journal == nil {
+		h.journal = map[string]*operation{}
+	}
 	h.journal[id] = op
 	go run(op, h.gen)
 	return op, nil

@@ -80,7 +80,7 @@ func newWorld(t testing.TB, simCfg sim.Config) *world {
 	t.Cleanup(func() { c.Close() })
 	st := store.New(c, store.WithGroupCommit(groupCommitFromEnv(t)))
 	log := slog.New(slog.DiscardHandler)
-	rec := events.New(c, time.Hour, nil, log)
+	rec := events.NewWithConfig(c, events.Config{Read: st.GetKey}, log)
 	enr := enrollment.New(st, nil, rec, enrollment.Config{}, log)
 	w := &world{t: t, dir: dir, ctx: ctx, client: c, st: st, rec: rec, caches: resources.NewCaches(st)}
 	enr.UseHostCache(w.caches.Kind("hosts"), st)

@@ -21,6 +21,7 @@ import (
 	"sync/atomic"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
@@ -166,6 +167,13 @@ func (s *Store) CreateAudited(ctx context.Context, kind, name string, m proto.Me
 		return 0, errdefs.AlreadyExists("%s %q already exists", kind, name)
 	}
 	return resp.Header.Revision, nil
+}
+
+// GetKey reads any key (not only a resource's: an event log, say) as Get
+// reads a resource: linearizable, sharing etcd requests with concurrent
+// Gets. It returns nil when the key does not exist.
+func (s *Store) GetKey(ctx context.Context, key string) (*mvccpb.KeyValue, error) {
+	return s.get(ctx, key)
 }
 
 // Get reads a resource into into and returns its revision. It returns
