@@ -512,7 +512,8 @@ func fromStored(key string, ev *typesv1.Event) {
 func marshalLog(evs []*typesv1.Event) ([]byte, error) {
 	var buf bytes.Buffer
 	for _, ev := range evs {
-		_, id, _ := strings.Cut(ev.GetName(), ".")
+		// "<object name>.<id>": the id has no dot, an object's name may.
+		id := ev.GetName()[strings.LastIndex(ev.GetName(), ".")+1:]
 		e := proto.CloneOf(ev)
 		e.Name, e.ObjectKind, e.ObjectName = id, "", ""
 		if proto.Equal(e.LastTime, e.Time) {

@@ -183,6 +183,23 @@ func TestMaxPerObject(t *testing.T) {
 	require.Equal(t, []string{events.LogKey("hosts", "h3")}, reads, "read once (Config.Read), then held")
 }
 
+// TestLogOfDottedName: an object whose name has dots keeps its events'
+// names and ids through its log.
+func TestLogOfDottedName(t *testing.T) {
+	rec, _, clk := newRecorder(t, events.Config{})
+	ctx := context.Background()
+	rec.Record(ctx, "hosts", "rack1.h3.example", events.Normal, "Enrolled", "agent enrolled")
+	clk.Step(time.Second)
+	rec.Record(ctx, "hosts", "rack1.h3.example", events.Normal, "Available", "host is available")
+	evs := list(t, rec, "hosts", "rack1.h3.example")
+	require.Equal(t, []string{"agent enrolled", "host is available"}, messages(evs))
+	for _, ev := range evs {
+		require.Regexp(t, `^rack1\.h3\.example\.[0-9]{20}-[0-9]{6}$`, ev.GetName())
+		require.Equal(t, "rack1.h3.example", ev.GetObjectName())
+	}
+	require.NotEqual(t, evs[0].GetName(), evs[1].GetName())
+}
+
 // TestTwoRecordersOneObject: two controllers record events of one object
 // by turns; each finds the log changed by the other now and then and
 // stores those events a key each. No recent event is lost, and the keys

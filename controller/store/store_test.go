@@ -474,13 +474,24 @@ func TestUpdateWith(t *testing.T) {
 	_, err = s.Get(ctx, "hosts", "h1", h)
 	require.NoError(t, err)
 	h.Status = &typesv1.HostStatus{Power: "on"}
-	newRev, _, err := s.UpdateWith(ctx, "hosts", "h1", h, rev, []clientv3.Op{clientv3.OpPut("/kiln/v1/events/hosts/h1/1", "ev")})
+	newRev, answers, err := s.UpdateWith(ctx, "hosts", "h1", h, rev, []clientv3.Op{clientv3.OpPut("/kiln/v1/events/hosts/h1/1", "ev")})
 	require.NoError(t, err)
 	require.Equal(t, rev+1, newRev, "the host and the event: one revision")
+	require.Len(t, answers, 1, "one answer per extra op")
+	require.NotNil(t, answers[0].GetResponsePut(), "the answer to the event's put")
 	got, err := c.Get(ctx, "/kiln/v1/events/hosts/h1/1")
 	require.NoError(t, err)
 	require.Len(t, got.Kvs, 1)
 	require.Equal(t, newRev, got.Kvs[0].ModRevision)
+
+	// GetKey reads a key that is no resource.
+	kv, err := s.GetKey(ctx, "/kiln/v1/events/hosts/h1/1")
+	require.NoError(t, err)
+	require.Equal(t, "ev", string(kv.Value))
+	require.Equal(t, newRev, kv.ModRevision)
+	kv, err = s.GetKey(ctx, "/kiln/v1/events/hosts/h1/absent")
+	require.NoError(t, err)
+	require.Nil(t, kv, "an absent key")
 
 	_, _, err = s.UpdateWith(ctx, "hosts", "h1", h, rev, []clientv3.Op{clientv3.OpPut("/kiln/v1/events/hosts/h1/2", "ev")})
 	require.True(t, errdefs.IsConflict(err), "UpdateWith at a stale revision = %v, want Conflict", err)
