@@ -51,6 +51,11 @@ const (
 	DefaultRefill       = 5 * time.Minute
 	DefaultMaxPerObject = 50
 	DefaultCacheSize    = 4096
+	// DefaultLogCacheSize is more than a provisioning wave's hosts in
+	// flight (--provision-max-in-flight, 2,000 by default): a log the
+	// recorder lost is read again. Logs are kept encoded, about 500
+	// bytes for a host's way to Provisioned.
+	DefaultLogCacheSize = 16384
 )
 
 // Event types.
@@ -78,6 +83,9 @@ type Config struct {
 	// remembers (least recently used go first; a forgotten event is
 	// written as new, a forgotten object gets a full bucket).
 	CacheSize int
+	// LogCacheSize bounds the objects' logs the recorder keeps (least
+	// recently used go first; a forgotten log is read again).
+	LogCacheSize int
 	// Clock is the time source (time.Now).
 	Clock func() time.Time
 	// Read reads an object's log that the recorder does not hold
@@ -105,6 +113,9 @@ func (c Config) withDefaults() Config {
 	if c.CacheSize <= 0 {
 		c.CacheSize = DefaultCacheSize
 	}
+	if c.LogCacheSize <= 0 {
+		c.LogCacheSize = DefaultLogCacheSize
+	}
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}
@@ -124,7 +135,7 @@ type Recorder struct {
 	seq       uint64
 	similar   *lru.Cache // eventKey -> *seen (events stored a key each)
 	objects   *lru.Cache // kind/name -> *object
-	logs      *lru.Cache // kind/name -> *objLog
+	logs      *lru.Cache // kind/name -> *keptLog
 	stats     Stats
 }
 
@@ -133,6 +144,12 @@ type Recorder struct {
 // no log).
 type objLog struct {
 	evs []*typesv1.Event
+	at  int64
+}
+
+// keptLog is an objLog as the recorder keeps it: encoded (marshalLog).
+type keptLog struct {
+	val []byte
 	at  int64
 }
 
@@ -170,7 +187,7 @@ func NewWithConfig(client *clientv3.Client, cfg Config, log *slog.Logger) *Recor
 	cfg = cfg.withDefaults()
 	return &Recorder{
 		client: client, cfg: cfg, log: log.With("component", "events"),
-		similar: lru.New(cfg.CacheSize), objects: lru.New(cfg.CacheSize), logs: lru.New(cfg.CacheSize),
+		similar: lru.New(cfg.CacheSize), objects: lru.New(cfg.CacheSize), logs: lru.New(cfg.LogCacheSize),
 	}
 }
 
@@ -251,6 +268,7 @@ type Batch struct {
 	// The log branch: the object's log with the events (log), and how
 	// many of them are new or folded into an alike one.
 	log             []*typesv1.Event
+	logVal          []byte // log, encoded
 	logNew, logAggr int
 
 	// The key-per-event branch: the events as stored, by their
@@ -372,6 +390,7 @@ func (r *Recorder) Prepare(ctx context.Context, kind, name string, evs []Event) 
 	if err != nil {
 		return nil, err
 	}
+	b.logVal = val
 	// A missing key's mod revision compares as 0.
 	b.ops = []clientv3.Op{clientv3.OpTxn(
 		[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(logKey), "=", lg.at)},
@@ -389,7 +408,10 @@ func (r *Recorder) heldLog(ctx context.Context, objKey, kind, name, logKey strin
 	v, ok := r.logs.Get(objKey)
 	r.mu.Unlock()
 	if ok {
-		return v.(*objLog), nil
+		k := v.(*keptLog)
+		if evs, err := unmarshalLog(kind, name, k.val); err == nil {
+			return &objLog{evs: evs, at: k.at}, nil
+		}
 	}
 	kv, err := r.readLog(ctx, logKey)
 	if err != nil {
@@ -581,7 +603,7 @@ func (b *Batch) Done(ctx context.Context, rev int64, answers []*etcdserverpb.Res
 		return
 	}
 	if len(answers) > 0 && answers[0].GetResponseTxn().GetSucceeded() {
-		r.logs.Add(b.objKey, &objLog{evs: b.log, at: rev})
+		r.logs.Add(b.objKey, &keptLog{val: b.logVal, at: rev})
 		r.stats.Written += int64(b.logNew)
 		r.stats.Aggregated += int64(b.logAggr)
 		r.stats.Logged += int64(b.logNew + b.logAggr)
