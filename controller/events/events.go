@@ -139,15 +139,8 @@ type Recorder struct {
 	stats     Stats
 }
 
-// objLog is an object's event log as this recorder last stored or read
-// it: its events, oldest first, and the log key's mod revision then (0:
-// no log).
-type objLog struct {
-	evs []*typesv1.Event
-	at  int64
-}
-
-// keptLog is an objLog as the recorder keeps it: encoded (marshalLog).
+// keptLog is an object's event log as this recorder last stored it:
+// encoded (marshalLog), and the log key's mod revision then.
 type keptLog struct {
 	val []byte
 	at  int64
@@ -313,14 +306,14 @@ func (r *Recorder) Prepare(ctx context.Context, kind, name string, evs []Event) 
 		return nil, err
 	}
 	logKey := LogKey(kind, name)
-	lg, err := r.heldLog(ctx, b.objKey, kind, name, logKey)
+	held, at, err := r.heldLog(ctx, b.objKey, kind, name, logKey)
 	if err != nil {
 		return nil, err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	b.obj = r.object(b.objKey)
-	b.log = slices.Clone(lg.evs)
+	b.log = held
 	var fallback []clientv3.Op
 	batchSeen := map[string]int{} // alike events within this batch
 	for _, e := range evs {
@@ -393,39 +386,40 @@ func (r *Recorder) Prepare(ctx context.Context, kind, name string, evs []Event) 
 	b.logVal = val
 	// A missing key's mod revision compares as 0.
 	b.ops = []clientv3.Op{clientv3.OpTxn(
-		[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(logKey), "=", lg.at)},
+		[]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(logKey), "=", at)},
 		[]clientv3.Op{clientv3.OpPut(logKey, string(val), clientv3.WithLease(lease))},
 		fallback)}
 	return b, nil
 }
 
-// heldLog returns the object's log as this recorder holds it (as it last
-// stored it), else as etcd has it (Config.Read). A stale read (a
-// serializable one, from the local member) is caught by the batch's
-// compare, and its events then go a key each.
-func (r *Recorder) heldLog(ctx context.Context, objKey, kind, name, logKey string) (*objLog, error) {
+// heldLog returns the object's log, decoded (oldest first), and the log
+// key's mod revision (0: no log): as this recorder last stored it, else as
+// etcd has it (Config.Read). A stale read (a serializable one, from the
+// local member) is caught by the batch's compare, and its events then go
+// a key each.
+func (r *Recorder) heldLog(ctx context.Context, objKey, kind, name, logKey string) ([]*typesv1.Event, int64, error) {
 	r.mu.Lock()
 	v, ok := r.logs.Get(objKey)
 	r.mu.Unlock()
 	if ok {
 		k := v.(*keptLog)
 		if evs, err := unmarshalLog(kind, name, k.val); err == nil {
-			return &objLog{evs: evs, at: k.at}, nil
+			return evs, k.at, nil
 		}
 	}
 	kv, err := r.readLog(ctx, logKey)
 	if err != nil {
-		return nil, errdefs.Unavailable("read event log: %w", err)
+		return nil, 0, errdefs.Unavailable("read event log: %w", err)
 	}
-	lg := &objLog{}
-	if kv != nil {
-		lg.at = kv.ModRevision
-		if lg.evs, err = unmarshalLog(kind, name, kv.Value); err != nil {
-			// The log is rewritten without what cannot be read.
-			r.log.Warn("event log unreadable: rewritten", "object", objKey, "err", err)
-		}
+	if kv == nil {
+		return nil, 0, nil
 	}
-	return lg, nil
+	evs, err := unmarshalLog(kind, name, kv.Value)
+	if err != nil {
+		// The log is rewritten without what cannot be read.
+		r.log.Warn("event log unreadable: rewritten", "object", objKey, "err", err)
+	}
+	return evs, kv.ModRevision, nil
 }
 
 func (r *Recorder) readLog(ctx context.Context, key string) (*mvccpb.KeyValue, error) {
